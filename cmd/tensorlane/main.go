@@ -1,0 +1,26 @@
+// Command tensorlane is the command-line shell over the tensorlane library:
+// the demo, topology and environment reports, benchmarks, placement and
+// conformance. Each subcommand lives in its own file and registers itself
+// on rootCmd in an init function.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+var rootCmd = &cobra.Command{
+	Use:           "tensorlane",
+	Short:         "Direct tensor transport between actors on accelerator clusters",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+func main() {
+	if err := rootCmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "tensorlane:", err)
+		os.Exit(1)
+	}
+}

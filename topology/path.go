@@ -1,0 +1,158 @@
+package topology
+
+import "fmt"
+
+// PathClass ranks how two endpoints are connected, best first, in the spirit
+// of NCCL's path types and `nvidia-smi topo -m`.
+type PathClass int
+
+const (
+	PathSELF  PathClass = iota // the same device
+	PathNV                     // a direct device link (NVLink, xGMI, ICI, NeuronLink)
+	PathPIX                    // one PCIe switch
+	PathPXB                    // several PCIe switches, no host bridge crossed
+	PathPHB                    // through a PCIe host bridge (the CPU's root complex)
+	PathNODE                   // different host bridges within one NUMA node
+	PathSYS                    // across NUMA nodes (the SMP interconnect)
+	PathMNNVL                  // different hosts of one multi-node NVLink domain
+	PathNET                    // different hosts over the network
+)
+
+var pathNames = [...]string{"SELF", "NV", "PIX", "PXB", "PHB", "NODE", "SYS", "MNNVL", "NET"}
+
+func (p PathClass) String() string {
+	if p < 0 || int(p) >= len(pathNames) {
+		return fmt.Sprintf("PathClass(%d)", int(p))
+	}
+	return pathNames[p]
+}
+
+// SameHost reports whether the class connects endpoints of one host.
+func (p PathClass) SameHost() bool { return p <= PathSYS }
+
+// HostMemory is the device index that names a host's own memory (CPU DRAM)
+// in an Endpoint.
+const HostMemory = -1
+
+// Endpoint names a memory location in the cluster: a device of a host, or the
+// host's memory when Device is HostMemory.
+type Endpoint struct {
+	Host   string `json:"host"`
+	Device int    `json:"device"`
+}
+
+func (e Endpoint) String() string {
+	if e.Device == HostMemory {
+		return e.Host + "/cpu"
+	}
+	return fmt.Sprintf("%s/%d", e.Host, e.Device)
+}
+
+// Path is the connection between two endpoints: its class, and for device
+// links the link kind, lane count and bandwidth.
+type Path struct {
+	Class PathClass `json:"class"`
+	Link  LinkKind  `json:"link,omitempty"`
+	Lanes int       `json:"lanes,omitempty"`
+	GBps  float64   `json:"gbps,omitempty"`
+}
+
+// String gives the nvidia-smi style label: "NV18", "PIX", "NET".
+func (p Path) String() string {
+	if p.Class == PathNV && p.Lanes > 0 {
+		return fmt.Sprintf("NV%d", p.Lanes)
+	}
+	return p.Class.String()
+}
+
+// PathBetween classifies the connection between two endpoints. Unknown hosts
+// or devices are reported as PathNET (nothing better can be assumed).
+func (c *Cluster) PathBetween(a, b Endpoint) Path {
+	ha, okA := c.Host(a.Host)
+	hb, okB := c.Host(b.Host)
+	if !okA || !okB {
+		return Path{Class: PathNET}
+	}
+	if ha != hb {
+		if dom := ha.Labels[LabelNVLinkDomain]; dom != "" && dom == hb.Labels[LabelNVLinkDomain] &&
+			a.Device != HostMemory && b.Device != HostMemory {
+			return Path{Class: PathMNNVL, Link: LinkNVLink}
+		}
+		return Path{Class: PathNET}
+	}
+	if a.Device == b.Device {
+		return Path{Class: PathSELF}
+	}
+	if a.Device != HostMemory && b.Device != HostMemory {
+		if l, ok := ha.LinkBetween(a.Device, b.Device); ok && l.Kind.IsDeviceLink() {
+			return Path{Class: PathNV, Link: l.Kind, Lanes: l.Lanes, GBps: l.GBps}
+		}
+	}
+	return Path{Class: ha.pcieClass(a.Device, b.Device)}
+}
+
+// pcieClass classifies two endpoints of one host by their PCIe placement.
+func (h *Host) pcieClass(a, b int) PathClass {
+	numaOf := func(i int) (int, string) {
+		if i == HostMemory {
+			return -1, ""
+		}
+		d, ok := h.Device(i)
+		if !ok {
+			return -1, ""
+		}
+		return d.NUMA, d.PCIeSwitch
+	}
+	na, sa := numaOf(a)
+	nb, sb := numaOf(b)
+	if a == HostMemory || b == HostMemory {
+		// Host memory is reached through the device's host bridge; a device
+		// on the other socket also crosses the SMP interconnect.
+		other := na
+		if a == HostMemory {
+			other = nb
+		}
+		if other < 0 || len(h.NUMA) <= 1 {
+			return PathPHB
+		}
+		return PathPHB // the host chooses local memory for staging
+	}
+	if sa != "" && sa == sb {
+		return PathPIX
+	}
+	ca, cb := h.switchChain(sa), h.switchChain(sb)
+	if len(ca) > 0 && len(cb) > 0 {
+		rootA, rootB := ca[len(ca)-1], cb[len(cb)-1]
+		for _, x := range ca {
+			for _, y := range cb {
+				if x == y {
+					if x == rootA { // the shared switch is the root port itself
+						return PathPHB
+					}
+					return PathPXB
+				}
+			}
+		}
+		if rootA != rootB && na == nb && na >= 0 {
+			return PathNODE
+		}
+	}
+	if na >= 0 && na == nb {
+		return PathNODE
+	}
+	return PathSYS
+}
+
+// switchChain lists the switch and its ancestors, nearest first.
+func (h *Host) switchChain(id string) []string {
+	var chain []string
+	for id != "" && len(chain) < 64 {
+		chain = append(chain, id)
+		s, ok := h.Switch(id)
+		if !ok {
+			break
+		}
+		id = s.Parent
+	}
+	return chain
+}
