@@ -1,6 +1,9 @@
 package topology
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // PathClass ranks how two endpoints are connected, best first, in the spirit
 // of NCCL's path types and `nvidia-smi topo -m`.
@@ -14,7 +17,7 @@ const (
 	PathPHB                    // through a PCIe host bridge (the CPU's root complex)
 	PathNODE                   // different host bridges within one NUMA node
 	PathSYS                    // across NUMA nodes (the SMP interconnect)
-	PathMNNVL                  // different hosts of one multi-node NVLink domain
+	PathMNNVL                  // different hosts of one multi-node device domain (NVLink domain, TPU slice over ICI)
 	PathNET                    // different hosts over the network
 )
 
@@ -57,12 +60,47 @@ type Path struct {
 	GBps  float64   `json:"gbps,omitempty"`
 }
 
-// String gives the nvidia-smi style label: "NV18", "PIX", "NET".
+// String gives the nvidia-smi style label: "NV18", "PIX", "NET". Device
+// links other than NVLink are named by their fabric, with the lane count
+// when there is more than one: "XGMI", "ICI", "NL" (NeuronLink), "ROCE3".
 func (p Path) String() string {
-	if p.Class == PathNV && p.Lanes > 0 {
-		return fmt.Sprintf("NV%d", p.Lanes)
+	if p.Class == PathNV {
+		switch p.Link {
+		case LinkNVLink, "":
+			if p.Lanes > 0 {
+				return fmt.Sprintf("NV%d", p.Lanes)
+			}
+		default:
+			name := linkShort(p.Link)
+			if p.Lanes > 1 {
+				return fmt.Sprintf("%s%d", name, p.Lanes)
+			}
+			return name
+		}
 	}
 	return p.Class.String()
+}
+
+func linkShort(k LinkKind) string {
+	switch k {
+	case LinkXGMI:
+		return "XGMI"
+	case LinkICI:
+		return "ICI"
+	case LinkNeuronLink:
+		return "NL"
+	case LinkRoCE:
+		return "ROCE"
+	}
+	return strings.ToUpper(string(k))
+}
+
+func (h *Host) deviceKind(i int) DeviceKind {
+	d, ok := h.Device(i)
+	if !ok {
+		return ""
+	}
+	return d.Kind
 }
 
 // PathBetween classifies the connection between two endpoints. Unknown hosts
@@ -74,9 +112,14 @@ func (c *Cluster) PathBetween(a, b Endpoint) Path {
 		return Path{Class: PathNET}
 	}
 	if ha != hb {
-		if dom := ha.Labels[LabelNVLinkDomain]; dom != "" && dom == hb.Labels[LabelNVLinkDomain] &&
-			a.Device != HostMemory && b.Device != HostMemory {
-			return Path{Class: PathMNNVL, Link: LinkNVLink}
+		if a.Device != HostMemory && b.Device != HostMemory {
+			if dom := ha.Labels[LabelNVLinkDomain]; dom != "" && dom == hb.Labels[LabelNVLinkDomain] {
+				return Path{Class: PathMNNVL, Link: LinkNVLink}
+			}
+			if sl := ha.Labels[LabelSlice]; sl != "" && sl == hb.Labels[LabelSlice] &&
+				ha.deviceKind(a.Device) == KindTPU && hb.deviceKind(b.Device) == KindTPU {
+				return Path{Class: PathMNNVL, Link: LinkICI}
+			}
 		}
 		return Path{Class: PathNET}
 	}
