@@ -1,0 +1,144 @@
+// Package local implements the in-process transports: "local", which hands a
+// reader on the owner's device a zero-copy view and copies between devices
+// of one runtime directly, and "p2p", the direct device-to-device copy
+// between devices that the topology joins with a device link (NVLink, xGMI).
+// On simulated devices both are real memory copies between arenas.
+//
+// Both serve only readers in the owner's own runtime: runtimes that claim
+// different hosts in one process are different hosts to the planner.
+package local
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Config configures the in-process transports.
+type Config struct {
+	Process  string            // this runtime's instance ID (fabric.Endpoint.Process)
+	Source   fabric.Source     // this runtime's object table
+	Topology *topology.Cluster // may be nil: then no device links are known
+}
+
+// chunk bounds how long a copy runs between context checks.
+const chunk = 8 << 20
+
+// memcpyGBps is the planning estimate for a single-thread host copy.
+const memcpyGBps = 20
+
+// Transport is the "local" transport.
+type Transport struct{ cfg Config }
+
+// P2P is the "p2p" transport between linked devices of one runtime.
+type P2P struct{ cfg Config }
+
+var (
+	_ fabric.Transport = (*Transport)(nil)
+	_ fabric.Viewer    = (*Transport)(nil)
+	_ fabric.Transport = (*P2P)(nil)
+)
+
+// New returns the "local" transport.
+func New(cfg Config) *Transport { return &Transport{cfg: cfg} }
+
+// NewP2P returns the "p2p" transport.
+func NewP2P(cfg Config) *P2P { return &P2P{cfg: cfg} }
+
+func (t *Transport) Name() string { return fabric.Local }
+
+func sameProcess(cfg Config, src, dst fabric.Endpoint) bool {
+	return cfg.Process != "" && src.Process == cfg.Process && dst.Process == cfg.Process
+}
+
+// Reach serves every pair inside this runtime.
+func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
+	if !sameProcess(t.cfg, src, dst) {
+		return fabric.Cost{Reason: "owner is in another runtime"}, false
+	}
+	if src.Device == dst.Device {
+		return fabric.Cost{Path: topology.Path{Class: topology.PathSELF}, GBps: math.Inf(1), Reason: "same device: zero-copy view"}, true
+	}
+	return fabric.Cost{GBps: memcpyGBps, Reason: "same runtime: direct copy between devices"}, true
+}
+
+// View pins the owner's buffer and returns it: no byte moves.
+func (t *Transport) View(ctx context.Context, src fabric.Remote) (tensor.Buffer, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.cfg.Source.Open(ctx, src.Claim)
+}
+
+// Read copies the object into dst.
+func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	return copyFrom(ctx, t.cfg.Source, fabric.Local, src, dst)
+}
+
+// Close does nothing: the transport holds no resources.
+func (t *Transport) Close() error { return nil }
+
+func (t *P2P) Name() string { return fabric.P2P }
+
+// Reach serves pairs of distinct devices in this runtime that share a device
+// link in the topology.
+func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
+	if !sameProcess(t.cfg, src, dst) {
+		return fabric.Cost{Reason: "owner is in another runtime (cross-process p2p is not built yet)"}, false
+	}
+	if src.Device == dst.Device {
+		return fabric.Cost{Reason: "same device: nothing to copy"}, false
+	}
+	if t.cfg.Topology == nil {
+		return fabric.Cost{Reason: "no topology: device links unknown"}, false
+	}
+	path := t.cfg.Topology.PathBetween(src.TopologyEndpoint(), dst.TopologyEndpoint())
+	if path.Class != topology.PathNV {
+		return fabric.Cost{Path: path, Reason: fmt.Sprintf("devices not linked (path %v)", path)}, false
+	}
+	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fmt.Sprintf("device link %v (%s, %.0f GB/s)", path, path.Link, path.GBps)}, true
+}
+
+// Read copies the object straight from the owner device's arena into dst.
+func (t *P2P) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	return copyFrom(ctx, t.cfg.Source, fabric.P2P, src, dst)
+}
+
+// Close does nothing: the transport holds no resources.
+func (t *P2P) Close() error { return nil }
+
+func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	start := time.Now()
+	pin, err := source.Open(ctx, src.Claim)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	defer pin.Release()
+	if err := fabric.CheckRange(src.Offset, src.Length, pin.Len()); err != nil {
+		return fabric.Stats{}, err
+	}
+	if dst.Len() < src.Length {
+		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
+	}
+	from, err := tensor.BytesOf(pin)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	to, err := tensor.BytesOf(dst)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	from = from[src.Offset : src.Offset+src.Length]
+	for off := 0; off < len(from); off += chunk {
+		if err := ctx.Err(); err != nil {
+			return fabric.Stats{}, err
+		}
+		copy(to[off:], from[off:min(off+chunk, len(from))])
+	}
+	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+}

@@ -1,0 +1,40 @@
+package fabric
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics counts transfers by transport. One set per runtime, registered on
+// the runtime's registry, so several runtimes in one process do not clash.
+type Metrics struct {
+	Bytes     *prometheus.CounterVec   // tensorlane_transfer_bytes_total{transport}
+	Transfers *prometheus.CounterVec   // tensorlane_transfers_total{transport,result}
+	Fallbacks *prometheus.CounterVec   // tensorlane_fallbacks_total{from,to}
+	Degraded  *prometheus.CounterVec   // tensorlane_degraded_transfers_total{best,used}
+	Seconds   *prometheus.HistogramVec // tensorlane_transfer_seconds{transport}
+}
+
+// NewMetrics creates the metrics and registers them on reg (nil: not
+// registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_transfer_bytes_total", Help: "Bytes moved, by transport.",
+		}, []string{"transport"}),
+		Transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_transfers_total", Help: "Transfers, by transport and result (ok, error).",
+		}, []string{"transport", "result"}),
+		Fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_fallbacks_total", Help: "Transfers that failed on one transport and were retried on the next.",
+		}, []string{"from", "to"}),
+		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_degraded_transfers_total", Help: "Transfers that used a worse transport than the topology allows.",
+		}, []string{"best", "used"}),
+		Seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tensorlane_transfer_seconds", Help: "Transfer latency, by transport.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 14),
+		}, []string{"transport"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Degraded, m.Seconds)
+	}
+	return m
+}

@@ -1,0 +1,277 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// EnvTransports is the environment variable that narrows the transports a
+// runtime may use: "tcp,rdma" allows only those, "^shm" denies shm.
+const EnvTransports = "TENSORLANE_TRANSPORTS"
+
+// PlannerConfig configures a Planner. The zero value plans with no topology
+// (every pair of hosts is NET), allows every transport, and does not log or
+// count.
+type PlannerConfig struct {
+	Topology *topology.Cluster
+	Allow    []string // if not empty, only these transports
+	Deny     []string
+	Logger   *slog.Logger
+	Metrics  *Metrics
+}
+
+// ParseSelection parses the TENSORLANE_TRANSPORTS syntax: a comma list of
+// names to allow, or a list starting with ^ to deny.
+func ParseSelection(s string) (allow, deny []string, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, nil, nil
+	}
+	negate := strings.HasPrefix(s, "^")
+	s = strings.TrimPrefix(s, "^")
+	var names []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(strings.ToLower(n))
+		if n == "" {
+			continue
+		}
+		if !slices.Contains(Preference, n) {
+			return nil, nil, fmt.Errorf("fabric: unknown transport %q in %q (known: %s)", n, s, strings.Join(Preference, ","))
+		}
+		names = append(names, n)
+	}
+	if negate {
+		return nil, names, nil
+	}
+	return names, nil, nil
+}
+
+// Planner ranks the transports that can connect two endpoints and runs a
+// read on the best one, falling back to the next when a path fails.
+type Planner struct {
+	cfg        PlannerConfig
+	transports []Transport
+	log        *slog.Logger
+}
+
+// Candidate is one transport considered for a transfer.
+type Candidate struct {
+	Transport string  `json:"transport"`
+	Usable    bool    `json:"usable"`
+	GBps      float64 `json:"gbps,omitempty"`
+	Reason    string  `json:"reason"`
+}
+
+// Plan is the planner's decision for one source and destination.
+type Plan struct {
+	Src        Endpoint      `json:"-"`
+	Dst        Endpoint      `json:"-"`
+	Path       topology.Path `json:"path"`
+	Best       string        `json:"best"`     // the best transport the topology allows
+	Chosen     string        `json:"chosen"`   // the first usable candidate; "" when none
+	Degraded   bool          `json:"degraded"` // Chosen is worse than Best
+	Candidates []Candidate   `json:"candidates"`
+}
+
+// String renders the plan for people, one candidate a line.
+func (p Plan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v -> %v: path %v, best %s, chosen %s", p.Src, p.Dst, p.Path, p.Best, orNone(p.Chosen))
+	if p.Degraded {
+		fmt.Fprintf(&b, " (DEGRADED: %s is not available)", p.Best)
+	}
+	for _, c := range p.Candidates {
+		mark := "  "
+		if c.Transport == p.Chosen {
+			mark = "* "
+		}
+		fmt.Fprintf(&b, "\n  %s%-5s %s", mark, c.Transport, c.Reason)
+	}
+	return b.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// NewPlanner builds a planner over the given transports.
+func NewPlanner(cfg PlannerConfig, transports ...Transport) (*Planner, error) {
+	for _, n := range append(slices.Clone(cfg.Allow), cfg.Deny...) {
+		if !slices.Contains(Preference, n) {
+			return nil, fmt.Errorf("fabric: unknown transport %q in allow/deny list", n)
+		}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Planner{cfg: cfg, transports: transports, log: log}, nil
+}
+
+func rank(name string) int {
+	if i := slices.Index(Preference, name); i >= 0 {
+		return i
+	}
+	return len(Preference)
+}
+
+// BestAllowed returns the best transport the topology allows between src and
+// dst, whatever is configured or running: the yardstick for "degraded".
+func (p *Planner) BestAllowed(src, dst Endpoint) (string, topology.Path) {
+	path := p.path(src, dst)
+	sameProc := src.Process != "" && src.Process == dst.Process
+	switch {
+	case sameProc && path.Class == topology.PathSELF:
+		return Local, path
+	case path.Class == topology.PathNV:
+		return P2P, path
+	case sameProc && path.Class.SameHost():
+		return Local, path
+	case path.Class.SameHost():
+		return SHM, path
+	case p.hasRDMA(src.Host) && p.hasRDMA(dst.Host):
+		return RDMA, path
+	}
+	return TCP, path
+}
+
+func (p *Planner) path(src, dst Endpoint) topology.Path {
+	if p.cfg.Topology == nil {
+		if src.Host == dst.Host && src.Device == dst.Device {
+			return topology.Path{Class: topology.PathSELF}
+		}
+		return topology.Path{Class: topology.PathNET}
+	}
+	return p.cfg.Topology.PathBetween(src.TopologyEndpoint(), dst.TopologyEndpoint())
+}
+
+func (p *Planner) hasRDMA(host string) bool {
+	h, ok := p.cfg.Topology.Host(host)
+	if !ok {
+		return false
+	}
+	for _, n := range h.NICs {
+		if n.RDMA() {
+			return true
+		}
+	}
+	return false
+}
+
+// Plan ranks every transport for a transfer from src to dst.
+func (p *Planner) Plan(src, dst Endpoint) Plan {
+	best, path := p.BestAllowed(src, dst)
+	plan := Plan{Src: src, Dst: dst, Path: path, Best: best}
+	ts := slices.Clone(p.transports)
+	slices.SortStableFunc(ts, func(a, b Transport) int { return rank(a.Name()) - rank(b.Name()) })
+	for _, t := range ts {
+		c := Candidate{Transport: t.Name()}
+		switch cost, ok := t.Reach(src, dst); {
+		case len(p.cfg.Allow) > 0 && !slices.Contains(p.cfg.Allow, t.Name()):
+			c.Reason = "not in the allow list"
+		case slices.Contains(p.cfg.Deny, t.Name()):
+			c.Reason = "denied by configuration"
+		case !ok:
+			c.Reason = cost.Reason
+			if c.Reason == "" {
+				c.Reason = "cannot reach the destination"
+			}
+		default:
+			c.Usable, c.GBps, c.Reason = true, cost.GBps, cost.Reason
+			if plan.Chosen == "" {
+				plan.Chosen = t.Name()
+			}
+		}
+		plan.Candidates = append(plan.Candidates, c)
+	}
+	// The best path explains itself even when this runtime does not run it,
+	// so a degraded plan says what is missing.
+	if !slices.ContainsFunc(plan.Candidates, func(c Candidate) bool { return c.Transport == best }) {
+		plan.Candidates = append(plan.Candidates, Candidate{Transport: best, Reason: "allowed by the topology but not running in this runtime"})
+	}
+	plan.Degraded = plan.Chosen != "" && rank(plan.Chosen) > rank(best)
+	return plan
+}
+
+// Transport returns the configured transport with the given name.
+func (p *Planner) Transport(name string) (Transport, bool) {
+	for _, t := range p.transports {
+		if t.Name() == name {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// Read moves src into buf (which lives at dst) on the best usable transport,
+// falling back to the next candidate when a path fails for a reason that
+// another path might not share. Every fallback and every degraded transfer
+// is logged and counted.
+func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor.Buffer) (Stats, Plan, error) {
+	plan := p.Plan(src.Endpoint, dst)
+	if plan.Chosen == "" {
+		return Stats{}, plan, fmt.Errorf("%w: %v -> %v", ErrNoPath, src.Endpoint, dst)
+	}
+	var errs []error
+	var prev string
+	for _, c := range plan.Candidates {
+		if !c.Usable {
+			continue
+		}
+		t, _ := p.Transport(c.Transport)
+		if prev != "" {
+			p.log.Warn("transfer falling back to a worse path", "from", prev, "to", c.Transport,
+				"object", src.Claim.Object, "src", src.Endpoint, "dst", dst, "err", errs[len(errs)-1])
+			if p.cfg.Metrics != nil {
+				p.cfg.Metrics.Fallbacks.WithLabelValues(prev, c.Transport).Inc()
+			}
+		}
+		if rank(c.Transport) > rank(plan.Best) {
+			p.log.Warn("transfer uses a worse path than the topology allows", "best", plan.Best, "used", c.Transport,
+				"path", plan.Path.String(), "src", src.Endpoint, "dst", dst)
+			if p.cfg.Metrics != nil {
+				p.cfg.Metrics.Degraded.WithLabelValues(plan.Best, c.Transport).Inc()
+			}
+		}
+		start := time.Now()
+		st, err := t.Read(ctx, src, buf)
+		p.count(c.Transport, st, time.Since(start), err)
+		if err == nil {
+			plan.Chosen = c.Transport
+			return st, plan, nil
+		}
+		err = &PathError{Transport: c.Transport, Err: err}
+		errs = append(errs, err)
+		if Terminal(err) || ctx.Err() != nil {
+			return st, plan, err
+		}
+		prev = c.Transport
+	}
+	return Stats{}, plan, errors.Join(errs...)
+}
+
+func (p *Planner) count(transport string, st Stats, d time.Duration, err error) {
+	m := p.cfg.Metrics
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.Transfers.WithLabelValues(transport, "error").Inc()
+		return
+	}
+	m.Transfers.WithLabelValues(transport, "ok").Inc()
+	m.Bytes.WithLabelValues(transport).Add(float64(st.Bytes))
+	m.Seconds.WithLabelValues(transport).Observe(d.Seconds())
+}

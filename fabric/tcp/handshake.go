@@ -1,0 +1,241 @@
+package tcp
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+)
+
+// The handshake binds a data connection to the libp2p identities of both
+// ends: each side signs both nonces and the other side's public key with its
+// identity key, so neither can be impersonated and a recorded handshake
+// cannot be replayed.
+//
+//	client -> server: magic "TLD1" | client nonce (32) | client public key
+//	server -> client: server nonce (32) | server public key | sig_s("server", cn, sn, client key)
+//	client -> server: sig_c("client", cn, sn, server key)
+//	server -> client: status (0 = admitted) [| message]
+const (
+	magic      = "TLD1"
+	nonceLen   = 32
+	maxKeyLen  = 1024
+	maxSigLen  = 1024
+	maxMessage = 1024
+)
+
+func transcript(role string, cn, sn, key []byte) []byte {
+	out := []byte("tensorlane/data/v1 " + role)
+	out = append(out, cn...)
+	out = append(out, sn...)
+	return append(out, key...)
+}
+
+func writeField(w io.Writer, p []byte) error {
+	var n [2]byte
+	binary.BigEndian.PutUint16(n[:], uint16(len(p)))
+	if _, err := w.Write(append(n[:], p...)); err != nil {
+		return err
+	}
+	return nil
+}
+
+func readField(r io.Reader, max int) ([]byte, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	l := int(binary.BigEndian.Uint16(n[:]))
+	if l > max {
+		return nil, fmt.Errorf("%w: handshake field of %d bytes (max %d)", fabric.ErrBadRequest, l, max)
+	}
+	p := make([]byte, l)
+	_, err := io.ReadFull(r, p)
+	return p, err
+}
+
+func publicKeyOf(raw []byte) (crypto.PubKey, peer.ID, error) {
+	pub, err := crypto.UnmarshalPublicKey(raw)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: bad public key: %v", fabric.ErrUnauthorized, err)
+	}
+	id, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", fabric.ErrUnauthorized, err)
+	}
+	return pub, id, nil
+}
+
+// clientHandshake authenticates the server as want (when not empty) and
+// proves our identity to it.
+func clientHandshake(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.ID, error) {
+	cn := make([]byte, nonceLen)
+	rand.Read(cn)
+	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
+	if err != nil {
+		return "", err
+	}
+	hello := append([]byte(magic), cn...)
+	if _, err := rw.Write(hello); err != nil {
+		return "", err
+	}
+	if err := writeField(rw, ourKey); err != nil {
+		return "", err
+	}
+	sn := make([]byte, nonceLen)
+	if _, err := io.ReadFull(rw, sn); err != nil {
+		return "", err
+	}
+	theirKey, err := readField(rw, maxKeyLen)
+	if err != nil {
+		return "", err
+	}
+	sig, err := readField(rw, maxSigLen)
+	if err != nil {
+		return "", err
+	}
+	pub, id, err := publicKeyOf(theirKey)
+	if err != nil {
+		return "", err
+	}
+	if want != "" && id != want {
+		return "", fmt.Errorf("%w: data server is %s, the reference names %s", fabric.ErrUnauthorized, id, want)
+	}
+	if ok, err := pub.Verify(transcript("server", cn, sn, ourKey), sig); err != nil || !ok {
+		return "", fmt.Errorf("%w: server signature does not verify", fabric.ErrUnauthorized)
+	}
+	ourSig, err := key.Sign(transcript("client", cn, sn, theirKey))
+	if err != nil {
+		return "", err
+	}
+	if err := writeField(rw, ourSig); err != nil {
+		return "", err
+	}
+	var status [1]byte
+	if _, err := io.ReadFull(rw, status[:]); err != nil {
+		return "", err
+	}
+	if status[0] != statusOK {
+		msg, _ := readField(rw, maxMessage)
+		return "", statusError(status[0], string(msg))
+	}
+	return id, nil
+}
+
+// serverHandshake authenticates the client and asks authorize whether it may
+// use the data service.
+func serverHandshake(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error) (peer.ID, error) {
+	hello := make([]byte, len(magic)+nonceLen)
+	if _, err := io.ReadFull(rw, hello); err != nil {
+		return "", err
+	}
+	if string(hello[:len(magic)]) != magic {
+		return "", fmt.Errorf("%w: not a tensorlane data connection", fabric.ErrBadRequest)
+	}
+	cn := hello[len(magic):]
+	theirKey, err := readField(rw, maxKeyLen)
+	if err != nil {
+		return "", err
+	}
+	pub, id, err := publicKeyOf(theirKey)
+	if err != nil {
+		return "", err
+	}
+	sn := make([]byte, nonceLen)
+	rand.Read(sn)
+	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
+	if err != nil {
+		return "", err
+	}
+	sig, err := key.Sign(transcript("server", cn, sn, theirKey))
+	if err != nil {
+		return "", err
+	}
+	if _, err := rw.Write(sn); err != nil {
+		return "", err
+	}
+	if err := writeField(rw, ourKey); err != nil {
+		return "", err
+	}
+	if err := writeField(rw, sig); err != nil {
+		return "", err
+	}
+	theirSig, err := readField(rw, maxSigLen)
+	if err != nil {
+		return "", err
+	}
+	if ok, err := pub.Verify(transcript("client", cn, sn, ourKey), theirSig); err != nil || !ok {
+		writeStatus(rw, statusUnauthorized, "client signature does not verify")
+		return "", fmt.Errorf("%w: client signature does not verify", fabric.ErrUnauthorized)
+	}
+	if authorize != nil {
+		if err := authorize(id); err != nil {
+			writeStatus(rw, statusUnauthorized, "peer not admitted")
+			return "", fmt.Errorf("%w: %v", fabric.ErrUnauthorized, err)
+		}
+	}
+	_, err = rw.Write([]byte{statusOK})
+	return id, err
+}
+
+func writeStatus(w io.Writer, code byte, msg string) error {
+	if _, err := w.Write([]byte{code}); err != nil {
+		return err
+	}
+	return writeField(w, []byte(msg))
+}
+
+// Wire status codes.
+const (
+	statusOK byte = iota
+	statusNotFound
+	statusFreed
+	statusStale
+	statusUnauthorized
+	statusBadRequest
+	statusInternal
+)
+
+func statusFor(err error) byte {
+	switch {
+	case errors.Is(err, fabric.ErrObjectNotFound):
+		return statusNotFound
+	case errors.Is(err, fabric.ErrObjectFreed):
+		return statusFreed
+	case errors.Is(err, fabric.ErrStaleRef):
+		return statusStale
+	case errors.Is(err, fabric.ErrUnauthorized):
+		return statusUnauthorized
+	case errors.Is(err, fabric.ErrBadRequest):
+		return statusBadRequest
+	}
+	return statusInternal
+}
+
+// RemoteError is an error the owner reported for a request.
+type RemoteError struct {
+	Code    byte
+	Message string
+	kind    error
+}
+
+func (e *RemoteError) Error() string { return "owner: " + e.Message }
+func (e *RemoteError) Unwrap() error { return e.kind }
+
+func statusError(code byte, msg string) error {
+	kind := map[byte]error{
+		statusNotFound: fabric.ErrObjectNotFound, statusFreed: fabric.ErrObjectFreed,
+		statusStale: fabric.ErrStaleRef, statusUnauthorized: fabric.ErrUnauthorized,
+		statusBadRequest: fabric.ErrBadRequest,
+	}[code]
+	if kind == nil {
+		kind = errors.New("fabric: owner internal error")
+	}
+	return &RemoteError{Code: code, Message: msg, kind: kind}
+}

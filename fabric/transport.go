@@ -1,0 +1,133 @@
+package fabric
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Transport names, best path first.
+const (
+	Local = "local" // same process: zero-copy on one device, a direct copy otherwise
+	P2P   = "p2p"   // device to device over a device link
+	SHM   = "shm"   // same host through shared host memory
+	RDMA  = "rdma"  // one-sided reads of registered memory through NICs
+	TCP   = "tcp"   // anything reachable
+)
+
+// Preference orders transport names best first; the planner breaks cost ties
+// with it.
+var Preference = []string{Local, P2P, SHM, RDMA, TCP}
+
+// Endpoint says where bytes live, as the planner needs it: which runtime
+// (Process), which simulated or real host, which device of that host.
+type Endpoint struct {
+	Process string // runtime instance; equal only within one Runtime
+	Host    string // topology host ID
+	Device  tensor.DeviceID
+}
+
+// TopologyEndpoint returns the topology's name for the endpoint's memory.
+func (e Endpoint) TopologyEndpoint() topology.Endpoint {
+	if e.Device.IsHost() {
+		return topology.Endpoint{Host: e.Host, Device: topology.HostMemory}
+	}
+	return topology.Endpoint{Host: e.Host, Device: e.Device.Index}
+}
+
+func (e Endpoint) String() string { return e.Host + "/" + e.Device.String() }
+
+// ObjectID names an object in its owner's object table.
+type ObjectID [16]byte
+
+func (id ObjectID) String() string { return hex.EncodeToString(id[:8]) }
+
+// Claim is what a reader presents to an owner to read an object: its ID, the
+// owner incarnation it was issued by, and the capability token from the ref.
+type Claim struct {
+	Object      ObjectID
+	Incarnation uint64
+	Token       []byte
+}
+
+// Remote tells a transport where to read from: the owner's endpoint and peer
+// identity, the addresses of its data services by transport name, the claim,
+// and the byte range of the object's buffer to move.
+type Remote struct {
+	Endpoint Endpoint
+	Peer     string            // owner's peer ID (libp2p, string form)
+	Addrs    map[string]string // transport name -> address, e.g. "tcp" -> "127.0.0.1:40123"
+	Claim    Claim
+	Offset   int64
+	Length   int64
+}
+
+// Cost is a transport's estimate for moving bytes between two endpoints.
+type Cost struct {
+	Path   topology.Path
+	GBps   float64 // estimated throughput, gigabytes per second
+	Reason string  // why this transport can serve the pair
+}
+
+// Stats describes one completed transfer.
+type Stats struct {
+	Transport string
+	Bytes     int64
+	Duration  time.Duration
+	Streams   int  // parallel connections or rails used
+	ZeroCopy  bool // nothing was copied: the reader got a view
+}
+
+// GBps is the achieved throughput.
+func (s Stats) GBps() float64 {
+	if s.Duration <= 0 {
+		return 0
+	}
+	return float64(s.Bytes) / s.Duration.Seconds() / 1e9
+}
+
+// Transport moves an object's bytes into a reader's buffer.
+// Implementations: fabric/local (local, p2p) and fabric/tcp.
+type Transport interface {
+	Name() string
+	// Reach reports whether the transport can move bytes from src to dst,
+	// and at what estimated cost.
+	Reach(src, dst Endpoint) (Cost, bool)
+	// Read pulls src's bytes into dst, which must hold src.Length bytes. On
+	// error dst's contents are undefined and the reader must not use them.
+	Read(ctx context.Context, src Remote, dst tensor.Buffer) (Stats, error)
+	// Close releases connections and goroutines; it is idempotent.
+	Close() error
+}
+
+// Viewer is the optional capability of transports that can hand the reader
+// the owner's own memory instead of a copy. The returned buffer pins the
+// object; its Release unpins it.
+type Viewer interface {
+	View(ctx context.Context, src Remote) (tensor.Buffer, error)
+}
+
+// Source is the owner side of every transport: it resolves a claim to the
+// object's memory. The returned buffer pins the object for the duration of
+// the read; releasing it unpins (it never frees memory another holder uses).
+type Source interface {
+	Open(ctx context.Context, c Claim) (tensor.Buffer, error)
+}
+
+// SourceFunc adapts a function to Source.
+type SourceFunc func(ctx context.Context, c Claim) (tensor.Buffer, error)
+
+// Open calls f.
+func (f SourceFunc) Open(ctx context.Context, c Claim) (tensor.Buffer, error) { return f(ctx, c) }
+
+// CheckRange validates that [off, off+n) lies within a buffer of length size.
+func CheckRange(off, n, size int64) error {
+	if off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("%w: range [%d,+%d) outside object of %d bytes", ErrBadRequest, off, n, size)
+	}
+	return nil
+}
