@@ -28,9 +28,10 @@ type CostModel struct {
 	// NV: a direct device link when the topology gives no bandwidth
 	// (links normally carry their GBps, which wins). Default 300.
 	NV float64
-	// PCIe classes within a host: PIX 48, PXB 40, PHB 32, NODE 24, SYS 16
-	// (peer copies through one switch down to across sockets). Host
-	// memory endpoints are charged at PHB.
+	// PCIe classes within a host: PIX 55, PXB 52, PHB 50, NODE 40, SYS 25
+	// (PCIe 5 x16 peer copies through one switch down to across sockets).
+	// Host memory endpoints are charged at PHB, and a device's network
+	// traffic also at PIX on its PCIe port.
 	PIX, PXB, PHB, NODE, SYS float64
 	// MNNVL: GPUs of different hosts in one multi-node NVLink domain
 	// (GB200 NVL72: 900 GB/s per GPU each way). Default 900.
@@ -40,20 +41,21 @@ type CostModel struct {
 	// way). Default 50.
 	Slice float64
 	// NET: different hosts over the network. A device uses its nearest
-	// RDMA NIC at the NIC's speed; the pair gets the slower end. NICs
-	// without RDMA, and hosts without NICs (at DefaultNICGbps, default
-	// 100), are charged TCPEfficiency of their speed (default 0.5). A NIC
-	// on another PCIe switch of the same NUMA node gives NICSameNUMA of its
-	// speed (default 0.8), one across sockets NICRemoteNUMA (default 0.5).
-	DefaultNICGbps, TCPEfficiency, NICSameNUMA, NICRemoteNUMA float64
+	// RDMA NIC at RDMAEfficiency of the NIC's speed (default 0.9); the
+	// pair gets the slower end. NICs without RDMA, and hosts without NICs
+	// (at DefaultNICGbps, default 100), get TCPEfficiency of their speed
+	// (default 0.5). A NIC on another PCIe switch of the same NUMA node
+	// gives NICSameNUMA of that (default 0.8), one across sockets
+	// NICRemoteNUMA (default 0.5).
+	DefaultNICGbps, RDMAEfficiency, TCPEfficiency, NICSameNUMA, NICRemoteNUMA float64
 }
 
 // DefaultCostModel returns the table a zero CostModel stands for.
 func DefaultCostModel() CostModel {
 	return CostModel{
-		NV: 300, PIX: 48, PXB: 40, PHB: 32, NODE: 24, SYS: 16,
+		NV: 300, PIX: 55, PXB: 52, PHB: 50, NODE: 40, SYS: 25,
 		MNNVL: 900, Slice: 50,
-		DefaultNICGbps: 100, TCPEfficiency: 0.5, NICSameNUMA: 0.8, NICRemoteNUMA: 0.5,
+		DefaultNICGbps: 100, RDMAEfficiency: 0.9, TCPEfficiency: 0.5, NICSameNUMA: 0.8, NICRemoteNUMA: 0.5,
 	}
 }
 
@@ -69,6 +71,7 @@ func (m CostModel) withDefaults() (CostModel, error) {
 		{"PHB", &m.PHB, d.PHB, false}, {"NODE", &m.NODE, d.NODE, false}, {"SYS", &m.SYS, d.SYS, false},
 		{"MNNVL", &m.MNNVL, d.MNNVL, false}, {"Slice", &m.Slice, d.Slice, false},
 		{"DefaultNICGbps", &m.DefaultNICGbps, d.DefaultNICGbps, false},
+		{"RDMAEfficiency", &m.RDMAEfficiency, d.RDMAEfficiency, true},
 		{"TCPEfficiency", &m.TCPEfficiency, d.TCPEfficiency, true},
 		{"NICSameNUMA", &m.NICSameNUMA, d.NICSameNUMA, true},
 		{"NICRemoteNUMA", &m.NICRemoteNUMA, d.NICRemoteNUMA, true},

@@ -99,7 +99,15 @@ func (ix *index) pairCharges(out []charge, a, b xend, gb float64) []charge {
 		nicB, netB = hb.devs[b.dev].nic, hb.devs[b.dev].net
 	}
 	t := gb / min(netA, netB)
-	return append(out, charge{resKey{int32(a.host), int32(nicA), resNICOut}, t}, charge{resKey{int32(b.host), int32(nicB), resNICIn}, t})
+	out = append(out, charge{resKey{int32(a.host), int32(nicA), resNICOut}, t}, charge{resKey{int32(b.host), int32(nicB), resNICIn}, t})
+	// The bytes also cross each device's PCIe port (GPUDirect RDMA).
+	if a.dev >= 0 {
+		out = append(out, charge{resKey{int32(a.host), int32(a.dev), resPCIeOut}, gb / ix.cost.PIX})
+	}
+	if b.dev >= 0 {
+		out = append(out, charge{resKey{int32(b.host), int32(b.dev), resPCIeIn}, gb / ix.cost.PIX})
+	}
+	return out
 }
 
 // edgeCharges appends the charges of one traffic edge between two placed

@@ -121,7 +121,7 @@ func (s *Scheduler) diagnose(sv *solver) []string {
 		}
 		for _, k := range cr.kinds {
 			if cr.totalDev[k] > largest[k] {
-				reasons = append(reasons, fmt.Sprintf("%sneeds %d %s in %s; the largest free has %d", prefix, cr.totalDev[k], kindNoun(k, cr.totalDev[k]), levelPhrase[req], largest[k]))
+				reasons = append(reasons, fmt.Sprintf("%sneeds %d %s %s; the largest free has %d", prefix, cr.totalDev[k], kindNoun(k, cr.totalDev[k]), inLevel(req), largest[k]))
 			}
 		}
 	}
@@ -140,7 +140,7 @@ func (s *Scheduler) diagnose(sv *solver) []string {
 		if best < len(cr.bundles) {
 			where := ""
 			if req < rankCluster {
-				where = " in " + levelPhrase[req]
+				where = " " + inLevel(req)
 			}
 			reasons = append(reasons, fmt.Sprintf("STRICT_SPREAD needs %d distinct hosts%s; at most %d can hold a bundle", len(cr.bundles), where, best))
 		}
@@ -188,6 +188,13 @@ func (s *Scheduler) hostCanHoldSome(sv *solver, h int) bool {
 		}
 	}
 	return false
+}
+
+func inLevel(r int) string {
+	if r == rankHost {
+		return "on one host"
+	}
+	return "in " + levelPhrase[r]
 }
 
 func kindNoun(k topology.DeviceKind, n int) string {

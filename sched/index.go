@@ -123,7 +123,9 @@ func (ix *index) hostInfo(h *topology.Host) hostInfo {
 	// NICs: usable bandwidth, TCP derated.
 	for _, n := range h.NICs {
 		gbps := n.SpeedGbps / 8
-		if !n.RDMA() {
+		if n.RDMA() {
+			gbps *= m.RDMAEfficiency
+		} else {
 			gbps *= m.TCPEfficiency
 		}
 		if gbps <= 0 {

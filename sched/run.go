@@ -44,6 +44,9 @@ func (s *solver) run(sc *scope) *result {
 	if ok {
 		r.improve()
 		res = &result{a: make([]asg, n), numa: make([]int, n), cost: r.curMax(), sum: r.sum, order: sc.order, scopeKey: sc.name}
+		if s.cr.strategy == Spread {
+			res.shared = n - len(r.gangH)
+		}
 		for b, x := range r.a {
 			res.a[b] = asg{host: x.host, devs: append([]int(nil), x.devs...)}
 			res.numa[b] = s.ix.commonNUMA(x.host, x.devs)

@@ -203,6 +203,7 @@ type result struct {
 	cost     float64
 	sum      float64
 	achieved int // the rank of the scope it was found in
+	shared   int // SPREAD: bundles that share a host with another
 	order    int
 	scopeKey string
 }
@@ -212,6 +213,9 @@ type result struct {
 func (r *result) better(o *result, explicit bool) bool {
 	if o == nil {
 		return true
+	}
+	if r.shared != o.shared {
+		return r.shared < o.shared
 	}
 	if explicit && r.achieved != o.achieved {
 		return r.achieved < o.achieved
@@ -283,7 +287,14 @@ func (s *solver) solveWithin(R *scope, reqRank int) *result {
 			}
 		}
 	case s.cr.traffic && reqRank > rankHost:
+		first := rankHost
+		if s.cr.strategy == Spread || s.cr.strategy == StrictSpread {
+			first = rankNVLink
+		}
 		for _, l := range []int{rankHost, rankNVLink, rankSlice, rankRack} {
+			if l < first {
+				continue
+			}
 			if l < reqRank && s.ix.distinctLevel(l) {
 				levels = append(levels, l)
 			}
