@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tensorlane/tensorlane/tensor"
@@ -61,6 +62,7 @@ type Planner struct {
 	cfg        PlannerConfig
 	transports []Transport
 	log        *slog.Logger
+	warned     sync.Map // degraded pairs already warned about
 }
 
 // Candidate is one transport considered for a transfer.
@@ -120,11 +122,19 @@ func NewPlanner(cfg PlannerConfig, transports ...Transport) (*Planner, error) {
 	return &Planner{cfg: cfg, transports: transports, log: log}, nil
 }
 
-func rank(name string) int {
+// quality orders transports for one pair of endpoints, best (lowest) first.
+// It follows Preference, except that "local" between two different devices
+// is a copy staged through host memory: better than leaving the process,
+// worse than a device link.
+func quality(name string, src, dst Endpoint) int {
+	q := len(Preference) * 2
 	if i := slices.Index(Preference, name); i >= 0 {
-		return i
+		q = i * 2
 	}
-	return len(Preference)
+	if name == Local && src.Device != dst.Device {
+		q = slices.Index(Preference, P2P)*2 + 1
+	}
+	return q
 }
 
 // BestAllowed returns the best transport the topology allows between src and
@@ -175,7 +185,7 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 	best, path := p.BestAllowed(src, dst)
 	plan := Plan{Src: src, Dst: dst, Path: path, Best: best}
 	ts := slices.Clone(p.transports)
-	slices.SortStableFunc(ts, func(a, b Transport) int { return rank(a.Name()) - rank(b.Name()) })
+	slices.SortStableFunc(ts, func(a, b Transport) int { return quality(a.Name(), src, dst) - quality(b.Name(), src, dst) })
 	for _, t := range ts {
 		c := Candidate{Transport: t.Name()}
 		switch cost, ok := t.Reach(src, dst); {
@@ -201,7 +211,7 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 	if !slices.ContainsFunc(plan.Candidates, func(c Candidate) bool { return c.Transport == best }) {
 		plan.Candidates = append(plan.Candidates, Candidate{Transport: best, Reason: "allowed by the topology but not running in this runtime"})
 	}
-	plan.Degraded = plan.Chosen != "" && rank(plan.Chosen) > rank(best)
+	plan.Degraded = plan.Chosen != "" && quality(plan.Chosen, src, dst) > quality(best, src, dst)
 	return plan
 }
 
@@ -238,9 +248,8 @@ func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor
 				p.cfg.Metrics.Fallbacks.WithLabelValues(prev, c.Transport).Inc()
 			}
 		}
-		if rank(c.Transport) > rank(plan.Best) {
-			p.log.Warn("transfer uses a worse path than the topology allows", "best", plan.Best, "used", c.Transport,
-				"path", plan.Path.String(), "src", src.Endpoint, "dst", dst)
+		if quality(c.Transport, src.Endpoint, dst) > quality(plan.Best, src.Endpoint, dst) {
+			p.warnDegraded(plan.Best, c.Transport, plan.Path, src.Endpoint, dst)
 			if p.cfg.Metrics != nil {
 				p.cfg.Metrics.Degraded.WithLabelValues(plan.Best, c.Transport).Inc()
 			}
@@ -260,6 +269,19 @@ func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor
 		prev = c.Transport
 	}
 	return Stats{}, plan, errors.Join(errs...)
+}
+
+// warnDegraded logs a degraded pair of hosts once at Warn and then at Debug,
+// so the warning is seen without flooding the log; the metric counts every
+// transfer.
+func (p *Planner) warnDegraded(best, used string, path topology.Path, src, dst Endpoint) {
+	key := best + ">" + used + " " + src.Host + ">" + dst.Host
+	level := slog.LevelDebug
+	if _, seen := p.warned.LoadOrStore(key, true); !seen {
+		level = slog.LevelWarn
+	}
+	p.log.Log(context.Background(), level, "transfer uses a worse path than the topology allows",
+		"best", best, "used", used, "path", path.String(), "src", src, "dst", dst)
 }
 
 func (p *Planner) count(transport string, st Stats, d time.Duration, err error) {

@@ -20,8 +20,9 @@ type SimMemory struct {
 	data []byte
 
 	mu     sync.Mutex
-	alloc  *rangeAllocator
-	closed bool
+	alloc     *rangeAllocator
+	populated int64 // pages below this offset are resident
+	closed    bool
 }
 
 var (
@@ -77,7 +78,26 @@ func (m *SimMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	if !ok {
 		return nil, &OutOfMemoryError{Device: m.dev, Requested: n, Free: m.alloc.capacity - m.alloc.used, LargestFree: m.alloc.largestFree()}
 	}
+	m.populate(off, size)
 	return &simBuffer{mem: m, off: off, n: n, size: size}, nil
+}
+
+// populate makes the block's pages resident now, as device memory is once
+// allocated, so that transfers measure copies rather than page faults on a
+// sparse file. Pages stay resident after Release, and first-fit only hands
+// out space below the high-water mark that was allocated (so populated)
+// before, so only the part above the mark needs it. Kernels without
+// MADV_POPULATE_WRITE (before 5.14) fault on first touch instead. Called
+// with m.mu held.
+func (m *SimMemory) populate(off, size int64) {
+	const page = 4096
+	end := min((off+size+page-1)&^(page-1), int64(len(m.data)))
+	start := max(off&^(page-1), m.populated)
+	if start >= end {
+		return
+	}
+	_ = unix.Madvise(m.data[start:end], unix.MADV_POPULATE_WRITE)
+	m.populated = end
 }
 
 // Stats reports capacity and use.

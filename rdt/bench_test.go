@@ -1,0 +1,163 @@
+package rdt
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorlane/tensorlane/bench"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Each benchmark interleaves the measured path with its baseline in the same
+// loop and reports both rates and their ratio, so drift on a shared machine
+// cancels out. Run: go test -run '^$' -bench . ./rdt/
+
+func benchPair(b *testing.B) (owner, near, far *Actor, stop func()) {
+	ctx := context.Background()
+	cl, _ := topology.Preset("dgx-h100", 2)
+	ra, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 4 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rb, err := New(ctx, Config{Cluster: cl, Host: "h1", IgnoreEnv: true, DeviceMemory: 4 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	owner, _ = ra.Spawn("owner")
+	near, _ = ra.Spawn("near")
+	far, _ = rb.Spawn("far")
+	return owner, near, far, func() { ra.Shutdown(ctx); rb.Shutdown(ctx) }
+}
+
+func put(b *testing.B, a *Actor, size int64) (Ref, []byte) {
+	mem, _ := a.rt.Memory(tensor.GPUDevice(0))
+	x, err := tensor.Alloc(context.Background(), mem, tensor.Uint8, size)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, _ := x.SpanBytes()
+	for i := range p {
+		p[i] = byte(i)
+	}
+	ref, err := a.Put(context.Background(), x)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ref, p
+}
+
+type ratio struct{ path, base time.Duration }
+
+func (r ratio) report(b *testing.B, size int64, baseName string) {
+	n := float64(b.N) * float64(size) / 1e9
+	b.ReportMetric(n/r.path.Seconds(), "GB/s")
+	b.ReportMetric(n/r.base.Seconds(), baseName+"-GB/s")
+	b.ReportMetric(r.base.Seconds()/r.path.Seconds(), "ratio-vs-"+baseName)
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%dKiB", n>>10)
+}
+
+// Same-device Get is a zero-copy view: its time must not grow with size.
+func BenchmarkGetSameDevice(b *testing.B) {
+	owner, _, _, stop := benchPair(b)
+	defer stop()
+	for _, n := range []int64{1 << 10, 1 << 30} {
+		ref, _ := put(b, owner, n)
+		b.Run(size(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				v, err := owner.Get(context.Background(), ref, tensor.GPUDevice(0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				v.Release()
+			}
+		})
+	}
+}
+
+// In-process copy between NVLink-joined simulated GPUs against memcpy.
+func BenchmarkGetP2P(b *testing.B) {
+	owner, near, _, stop := benchPair(b)
+	defer stop()
+	const n = 64 << 20
+	ref, src := put(b, owner, n)
+	dst := make([]byte, n)
+	copy(dst, src) // fault the baseline's pages in, as the arena's are
+	b.Run(size(n), func(b *testing.B) {
+		b.SetBytes(n)
+		b.ReportAllocs()
+		var r ratio
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			v, err := near.Get(context.Background(), ref, tensor.GPUDevice(1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.path += time.Since(start)
+			v.Release()
+			r.base += bench.Memcpy(dst, src)
+		}
+		r.report(b, n, "memcpy")
+	})
+}
+
+// tcp Get between two runtimes against a raw loopback socket and a libp2p
+// stream moving the same bytes.
+func BenchmarkGetTCP(b *testing.B) {
+	owner, _, far, stop := benchPair(b)
+	defer stop()
+	for _, n := range []int64{64 << 20, 256 << 20} {
+		ref, src := put(b, owner, n)
+		raw, err := bench.NewTCPPair(src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p2p, err := bench.NewLibp2pPair(context.Background(), src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := make([]byte, n)
+		copy(dst, src)
+		b.Run(size(n), func(b *testing.B) {
+			b.SetBytes(n)
+			b.ReportAllocs()
+			var vsRaw, vsP2P ratio
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				v, err := far.Get(context.Background(), ref, tensor.GPUDevice(1))
+				if err != nil {
+					b.Fatal(err)
+				}
+				d := time.Since(start)
+				vsRaw.path += d
+				vsP2P.path += d
+				v.Release()
+				t, err := raw.Read(dst)
+				if err != nil {
+					b.Fatal(err)
+				}
+				vsRaw.base += t
+				if t, err = p2p.Read(dst); err != nil {
+					b.Fatal(err)
+				}
+				vsP2P.base += t
+			}
+			vsRaw.report(b, n, "rawtcp")
+			b.ReportMetric(vsP2P.base.Seconds()/vsP2P.path.Seconds(), "ratio-vs-libp2p")
+		})
+		raw.Close()
+		p2p.Close()
+	}
+}

@@ -1,0 +1,131 @@
+package rdt
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Config configures a Runtime. The zero value is valid and means: a
+// simulated cluster of one dgx-h100 host, this runtime claiming host "h0"
+// with its eight simulated 80 GB GPUs (sparse memfd arenas) and host memory,
+// a fresh ed25519 identity, control and data listeners on loopback, every
+// transport allowed except as narrowed by TENSORLANE_TRANSPORTS, a 2-minute
+// transfer timeout, logs discarded and metrics on a private registry.
+type Config struct {
+	// Cluster is the topology the runtime lives in. Default: the dgx-h100
+	// preset with one host.
+	Cluster *topology.Cluster
+	// Host is the topology host this runtime claims. Default: the first.
+	Host string
+	// Identity is the libp2p identity key. Default: a new ed25519 key.
+	Identity crypto.PrivKey
+	// ListenAddrs are libp2p multiaddrs for the control channel. Default:
+	// /ip4/127.0.0.1/tcp/0.
+	ListenAddrs []string
+	// DataAddr is the tcp data listener. Default: 127.0.0.1:0.
+	DataAddr string
+	// Devices replaces the simulated device memories built from the
+	// topology. The runtime does not close memories it did not create.
+	Devices []tensor.Memory
+	// DeviceMemory caps each simulated device's arena (bytes); 0 uses the
+	// device's memory size from the topology.
+	DeviceMemory int64
+	// HostMemory caps host memory allocations (bytes); 0 = unbounded.
+	HostMemory int64
+	// Allow and Deny narrow the transports (names as in fabric.Preference).
+	// TENSORLANE_TRANSPORTS applies on top unless IgnoreEnv is set.
+	Allow, Deny []string
+	IgnoreEnv   bool
+	// TransferTimeout bounds a Get whose context has no deadline. Default 2 min.
+	TransferTimeout time.Duration
+	// StallTimeout fails a transfer that makes no progress for this long.
+	// Default 30 s.
+	StallTimeout time.Duration
+	// Streams is the most tcp connections one large read is striped over.
+	// Default 4.
+	Streams int
+	// InboxSize is each actor's message queue length. Default 1024.
+	InboxSize int
+	Logger    *slog.Logger
+	// Registerer receives the runtime's metrics. Default: a private
+	// registry, available from Runtime.Registry.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if out.Cluster == nil {
+		cl, err := topology.Preset("dgx-h100", 1)
+		if err != nil {
+			return out, err
+		}
+		out.Cluster = cl
+	}
+	if out.Host == "" {
+		if len(out.Cluster.Hosts) == 0 {
+			return out, fmt.Errorf("rdt: cluster %q has no hosts", out.Cluster.Name)
+		}
+		out.Host = out.Cluster.Hosts[0].ID
+	}
+	if _, ok := out.Cluster.Host(out.Host); !ok {
+		return out, fmt.Errorf("rdt: host %q is not in cluster %q (hosts %v)", out.Host, out.Cluster.Name, out.Cluster.HostIDs())
+	}
+	if out.Identity == nil {
+		k, _, err := crypto.GenerateEd25519Key(nil)
+		if err != nil {
+			return out, err
+		}
+		out.Identity = k
+	}
+	if len(out.ListenAddrs) == 0 {
+		out.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
+	if out.DataAddr == "" {
+		out.DataAddr = "127.0.0.1:0"
+	}
+	if !out.IgnoreEnv {
+		allow, deny, err := fabric.ParseSelection(os.Getenv(fabric.EnvTransports))
+		if err != nil {
+			return out, fmt.Errorf("rdt: %s: %w", fabric.EnvTransports, err)
+		}
+		if allow != nil {
+			out.Allow = allow
+		}
+		out.Deny = append(out.Deny, deny...)
+	}
+	if out.TransferTimeout <= 0 {
+		out.TransferTimeout = 2 * time.Minute
+	}
+	if out.StallTimeout <= 0 {
+		out.StallTimeout = 30 * time.Second
+	}
+	if out.InboxSize <= 0 {
+		out.InboxSize = 1024
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return out, nil
+}
+
+func deviceKind(k topology.DeviceKind) tensor.DeviceKind {
+	switch k {
+	case topology.KindTPU:
+		return tensor.TPU
+	case topology.KindNeuron:
+		return tensor.Neuron
+	case topology.KindHPU:
+		return tensor.HPU
+	}
+	return tensor.GPU
+}

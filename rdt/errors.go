@@ -1,0 +1,27 @@
+package rdt
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Conditions callers test with errors.Is. Those shared with the transports
+// are the same values as in fabric, so either name matches.
+var (
+	ErrMalformedRef   = errors.New("rdt: malformed ref")
+	ErrObjectNotFound = fabric.ErrObjectNotFound
+	ErrObjectFreed    = fabric.ErrObjectFreed
+	ErrStaleRef       = fabric.ErrStaleRef
+	ErrUnauthorized   = fabric.ErrUnauthorized
+	ErrOutOfMemory    = tensor.ErrOutOfMemory
+	ErrTooSmall       = tensor.ErrTooSmall
+	ErrNoPath         = fabric.ErrNoPath
+	ErrUnknownActor   = errors.New("rdt: unknown actor")
+	ErrUnknownDevice  = errors.New("rdt: device not available")
+	ErrNotOwner       = errors.New("rdt: only the owner may do this")
+	ErrClosed         = fmt.Errorf("rdt: runtime shut down: %w", net.ErrClosed)
+)

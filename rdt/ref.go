@@ -1,0 +1,188 @@
+package rdt
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Ref is a small, serializable reference to a tensor that stays in its
+// owner's device memory. It carries everything a reader needs to fetch the
+// bytes directly: the owner's identity and addresses, where the tensor lives,
+// its layout, the transports the owner serves, and an unguessable capability
+// token. It marshals to a few hundred bytes, so it can ride any control
+// channel (ours, Ray actor calls, gRPC).
+type Ref struct {
+	Object      fabric.ObjectID
+	Owner       peer.ID
+	Incarnation uint64            // the owner runtime's life; a restarted owner has a new one
+	Addrs       []string          // owner's control multiaddrs
+	DataAddrs   map[string]string // transport name -> data address
+	Host        string            // owner's topology host
+	Device      tensor.DeviceID
+	Desc        tensor.Desc
+	Transports  []string // transports the owner serves
+	Token       []byte   // capability: whoever holds the ref may read the object
+}
+
+const (
+	refMagic0, refMagic1 = 'T', 'R'
+	refVersion           = 1
+	maxRefAddrs          = 16
+	maxRefString         = 512
+	maxTokenLen          = 64
+)
+
+func (r Ref) String() string {
+	return fmt.Sprintf("ref %s (%v on %s/%v, owner %s)", r.Object, r.Desc, r.Host, r.Device, shortID(r.Owner))
+}
+
+func shortID(id peer.ID) string {
+	s := id.String()
+	if len(s) > 10 {
+		return "…" + s[len(s)-8:]
+	}
+	return s
+}
+
+// MarshalBinary encodes the ref (version 1).
+func (r Ref) MarshalBinary() ([]byte, error) {
+	e := wire.Encoder{Buf: make([]byte, 0, 256)}
+	e.Byte(refMagic0)
+	e.Byte(refMagic1)
+	e.Byte(refVersion)
+	e.Fixed(r.Object[:])
+	e.Bytes([]byte(r.Owner))
+	e.Uvarint(r.Incarnation)
+	e.Uvarint(uint64(len(r.Addrs)))
+	for _, a := range r.Addrs {
+		e.String(a)
+	}
+	names := make([]string, 0, len(r.DataAddrs))
+	for n := range r.DataAddrs {
+		names = append(names, n)
+	}
+	sort.Strings(names) // deterministic bytes
+	e.Uvarint(uint64(len(names)))
+	for _, n := range names {
+		e.String(n)
+		e.String(r.DataAddrs[n])
+	}
+	e.String(r.Host)
+	e.String(string(r.Device.Kind))
+	e.Uvarint(uint64(r.Device.Index))
+	e.Byte(byte(r.Desc.DType))
+	e.Uvarint(uint64(len(r.Desc.Shape)))
+	for _, s := range r.Desc.Shape {
+		e.Uvarint(uint64(s))
+	}
+	if r.Desc.Strides == nil {
+		e.Byte(0)
+	} else {
+		e.Byte(1)
+		for _, s := range r.Desc.Strides {
+			e.Uvarint(uint64(s))
+		}
+	}
+	e.Uvarint(uint64(r.Desc.Offset))
+	var mask byte
+	for _, t := range r.Transports {
+		if i := slices.Index(fabric.Preference, t); i >= 0 {
+			mask |= 1 << i
+		}
+	}
+	e.Byte(mask)
+	e.Bytes(r.Token)
+	return e.Buf, nil
+}
+
+// UnmarshalBinary decodes a ref, checking every field. Malformed input
+// returns an error matching ErrMalformedRef; it never panics.
+func (r *Ref) UnmarshalBinary(p []byte) error {
+	d := wire.NewDecoder(p)
+	if d.Byte() != refMagic0 || d.Byte() != refMagic1 {
+		return fmt.Errorf("%w: not a tensorlane ref", ErrMalformedRef)
+	}
+	if v := d.Byte(); v != refVersion {
+		return fmt.Errorf("%w: version %d, this build reads %d", ErrMalformedRef, v, refVersion)
+	}
+	var out Ref
+	d.Fixed(out.Object[:])
+	owner := d.Bytes(128)
+	out.Incarnation = d.Uvarint()
+	for n := d.Count(maxRefAddrs); n > 0; n-- {
+		out.Addrs = append(out.Addrs, d.String(maxRefString))
+	}
+	if n := d.Count(maxRefAddrs); n > 0 {
+		out.DataAddrs = make(map[string]string, n)
+		for ; n > 0; n-- {
+			name := d.String(32)
+			out.DataAddrs[name] = d.String(maxRefString)
+		}
+	}
+	out.Host = d.String(maxRefString)
+	out.Device.Kind = tensor.DeviceKind(d.String(32))
+	idx := d.Uvarint()
+	out.Device.Index = int(min(idx, 1<<16+1))
+	out.Desc.DType = tensor.DType(d.Byte())
+	ndim := d.Count(tensor.MaxDims)
+	if ndim > 0 {
+		out.Desc.Shape = make([]int64, ndim)
+	} else {
+		out.Desc.Shape = []int64{}
+	}
+	for i := range out.Desc.Shape {
+		out.Desc.Shape[i] = int64(min(d.Uvarint(), 1<<62))
+	}
+	if d.Byte() == 1 {
+		out.Desc.Strides = make([]int64, ndim)
+		for i := range out.Desc.Strides {
+			out.Desc.Strides[i] = int64(min(d.Uvarint(), 1<<62))
+		}
+	}
+	out.Desc.Offset = int64(min(d.Uvarint(), 1<<62))
+	mask := d.Byte()
+	for i, t := range fabric.Preference {
+		if mask&(1<<i) != 0 {
+			out.Transports = append(out.Transports, t)
+		}
+	}
+	out.Token = d.Bytes(maxTokenLen)
+	if err := d.Finish(); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformedRef, err)
+	}
+	id, err := peer.IDFromBytes(owner)
+	if err != nil {
+		return fmt.Errorf("%w: owner: %v", ErrMalformedRef, err)
+	}
+	out.Owner = id
+	dev, err := tensor.ParseDeviceID(fmt.Sprintf("%s:%d", out.Device.Kind, idx))
+	if err != nil {
+		return fmt.Errorf("%w: device: %v", ErrMalformedRef, err)
+	}
+	out.Device = dev
+	if err := out.Desc.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformedRef, err)
+	}
+	*r = out
+	return nil
+}
+
+// span is the byte range of the owner's buffer the ref's tensor touches.
+func (r Ref) span() (off, n int64) {
+	s, e := r.Desc.Span()
+	return s, e - s
+}
+
+// ParseRef decodes a marshalled ref.
+func ParseRef(p []byte) (Ref, error) {
+	var r Ref
+	err := r.UnmarshalBinary(p)
+	return r, err
+}
