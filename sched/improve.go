@@ -5,23 +5,24 @@ package sched
 // candidate host, or swap the places of two bundles of equal size, when
 // that strictly lowers (busiest resource, summed busy time). SPREAD keeps
 // its host count. It is deterministic: bundles in index order, at most
-// four passes.
+// four passes and localSearchWork edge evaluations.
 func (r *run) improve() {
 	s := r.s
 	n := len(s.cr.bundles)
 	if !s.cr.traffic || s.cfg.LocalSearch < 0 || n > s.cfg.LocalSearch {
 		return
 	}
+	budget := r.work + localSearchWork
 	for pass := 0; pass < 4; pass++ {
 		improved := false
-		for b := 0; b < n; b++ {
+		for b := 0; b < n && r.work < budget; b++ {
 			if s.pinned[b].host >= 0 || len(s.cr.adj[b]) == 0 {
 				continue
 			}
 			if r.tryMove(b) {
 				improved = true
 			}
-			for c := 0; c < n; c++ {
+			for c := 0; c < n && r.work < budget; c++ {
 				if c != b && r.trySwap(b, c) {
 					improved = true
 				}
@@ -32,6 +33,10 @@ func (r *run) improve() {
 		}
 	}
 }
+
+// localSearchWork bounds the improvement pass (deterministically: it
+// counts edge evaluations, not time).
+const localSearchWork = 400000
 
 type score struct {
 	spread int

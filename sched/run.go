@@ -16,6 +16,7 @@ type run struct {
 	gang    []int // bundles per host position (sparse use)
 	gangH   []int // hosts holding gang bundles, first use first
 	buf     []charge
+	work    int // edges evaluated, bounds the local search
 	agg     []charge
 }
 
@@ -150,6 +151,7 @@ func (r *run) curMax() float64 {
 // devs) and the bundles placed already.
 func (r *run) charges(out []charge, b, h int, devs []int) []charge {
 	cr := r.s.cr
+	r.work += len(cr.adj[b])
 	for _, ei := range cr.adj[b] {
 		e := cr.edges[ei]
 		if e.from == b {
