@@ -19,7 +19,7 @@ type SimMemory struct {
 	fd   int
 	data []byte
 
-	mu     sync.Mutex
+	mu        sync.Mutex
 	alloc     *rangeAllocator
 	populated int64 // pages below this offset are resident
 	closed    bool

@@ -84,7 +84,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 
 type nopRelease struct{ tensor.Buffer }
 
-func (nopRelease) Release() error { return nil }
+func (nopRelease) Release() error  { return nil }
 func (b nopRelease) Bytes() []byte { return b.Buffer.(tensor.HostVisible).Bytes() }
 
 func (f *fixture) remote(length int64) fabric.Remote {

@@ -1,0 +1,132 @@
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// fake is a transport that reaches everything and fails with err.
+type fake struct {
+	name  string
+	err   error
+	reads int
+}
+
+func (f *fake) Name() string { return f.name }
+func (f *fake) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
+	return fabric.Cost{GBps: 1, Reason: "fake"}, true
+}
+func (f *fake) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	f.reads++
+	return fabric.Stats{Transport: f.name, Bytes: src.Length}, f.err
+}
+func (f *fake) Close() error { return nil }
+
+func TestParseSelection(t *testing.T) {
+	tests := []struct {
+		in          string
+		allow, deny []string
+		bad         bool
+	}{
+		{"", nil, nil, false},
+		{"tcp,rdma", []string{"tcp", "rdma"}, nil, false},
+		{"^shm", nil, []string{"shm"}, false},
+		{" ^p2p, shm ", nil, []string{"p2p", "shm"}, false},
+		{"TCP", []string{"tcp"}, nil, false},
+		{"tcp,pigeon", nil, nil, true},
+	}
+	for _, tc := range tests {
+		allow, deny, err := fabric.ParseSelection(tc.in)
+		if tc.bad {
+			assert.Error(t, err, tc.in)
+			continue
+		}
+		require.NoError(t, err, tc.in)
+		assert.Equal(t, tc.allow, allow, tc.in)
+		assert.Equal(t, tc.deny, deny, tc.in)
+	}
+}
+
+func cluster(t *testing.T) *topology.Cluster {
+	c, err := topology.Preset("dgx-h100", 2)
+	require.NoError(t, err)
+	return c
+}
+
+func TestPlanRanksAndExplains(t *testing.T) {
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Deny: []string{fabric.SHM}},
+		&fake{name: fabric.TCP}, &fake{name: fabric.SHM}, &fake{name: fabric.P2P})
+	require.NoError(t, err)
+	src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	plan := p.Plan(src, fabric.Endpoint{Process: "b", Host: "h0", Device: tensor.GPUDevice(1)})
+	assert.Equal(t, fabric.P2P, plan.Chosen)
+	assert.Equal(t, fabric.P2P, plan.Best)
+	assert.False(t, plan.Degraded)
+	require.Len(t, plan.Candidates, 3)
+	assert.Equal(t, []string{"p2p", "shm", "tcp"}, []string{plan.Candidates[0].Transport, plan.Candidates[1].Transport, plan.Candidates[2].Transport})
+	assert.Equal(t, "denied by configuration", plan.Candidates[1].Reason)
+
+	far := p.Plan(src, fabric.Endpoint{Process: "c", Host: "h1", Device: tensor.GPUDevice(0)})
+	assert.Equal(t, topology.PathNET, far.Path.Class)
+	assert.Equal(t, fabric.RDMA, far.Best)
+	assert.Equal(t, fabric.P2P, far.Chosen, "the fake p2p reaches everything; the planner trusts Reach")
+
+	_, err = fabric.NewPlanner(fabric.PlannerConfig{Allow: []string{"pigeon"}})
+	assert.Error(t, err)
+	none, _ := fabric.NewPlanner(fabric.PlannerConfig{Allow: []string{fabric.RDMA}}, &fake{name: fabric.TCP})
+	plan = none.Plan(src, src)
+	assert.Empty(t, plan.Chosen)
+	_, _, err = none.Read(context.Background(), fabric.Remote{Endpoint: src}, src, nil)
+	assert.ErrorIs(t, err, fabric.ErrNoPath)
+}
+
+func TestReadFallsBackAndCounts(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := fabric.NewMetrics(reg)
+	broken := &fake{name: fabric.P2P, err: fabric.ErrPeerClosed}
+	good := &fake{name: fabric.TCP}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Metrics: m}, broken, good)
+	require.NoError(t, err)
+	src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	dst := fabric.Endpoint{Process: "b", Host: "h0", Device: tensor.GPUDevice(1)}
+	st, plan, err := p.Read(context.Background(), fabric.Remote{Endpoint: src, Length: 10}, dst, nil)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, st.Transport)
+	assert.Equal(t, fabric.TCP, plan.Chosen)
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.Fallbacks.WithLabelValues("p2p", "tcp")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.Degraded.WithLabelValues("p2p", "tcp")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.Transfers.WithLabelValues("p2p", "error")))
+	assert.Equal(t, 10.0, testutil.ToFloat64(m.Bytes.WithLabelValues("tcp")))
+}
+
+func TestTerminalErrorsDoNotFallBack(t *testing.T) {
+	for _, terminal := range []error{fabric.ErrUnauthorized, fabric.ErrObjectFreed, tensor.ErrOutOfMemory, context.Canceled} {
+		first := &fake{name: fabric.P2P, err: terminal}
+		second := &fake{name: fabric.TCP}
+		p, _ := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t)}, first, second)
+		src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+		_, _, err := p.Read(context.Background(), fabric.Remote{Endpoint: src}, fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(1)}, nil)
+		assert.ErrorIs(t, err, terminal)
+		var pe *fabric.PathError
+		assert.True(t, errors.As(err, &pe))
+		assert.Equal(t, 0, second.reads, "no fallback after %v", terminal)
+	}
+}
+
+func TestCheckRange(t *testing.T) {
+	assert.NoError(t, fabric.CheckRange(0, 10, 10))
+	assert.NoError(t, fabric.CheckRange(10, 0, 10))
+	for _, c := range [][3]int64{{-1, 1, 10}, {0, 11, 10}, {11, 0, 10}, {5, -1, 10}, {1 << 62, 1 << 62, 10}} {
+		assert.ErrorIs(t, fabric.CheckRange(c[0], c[1], c[2]), fabric.ErrBadRequest, "%v", c)
+	}
+}
