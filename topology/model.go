@@ -97,6 +97,13 @@ type PCIeSwitch struct {
 	ID     string `json:"id"`
 	NUMA   int    `json:"numa"`
 	Parent string `json:"parent,omitempty"`
+	// BusID is the bridge's PCI address when discovered; Vendor its vendor
+	// ("broadcom", "microchip", "nvidia" for an NVSwitch-side bridge).
+	BusID  string `json:"bus_id,omitempty"`
+	Vendor string `json:"vendor,omitempty"`
+	// HostBridge marks a PCIe root complex: endpoints directly under it
+	// (as on a VM's root bus) meet at the host bridge, PHB, not PIX.
+	HostBridge bool `json:"host_bridge,omitempty"`
 }
 
 // Device is one accelerator.
@@ -109,6 +116,45 @@ type Device struct {
 	NUMA        int        `json:"numa"`
 	PCIeSwitch  string     `json:"pcie_switch,omitempty"`
 	BusID       string     `json:"bus_id,omitempty"`
+	// The fields below are filled by discovery where known.
+
+	// UUID is the vendor's stable identity (NVML UUID, KFD unique id).
+	UUID string `json:"uuid,omitempty"`
+	// Driver is the kernel driver bound to the device ("nvidia", "amdgpu").
+	Driver string `json:"driver,omitempty"`
+	// DevNode is the character device user space opens ("/dev/accel0").
+	DevNode string `json:"dev_node,omitempty"`
+	// PCIe is the negotiated link to the device's parent.
+	PCIe *PCIeLink `json:"pcie,omitempty"`
+	// Fabric identifies a multi-node device fabric the device belongs to
+	// (NVML fabric cluster UUID and clique, an xGMI hive id).
+	Fabric string `json:"fabric,omitempty"`
+}
+
+// PCIeLink is a negotiated PCIe link: the lesser of the device's and its
+// parent's current speed and width.
+type PCIeLink struct {
+	GTps  float64 `json:"gtps"` // transfer rate per lane, GT/s (32 = Gen5)
+	Width int     `json:"width"`
+}
+
+// Gen returns the PCIe generation of the link rate, 0 when unknown.
+func (l PCIeLink) Gen() int {
+	switch {
+	case l.GTps >= 64:
+		return 6
+	case l.GTps >= 32:
+		return 5
+	case l.GTps >= 16:
+		return 4
+	case l.GTps >= 8:
+		return 3
+	case l.GTps >= 5:
+		return 2
+	case l.GTps >= 2.5:
+		return 1
+	}
+	return 0
 }
 
 // NIC is one network interface. RDMA NICs also carry the verbs device name.
@@ -119,6 +165,15 @@ type NIC struct {
 	NUMA       int     `json:"numa"`
 	PCIeSwitch string  `json:"pcie_switch,omitempty"`
 	BusID      string  `json:"bus_id,omitempty"`
+	// LinkLayer is the RDMA port's link layer: "InfiniBand" or "Ethernet"
+	// (RoCE); "" when unknown or not RDMA.
+	LinkLayer string `json:"link_layer,omitempty"`
+	// State is the port state ("ACTIVE", "DOWN") or the netdev operstate.
+	State string `json:"state,omitempty"`
+	// Driver is the kernel driver bound to the NIC ("mlx5_core", "efa").
+	Driver string `json:"driver,omitempty"`
+	// Firmware is the NIC firmware version where sysfs exposes it.
+	Firmware string `json:"firmware,omitempty"`
 }
 
 // RDMA reports whether the NIC can do remote direct memory access.
@@ -192,30 +247,53 @@ func (h *Host) LinkBetween(a, b int) (Link, bool) {
 }
 
 // NearestNICs returns the host's RDMA NICs ordered by closeness to device
-// index: same PCIe switch first, then same NUMA node, then the rest; ties
-// keep host order. It returns nil if the host has no RDMA NIC.
+// index: by the PCIe path class between device and NIC (PIX, PXB, PHB,
+// NODE, then SYS: same switch first, then the same NUMA node by fewest
+// PCIe hops, then other nodes); ties keep host order. It returns nil if the
+// host has no RDMA NIC or no such device.
 func (h *Host) NearestNICs(device int) []NIC {
 	d, ok := h.Device(device)
 	if !ok {
 		return nil
 	}
-	var nics []NIC
+	type ranked struct {
+		nic  NIC
+		rank PathClass
+	}
+	var rs []ranked
 	for _, n := range h.NICs {
 		if n.RDMA() {
-			nics = append(nics, n)
+			rs = append(rs, ranked{n, h.placementClass(d.NUMA, d.PCIeSwitch, n.NUMA, n.PCIeSwitch)})
 		}
 	}
-	rank := func(n NIC) int {
-		switch {
-		case d.PCIeSwitch != "" && n.PCIeSwitch == d.PCIeSwitch:
-			return 0
-		case n.NUMA == d.NUMA:
-			return 1
-		}
-		return 2
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].rank < rs[j].rank })
+	var nics []NIC
+	for _, r := range rs {
+		nics = append(nics, r.nic)
 	}
-	sort.SliceStable(nics, func(i, j int) bool { return rank(nics[i]) < rank(nics[j]) })
 	return nics
+}
+
+// NIC returns the NIC with the given interface or RDMA device name.
+func (h *Host) NIC(name string) (NIC, bool) {
+	for _, n := range h.NICs {
+		if n.Name == name || (n.RDMADevice != "" && n.RDMADevice == name) {
+			return n, true
+		}
+	}
+	return NIC{}, false
+}
+
+// NICPath classifies the PCIe path between a device and a NIC of the host
+// (PIX, PXB, PHB, NODE or SYS), as `nvidia-smi topo -m` does for its NIC
+// columns. An unknown device or NIC gives PathSYS.
+func (h *Host) NICPath(device int, nic string) Path {
+	d, ok := h.Device(device)
+	n, ok2 := h.NIC(nic)
+	if !ok || !ok2 {
+		return Path{Class: PathSYS}
+	}
+	return Path{Class: h.placementClass(d.NUMA, d.PCIeSwitch, n.NUMA, n.PCIeSwitch)}
 }
 
 // Validate checks the internal consistency of the cluster: unique host IDs,
@@ -223,6 +301,9 @@ func (h *Host) NearestNICs(device int) []NIC {
 func (c *Cluster) Validate() error {
 	seen := map[string]bool{}
 	for _, h := range c.Hosts {
+		if h == nil {
+			return fmt.Errorf("topology: nil host")
+		}
 		if h.ID == "" {
 			return fmt.Errorf("topology: host without ID")
 		}
@@ -230,16 +311,18 @@ func (c *Cluster) Validate() error {
 			return fmt.Errorf("topology: duplicate host ID %q", h.ID)
 		}
 		seen[h.ID] = true
-		idx := map[int]bool{}
+		switches := make(map[string]bool, len(h.Switches))
+		for _, s := range h.Switches {
+			switches[s.ID] = true
+		}
+		idx := make(map[int]bool, len(h.Devices))
 		for _, d := range h.Devices {
 			if idx[d.Index] {
 				return fmt.Errorf("topology: host %s: duplicate device index %d", h.ID, d.Index)
 			}
 			idx[d.Index] = true
-			if d.PCIeSwitch != "" {
-				if _, ok := h.Switch(d.PCIeSwitch); !ok {
-					return fmt.Errorf("topology: host %s: device %d under unknown switch %q", h.ID, d.Index, d.PCIeSwitch)
-				}
+			if d.PCIeSwitch != "" && !switches[d.PCIeSwitch] {
+				return fmt.Errorf("topology: host %s: device %d under unknown switch %q", h.ID, d.Index, d.PCIeSwitch)
 			}
 		}
 		for _, l := range h.Links {
@@ -248,10 +331,8 @@ func (c *Cluster) Validate() error {
 			}
 		}
 		for _, n := range h.NICs {
-			if n.PCIeSwitch != "" {
-				if _, ok := h.Switch(n.PCIeSwitch); !ok {
-					return fmt.Errorf("topology: host %s: NIC %s under unknown switch %q", h.ID, n.Name, n.PCIeSwitch)
-				}
+			if n.PCIeSwitch != "" && !switches[n.PCIeSwitch] {
+				return fmt.Errorf("topology: host %s: NIC %s under unknown switch %q", h.ID, n.Name, n.PCIeSwitch)
 			}
 		}
 	}

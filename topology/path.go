@@ -136,48 +136,52 @@ func (c *Cluster) PathBetween(a, b Endpoint) Path {
 
 // pcieClass classifies two endpoints of one host by their PCIe placement.
 func (h *Host) pcieClass(a, b int) PathClass {
-	numaOf := func(i int) (int, string) {
-		if i == HostMemory {
-			return -1, ""
-		}
-		d, ok := h.Device(i)
-		if !ok {
-			return -1, ""
-		}
-		return d.NUMA, d.PCIeSwitch
-	}
-	na, sa := numaOf(a)
-	nb, sb := numaOf(b)
 	if a == HostMemory || b == HostMemory {
-		// Host memory is reached through the device's host bridge; a device
-		// on the other socket also crosses the SMP interconnect.
-		other := na
-		if a == HostMemory {
-			other = nb
-		}
-		if other < 0 || len(h.NUMA) <= 1 {
+		// Host memory is reached through the device's host bridge; the
+		// host stages through memory local to the device.
+		return PathPHB
+	}
+	da, okA := h.Device(a)
+	db, okB := h.Device(b)
+	if !okA || !okB {
+		return PathSYS
+	}
+	return h.placementClass(da.NUMA, da.PCIeSwitch, db.NUMA, db.PCIeSwitch)
+}
+
+// placementClass classifies two PCIe endpoints given by NUMA node and the
+// switch they sit under: PIX under one switch, PXB when they share a switch
+// further up, PHB when they meet only at the top of the tree (the root
+// complex or root port), NODE for different trees of one NUMA node, SYS
+// across nodes or when nothing is known.
+func (h *Host) placementClass(na int, sa string, nb int, sb string) PathClass {
+	crossNUMA := na >= 0 && nb >= 0 && na != nb
+	if sa != "" && sa == sb {
+		if sw, ok := h.Switch(sa); ok && sw.HostBridge {
+			if crossNUMA {
+				return PathSYS
+			}
 			return PathPHB
 		}
-		return PathPHB // the host chooses local memory for staging
-	}
-	if sa != "" && sa == sb {
 		return PathPIX
 	}
 	ca, cb := h.switchChain(sa), h.switchChain(sb)
 	if len(ca) > 0 && len(cb) > 0 {
-		rootA, rootB := ca[len(ca)-1], cb[len(cb)-1]
-		for _, x := range ca {
-			for _, y := range cb {
-				if x == y {
-					if x == rootA { // the shared switch is the root port itself
-						return PathPHB
-					}
-					return PathPXB
-				}
-			}
+		rootA := ca[len(ca)-1]
+		inB := make(map[string]bool, len(cb))
+		for _, y := range cb {
+			inB[y] = true
 		}
-		if rootA != rootB && na == nb && na >= 0 {
-			return PathNODE
+		for _, x := range ca {
+			if inB[x] {
+				if x == rootA {
+					if crossNUMA {
+						return PathSYS
+					}
+					return PathPHB
+				}
+				return PathPXB
+			}
 		}
 	}
 	if na >= 0 && na == nb {
