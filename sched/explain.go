@@ -26,7 +26,7 @@ func (s *Scheduler) diagnose(sv *solver) []string {
 		}
 		who := bundleList(members)
 		bd := &cr.bundles[rep]
-		matching, maxCap, maxFree, maxCPU, maxMem := 0, 0, 0, int64(-1), int64(-1)
+		matching, maxCap, maxFree, maxCPU, maxMem, slots := 0, 0, 0, int64(-1), int64(-1), 0
 		for h := range ix.hosts {
 			if u.failedHost[h] || !sv.selectorOK(rep, h) {
 				continue
@@ -42,6 +42,9 @@ func (s *Scheduler) diagnose(sv *solver) []string {
 				}
 			}
 			maxCap, maxFree = max(maxCap, c), max(maxFree, f)
+			if bd.devices > 0 {
+				slots += f / bd.devices
+			}
 			if hc := ix.hosts[h].cpuMilli; hc > 0 {
 				maxCPU = max(maxCPU, hc-u.cpuUsed[h])
 			} else {
@@ -67,6 +70,8 @@ func (s *Scheduler) diagnose(sv *solver) []string {
 				reasons = append(reasons, fmt.Sprintf("%s: need%s %s on one host; the largest matching host has %d", who, verbS(members), what, maxCap))
 			} else if maxFree < bd.devices {
 				reasons = append(reasons, fmt.Sprintf("%s: need%s %s free on one host; the most free on a matching host is %d", who, verbS(members), what, maxFree))
+			} else if slots < len(members) {
+				reasons = append(reasons, fmt.Sprintf("%s: need room for %d bundles of %s; the matching hosts have room for %d", who, len(members), what, slots))
 			}
 		}
 		if bd.cpuMilli > 0 && maxCPU < bd.cpuMilli {

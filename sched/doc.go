@@ -1,0 +1,36 @@
+// Package sched is tensorlane's placement scheduler: it puts a gang of
+// bundles (actors with their devices) onto the devices of a
+// topology.Cluster so that the traffic between them takes the best links,
+// and it explains itself.
+//
+// A Request is placed all-or-nothing. Strategies follow Ray placement
+// groups (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD); Topology confines the
+// gang to one group of a level (numa < host < nvlink-domain < slice < rack
+// < block < zone): Required must hold, Preferred climbs level by level
+// until the gang fits, as Kueue's topology-aware scheduling does. A
+// bundle's devices come from one host, from one PCIe switch or NUMA node
+// where possible; NICAffinity requires an RDMA NIC beside every device.
+//
+// The traffic matrix drives the search. The cost model (CostModel, a small
+// bandwidth table per path class: NVLink, PCIe classes, multi-node NVLink,
+// TPU slice ICI, the network at NIC speed) charges each transfer to the
+// device ports, PCIe ports and NICs it crosses; the estimated step time is
+// the busiest resource's total. The search tries groups of the required
+// level in anti-fragmentation order (partly used groups first, then the
+// tightest fit, so whole NVLink domains, racks and slices stay free), within
+// each the preferred (or, with traffic, every smaller) level, places
+// bundles greedily in maximum-adjacency order on the host that adds the
+// least cost, and improves small gangs by moves and swaps.
+//
+// Decisions are a deterministic function of (cluster, state, request,
+// Config): no clock, no randomness, no map order. A Scheduler keeps the
+// state (reservations, failed hosts and devices), reschedules the bundles a
+// failure hits, and exports State as JSON. An infeasible request returns an
+// *InfeasibleError listing every reason ("needs 8 GPUs in one NVLink
+// domain; the largest free has 6"). RaySpec exports a placement as a Ray
+// placement group. Each Assignment names a host ID and device indices, so
+// the runtime that claimed the host can spawn the actor there.
+//
+// sched imports only topology; its cost model is its own, independent of
+// the fabric package's planner.
+package sched
