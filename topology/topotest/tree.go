@@ -15,11 +15,12 @@ import (
 type Tree struct {
 	Root string
 	err  error
+	dirs map[string]bool // directories known to exist
 }
 
 // NewTree returns a builder that writes under root (created if needed).
 func NewTree(root string) *Tree {
-	t := &Tree{Root: root}
+	t := &Tree{Root: root, dirs: map[string]bool{}}
 	t.setErr(os.MkdirAll(root, 0o755))
 	return t
 }
@@ -35,13 +36,24 @@ func (t *Tree) setErr(err error) {
 
 func (t *Tree) abs(rel string) string { return filepath.Join(t.Root, filepath.FromSlash(rel)) }
 
+// mkdir makes dir and its parents, remembering what exists.
+func (t *Tree) mkdir(dir string) {
+	if t.err != nil || t.dirs[dir] {
+		return
+	}
+	t.setErr(os.MkdirAll(dir, 0o755))
+	for d := dir; len(d) > len(t.Root); d = filepath.Dir(d) {
+		t.dirs[d] = true
+	}
+}
+
 // File writes a file (and its directories) with content plus a newline.
 func (t *Tree) File(rel, content string) *Tree {
 	if t.err != nil {
 		return t
 	}
 	p := t.abs(rel)
-	t.setErr(os.MkdirAll(filepath.Dir(p), 0o755))
+	t.mkdir(filepath.Dir(p))
 	if content != "" && !strings.HasSuffix(content, "\n") {
 		content += "\n"
 	}
@@ -55,16 +67,14 @@ func (t *Tree) Raw(rel string, content []byte) *Tree {
 		return t
 	}
 	p := t.abs(rel)
-	t.setErr(os.MkdirAll(filepath.Dir(p), 0o755))
+	t.mkdir(filepath.Dir(p))
 	t.setErr(os.WriteFile(p, content, 0o644))
 	return t
 }
 
 // Dir makes a directory.
 func (t *Tree) Dir(rel string) *Tree {
-	if t.err == nil {
-		t.setErr(os.MkdirAll(t.abs(rel), 0o755))
-	}
+	t.mkdir(t.abs(rel))
 	return t
 }
 
@@ -75,7 +85,7 @@ func (t *Tree) Link(rel, target string) *Tree {
 		return t
 	}
 	p := t.abs(rel)
-	t.setErr(os.MkdirAll(filepath.Dir(p), 0o755))
+	t.mkdir(filepath.Dir(p))
 	if strings.HasPrefix(target, "/") {
 		r, err := filepath.Rel(filepath.Dir(p), t.abs(target[1:]))
 		t.setErr(err)
