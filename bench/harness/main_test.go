@@ -1,0 +1,13 @@
+package harness
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Run must not leave goroutines behind: runtimes, sockets and baseline
+// pairs all close before it returns.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

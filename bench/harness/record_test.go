@@ -1,0 +1,90 @@
+package harness
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The issue fixes these field names for --json; tools read them.
+func TestRecordJSONShape(t *testing.T) {
+	var buf bytes.Buffer
+	recs := []Record{
+		rec("tcp", 64<<20, 8, BaseRawTCP, 0.5),
+		{Kind: KindLatency, Path: "tcp", Mode: ModePull, Size: 4096, Concurrency: 1, Baseline: BasePingPong, GBps: 0.1, BaselineGBps: 0.2, Ratio: 0.5, P50us: 40, P99us: 100, BaselineP50us: 20, BaselineP99us: 50},
+	}
+	if err := WriteJSONLines(&buf, recs); err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
+	if len(lines) != len(recs) {
+		t.Fatalf("%d lines for %d records:\n%s", len(lines), len(recs), buf.String())
+	}
+	want := []string{"path", "mode", "size", "concurrency", "gbps", "baseline", "baseline_gbps", "ratio"}
+	for i, line := range lines {
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("line %d: %v", i, err)
+		}
+		keys := want
+		if i == 1 {
+			keys = append(slices.Clone(want), "p50_us", "p99_us", "baseline_p50_us", "baseline_p99_us")
+		}
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				t.Errorf("line %d lacks %q: %s", i, k, line)
+			}
+		}
+		if _, ok := m["size"].(float64); !ok {
+			t.Errorf("size is not a number: %s", line)
+		}
+	}
+}
+
+func TestFileRoundTrip(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "b.json")
+	f := Result{Quick: true, Records: append([]Record{rec("p2p", 4096, 1, BaseMemcpy, 0.1)}, NotBuilt()...), Elapsed: time.Second}.File()
+	if err := WriteFile(p, f); err != nil {
+		t.Fatal(err)
+	}
+	g, err := ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Records) != len(f.Records) || g.Records[0] != f.Records[0] || !g.Quick {
+		t.Fatalf("round trip changed the file: %+v", g)
+	}
+	if res := Check(g.Records, f.Records, 0); !res.OK() || res.Compared != 1 {
+		t.Fatalf("a file checked against itself: %+v", res)
+	}
+}
+
+func TestSizeString(t *testing.T) {
+	for n, want := range map[int64]string{4096: "4KiB", 1 << 20: "1MiB", 1 << 30: "1GiB", 1000: "1000B", 3 << 19: "1536KiB"} {
+		if got := SizeString(n); got != want {
+			t.Errorf("SizeString(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	full, err := Config{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Sizes[0] != 4<<10 || full.Sizes[len(full.Sizes)-1] != 1<<30 || !slices.Equal(full.Concurrency, []int{1, 8, 64}) {
+		t.Errorf("full defaults: %v %v", full.Sizes, full.Concurrency)
+	}
+	q, _ := Config{Quick: true}.withDefaults()
+	if !slices.Equal(q.Sizes, []int64{4 << 10, 1 << 20, 64 << 20}) || !slices.Equal(q.Concurrency, []int{1, 8}) {
+		t.Errorf("quick defaults: %v %v", q.Sizes, q.Concurrency)
+	}
+	for _, bad := range []Config{{Paths: []string{"shm"}}, {Sizes: []int64{7}}, {Concurrency: []int{0}}} {
+		if _, err := bad.withDefaults(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/bench/harness"
+)
+
+type benchOptions struct {
+	quick          bool
+	json           bool
+	out            string
+	check          string
+	tolerance      float64
+	writeBaseline  string
+	noLatency      bool
+	sizes          []string
+	concurrency    []int
+	minTime        time.Duration
+	minRounds      int
+	latencySamples int
+}
+
+func init() { rootCmd.AddCommand(newBenchCmd()) }
+
+// newBenchCmd builds the bench command with its own flag values, so tests
+// can run it repeatedly.
+func newBenchCmd() *cobra.Command {
+	o := benchOptions{}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure local, p2p and tcp Gets against memcpy, raw TCP and libp2p baselines",
+		Long: `bench runs the benchmark matrix on a simulated cluster of two dgx-h100 hosts built in
+this process: sizes 4 KiB to 1 GiB, paths local (zero-copy view), p2p (NVLink copy between
+simulated GPUs) and tcp (between two runtimes), pull mode, 1, 8 and 64 Gets in flight, each
+interleaved round by round with its baseline (single-thread memcpy for local and p2p; a raw
+loopback TCP socket and a libp2p stream for tcp), plus p50/p99 of small tcp Gets against a raw
+TCP ping-pong. Ratios, not absolute rates, are what carry between machines.
+
+--check compares this run's ratios with a stored baseline and exits non-zero listing every
+ratio that fell more than --tolerance below it. shm, rdma, tcp compression and push are listed
+as not built.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.quick, "quick", false, "small matrix (4KiB, 1MiB, 64MiB; 1 and 8 in flight): well under a minute on 2 cores")
+	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
+	f.StringVar(&o.out, "out", "", "write results.json and report.md into this directory")
+	f.StringVar(&o.check, "check", "", "compare ratios with this baseline file; fail on regressions")
+	f.Float64Var(&o.tolerance, "tolerance", harness.DefaultTolerance, "with --check: the fraction a ratio may fall below the baseline's")
+	f.StringVar(&o.writeBaseline, "write-baseline", "", "write this run as a baseline file for --check")
+	f.BoolVar(&o.noLatency, "no-latency", false, "skip the latency mode")
+	f.StringSliceVar(&o.sizes, "sizes", nil, "override the sizes (e.g. 4KiB,1MiB)")
+	f.IntSliceVar(&o.concurrency, "concurrency", nil, "override the in-flight counts (e.g. 1,8)")
+	f.DurationVar(&o.minTime, "min-time", 0, "override the least time per cell (default 1s, 100ms with --quick)")
+	f.IntVar(&o.minRounds, "min-rounds", 0, "override the least interleaved rounds per cell (default 7, 5 with --quick)")
+	f.IntVar(&o.latencySamples, "latency-samples", 0, "override the samples per latency size (default 2000, 300 with --quick)")
+	return cmd
+}
+
+func runBench(cmd *cobra.Command, o benchOptions) error {
+	out := cmd.OutOrStdout()
+	if o.tolerance <= 0 || o.tolerance >= 1 {
+		return fmt.Errorf("--tolerance must be in (0, 1), got %g", o.tolerance)
+	}
+	var base harness.File
+	if o.check != "" { // fail on a bad baseline before spending a minute measuring
+		var err error
+		if base, err = harness.ReadFile(o.check); err != nil {
+			return err
+		}
+	}
+	cfg := harness.Config{Quick: o.quick, NoLatency: o.noLatency, Concurrency: o.concurrency,
+		MinTime: o.minTime, MinRounds: o.minRounds, LatencySamples: o.latencySamples}
+	for _, s := range o.sizes {
+		n, err := parseSize(s)
+		if err != nil {
+			return err
+		}
+		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	if f, ok := cmd.ErrOrStderr().(*os.File); ok && !o.json {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			cfg.Progress = progress(f)
+		}
+	}
+	res, err := harness.Run(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	file := res.File()
+	if o.json {
+		if err := harness.WriteJSONLines(out, res.Records); err != nil {
+			return err
+		}
+	} else {
+		if err := harness.WriteTable(out, res.Records); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\npeak RSS %.1f MiB; took %.1f s\n", float64(res.PeakRSS)/(1<<20), res.Elapsed.Seconds())
+	}
+	if o.out != "" {
+		if err := os.MkdirAll(o.out, 0o755); err != nil {
+			return err
+		}
+		if err := harness.WriteFile(filepath.Join(o.out, "results.json"), file); err != nil {
+			return err
+		}
+		md, err := os.Create(filepath.Join(o.out, "report.md"))
+		if err != nil {
+			return err
+		}
+		err = harness.WriteMarkdown(md, file)
+		if cerr := md.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		if !o.json {
+			fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(o.out, "results.json"), filepath.Join(o.out, "report.md"))
+		}
+	}
+	if o.writeBaseline != "" {
+		if err := harness.WriteFile(o.writeBaseline, file); err != nil {
+			return err
+		}
+		if !o.json {
+			fmt.Fprintf(out, "wrote baseline %s\n", o.writeBaseline)
+		}
+	}
+	if o.check != "" {
+		cr := harness.Check(base.Records, res.Records, o.tolerance)
+		if err := cr.Error(); err != nil {
+			return err
+		}
+		if !o.json {
+			fmt.Fprintf(out, "check: %d ratios within %.0f%% of %s\n", cr.Compared, 100*o.tolerance, o.check)
+		}
+	}
+	return nil
+}
+
+// progress draws a one-line progress bar on w (a terminal's stderr).
+func progress(w io.Writer) func(done, total int, recs []harness.Record) {
+	return func(done, total int, recs []harness.Record) {
+		const width = 30
+		n := done * width / max(total, 1)
+		label := ""
+		if len(recs) > 0 {
+			r := recs[0]
+			label = fmt.Sprintf("%s %s x%d", r.Path, harness.SizeString(r.Size), r.Concurrency)
+		}
+		fmt.Fprintf(w, "\r[%-*s] %d/%d %-24s", width, string(repeat('#', n)), done, total, label)
+		if done == total {
+			fmt.Fprint(w, "\r\033[K")
+		}
+	}
+}
+
+func repeat(c byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = c
+	}
+	return b
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/bench/harness"
+)
+
+func runBenchArgs(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newBenchCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+var tiny = []string{"--sizes", "4KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
+
+// One tiny run through the command: JSON lines, --out, --write-baseline,
+// then --check against a doctored copy whose ratios are out of reach.
+func TestBenchCommand(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.json")
+	out, err := runBenchArgs(t, append([]string{"--json", "--out", dir, "--write-baseline", base}, tiny...)...)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	paths := map[string]bool{}
+	for _, l := range lines {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &r), l)
+		for _, k := range []string{"path", "mode", "size", "concurrency", "gbps", "baseline", "baseline_gbps", "ratio"} {
+			assert.Contains(t, r, k, l)
+		}
+		paths[r["path"].(string)] = true
+	}
+	for _, p := range []string{"local", "p2p", "tcp", "shm", "rdma"} {
+		assert.True(t, paths[p], "no %s line", p)
+	}
+	for _, f := range []string{"results.json", "report.md", "base.json"} {
+		_, err := os.Stat(filepath.Join(dir, f))
+		assert.NoError(t, err, f)
+	}
+
+	f, err := harness.ReadFile(base)
+	require.NoError(t, err)
+	for i := range f.Records {
+		f.Records[i].Ratio *= 1000
+	}
+	f.Records = append(f.Records, harness.Record{Kind: harness.KindThroughput, Path: "p2p", Mode: harness.ModePull, Size: 1 << 30, Concurrency: 1, Baseline: harness.BaseMemcpy, Ratio: 1})
+	high := filepath.Join(dir, "high.json")
+	require.NoError(t, harness.WriteFile(high, f))
+	_, err = runBenchArgs(t, append([]string{"--check", high}, tiny...)...)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "throughput/p2p/pull/4KiB/c1/vs-memcpy")
+	assert.Contains(t, err.Error(), "throughput/p2p/pull/1GiB/c1/vs-memcpy: in the baseline")
+
+	for i := range f.Records {
+		f.Records[i].Ratio /= 1e9 // every current ratio is far above these
+	}
+	f.Records = f.Records[:len(f.Records)-1]
+	low := filepath.Join(dir, "low.json")
+	require.NoError(t, harness.WriteFile(low, f))
+	out, err = runBenchArgs(t, append([]string{"--check", low}, tiny...)...)
+	require.NoError(t, err)
+	assert.Contains(t, out, "check:")
+	assert.Contains(t, out, "not built")
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	_, err := runBenchArgs(t, "--check", filepath.Join(t.TempDir(), "nope.json"))
+	assert.Error(t, err, "a missing baseline fails before measuring")
+	_, err = runBenchArgs(t, "--tolerance", "1.5", "--sizes", "4KiB")
+	assert.Error(t, err)
+	_, err = runBenchArgs(t, "--sizes", "lots")
+	assert.Error(t, err)
+}
