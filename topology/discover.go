@@ -619,6 +619,7 @@ func pruneSwitches(h *Host) {
 			out = append(out, s)
 		}
 	}
+	sort.SliceStable(out, func(i, j int) bool { return naturalLess(out[i].ID, out[j].ID) })
 	h.Switches = out
 	if len(h.Switches) == 0 {
 		h.Switches = nil

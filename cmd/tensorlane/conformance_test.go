@@ -1,0 +1,29 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/topology/topotest"
+)
+
+func TestConformanceCommand(t *testing.T) {
+	out, err := execCmd(t, newConformanceCmd(), "--plugin", "nvidia", "--json")
+	require.NoError(t, err)
+	var reps []topotest.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &reps))
+	require.Len(t, reps, 1)
+	assert.True(t, reps[0].OK())
+	assert.Equal(t, "nvidia", reps[0].Plugin)
+
+	out, err = execCmd(t, newConformanceCmd(), "--plugin", "gaudi", "-v")
+	require.NoError(t, err)
+	assert.Contains(t, out, "PLUGIN")
+	assert.Contains(t, out, "skip stable")
+
+	_, err = execCmd(t, newConformanceCmd(), "--plugin", "nope")
+	assert.Error(t, err)
+}

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+type envOptions struct {
+	json bool
+	root string
+}
+
+func init() { rootCmd.AddCommand(newEnvCmd()) }
+
+// newEnvCmd builds the command; tests build fresh ones.
+func newEnvCmd() *cobra.Command {
+	o := envOptions{}
+	cmd := &cobra.Command{
+		Use:   "env",
+		Short: "Print a manifest of exact versions (kernel, OS, Go, tensorlane, drivers, libraries, firmware)",
+		Long: `env prints what a bug report or a reproducible environment needs: kernel, distribution,
+Go, tensorlane, CPU, accelerators found, and whatever is installed of the NVIDIA driver and CUDA,
+ROCm, the Neuron and Gaudi drivers, libibverbs and NIC firmware. Everything is read from files
+(no tool is run); what is absent is left out. --json for machines.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m := collectEnv(cmd.Context(), o.root)
+			if o.json {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(m)
+			}
+			writeEnv(cmd.OutOrStdout(), m)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&o.json, "json", false, "print JSON")
+	cmd.Flags().StringVar(&o.root, "root", "", "read a copied system tree instead of / (as topo --sysfs-root)")
+	return cmd
+}
+
+// envManifest is the env report. Empty fields are omitted.
+type envManifest struct {
+	Kernel       string            `json:"kernel,omitempty"`
+	KernelBuild  string            `json:"kernel_build,omitempty"`
+	Distribution string            `json:"distribution,omitempty"`
+	Arch         string            `json:"arch"`
+	Go           string            `json:"go"`
+	Tensorlane   tensorlaneVersion `json:"tensorlane"`
+	CPU          string            `json:"cpu,omitempty"`
+	CPUs         int               `json:"cpus"`
+	NUMANodes    int               `json:"numa_nodes"`
+	Accelerators map[string]int    `json:"accelerators"`
+	// Components maps a component ("nvidia-driver", "cuda", "rocm",
+	// "neuron-driver", "habanalabs-driver", "libibverbs", "mlx5_core", ...)
+	// to its version.
+	Components map[string]string `json:"components"`
+	// NICFirmware maps RDMA devices to their firmware version.
+	NICFirmware map[string]string `json:"nic_firmware,omitempty"`
+	Warnings    int               `json:"discovery_warnings"`
+}
+
+type tensorlaneVersion struct {
+	Version  string `json:"version"`
+	Revision string `json:"revision,omitempty"`
+	Modified bool   `json:"modified,omitempty"`
+	Module   string `json:"module,omitempty"`
+}
+
+func collectEnv(ctx context.Context, root string) envManifest {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	fs := topology.NewFS(root)
+	live := fs.Root() == "/"
+	m := envManifest{Arch: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(),
+		Accelerators: map[string]int{}, Components: map[string]string{}}
+	read := func(p string) string {
+		s, err := fs.ReadAttr(p)
+		if err != nil {
+			return ""
+		}
+		return s
+	}
+	m.Kernel = read("proc/sys/kernel/osrelease")
+	m.KernelBuild = read("proc/sys/kernel/version")
+	m.Distribution = osRelease(read("etc/os-release"))
+	m.Tensorlane = buildVersion()
+	if ci := read("proc/cpuinfo"); ci != "" {
+		for _, line := range strings.Split(ci, "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if d, err := topology.Discover(ctx, topology.DiscoverConfig{Root: root}); err == nil {
+		m.NUMANodes = len(d.Host.NUMA)
+		m.CPUs = cpuCount(d.Host)
+		for _, dev := range d.Host.Devices {
+			m.Accelerators[dev.Vendor+" "+dev.Model]++
+		}
+		for _, n := range d.Host.NICs {
+			if n.RDMA() && n.Firmware != "" {
+				if m.NICFirmware == nil {
+					m.NICFirmware = map[string]string{}
+				}
+				m.NICFirmware[n.RDMADevice] = n.Firmware
+			}
+		}
+		m.Warnings = len(d.Warnings)
+	}
+	if live && m.CPUs == 0 {
+		m.CPUs = runtime.NumCPU()
+	}
+	// Drivers: the kernel modules' version files.
+	for mod, name := range map[string]string{
+		"nvidia": "nvidia-driver", "nvidia_fs": "nvidia-gds", "amdgpu": "amdgpu-driver", "neuron": "neuron-driver",
+		"habanalabs": "habanalabs-driver", "mlx5_core": "mlx5_core", "efa": "efa", "bnxt_en": "bnxt_en",
+		"ib_core": "ib_core", "irdma": "irdma",
+	} {
+		if v := read("sys/module/" + mod + "/version"); v != "" && len(v) < 64 {
+			m.Components[name] = v
+		}
+	}
+	if v := read("proc/driver/nvidia/version"); v != "" {
+		if mm := regexp.MustCompile(`Kernel Module\s+(\S+)`).FindStringSubmatch(v); mm != nil {
+			m.Components["nvidia-driver"] = mm[1]
+		}
+	}
+	if v := read("usr/local/cuda/version.json"); v != "" {
+		var cj struct {
+			CUDA struct {
+				Version string `json:"version"`
+			} `json:"cuda"`
+		}
+		if json.Unmarshal([]byte(v), &cj) == nil && cj.CUDA.Version != "" {
+			m.Components["cuda"] = cj.CUDA.Version
+		}
+	} else if v := read("usr/local/cuda/version.txt"); v != "" {
+		m.Components["cuda"] = strings.TrimPrefix(v, "CUDA Version ")
+	}
+	if v := read("opt/rocm/.info/version"); v != "" {
+		m.Components["rocm"] = v
+	}
+	if v := read("opt/habanalabs/version"); v != "" {
+		m.Components["habana-software"] = v
+	}
+	// Shared libraries: versions from the file names.
+	for _, lib := range []struct{ name, prefix string }{
+		{"libibverbs", "libibverbs.so."}, {"librdmacm", "librdmacm.so."}, {"libnvidia-ml", "libnvidia-ml.so."},
+		{"libcuda", "libcuda.so."}, {"libnccl", "libnccl.so."}, {"librccl", "librccl.so."},
+		{"libnrt (neuron runtime)", "libnrt.so."}, {"libhl-thunk (gaudi)", "libhl-thunk.so"}, {"libfabric", "libfabric.so."},
+	} {
+		if v := libVersion(fs, lib.prefix); v != "" {
+			m.Components[lib.name] = v
+		}
+	}
+	return m
+}
+
+var libDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib64",
+	"usr/local/lib", "usr/local/cuda/lib64", "opt/rocm/lib", "opt/aws/neuron/lib", "opt/amazon/efa/lib", "opt/amazon/efa/lib64", "opt/habanalabs/lib"}
+
+// libVersion finds the longest-versioned file name starting with prefix in
+// the usual library directories ("libibverbs.so.1.14.50.0" → "1.14.50.0").
+func libVersion(fs topology.FS, prefix string) string {
+	best := ""
+	for _, d := range libDirs {
+		for _, n := range fs.Glob(d, prefix) {
+			v := strings.TrimPrefix(strings.TrimPrefix(n, prefix), ".")
+			if v == "" {
+				v = "present"
+			}
+			if len(v) > len(best) {
+				best = v
+			}
+		}
+	}
+	return best
+}
+
+func osRelease(s string) string {
+	for _, line := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(line, "PRETTY_NAME="); ok {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
+}
+
+func buildVersion() tensorlaneVersion {
+	v := tensorlaneVersion{Version: "(devel)"}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v
+	}
+	v.Module = bi.Main.Path
+	if bi.Main.Version != "" {
+		v.Version = bi.Main.Version
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v.Revision = s.Value
+		case "vcs.modified":
+			v.Modified = s.Value == "true"
+		}
+	}
+	return v
+}
+
+func writeEnv(w io.Writer, m envManifest) {
+	line := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(w, "%-22s %s\n", k+":", v)
+		}
+	}
+	line("kernel", m.Kernel)
+	line("kernel build", m.KernelBuild)
+	line("distribution", m.Distribution)
+	line("arch", m.Arch)
+	line("go", m.Go)
+	tv := m.Tensorlane.Version
+	if m.Tensorlane.Revision != "" {
+		tv += " " + m.Tensorlane.Revision
+		if m.Tensorlane.Modified {
+			tv += " (modified)"
+		}
+	}
+	line("tensorlane", tv)
+	line("cpu", m.CPU)
+	line("cpus", fmt.Sprintf("%d on %d NUMA node(s)", m.CPUs, m.NUMANodes))
+	if len(m.Accelerators) == 0 {
+		line("accelerators", "none found")
+	}
+	for _, k := range sortedKeys(m.Accelerators) {
+		line("accelerator", fmt.Sprintf("%d x %s", m.Accelerators[k], k))
+	}
+	for _, k := range sortedKeys(m.Components) {
+		line(k, m.Components[k])
+	}
+	for _, k := range sortedKeys(m.NICFirmware) {
+		line("firmware "+k, m.NICFirmware[k])
+	}
+	if len(m.Components) == 0 {
+		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")
+	}
+	if m.Warnings > 0 {
+		line("discovery warnings", fmt.Sprintf("%d (tensorlane topo lists them)", m.Warnings))
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

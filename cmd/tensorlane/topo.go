@@ -1,0 +1,696 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+type topoOptions struct {
+	preset       string
+	hosts        int
+	hostsPerRack int
+	slice        string
+	file         string
+	sysfsRoot    string
+	host         string
+	matrix       bool
+	json         bool
+	dot          bool
+	dump         bool
+	verbose      bool
+}
+
+func init() { rootCmd.AddCommand(newTopoCmd()) }
+
+// newTopoCmd builds the command; tests build fresh ones.
+func newTopoCmd() *cobra.Command {
+	o := topoOptions{}
+	cmd := &cobra.Command{
+		Use:   "topo",
+		Short: "Show the hardware topology: devices, NICs, NUMA, PCIe, device links, domains",
+		Long: `topo shows this machine's topology as discovered from sysfs (or a preset, a topology
+file, or a sysfs tree copied elsewhere): a tree by default, a device/NIC path matrix in the
+style of nvidia-smi topo -m with -m, JSON with --json, Graphviz with --dot, and the topology
+file (loadable with --file, and by the library's topology.LoadFile) with --dump.
+
+Path classes: SELF same device; NV# / XGMI / ICI / NL / ROCE# a direct device link; PIX one
+PCIe switch; PXB several switches; PHB through a host bridge; NODE across host bridges of one
+NUMA node; SYS across NUMA nodes; MNNVL other hosts of one NVLink domain or TPU slice; NET
+other hosts over the network.
+
+Presets: ` + strings.Join(topology.Presets(), ", ") + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runTopo(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.preset, "preset", "", "show a preset instead of this machine ("+strings.Join(topology.Presets(), ", ")+")")
+	f.IntVar(&o.hosts, "hosts", 1, "with --preset: number of hosts")
+	f.IntVar(&o.hostsPerRack, "hosts-per-rack", 0, "with --preset: hosts per rack (0 = the preset's default; gb200-nvl72 racks are NVLink domains of at most 18)")
+	f.StringVar(&o.slice, "slice", "", "with --preset tpu-v5p: slice shape such as 2x2x4")
+	f.StringVar(&o.file, "file", "", "show a topology file (as written by --dump)")
+	f.StringVar(&o.sysfsRoot, "sysfs-root", "", "discover from a copied system tree (holding sys/ and dev/, or a sysfs itself) instead of /")
+	f.StringVar(&o.host, "host", "", "show only this host (default: all hosts for --json/--dot, the first for the tree and matrix)")
+	f.BoolVarP(&o.matrix, "matrix", "m", false, "print the path matrix between devices and NICs")
+	f.BoolVar(&o.json, "json", false, "print JSON: hosts (devices with nearest NIC, NICs, NUMA) and domains")
+	f.BoolVar(&o.dot, "dot", false, "print a Graphviz graph")
+	f.BoolVar(&o.dump, "dump", false, "print the topology file (JSON that --file loads back unchanged)")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "log discovery warnings to stderr as they are found")
+	return cmd
+}
+
+// topoSource is where the topology came from.
+type topoSource struct {
+	cluster  *topology.Cluster
+	kind     string // "discovered", "preset", "file"
+	warnings []topology.Warning
+	plugins  []topology.PluginRun
+}
+
+func loadTopo(ctx context.Context, stderr io.Writer, o topoOptions) (*topoSource, error) {
+	n := 0
+	for _, set := range []bool{o.preset != "", o.file != "", o.sysfsRoot != ""} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return nil, fmt.Errorf("topo: use one of --preset, --file and --sysfs-root")
+	}
+	switch {
+	case o.preset != "":
+		if o.hosts < 1 {
+			return nil, fmt.Errorf("topo: --hosts must be at least 1, got %d", o.hosts)
+		}
+		c, err := topology.NewCluster(topology.ClusterSpec{Preset: o.preset, Hosts: o.hosts, HostsPerRack: o.hostsPerRack, SliceShape: o.slice})
+		if err != nil {
+			return nil, err
+		}
+		return &topoSource{cluster: c, kind: "preset"}, nil
+	case o.file != "":
+		c, err := topology.LoadFile(o.file)
+		if err != nil {
+			return nil, err
+		}
+		return &topoSource{cluster: c, kind: "file"}, nil
+	}
+	cfg := topology.DiscoverConfig{Root: o.sysfsRoot}
+	if o.verbose {
+		cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+	}
+	d, err := topology.Discover(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &topoSource{cluster: d.Cluster(), kind: "discovered", warnings: d.Warnings, plugins: d.Plugins}, nil
+}
+
+func runTopo(ctx context.Context, w, stderr io.Writer, o topoOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	src, err := loadTopo(ctx, stderr, o)
+	if err != nil {
+		return err
+	}
+	c := src.cluster
+	if o.host != "" {
+		h, ok := c.Host(o.host)
+		if !ok {
+			return fmt.Errorf("topo: no host %q (have %s)", o.host, strings.Join(c.HostIDs(), ", "))
+		}
+		c = &topology.Cluster{Name: c.Name, Hosts: []*topology.Host{h}}
+	}
+	switch {
+	case o.dump:
+		return topology.Dump(w, c)
+	case o.json:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(topoView(c, src))
+	case o.dot:
+		return writeDot(w, c)
+	case o.matrix:
+		if len(c.Hosts) == 0 {
+			return fmt.Errorf("topo: no hosts")
+		}
+		writeMatrix(w, c, c.Hosts[0])
+		return nil
+	}
+	writeTree(w, c, src)
+	return nil
+}
+
+// ---- JSON ----
+
+type topoJSON struct {
+	Name     string       `json:"name"`
+	Source   string       `json:"source"`
+	Hosts    []hostJSON   `json:"hosts"`
+	Domains  []domainJSON `json:"domains"`
+	Warnings []string     `json:"warnings,omitempty"`
+}
+
+type hostJSON struct {
+	Name         string            `json:"name"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Simulated    bool              `json:"simulated,omitempty"`
+	Accelerators bool              `json:"accelerators"`
+	CPUs         int               `json:"cpus"`
+	NUMA         []numaJSON        `json:"numa"`
+	Devices      []deviceJSON      `json:"devices"`
+	NICs         []nicJSON         `json:"nics"`
+	Links        []linkJSON        `json:"links"`
+}
+
+type numaJSON struct {
+	ID          int    `json:"id"`
+	CPUs        string `json:"cpus"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	Distances   []int  `json:"distances,omitempty"`
+}
+
+type deviceJSON struct {
+	ID          string `json:"id"`
+	Index       int    `json:"index"`
+	Kind        string `json:"kind"`
+	Vendor      string `json:"vendor"`
+	Model       string `json:"model"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	NUMA        int    `json:"numa"`
+	BusID       string `json:"bus_id,omitempty"`
+	PCIeSwitch  string `json:"pcie_switch,omitempty"`
+	NearestNIC  string `json:"nearest_nic,omitempty"`
+	NICPath     string `json:"nearest_nic_path,omitempty"`
+}
+
+type nicJSON struct {
+	Name       string  `json:"name"`
+	RDMADevice string  `json:"rdma_device,omitempty"`
+	SpeedGbps  float64 `json:"speed_gbps"`
+	NUMA       int     `json:"numa"`
+	BusID      string  `json:"bus_id,omitempty"`
+	LinkLayer  string  `json:"link_layer,omitempty"`
+	State      string  `json:"state,omitempty"`
+}
+
+type linkJSON struct {
+	A     string  `json:"a"`
+	B     string  `json:"b"`
+	Kind  string  `json:"kind"`
+	Lanes int     `json:"lanes,omitempty"`
+	GBps  float64 `json:"gbps"`
+}
+
+type domainJSON struct {
+	Kind    string   `json:"kind"`
+	Name    string   `json:"name"`
+	Link    string   `json:"link,omitempty"`
+	Hosts   []string `json:"hosts"`
+	Devices []string `json:"devices"`
+}
+
+func topoView(c *topology.Cluster, src *topoSource) topoJSON {
+	v := topoJSON{Name: c.Name, Source: src.kind, Hosts: []hostJSON{}, Domains: []domainJSON{}}
+	for _, h := range c.Hosts {
+		hj := hostJSON{Name: h.ID, Labels: h.Labels, Simulated: h.Simulated, Accelerators: len(h.Devices) > 0,
+			CPUs: cpuCount(h), NUMA: []numaJSON{}, Devices: []deviceJSON{}, NICs: []nicJSON{}, Links: []linkJSON{}}
+		for _, n := range h.NUMA {
+			hj.NUMA = append(hj.NUMA, numaJSON{ID: n.ID, CPUs: n.CPUs, MemoryBytes: n.MemoryBytes, Distances: n.Distances})
+		}
+		for _, d := range h.Devices {
+			dj := deviceJSON{ID: topology.Endpoint{Host: h.ID, Device: d.Index}.String(), Index: d.Index, Kind: string(d.Kind),
+				Vendor: d.Vendor, Model: d.Model, MemoryBytes: d.MemoryBytes, NUMA: d.NUMA, BusID: d.BusID, PCIeSwitch: d.PCIeSwitch}
+			if nics := h.NearestNICs(d.Index); len(nics) > 0 {
+				dj.NearestNIC = nics[0].RDMADevice
+				dj.NICPath = h.NICPath(d.Index, nics[0].Name).String()
+			}
+			hj.Devices = append(hj.Devices, dj)
+		}
+		for _, n := range h.NICs {
+			hj.NICs = append(hj.NICs, nicJSON{Name: n.Name, RDMADevice: n.RDMADevice, SpeedGbps: n.SpeedGbps, NUMA: n.NUMA,
+				BusID: n.BusID, LinkLayer: n.LinkLayer, State: n.State})
+		}
+		for _, l := range h.Links {
+			hj.Links = append(hj.Links, linkJSON{A: topology.Endpoint{Host: h.ID, Device: l.A}.String(),
+				B: topology.Endpoint{Host: h.ID, Device: l.B}.String(), Kind: string(l.Kind), Lanes: l.Lanes, GBps: l.GBps})
+		}
+		v.Hosts = append(v.Hosts, hj)
+	}
+	for _, d := range c.Domains() {
+		v.Domains = append(v.Domains, domainJSON{Kind: string(d.Kind), Name: d.Name, Link: string(d.Link), Hosts: d.Hosts, Devices: d.DeviceIDs()})
+	}
+	for _, w := range src.warnings {
+		v.Warnings = append(v.Warnings, w.String())
+	}
+	return v
+}
+
+func cpuCount(h *topology.Host) int {
+	n := 0
+	for _, node := range h.NUMA {
+		cpus, err := topology.ParseCPUList(node.CPUs)
+		if err == nil {
+			n += len(cpus)
+		}
+	}
+	return n
+}
+
+// ---- tree ----
+
+func writeTree(w io.Writer, c *topology.Cluster, src *topoSource) {
+	if len(c.Hosts) > 1 {
+		fmt.Fprintf(w, "cluster %s: %d hosts (%s)\n", c.Name, len(c.Hosts), src.kind)
+		writeDomains(w, c)
+		fmt.Fprintln(w)
+	}
+	for i, h := range c.Hosts {
+		if i > 0 {
+			fmt.Fprintf(w, "\n(%d more hosts like %s; --host NAME shows one)\n", len(c.Hosts)-1, h.Preset)
+			break
+		}
+		writeHostTree(w, c, h, src)
+	}
+	if len(src.warnings) > 0 {
+		fmt.Fprintf(w, "\n%d warning(s):\n", len(src.warnings))
+		for _, wn := range src.warnings {
+			fmt.Fprintf(w, "  %s\n", wn)
+		}
+	}
+}
+
+func writeDomains(w io.Writer, c *topology.Cluster) {
+	ds := c.Domains()
+	if len(ds) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "domains:")
+	const maxShown = 12
+	for i, d := range ds {
+		if i == maxShown {
+			fmt.Fprintf(w, "  ... %d more (--json lists all)\n", len(ds)-maxShown)
+			break
+		}
+		link := ""
+		if d.Link != "" {
+			link = " over " + string(d.Link)
+		}
+		fmt.Fprintf(w, "  %-10s %-14s %d host(s), %d device(s)%s\n", d.Kind, d.Name, len(d.Hosts), len(d.Devices), link)
+	}
+}
+
+type treeNode struct {
+	label    string
+	children []*treeNode
+}
+
+func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topoSource) {
+	kind := src.kind
+	if h.Simulated {
+		kind = "simulated, preset " + h.Preset
+	}
+	fmt.Fprintf(w, "host %s (%s): %d CPUs, %d NUMA node(s), %d device(s), %d NIC(s)\n",
+		h.ID, kind, cpuCount(h), len(h.NUMA), len(h.Devices), len(h.NICs))
+	if len(h.Labels) > 0 {
+		keys := make([]string, 0, len(h.Labels))
+		for k := range h.Labels {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "  label %s=%s\n", k, h.Labels[k])
+		}
+	}
+	if len(h.Devices) == 0 {
+		fmt.Fprintln(w, "  no accelerator found: showing CPUs, NUMA nodes and NICs")
+	}
+	// switches by parent
+	children := map[string][]topology.PCIeSwitch{}
+	for _, s := range h.Switches {
+		children[s.Parent] = append(children[s.Parent], s)
+	}
+	devsUnder := map[string][]topology.Device{}
+	for _, d := range h.Devices {
+		devsUnder[d.PCIeSwitch] = append(devsUnder[d.PCIeSwitch], d)
+	}
+	nicsUnder := map[string][]topology.NIC{}
+	for _, n := range h.NICs {
+		nicsUnder[n.PCIeSwitch] = append(nicsUnder[n.PCIeSwitch], n)
+	}
+	var build func(s topology.PCIeSwitch) *treeNode
+	build = func(s topology.PCIeSwitch) *treeNode {
+		label := "switch " + s.ID
+		switch {
+		case s.HostBridge:
+			label = "root complex " + s.ID
+		case s.Parent == "" || isRootPort(h, s):
+			label = "root port " + s.ID
+		}
+		if s.Vendor != "" && !s.HostBridge {
+			label += " (" + s.Vendor + ")"
+		}
+		n := &treeNode{label: label}
+		for _, d := range devsUnder[s.ID] {
+			n.children = append(n.children, &treeNode{label: deviceLabel(d)})
+		}
+		for _, nic := range nicsUnder[s.ID] {
+			n.children = append(n.children, &treeNode{label: nicLabel(nic)})
+		}
+		for _, ch := range children[s.ID] {
+			n.children = append(n.children, build(ch))
+		}
+		return n
+	}
+	numaIDs := map[int]bool{}
+	for _, node := range h.NUMA {
+		numaIDs[node.ID] = true
+	}
+	var roots []*treeNode
+	for _, node := range h.NUMA {
+		label := fmt.Sprintf("NUMA %d: CPUs %s", node.ID, orDash(node.CPUs))
+		if node.MemoryBytes > 0 {
+			label += ", " + sizeString(node.MemoryBytes)
+		}
+		if len(node.Distances) > 1 {
+			label += fmt.Sprintf(", distances %v", node.Distances)
+		}
+		r := &treeNode{label: label}
+		for _, s := range children[""] {
+			if s.NUMA == node.ID {
+				r.children = append(r.children, build(s))
+			}
+		}
+		for _, d := range devsUnder[""] {
+			if d.NUMA == node.ID {
+				r.children = append(r.children, &treeNode{label: deviceLabel(d)})
+			}
+		}
+		for _, n := range nicsUnder[""] {
+			if n.NUMA == node.ID {
+				r.children = append(r.children, &treeNode{label: nicLabel(n)})
+			}
+		}
+		roots = append(roots, r)
+	}
+	other := &treeNode{label: "no NUMA affinity"}
+	for _, s := range children[""] {
+		if !numaIDs[s.NUMA] {
+			other.children = append(other.children, build(s))
+		}
+	}
+	for _, d := range devsUnder[""] {
+		if !numaIDs[d.NUMA] {
+			other.children = append(other.children, &treeNode{label: deviceLabel(d)})
+		}
+	}
+	for _, n := range nicsUnder[""] {
+		if !numaIDs[n.NUMA] {
+			other.children = append(other.children, &treeNode{label: nicLabel(n)})
+		}
+	}
+	if len(other.children) > 0 {
+		roots = append(roots, other)
+	}
+	for i, r := range roots {
+		printTree(w, r, "", i == len(roots)-1)
+	}
+	if s := linkSummary(h); s != "" {
+		fmt.Fprintln(w, s)
+	}
+	if len(c.Hosts) == 1 {
+		writeDomains(w, c)
+	}
+}
+
+func isRootPort(h *topology.Host, s topology.PCIeSwitch) bool {
+	p, ok := h.Switch(s.Parent)
+	return ok && p.HostBridge
+}
+
+func printTree(w io.Writer, n *treeNode, prefix string, last bool) {
+	branch, next := "├─ ", "│  "
+	if last {
+		branch, next = "└─ ", "   "
+	}
+	fmt.Fprintf(w, "%s%s%s\n", prefix, branch, n.label)
+	for i, ch := range n.children {
+		printTree(w, ch, prefix+next, i == len(n.children)-1)
+	}
+}
+
+func deviceLabel(d topology.Device) string {
+	s := fmt.Sprintf("%s%d %s %s", strings.ToUpper(string(d.Kind)), d.Index, d.Vendor, d.Model)
+	if d.MemoryBytes > 0 {
+		s += " " + sizeString(d.MemoryBytes)
+	}
+	if d.BusID != "" {
+		s += " " + d.BusID
+	}
+	if d.PCIe != nil && d.PCIe.Width > 0 {
+		s += fmt.Sprintf(" PCIe Gen%d x%d", d.PCIe.Gen(), d.PCIe.Width)
+	}
+	if d.DevNode != "" {
+		s += " " + d.DevNode
+	}
+	return s
+}
+
+func nicLabel(n topology.NIC) string {
+	s := "NIC " + n.Name
+	if n.RDMADevice != "" && n.RDMADevice != n.Name {
+		s += " (" + n.RDMADevice + ")"
+	}
+	if n.SpeedGbps > 0 {
+		s += fmt.Sprintf(" %g Gb/s", n.SpeedGbps)
+	}
+	switch {
+	case n.RDMA() && n.LinkLayer != "":
+		s += " RDMA/" + n.LinkLayer
+	case n.RDMA():
+		s += " RDMA"
+	}
+	if n.State != "" {
+		s += " " + n.State
+	}
+	if n.BusID != "" {
+		s += " " + n.BusID
+	}
+	if n.Driver != "" {
+		s += " [" + n.Driver + "]"
+	}
+	return s
+}
+
+// linkSummary describes the device links compactly: all-to-all groups in
+// one line, the rest counted by kind.
+func linkSummary(h *topology.Host) string {
+	if len(h.Links) == 0 {
+		if len(h.Devices) > 1 {
+			return "device links: none (devices talk over PCIe)"
+		}
+		return ""
+	}
+	type key struct {
+		kind  topology.LinkKind
+		lanes int
+		gbps  float64
+	}
+	count := map[key]int{}
+	var order []key
+	for _, l := range h.Links {
+		k := key{l.Kind, l.Lanes, l.GBps}
+		if count[k] == 0 {
+			order = append(order, k)
+		}
+		count[k]++
+	}
+	var parts []string
+	for _, k := range order {
+		label := topology.Path{Class: topology.PathNV, Link: k.kind, Lanes: k.lanes}.String()
+		n := len(h.Devices)
+		shape := fmt.Sprintf("%d links", count[k])
+		if count[k] == n*(n-1)/2 && n > 1 {
+			shape = fmt.Sprintf("all-to-all among %d devices", n)
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s, %g GB/s each way): %s", label, k.kind, k.gbps, shape))
+	}
+	return "device links: " + strings.Join(parts, "; ")
+}
+
+func sizeString(b int64) string {
+	const gibi = 1 << 30
+	if b%gibi == 0 || b >= 100*gibi {
+		return fmt.Sprintf("%d GiB", (b+gibi/2)/gibi)
+	}
+	return fmt.Sprintf("%.1f GiB", float64(b)/gibi)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// ---- matrix ----
+
+func writeMatrix(w io.Writer, c *topology.Cluster, h *topology.Host) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	var cols []string
+	for _, d := range h.Devices {
+		cols = append(cols, fmt.Sprintf("%s%d", matrixPrefix(d.Kind), d.Index))
+	}
+	var nics []topology.NIC
+	for _, n := range h.NICs {
+		if n.RDMA() {
+			nics = append(nics, n)
+		}
+	}
+	if len(nics) == 0 {
+		nics = h.NICs
+	}
+	for i := range nics {
+		cols = append(cols, fmt.Sprintf("NIC%d", i))
+	}
+	fmt.Fprintf(tw, "\t%s\tCPU Affinity\tNUMA Affinity\t\n", strings.Join(cols, "\t"))
+	numaCPUs := map[int]string{}
+	for _, n := range h.NUMA {
+		numaCPUs[n.ID] = n.CPUs
+	}
+	for _, d := range h.Devices {
+		cells := []string{}
+		for _, e := range h.Devices {
+			p := c.PathBetween(topology.Endpoint{Host: h.ID, Device: d.Index}, topology.Endpoint{Host: h.ID, Device: e.Index})
+			cell := p.String()
+			if cell == "SELF" {
+				cell = " X "
+			}
+			cells = append(cells, cell)
+		}
+		for _, n := range nics {
+			cells = append(cells, h.NICPath(d.Index, n.Name).String())
+		}
+		numa := "N/A"
+		if d.NUMA >= 0 {
+			numa = fmt.Sprint(d.NUMA)
+		}
+		fmt.Fprintf(tw, "%s%d\t%s\t%s\t%s\t\n", matrixPrefix(d.Kind), d.Index, strings.Join(cells, "\t"), orDash(numaCPUs[d.NUMA]), numa)
+	}
+	for i, n := range nics {
+		cells := []string{}
+		for _, d := range h.Devices {
+			cells = append(cells, h.NICPath(d.Index, n.Name).String())
+		}
+		for j, m := range nics {
+			if i == j {
+				cells = append(cells, " X ")
+				continue
+			}
+			cells = append(cells, nicNICPath(h, n, m).String())
+		}
+		fmt.Fprintf(tw, "NIC%d\t%s\t\t\t\n", i, strings.Join(cells, "\t"))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nLegend:")
+	fmt.Fprintln(w, "  X    = Self")
+	fmt.Fprintln(w, "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes")
+	fmt.Fprintln(w, "  NODE = Connection traversing PCIe as well as the interconnect between PCIe host bridges within a NUMA node")
+	fmt.Fprintln(w, "  PHB  = Connection traversing PCIe as well as a PCIe host bridge (typically the CPU)")
+	fmt.Fprintln(w, "  PXB  = Connection traversing multiple PCIe switches (without traversing the PCIe host bridge)")
+	fmt.Fprintln(w, "  PIX  = Connection traversing at most a single PCIe switch")
+	fmt.Fprintln(w, "  NV#  = Connection traversing a bonded set of # NVLinks (XGMI, ICI, NL, ROCE#: other device links)")
+	if len(nics) > 0 {
+		fmt.Fprintln(w, "\nNIC Legend:")
+		for i, n := range nics {
+			name := n.Name
+			if n.RDMADevice != "" {
+				name = n.RDMADevice
+			}
+			fmt.Fprintf(w, "  NIC%d: %s\n", i, name)
+		}
+	}
+}
+
+func matrixPrefix(k topology.DeviceKind) string {
+	switch k {
+	case topology.KindGPU:
+		return "GPU"
+	case topology.KindTPU:
+		return "TPU"
+	case topology.KindNeuron:
+		return "NRN"
+	case topology.KindHPU:
+		return "HPU"
+	}
+	return "DEV"
+}
+
+// nicNICPath classifies two NICs by PCIe placement, through a device-less
+// host: the library classifies device pairs and device-NIC pairs.
+func nicNICPath(h *topology.Host, a, b topology.NIC) topology.Path {
+	tmp := &topology.Host{ID: h.ID, NUMA: h.NUMA, Switches: h.Switches,
+		Devices: []topology.Device{{Index: 0, NUMA: a.NUMA, PCIeSwitch: a.PCIeSwitch}}, NICs: []topology.NIC{b}}
+	return tmp.NICPath(0, b.Name)
+}
+
+// ---- dot ----
+
+func writeDot(w io.Writer, c *topology.Cluster) error {
+	var b strings.Builder
+	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	fmt.Fprintf(&b, "graph %s {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n", q(c.Name))
+	for hi, h := range c.Hosts {
+		id := func(s string) string { return q(h.ID + "/" + s) }
+		fmt.Fprintf(&b, "  subgraph cluster_%d {\n    label=%s;\n", hi, q(h.ID))
+		for _, n := range h.NUMA {
+			fmt.Fprintf(&b, "    %s [label=%s, shape=ellipse];\n", id(fmt.Sprintf("numa%d", n.ID)), q(fmt.Sprintf("NUMA %d\\nCPUs %s", n.ID, n.CPUs)))
+		}
+		for _, s := range h.Switches {
+			fmt.Fprintf(&b, "    %s [label=%s, shape=diamond];\n", id(s.ID), q(s.ID))
+			parent := s.Parent
+			if parent == "" {
+				parent = fmt.Sprintf("numa%d", s.NUMA)
+			}
+			fmt.Fprintf(&b, "    %s -- %s;\n", id(parent), id(s.ID))
+		}
+		for _, d := range h.Devices {
+			dn := id(fmt.Sprintf("dev%d", d.Index))
+			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#cde8c2\"];\n", dn, q(fmt.Sprintf("%s%d\\n%s", matrixPrefix(d.Kind), d.Index, d.Model)))
+			parent := d.PCIeSwitch
+			if parent == "" {
+				parent = fmt.Sprintf("numa%d", d.NUMA)
+			}
+			fmt.Fprintf(&b, "    %s -- %s;\n", id(parent), dn)
+		}
+		for _, n := range h.NICs {
+			nn := id("nic-" + n.Name)
+			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#c2d8e8\"];\n", nn, q(fmt.Sprintf("%s\\n%g Gb/s", n.Name, n.SpeedGbps)))
+			parent := n.PCIeSwitch
+			if parent == "" {
+				parent = fmt.Sprintf("numa%d", n.NUMA)
+			}
+			fmt.Fprintf(&b, "    %s -- %s;\n", id(parent), nn)
+		}
+		for _, l := range h.Links {
+			label := topology.Path{Class: topology.PathNV, Link: l.Kind, Lanes: l.Lanes}.String()
+			fmt.Fprintf(&b, "    %s -- %s [label=%s, color=\"#76b900\", penwidth=2, constraint=false];\n",
+				id(fmt.Sprintf("dev%d", l.A)), id(fmt.Sprintf("dev%d", l.B)), q(label))
+		}
+		b.WriteString("  }\n")
+	}
+	b.WriteString("}\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
