@@ -1,7 +1,9 @@
 package harness
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -90,4 +92,87 @@ func Check(baseline, current []Record, tolerance float64) CheckResult {
 	}
 	sort.Strings(res.New)
 	return res
+}
+
+// Recheck re-measures each cell of a failed check up to tries more times
+// (with cfg's settings, narrowed to that cell), keeps the cell's best
+// ratio, and checks again. Noise on a shared machine rarely repeats; a real
+// regression does. Missing cells are not re-measured. It returns the
+// updated records and the new result.
+func Recheck(ctx context.Context, cfg Config, baseline, current []Record, res CheckResult, tries int) ([]Record, CheckResult, error) {
+	out := slices.Clone(current)
+	index := map[string]int{}
+	for i, r := range out {
+		if r.Measured() {
+			index[r.Key()] = i
+		}
+	}
+	for _, reg := range res.Regressions {
+		i, ok := index[reg.Key]
+		if reg.Missing || !ok {
+			continue
+		}
+		for try := 0; try < tries && out[i].Ratio < reg.Baseline*(1-res.Tolerance); try++ {
+			c := cellConfig(cfg, out[i])
+			again, err := Run(ctx, c)
+			if err != nil {
+				return out, res, err
+			}
+			for _, r := range again.Records {
+				if r.Measured() && r.Key() == reg.Key && r.Ratio > out[i].Ratio {
+					r.Note = strings.TrimSpace(r.Note + fmt.Sprintf(" best of %d runs", try+2))
+					out[i] = r
+				}
+			}
+		}
+	}
+	return out, Check(baseline, out, res.Tolerance), nil
+}
+
+// cellConfig narrows cfg to the one cell r was measured in.
+func cellConfig(cfg Config, r Record) Config {
+	c := cfg
+	c.Progress = nil
+	c.Paths = []string{r.Path}
+	if r.Kind == KindLatency {
+		c.Sizes, c.Concurrency = []int64{}, []int{}
+		c.LatencySizes, c.NoLatency = []int64{r.Size}, false
+		return c
+	}
+	c.Sizes, c.Concurrency, c.NoLatency = []int64{r.Size}, []int{r.Concurrency}, true
+	return c
+}
+
+// Median merges several runs of the same matrix into one: for each cell,
+// the record whose ratio is the median across the runs (the lower middle
+// for an even count). Baselines written this way are not one run's luck.
+// Cells missing from some runs take the median of the runs that have them;
+// records that are not measured come from the first run.
+func Median(runs ...[]Record) []Record {
+	if len(runs) == 0 {
+		return nil
+	}
+	byKey := map[string][]Record{}
+	for _, run := range runs {
+		for _, r := range run {
+			if r.Measured() {
+				byKey[r.Key()] = append(byKey[r.Key()], r)
+			}
+		}
+	}
+	var out []Record
+	for _, r := range runs[0] {
+		if !r.Measured() {
+			out = append(out, r)
+			continue
+		}
+		c := byKey[r.Key()]
+		sort.SliceStable(c, func(i, j int) bool { return c[i].Ratio < c[j].Ratio })
+		m := c[(len(c)-1)/2]
+		if len(runs) > 1 {
+			m.Note = strings.TrimSpace(m.Note + fmt.Sprintf(" median of %d runs", len(c)))
+		}
+		out = append(out, m)
+	}
+	return out
 }

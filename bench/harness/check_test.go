@@ -81,3 +81,16 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+func TestMedian(t *testing.T) {
+	a := []Record{rec("p2p", 4096, 1, BaseMemcpy, 0.9), {Path: "shm", Status: StatusNotBuilt}}
+	b := []Record{rec("p2p", 4096, 1, BaseMemcpy, 0.1)}
+	c := []Record{rec("p2p", 4096, 1, BaseMemcpy, 0.5)}
+	m := Median(a, b, c)
+	if len(m) != 2 || m[0].Ratio != 0.5 || m[1].Status != StatusNotBuilt {
+		t.Fatalf("Median = %+v", m)
+	}
+	if m := Median(a); m[0].Ratio != 0.9 {
+		t.Fatalf("Median of one run = %+v", m)
+	}
+}

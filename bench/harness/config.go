@@ -38,10 +38,10 @@ const ModePull = "pull"
 
 // Config selects the matrix. The zero value is the full run: sizes 4 KiB to
 // 1 GiB, paths local, p2p and tcp, 1, 8 and 64 in flight, the latency mode
-// at 4 KiB and 64 KiB with 2000 samples, at least 7 interleaved rounds and
+// at 4 KiB and 64 KiB with 2000 samples, at least 9 interleaved rounds and
 // 1 s per cell, and at most 2 GiB in flight per cell (larger cells are
 // recorded as skipped). Quick narrows the defaults to 4 KiB, 1 MiB and
-// 64 MiB, 1 and 8 in flight, 300 latency samples, 5 rounds and 100 ms per
+// 64 MiB, 1 and 8 in flight, 500 latency samples, 7 rounds and 200 ms per
 // cell; explicit fields override either.
 type Config struct {
 	Quick bool
@@ -94,19 +94,19 @@ func (c Config) withDefaults() (Config, error) {
 	if out.LatencySamples <= 0 {
 		out.LatencySamples = 2000
 		if c.Quick {
-			out.LatencySamples = 300
+			out.LatencySamples = 500
 		}
 	}
 	if out.MinRounds <= 0 {
-		out.MinRounds = 7
+		out.MinRounds = 9
 		if c.Quick {
-			out.MinRounds = 5
+			out.MinRounds = 7
 		}
 	}
 	if out.MinTime <= 0 {
 		out.MinTime = time.Second
 		if c.Quick {
-			out.MinTime = 100 * time.Millisecond
+			out.MinTime = 200 * time.Millisecond
 		}
 	}
 	if out.MaxRounds <= 0 {

@@ -77,3 +77,30 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatal("a cancelled run returned no error")
 	}
 }
+
+// Recheck re-measures only the regressed cell and keeps failing a ratio
+// no machine reaches.
+func TestRecheck(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{Sizes: []int64{4 << 10}, Concurrency: []int{1}, Paths: []string{PathP2P}, NoLatency: true, MinRounds: 2, MinTime: time.Millisecond, MaxRounds: 2}
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []Record{res.Records[0]}
+	base[0].Ratio *= 1e6
+	cr := Check(base, res.Records, 0)
+	if cr.OK() {
+		t.Fatal("a million-fold ratio passed")
+	}
+	recs, cr2, err := Recheck(ctx, cfg, base, res.Records, cr, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cr2.OK() || len(cr2.Regressions) != 1 || len(recs) != len(res.Records) {
+		t.Fatalf("after recheck: %+v", cr2)
+	}
+	if c := cellConfig(cfg, Record{Kind: KindLatency, Path: PathTCP, Size: 4096}); len(c.Sizes) != 0 || c.NoLatency || c.LatencySizes[0] != 4096 {
+		t.Errorf("latency cell config: %+v", c)
+	}
+}

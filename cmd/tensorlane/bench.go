@@ -25,6 +25,8 @@ type benchOptions struct {
 	minTime        time.Duration
 	minRounds      int
 	latencySamples int
+	retries        int
+	baselineRuns   int
 }
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }
@@ -57,7 +59,9 @@ as not built.`,
 	f.StringVar(&o.out, "out", "", "write results.json and report.md into this directory")
 	f.StringVar(&o.check, "check", "", "compare ratios with this baseline file; fail on regressions")
 	f.Float64Var(&o.tolerance, "tolerance", harness.DefaultTolerance, "with --check: the fraction a ratio may fall below the baseline's")
+	f.IntVar(&o.retries, "retries", 2, "with --check: re-measure a regressed cell up to this many times and keep its best ratio")
 	f.StringVar(&o.writeBaseline, "write-baseline", "", "write this run as a baseline file for --check")
+	f.IntVar(&o.baselineRuns, "baseline-runs", 3, "with --write-baseline: run the matrix this many times and store each cell's median ratio")
 	f.BoolVar(&o.noLatency, "no-latency", false, "skip the latency mode")
 	f.StringSliceVar(&o.sizes, "sizes", nil, "override the sizes (e.g. 4KiB,1MiB)")
 	f.IntSliceVar(&o.concurrency, "concurrency", nil, "override the in-flight counts (e.g. 1,8)")
@@ -131,7 +135,24 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		}
 	}
 	if o.writeBaseline != "" {
-		if err := harness.WriteFile(o.writeBaseline, file); err != nil {
+		bf := file
+		if o.baselineRuns > 1 {
+			runs := [][]harness.Record{res.Records}
+			for i := 1; i < o.baselineRuns; i++ {
+				if !o.json {
+					fmt.Fprintf(out, "baseline: run %d of %d\n", i+1, o.baselineRuns)
+				}
+				again, err := harness.Run(cmd.Context(), cfg)
+				if err != nil {
+					return err
+				}
+				runs = append(runs, again.Records)
+				bf.Elapsed += again.Elapsed.Seconds()
+				bf.PeakRSS = max(bf.PeakRSS, again.PeakRSS)
+			}
+			bf.Records = harness.Median(runs...)
+		}
+		if err := harness.WriteFile(o.writeBaseline, bf); err != nil {
 			return err
 		}
 		if !o.json {
@@ -140,6 +161,16 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	}
 	if o.check != "" {
 		cr := harness.Check(base.Records, res.Records, o.tolerance)
+		if !cr.OK() && o.retries > 0 {
+			if !o.json {
+				fmt.Fprintf(out, "check: %d cell(s) below tolerance; re-measuring each up to %d times\n", len(cr.Regressions), o.retries)
+			}
+			cfg.Progress = nil
+			var err error
+			if _, cr, err = harness.Recheck(cmd.Context(), cfg, base.Records, res.Records, cr, o.retries); err != nil {
+				return err
+			}
+		}
 		if err := cr.Error(); err != nil {
 			return err
 		}

@@ -25,7 +25,7 @@ func runBenchArgs(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-var tiny = []string{"--sizes", "4KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
+var tiny = []string{"--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
 
 // One tiny run through the command: JSON lines, --out, --write-baseline,
 // then --check against a doctored copy whose ratios are out of reach.
