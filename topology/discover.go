@@ -298,7 +298,7 @@ func scanPCI(ctx context.Context, s *Scan) {
 			s.Warn(p, "not a PCI address; skipped")
 			continue
 		}
-		real, err := s.FS.Resolve(p)
+		real, err := s.Resolve(p)
 		if err != nil {
 			s.Warn(p, "cannot resolve: %v", errText(err))
 			continue
@@ -524,7 +524,7 @@ func scanNICs(s *Scan) {
 
 // deviceFunction follows a "device" link to the nearest PCI function.
 func (s *Scan) deviceFunction(link string) (PCIFunction, bool) {
-	real, err := s.FS.Resolve(link)
+	real, err := s.Resolve(link)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			s.Warn(link, "cannot resolve: %v", errText(err))

@@ -215,6 +215,15 @@ type Scan struct {
 	switches map[string]bool
 	added    map[string]int // plugin -> devices
 	pciIdx   map[string]int
+	real     map[string]bool // Resolve cache
+}
+
+// Resolve is FS.Resolve, caching what it learns for the rest of the scan.
+func (s *Scan) Resolve(rel string) (string, error) {
+	if s.real == nil {
+		s.real = map[string]bool{}
+	}
+	return s.FS.resolve(rel, s.real)
 }
 
 // Getenv returns the environment variable as discovery was configured to

@@ -140,7 +140,11 @@ func (f FS) ReadLink(rel string) (string, error) {
 // Resolve returns the real path of rel below the root, following every
 // symbolic link on the way, as a slash-separated path relative to the root.
 // It fails with ErrSymlinkLoop after 40 links and never leaves the root.
-func (f FS) Resolve(rel string) (string, error) {
+func (f FS) Resolve(rel string) (string, error) { return f.resolve(rel, nil) }
+
+// resolve is Resolve with a cache of paths known to be real directories or
+// files (not links), shared by the lookups of one discovery.
+func (f FS) resolve(rel string, known map[string]bool) (string, error) {
 	pending := splitPath(rel)
 	var done []string
 	hops := 0
@@ -157,11 +161,18 @@ func (f FS) Resolve(rel string) (string, error) {
 			continue
 		}
 		cur := path.Join(append(append([]string{}, done...), c)...)
+		if known[cur] {
+			done = append(done, c)
+			continue
+		}
 		fi, err := os.Lstat(f.abs(cur))
 		if err != nil {
 			return "", err
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
+			if known != nil {
+				known[cur] = true
+			}
 			done = append(done, c)
 			continue
 		}
