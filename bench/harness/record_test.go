@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -86,5 +87,25 @@ func TestConfigDefaults(t *testing.T) {
 		if _, err := bad.withDefaults(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
+	}
+}
+
+func TestWritePlots(t *testing.T) {
+	dir := t.TempDir()
+	recs := []Record{
+		rec("tcp", 4096, 1, BaseRawTCP, 0.3), rec("tcp", 1<<20, 1, BaseRawTCP, 0.5),
+		rec("tcp", 4096, 1, BaseLibp2p, 0.6), rec("tcp", 1<<20, 1, BaseLibp2p, 2),
+		rec("p2p", 4096, 1, BaseMemcpy, 0.1), // one size: no line, no file
+	}
+	files, err := WritePlots(dir, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 1 || filepath.Base(files[0]) != "throughput-tcp.png" {
+		t.Fatalf("files = %v", files)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatalf("not a PNG: %v", err)
 	}
 }

@@ -48,8 +48,8 @@ func WriteTable(w io.Writer, recs []Record) error {
 }
 
 // WriteMarkdown writes a report of f: where it ran, the tables, memory,
-// and what is not built.
-func WriteMarkdown(w io.Writer, f File) error {
+// links to plots (paths relative to the report) and what is not built.
+func WriteMarkdown(w io.Writer, f File, plots ...string) error {
 	var b strings.Builder
 	mode := "full"
 	if f.Quick {
@@ -74,6 +74,12 @@ func WriteMarkdown(w io.Writer, f File) error {
 				fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %s |\n", r.Path, SizeString(r.Size), r.P50us, r.P99us,
 					r.Baseline, r.BaselineP50us, r.BaselineP99us, ratioString(r.Ratio))
 			}
+		}
+	}
+	if len(plots) > 0 {
+		b.WriteString("\n## Plots\n\n")
+		for _, p := range plots {
+			fmt.Fprintf(&b, "![%s](%s)\n", p, p)
 		}
 	}
 	b.WriteString("\n## Not measured\n\n")

@@ -56,7 +56,7 @@ as not built.`,
 	f := cmd.Flags()
 	f.BoolVar(&o.quick, "quick", false, "small matrix (4KiB, 1MiB, 64MiB; 1 and 8 in flight): well under a minute on 2 cores")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
-	f.StringVar(&o.out, "out", "", "write results.json and report.md into this directory")
+	f.StringVar(&o.out, "out", "", "write results.json, report.md and throughput-<path>.png plots into this directory")
 	f.StringVar(&o.check, "check", "", "compare ratios with this baseline file; fail on regressions")
 	f.Float64Var(&o.tolerance, "tolerance", harness.DefaultTolerance, "with --check: the fraction a ratio may fall below the baseline's")
 	f.IntVar(&o.retries, "retries", 2, "with --check: re-measure a regressed cell up to this many times and keep its best ratio")
@@ -119,11 +119,15 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		if err := harness.WriteFile(filepath.Join(o.out, "results.json"), file); err != nil {
 			return err
 		}
+		plots, err := harness.WritePlots(o.out, res.Records)
+		if err != nil {
+			return err
+		}
 		md, err := os.Create(filepath.Join(o.out, "report.md"))
 		if err != nil {
 			return err
 		}
-		err = harness.WriteMarkdown(md, file)
+		err = harness.WriteMarkdown(md, file, relative(plots)...)
 		if cerr := md.Close(); err == nil {
 			err = cerr
 		}
@@ -131,7 +135,11 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 			return err
 		}
 		if !o.json {
-			fmt.Fprintf(out, "wrote %s and %s\n", filepath.Join(o.out, "results.json"), filepath.Join(o.out, "report.md"))
+			fmt.Fprintf(out, "wrote %s, %s", filepath.Join(o.out, "results.json"), filepath.Join(o.out, "report.md"))
+			for _, p := range plots {
+				fmt.Fprintf(out, ", %s", p)
+			}
+			fmt.Fprintln(out)
 		}
 	}
 	if o.writeBaseline != "" {
@@ -204,4 +212,12 @@ func repeat(c byte, n int) []byte {
 		b[i] = c
 	}
 	return b
+}
+
+func relative(files []string) []string {
+	out := make([]string, len(files))
+	for i, f := range files {
+		out[i] = filepath.Base(f)
+	}
+	return out
 }

@@ -25,7 +25,7 @@ func runBenchArgs(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-var tiny = []string{"--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
+var tiny = []string{"--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB,8KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
 
 // One tiny run through the command: JSON lines, --out, --write-baseline,
 // then --check against a doctored copy whose ratios are out of reach.
@@ -47,7 +47,7 @@ func TestBenchCommand(t *testing.T) {
 	for _, p := range []string{"local", "p2p", "tcp", "shm", "rdma"} {
 		assert.True(t, paths[p], "no %s line", p)
 	}
-	for _, f := range []string{"results.json", "report.md", "base.json"} {
+	for _, f := range []string{"results.json", "report.md", "base.json", "throughput-tcp.png"} {
 		_, err := os.Stat(filepath.Join(dir, f))
 		assert.NoError(t, err, f)
 	}
