@@ -139,8 +139,10 @@ func (t *Tree) PCI(parent, addr string, f PCI) string {
 	d := parent + "/" + addr
 	t.File(d+"/vendor", fmt.Sprintf("0x%04x", f.Vendor))
 	t.File(d+"/device", fmt.Sprintf("0x%04x", f.Device))
-	t.File(d+"/subsystem_vendor", fmt.Sprintf("0x%04x", f.SubVendor))
-	t.File(d+"/subsystem_device", fmt.Sprintf("0x%04x", f.SubDevice))
+	if f.SubVendor != 0 || f.SubDevice != 0 {
+		t.File(d+"/subsystem_vendor", fmt.Sprintf("0x%04x", f.SubVendor))
+		t.File(d+"/subsystem_device", fmt.Sprintf("0x%04x", f.SubDevice))
+	}
 	t.File(d+"/class", fmt.Sprintf("0x%06x", f.Class))
 	t.File(d+"/numa_node", fmt.Sprint(f.NUMA))
 	if f.LocalCPUs != "" {
@@ -149,8 +151,6 @@ func (t *Tree) PCI(parent, addr string, f PCI) string {
 	if f.LinkGTps > 0 {
 		t.File(d+"/current_link_speed", fmt.Sprintf("%.1f GT/s PCIe", f.LinkGTps))
 		t.File(d+"/current_link_width", fmt.Sprint(f.LinkWidth))
-		t.File(d+"/max_link_speed", fmt.Sprintf("%.1f GT/s PCIe", f.LinkGTps))
-		t.File(d+"/max_link_width", fmt.Sprint(f.LinkWidth))
 	}
 	if f.Driver != "" {
 		t.Dir("sys/bus/pci/drivers/" + f.Driver)
