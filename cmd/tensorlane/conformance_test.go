@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,7 +12,8 @@ import (
 )
 
 func TestConformanceCommand(t *testing.T) {
-	out, err := execCmd(t, newConformanceCmd(), "--plugin", "nvidia", "--json")
+	trees := filepath.Join("..", "..", "topology", "testdata", "sysfs")
+	out, err := execCmd(t, newConformanceCmd(), "--plugin", "nvidia", "--json", "--trees", trees)
 	require.NoError(t, err)
 	var reps []topotest.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &reps))
@@ -19,7 +21,7 @@ func TestConformanceCommand(t *testing.T) {
 	assert.True(t, reps[0].OK())
 	assert.Equal(t, "nvidia", reps[0].Plugin)
 
-	out, err = execCmd(t, newConformanceCmd(), "--plugin", "gaudi", "-v")
+	out, err = execCmd(t, newConformanceCmd(), "--plugin", "gaudi", "-v", "--trees", trees)
 	require.NoError(t, err)
 	assert.Contains(t, out, "PLUGIN")
 	assert.Contains(t, out, "skip stable")
