@@ -174,9 +174,21 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 				fmt.Fprintf(out, "check: %d cell(s) below tolerance; re-measuring each up to %d times\n", len(cr.Regressions), o.retries)
 			}
 			cfg.Progress = nil
+			before := cr
 			var err error
 			if _, cr, err = harness.Recheck(cmd.Context(), cfg, base.Records, res.Records, cr, o.retries); err != nil {
 				return err
+			}
+			if !o.json {
+				still := map[string]bool{}
+				for _, r := range cr.Regressions {
+					still[r.Key] = true
+				}
+				for _, r := range before.Regressions {
+					if !still[r.Key] {
+						fmt.Fprintf(out, "  %s: passed on re-measure (first run %.3g, baseline %.3g)\n", r.Key, r.Current, r.Baseline)
+					}
+				}
 			}
 		}
 		if err := cr.Error(); err != nil {
