@@ -145,6 +145,9 @@ func runTopo(ctx context.Context, w, stderr io.Writer, o topoOptions) error {
 		if len(c.Hosts) == 0 {
 			return fmt.Errorf("topo: no hosts")
 		}
+		if len(c.Hosts[0].Devices) == 0 {
+			fmt.Fprintln(w, "no accelerator found: the matrix shows NICs only")
+		}
 		writeMatrix(w, c, c.Hosts[0])
 		return nil
 	}
@@ -349,8 +352,21 @@ func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topo
 	for _, n := range h.NICs {
 		nicsUnder[n.PCIeSwitch] = append(nicsUnder[n.PCIeSwitch], n)
 	}
-	var build func(s topology.PCIeSwitch) *treeNode
-	build = func(s topology.PCIeSwitch) *treeNode {
+	numaIDs := map[int]bool{}
+	for _, node := range h.NUMA {
+		numaIDs[node.ID] = true
+	}
+	bucket := func(numa int) int {
+		if numaIDs[numa] {
+			return numa
+		}
+		return -1
+	}
+	// build returns the subtree of s holding the endpoints of one NUMA
+	// bucket, nil when there are none: a root complex that spans nodes
+	// shows under each, with that node's endpoints.
+	var build func(s topology.PCIeSwitch, b int) *treeNode
+	build = func(s topology.PCIeSwitch, b int) *treeNode {
 		label := "switch " + s.ID
 		switch {
 		case s.HostBridge:
@@ -363,19 +379,43 @@ func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topo
 		}
 		n := &treeNode{label: label}
 		for _, d := range devsUnder[s.ID] {
-			n.children = append(n.children, &treeNode{label: deviceLabel(d)})
+			if bucket(d.NUMA) == b {
+				n.children = append(n.children, &treeNode{label: deviceLabel(d)})
+			}
 		}
 		for _, nic := range nicsUnder[s.ID] {
-			n.children = append(n.children, &treeNode{label: nicLabel(nic)})
+			if bucket(nic.NUMA) == b {
+				n.children = append(n.children, &treeNode{label: nicLabel(nic)})
+			}
 		}
+		empty := len(devsUnder[s.ID]) == 0 && len(nicsUnder[s.ID]) == 0
 		for _, ch := range children[s.ID] {
-			n.children = append(n.children, build(ch))
+			if c := build(ch, b); c != nil {
+				n.children = append(n.children, c)
+			}
+			empty = false
+		}
+		if len(n.children) == 0 && !(empty && bucket(s.NUMA) == b) {
+			return nil
 		}
 		return n
 	}
-	numaIDs := map[int]bool{}
-	for _, node := range h.NUMA {
-		numaIDs[node.ID] = true
+	fill := func(r *treeNode, b int) {
+		for _, s := range children[""] {
+			if c := build(s, b); c != nil {
+				r.children = append(r.children, c)
+			}
+		}
+		for _, d := range devsUnder[""] {
+			if bucket(d.NUMA) == b {
+				r.children = append(r.children, &treeNode{label: deviceLabel(d)})
+			}
+		}
+		for _, n := range nicsUnder[""] {
+			if bucket(n.NUMA) == b {
+				r.children = append(r.children, &treeNode{label: nicLabel(n)})
+			}
+		}
 	}
 	var roots []*treeNode
 	for _, node := range h.NUMA {
@@ -387,39 +427,11 @@ func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topo
 			label += fmt.Sprintf(", distances %v", node.Distances)
 		}
 		r := &treeNode{label: label}
-		for _, s := range children[""] {
-			if s.NUMA == node.ID {
-				r.children = append(r.children, build(s))
-			}
-		}
-		for _, d := range devsUnder[""] {
-			if d.NUMA == node.ID {
-				r.children = append(r.children, &treeNode{label: deviceLabel(d)})
-			}
-		}
-		for _, n := range nicsUnder[""] {
-			if n.NUMA == node.ID {
-				r.children = append(r.children, &treeNode{label: nicLabel(n)})
-			}
-		}
+		fill(r, node.ID)
 		roots = append(roots, r)
 	}
 	other := &treeNode{label: "no NUMA affinity"}
-	for _, s := range children[""] {
-		if !numaIDs[s.NUMA] {
-			other.children = append(other.children, build(s))
-		}
-	}
-	for _, d := range devsUnder[""] {
-		if !numaIDs[d.NUMA] {
-			other.children = append(other.children, &treeNode{label: deviceLabel(d)})
-		}
-	}
-	for _, n := range nicsUnder[""] {
-		if !numaIDs[n.NUMA] {
-			other.children = append(other.children, &treeNode{label: nicLabel(n)})
-		}
-	}
+	fill(other, -1)
 	if len(other.children) > 0 {
 		roots = append(roots, other)
 	}
