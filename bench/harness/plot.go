@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -57,7 +58,7 @@ func WritePlots(dir string, recs []Record) ([]string, error) {
 		p.Y.Label.Text = "GB/s"
 		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 		p.X.Tick.Marker = sizeTicks{}
-		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Tick.Marker = rateTicks{}
 		p.Legend.Top = true
 		p.Legend.Left = true
 		drawn := 0
@@ -116,6 +117,22 @@ func (sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 			t.Label = SizeString(int64(v))
 		}
 		ts = append(ts, t)
+	}
+	return ts
+}
+
+// rateTicks labels 1, 2 and 5 times each power of ten.
+type rateTicks struct{}
+
+func (rateTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v >= lo && v <= hi {
+				ts = append(ts, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+			}
+		}
 	}
 	return ts
 }
