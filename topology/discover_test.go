@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -340,4 +341,53 @@ func golden(t *testing.T, name string, got []byte) {
 	want, err := os.ReadFile(path)
 	require.NoError(t, err, "run go test ./topology -update to create it")
 	assert.Equal(t, string(want), string(got))
+}
+
+func TestDiscoverSmallTrees(t *testing.T) {
+	// A GB200 tray's view: 4 GPUs, an IMEX node list naming the domain.
+	tmp := t.TempDir()
+	tr := topotest.NewTree(tmp)
+	tr.NUMANode(0, "0-71", []int{10, 40}, 1000).NUMANode(1, "72-143", []int{40, 10}, 1000)
+	for g := 0; g < 4; g++ {
+		hb := tr.HostBridge(fmt.Sprintf("%04x:00", 8+g))
+		rp := tr.Bridge(hb, fmt.Sprintf("%04x:00:00.0", 8+g), 0x10de, 0x22b1, g/2, 32, 16)
+		tr.PCI(rp, fmt.Sprintf("%04x:01:00.0", 8+g), topotest.PCI{Vendor: 0x10de, Device: 0x2941, Class: 0x030200, NUMA: g / 2, Driver: "nvidia"})
+	}
+	tr.File("etc/nvidia-imex/nodes_config.cfg", "10.0.0.2\n10.0.0.1\n# comment\n10.0.0.3")
+	require.NoError(t, tr.Err())
+	d, err := topology.Discover(context.Background(), topology.DiscoverConfig{Root: tmp, HostID: "tray1"})
+	require.NoError(t, err)
+	require.Len(t, d.Host.Devices, 4)
+	assert.Equal(t, "B200-186GB", d.Host.Devices[0].Model)
+	dom := d.Host.Labels[topology.LabelNVLinkDomain]
+	assert.Regexp(t, `^imex-[0-9a-f]{8}$`, dom)
+	assert.Empty(t, d.Host.Links, "no NVSwitch on PCI: nothing inferred")
+
+	// The same list in another order names the same domain; an operator's
+	// label wins.
+	tr.File("etc/nvidia-imex/nodes_config.cfg", "10.0.0.3\n10.0.0.1\n10.0.0.2")
+	d2, err := topology.Discover(context.Background(), topology.DiscoverConfig{Root: tmp})
+	require.NoError(t, err)
+	assert.Equal(t, dom, d2.Host.Labels[topology.LabelNVLinkDomain])
+	d3, err := topology.Discover(context.Background(), topology.DiscoverConfig{Root: tmp,
+		Labels: map[string]string{topology.LabelNVLinkDomain: "nvl72-r7"}})
+	require.NoError(t, err)
+	assert.Equal(t, "nvl72-r7", d3.Host.Labels[topology.LabelNVLinkDomain])
+
+	// Intel Data Center GPU Max cards next to an integrated GPU.
+	tmp = t.TempDir()
+	tr = topotest.NewTree(tmp)
+	hb := tr.HostBridge("0000:00")
+	tr.PCI(hb, "0000:00:02.0", topotest.PCI{Vendor: 0x8086, Device: 0x4680, Class: 0x030000, NUMA: -1, Driver: "i915"})
+	for i := 0; i < 2; i++ {
+		dir := tr.PCI(hb, fmt.Sprintf("0000:%02x:00.0", 0x29+i), topotest.PCI{Vendor: 0x8086, Device: 0x0bd5, Class: 0x038000, NUMA: 0, Driver: "i915"})
+		tr.Dir(fmt.Sprintf("%s/drm/renderD%d", dir, 129+i))
+		tr.DevNode(fmt.Sprintf("dev/dri/renderD%d", 129+i))
+	}
+	require.NoError(t, tr.Err())
+	d, err = topology.Discover(context.Background(), topology.DiscoverConfig{Root: tmp})
+	require.NoError(t, err)
+	require.Len(t, d.Host.Devices, 2)
+	assert.Equal(t, "Max-1550-128GB", d.Host.Devices[1].Model)
+	assert.Equal(t, "/dev/dri/renderD130", d.Host.Devices[1].DevNode)
 }

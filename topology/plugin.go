@@ -95,7 +95,7 @@ func Register(p Plugin) {
 // BuiltinPlugins returns new instances of the plugins that ship with
 // tensorlane, in discovery order.
 func BuiltinPlugins() []Plugin {
-	return []Plugin{NVIDIAPlugin(), AMDPlugin(), TPUPlugin(), NeuronPlugin(), GaudiPlugin()}
+	return []Plugin{NVIDIAPlugin(), AMDPlugin(), TPUPlugin(), NeuronPlugin(), GaudiPlugin(), IntelGPUPlugin()}
 }
 
 // DefaultPlugins returns the built-in plugins followed by registered ones.
@@ -280,10 +280,10 @@ func (s *Scan) Claim(addr string) bool {
 }
 
 // AddDevice appends a device to the host and returns its index (devices are
-// numbered in the order plugins add them). When fn is non-nil the device's
-// BusID, NUMA, PCIe switch and link come from the PCI function (fields the
-// plugin set are kept) and the function is claimed; AddDevice returns -1
-// when another plugin already claimed it.
+// numbered in the order plugins add them). When fn is non-nil the function
+// is claimed, the device's NUMA node comes from it, and its BusID, Driver,
+// PCIe switch and link are filled from it where the plugin left them empty;
+// AddDevice returns -1 when another plugin already claimed the function.
 func (s *Scan) AddDevice(d Device, fn *PCIFunction) int {
 	if fn != nil {
 		if !s.Claim(fn.Address) {

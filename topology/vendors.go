@@ -3,6 +3,8 @@ package topology
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -65,6 +67,15 @@ var gaudiChips = map[uint16]chipInfo{
 	0x1000: {"Gaudi-32GB", 32 * gib, 3, 12.5 * 3, 8},
 	0x1020: {"Gaudi2-96GB", 96 * gib, 3, 37.5, 8},
 	0x1060: {"Gaudi3-128GB", 128 * gib, 3, 75, 8},
+}
+
+// Intel data-centre GPUs by PCI device id (vendor 0x8086).
+var intelGPUChips = map[uint16]chipInfo{
+	0x0bd5: {"Max-1550-128GB", 128 * gib, 0, 0, 0},
+	0x0bd6: {"Max-1550-128GB", 128 * gib, 0, 0, 0},
+	0x0bda: {"Max-1100-48GB", 48 * gib, 0, 0, 0},
+	0x56c0: {"Flex-170-16GB", 16 * gib, 0, 0, 0},
+	0x56c1: {"Flex-140-12GB", 12 * gib, 0, 0, 0},
 }
 
 // basePlugin carries what every built-in plugin shares.
@@ -157,6 +168,13 @@ func (p *nvidiaPlugin) Discover(ctx context.Context, s *Scan) error {
 			}
 		}
 	}
+	// An IMEX node list marks the hosts of one multi-node NVLink domain.
+	if dom := imexDomain(s); dom != "" {
+		if _, set := s.Host.Labels[LabelNVLinkDomain]; !set {
+			s.SetLabel(LabelNVLinkDomain, dom)
+			s.Warn(imexNodes, "NVLink domain %s taken from the IMEX node list (NVML fabric clique not read)", dom)
+		}
+	}
 	// NVLink from NVML is not built in (see docs/accelerators.md): infer.
 	s.Warn("", "NVML not used (libnvidia-ml support not built in): NVLink peers and fabric clique not read; PCI-only")
 	info := infos[0]
@@ -169,6 +187,33 @@ func (p *nvidiaPlugin) Discover(ctx context.Context, s *Scan) error {
 		s.Warn("", "NVLink all-to-all (NV%d) inferred from %d NVSwitch(es) and the GPU model", info.lanes, switches)
 	}
 	return nil
+}
+
+const imexNodes = "etc/nvidia-imex/nodes_config.cfg"
+
+// imexDomain names the NVLink domain after the IMEX node list (one address
+// per line), "" when there is none.
+func imexDomain(s *Scan) string {
+	text, err := s.FS.ReadAttr(imexNodes)
+	if err != nil {
+		return ""
+	}
+	var nodes []string
+	for _, l := range strings.Split(text, "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.HasPrefix(l, "#") && len(l) < 256 {
+			nodes = append(nodes, l)
+		}
+	}
+	if len(nodes) < 2 {
+		return ""
+	}
+	sort.Strings(nodes)
+	h := fnv.New32a()
+	for _, n := range nodes {
+		h.Write([]byte(n + "\n"))
+	}
+	return fmt.Sprintf("imex-%08x", h.Sum32())
 }
 
 func nvidiaDevNode(s *Scan, addr string, k int) string {
@@ -483,6 +528,34 @@ func (p *gaudiPlugin) Discover(ctx context.Context, s *Scan) error {
 	if info := infos[0]; len(idx) == info.board && info.lanes > 0 {
 		allToAll(s, idx, Link{Kind: LinkRoCE, Lanes: info.lanes, GBps: info.gbps})
 		s.Warn("", "scale-up RoCE all-to-all inferred from %d %s", len(idx), info.model)
+	}
+	return nil
+}
+
+// ---- Intel GPUs ----
+
+type intelGPUPlugin struct{ basePlugin }
+
+// IntelGPUPlugin discovers Intel Data Center GPU Max and Flex cards from
+// PCI (vendor 0x8086, display classes, known device ids only: integrated
+// graphics are left alone) and their /dev/dri/renderD* nodes. Xe Link is
+// not read.
+func IntelGPUPlugin() Plugin {
+	return &intelGPUPlugin{basePlugin{name: "intel-gpu", maturity: Experimental, vendors: []uint16{VendorIntel}}}
+}
+
+func (p *intelGPUPlugin) Discover(ctx context.Context, s *Scan) error {
+	idx, _, fns := addChips(s, VendorIntel, KindGPU, "intel", intelGPUChips, nil)
+	for k, i := range idx {
+		// drm/renderD* under the PCI function names the render node.
+		for _, n := range s.FS.Glob(fns[k].Path+"/drm", "renderD") {
+			if s.FS.Exists("dev/dri/" + n) {
+				s.Host.Devices[i].DevNode = "/dev/dri/" + n
+			}
+		}
+	}
+	if len(idx) > 1 {
+		s.Warn("", "Xe Link between Intel GPUs is not read; devices talk over PCIe")
 	}
 	return nil
 }
