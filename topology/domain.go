@@ -102,6 +102,9 @@ func (c *Cluster) Domains() []Domain {
 	byKind := map[DomainKind][]Domain{}
 	multi := map[string]int{} // nvlink label -> index in byKind[DomainNVLink]
 	for _, h := range c.Hosts {
+		if h == nil {
+			continue
+		}
 		seen := map[DomainKind]int{}
 		for _, comp := range h.linkComponents() {
 			kind := linkDomainKind(comp.kind)
@@ -139,6 +142,9 @@ func (c *Cluster) Domains() []Domain {
 	for _, ld := range labelDomains {
 		idx := map[string]int{}
 		for _, h := range c.Hosts {
+			if h == nil {
+				continue
+			}
 			v := h.Labels[ld.label]
 			if v == "" {
 				continue

@@ -196,7 +196,7 @@ func (c *Cluster) Host(id string) (*Host, bool) {
 		return nil, false
 	}
 	for _, h := range c.Hosts {
-		if h.ID == id {
+		if h != nil && h.ID == id {
 			return h, true
 		}
 	}
@@ -205,15 +205,23 @@ func (c *Cluster) Host(id string) (*Host, bool) {
 
 // HostIDs returns the IDs of all hosts in order.
 func (c *Cluster) HostIDs() []string {
-	ids := make([]string, len(c.Hosts))
-	for i, h := range c.Hosts {
-		ids[i] = h.ID
+	if c == nil {
+		return nil
+	}
+	ids := make([]string, 0, len(c.Hosts))
+	for _, h := range c.Hosts {
+		if h != nil {
+			ids = append(ids, h.ID)
+		}
 	}
 	return ids
 }
 
 // Device returns the device with the given index.
 func (h *Host) Device(index int) (Device, bool) {
+	if h == nil {
+		return Device{}, false
+	}
 	for _, d := range h.Devices {
 		if d.Index == index {
 			return d, true
@@ -224,6 +232,9 @@ func (h *Host) Device(index int) (Device, bool) {
 
 // Switch returns the PCIe switch with the given ID.
 func (h *Host) Switch(id string) (PCIeSwitch, bool) {
+	if h == nil {
+		return PCIeSwitch{}, false
+	}
 	for _, s := range h.Switches {
 		if s.ID == id {
 			return s, true
@@ -235,6 +246,9 @@ func (h *Host) Switch(id string) (PCIeSwitch, bool) {
 // LinkBetween returns the strongest device link between devices a and b.
 func (h *Host) LinkBetween(a, b int) (Link, bool) {
 	var best Link
+	if h == nil {
+		return best, false
+	}
 	found := false
 	for _, l := range h.Links {
 		if (l.A == a && l.B == b) || (l.A == b && l.B == a) {
@@ -276,6 +290,9 @@ func (h *Host) NearestNICs(device int) []NIC {
 
 // NIC returns the NIC with the given interface or RDMA device name.
 func (h *Host) NIC(name string) (NIC, bool) {
+	if h == nil {
+		return NIC{}, false
+	}
 	for _, n := range h.NICs {
 		if n.Name == name || (n.RDMADevice != "" && n.RDMADevice == name) {
 			return n, true

@@ -194,3 +194,19 @@ func TestDomainsSplitComponents(t *testing.T) {
 	assert.Equal(t, "x/nvlink-1", ds[1].Name)
 	assert.Equal(t, []string{"x/2", "x/3"}, ds[1].DeviceIDs())
 }
+
+func TestNilSafety(t *testing.T) {
+	c := &Cluster{Hosts: []*Host{nil, {ID: "a"}}}
+	assert.Equal(t, []string{"a"}, c.HostIDs())
+	assert.NotPanics(t, func() { c.Domains() })
+	assert.Equal(t, PathNET, c.PathBetween(Endpoint{"x", 0}, Endpoint{"a", 0}).Class)
+	assert.Error(t, c.Validate())
+	var h *Host
+	assert.Nil(t, h.NearestNICs(0))
+	_, ok := h.LinkBetween(0, 1)
+	assert.False(t, ok)
+	var nc *Cluster
+	assert.Nil(t, nc.HostIDs())
+	_, ok = nc.Host("a")
+	assert.False(t, ok)
+}
