@@ -153,7 +153,8 @@ func (t *Tree) PCI(parent, addr string, f PCI) string {
 		t.File(d+"/current_link_width", fmt.Sprint(f.LinkWidth))
 	}
 	if f.Driver != "" {
-		t.Dir("sys/bus/pci/drivers/" + f.Driver)
+		// A file keeps the directory in git, which stores no empty ones.
+		t.File("sys/bus/pci/drivers/"+f.Driver+"/uevent", "DRIVER="+f.Driver)
 		t.Link(d+"/driver", "/sys/bus/pci/drivers/"+f.Driver)
 	}
 	t.Link("sys/bus/pci/devices/"+addr, "/"+d)
