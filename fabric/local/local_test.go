@@ -15,7 +15,7 @@ import (
 
 type nopPin struct{ tensor.Buffer }
 
-func (nopPin) Release() error   { return nil }
+func (nopPin) Release() error  { return nil }
 func (p nopPin) Bytes() []byte { return p.Buffer.(tensor.HostVisible).Bytes() }
 
 func TestLocalAndP2P(t *testing.T) {

@@ -196,11 +196,12 @@ func TestAuthorizeRefusesPeer(t *testing.T) {
 	assert.Equal(t, int64(0), f.opens.Load(), "no object was touched")
 }
 
-func TestCancelMidTransfer(t *testing.T) {
-	// A server that sends the status and then stalls.
+// misbehavingOwner serves one authenticated connection, reads one request
+// and then hands the connection to misbehave. It returns a Remote of length
+// n that points at it; the server goroutine ends before the test does.
+func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Remote {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer ln.Close()
 	ownerKey, ownerID := key(t)
 	done := make(chan struct{})
 	go func() {
@@ -214,78 +215,53 @@ func TestCancelMidTransfer(t *testing.T) {
 			return
 		}
 		readRequestFrom(c)
-		c.Write([]byte{statusOK})
-		io.Copy(io.Discard, c) // until the reader hangs up
+		misbehave(c)
 	}()
-	readerKey, _ := key(t)
-	tr, err := New(Config{Identity: readerKey})
+	t.Cleanup(func() { ln.Close(); <-done })
+	return fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.TCP: ln.Addr().String()}, Length: n}
+}
+
+// readOnce reads r with a fresh transport into fresh host memory.
+func readOnce(t *testing.T, ctx context.Context, cfg Config, r fabric.Remote) error {
+	cfg.Identity, _ = key(t)
+	tr, err := New(cfg)
 	require.NoError(t, err)
 	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	r := fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.TCP: ln.Addr().String()}, Length: 1 << 20}
-	dst, _ := tensor.NewHostMemory(0).Alloc(context.Background(), 1<<20)
+	dst, err := tensor.NewHostMemory(0).Alloc(context.Background(), r.Length)
+	require.NoError(t, err)
 	defer dst.Release()
 	_, err = tr.Read(ctx, r, dst)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	<-done
+	return err
+}
+
+func TestCancelMidTransfer(t *testing.T) {
+	r := misbehavingOwner(t, 1<<20, func(c net.Conn) {
+		c.Write([]byte{statusOK})
+		io.Copy(io.Discard, c) // until the reader hangs up
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, readOnce(t, ctx, Config{}, r), context.DeadlineExceeded)
 }
 
 func TestStallDetected(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	ownerKey, ownerID := key(t)
 	release := make(chan struct{})
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		serverHandshake(c, ownerKey, nil)
-		readRequestFrom(c)
+	r := misbehavingOwner(t, 4096, func(c net.Conn) {
 		c.Write([]byte{statusOK})
 		<-release
-	}()
+	})
 	defer close(release)
-	readerKey, _ := key(t)
-	tr, err := New(Config{Identity: readerKey, StallTimeout: 100 * time.Millisecond})
-	require.NoError(t, err)
-	defer tr.Close()
-	r := fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.TCP: ln.Addr().String()}, Length: 4096}
-	dst, _ := tensor.NewHostMemory(0).Alloc(context.Background(), 4096)
-	defer dst.Release()
-	_, err = tr.Read(context.Background(), r, dst)
+	err := readOnce(t, context.Background(), Config{StallTimeout: 100 * time.Millisecond}, r)
 	assert.ErrorIs(t, err, fabric.ErrStalled)
 }
 
 func TestCorruptChunkDetected(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	ownerKey, ownerID := key(t)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		serverHandshake(c, ownerKey, nil)
-		readRequestFrom(c)
+	r := misbehavingOwner(t, 4, func(c net.Conn) {
 		// length 4, crc of something else
 		c.Write([]byte{statusOK, 0, 0, 0, 4, 1, 2, 3, 4, 'd', 'a', 't', 'a'})
 		io.Copy(io.Discard, c)
-	}()
-	readerKey, _ := key(t)
-	tr, err := New(Config{Identity: readerKey})
-	require.NoError(t, err)
-	defer tr.Close()
-	r := fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.TCP: ln.Addr().String()}, Length: 4}
-	dst, _ := tensor.NewHostMemory(0).Alloc(context.Background(), 4)
-	defer dst.Release()
-	_, err = tr.Read(context.Background(), r, dst)
-	assert.ErrorIs(t, err, fabric.ErrCorrupt)
+	})
+	assert.ErrorIs(t, readOnce(t, context.Background(), Config{}, r), fabric.ErrCorrupt)
 }
 
 func TestServerRejectsGarbage(t *testing.T) {
