@@ -40,8 +40,14 @@ func Terminal(err error) bool {
 // PathError records which transport failed and why.
 type PathError struct {
 	Transport string
+	Attempt   int // 1 for the first try of this path
 	Err       error
 }
 
-func (e *PathError) Error() string { return "fabric: " + e.Transport + ": " + e.Err.Error() }
+func (e *PathError) Error() string {
+	if e.Attempt > 1 {
+		return fmt.Sprintf("fabric: %s (try %d): %v", e.Transport, e.Attempt, e.Err)
+	}
+	return "fabric: " + e.Transport + ": " + e.Err.Error()
+}
 func (e *PathError) Unwrap() error { return e.Err }

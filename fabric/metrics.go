@@ -8,6 +8,7 @@ type Metrics struct {
 	Bytes     *prometheus.CounterVec   // tensorlane_transfer_bytes_total{transport}
 	Transfers *prometheus.CounterVec   // tensorlane_transfers_total{transport,result}
 	Fallbacks *prometheus.CounterVec   // tensorlane_fallbacks_total{from,to}
+	Retries   *prometheus.CounterVec   // tensorlane_path_retries_total{transport}
 	Degraded  *prometheus.CounterVec   // tensorlane_degraded_transfers_total{best,used}
 	Seconds   *prometheus.HistogramVec // tensorlane_transfer_seconds{transport}
 }
@@ -25,6 +26,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_fallbacks_total", Help: "Transfers that failed on one transport and were retried on the next.",
 		}, []string{"from", "to"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_path_retries_total", Help: "Failed transfers tried again on the same transport.",
+		}, []string{"transport"}),
 		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_degraded_transfers_total", Help: "Transfers that used a worse transport than the topology allows.",
 		}, []string{"best", "used"}),
@@ -34,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"transport"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Degraded, m.Seconds)
+		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Retries, m.Degraded, m.Seconds)
 	}
 	return m
 }

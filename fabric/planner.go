@@ -28,6 +28,13 @@ type PlannerConfig struct {
 	Deny     []string
 	Logger   *slog.Logger
 	Metrics  *Metrics
+	// Attempts is how many times one path is tried before the planner falls
+	// back to the next; default 2. Only errors that another try might not
+	// repeat (a dropped connection, a stall) are retried.
+	Attempts int
+	// RetryBackoff is the pause before the second try of a path, doubling
+	// for each further try; default 20 ms.
+	RetryBackoff time.Duration
 }
 
 // ParseSelection parses the TENSORLANE_TRANSPORTS syntax: a comma list of
@@ -71,6 +78,8 @@ type Candidate struct {
 	Usable    bool    `json:"usable"`
 	GBps      float64 `json:"gbps,omitempty"`
 	Reason    string  `json:"reason"`
+
+	t Transport // nil for the best path when this runtime does not run it
 }
 
 // Plan is the planner's decision for one source and destination.
@@ -82,6 +91,16 @@ type Plan struct {
 	Chosen     string        `json:"chosen"`   // the first usable candidate; "" when none
 	Degraded   bool          `json:"degraded"` // Chosen is worse than Best
 	Candidates []Candidate   `json:"candidates"`
+}
+
+// ChosenTransport returns the transport behind Chosen, or nil.
+func (p Plan) ChosenTransport() Transport {
+	for _, c := range p.Candidates {
+		if c.Usable && c.Transport == p.Chosen {
+			return c.t
+		}
+	}
+	return nil
 }
 
 // String renders the plan for people, one candidate a line.
@@ -114,6 +133,12 @@ func NewPlanner(cfg PlannerConfig, transports ...Transport) (*Planner, error) {
 		if !slices.Contains(Preference, n) {
 			return nil, fmt.Errorf("fabric: unknown transport %q in allow/deny list", n)
 		}
+	}
+	if cfg.Attempts <= 0 {
+		cfg.Attempts = 2
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = 20 * time.Millisecond
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -187,7 +212,7 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 	ts := slices.Clone(p.transports)
 	slices.SortStableFunc(ts, func(a, b Transport) int { return quality(a.Name(), src, dst) - quality(b.Name(), src, dst) })
 	for _, t := range ts {
-		c := Candidate{Transport: t.Name()}
+		c := Candidate{Transport: t.Name(), t: t}
 		switch cost, ok := t.Reach(src, dst); {
 		case len(p.cfg.Allow) > 0 && !slices.Contains(p.cfg.Allow, t.Name()):
 			c.Reason = "not in the allow list"
@@ -215,24 +240,56 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 	return plan
 }
 
-// Transport returns the configured transport with the given name.
-func (p *Planner) Transport(name string) (Transport, bool) {
+// Transports returns the configured transports with the given name (there
+// may be several: an in-process and a cross-process "p2p").
+func (p *Planner) Transports(name string) []Transport {
+	var out []Transport
 	for _, t := range p.transports {
 		if t.Name() == name {
-			return t, true
+			out = append(out, t)
 		}
 	}
-	return nil, false
+	return out
 }
 
 // Read moves src into buf (which lives at dst) on the best usable transport,
-// falling back to the next candidate when a path fails for a reason that
-// another path might not share. Every fallback and every degraded transfer
-// is logged and counted.
+// retrying a path that failed for a passing reason and then falling back to
+// the next candidate. Every fallback and every degraded transfer is logged
+// and counted.
 func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor.Buffer) (Stats, Plan, error) {
 	plan := p.Plan(src.Endpoint, dst)
+	st, err := p.run(ctx, &plan, src.Claim.Object, func(t Transport) (Stats, error) { return t.Read(ctx, src, buf) })
+	return st, plan, err
+}
+
+// Write pushes buf, an object of this runtime that lives at src, into the
+// reader-allocated buffer that dst names, on the best transport that can
+// push (implements Writer), with the same retries, fallback and accounting
+// as Read.
+func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, dst Remote) (Stats, Plan, error) {
+	plan := p.Plan(src, dst.Endpoint)
+	for i, c := range plan.Candidates {
+		if _, ok := c.t.(Writer); c.Usable && !ok {
+			plan.Candidates[i].Usable = false
+			plan.Candidates[i].Reason = "cannot push (pull only)"
+		}
+	}
+	plan.Chosen = ""
+	for _, c := range plan.Candidates {
+		if c.Usable {
+			plan.Chosen = c.Transport
+			break
+		}
+	}
+	plan.Degraded = plan.Chosen != "" && quality(plan.Chosen, src, dst.Endpoint) > quality(plan.Best, src, dst.Endpoint)
+	st, err := p.run(ctx, &plan, dst.Claim.Object, func(t Transport) (Stats, error) { return t.(Writer).Write(ctx, buf, dst) })
+	return st, plan, err
+}
+
+// run tries the plan's usable candidates in order.
+func (p *Planner) run(ctx context.Context, plan *Plan, obj ObjectID, move func(Transport) (Stats, error)) (Stats, error) {
 	if plan.Chosen == "" {
-		return Stats{}, plan, fmt.Errorf("%w: %v -> %v", ErrNoPath, src.Endpoint, dst)
+		return Stats{}, fmt.Errorf("%w: %v -> %v", ErrNoPath, plan.Src, plan.Dst)
 	}
 	var errs []error
 	var prev string
@@ -240,35 +297,57 @@ func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor
 		if !c.Usable {
 			continue
 		}
-		t, _ := p.Transport(c.Transport)
 		if prev != "" {
 			p.log.Warn("transfer falling back to a worse path", "from", prev, "to", c.Transport,
-				"object", src.Claim.Object, "src", src.Endpoint, "dst", dst, "err", errs[len(errs)-1])
+				"object", obj, "src", plan.Src, "dst", plan.Dst, "err", errs[len(errs)-1])
 			if p.cfg.Metrics != nil {
 				p.cfg.Metrics.Fallbacks.WithLabelValues(prev, c.Transport).Inc()
 			}
 		}
-		if quality(c.Transport, src.Endpoint, dst) > quality(plan.Best, src.Endpoint, dst) {
-			p.warnDegraded(plan.Best, c.Transport, plan.Path, src.Endpoint, dst)
+		if quality(c.Transport, plan.Src, plan.Dst) > quality(plan.Best, plan.Src, plan.Dst) {
+			p.warnDegraded(plan.Best, c.Transport, plan.Path, plan.Src, plan.Dst)
 			if p.cfg.Metrics != nil {
 				p.cfg.Metrics.Degraded.WithLabelValues(plan.Best, c.Transport).Inc()
 			}
 		}
-		start := time.Now()
-		st, err := t.Read(ctx, src, buf)
-		p.count(c.Transport, st, time.Since(start), err)
-		if err == nil {
-			plan.Chosen = c.Transport
-			return st, plan, nil
-		}
-		err = &PathError{Transport: c.Transport, Err: err}
-		errs = append(errs, err)
-		if Terminal(err) || ctx.Err() != nil {
-			return st, plan, err
+		for attempt := 1; ; attempt++ {
+			start := time.Now()
+			st, err := move(c.t)
+			p.count(c.Transport, st, time.Since(start), err)
+			if err == nil {
+				plan.Chosen = c.Transport
+				return st, nil
+			}
+			err = &PathError{Transport: c.Transport, Attempt: attempt, Err: err}
+			errs = append(errs, err)
+			if Terminal(err) || ctx.Err() != nil {
+				return st, err
+			}
+			if attempt >= p.cfg.Attempts {
+				break
+			}
+			p.log.Info("retrying a failed path", "transport", c.Transport, "attempt", attempt+1, "object", obj, "err", err)
+			if p.cfg.Metrics != nil {
+				p.cfg.Metrics.Retries.WithLabelValues(c.Transport).Inc()
+			}
+			if err := sleepCtx(ctx, p.cfg.RetryBackoff<<(attempt-1)); err != nil {
+				return Stats{}, errors.Join(append(errs, err)...)
+			}
 		}
 		prev = c.Transport
 	}
-	return Stats{}, plan, errors.Join(errs...)
+	return Stats{}, errors.Join(errs...)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // warnDegraded logs a degraded pair of hosts once at Warn and then at Debug,

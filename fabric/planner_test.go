@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -105,8 +106,68 @@ func TestReadFallsBackAndCounts(t *testing.T) {
 	assert.Equal(t, fabric.TCP, plan.Chosen)
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.Fallbacks.WithLabelValues("p2p", "tcp")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.Degraded.WithLabelValues("p2p", "tcp")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(m.Transfers.WithLabelValues("p2p", "error")))
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.Transfers.WithLabelValues("p2p", "error")), "tried twice, then fell back")
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.Retries.WithLabelValues("p2p")))
+	assert.Equal(t, 2, broken.reads)
 	assert.Equal(t, 10.0, testutil.ToFloat64(m.Bytes.WithLabelValues("tcp")))
+}
+
+// flaky fails its first n reads.
+type flaky struct {
+	fake
+	failures int
+}
+
+func (f *flaky) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	f.reads++
+	if f.reads <= f.failures {
+		return fabric.Stats{}, fabric.ErrStalled
+	}
+	return fabric.Stats{Transport: f.name, Bytes: src.Length}, nil
+}
+
+func TestReadRetriesAPassingFailureOnTheSamePath(t *testing.T) {
+	tests := []struct {
+		attempts, failures int
+		want               string
+	}{
+		{attempts: 0, failures: 1, want: fabric.P2P}, // default: two tries
+		{attempts: 3, failures: 2, want: fabric.P2P},
+		{attempts: 1, failures: 1, want: fabric.TCP},
+		{attempts: 2, failures: 5, want: fabric.TCP},
+	}
+	for _, tc := range tests {
+		first := &flaky{fake: fake{name: fabric.P2P}, failures: tc.failures}
+		p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Attempts: tc.attempts, RetryBackoff: time.Millisecond}, first, &fake{name: fabric.TCP})
+		require.NoError(t, err)
+		src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+		st, _, err := p.Read(context.Background(), fabric.Remote{Endpoint: src}, fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(1)}, nil)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, st.Transport, "%+v", tc)
+	}
+}
+
+// pusher is a fake that can also push.
+type pusher struct{ fake }
+
+func (p *pusher) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	p.reads++
+	return fabric.Stats{Transport: p.name, Bytes: dst.Length}, p.err
+}
+
+func TestWriteUsesOnlyTransportsThatPush(t *testing.T) {
+	pullOnly := &fake{name: fabric.P2P}
+	push := &pusher{fake: fake{name: fabric.TCP}}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t)}, pullOnly, push)
+	require.NoError(t, err)
+	src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	dst := fabric.Remote{Endpoint: fabric.Endpoint{Process: "b", Host: "h0", Device: tensor.GPUDevice(1)}, Length: 7}
+	st, plan, err := p.Write(context.Background(), src, nil, dst)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, st.Transport)
+	assert.True(t, plan.Degraded)
+	assert.Equal(t, 0, pullOnly.reads)
+	assert.Contains(t, plan.String(), "cannot push")
 }
 
 func TestTerminalErrorsDoNotFallBack(t *testing.T) {

@@ -111,6 +111,22 @@ type Viewer interface {
 	View(ctx context.Context, src Remote) (tensor.Buffer, error)
 }
 
+// Writer is the optional capability of transports that can push: the owner
+// writes an object's bytes into a buffer the reader allocated and exposed
+// through its Sink (broadcast-style weight sync). dst.Claim names the
+// reader's sink; dst.Length bytes of src are written at dst.Offset.
+type Writer interface {
+	Write(ctx context.Context, src tensor.Buffer, dst Remote) (Stats, error)
+}
+
+// Sink is the reader side of a push: it resolves a claim to a buffer the
+// reader allocated for the owner to write into. The returned buffer pins the
+// sink until released; the reader sees the data only after the push returned
+// without error.
+type Sink interface {
+	OpenSink(ctx context.Context, c Claim) (tensor.Buffer, error)
+}
+
 // Source is the owner side of every transport: it resolves a claim to the
 // object's memory. The returned buffer pins the object for the duration of
 // the read; releasing it unpins (it never frees memory another holder uses).

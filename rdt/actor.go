@@ -162,8 +162,7 @@ func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 
 	if plan.Chosen == fabric.Local && ref.Device == dst {
 		start := time.Now()
-		t, _ := a.rt.planner.Transport(fabric.Local)
-		buf, err := t.(fabric.Viewer).View(ctx, remote)
+		buf, err := plan.ChosenTransport().(fabric.Viewer).View(ctx, remote)
 		if err != nil {
 			return tensor.Tensor{}, Transfer{Plan: plan}, err
 		}

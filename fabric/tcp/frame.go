@@ -12,7 +12,7 @@ import (
 //
 //	op (1) = opRead | object (16) | incarnation (8) | token length (1) | token | offset (8) | length (8)
 //
-// The reply is a status byte; on statusOK the data follows as chunks of
+// The reply is a status byte; on StatusOK the data follows as chunks of
 // header (length (4) | crc32c (4)) and bytes, until length bytes are sent.
 // On any other status a length-prefixed message follows.
 const (

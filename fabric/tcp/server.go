@@ -17,6 +17,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -127,7 +128,7 @@ func (s *Server) serve(c net.Conn) {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	who, err := serverHandshake(c, s.cfg.Identity, s.cfg.Authorize)
+	who, err := peerauth.Server(c, s.cfg.Identity, s.cfg.Authorize)
 	if err != nil {
 		s.cfg.Logger.Warn("data connection refused", "remote", c.RemoteAddr(), "err", err)
 		return
@@ -140,7 +141,7 @@ func (s *Server) serve(c net.Conn) {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("data connection ended", "peer", who, "err", err)
 				if errors.Is(err, fabric.ErrBadRequest) {
-					writeStatus(c, statusBadRequest, err.Error())
+					peerauth.WriteStatus(c, peerauth.StatusBadRequest, err.Error())
 				}
 			}
 			return
@@ -160,7 +161,7 @@ func (s *Server) handle(c net.Conn, req readRequest) error {
 	cancel()
 	if err != nil {
 		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		return writeStatus(c, statusFor(err), err.Error())
+		return peerauth.WriteStatus(c, peerauth.StatusFor(err), err.Error())
 	}
 	defer pin.Release()
 	var data []byte
@@ -169,10 +170,10 @@ func (s *Server) handle(c net.Conn, req readRequest) error {
 	}
 	if err != nil {
 		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		return writeStatus(c, statusFor(err), err.Error())
+		return peerauth.WriteStatus(c, peerauth.StatusFor(err), err.Error())
 	}
 	data = data[req.offset : req.offset+req.length]
-	status := []byte{statusOK}
+	status := []byte{peerauth.StatusOK}
 	var hdr [chunkHeader]byte
 	if len(data) == 0 {
 		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -211,7 +212,7 @@ func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Re
 			return
 		}
 		defer c.Close()
-		if _, err := serverHandshake(c, ownerKey, nil); err != nil {
+		if _, err := peerauth.Server(c, ownerKey, nil); err != nil {
 			return
 		}
 		readRequestFrom(c)
@@ -236,7 +237,7 @@ func readOnce(t *testing.T, ctx context.Context, cfg Config, r fabric.Remote) er
 
 func TestCancelMidTransfer(t *testing.T) {
 	r := misbehavingOwner(t, 1<<20, func(c net.Conn) {
-		c.Write([]byte{statusOK})
+		c.Write([]byte{peerauth.StatusOK})
 		io.Copy(io.Discard, c) // until the reader hangs up
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -247,7 +248,7 @@ func TestCancelMidTransfer(t *testing.T) {
 func TestStallDetected(t *testing.T) {
 	release := make(chan struct{})
 	r := misbehavingOwner(t, 4096, func(c net.Conn) {
-		c.Write([]byte{statusOK})
+		c.Write([]byte{peerauth.StatusOK})
 		<-release
 	})
 	defer close(release)
@@ -258,7 +259,7 @@ func TestStallDetected(t *testing.T) {
 func TestCorruptChunkDetected(t *testing.T) {
 	r := misbehavingOwner(t, 4, func(c net.Conn) {
 		// length 4, crc of something else
-		c.Write([]byte{statusOK, 0, 0, 0, 4, 1, 2, 3, 4, 'd', 'a', 't', 'a'})
+		c.Write([]byte{peerauth.StatusOK, 0, 0, 0, 4, 1, 2, 3, 4, 'd', 'a', 't', 'a'})
 		io.Copy(io.Discard, c)
 	})
 	assert.ErrorIs(t, readOnce(t, context.Background(), Config{}, r), fabric.ErrCorrupt)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -173,7 +174,7 @@ func (t *Transport) readRange(ctx context.Context, want peer.ID, addr string, cl
 			}
 			return err
 		}
-		var re *RemoteError
+		var re *peerauth.RemoteError
 		switch {
 		case err == nil, errors.As(err, &re):
 			t.put(c) // the connection is still in step
@@ -197,12 +198,12 @@ func (t *Transport) exchange(c *conn, claim fabric.Claim, off int64, p []byte) e
 	if _, err := io.ReadFull(c, status[:]); err != nil {
 		return t.ioError(err)
 	}
-	if status[0] != statusOK {
-		msg, err := readField(c, maxMessage)
+	if status[0] != peerauth.StatusOK {
+		msg, err := peerauth.ReadField(c, peerauth.MaxMessage)
 		if err != nil {
 			return t.ioError(err)
 		}
-		return statusError(status[0], string(msg))
+		return peerauth.StatusError(status[0], string(msg))
 	}
 	var hdr [chunkHeader]byte
 	for pos := 0; pos < len(p); {
@@ -281,7 +282,7 @@ func (t *Transport) dial(ctx context.Context, want peer.ID, addr string) (*conn,
 	}
 	stop := context.AfterFunc(dctx, func() { nc.Close() })
 	nc.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	_, err = clientHandshake(nc, t.cfg.Identity, want)
+	_, err = peerauth.Client(nc, t.cfg.Identity, want)
 	if !stop() && err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

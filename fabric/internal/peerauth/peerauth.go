@@ -1,4 +1,8 @@
-package tcp
+// Package peerauth authenticates tensorlane data connections (tcp, shm, the
+// software rdma provider) against the libp2p identities of both ends, and
+// carries the status codes every data protocol answers with. It is shared so
+// that every path admits exactly the same peers in exactly the same way.
+package peerauth
 
 import (
 	"crypto/rand"
@@ -27,7 +31,7 @@ const (
 	nonceLen   = 32
 	maxKeyLen  = 1024
 	maxSigLen  = 1024
-	maxMessage = 1024
+	MaxMessage = 1024 // longest status message
 )
 
 func transcript(role string, cn, sn, key []byte) []byte {
@@ -37,7 +41,8 @@ func transcript(role string, cn, sn, key []byte) []byte {
 	return append(out, key...)
 }
 
-func writeField(w io.Writer, p []byte) error {
+// WriteField writes p with a two-byte length prefix.
+func WriteField(w io.Writer, p []byte) error {
 	var n [2]byte
 	binary.BigEndian.PutUint16(n[:], uint16(len(p)))
 	if _, err := w.Write(append(n[:], p...)); err != nil {
@@ -46,7 +51,8 @@ func writeField(w io.Writer, p []byte) error {
 	return nil
 }
 
-func readField(r io.Reader, max int) ([]byte, error) {
+// ReadField reads a length-prefixed field of at most max bytes.
+func ReadField(r io.Reader, max int) ([]byte, error) {
 	var n [2]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return nil, err
@@ -72,9 +78,9 @@ func publicKeyOf(raw []byte) (crypto.PubKey, peer.ID, error) {
 	return pub, id, nil
 }
 
-// clientHandshake authenticates the server as want (when not empty) and
+// Client authenticates the server as want (when not empty) and
 // proves our identity to it.
-func clientHandshake(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.ID, error) {
+func Client(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.ID, error) {
 	cn := make([]byte, nonceLen)
 	rand.Read(cn)
 	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
@@ -85,18 +91,18 @@ func clientHandshake(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.I
 	if _, err := rw.Write(hello); err != nil {
 		return "", err
 	}
-	if err := writeField(rw, ourKey); err != nil {
+	if err := WriteField(rw, ourKey); err != nil {
 		return "", err
 	}
 	sn := make([]byte, nonceLen)
 	if _, err := io.ReadFull(rw, sn); err != nil {
 		return "", err
 	}
-	theirKey, err := readField(rw, maxKeyLen)
+	theirKey, err := ReadField(rw, maxKeyLen)
 	if err != nil {
 		return "", err
 	}
-	sig, err := readField(rw, maxSigLen)
+	sig, err := ReadField(rw, maxSigLen)
 	if err != nil {
 		return "", err
 	}
@@ -114,23 +120,23 @@ func clientHandshake(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.I
 	if err != nil {
 		return "", err
 	}
-	if err := writeField(rw, ourSig); err != nil {
+	if err := WriteField(rw, ourSig); err != nil {
 		return "", err
 	}
 	var status [1]byte
 	if _, err := io.ReadFull(rw, status[:]); err != nil {
 		return "", err
 	}
-	if status[0] != statusOK {
-		msg, _ := readField(rw, maxMessage)
-		return "", statusError(status[0], string(msg))
+	if status[0] != StatusOK {
+		msg, _ := ReadField(rw, MaxMessage)
+		return "", StatusError(status[0], string(msg))
 	}
 	return id, nil
 }
 
-// serverHandshake authenticates the client and asks authorize whether it may
+// Server authenticates the client and asks authorize whether it may
 // use the data service.
-func serverHandshake(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error) (peer.ID, error) {
+func Server(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error) (peer.ID, error) {
 	hello := make([]byte, len(magic)+nonceLen)
 	if _, err := io.ReadFull(rw, hello); err != nil {
 		return "", err
@@ -139,7 +145,7 @@ func serverHandshake(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.I
 		return "", fmt.Errorf("%w: not a tensorlane data connection", fabric.ErrBadRequest)
 	}
 	cn := hello[len(magic):]
-	theirKey, err := readField(rw, maxKeyLen)
+	theirKey, err := ReadField(rw, maxKeyLen)
 	if err != nil {
 		return "", err
 	}
@@ -160,62 +166,64 @@ func serverHandshake(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.I
 	if _, err := rw.Write(sn); err != nil {
 		return "", err
 	}
-	if err := writeField(rw, ourKey); err != nil {
+	if err := WriteField(rw, ourKey); err != nil {
 		return "", err
 	}
-	if err := writeField(rw, sig); err != nil {
+	if err := WriteField(rw, sig); err != nil {
 		return "", err
 	}
-	theirSig, err := readField(rw, maxSigLen)
+	theirSig, err := ReadField(rw, maxSigLen)
 	if err != nil {
 		return "", err
 	}
 	if ok, err := pub.Verify(transcript("client", cn, sn, ourKey), theirSig); err != nil || !ok {
-		writeStatus(rw, statusUnauthorized, "client signature does not verify")
+		WriteStatus(rw, StatusUnauthorized, "client signature does not verify")
 		return "", fmt.Errorf("%w: client signature does not verify", fabric.ErrUnauthorized)
 	}
 	if authorize != nil {
 		if err := authorize(id); err != nil {
-			writeStatus(rw, statusUnauthorized, "peer not admitted")
+			WriteStatus(rw, StatusUnauthorized, "peer not admitted")
 			return "", fmt.Errorf("%w: %v", fabric.ErrUnauthorized, err)
 		}
 	}
-	_, err = rw.Write([]byte{statusOK})
+	_, err = rw.Write([]byte{StatusOK})
 	return id, err
 }
 
-func writeStatus(w io.Writer, code byte, msg string) error {
+// WriteStatus writes a status code and its message.
+func WriteStatus(w io.Writer, code byte, msg string) error {
 	if _, err := w.Write([]byte{code}); err != nil {
 		return err
 	}
-	return writeField(w, []byte(msg))
+	return WriteField(w, []byte(msg))
 }
 
 // Wire status codes.
 const (
-	statusOK byte = iota
-	statusNotFound
-	statusFreed
-	statusStale
-	statusUnauthorized
-	statusBadRequest
-	statusInternal
+	StatusOK byte = iota
+	StatusNotFound
+	StatusFreed
+	StatusStale
+	StatusUnauthorized
+	StatusBadRequest
+	StatusInternal
 )
 
-func statusFor(err error) byte {
+// StatusFor maps an error to the status code that carries it over the wire.
+func StatusFor(err error) byte {
 	switch {
 	case errors.Is(err, fabric.ErrObjectNotFound):
-		return statusNotFound
+		return StatusNotFound
 	case errors.Is(err, fabric.ErrObjectFreed):
-		return statusFreed
+		return StatusFreed
 	case errors.Is(err, fabric.ErrStaleRef):
-		return statusStale
+		return StatusStale
 	case errors.Is(err, fabric.ErrUnauthorized):
-		return statusUnauthorized
+		return StatusUnauthorized
 	case errors.Is(err, fabric.ErrBadRequest):
-		return statusBadRequest
+		return StatusBadRequest
 	}
-	return statusInternal
+	return StatusInternal
 }
 
 // RemoteError is an error the owner reported for a request.
@@ -228,11 +236,13 @@ type RemoteError struct {
 func (e *RemoteError) Error() string { return "owner: " + e.Message }
 func (e *RemoteError) Unwrap() error { return e.kind }
 
-func statusError(code byte, msg string) error {
+// StatusError turns a status code and message from the owner back into an
+// error that matches the fabric sentinel it stands for.
+func StatusError(code byte, msg string) error {
 	kind := map[byte]error{
-		statusNotFound: fabric.ErrObjectNotFound, statusFreed: fabric.ErrObjectFreed,
-		statusStale: fabric.ErrStaleRef, statusUnauthorized: fabric.ErrUnauthorized,
-		statusBadRequest: fabric.ErrBadRequest,
+		StatusNotFound: fabric.ErrObjectNotFound, StatusFreed: fabric.ErrObjectFreed,
+		StatusStale: fabric.ErrStaleRef, StatusUnauthorized: fabric.ErrUnauthorized,
+		StatusBadRequest: fabric.ErrBadRequest,
 	}[code]
 	if kind == nil {
 		kind = errors.New("fabric: owner internal error")
