@@ -134,7 +134,10 @@ func isGPUClass(fn PCIFunction) bool {
 
 // ---- NVIDIA ----
 
-type nvidiaPlugin struct{ basePlugin }
+type nvidiaPlugin struct {
+	basePlugin
+	nvml nvmlReader // nil: the live library, read only when discovering this machine
+}
 
 // NVIDIAPlugin discovers NVIDIA GPUs from PCI (vendor 0x10de, display and
 // 3D classes) and NVSwitches (class 0x0680). Without NVML it infers
@@ -142,7 +145,7 @@ type nvidiaPlugin struct{ basePlugin }
 // and says so in a warning; NVLink peers and the fabric clique (the NVL72
 // domain) come from NVML or, without it, from the LabelNVLinkDomain label.
 func NVIDIAPlugin() Plugin {
-	return &nvidiaPlugin{basePlugin{name: "nvidia", maturity: Beta, vendors: []uint16{VendorNVIDIA}}}
+	return &nvidiaPlugin{basePlugin: basePlugin{name: "nvidia", maturity: Beta, vendors: []uint16{VendorNVIDIA}}}
 }
 
 func (p *nvidiaPlugin) Discover(ctx context.Context, s *Scan) error {
@@ -175,8 +178,9 @@ func (p *nvidiaPlugin) Discover(ctx context.Context, s *Scan) error {
 			s.Warn(imexNodes, "NVLink domain %s taken from the IMEX node list (NVML fabric clique not read)", dom)
 		}
 	}
-	// NVLink from NVML is not built in (see docs/accelerators.md): infer.
-	s.Warn("", "NVML not used (libnvidia-ml support not built in): NVLink peers and fabric clique not read; PCI-only")
+	if p.readNVML(s, idx, fns, infos) {
+		return nil
+	}
 	info := infos[0]
 	same := true
 	for _, in := range infos {
@@ -187,6 +191,25 @@ func (p *nvidiaPlugin) Discover(ctx context.Context, s *Scan) error {
 		s.Warn("", "NVLink all-to-all (NV%d) inferred from %d NVSwitch(es) and the GPU model", info.lanes, switches)
 	}
 	return nil
+}
+
+// readNVML applies NVML's view when it can be had and reports whether it
+// described the NVLinks; otherwise it says why not, and the caller infers.
+func (p *nvidiaPlugin) readNVML(s *Scan, idx []int, fns []PCIFunction, infos []chipInfo) bool {
+	read := p.nvml
+	if read == nil {
+		if s.FS.Root() != "/" {
+			s.Warn("", "NVML not used (discovery root is a saved tree, not this machine): NVLink peers and fabric clique not read; PCI-only")
+			return false
+		}
+		read = liveNVML
+	}
+	gpus, err := read()
+	if err != nil {
+		s.Warn("", "NVML not used (%v): NVLink peers and fabric clique not read; PCI-only", err)
+		return false
+	}
+	return applyNVML(s, idx, fns, infos, gpus)
 }
 
 const imexNodes = "etc/nvidia-imex/nodes_config.cfg"
