@@ -145,6 +145,13 @@ func (a *Actor) Get(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.T
 
 // Fetch is Get that also reports the plan and the transfer's statistics.
 func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
+	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst)) // observe.go
+	t, x, err := a.fetch(ctx, ref, dst)
+	done(x, err)
+	return t, x, err
+}
+
+func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
 	if a.rt.isClosed() {
 		return tensor.Tensor{}, Transfer{}, ErrClosed
 	}
@@ -199,6 +206,13 @@ func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 // GetInto reads the ref's tensor into dst, a tensor the caller allocated
 // with the same number of bytes (for reuse of buffers across weight syncs).
 func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
+	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
+	x, err := a.getInto(ctx, ref, dst)
+	done(x, err)
+	return x, err
+}
+
+func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
 	if a.rt.isClosed() {
 		return Transfer{}, ErrClosed
 	}

@@ -46,6 +46,7 @@ type Runtime struct {
 	tcpTr    *tcp.Transport
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
+	obs      observer // recent and live transfers, for dashboards (observe.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -103,6 +104,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
+	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, StallTimeout: c.StallTimeout, Logger: r.log})
 	if err != nil {
