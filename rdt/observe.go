@@ -44,13 +44,13 @@ type TransferRecord struct {
 
 // ObjectInfo is one row of a runtime's object table.
 type ObjectInfo struct {
-	ID     string `json:"id"`
-	Host   string `json:"host"`
-	Owner  string `json:"owner"` // owning actor
-	Device string `json:"device"`
-	DType  string `json:"dtype"`
+	ID     string  `json:"id"`
+	Host   string  `json:"host"`
+	Owner  string  `json:"owner"` // owning actor
+	Device string  `json:"device"`
+	DType  string  `json:"dtype"`
 	Shape  []int64 `json:"shape"`
-	Bytes  int64  `json:"bytes"`
+	Bytes  int64   `json:"bytes"`
 	// Pins counts reads in flight that hold the object's memory.
 	Pins int `json:"pins"`
 }
