@@ -1,0 +1,558 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// The worker protocol, one JSON object per line.
+//
+// The driver writes requests on stdin:
+//
+//	{"id":1,"op":"info"}
+//	{"id":2,"op":"connect","peer":"12D3…","addrs":["/ip4/10.0.0.2/tcp/4001"]}
+//	{"id":3,"op":"put","size":1048576,"seed":7,"device":"gpu:0"}
+//	{"id":4,"op":"get","ref":"<base64>","device":"gpu:1","seed":7,"timeout_ms":5000}
+//	{"id":5,"op":"free","ref":"<base64>"}
+//	{"id":6,"op":"exit"}
+//
+// and the worker answers each on stdout with the same id, in completion
+// order (requests run concurrently, so a get in flight does not hold up an
+// info):
+//
+//	{"id":4,"ok":true,"bytes":1048576,"seconds":0.01,"path":"tcp","verified":true}
+//	{"id":4,"ok":false,"code":"peer_closed","error":"…"}
+//
+// Before the first request it prints {"event":"ready","info":{…}}. "code"
+// names the typed error (see errorCode) so a driver in another process can
+// tell the conditions apart. Closing stdin, SIGTERM and "exit" all shut the
+// runtime down cleanly; SIGKILL is the abrupt death the fault tests want.
+type workerRequest struct {
+	ID        int64    `json:"id"`
+	Op        string   `json:"op"`
+	Size      int64    `json:"size,omitempty"`
+	Seed      uint64   `json:"seed,omitempty"`
+	Device    string   `json:"device,omitempty"`
+	Ref       string   `json:"ref,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	Peer      string   `json:"peer,omitempty"`
+	Addrs     []string `json:"addrs,omitempty"`
+	// NoVerify skips the byte-for-byte check of a get (for throughput runs).
+	NoVerify bool `json:"no_verify,omitempty"`
+}
+
+type workerReply struct {
+	ID       int64       `json:"id"`
+	Event    string      `json:"event,omitempty"`
+	OK       bool        `json:"ok"`
+	Code     string      `json:"code,omitempty"`
+	Error    string      `json:"error,omitempty"`
+	Ref      string      `json:"ref,omitempty"`
+	Object   string      `json:"object,omitempty"`
+	Bytes    int64       `json:"bytes,omitempty"`
+	Seconds  float64     `json:"seconds,omitempty"`
+	Path     string      `json:"path,omitempty"`
+	Verified bool        `json:"verified,omitempty"`
+	Info     *workerInfo `json:"info,omitempty"`
+}
+
+type workerInfo struct {
+	Pid     int           `json:"pid"`
+	Peer    string        `json:"peer"`
+	Host    string        `json:"host"`
+	Addrs   []string      `json:"addrs"`
+	Objects int           `json:"objects"`
+	Memory  []workerMem   `json:"memory"`
+	Used    int64         `json:"used"` // device bytes in use, all devices together
+	Allocs  int           `json:"allocs"`
+	Devices []string      `json:"devices"`
+	Started time.Time     `json:"started"`
+	Cluster workerCluster `json:"cluster"`
+}
+
+type workerCluster struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+}
+
+type workerMem struct {
+	Device   string `json:"device"`
+	Capacity int64  `json:"capacity"`
+	Used     int64  `json:"used"`
+	Allocs   int    `json:"allocs"`
+}
+
+type workerOptions struct {
+	preset          string
+	hosts           int
+	host            string
+	deviceMemory    string
+	hostMemory      string
+	listen          []string
+	dataAddr        string
+	identityFile    string
+	transports      []string
+	stallTimeout    time.Duration
+	transferTimeout time.Duration
+	verbose         bool
+}
+
+func init() {
+	o := workerOptions{}
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run one runtime claiming a topology host, driven by JSON lines on stdin",
+		Long: `worker starts one tensorlane runtime that claims a host of a topology preset and
+serves a line-based JSON protocol on stdin/stdout (put, get, free, info, connect, exit),
+so that a test harness can run several runtimes as separate processes, for example one
+per network namespace, and inject faults (kill -9, link down, netem) from outside.
+Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runWorker(cmd.Context(), cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.preset, "preset", "dgx-h100", "topology preset")
+	f.IntVar(&o.hosts, "hosts", 3, "number of hosts in the preset cluster")
+	f.StringVar(&o.host, "host", "h0", "topology host this worker claims")
+	f.StringVar(&o.deviceMemory, "device-memory", "1GiB", "capacity of each simulated device arena")
+	f.StringVar(&o.hostMemory, "host-memory", "", "cap on host memory allocations (default unbounded)")
+	f.StringSliceVar(&o.listen, "listen", nil, "libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)")
+	f.StringVar(&o.dataAddr, "data-addr", "", "tcp data listener address (default 127.0.0.1:0)")
+	f.StringVar(&o.identityFile, "identity-file", "", "libp2p key file; created if missing, so a restarted worker keeps its peer id")
+	f.StringSliceVar(&o.transports, "transports", nil, "allowed transports (default all)")
+	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "fail a transfer with no progress for this long (default the runtime's, 30s)")
+	f.DurationVar(&o.transferTimeout, "transfer-timeout", 0, "bound on a get without timeout_ms (default the runtime's, 2m)")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "debug logs on stderr")
+	rootCmd.AddCommand(cmd)
+}
+
+// loadIdentity reads a libp2p private key, or creates and stores one.
+func loadIdentity(path string) (crypto.PrivKey, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err == nil {
+		k, err := crypto.UnmarshalPrivateKey(b)
+		if err != nil {
+			return nil, fmt.Errorf("identity %s: %w", path, err)
+		}
+		return k, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	k, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		return nil, err
+	}
+	b, err = crypto.MarshalPrivateKey(k)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+type worker struct {
+	rt      *rdt.Runtime
+	actor   *rdt.Actor
+	started time.Time
+	log     *slog.Logger
+
+	outMu sync.Mutex
+	out   *json.Encoder
+
+	mu      sync.Mutex
+	objects map[string]tensor.Tensor // object id -> the tensor Put, until freed
+}
+
+func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o workerOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	level := slog.LevelInfo
+	if o.verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level})).With("worker", o.host)
+	devMem, err := parseSize(o.deviceMemory)
+	if err != nil {
+		return err
+	}
+	var hostMem int64
+	if o.hostMemory != "" {
+		if hostMem, err = parseSize(o.hostMemory); err != nil {
+			return err
+		}
+	}
+	cluster, err := topology.Preset(o.preset, o.hosts)
+	if err != nil {
+		return err
+	}
+	key, err := loadIdentity(o.identityFile)
+	if err != nil {
+		return err
+	}
+	rt, err := rdt.New(ctx, rdt.Config{
+		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen, DataAddr: o.dataAddr,
+		DeviceMemory: devMem, HostMemory: hostMem, Allow: o.transports,
+		StallTimeout: o.stallTimeout, TransferTimeout: o.transferTimeout, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	w := &worker{rt: rt, started: time.Now(), log: logger, out: json.NewEncoder(out), objects: map[string]tensor.Tensor{}}
+	defer rt.Shutdown(context.Background())
+	if w.actor, err = rt.Spawn("worker"); err != nil {
+		return err
+	}
+
+	// Requests run concurrently; cancelling reqCtx aborts those in flight
+	// when the worker is told to stop.
+	reqCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
+	lines := make(chan []byte)
+	readErr := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			b := append([]byte(nil), sc.Bytes()...)
+			select {
+			case lines <- b:
+			case <-reqCtx.Done():
+				return
+			}
+		}
+		readErr <- sc.Err()
+	}()
+
+	info := w.info()
+	w.reply(workerReply{Event: "ready", OK: true, Info: &info})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for {
+		select {
+		case <-sigs:
+			logger.Info("signal: shutting down")
+			return nil
+		case err := <-readErr:
+			logger.Info("stdin closed: shutting down", "err", err)
+			return nil
+		case <-ctx.Done():
+			return nil
+		case line := <-lines:
+			var req workerRequest
+			if err := json.Unmarshal(line, &req); err != nil {
+				w.reply(workerReply{ID: -1, Code: "bad_request", Error: "not a JSON request: " + err.Error()})
+				continue
+			}
+			if req.Op == "exit" {
+				cancel()
+				wg.Wait()
+				sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := rt.Shutdown(sctx)
+				scancel()
+				w.reply(w.result(req.ID, workerReply{}, err))
+				return nil
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.reply(w.handle(reqCtx, req))
+			}()
+		}
+	}
+}
+
+func (w *worker) reply(r workerReply) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	if err := w.out.Encode(r); err != nil {
+		w.log.Warn("cannot write reply", "id", r.ID, "err", err)
+	}
+}
+
+func (w *worker) result(id int64, r workerReply, err error) workerReply {
+	r.ID = id
+	r.OK = err == nil
+	if err != nil {
+		r.Code, r.Error = errorCode(err), err.Error()
+	}
+	return r
+}
+
+func (w *worker) handle(ctx context.Context, req workerRequest) workerReply {
+	if req.TimeoutMS > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMS)*time.Millisecond)
+		defer cancel()
+	}
+	switch req.Op {
+	case "info":
+		info := w.info()
+		return workerReply{ID: req.ID, OK: true, Info: &info}
+	case "connect":
+		return w.result(req.ID, workerReply{}, w.connect(ctx, req))
+	case "put":
+		r, err := w.put(ctx, req)
+		return w.result(req.ID, r, err)
+	case "get":
+		r, err := w.get(ctx, req)
+		return w.result(req.ID, r, err)
+	case "free":
+		return w.result(req.ID, workerReply{}, w.free(ctx, req))
+	}
+	return w.result(req.ID, workerReply{}, fmt.Errorf("%w: unknown op %q (info, connect, put, get, free, exit)", errBadWorkerRequest, req.Op))
+}
+
+var errBadWorkerRequest = errors.New("bad request")
+
+func (w *worker) info() workerInfo {
+	info := workerInfo{Pid: os.Getpid(), Peer: w.rt.ID().String(), Host: w.rt.HostID(), Objects: w.rt.Objects(), Started: w.started}
+	for _, a := range w.rt.AddrInfo().Addrs {
+		info.Addrs = append(info.Addrs, a.String())
+	}
+	info.Cluster.Name = w.rt.Cluster().Name
+	info.Cluster.Hosts = w.rt.Cluster().HostIDs()
+	for _, d := range w.rt.Devices() {
+		m, err := w.rt.Memory(d)
+		if err != nil {
+			continue
+		}
+		s := m.Stats()
+		info.Devices = append(info.Devices, d.String())
+		info.Memory = append(info.Memory, workerMem{Device: d.String(), Capacity: s.Capacity, Used: s.Used, Allocs: s.Allocs})
+		info.Used += s.Used
+		info.Allocs += s.Allocs
+	}
+	return info
+}
+
+func (w *worker) connect(ctx context.Context, req workerRequest) error {
+	id, err := peer.Decode(req.Peer)
+	if err != nil {
+		return fmt.Errorf("%w: peer %q: %v", errBadWorkerRequest, req.Peer, err)
+	}
+	ai := peer.AddrInfo{ID: id}
+	for _, s := range req.Addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return fmt.Errorf("%w: addr %q: %v", errBadWorkerRequest, s, err)
+		}
+		ai.Addrs = append(ai.Addrs, a)
+	}
+	return w.rt.Connect(ctx, ai)
+}
+
+func (w *worker) device(s string) (tensor.DeviceID, error) {
+	if s == "" {
+		return tensor.GPUDevice(0), nil
+	}
+	d, err := tensor.ParseDeviceID(s)
+	if err != nil {
+		return d, fmt.Errorf("%w: %v", errBadWorkerRequest, err)
+	}
+	return d, nil
+}
+
+func (w *worker) put(ctx context.Context, req workerRequest) (workerReply, error) {
+	dev, err := w.device(req.Device)
+	if err != nil {
+		return workerReply{}, err
+	}
+	if req.Size <= 0 || req.Size%8 != 0 {
+		return workerReply{}, fmt.Errorf("%w: size must be a positive multiple of 8, got %d", errBadWorkerRequest, req.Size)
+	}
+	mem, err := w.rt.Memory(dev)
+	if err != nil {
+		return workerReply{}, err
+	}
+	t, err := tensor.Alloc(ctx, mem, tensor.Uint8, req.Size)
+	if err != nil {
+		return workerReply{}, err
+	}
+	p, err := t.SpanBytes()
+	if err != nil {
+		t.Release()
+		return workerReply{}, err
+	}
+	fillPattern(p, req.Seed)
+	ref, err := w.actor.Put(ctx, t)
+	if err != nil {
+		t.Release()
+		return workerReply{}, err
+	}
+	b, err := ref.MarshalBinary()
+	if err != nil {
+		return workerReply{}, err
+	}
+	w.mu.Lock()
+	w.objects[ref.Object.String()] = t
+	w.mu.Unlock()
+	return workerReply{Ref: base64.StdEncoding.EncodeToString(b), Object: ref.Object.String(), Bytes: req.Size}, nil
+}
+
+func decodeRef(s string) (rdt.Ref, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return rdt.Ref{}, fmt.Errorf("%w: ref is not base64: %v", rdt.ErrMalformedRef, err)
+	}
+	return rdt.ParseRef(b)
+}
+
+// get reads the ref onto a device, checks every byte against the pattern of
+// the seed and releases the copy, so the reader's memory returns to its
+// baseline whatever happened.
+func (w *worker) get(ctx context.Context, req workerRequest) (workerReply, error) {
+	dev, err := w.device(req.Device)
+	if err != nil {
+		return workerReply{}, err
+	}
+	ref, err := decodeRef(req.Ref)
+	if err != nil {
+		return workerReply{}, err
+	}
+	start := time.Now()
+	t, xfer, err := w.actor.Fetch(ctx, ref, dev)
+	r := workerReply{Seconds: time.Since(start).Seconds(), Path: xfer.Plan.Chosen}
+	if err != nil {
+		return r, err
+	}
+	defer t.Release()
+	r.Path, r.Bytes = xfer.Stats.Transport, xfer.Stats.Bytes
+	if req.NoVerify {
+		return r, nil
+	}
+	p, err := t.SpanBytes()
+	if err != nil {
+		return r, err
+	}
+	if bad := checkPattern(p, req.Seed); bad >= 0 {
+		return r, fmt.Errorf("%w: byte %d of %d differs from the pattern of seed %d", errVerify, bad, len(p), req.Seed)
+	}
+	r.Verified = true
+	return r, nil
+}
+
+var errVerify = errors.New("verification failed")
+
+func (w *worker) free(ctx context.Context, req workerRequest) error {
+	ref, err := decodeRef(req.Ref)
+	if err != nil {
+		return err
+	}
+	if err := w.actor.Free(ctx, ref); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	delete(w.objects, ref.Object.String())
+	w.mu.Unlock()
+	return nil
+}
+
+// fillPattern writes the content of object seed: each 8-byte word encodes the
+// seed and its position, so a misplaced, stale or corrupted chunk fails
+// checkPattern.
+func fillPattern(p []byte, seed uint64) {
+	for off := 0; off+8 <= len(p); off += 8 {
+		binary.LittleEndian.PutUint64(p[off:], patternWord(seed, off))
+	}
+	for off := len(p) &^ 7; off < len(p); off++ {
+		p[off] = byte(patternWord(seed, off))
+	}
+}
+
+func patternWord(seed uint64, off int) uint64 {
+	return (seed+1)*0xD6E8FEB86659FD93 ^ uint64(off)*0x9E3779B97F4A7C15
+}
+
+// checkPattern returns the offset of the first byte that differs from
+// fillPattern(seed), or -1.
+func checkPattern(p []byte, seed uint64) int {
+	off := 0
+	for ; off+8 <= len(p); off += 8 {
+		if binary.LittleEndian.Uint64(p[off:]) != patternWord(seed, off) {
+			for i := 0; i < 8; i++ {
+				var want [8]byte
+				binary.LittleEndian.PutUint64(want[:], patternWord(seed, off))
+				if p[off+i] != want[i] {
+					return off + i
+				}
+			}
+		}
+	}
+	for ; off < len(p); off++ {
+		if p[off] != byte(patternWord(seed, off)) {
+			return off
+		}
+	}
+	return -1
+}
+
+// errorCode names the typed condition behind err, for drivers in other
+// processes and for the soak's tallies. "other" means the error matched no
+// sentinel: a bug in itself, since every failure should be typed.
+func errorCode(err error) string {
+	codes := []struct {
+		err  error
+		code string
+	}{
+		{errVerify, "corrupt"},
+		{errBadWorkerRequest, "bad_request"},
+		{rdt.ErrStaleRef, "stale_ref"},
+		{rdt.ErrUnauthorized, "unauthorized"},
+		{rdt.ErrObjectFreed, "object_freed"},
+		{rdt.ErrObjectNotFound, "not_found"},
+		{rdt.ErrMalformedRef, "malformed_ref"},
+		{rdt.ErrOutOfMemory, "out_of_memory"},
+		{rdt.ErrNotOwner, "not_owner"},
+		{rdt.ErrUnknownDevice, "unknown_device"},
+		{rdt.ErrClosed, "closed"},
+		{fabric.ErrCorrupt, "corrupt"},
+		{fabric.ErrStalled, "stalled"},
+		{fabric.ErrPeerClosed, "peer_closed"},
+		{fabric.ErrNoPath, "no_path"},
+		{fabric.ErrBadRequest, "bad_request"},
+		{fabric.ErrClosed, "closed"},
+		{context.DeadlineExceeded, "timeout"},
+		{context.Canceled, "canceled"},
+	}
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return "other"
+}

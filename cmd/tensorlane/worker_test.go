@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/rdt"
+)
+
+// pipeWorker runs runWorker in this process behind pipes, as the multihost
+// harness runs the binary behind stdin/stdout.
+type pipeWorker struct {
+	t     *testing.T
+	in    *io.PipeWriter
+	out   *bufio.Scanner
+	next  int64
+	done  chan error
+	ready workerInfo
+}
+
+func startPipeWorker(t *testing.T, host string) *pipeWorker {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	w := &pipeWorker{t: t, in: inW, out: bufio.NewScanner(outR), done: make(chan error, 1)}
+	w.out.Buffer(nil, 1<<20)
+	go func() {
+		err := runWorker(context.Background(), inR, outW, io.Discard, workerOptions{preset: "dgx-h100", hosts: 3, host: host, deviceMemory: "16MiB", stallTimeout: 5 * time.Second})
+		outW.Close()
+		w.done <- err
+	}()
+	r := w.read()
+	require.Equal(t, "ready", r.Event)
+	w.ready = *r.Info
+	t.Cleanup(func() {
+		inW.Close()
+		for w.out.Scan() { // drain so the worker never blocks writing
+		}
+		select {
+		case err := <-w.done:
+			assert.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Error("worker did not stop after stdin closed")
+		}
+	})
+	return w
+}
+
+func (w *pipeWorker) read() workerReply {
+	w.t.Helper()
+	require.True(w.t, w.out.Scan(), "worker closed its output: %v", w.out.Err())
+	var r workerReply
+	require.NoError(w.t, json.Unmarshal(w.out.Bytes(), &r), "%s", w.out.Bytes())
+	return r
+}
+
+func (w *pipeWorker) call(req workerRequest) workerReply {
+	w.t.Helper()
+	w.next++
+	req.ID = w.next
+	b, err := json.Marshal(req)
+	require.NoError(w.t, err)
+	_, err = w.in.Write(append(b, '\n'))
+	require.NoError(w.t, err)
+	r := w.read()
+	require.Equal(w.t, req.ID, r.ID)
+	return r
+}
+
+func TestWorkerProtocol(t *testing.T) {
+	a := startPipeWorker(t, "h0")
+	b := startPipeWorker(t, "h1")
+	assert.Equal(t, "h1", b.ready.Host)
+	assert.Equal(t, []string{"h0", "h1", "h2"}, b.ready.Cluster.Hosts)
+
+	r := b.call(workerRequest{Op: "connect", Peer: a.ready.Peer, Addrs: a.ready.Addrs})
+	require.True(t, r.OK, r.Error)
+	put := a.call(workerRequest{Op: "put", Size: 1 << 20, Seed: 9, Device: "gpu:2"})
+	require.True(t, put.OK, put.Error)
+	assert.Equal(t, int64(1<<20), a.call(workerRequest{Op: "info"}).Info.Used)
+
+	cases := []struct {
+		name   string
+		worker *pipeWorker
+		req    workerRequest
+		code   string
+		path   string
+	}{
+		{"tcp from another host", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 9}, "", "tcp"},
+		{"p2p on the owner's host", a, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:5", Seed: 9}, "", "p2p"},
+		{"wrong seed is caught", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 10}, "corrupt", "tcp"},
+		{"forged token", b, workerRequest{Op: "get", Ref: forge(t, put.Ref, func(r *rdt.Ref) { r.Token[0] ^= 1 }), Device: "gpu:1", Seed: 9}, "unauthorized", ""},
+		{"stale incarnation", b, workerRequest{Op: "get", Ref: forge(t, put.Ref, func(r *rdt.Ref) { r.Incarnation += 2 }), Device: "gpu:1", Seed: 9}, "stale_ref", ""},
+		{"garbage ref", b, workerRequest{Op: "get", Ref: base64.StdEncoding.EncodeToString([]byte("nope")), Device: "gpu:1"}, "malformed_ref", ""},
+		{"unknown device", b, workerRequest{Op: "get", Ref: put.Ref, Device: "tpu:0"}, "unknown_device", ""},
+		{"bad device", b, workerRequest{Op: "get", Ref: put.Ref, Device: "warp:1"}, "bad_request", ""},
+		{"odd size", a, workerRequest{Op: "put", Size: 7}, "bad_request", ""},
+		{"out of memory", a, workerRequest{Op: "put", Size: 64 << 20}, "out_of_memory", ""},
+		{"unknown op", a, workerRequest{Op: "dance"}, "bad_request", ""},
+		{"bad peer", a, workerRequest{Op: "connect", Peer: "x"}, "bad_request", ""},
+		{"free by a non-owner", b, workerRequest{Op: "free", Ref: put.Ref}, "not_owner", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := c.worker.call(c.req)
+			assert.Equal(t, c.code == "", r.OK, r.Error)
+			assert.Equal(t, c.code, r.Code, r.Error)
+			if c.path != "" {
+				assert.Equal(t, c.path, r.Path)
+			}
+			if c.code == "" && c.req.Op == "get" {
+				assert.True(t, r.Verified)
+				assert.Equal(t, int64(1<<20), r.Bytes)
+			}
+		})
+	}
+	require.True(t, a.call(workerRequest{Op: "free", Ref: put.Ref}).OK)
+	r = b.call(workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 9})
+	assert.Equal(t, "object_freed", r.Code, r.Error)
+	for _, w := range []*pipeWorker{a, b} {
+		info := w.call(workerRequest{Op: "info"}).Info
+		assert.Zero(t, info.Used, "device memory back to baseline on %s", info.Host)
+		assert.Zero(t, info.Objects)
+	}
+	r = a.call(workerRequest{Op: "exit"})
+	assert.True(t, r.OK, r.Error)
+}
+
+func forge(t *testing.T, ref string, f func(*rdt.Ref)) string {
+	t.Helper()
+	r, err := decodeRef(ref)
+	require.NoError(t, err)
+	r.Token = append([]byte(nil), r.Token...)
+	f(&r)
+	b, err := r.MarshalBinary()
+	require.NoError(t, err)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+func TestPatternCheck(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 4096 + 3} {
+		p := make([]byte, n)
+		fillPattern(p, 5)
+		assert.Equal(t, -1, checkPattern(p, 5), "n=%d", n)
+		if n > 0 {
+			p[n-1] ^= 0x40
+			assert.Equal(t, n-1, checkPattern(p, 5), "n=%d", n)
+			assert.Equal(t, 0, checkPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
+		}
+	}
+}
