@@ -64,6 +64,9 @@ type Remote struct {
 	Claim    Claim
 	Offset   int64
 	Length   int64
+	// DType is the object's element type, a hint for transports that
+	// compress (tcp); tensor.Invalid when unknown.
+	DType tensor.DType
 }
 
 // Cost is a transport's estimate for moving bytes between two endpoints.

@@ -270,6 +270,7 @@ func (r *Runtime) remoteFor(ref Ref) fabric.Remote {
 		Claim:    fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token},
 		Offset:   off,
 		Length:   n,
+		DType:    ref.Desc.DType,
 	}
 }
 
