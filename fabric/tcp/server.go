@@ -1,16 +1,14 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -18,25 +16,29 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ServerConfig configures the owner side of the tcp transport. Zero values
 // mean the documented defaults.
 type ServerConfig struct {
-	Addr      string         // listen address; default "127.0.0.1:0"
-	Identity  crypto.PrivKey // required: the runtime's libp2p identity key
-	Source    fabric.Source  // required: resolves claims to memory
+	Addr     string         // listen address; default "127.0.0.1:0"
+	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	Source   fabric.Source  // required: resolves claims to memory
+	// Sink resolves the claims of pushes to the buffers they fill; nil:
+	// pushes are refused with fabric.ErrObjectNotFound.
+	Sink      fabric.Sink
 	Authorize func(peer.ID) error
-	// ChunkSize is the unit of checksumming; default 256 KiB.
+	// ChunkSize is the unit of checksumming (and of compression) for
+	// reads; default 256 KiB, at most 1 MiB.
 	ChunkSize int
-	// HandshakeTimeout bounds the authentication of a new connection;
-	// default 10 s.
+	// HandshakeTimeout bounds the authentication of a new connection and
+	// resolving a claim; default 10 s.
 	HandshakeTimeout time.Duration
-	// StallTimeout bounds how long a write may make no progress (a reader
-	// that stopped reading); default 30 s.
+	// StallTimeout bounds how long a transfer may make no progress (a
+	// reader that stopped reading, a pusher that stopped sending); default
+	// 30 s.
 	StallTimeout time.Duration
 	Logger       *slog.Logger
 }
@@ -50,6 +52,9 @@ func (c *ServerConfig) defaults() error {
 	}
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = DefaultChunkSize
+	}
+	if c.ChunkSize > tcodec.MaxBlock {
+		return fmt.Errorf("tcp: ChunkSize %d above %d", c.ChunkSize, tcodec.MaxBlock)
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
@@ -67,7 +72,7 @@ func (c *ServerConfig) defaults() error {
 // cache between the checksum and the copy.
 const DefaultChunkSize = 256 << 10
 
-// Server serves object reads on dedicated TCP connections.
+// Server serves object reads and pushes on dedicated TCP connections.
 type Server struct {
 	cfg ServerConfig
 	ln  net.Listener
@@ -76,6 +81,8 @@ type Server struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	corruptNext atomic.Bool // tests: damage the next block served
 }
 
 // Listen starts a data server.
@@ -133,70 +140,108 @@ func (s *Server) serve(c net.Conn) {
 		s.cfg.Logger.Warn("data connection refused", "remote", c.RemoteAddr(), "err", err)
 		return
 	}
-	c.SetDeadline(time.Time{})
-	r := bufio.NewReaderSize(c, 512)
+	l := newLink(c, s.cfg.StallTimeout)
+	l.idle()
+	var tok []byte
 	for {
-		req, err := readRequestFrom(r)
+		req, err := readRequest(l.r, tok)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("data connection ended", "peer", who, "err", err)
 				if errors.Is(err, fabric.ErrBadRequest) {
+					l.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
 					peerauth.WriteStatus(c, peerauth.StatusBadRequest, err.Error())
 				}
 			}
 			return
 		}
-		if err := s.handle(c, req); err != nil {
-			s.cfg.Logger.Debug("read request failed", "peer", who, "object", req.claim.Object, "err", err)
+		tok = req.claim.Token
+		if req.op == opWrite {
+			err = s.handleWrite(l, req)
+		} else {
+			err = s.handleRead(l, req)
+		}
+		if err != nil {
+			s.cfg.Logger.Debug("request failed", "op", opName(req.op), "peer", who, "object", req.claim.Object, "err", err)
 			return
 		}
+		l.idle()
 	}
 }
 
-// handle answers one request. It returns an error only when the connection
-// cannot be used any more.
-func (s *Server) handle(c net.Conn, req readRequest) error {
+// refuse answers a request with the status that carries err. The
+// connection stays usable unless the write fails.
+func refuse(l *link, err error) error {
+	l.armWrite()
+	return peerauth.WriteStatus(l, peerauth.StatusFor(err), err.Error())
+}
+
+// open resolves a claim with a bounded wait and checks the range.
+func (s *Server) open(req request, resolve func(context.Context, fabric.Claim) (tensor.Buffer, error)) (tensor.Buffer, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
-	pin, err := s.cfg.Source.Open(ctx, req.claim)
+	pin, err := resolve(ctx, req.claim)
 	cancel()
 	if err != nil {
-		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		return peerauth.WriteStatus(c, peerauth.StatusFor(err), err.Error())
+		return nil, nil, err
 	}
-	defer pin.Release()
 	var data []byte
 	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err == nil {
 		data, err = tensor.BytesOf(pin)
 	}
 	if err != nil {
-		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		return peerauth.WriteStatus(c, peerauth.StatusFor(err), err.Error())
+		pin.Release()
+		return nil, nil, err
 	}
-	data = data[req.offset : req.offset+req.length]
-	status := []byte{peerauth.StatusOK}
-	var hdr [chunkHeader]byte
-	if len(data) == 0 {
-		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		_, err := c.Write(status)
-		return err
-	}
-	for off := 0; off < len(data); off += s.cfg.ChunkSize {
-		p := data[off:min(off+s.cfg.ChunkSize, len(data))]
-		binary.BigEndian.PutUint32(hdr[:4], uint32(len(p)))
-		binary.BigEndian.PutUint32(hdr[4:], crc32.Checksum(p, castagnoli))
-		// writev: the header and the tensor bytes straight from device
-		// memory, with no copy into a staging buffer.
-		bufs := net.Buffers{status, hdr[:], p}
-		status = nil
-		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-		if _, err := bufs.WriteTo(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pin, data[req.offset : req.offset+req.length], nil
 }
 
-// Close stops accepting, closes every connection (aborting reads in
+// handleRead answers one read. It returns an error only when the
+// connection cannot be used any more.
+func (s *Server) handleRead(l *link, req request) error {
+	pin, data, err := s.open(req, s.cfg.Source.Open)
+	if err != nil {
+		return refuse(l, err)
+	}
+	defer pin.Release()
+	// writev: the status, block headers and the tensor bytes straight from
+	// device memory, with no copy into a staging buffer (unless the reader
+	// asked for compression, which encodes block by block).
+	_, err = l.sendBlocks(statusOK[:], data, s.cfg.ChunkSize, req.flags&flagCompress != 0,
+		tcodec.HintFor(req.dtype), s.corruptNext.Swap(false))
+	return err
+}
+
+var statusOK = [1]byte{peerauth.StatusOK}
+
+// handleWrite receives one push into the sink the claim names.
+func (s *Server) handleWrite(l *link, req request) error {
+	if s.cfg.Sink == nil {
+		return refuse(l, fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound))
+	}
+	pin, data, err := s.open(req, s.cfg.Sink.OpenSink)
+	if err != nil {
+		return refuse(l, err)
+	}
+	defer pin.Release()
+	l.armWrite()
+	if _, err := l.Write(statusOK[:]); err != nil {
+		return err
+	}
+	if _, err := l.recvBlocks(data, req.offset); err != nil {
+		if errors.Is(err, fabric.ErrCorrupt) {
+			// Tell the pusher why, then hang up: the rest of its blocks
+			// are still in flight, so the connection is out of step.
+			l.armWrite()
+			peerauth.WriteStatus(l, statusCorrupt, err.Error())
+		}
+		return err
+	}
+	l.armWrite()
+	_, err = l.Write(statusOK[:])
+	return err
+}
+
+// Close stops accepting, closes every connection (aborting transfers in
 // flight) and waits for the server's goroutines. It is idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()

@@ -5,7 +5,6 @@
 package peerauth
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -81,113 +80,15 @@ func publicKeyOf(raw []byte) (crypto.PubKey, peer.ID, error) {
 // Client authenticates the server as want (when not empty) and
 // proves our identity to it.
 func Client(rw io.ReadWriter, key crypto.PrivKey, want peer.ID) (peer.ID, error) {
-	cn := make([]byte, nonceLen)
-	rand.Read(cn)
-	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
-	if err != nil {
-		return "", err
-	}
-	hello := append([]byte(magic), cn...)
-	if _, err := rw.Write(hello); err != nil {
-		return "", err
-	}
-	if err := WriteField(rw, ourKey); err != nil {
-		return "", err
-	}
-	sn := make([]byte, nonceLen)
-	if _, err := io.ReadFull(rw, sn); err != nil {
-		return "", err
-	}
-	theirKey, err := ReadField(rw, maxKeyLen)
-	if err != nil {
-		return "", err
-	}
-	sig, err := ReadField(rw, maxSigLen)
-	if err != nil {
-		return "", err
-	}
-	pub, id, err := publicKeyOf(theirKey)
-	if err != nil {
-		return "", err
-	}
-	if want != "" && id != want {
-		return "", fmt.Errorf("%w: data server is %s, the reference names %s", fabric.ErrUnauthorized, id, want)
-	}
-	if ok, err := pub.Verify(transcript("server", cn, sn, ourKey), sig); err != nil || !ok {
-		return "", fmt.Errorf("%w: server signature does not verify", fabric.ErrUnauthorized)
-	}
-	ourSig, err := key.Sign(transcript("client", cn, sn, theirKey))
-	if err != nil {
-		return "", err
-	}
-	if err := WriteField(rw, ourSig); err != nil {
-		return "", err
-	}
-	var status [1]byte
-	if _, err := io.ReadFull(rw, status[:]); err != nil {
-		return "", err
-	}
-	if status[0] != StatusOK {
-		msg, _ := ReadField(rw, MaxMessage)
-		return "", StatusError(status[0], string(msg))
-	}
-	return id, nil
+	res, err := ClientWith(rw, key, want, Options{})
+	return res.Peer, err
 }
 
 // Server authenticates the client and asks authorize whether it may
 // use the data service.
 func Server(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error) (peer.ID, error) {
-	hello := make([]byte, len(magic)+nonceLen)
-	if _, err := io.ReadFull(rw, hello); err != nil {
-		return "", err
-	}
-	if string(hello[:len(magic)]) != magic {
-		return "", fmt.Errorf("%w: not a tensorlane data connection", fabric.ErrBadRequest)
-	}
-	cn := hello[len(magic):]
-	theirKey, err := ReadField(rw, maxKeyLen)
-	if err != nil {
-		return "", err
-	}
-	pub, id, err := publicKeyOf(theirKey)
-	if err != nil {
-		return "", err
-	}
-	sn := make([]byte, nonceLen)
-	rand.Read(sn)
-	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
-	if err != nil {
-		return "", err
-	}
-	sig, err := key.Sign(transcript("server", cn, sn, theirKey))
-	if err != nil {
-		return "", err
-	}
-	if _, err := rw.Write(sn); err != nil {
-		return "", err
-	}
-	if err := WriteField(rw, ourKey); err != nil {
-		return "", err
-	}
-	if err := WriteField(rw, sig); err != nil {
-		return "", err
-	}
-	theirSig, err := ReadField(rw, maxSigLen)
-	if err != nil {
-		return "", err
-	}
-	if ok, err := pub.Verify(transcript("client", cn, sn, ourKey), theirSig); err != nil || !ok {
-		WriteStatus(rw, StatusUnauthorized, "client signature does not verify")
-		return "", fmt.Errorf("%w: client signature does not verify", fabric.ErrUnauthorized)
-	}
-	if authorize != nil {
-		if err := authorize(id); err != nil {
-			WriteStatus(rw, StatusUnauthorized, "peer not admitted")
-			return "", fmt.Errorf("%w: %v", fabric.ErrUnauthorized, err)
-		}
-	}
-	_, err = rw.Write([]byte{StatusOK})
-	return id, err
+	res, err := ServerWith(rw, key, authorize, Options{})
+	return res.Peer, err
 }
 
 // WriteStatus writes a status code and its message.
