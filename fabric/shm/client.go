@@ -1,0 +1,544 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Config configures the reader (and pusher) side of the shm and p2p
+// transports. Zero values mean the documented defaults.
+type Config struct {
+	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	// Topology tells p2p which devices share a device link; without it
+	// p2p reaches nothing (shm does not need it).
+	Topology *topology.Cluster
+	// DialTimeout bounds connecting and authenticating; default 10 s.
+	DialTimeout time.Duration
+	// StallTimeout bounds each socket operation (request, grant, done,
+	// ack); a silent owner fails the transfer with fabric.ErrStalled.
+	// Default 30 s.
+	StallTimeout time.Duration
+	// MaxConns bounds the connections to one owner (one transfer uses one
+	// at a time; more wait for a free one); default 16.
+	MaxConns int
+	// MaxIdle is how many idle connections are kept per owner; default 4.
+	MaxIdle int
+	// MaxMappings and MaxMappedBytes bound the mapping cache; defaults
+	// 1024 mappings and 64 GiB of mapped address space. A cached mapping
+	// keeps the owner's arena file alive, so the cache also drops an
+	// owner's mappings as soon as it goes away.
+	MaxMappings    int
+	MaxMappedBytes int64
+	// ChunkSize is how many bytes are copied between context checks;
+	// default 8 MiB.
+	ChunkSize int
+	Logger    *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Identity == nil {
+		return errors.New("shm: Config needs Identity")
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = 30 * time.Second
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 16
+	}
+	if c.MaxIdle <= 0 {
+		c.MaxIdle = 4
+	}
+	if c.MaxMappings <= 0 {
+		c.MaxMappings = 1024
+	}
+	if c.MaxMappedBytes <= 0 {
+		c.MaxMappedBytes = 64 << 30
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = 8 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// Client is the reader side shared by the p2p and shm transports: one
+// connection pool per owner and one mapping cache. Its P2P and SHM methods
+// return the two transport views over it.
+type Client struct {
+	cfg   Config
+	cache *cache
+
+	mu     sync.Mutex
+	pools  map[string]*ownerPool
+	all    map[*pconn]struct{}
+	closed bool
+	done   chan struct{} // closed by Close: wakes transfers waiting for a connection
+
+	afterMap func() // test hook: runs between mapping and copying
+}
+
+type ownerPool struct {
+	slots chan struct{} // one token per connection in use
+	idle  []*pconn
+}
+
+type pconn struct {
+	c     *net.UnixConn
+	owner string
+	buf   []byte
+}
+
+// NewClient returns a client; Close releases its connections and mappings.
+func NewClient(cfg Config) (*Client, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	return &Client{
+		cfg:   cfg,
+		cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
+		pools: map[string]*ownerPool{},
+		all:   map[*pconn]struct{}{},
+		done:  make(chan struct{}),
+	}, nil
+}
+
+// CacheStats reports what the mapping cache holds and has done.
+func (c *Client) CacheStats() CacheStats { return c.cache.snapshot() }
+
+// Close closes every connection (transfers in flight fail) and unmaps every
+// cached mapping once no copy uses it. It is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	for pc := range c.all {
+		pc.c.Close()
+	}
+	c.all, c.pools = nil, nil
+	c.mu.Unlock()
+	c.cache.clear()
+	return nil
+}
+
+// owner names one owner's data service: its peer ID and socket path.
+func ownerKey(id peer.ID, path string) string { return id.String() + "@" + path }
+
+// addrOf finds the owner's socket: one server serves both names, so either
+// address will do.
+func addrOf(name string, r fabric.Remote) string {
+	if a := r.Addrs[name]; a != "" {
+		return a
+	}
+	if a := r.Addrs[fabric.SHM]; a != "" {
+		return a
+	}
+	return r.Addrs[fabric.P2P]
+}
+
+func (c *Client) target(name string, r fabric.Remote) (peer.ID, string, error) {
+	addr := addrOf(name, r)
+	if addr == "" {
+		return "", "", fmt.Errorf("%w: owner %s serves no shm socket", fabric.ErrNoPath, r.Peer)
+	}
+	want, err := peer.Decode(r.Peer)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: owner peer id %q: %v", fabric.ErrBadRequest, r.Peer, err)
+	}
+	if r.Offset < 0 || r.Length < 0 {
+		return "", "", fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, r.Offset, r.Length)
+	}
+	return want, addr, nil
+}
+
+// read pulls src into dst through the owner's shared arena.
+func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	start := time.Now()
+	if err := ctx.Err(); err != nil {
+		return fabric.Stats{}, err
+	}
+	want, addr, err := c.target(name, src)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	if dst.Len() < src.Length {
+		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
+	}
+	to, err := tensor.BytesOf(dst)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	to = to[:src.Length]
+	owner := ownerKey(want, addr)
+	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
+		return c.readOn(ctx, pc, key, src, to)
+	})
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+}
+
+// write pushes src's first dst.Length bytes into the sink dst names.
+func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	start := time.Now()
+	if err := ctx.Err(); err != nil {
+		return fabric.Stats{}, err
+	}
+	want, addr, err := c.target(name, dst)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	if src.Len() < dst.Length {
+		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of the %d bytes to push", tensor.ErrTooSmall, src.Len(), dst.Length)
+	}
+	from, err := tensor.BytesOf(src)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	from = from[:dst.Length]
+	err = c.withConn(ctx, want, ownerKey(want, addr), addr, func(pc *pconn) error {
+		return c.pushOn(ctx, pc, dst, from)
+	})
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	return fabric.Stats{Transport: name, Bytes: dst.Length, Duration: time.Since(start), Streams: 1}, nil
+}
+
+// withConn runs one exchange on a connection to owner. A pooled
+// connection that the owner has since closed is replaced once; cancelling
+// ctx closes the connection, which unblocks any socket call at once.
+func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string, f func(*pconn) error) error {
+	for attempt := 0; ; attempt++ {
+		pc, pooled, err := c.get(ctx, want, owner, addr)
+		if err != nil {
+			if errors.Is(err, fabric.ErrPeerClosed) {
+				c.ownerGone(owner, err)
+			}
+			return err
+		}
+		stop := context.AfterFunc(ctx, func() { pc.c.Close() })
+		err = f(pc)
+		if !stop() {
+			c.discard(pc)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		var re *peerauth.RemoteError
+		if err == nil || errors.As(err, &re) {
+			c.put(pc) // still in step
+			return err
+		}
+		c.discard(pc)
+		if pooled && attempt == 0 && errors.Is(err, errStaleConn) {
+			continue
+		}
+		if errors.Is(err, fabric.ErrPeerClosed) {
+			c.ownerGone(owner, err)
+		}
+		return err
+	}
+}
+
+// errStaleConn marks a pooled connection the owner closed before our
+// request reached it: nothing was granted, so a fresh one may try again.
+var errStaleConn = errors.New("shm: pooled connection was closed by the owner")
+
+func (c *Client) ownerGone(owner string, err error) {
+	if s := c.cache.snapshot(); s.Live > 0 {
+		c.cfg.Logger.Info("shm owner unreachable, dropping its mappings", "owner", owner, "err", err)
+	}
+	c.cache.purge(owner)
+}
+
+// exchangeRequest sends req and reads the owner's reply and descriptors.
+func (c *Client) exchangeRequest(pc *pconn, req request) (grant, []int, error) {
+	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	if err := sendPacket(pc.c, req.marshal(), -1); err != nil {
+		return grant{}, nil, staleOr(c.ioError(err))
+	}
+	p, fds, err := recvPacket(pc.c, pc.buf)
+	if err != nil {
+		return grant{}, nil, staleOr(c.ioError(err))
+	}
+	g, err := parseReply(p)
+	if err != nil {
+		closeAll(fds)
+		return grant{}, nil, err
+	}
+	if (g.flags&flagFD != 0) != (len(fds) == 1) || len(fds) > 1 {
+		closeAll(fds)
+		return grant{}, nil, fmt.Errorf("%w: grant flags %#x with %d descriptors", fabric.ErrCorrupt, g.flags, len(fds))
+	}
+	return g, fds, nil
+}
+
+// staleOr marks a failure before any grant as retryable on a fresh
+// connection (the owner may simply have closed an idle one).
+func staleOr(err error) error {
+	if errors.Is(err, fabric.ErrPeerClosed) {
+		return fmt.Errorf("%w: %w", errStaleConn, err)
+	}
+	return err
+}
+
+// finish tells the owner the copy is over and waits for its ack: only an
+// ack proves the pin was held until the copy ended.
+func (c *Client) finish(pc *pconn) error {
+	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	if err := sendPacket(pc.c, []byte{opDone, 0}, -1); err != nil {
+		return c.ioError(err)
+	}
+	p, fds, err := recvPacket(pc.c, pc.buf)
+	closeAll(fds)
+	if err != nil {
+		return c.ioError(err)
+	}
+	if len(p) != 1 || p[0] != peerauth.StatusOK {
+		return fmt.Errorf("%w: bad ack (%d bytes)", fabric.ErrCorrupt, len(p))
+	}
+	pc.c.SetDeadline(time.Time{})
+	return nil
+}
+
+func (c *Client) readOn(ctx context.Context, pc *pconn, key cacheKey, src fabric.Remote, to []byte) error {
+	held := c.cache.acquire(key)
+	defer func() {
+		if held != nil {
+			c.cache.release(held)
+		}
+	}()
+	req := request{op: opRead, claim: src.Claim, offset: src.Offset, length: src.Length}
+	if held != nil {
+		req.have = held.id
+	}
+	g, fds, err := c.exchangeRequest(pc, req)
+	if err != nil {
+		var re *peerauth.RemoteError
+		if errors.As(err, &re) {
+			switch re.Code {
+			case peerauth.StatusFreed, peerauth.StatusNotFound, peerauth.StatusStale, peerauth.StatusUnauthorized:
+				// The claim is dead: its cached mapping must never serve again.
+				c.cache.revoke(key)
+			}
+		}
+		return err
+	}
+	if src.Length > 0 {
+		if int64(len(to)) != src.Length || src.Offset+src.Length > g.objLen {
+			closeAll(fds)
+			return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, src.Offset, src.Length)
+		}
+		m := held
+		if len(fds) == 1 {
+			data, base, err := mapRegion(fds[0], g.objOff, g.objLen, false)
+			unix.Close(fds[0])
+			if err != nil {
+				return err
+			}
+			m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
+			c.cache.insert(m)
+			if held != nil {
+				c.cache.release(held)
+			}
+			held = m
+		} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
+			return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
+		} else {
+			c.cache.hit()
+		}
+		if c.afterMap != nil {
+			c.afterMap()
+		}
+		if err := guardedCopy(ctx, to, m.bytes()[src.Offset:src.Offset+src.Length], c.cfg.ChunkSize); err != nil {
+			return err
+		}
+	} else {
+		closeAll(fds)
+	}
+	return c.finish(pc)
+}
+
+func (c *Client) pushOn(ctx context.Context, pc *pconn, dst fabric.Remote, from []byte) error {
+	req := request{op: opPush, claim: dst.Claim, offset: dst.Offset, length: dst.Length}
+	g, fds, err := c.exchangeRequest(pc, req)
+	if err != nil {
+		return err
+	}
+	if dst.Length > 0 {
+		if len(fds) != 1 || dst.Offset+dst.Length > g.objLen {
+			closeAll(fds)
+			return fmt.Errorf("%w: push grant for a %d-byte sink does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, dst.Offset, dst.Length)
+		}
+		// Only the pages being written are mapped, writable, for this push.
+		off := g.objOff + dst.Offset
+		data, base, err := mapRegion(fds[0], off, dst.Length, true)
+		unix.Close(fds[0])
+		if err != nil {
+			return err
+		}
+		err = guardedCopy(ctx, data[off-base:off-base+dst.Length], from, c.cfg.ChunkSize)
+		unix.Munmap(data)
+		if err != nil {
+			return err
+		}
+	} else {
+		closeAll(fds)
+	}
+	return c.finish(pc)
+}
+
+func (c *Client) ioError(err error) error {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("%w: no answer from the owner for %v: %v", fabric.ErrStalled, c.cfg.StallTimeout, err)
+	case errors.Is(err, fabric.ErrCorrupt):
+		return err
+	}
+	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
+}
+
+// get takes a connection to owner: an idle one, or a new one once a slot
+// is free.
+func (c *Client) get(ctx context.Context, want peer.ID, owner, addr string) (*pconn, bool, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, fabric.ErrClosed
+	}
+	p := c.pools[owner]
+	if p == nil {
+		p = &ownerPool{slots: make(chan struct{}, c.cfg.MaxConns)}
+		c.pools[owner] = p
+	}
+	c.mu.Unlock()
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	case <-c.done:
+		return nil, false, fabric.ErrClosed
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, fabric.ErrClosed
+	}
+	if n := len(p.idle); n > 0 {
+		pc := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		c.mu.Unlock()
+		return pc, true, nil
+	}
+	c.mu.Unlock()
+	pc, err := c.dial(ctx, want, owner, addr)
+	if err != nil {
+		<-p.slots
+		return nil, false, err
+	}
+	return pc, false, nil
+}
+
+func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*pconn, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "unixpacket", addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: dial %s: %v", fabric.ErrPeerClosed, addr, err)
+	}
+	uc := nc.(*net.UnixConn)
+	if err := sameUser(uc); err != nil {
+		uc.Close()
+		return nil, err
+	}
+	stop := context.AfterFunc(dctx, func() { uc.Close() })
+	uc.SetDeadline(time.Now().Add(c.cfg.DialTimeout))
+	rw := newPacketRW(uc)
+	_, err = peerauth.Client(rw, c.cfg.Identity, want)
+	if !stop() && err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		err = fmt.Errorf("%w: handshake with %s timed out", fabric.ErrStalled, addr)
+	}
+	if err == nil && rw.pending() != 0 {
+		err = fmt.Errorf("%w: data after the handshake", fabric.ErrBadRequest)
+	}
+	if err != nil {
+		uc.Close()
+		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) || errors.Is(err, fabric.ErrStalled) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
+	}
+	uc.SetDeadline(time.Time{})
+	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		uc.Close()
+		return nil, fabric.ErrClosed
+	}
+	c.all[pc] = struct{}{}
+	return pc, nil
+}
+
+func (c *Client) put(pc *pconn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		pc.c.Close()
+		return
+	}
+	p := c.pools[pc.owner]
+	if len(p.idle) >= c.cfg.MaxIdle {
+		delete(c.all, pc)
+		pc.c.Close()
+	} else {
+		p.idle = append(p.idle, pc)
+	}
+	<-p.slots
+}
+
+func (c *Client) discard(pc *pconn) {
+	pc.c.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	delete(c.all, pc)
+	<-c.pools[pc.owner].slots
+}

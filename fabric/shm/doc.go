@@ -1,0 +1,74 @@
+// Package shm implements the cross-process same-host transports: "p2p"
+// (devices the topology joins with a device link, as CUDA IPC over NVLink)
+// and "shm" (any two devices, a copy through shared host memory, as NCCL
+// SHM). On this library's simulated accelerators both are the same real
+// mechanism: the owner passes the descriptor of the memfd behind its device
+// arena, and the reader maps the object's pages and copies them straight
+// into its destination buffer. No byte crosses a socket.
+//
+// # Owner side
+//
+// A Server listens on a path-based SOCK_SEQPACKET Unix socket in a private
+// directory ($TMPDIR/tensorlane-<uid>, mode 0700; the socket is removed on
+// Close). Path-based, not abstract: abstract sockets belong to a network
+// namespace, and runtimes in different namespaces that claim one host must
+// still reach each other. Every connection first runs the peerauth
+// handshake that binds both libp2p identities, and SO_PEERCRED must show
+// the peer runs as our own user.
+//
+// # Reader side
+//
+// A Client holds a connection pool per owner and a mapping cache; its P2P
+// and SHM methods return the two transport views (New and NewP2P make a
+// view with a client of its own). A read sends the claim and byte range;
+// the owner resolves it through its fabric.Source (which pins the object),
+// and answers with the object's place in its arena and, unless the reader
+// already has it mapped, the arena's descriptor (SCM_RIGHTS), reopened
+// read-only. The reader maps only the object's pages, PROT_READ,
+// MAP_SHARED|MAP_POPULATE, copies in chunks that check the context, and
+// then sends "done"; the owner unpins and acknowledges.
+//
+// # Revocation
+//
+// Mappings are cached per (owner, object, incarnation), but they are never
+// trusted on their own: every read re-validates the claim with the owner
+// (one round trip on an open connection, a few microseconds), and the owner
+// holds the pin for the whole copy, until the reader's "done". The
+// alternative, owners notifying readers when an object is freed, would need
+// a free hook the fabric.Source interface does not have and would still
+// race with a copy in progress; the per-read check cannot. A claim the
+// owner refuses (freed, unknown, stale) drops its mapping, and the read
+// fails with the owner's error (fabric.ErrObjectFreed). Only the owner's
+// acknowledgement of "done" proves the pin was held until the copy ended:
+// without it (the owner died or dropped the connection mid-copy) the read
+// fails with fabric.ErrPeerClosed and the destination must not be used.
+// An owner that becomes unreachable has all its mappings dropped, since
+// they keep its arena's memory alive.
+//
+// # Push
+//
+// Transport also implements fabric.Writer: the writer asks the reader's
+// server to open its fabric.Sink (ServerConfig.Sink) for the claim, maps
+// the sink's pages writable, copies in and sends "done"; the server then
+// unpins the sink, which is the signal that its bytes are complete.
+//
+// # Trust model
+//
+// Shared memory is shared by the same user only. A received descriptor
+// grants the authenticated peer access to the whole arena behind it, not
+// just the object it asked for, as a CUDA IPC handle does for its
+// allocation: a reader could map other objects of that arena (read-only:
+// the owner passes a read-only descriptor for reads when /proc is mounted,
+// and says so in its log when it cannot), and a pusher gets a writable
+// descriptor of the sink's arena. An owner can also shrink its arena file
+// under a reader's mapping; the reader's copy turns the resulting fault
+// into fabric.ErrCorrupt instead of crashing.
+//
+// # Failures
+//
+// Every socket operation is bounded by StallTimeout (fabric.ErrStalled)
+// and by the caller's context; an owner that closes or dies yields
+// fabric.ErrPeerClosed; a damaged grant (it carries a CRC-32C, since its
+// offsets say which memory to copy) yields fabric.ErrCorrupt and never
+// wrong data.
+package shm

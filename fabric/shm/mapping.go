@@ -1,0 +1,236 @@
+package shm
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+)
+
+var pageSize = int64(os.Getpagesize())
+
+// mapRegion maps [off, off+n) of the arena behind fd, widened to whole
+// pages: only the object's pages, never the whole (possibly 80 GB) arena.
+// MAP_POPULATE builds the page tables at once, so the first copy does not
+// take one fault per 4 KiB page. It checks that the file really holds the
+// range: touching a mapping beyond the end of its file raises SIGBUS.
+func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, 0, fmt.Errorf("%w: stat received descriptor: %v", fabric.ErrCorrupt, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, 0, fmt.Errorf("%w: received descriptor is not a memory file (mode %#o)", fabric.ErrCorrupt, st.Mode)
+	}
+	if off < 0 || n <= 0 || off+n > st.Size {
+		return nil, 0, fmt.Errorf("%w: range [%d,+%d) beyond the %d-byte arena file", fabric.ErrCorrupt, off, n, st.Size)
+	}
+	base = off &^ (pageSize - 1)
+	end := (off + n + pageSize - 1) &^ (pageSize - 1)
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's arena: %w", end-base, err)
+	}
+	return data, base, nil
+}
+
+// guardedCopy copies from into to in chunks, checking ctx between them.
+// The shared file can shrink under us (a peer that truncates its arena);
+// the resulting SIGBUS becomes an error instead of killing the process.
+func guardedCopy(ctx context.Context, to, from []byte, chunk int) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			if re, ok := r.(runtime.Error); ok {
+				err = fmt.Errorf("%w: shared memory fault during copy (the peer shrank its arena?): %v", fabric.ErrCorrupt, re)
+				return
+			}
+			panic(r)
+		}
+	}()
+	for off := 0; off < len(from); off += chunk {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		copy(to[off:], from[off:min(off+chunk, len(from))])
+	}
+	return nil
+}
+
+// cacheKey names one claim's mapping: the owner (peer and socket), the
+// object and the owner incarnation that issued the claim.
+type cacheKey struct {
+	owner       string
+	object      fabric.ObjectID
+	incarnation uint64
+}
+
+// mapping is one object's pages of an owner's arena, mapped read-only.
+type mapping struct {
+	key    cacheKey
+	id     uint64 // the owner's mapping id
+	objOff int64  // object start in the arena
+	objLen int64
+	base   int64 // arena offset of data[0]
+	data   []byte
+
+	refs int  // readers copying from it, and the cache's own reference
+	gone bool // no longer in the cache: unmapped when refs drops to 0
+	elem *list.Element
+}
+
+// bytes returns the object's bytes in the mapping.
+func (m *mapping) bytes() []byte {
+	start := m.objOff - m.base
+	return m.data[start : start+m.objLen]
+}
+
+// cache holds mappings per claim so repeated reads do not re-map. It never
+// decides whether a mapping's bytes are valid: every read re-validates its
+// claim with the owner, who pins the object for the copy.
+type cache struct {
+	maxN     int
+	maxBytes int64
+
+	mu    sync.Mutex
+	byKey map[cacheKey]*mapping
+	lru   *list.List // front: most recently used
+	bytes int64
+	stats CacheStats
+}
+
+// CacheStats counts what the mapping cache did.
+type CacheStats struct {
+	Mapped   int64 // descriptors received and mapped
+	Hits     int64 // reads served from an existing mapping
+	Revoked  int64 // mappings dropped because the owner refused the claim (freed, unknown, stale)
+	Evicted  int64 // mappings dropped to stay within the limits
+	Purged   int64 // mappings dropped because their owner went away
+	Live     int   // mappings now cached
+	Bytes    int64 // bytes now mapped by the cache
+	Unmapped int64 // mappings unmapped (the last user released them)
+}
+
+func newCache(maxN int, maxBytes int64) *cache {
+	return &cache{maxN: maxN, maxBytes: maxBytes, byKey: map[cacheKey]*mapping{}, lru: list.New()}
+}
+
+// acquire returns the cached mapping for key with a reference held, or nil.
+func (c *cache) acquire(key cacheKey) *mapping {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.byKey[key]
+	if m == nil {
+		return nil
+	}
+	m.refs++
+	c.lru.MoveToFront(m.elem)
+	return m
+}
+
+// insert caches m (whose caller holds one reference), replacing any older
+// mapping of its key, and evicts unused mappings beyond the limits.
+func (c *cache) insert(m *mapping) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stats.Mapped++
+	if old := c.byKey[m.key]; old != nil {
+		c.removeLocked(old)
+	}
+	m.refs++ // the cache's reference
+	m.elem = c.lru.PushFront(m)
+	c.byKey[m.key] = m
+	c.bytes += int64(len(m.data))
+	for e := c.lru.Back(); e != nil && (c.lru.Len() > c.maxN || c.bytes > c.maxBytes); {
+		prev := e.Prev()
+		if v := e.Value.(*mapping); v != m {
+			c.removeLocked(v)
+			c.stats.Evicted++
+		}
+		e = prev
+	}
+}
+
+func (c *cache) removeLocked(m *mapping) {
+	if m.gone {
+		return
+	}
+	m.gone = true
+	c.lru.Remove(m.elem)
+	delete(c.byKey, m.key)
+	c.bytes -= int64(len(m.data))
+	c.releaseLocked(m)
+}
+
+func (c *cache) release(m *mapping) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releaseLocked(m)
+}
+
+func (c *cache) releaseLocked(m *mapping) {
+	m.refs--
+	if m.refs == 0 && m.gone && m.data != nil {
+		unix.Munmap(m.data)
+		m.data = nil
+		c.stats.Unmapped++
+	}
+}
+
+// revoke drops key's mapping: the owner refused the claim.
+func (c *cache) revoke(key cacheKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.byKey[key]; m != nil {
+		c.removeLocked(m)
+		c.stats.Revoked++
+	}
+}
+
+// purge drops every mapping of owner: it went away, and its arenas stay
+// alive (memory the host cannot reclaim) for as long as we map them.
+func (c *cache) purge(owner string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, m := range c.byKey {
+		if k.owner == owner {
+			c.removeLocked(m)
+			c.stats.Purged++
+		}
+	}
+}
+
+// clear drops everything; mappings in use are unmapped by their last user.
+func (c *cache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.byKey {
+		c.removeLocked(m)
+	}
+}
+
+func (c *cache) hit() {
+	c.mu.Lock()
+	c.stats.Hits++
+	c.mu.Unlock()
+}
+
+func (c *cache) snapshot() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Live, s.Bytes = c.lru.Len(), c.bytes
+	return s
+}

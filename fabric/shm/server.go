@@ -1,0 +1,353 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// ServerConfig configures the owner side of the shm and p2p transports.
+// Zero values mean the documented defaults.
+type ServerConfig struct {
+	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	Source   fabric.Source  // required: resolves read claims to memory
+	// Sink, when set, lets writers push into buffers this runtime
+	// allocated (fabric.Writer); without it pushes are refused.
+	Sink      fabric.Sink
+	Authorize func(peer.ID) error
+	// Dir is the private directory the socket is created in; default
+	// DefaultDir(). It is created with mode 0700 and refused if another
+	// user owns it.
+	Dir string
+	// Path, when set, is the socket's full path (its directory must still
+	// be private); default Dir/shm-<pid>-<random>.sock.
+	Path string
+	// HandshakeTimeout bounds the authentication of a new connection and
+	// the Source's Open of one claim; default 10 s.
+	HandshakeTimeout time.Duration
+	// StallTimeout bounds each socket operation (a reply, an ack); default
+	// 30 s.
+	StallTimeout time.Duration
+	// HoldTimeout bounds how long one client may keep an object pinned
+	// between the grant and its "done" (the copy); default 60 s. A client
+	// that takes longer loses the connection and its transfer fails.
+	HoldTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+func (c *ServerConfig) defaults() error {
+	if c.Identity == nil || c.Source == nil {
+		return errors.New("shm: ServerConfig needs Identity and Source")
+	}
+	if c.Dir == "" {
+		c.Dir = DefaultDir()
+	}
+	if c.Path == "" {
+		c.Path = filepath.Join(c.Dir, socketName())
+	} else {
+		c.Dir = filepath.Dir(c.Path)
+	}
+	if len(c.Path) > maxSocketPath {
+		return fmt.Errorf("shm: socket path %q is longer than %d bytes", c.Path, maxSocketPath)
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = 30 * time.Second
+	}
+	if c.HoldTimeout <= 0 {
+		c.HoldTimeout = 60 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// Server serves reads (and pushes) of one runtime's objects to other
+// processes of the same user on this host, by passing the descriptor of the
+// arena that holds them.
+type Server struct {
+	cfg    ServerConfig
+	ln     *net.UnixListener
+	salt   uint64
+	ctx    context.Context // cancelled by Close: aborts Opens in progress
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	conns  map[*net.UnixConn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	corrupt    atomic.Bool // test hook: damage the next grant
+	procWarned atomic.Bool
+}
+
+// Listen creates the socket and starts serving.
+func Listen(cfg ServerConfig) (*Server, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if err := privateDir(cfg.Dir); err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: cfg.Path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("shm: listen on %s: %w", cfg.Path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	var salt [8]byte
+	if _, err := io.ReadFull(randReader, salt[:]); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s := &Server{cfg: cfg, ln: ln, salt: binary.LittleEndian.Uint64(salt[:]), conns: map[*net.UnixConn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr returns the socket's path, which readers find under
+// Remote.Addrs["shm"] (and "p2p": one server serves both).
+func (s *Server) Addr() string { return s.cfg.Path }
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			return // listener closed
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(c)
+	}
+}
+
+func (s *Server) serve(c *net.UnixConn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if err := sameUser(c); err != nil {
+		s.cfg.Logger.Warn("shm connection refused", "err", err)
+		return
+	}
+	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	rw := newPacketRW(c)
+	who, err := peerauth.Server(rw, s.cfg.Identity, s.cfg.Authorize)
+	if err != nil {
+		s.cfg.Logger.Warn("shm connection refused", "err", err)
+		return
+	}
+	if rw.pending() != 0 {
+		s.cfg.Logger.Warn("shm connection out of step after the handshake", "peer", who)
+		return
+	}
+	c.SetDeadline(time.Time{})
+	buf := make([]byte, maxPacket)
+	for {
+		p, fds, err := recvPacket(c, buf)
+		closeAll(fds) // clients send no descriptors
+		if err != nil {
+			if !errors.Is(err, errEOFPacket) && !errors.Is(err, net.ErrClosed) {
+				s.cfg.Logger.Debug("shm connection ended", "peer", who, "err", err)
+			}
+			return
+		}
+		req, err := parseRequest(p)
+		if err != nil {
+			c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+			sendPacket(c, refusal(err), -1)
+			s.cfg.Logger.Debug("bad shm request", "peer", who, "err", err)
+			return
+		}
+		if err := s.handle(c, buf, req); err != nil {
+			s.cfg.Logger.Debug("shm request ended the connection", "peer", who, "object", req.claim.Object, "err", err)
+			return
+		}
+	}
+}
+
+// handle answers one request and holds the pin until the client's done.
+// It returns an error only when the connection cannot be used any more.
+func (s *Server) handle(c *net.UnixConn, buf []byte, req request) error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
+	var pin tensor.Buffer
+	var err error
+	switch {
+	case req.op == opRead:
+		pin, err = s.cfg.Source.Open(ctx, req.claim)
+	case s.cfg.Sink == nil:
+		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
+	default:
+		pin, err = s.cfg.Sink.OpenSink(ctx, req.claim)
+	}
+	cancel()
+	if err == nil {
+		err = fabric.CheckRange(req.offset, req.length, pin.Len())
+	}
+	var g grant
+	fd := -1
+	if err == nil && req.length > 0 {
+		g, fd, err = s.export(pin, req)
+	}
+	if err != nil {
+		if pin != nil {
+			pin.Release()
+		}
+		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+		return sendPacket(c, refusal(err), -1)
+	}
+	defer pin.Release()
+	reply := g.marshal()
+	if s.corrupt.Swap(false) {
+		reply[20] ^= 0x40 // inside the object offset: a wrong place to copy from
+	}
+	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+	err = sendPacket(c, reply, fd)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return err
+	}
+	// The client maps and copies now; the pin stays held until it is done.
+	c.SetReadDeadline(time.Now().Add(s.cfg.HoldTimeout))
+	p, fds, err := recvPacket(c, buf)
+	closeAll(fds)
+	if err != nil {
+		return err
+	}
+	if len(p) != doneLen || p[0] != opDone {
+		return fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
+	}
+	c.SetReadDeadline(time.Time{})
+	// For a push the sink's bytes are complete once it is unpinned; for a
+	// read, unpinning first keeps the ack an honest "held until now".
+	pin.Release()
+	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+	return sendPacket(c, []byte{peerauth.StatusOK}, -1)
+}
+
+// export describes pin's place in its arena and, unless the client already
+// has it mapped, returns a descriptor to pass: read-only for reads, so a
+// reader cannot write into the owner's arena even if it wanted to.
+func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
+	ex, ok := pin.(tensor.Exportable)
+	if !ok {
+		return grant{}, -1, fmt.Errorf("shm: memory on %v cannot be shared with other processes", pin.Device())
+	}
+	h, err := ex.Export()
+	if err != nil {
+		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.FD, &st); err != nil {
+		unix.Close(h.FD)
+		return grant{}, -1, fmt.Errorf("shm: stat exported arena: %w", err)
+	}
+	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), arenaSize: h.ArenaSize, objOff: h.Offset, objLen: h.Length}
+	if g.objOff < 0 || g.objLen < 0 || g.objOff+g.objLen > g.arenaSize || g.arenaSize > st.Size {
+		unix.Close(h.FD)
+		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) of a %d-byte arena (file %d bytes) is inconsistent", h.Offset, h.Length, h.ArenaSize, st.Size)
+	}
+	if req.op == opRead && req.have == g.mapID {
+		unix.Close(h.FD)
+		return g, -1, nil
+	}
+	g.flags |= flagFD
+	if req.op == opPush {
+		return g, h.FD, nil
+	}
+	ro, err := unix.Open("/proc/self/fd/"+strconv.Itoa(h.FD), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		// Without /proc the reader gets the arena's own (writable)
+		// descriptor; it still maps it read-only. Say so once.
+		if !s.procWarned.Swap(true) {
+			s.cfg.Logger.Warn("shm: cannot reopen arena read-only, passing a writable descriptor", "err", err)
+		}
+		return g, h.FD, nil
+	}
+	unix.Close(h.FD)
+	return g, ro, nil
+}
+
+// mappingID names one object's place in one arena file. It is salted per
+// server so ids mean nothing outside it.
+func (s *Server) mappingID(dev, ino uint64, off, n int64) uint64 {
+	h := fnv.New64a()
+	var b [40]byte
+	binary.LittleEndian.PutUint64(b[0:], s.salt)
+	binary.LittleEndian.PutUint64(b[8:], dev)
+	binary.LittleEndian.PutUint64(b[16:], ino)
+	binary.LittleEndian.PutUint64(b[24:], uint64(off))
+	binary.LittleEndian.PutUint64(b[32:], uint64(n))
+	h.Write(b[:])
+	if id := h.Sum64(); id != 0 {
+		return id
+	}
+	return 1
+}
+
+func (s *Server) connCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Close stops accepting, removes the socket, closes every connection
+// (aborting transfers in flight: their readers fail with
+// fabric.ErrPeerClosed) and waits for the server's goroutines. It is
+// idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	// The listener unlinks its socket; a leftover (a racing close) goes too.
+	if rerr := os.Remove(s.cfg.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+		err = rerr
+	}
+	return err
+}

@@ -1,0 +1,430 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/fabrictest"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func key(t testing.TB) (crypto.PrivKey, peer.ID) {
+	t.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	id, err := peer.IDFromPrivateKey(k)
+	require.NoError(t, err)
+	return k, id
+}
+
+func dgx(t testing.TB) *topology.Cluster {
+	t.Helper()
+	c, err := topology.Preset("dgx-h100", 1)
+	require.NoError(t, err)
+	return c
+}
+
+func harness(name string) fabrictest.Harness {
+	return fabrictest.Harness{Name: name, Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink) fabrictest.Env {
+		ownerKey, ownerID := key(t)
+		readerKey, _ := key(t)
+		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink})
+		require.NoError(t, err)
+		cfg := Config{Identity: readerKey, Topology: dgx(t)}
+		var tr *Transport
+		if name == fabric.P2P {
+			tr, err = NewP2P(cfg)
+		} else {
+			tr, err = New(cfg)
+		}
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			tr.Close()
+			srv.Close()
+		})
+		return fabrictest.Env{
+			Reader: tr,
+			Remote: fabric.Remote{
+				Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
+				Peer:     ownerID.String(),
+				Addrs:    map[string]string{fabric.SHM: srv.Addr()},
+			},
+			CloseOwner: func() { srv.Close() },
+			Corrupt:    func() { srv.corrupt.Store(true) },
+		}
+	}}
+}
+
+func TestConformance(t *testing.T) {
+	for _, name := range []string{fabric.P2P, fabric.SHM} {
+		t.Run(name, func(t *testing.T) { fabrictest.Run(t, harness(name)) })
+	}
+}
+
+// fixture is one owner with one object in a simulated arena, served in
+// this process over the real socket, and a reader client.
+type fixture struct {
+	srv     *Server
+	cli     *Client
+	mem     *tensor.SimMemory
+	obj     tensor.Buffer
+	data    []byte
+	ownerID peer.ID
+	freed   atomic.Bool
+	opens   atomic.Int64
+	claim   fabric.Claim
+}
+
+func newFixture(t testing.TB, size int64, mutate func(*ServerConfig, *Config)) *fixture {
+	f := &fixture{claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 3, Token: []byte("0123456789abcdef")}}
+	var err error
+	f.mem, err = tensor.NewSimMemory(tensor.GPUDevice(0), size+1<<20)
+	require.NoError(t, err)
+	f.obj, err = f.mem.Alloc(context.Background(), size)
+	require.NoError(t, err)
+	f.data, _ = tensor.BytesOf(f.obj)
+	fillPattern(f.data, 1)
+	ownerKey, ownerID := key(t)
+	f.ownerID = ownerID
+	scfg := ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+		f.opens.Add(1)
+		switch {
+		case c.Object != f.claim.Object:
+			return nil, fabric.ErrObjectNotFound
+		case f.freed.Load():
+			return nil, fabric.ErrObjectFreed
+		case !bytes.Equal(c.Token, f.claim.Token):
+			return nil, fabric.ErrUnauthorized
+		}
+		return nopRelease{f.obj}, nil
+	})}
+	readerKey, _ := key(t)
+	ccfg := Config{Identity: readerKey, Topology: dgx(t)}
+	if mutate != nil {
+		mutate(&scfg, &ccfg)
+	}
+	f.srv, err = Listen(scfg)
+	require.NoError(t, err)
+	f.cli, err = NewClient(ccfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		f.cli.Close()
+		f.srv.Close()
+		f.obj.Release()
+		f.mem.Close()
+	})
+	return f
+}
+
+func (f *fixture) remote(n int64) fabric.Remote {
+	return fabric.Remote{
+		Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
+		Peer:     f.ownerID.String(), Addrs: map[string]string{fabric.SHM: f.srv.Addr()},
+		Claim: f.claim, Length: n,
+	}
+}
+
+// nopRelease hands out the object itself as the pin (host visible and
+// exportable), with a Release that keeps it.
+type nopRelease struct{ tensor.Buffer }
+
+func (n nopRelease) Bytes() []byte                  { b, _ := tensor.BytesOf(n.Buffer); return b }
+func (n nopRelease) Export() (tensor.Handle, error) { return n.Buffer.(tensor.Exportable).Export() }
+func (n nopRelease) Release() error                 { return nil }
+
+// fillPattern writes bytes that differ between positions and seeds.
+func fillPattern(p []byte, seed byte) {
+	for i := range p {
+		p[i] = byte(i*7+i>>13) ^ seed
+	}
+}
+
+func hostDst(t testing.TB, n int64) (tensor.Buffer, []byte) {
+	b, err := tensor.NewHostMemory(0).Alloc(context.Background(), n)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Release() })
+	p, _ := tensor.BytesOf(b)
+	return b, p
+}
+
+// TestRevocation: a cached mapping never outlives its object. After the
+// owner frees the object the next read fails with ErrObjectFreed, and the
+// mapping is dropped.
+func TestRevocation(t *testing.T) {
+	const n = 3<<20 + 11
+	f := newFixture(t, n, nil)
+	tr := f.cli.SHM()
+	dst, got := hostDst(t, n)
+	for i := range 3 {
+		_, err := tr.Read(context.Background(), f.remote(n), dst)
+		require.NoError(t, err, "read %d", i)
+		require.Equal(t, f.data, got[:n])
+	}
+	s := f.cli.CacheStats()
+	assert.EqualValues(t, 1, s.Mapped, "one descriptor mapped for three reads")
+	assert.EqualValues(t, 2, s.Hits)
+	assert.Equal(t, 1, s.Live)
+
+	f.freed.Store(true)
+	// Whatever the arena holds now (the memory may be reused), the cached
+	// mapping must not serve it.
+	fillPattern(f.data, 0x55)
+	clear(got)
+	_, err := tr.Read(context.Background(), f.remote(n), dst)
+	require.ErrorIs(t, err, fabric.ErrObjectFreed)
+	assert.Equal(t, make([]byte, n), got[:n], "a refused read wrote into the destination")
+	s = f.cli.CacheStats()
+	assert.EqualValues(t, 1, s.Revoked)
+	assert.Equal(t, 0, s.Live)
+	assert.EqualValues(t, 1, s.Unmapped)
+}
+
+// TestViewsShareClient: p2p and shm views of one client share its
+// connections and mappings, and closing a view leaves the client working.
+func TestViewsShareClient(t *testing.T) {
+	const n = 1 << 20
+	f := newFixture(t, n, nil)
+	dst, got := hostDst(t, n)
+	p2p, shmv := f.cli.P2P(), f.cli.SHM()
+	st, err := p2p.Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.P2P, st.Transport)
+	require.NoError(t, p2p.Close())
+	_, err = p2p.Read(context.Background(), f.remote(n), dst)
+	require.ErrorIs(t, err, net.ErrClosed)
+	st, err = shmv.Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.SHM, st.Transport)
+	assert.Equal(t, f.data, got[:n])
+	assert.EqualValues(t, 1, f.cli.CacheStats().Mapped)
+}
+
+func TestReach(t *testing.T) {
+	k, _ := key(t)
+	withTopo, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	require.NoError(t, err)
+	noTopo, err := NewClient(Config{Identity: k})
+	require.NoError(t, err)
+	t.Cleanup(func() { withTopo.Close(); noTopo.Close() })
+	ep := func(proc, host string, dev tensor.DeviceID) fabric.Endpoint {
+		return fabric.Endpoint{Process: proc, Host: host, Device: dev}
+	}
+	g0, g1, cpu := tensor.GPUDevice(0), tensor.GPUDevice(1), tensor.HostDevice
+	for _, c := range []struct {
+		name     string
+		tr       *Transport
+		src, dst fabric.Endpoint
+		want     bool
+	}{
+		{"p2p linked devices", withTopo.P2P(), ep("a", "h0", g0), ep("b", "h0", g1), true},
+		{"p2p same process", withTopo.P2P(), ep("a", "h0", g0), ep("a", "h0", g1), false},
+		{"p2p other host", withTopo.P2P(), ep("a", "h0", g0), ep("b", "h1", g1), false},
+		{"p2p to host memory", withTopo.P2P(), ep("a", "h0", g0), ep("b", "h0", cpu), false},
+		{"p2p without topology", noTopo.P2P(), ep("a", "h0", g0), ep("b", "h0", g1), false},
+		{"shm linked devices", withTopo.SHM(), ep("a", "h0", g0), ep("b", "h0", g1), true},
+		{"shm to host memory", withTopo.SHM(), ep("a", "h0", g0), ep("b", "h0", cpu), true},
+		{"shm without topology", noTopo.SHM(), ep("a", "h0", g0), ep("b", "h0", g1), true},
+		{"shm same process", noTopo.SHM(), ep("a", "h0", g0), ep("a", "h0", g1), false},
+		{"shm other host", noTopo.SHM(), ep("a", "h0", g0), ep("b", "h1", g0), false},
+		{"shm no host", noTopo.SHM(), ep("a", "", g0), ep("b", "", g0), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cost, ok := c.tr.Reach(c.src, c.dst)
+			assert.Equal(t, c.want, ok, cost.Reason)
+			assert.NotEmpty(t, cost.Reason)
+			if ok {
+				assert.Positive(t, cost.GBps)
+			}
+		})
+	}
+}
+
+// TestWrongPeer: a reader that expects another owner identity is refused
+// in the handshake.
+func TestWrongPeer(t *testing.T) {
+	f := newFixture(t, 4096, nil)
+	_, other := key(t)
+	r := f.remote(4096)
+	r.Peer = other.String()
+	dst, _ := hostDst(t, 4096)
+	_, err := f.cli.SHM().Read(context.Background(), r, dst)
+	require.ErrorIs(t, err, fabric.ErrUnauthorized)
+}
+
+func TestBadRemote(t *testing.T) {
+	f := newFixture(t, 4096, nil)
+	dst, _ := hostDst(t, 4096)
+	for _, c := range []struct {
+		name   string
+		mutate func(*fabric.Remote)
+		want   error
+	}{
+		{"no address", func(r *fabric.Remote) { r.Addrs = nil }, fabric.ErrNoPath},
+		{"bad peer id", func(r *fabric.Remote) { r.Peer = "not-a-peer" }, fabric.ErrBadRequest},
+		{"negative length", func(r *fabric.Remote) { r.Length = -1 }, fabric.ErrBadRequest},
+		{"no such socket", func(r *fabric.Remote) { r.Addrs = map[string]string{fabric.SHM: f.srv.Addr() + ".gone"} }, fabric.ErrPeerClosed},
+		{"too long for dst", func(r *fabric.Remote) { r.Length = 4097 }, tensor.ErrTooSmall},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := f.remote(4096)
+			c.mutate(&r)
+			_, err := f.cli.SHM().Read(context.Background(), r, dst)
+			require.ErrorIs(t, err, c.want)
+		})
+	}
+}
+
+// TestNoSink: a server without a Sink refuses pushes with a typed error.
+func TestNoSink(t *testing.T) {
+	f := newFixture(t, 4096, nil)
+	src, _ := hostDst(t, 4096)
+	_, err := f.cli.SHM().Write(context.Background(), src, f.remote(4096))
+	require.ErrorIs(t, err, fabric.ErrBadRequest)
+}
+
+// TestHoldTimeout: a reader that maps and never says done loses the pin
+// after HoldTimeout, and its read fails.
+func TestHoldTimeout(t *testing.T) {
+	f := newFixture(t, 1<<20, func(s *ServerConfig, c *Config) { s.HoldTimeout = 50 * time.Millisecond })
+	hold, mapped := make(chan struct{}), make(chan struct{})
+	f.cli.afterMap = func() { close(mapped); <-hold }
+	dst, _ := hostDst(t, 1<<20)
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.cli.SHM().Read(context.Background(), f.remote(1<<20), dst)
+		done <- err
+	}()
+	<-mapped
+	// Release the reader only once the owner has given up on it.
+	deadline := time.Now().Add(30 * time.Second)
+	for f.srv.connCount() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, f.srv.connCount(), "the owner kept a connection past HoldTimeout")
+	close(hold)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, fabric.ErrPeerClosed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("HUNG")
+	}
+}
+
+// TestGuardedCopyFault: an arena file that shrinks under a mapping yields
+// ErrCorrupt, not a crash.
+func TestGuardedCopyFault(t *testing.T) {
+	fd, err := unix.MemfdCreate("shm-test", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	const n = 1 << 20
+	require.NoError(t, unix.Ftruncate(fd, n))
+	data, base, err := mapRegion(fd, 0, n, false)
+	require.NoError(t, err)
+	require.Zero(t, base)
+	defer unix.Munmap(data)
+	require.NoError(t, unix.Ftruncate(fd, 0))
+	err = guardedCopy(context.Background(), make([]byte, n), data, 64<<10)
+	require.ErrorIs(t, err, fabric.ErrCorrupt)
+}
+
+func TestMapRegionChecks(t *testing.T) {
+	fd, err := unix.MemfdCreate("shm-test", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, 64<<10))
+	_, _, err = mapRegion(fd, 60<<10, 8<<10, false)
+	require.ErrorIs(t, err, fabric.ErrCorrupt, "range beyond the file")
+	dir, err := unix.Open(os.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(dir)
+	_, _, err = mapRegion(dir, 0, 4096, false)
+	require.ErrorIs(t, err, fabric.ErrCorrupt, "a directory is no arena")
+	data, base, err := mapRegion(fd, 5000, 100, false)
+	require.NoError(t, err)
+	assert.EqualValues(t, 4096, base)
+	assert.Len(t, data, 4096)
+	unix.Munmap(data)
+}
+
+func TestPrivateDir(t *testing.T) {
+	root := t.TempDir()
+	open := filepath.Join(root, "open")
+	require.NoError(t, os.Mkdir(open, 0o755))
+	require.NoError(t, privateDir(open))
+	fi, err := os.Stat(open)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "an open directory of ours is closed")
+
+	file := filepath.Join(root, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	require.Error(t, privateDir(file))
+
+	link := filepath.Join(root, "link")
+	require.NoError(t, os.Symlink(open, link))
+	require.Error(t, privateDir(link), "a symlink could point anywhere")
+
+	if os.Getuid() == 0 {
+		theirs := filepath.Join(root, "theirs")
+		require.NoError(t, os.Mkdir(theirs, 0o700))
+		require.NoError(t, os.Chown(theirs, 65534, 65534))
+		require.Error(t, privateDir(theirs), "another user's directory")
+	}
+}
+
+// TestPeerCred: both ends see each other's uid.
+func TestPeerCred(t *testing.T) {
+	path := filepath.Join(DefaultDir(), socketName())
+	require.NoError(t, privateDir(DefaultDir()))
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := ln.AcceptUnix()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, sameUser(c))
+	require.NoError(t, sameUser(s))
+	uid, err := peerUID(s)
+	require.NoError(t, err)
+	assert.Equal(t, os.Getuid(), uid)
+}
+
+func TestServerConfig(t *testing.T) {
+	k, _ := key(t)
+	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound })
+	_, err := Listen(ServerConfig{Source: src})
+	require.Error(t, err)
+	_, err = Listen(ServerConfig{Identity: k, Source: src, Path: "/tmp/" + string(bytes.Repeat([]byte("x"), 120))})
+	require.Error(t, err)
+	s, err := Listen(ServerConfig{Identity: k, Source: src})
+	require.NoError(t, err)
+	_, err = os.Stat(s.Addr())
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	_, err = os.Stat(s.Addr())
+	require.True(t, errors.Is(err, os.ErrNotExist), "socket removed on Close: %v", err)
+	_, err = NewClient(Config{})
+	require.Error(t, err)
+}

@@ -1,0 +1,173 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+)
+
+// DefaultDir returns the private directory sockets are created in by
+// default: $TMPDIR/tensorlane-<uid>.
+func DefaultDir() string {
+	return filepath.Join(os.TempDir(), "tensorlane-"+strconv.Itoa(os.Getuid()))
+}
+
+// privateDir makes sure dir exists, is a real directory (not a link), is
+// ours and is closed to everyone else, so no other user can plant or swap a
+// socket in it.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("shm: socket directory: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("shm: socket directory: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("shm: socket directory %s is not a directory", dir)
+	case !ok || int(st.Uid) != os.Getuid():
+		return fmt.Errorf("shm: socket directory %s belongs to another user", dir)
+	case fi.Mode().Perm()&0o077 != 0:
+		// Ours, but open to others (an old umask): close it.
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("shm: socket directory %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// socketName returns a fresh socket file name: the pid says whose it is,
+// the random part keeps several servers of one process apart.
+func socketName() string {
+	var r [6]byte
+	rand.Read(r[:])
+	return "shm-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(r[:]) + ".sock"
+}
+
+var randReader = rand.Reader
+
+// maxSocketPath is the longest path a sockaddr_un holds (with its NUL).
+const maxSocketPath = 107
+
+// peerUID returns the uid of the process at the other end of c.
+func peerUID(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return -1, err
+	}
+	if cerr != nil {
+		return -1, cerr
+	}
+	return int(cred.Uid), nil
+}
+
+// sameUser refuses a peer that runs as another user: a received descriptor
+// grants access to a whole device arena, so only our own user may hold one.
+func sameUser(c *net.UnixConn) error {
+	uid, err := peerUID(c)
+	if err != nil {
+		return fmt.Errorf("%w: SO_PEERCRED: %v", fabric.ErrUnauthorized, err)
+	}
+	if uid != os.Getuid() {
+		return fmt.Errorf("%w: peer runs as uid %d, we run as %d (shm serves the same user only)", fabric.ErrUnauthorized, uid, os.Getuid())
+	}
+	return nil
+}
+
+// packetRW adapts a SOCK_SEQPACKET connection to the byte-stream reads of
+// the peerauth handshake: a packet read with a short buffer would lose its
+// tail, so each packet is read whole and served from a buffer.
+type packetRW struct {
+	c    *net.UnixConn
+	buf  []byte
+	left []byte
+}
+
+func newPacketRW(c *net.UnixConn) *packetRW { return &packetRW{c: c, buf: make([]byte, 4096)} }
+
+func (p *packetRW) Read(b []byte) (int, error) {
+	if len(p.left) == 0 {
+		n, err := p.c.Read(p.buf)
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			// A zero-length packet from a peer that shut down reads as EOF.
+			return 0, errEOFPacket
+		}
+		p.left = p.buf[:n]
+	}
+	n := copy(b, p.left)
+	p.left = p.left[n:]
+	return n, nil
+}
+
+func (p *packetRW) Write(b []byte) (int, error) { return p.c.Write(b) }
+
+// pending reports bytes received but not consumed: after the handshake
+// there must be none, or the two ends are out of step.
+func (p *packetRW) pending() int { return len(p.left) }
+
+var errEOFPacket = errors.New("shm: connection closed")
+
+// recvPacket reads one packet and any descriptors sent with it. Descriptors
+// of a packet that is rejected are closed here.
+func recvPacket(c *net.UnixConn, buf []byte) (p []byte, fds []int, err error) {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if oobn > 0 {
+		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for _, m := range msgs {
+				if got, rerr := unix.ParseUnixRights(&m); rerr == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+	}
+	if err == nil && n == 0 {
+		err = errEOFPacket
+	}
+	if err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		err = fmt.Errorf("%w: packet or its descriptors truncated (flags %#x)", fabric.ErrCorrupt, flags)
+	}
+	if err != nil {
+		closeAll(fds)
+		return nil, nil, err
+	}
+	return buf[:n], fds, nil
+}
+
+// sendPacket writes one packet, with fd attached when fd >= 0.
+func sendPacket(c *net.UnixConn, p []byte, fd int) error {
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	_, _, err := c.WriteMsgUnix(p, oob, nil)
+	return err
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

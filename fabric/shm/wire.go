@@ -1,0 +1,168 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+)
+
+// The data connection is a SOCK_SEQPACKET Unix socket: every message below
+// is one packet, so a message and the descriptor that rides with it
+// (SCM_RIGHTS) arrive together and never split. All integers are big endian.
+//
+// After the peerauth handshake the client (reader or pusher) sends:
+//
+//	request: op (1) | object (16) | incarnation (8) | offset (8) | length (8) |
+//	         have (8) | token length (1) | token
+//
+// op is opRead (the server opens its Source) or opPush (it opens its Sink);
+// have is the mapping id the client already has mapped for this claim, or 0.
+// The server answers with one packet:
+//
+//	refused:  status (1, not StatusOK) | message
+//	granted:  status (1, StatusOK) | version (1) | flags (1) | mapping id (8) |
+//	          arena size (8) | object offset in arena (8) | object length (8) |
+//	          crc32c of everything before it (4)
+//
+// with the arena's descriptor attached when flags has flagFD (the client
+// did not have mapping id mapped). The server keeps the object pinned until
+// the client has copied and says so:
+//
+//	done:     opDone (1) | result (1: 0 copied, 1 abandoned)
+//	ack:      status (1)
+//
+// The ack is what tells the client that the pin was held for the whole
+// copy: without it (the owner died or dropped the connection) the copied
+// bytes cannot be trusted and the transfer fails.
+const (
+	opRead byte = 1
+	opPush byte = 2
+	opDone byte = 3
+
+	version  byte = 1
+	flagFD   byte = 1
+	maxToken      = 64
+
+	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
+	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 4
+	doneLen      = 2
+
+	// maxPacket bounds every packet either side reads; the longest is a
+	// refusal with a status message.
+	maxPacket = 1 + peerauth.MaxMessage + 64
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// request is what a client asks of a server.
+type request struct {
+	op             byte
+	claim          fabric.Claim
+	offset, length int64
+	have           uint64
+}
+
+func (r request) marshal() []byte {
+	b := make([]byte, 0, requestFixed+len(r.claim.Token))
+	b = append(b, r.op)
+	b = append(b, r.claim.Object[:]...)
+	b = binary.BigEndian.AppendUint64(b, r.claim.Incarnation)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.offset))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.length))
+	b = binary.BigEndian.AppendUint64(b, r.have)
+	b = append(b, byte(len(r.claim.Token)))
+	return append(b, r.claim.Token...)
+}
+
+// parseRequest decodes a request packet. It never panics; malformed input
+// yields fabric.ErrBadRequest.
+func parseRequest(p []byte) (request, error) {
+	if len(p) < requestFixed {
+		return request{}, fmt.Errorf("%w: request of %d bytes", fabric.ErrBadRequest, len(p))
+	}
+	var r request
+	r.op = p[0]
+	if r.op != opRead && r.op != opPush {
+		return request{}, fmt.Errorf("%w: unknown op %d", fabric.ErrBadRequest, r.op)
+	}
+	copy(r.claim.Object[:], p[1:17])
+	r.claim.Incarnation = binary.BigEndian.Uint64(p[17:25])
+	off, n := binary.BigEndian.Uint64(p[25:33]), binary.BigEndian.Uint64(p[33:41])
+	r.have = binary.BigEndian.Uint64(p[41:49])
+	tl := int(p[49])
+	if tl > maxToken || len(p) != requestFixed+tl {
+		return request{}, fmt.Errorf("%w: token of %d bytes in a %d-byte request", fabric.ErrBadRequest, tl, len(p))
+	}
+	if off > 1<<62 || n > 1<<62 {
+		return request{}, fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, off, n)
+	}
+	r.offset, r.length = int64(off), int64(n)
+	if tl > 0 {
+		r.claim.Token = append([]byte(nil), p[requestFixed:]...)
+	}
+	return r, nil
+}
+
+// grant is the server's answer to an admitted request.
+type grant struct {
+	flags     byte
+	mapID     uint64
+	arenaSize int64
+	objOff    int64 // the object's first byte in the arena
+	objLen    int64
+}
+
+func (g grant) marshal() []byte {
+	b := make([]byte, 0, grantLen)
+	b = append(b, peerauth.StatusOK, version, g.flags)
+	b = binary.BigEndian.AppendUint64(b, g.mapID)
+	b = binary.BigEndian.AppendUint64(b, uint64(g.arenaSize))
+	b = binary.BigEndian.AppendUint64(b, uint64(g.objOff))
+	b = binary.BigEndian.AppendUint64(b, uint64(g.objLen))
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// parseReply decodes the server's answer: a grant, or the error the owner
+// reported (matching a fabric sentinel). A damaged grant yields
+// fabric.ErrCorrupt: it must never be acted on, since its offsets say
+// which memory the client copies.
+func parseReply(p []byte) (grant, error) {
+	if len(p) == 0 {
+		return grant{}, fmt.Errorf("%w: empty reply", fabric.ErrCorrupt)
+	}
+	if p[0] != peerauth.StatusOK {
+		msg := p[1:]
+		if len(msg) > peerauth.MaxMessage {
+			msg = msg[:peerauth.MaxMessage]
+		}
+		return grant{}, peerauth.StatusError(p[0], string(msg))
+	}
+	if len(p) != grantLen {
+		return grant{}, fmt.Errorf("%w: grant of %d bytes, want %d", fabric.ErrCorrupt, len(p), grantLen)
+	}
+	if crc32.Checksum(p[:grantLen-4], castagnoli) != binary.BigEndian.Uint32(p[grantLen-4:]) {
+		return grant{}, fmt.Errorf("%w: grant checksum mismatch", fabric.ErrCorrupt)
+	}
+	if p[1] != version {
+		return grant{}, fmt.Errorf("%w: protocol version %d, want %d", fabric.ErrBadRequest, p[1], version)
+	}
+	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
+	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
+	if g.flags&^flagFD != 0 || size > 1<<62 || off > size || n > size-off {
+		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in an arena of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
+	}
+	g.arenaSize, g.objOff, g.objLen = int64(size), int64(off), int64(n)
+	return g, nil
+}
+
+// refusal encodes an error as a refused reply.
+func refusal(err error) []byte {
+	msg := err.Error()
+	if len(msg) > peerauth.MaxMessage {
+		msg = msg[:peerauth.MaxMessage]
+	}
+	return append([]byte{peerauth.StatusFor(err)}, msg...)
+}
