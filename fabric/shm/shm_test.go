@@ -428,3 +428,49 @@ func TestServerConfig(t *testing.T) {
 	_, err = NewClient(Config{})
 	require.Error(t, err)
 }
+
+// TestCancelDuringCopy: cancelling between the grant and the end of the
+// copy stops the copy at the next chunk, releases the owner's pin (the
+// connection closes) and leaves the client usable.
+func TestCancelDuringCopy(t *testing.T) {
+	const n = 16 << 20
+	var pins atomic.Int64
+	f := newFixture(t, n, func(s *ServerConfig, c *Config) {
+		inner := s.Source
+		s.Source = fabric.SourceFunc(func(ctx context.Context, cl fabric.Claim) (tensor.Buffer, error) {
+			b, err := inner.Open(ctx, cl)
+			if err != nil {
+				return nil, err
+			}
+			pins.Add(1)
+			return &countedPin{nopRelease: b.(nopRelease), pins: &pins}, nil
+		})
+		c.ChunkSize = 1 << 20
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cli.afterMap = cancel
+	dst, _ := hostDst(t, n)
+	_, err := f.cli.SHM().Read(ctx, f.remote(n), dst)
+	require.ErrorIs(t, err, context.Canceled)
+	f.cli.afterMap = nil
+	deadline := time.Now().Add(15 * time.Second)
+	for pins.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, pins.Load(), "the owner still holds the pin of a cancelled read")
+	_, err = f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+}
+
+type countedPin struct {
+	nopRelease
+	pins *atomic.Int64
+	once atomic.Bool
+}
+
+func (p *countedPin) Release() error {
+	if !p.once.Swap(true) {
+		p.pins.Add(-1)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package shm
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// BenchmarkCrossProcess reads from a real second process (the re-executed
+// test binary owning a simulated device) over p2p and shm, and interleaves
+// each transfer with a single-thread copy() of the same size between two
+// arenas of this process: the baseline, measured in the same run. ns/op and
+// MB/s are the transfer's alone; ratio is the transfer's throughput over
+// memcpy's (1.0 = as fast as a local memcpy). The first read of an object
+// maps it (MAP_POPULATE); it is reported apart as cold-ms, and the loop
+// measures the cached mapping that repeated reads use.
+func BenchmarkCrossProcess(b *testing.B) {
+	sizes := []int64{64 << 20, 1 << 30}
+	h := startHelper(b, sizes...)
+	k, _ := key(b)
+	cli, err := NewClient(Config{Identity: k, Topology: dgx(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	var total int64
+	for _, n := range sizes {
+		total += n
+	}
+	mem, err := tensor.NewSimMemory(tensor.GPUDevice(1), 2*(1<<30)+64<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	for i, n := range sizes {
+		dst, err := mem.Alloc(context.Background(), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		base, err := mem.Alloc(context.Background(), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		to, _ := tensor.BytesOf(dst)
+		from, _ := tensor.BytesOf(base)
+		fillWords(from, 99)
+		for _, tr := range []*Transport{cli.P2P(), cli.SHM()} {
+			b.Run(fmt.Sprintf("%s/%dMiB", tr.Name(), n>>20), func(b *testing.B) {
+				r := h.remote(i, 0, n)
+				start := time.Now()
+				if _, err := tr.Read(context.Background(), r, dst); err != nil {
+					b.Fatal(err)
+				}
+				cold := time.Since(start)
+				if bad := checkWords(to[:min(n, 1<<20)], h.info.Objects[i].Seed, 0, n); bad >= 0 {
+					b.Fatalf("wrong byte at %d", bad)
+				}
+				b.SetBytes(n)
+				b.ReportAllocs()
+				b.ResetTimer()
+				var xfer, memcpy time.Duration
+				for range b.N {
+					t0 := time.Now()
+					if _, err := tr.Read(context.Background(), r, dst); err != nil {
+						b.Fatal(err)
+					}
+					t1 := time.Now()
+					b.StopTimer()
+					copy(to, from)
+					memcpy += time.Since(t1)
+					b.StartTimer()
+					xfer += t1.Sub(t0)
+				}
+				b.ReportMetric(memcpy.Seconds()/xfer.Seconds(), "ratio")
+				b.ReportMetric(float64(n)*float64(b.N)/memcpy.Seconds()/1e9, "memcpy-GB/s")
+				b.ReportMetric(float64(cold.Microseconds())/1000, "cold-ms")
+			})
+		}
+		dst.Release()
+		base.Release()
+	}
+	_ = fabric.SHM
+}

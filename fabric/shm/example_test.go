@@ -1,0 +1,67 @@
+package shm_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/shm"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// An owner serves an object of its simulated device; a reader (here in the
+// same process, normally another one) copies it through the owner's arena,
+// which it maps by descriptor.
+func Example() {
+	ctx := context.Background()
+	mem, _ := tensor.NewSimMemory(tensor.GPUDevice(0), 8<<20)
+	defer mem.Close()
+	obj, _ := mem.Alloc(ctx, 1<<20)
+	data, _ := tensor.BytesOf(obj)
+	copy(data, "weights")
+
+	ownerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	ownerID, _ := peer.IDFromPrivateKey(ownerKey)
+	srv, err := shm.Listen(shm.ServerConfig{
+		Identity: ownerKey,
+		// A real owner resolves the claim in its object table and pins.
+		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			return pin{obj}, nil
+		}),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+
+	readerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	tr, _ := shm.New(shm.Config{Identity: readerKey})
+	defer tr.Close()
+	dst, _ := tensor.NewHostMemory(0).Alloc(ctx, 1<<20)
+	defer dst.Release()
+	st, err := tr.Read(ctx, fabric.Remote{
+		Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
+		Peer:     ownerID.String(),
+		Addrs:    map[string]string{fabric.SHM: srv.Addr()},
+		Length:   1 << 20,
+	}, dst)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got, _ := tensor.BytesOf(dst)
+	fmt.Printf("%s moved %d bytes: %q\n", st.Transport, st.Bytes, got[:7])
+	// Output: shm moved 1048576 bytes: "weights"
+}
+
+// pin lends the object without giving up ownership.
+type pin struct{ tensor.Buffer }
+
+func (p pin) Bytes() []byte                  { b, _ := tensor.BytesOf(p.Buffer); return b }
+func (p pin) Export() (tensor.Handle, error) { return p.Buffer.(tensor.Exportable).Export() }
+func (p pin) Release() error                 { return nil }

@@ -1,0 +1,123 @@
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+)
+
+func TestRequestRoundTrip(t *testing.T) {
+	for _, r := range []request{
+		{op: opRead, claim: fabric.Claim{Object: fabric.ObjectID{1, 2}, Incarnation: 9, Token: []byte("tok")}, offset: 5, length: 1 << 40, have: 77},
+		{op: opPush, claim: fabric.Claim{Object: fabric.ObjectID{3}}},
+		{op: opRead, claim: fabric.Claim{Token: bytes.Repeat([]byte{7}, maxToken)}, offset: 1 << 62, length: 1 << 62},
+	} {
+		got, err := parseRequest(r.marshal())
+		require.NoError(t, err)
+		if len(r.claim.Token) == 0 {
+			r.claim.Token = nil
+		}
+		assert.Equal(t, r, got)
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	good := request{op: opRead, claim: fabric.Claim{Token: []byte("abc")}, length: 1}.marshal()
+	for _, c := range []struct {
+		name string
+		p    []byte
+	}{
+		{"empty", nil},
+		{"short", good[:requestFixed-1]},
+		{"unknown op", append([]byte{9}, good[1:]...)},
+		{"done is not a request", append([]byte{opDone}, good[1:]...)},
+		{"token longer than the packet", good[:len(good)-1]},
+		{"trailing bytes", append(append([]byte(nil), good...), 0)},
+		{"token too long", request{op: opRead, claim: fabric.Claim{Token: make([]byte, maxToken+1)}}.marshal()},
+		{"huge offset", request{op: opRead, offset: -1}.marshal()},
+		{"huge length", request{op: opRead, length: 1<<62 + 1}.marshal()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseRequest(c.p)
+			require.ErrorIs(t, err, fabric.ErrBadRequest)
+		})
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	g := grant{flags: flagFD, mapID: 42, arenaSize: 1 << 30, objOff: 4096, objLen: 1000}
+	got, err := parseReply(g.marshal())
+	require.NoError(t, err)
+	assert.Equal(t, g, got)
+
+	for _, c := range []struct {
+		name string
+		p    []byte
+		want error
+	}{
+		{"empty", nil, fabric.ErrCorrupt},
+		{"short grant", g.marshal()[:grantLen-1], fabric.ErrCorrupt},
+		{"flipped byte", flip(g.marshal(), 20), fabric.ErrCorrupt},
+		{"object outside arena", grant{arenaSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
+		{"unknown flags", grant{flags: 0x80}.marshal(), fabric.ErrCorrupt},
+		{"freed", refusal(fabric.ErrObjectFreed), fabric.ErrObjectFreed},
+		{"unauthorized", refusal(fabric.ErrUnauthorized), fabric.ErrUnauthorized},
+		{"stale", refusal(fabric.ErrStaleRef), fabric.ErrStaleRef},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseReply(c.p)
+			require.ErrorIs(t, err, c.want)
+		})
+	}
+	var re *peerauth.RemoteError
+	_, err = parseReply(refusal(errors.New("disk on fire")))
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, peerauth.StatusInternal, re.Code)
+}
+
+func flip(p []byte, i int) []byte { p[i] ^= 1; return p }
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add(request{op: opRead, claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 2, Token: []byte("token")}, offset: 3, length: 4, have: 5}.marshal())
+	f.Add(request{op: opPush}.marshal())
+	f.Add([]byte{opDone, 0})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		r, err := parseRequest(p)
+		if err != nil {
+			if !errors.Is(err, fabric.ErrBadRequest) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if r.offset < 0 || r.length < 0 || len(r.claim.Token) > maxToken {
+			t.Fatalf("accepted a bad request %+v", r)
+		}
+		if !bytes.Equal(r.marshal(), p) {
+			t.Fatalf("request does not round-trip: %x", p)
+		}
+	})
+}
+
+func FuzzParseReply(f *testing.F) {
+	f.Add(grant{flags: flagFD, mapID: 1, arenaSize: 1 << 20, objOff: 4096, objLen: 100}.marshal())
+	f.Add(refusal(fabric.ErrObjectFreed))
+	f.Add([]byte{peerauth.StatusOK})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		g, err := parseReply(p)
+		if err != nil {
+			return
+		}
+		if g.objOff < 0 || g.objLen < 0 || g.objOff+g.objLen > g.arenaSize || g.flags&^flagFD != 0 {
+			t.Fatalf("accepted an inconsistent grant %+v", g)
+		}
+		if !bytes.Equal(g.marshal(), p) {
+			t.Fatalf("grant does not round-trip: %x", p)
+		}
+	})
+}
