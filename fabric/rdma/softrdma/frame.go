@@ -1,0 +1,159 @@
+package softrdma
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+)
+
+// Every message on a queue pair's connection is one frame:
+//
+//	magic (1) = 0xD7 | op (1) | status (1) | flags (1) | id (8) | rkey (4) |
+//	addr (8) | length (4) | payload length (4) | payload | crc32c (4)
+//
+// The CRC-32C covers the header and the payload, so a flipped bit anywhere
+// is caught before the payload touches registered memory.
+//
+//	opReadReq   requester: READ length bytes at (rkey, addr); no payload
+//	opReadResp  responder: a chunk of the data; addr = offset within the
+//	            request; flagLast on the final chunk; or a failure status
+//	opWriteReq  requester: a chunk to WRITE at (rkey, addr); flagLast on
+//	            the final chunk of a work request
+//	opWriteResp responder: the status of a whole WRITE
+//	opCall      requester: a message for the remote's MessageHandler
+//	opCallResp  responder: its answer (status != 0: the payload is the error)
+const (
+	frameMagic  = 0xD7
+	headerLen   = 32
+	trailerLen  = 4
+	MaxPayload  = 1 << 20  // the largest payload a decoder accepts
+	MaxMessage  = 64 << 10 // the largest Call message
+	flagLast    = 1
+	opReadReq   = 1
+	opReadResp  = 2
+	opWriteReq  = 3
+	opWriteResp = 4
+	opCall      = 5
+	opCallResp  = 6
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type frame struct {
+	op, status, flags byte
+	id                uint64
+	rkey              uint32
+	addr              uint64
+	length            uint32
+	payloadLen        uint32
+}
+
+func (f *frame) putHeader(h *[headerLen]byte) {
+	h[0], h[1], h[2], h[3] = frameMagic, f.op, f.status, f.flags
+	binary.BigEndian.PutUint64(h[4:], f.id)
+	binary.BigEndian.PutUint32(h[12:], f.rkey)
+	binary.BigEndian.PutUint64(h[16:], f.addr)
+	binary.BigEndian.PutUint32(h[24:], f.length)
+	binary.BigEndian.PutUint32(h[28:], f.payloadLen)
+}
+
+// parseHeader checks the fixed fields of a header.
+func parseHeader(h []byte) (frame, error) {
+	if len(h) < headerLen {
+		return frame{}, fmt.Errorf("%w: short frame header (%d bytes)", fabric.ErrCorrupt, len(h))
+	}
+	f := frame{op: h[1], status: h[2], flags: h[3],
+		id:   binary.BigEndian.Uint64(h[4:]),
+		rkey: binary.BigEndian.Uint32(h[12:]), addr: binary.BigEndian.Uint64(h[16:]),
+		length: binary.BigEndian.Uint32(h[24:]), payloadLen: binary.BigEndian.Uint32(h[28:])}
+	switch {
+	case h[0] != frameMagic:
+		return frame{}, fmt.Errorf("%w: bad frame magic %#x", fabric.ErrCorrupt, h[0])
+	case f.op < opReadReq || f.op > opCallResp:
+		return frame{}, fmt.Errorf("%w: unknown frame op %d", fabric.ErrCorrupt, f.op)
+	case f.payloadLen > MaxPayload:
+		return frame{}, fmt.Errorf("%w: frame payload of %d bytes (max %d)", fabric.ErrCorrupt, f.payloadLen, MaxPayload)
+	case f.status > uint8(rdma.StatusCorrupt):
+		return frame{}, fmt.Errorf("%w: unknown status %d", fabric.ErrCorrupt, f.status)
+	}
+	return f, nil
+}
+
+func checksum(h *[headerLen]byte, payload []byte) uint32 {
+	return crc32.Update(crc32.Checksum(h[:], castagnoli), castagnoli, payload)
+}
+
+// decodeFrame decodes one frame from the start of p, returning it, its
+// payload (aliasing p) and the bytes consumed. It is the decoder readFrame
+// applies to a stream, in a form that can be fuzzed.
+func decodeFrame(p []byte) (frame, []byte, int, error) {
+	f, err := parseHeader(p)
+	if err != nil {
+		return frame{}, nil, 0, err
+	}
+	n := headerLen + int(f.payloadLen) + trailerLen
+	if len(p) < n {
+		return frame{}, nil, 0, fmt.Errorf("%w: truncated frame (%d of %d bytes)", fabric.ErrCorrupt, len(p), n)
+	}
+	var h [headerLen]byte
+	copy(h[:], p)
+	payload := p[headerLen : headerLen+int(f.payloadLen)]
+	if checksum(&h, payload) != binary.BigEndian.Uint32(p[n-trailerLen:]) {
+		return frame{}, nil, 0, fmt.Errorf("%w: frame checksum mismatch", fabric.ErrCorrupt)
+	}
+	return f, payload, n, nil
+}
+
+// appendFrame encodes a frame (for tests and small frames).
+func appendFrame(dst []byte, f frame, payload []byte) []byte {
+	f.payloadLen = uint32(len(payload))
+	var h [headerLen]byte
+	f.putHeader(&h)
+	dst = append(dst, h[:]...)
+	dst = append(dst, payload...)
+	return binary.BigEndian.AppendUint32(dst, checksum(&h, payload))
+}
+
+// readFrame reads one frame into buf (cap >= MaxPayload) and returns it with
+// its payload, a prefix of buf.
+func readFrame(r io.Reader, h *[headerLen]byte, buf []byte) (frame, []byte, error) {
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return frame{}, nil, err
+	}
+	f, err := parseHeader(h[:])
+	if err != nil {
+		return frame{}, nil, err
+	}
+	p := buf[:int(f.payloadLen)+trailerLen]
+	if _, err := io.ReadFull(r, p); err != nil {
+		return frame{}, nil, err
+	}
+	payload := p[:f.payloadLen]
+	if checksum(h, payload) != binary.BigEndian.Uint32(p[f.payloadLen:]) {
+		return frame{}, nil, fmt.Errorf("%w: frame checksum mismatch (op %d, id %d)", fabric.ErrCorrupt, f.op, f.id)
+	}
+	return f, payload, nil
+}
+
+// writeFrame writes a frame with one writev: header, payload straight from
+// where it lies, trailer. corrupt flips a payload bit after the checksum
+// was computed (fault injection).
+func writeFrame(w io.Writer, f frame, payload []byte, corrupt bool) error {
+	f.payloadLen = uint32(len(payload))
+	var h [headerLen]byte
+	f.putHeader(&h)
+	var t [trailerLen]byte
+	binary.BigEndian.PutUint32(t[:], checksum(&h, payload))
+	if corrupt && len(payload) > 0 {
+		payload = append([]byte(nil), payload...)
+		payload[len(payload)/2] ^= 0x10
+	}
+	bufs := net.Buffers{h[:], payload, t[:]}
+	_, err := bufs.WriteTo(w)
+	return err
+}

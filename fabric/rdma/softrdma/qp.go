@@ -1,0 +1,453 @@
+package softrdma
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+)
+
+// qp is the active side of a queue pair: it posts work requests and
+// receives their responses. Two goroutines run while it is connected: a
+// sender (posting never blocks on the socket) and a receiver.
+type qp struct {
+	pd  *pd
+	cq  *cq
+	cfg rdma.QPConfig
+
+	mu      sync.Mutex
+	conn    net.Conn
+	pending map[uint64]*pendingWR // by wire id
+	calls   map[uint64]chan callResult
+	seq     uint64
+	err     error // set once the queue pair broke or closed
+	sendq   chan outbound
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type pendingWR struct {
+	wr    rdma.WorkRequest
+	op    rdma.Opcode
+	local *mr
+	got   uint32 // READ: bytes received so far
+	fail  rdma.Status
+}
+
+type outbound struct {
+	op   byte
+	id   uint64
+	wr   rdma.WorkRequest
+	mr   *mr
+	body []byte // opCall
+}
+
+type callResult struct {
+	msg []byte
+	err error
+}
+
+var errQPClosed = fmt.Errorf("softrdma: queue pair closed: %w", fabric.ErrClosed)
+
+// Connect dials the remote NIC from this device's address and runs the
+// peerauth handshake.
+func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
+	d := q.pd.dev
+	q.mu.Lock()
+	if q.conn != nil || q.err != nil {
+		q.mu.Unlock()
+		return errors.New("softrdma: queue pair already connected or closed")
+	}
+	q.mu.Unlock()
+	dial := d.nic.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
+			var nd net.Dialer
+			if laddr != "" {
+				a, err := net.ResolveTCPAddr(network, laddr)
+				if err != nil {
+					return nil, err
+				}
+				nd.LocalAddr = a
+			}
+			return nd.DialContext(ctx, network, raddr)
+		}
+	}
+	laddr := ""
+	if h, _, err := net.SplitHostPort(d.nic.Addr); err == nil && h != "" {
+		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+			laddr = net.JoinHostPort(h, "0")
+		}
+	}
+	conn, err := dial(ctx, "tcp", laddr, addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: softrdma: connect %s -> %s: %v", fabric.ErrPeerClosed, d.nic.Name, addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	} else {
+		conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
+	}
+	_, err = peerauth.Client(conn, d.cfg.Identity, want)
+	if !stop() {
+		conn.Close()
+		return ctx.Err()
+	}
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) {
+			return err
+		}
+		return fmt.Errorf("%w: softrdma: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
+	}
+	conn.SetDeadline(time.Time{})
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		conn.Close()
+		return fabric.ErrClosed
+	}
+	d.qps[q] = struct{}{}
+	d.mu.Unlock()
+	q.mu.Lock()
+	if q.err != nil { // closed while connecting
+		q.mu.Unlock()
+		conn.Close()
+		return q.err
+	}
+	q.conn = conn
+	q.sendq = make(chan outbound, q.cfg.MaxOutstanding+64)
+	q.done = make(chan struct{})
+	q.wg.Add(2)
+	q.mu.Unlock()
+	go q.send()
+	go q.receive()
+	return nil
+}
+
+func (q *qp) PostRead(wr rdma.WorkRequest) error  { return q.post(opReadReq, rdma.OpRead, wr) }
+func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(opWriteReq, rdma.OpWrite, wr) }
+
+func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.err != nil:
+		return q.err
+	case q.conn == nil:
+		return rdma.ErrNotConn
+	case len(q.pending) >= q.cfg.MaxOutstanding:
+		return rdma.ErrQueueFull
+	}
+	local := q.pd.dev.localMR(q.pd, wr.LKey)
+	need := rdma.Access(0)
+	if opc == rdma.OpRead {
+		need = rdma.AccessLocalWrite
+	}
+	if local == nil || local.access&need != need {
+		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+			Err: fmt.Errorf("softrdma: local key %#x unknown or without access", wr.LKey)})
+		return nil
+	}
+	if _, ok := local.span(wr.LocalAddr, uint64(wr.Length)); !ok {
+		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+			Err: fmt.Errorf("softrdma: local range [%#x,+%d) outside the region", wr.LocalAddr, wr.Length)})
+		return nil
+	}
+	q.seq++
+	id := q.seq
+	q.pending[id] = &pendingWR{wr: wr, op: opc, local: local}
+	q.armLocked()
+	q.sendq <- outbound{op: op, id: id, wr: wr, mr: local} // room: bounded by MaxOutstanding
+	return nil
+}
+
+// armLocked sets the receive deadline: while anything is outstanding the
+// remote must make progress within Timeout, else the queue pair breaks
+// (RC "retry exceeded"); an idle queue pair waits without a deadline.
+func (q *qp) armLocked() {
+	if len(q.pending) > 0 || len(q.calls) > 0 {
+		q.conn.SetReadDeadline(time.Now().Add(q.cfg.Timeout))
+	} else {
+		q.conn.SetReadDeadline(time.Time{})
+	}
+}
+
+// Call sends a message to the remote's handler and waits for the answer.
+func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
+	if len(msg) > MaxMessage {
+		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
+	}
+	q.mu.Lock()
+	switch {
+	case q.err != nil:
+		q.mu.Unlock()
+		return nil, q.err
+	case q.conn == nil:
+		q.mu.Unlock()
+		return nil, rdma.ErrNotConn
+	}
+	q.seq++
+	id := q.seq
+	ch := make(chan callResult, 1)
+	q.calls[id] = ch
+	q.armLocked()
+	select {
+	case q.sendq <- outbound{op: opCall, id: id, body: msg}:
+	default:
+		delete(q.calls, id)
+		q.mu.Unlock()
+		return nil, rdma.ErrQueueFull
+	}
+	q.mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.msg, r.err
+	case <-ctx.Done():
+		q.mu.Lock()
+		delete(q.calls, id) // a late answer is dropped
+		if q.conn != nil && q.err == nil {
+			q.armLocked()
+		}
+		q.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+func (q *qp) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Close flushes outstanding work and disconnects. Idempotent.
+func (q *qp) Close() error {
+	q.fail(errQPClosed, rdma.StatusFlushed)
+	q.wg.Wait()
+	d := q.pd.dev
+	d.mu.Lock()
+	delete(d.qps, q)
+	d.mu.Unlock()
+	return nil
+}
+
+// fail breaks the queue pair once: every outstanding work request
+// completes with status, every call returns err.
+func (q *qp) fail(err error, status rdma.Status) {
+	q.mu.Lock()
+	if q.err != nil {
+		q.mu.Unlock()
+		return
+	}
+	q.err = err
+	pending, calls := q.pending, q.calls
+	q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
+	if q.conn != nil {
+		q.conn.Close()
+		close(q.done)
+	}
+	q.mu.Unlock()
+	for _, p := range pending {
+		q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+	}
+	for _, ch := range calls {
+		ch <- callResult{err: err}
+	}
+}
+
+func (q *qp) send() {
+	defer q.wg.Done()
+	staging := make([]byte, q.pd.dev.p.cfg.ChunkSize)
+	w := bufio.NewWriterSize(q.conn, 64<<10)
+	for {
+		var o outbound
+		select {
+		case o = <-q.sendq:
+		case <-q.done:
+			return
+		}
+		var err error
+		q.conn.SetWriteDeadline(time.Now().Add(q.cfg.Timeout))
+		switch o.op {
+		case opReadReq:
+			err = writeFrame(w, frame{op: opReadReq, id: o.id, rkey: o.wr.RKey, addr: o.wr.RemoteAddr, length: o.wr.Length}, nil, false)
+		case opCall:
+			err = writeFrame(w, frame{op: opCall, id: o.id}, o.body, false)
+		case opWriteReq:
+			err = q.sendWrite(w, o, staging)
+		}
+		if err == nil && len(q.sendq) == 0 {
+			err = w.Flush()
+		}
+		if err != nil {
+			q.fail(fmt.Errorf("%w: softrdma: send: %v", fabric.ErrPeerClosed, err), rdma.StatusRetryExceeded)
+			return
+		}
+	}
+}
+
+// sendWrite sends a WRITE as checksummed chunks copied out of the local
+// region (which may be deregistered meanwhile: then the WRITE fails
+// locally and the remote is told to drop what it got).
+func (q *qp) sendWrite(w *bufio.Writer, o outbound, staging []byte) error {
+	n := o.wr.Length
+	for off := uint32(0); off < n || n == 0; {
+		c := min(n-off, uint32(len(staging)))
+		chunk := staging[:c]
+		if !o.mr.copyOut(chunk, o.wr.LocalAddr+uint64(off)) {
+			q.complete(o.id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
+			// An empty last chunk with a bad key ends the request remotely.
+			return writeFrame(w, frame{op: opWriteReq, id: o.id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
+		}
+		f := frame{op: opWriteReq, id: o.id, rkey: o.wr.RKey, addr: o.wr.RemoteAddr + uint64(off), length: n}
+		if off+c == n {
+			f.flags = flagLast
+		}
+		if err := writeFrame(w, f, chunk, false); err != nil {
+			return err
+		}
+		off += c
+		if n == 0 {
+			break
+		}
+		q.conn.SetWriteDeadline(time.Now().Add(q.cfg.Timeout))
+	}
+	return nil
+}
+
+// complete finishes a pending work request.
+func (q *qp) complete(id uint64, status rdma.Status, err error) {
+	q.mu.Lock()
+	p := q.pending[id]
+	delete(q.pending, id)
+	if q.conn != nil && q.err == nil {
+		q.armLocked()
+	}
+	q.mu.Unlock()
+	if p == nil {
+		return
+	}
+	wc := rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err}
+	if status == rdma.StatusSuccess {
+		wc.Bytes = int(p.wr.Length)
+	}
+	q.cq.push(wc)
+}
+
+func (q *qp) receive() {
+	defer q.wg.Done()
+	r := bufio.NewReaderSize(q.conn, 64<<10)
+	buf := make([]byte, MaxPayload+trailerLen)
+	var h [headerLen]byte
+	for {
+		f, payload, err := readFrame(r, &h, buf)
+		if err != nil {
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				q.fail(fmt.Errorf("%w: softrdma: no progress from the remote for %v", fabric.ErrStalled, q.cfg.Timeout), rdma.StatusRetryExceeded)
+			case errors.Is(err, fabric.ErrCorrupt):
+				q.fail(err, rdma.StatusCorrupt)
+			default:
+				q.fail(fmt.Errorf("%w: softrdma: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
+			}
+			return
+		}
+		if err := q.dispatch(f, payload); err != nil {
+			q.fail(err, rdma.StatusRemoteInvalid)
+			return
+		}
+		q.mu.Lock()
+		if q.err == nil {
+			q.armLocked() // progress: the remote answered
+		}
+		q.mu.Unlock()
+	}
+}
+
+func (q *qp) dispatch(f frame, payload []byte) error {
+	switch f.op {
+	case opCallResp:
+		q.mu.Lock()
+		ch := q.calls[f.id]
+		delete(q.calls, f.id)
+		q.mu.Unlock()
+		if ch == nil {
+			return nil // the caller gave up
+		}
+		if f.status != 0 {
+			ch <- callResult{err: remoteError(payload)}
+		} else {
+			ch <- callResult{msg: append([]byte(nil), payload...)}
+		}
+		return nil
+	case opWriteResp:
+		q.complete(f.id, rdma.Status(f.status), statusErr(rdma.Status(f.status)))
+		return nil
+	case opReadResp:
+		q.mu.Lock()
+		p := q.pending[f.id]
+		q.mu.Unlock()
+		if p == nil || p.op != rdma.OpRead {
+			return fmt.Errorf("%w: softrdma: READ response for unknown request %d", fabric.ErrCorrupt, f.id)
+		}
+		if f.status != 0 {
+			q.complete(f.id, rdma.Status(f.status), statusErr(rdma.Status(f.status)))
+			return nil
+		}
+		if f.addr != uint64(p.got) || uint64(len(payload)) > uint64(p.wr.Length-p.got) {
+			return fmt.Errorf("%w: softrdma: READ chunk at %d+%d, expected %d of %d", fabric.ErrCorrupt, f.addr, len(payload), p.got, p.wr.Length)
+		}
+		if p.fail == 0 && !p.local.copyIn(p.wr.LocalAddr+uint64(p.got), payload) {
+			p.fail = rdma.StatusLocalProtection // keep consuming the chunks
+		}
+		p.got += uint32(len(payload))
+		if f.flags&flagLast != 0 {
+			switch {
+			case p.got != p.wr.Length:
+				return fmt.Errorf("%w: softrdma: READ ended after %d of %d bytes", fabric.ErrCorrupt, p.got, p.wr.Length)
+			case p.fail != 0:
+				q.complete(f.id, p.fail, errors.New("softrdma: local region deregistered during a READ"))
+			default:
+				q.complete(f.id, rdma.StatusSuccess, nil)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: softrdma: unexpected op %d from the responder", fabric.ErrCorrupt, f.op)
+}
+
+func statusErr(s rdma.Status) error {
+	if s == rdma.StatusSuccess {
+		return nil
+	}
+	return fmt.Errorf("softrdma: remote: %v", s)
+}
+
+// remoteError turns an error answer of the remote handler into an error
+// that matches the fabric sentinel it stands for.
+func remoteError(p []byte) error {
+	if len(p) == 0 {
+		return peerauth.StatusError(peerauth.StatusInternal, "empty error")
+	}
+	return peerauth.StatusError(p[0], string(p[1:]))
+}

@@ -1,0 +1,224 @@
+package softrdma
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+)
+
+// maxHandlers bounds the messages of one queue pair handled at once.
+const maxHandlers = 64
+
+// responderTimeout bounds each frame write of a responder: a requester
+// that stops reading is dropped rather than holding the responder.
+const responderTimeout = 30 * time.Second
+
+// responder is the passive side of one accepted queue pair.
+type responder struct {
+	dev  *device
+	conn net.Conn
+	id   rdma.RemoteQP
+
+	wmu    sync.Mutex // one frame at a time
+	w      *bufio.Writer
+	writes map[uint64]rdma.Status // WRITE requests in progress: first failure
+}
+
+func (d *device) accept() {
+	defer d.wg.Done()
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			return
+		}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		d.nextQP++
+		r := &responder{dev: d, conn: c, id: rdma.RemoteQP{ID: d.nextQP}, writes: map[uint64]rdma.Status{}}
+		d.conns[r] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go r.serve()
+	}
+}
+
+func (r *responder) serve() {
+	d := r.dev
+	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.conns, r)
+		d.mu.Unlock()
+		r.conn.Close()
+	}()
+	if tc, ok := r.conn.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	r.conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
+	who, err := peerauth.Server(r.conn, d.cfg.Identity, d.cfg.Authorize)
+	if err != nil {
+		d.log.Warn("rdma queue pair refused", "remote", r.conn.RemoteAddr(), "err", err)
+		return
+	}
+	r.conn.SetDeadline(time.Time{})
+	r.id.Peer = who
+	r.w = bufio.NewWriterSize(r.conn, 64<<10)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var handlers sync.WaitGroup
+	sem := make(chan struct{}, maxHandlers)
+	defer func() {
+		r.conn.Close()
+		cancel()
+		handlers.Wait()
+		if d.cfg.Handler != nil {
+			d.cfg.Handler.QPClosed(r.id)
+		}
+	}()
+
+	br := bufio.NewReaderSize(r.conn, 64<<10)
+	buf := make([]byte, MaxPayload+trailerLen)
+	staging := make([]byte, d.p.cfg.ChunkSize)
+	var h [headerLen]byte
+	for {
+		f, payload, err := readFrame(br, &h, buf)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				d.log.Debug("rdma queue pair ended", "peer", who, "err", err)
+			}
+			return
+		}
+		switch f.op {
+		case opReadReq:
+			err = r.serveRead(f, staging)
+		case opWriteReq:
+			err = r.serveWrite(f, payload)
+		case opCall:
+			msg := append([]byte(nil), payload...)
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			handlers.Add(1)
+			go func() {
+				defer handlers.Done()
+				defer func() { <-sem }()
+				r.answer(ctx, f.id, msg)
+			}()
+		default:
+			d.log.Warn("rdma queue pair sent an unexpected op", "peer", who, "op", f.op)
+			return
+		}
+		if err != nil {
+			d.log.Debug("rdma queue pair write failed", "peer", who, "err", err)
+			return
+		}
+	}
+}
+
+// send writes one frame and flushes it.
+func (r *responder) send(f frame, payload []byte, corrupt bool) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	r.conn.SetWriteDeadline(time.Now().Add(responderTimeout))
+	if err := writeFrame(r.w, f, payload, corrupt); err != nil {
+		return err
+	}
+	return r.w.Flush()
+}
+
+// serveRead streams the requested bytes in checksummed chunks, each copied
+// out of the region under its lock, so a deregistration mid-way stops the
+// stream with a remote access error and never exposes later bytes.
+func (r *responder) serveRead(f frame, staging []byte) error {
+	m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteRead)
+	if ok {
+		_, ok = m.span(f.addr, uint64(f.length))
+	}
+	if !ok {
+		return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
+	}
+	for off := uint32(0); off < f.length || f.length == 0; {
+		c := min(f.length-off, uint32(len(staging)))
+		chunk := staging[:c]
+		if !m.copyOut(chunk, f.addr+uint64(off)) {
+			return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
+		}
+		out := frame{op: opReadResp, id: f.id, addr: uint64(off)}
+		if off+c == f.length {
+			out.flags = flagLast
+		}
+		corrupt := c > 0 && r.dev.p.corrupt.CompareAndSwap(true, false)
+		if err := r.send(out, chunk, corrupt); err != nil {
+			return err
+		}
+		if f.length == 0 {
+			break
+		}
+		off += c
+	}
+	return nil
+}
+
+// serveWrite applies one chunk of a WRITE; the status goes back after the
+// last chunk. A chunk with a bad key or range poisons the whole request.
+func (r *responder) serveWrite(f frame, payload []byte) error {
+	st := r.writes[f.id]
+	if st == rdma.StatusSuccess {
+		m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteWrite)
+		if !ok || !m.copyIn(f.addr, payload) {
+			st = rdma.StatusRemoteAccess
+		}
+	}
+	if f.flags&flagLast == 0 {
+		if _, known := r.writes[f.id]; !known && len(r.writes) >= 4096 {
+			return errors.New("softrdma: too many WRITE requests in progress")
+		}
+		r.writes[f.id] = st
+		return nil
+	}
+	delete(r.writes, f.id)
+	return r.send(frame{op: opWriteResp, id: f.id, status: uint8(st), flags: flagLast}, nil, false)
+}
+
+// answer runs the handler for one message and sends its answer; an error
+// travels as a peerauth status code and message.
+func (r *responder) answer(ctx context.Context, id uint64, msg []byte) {
+	h := r.dev.cfg.Handler
+	var resp []byte
+	var err error
+	if h == nil {
+		err = errors.New("softrdma: this device takes no messages")
+		err = errors.Join(fabric.ErrBadRequest, err)
+	} else {
+		resp, err = h.HandleMessage(ctx, r.id, msg)
+	}
+	out := frame{op: opCallResp, id: id, flags: flagLast}
+	if err != nil {
+		out.status = 1
+		text := err.Error()
+		if len(text) > peerauth.MaxMessage {
+			text = text[:peerauth.MaxMessage]
+		}
+		resp = append([]byte{peerauth.StatusFor(err)}, text...)
+	}
+	if len(resp) > MaxMessage {
+		out.status = 1
+		resp = append([]byte{peerauth.StatusInternal}, "answer too long"...)
+	}
+	if err := r.send(out, resp, false); err != nil {
+		r.conn.Close()
+	}
+}

@@ -1,0 +1,233 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// The verbs-shaped provider interface. It follows ibverbs closely enough
+// that a provider over libibverbs (rdma-core) can be added without changing
+// its callers: a Provider lists devices (NICs); an opened device (Context)
+// allocates protection domains and completion queues; memory is registered
+// on a protection domain and named remotely by (RKey, Addr); a connected
+// QueuePair posts one-sided READ and WRITE work requests whose completions
+// are polled from a CompletionQueue. Simplifications are documented where
+// they are made.
+
+// Provider is a source of RDMA devices: the software provider
+// (fabric/rdma/softrdma), later ibverbs.
+type Provider interface {
+	// Name names the provider ("softrdma", "ibverbs").
+	Name() string
+	// Devices lists the NICs the provider drives.
+	Devices() []Device
+	// Open opens a device. With cfg.Listen set the device also accepts
+	// queue pairs from remote peers and serves their one-sided operations
+	// against the memory registered on it (the passive side of RC).
+	Open(ctx context.Context, device string, cfg OpenConfig) (Context, error)
+}
+
+// Device describes one NIC of a provider.
+type Device struct {
+	// Name is the NIC's name, matched against the topology's NIC Name or
+	// RDMADevice ("nic0", "mlx5_0").
+	Name string
+	// Addr is the address remote queue pairs connect to when the device
+	// listens ("10.1.0.2:4791"); "" for a device that only initiates.
+	Addr string
+}
+
+// OpenConfig configures an opened device.
+type OpenConfig struct {
+	// Identity authenticates this end of every queue pair (libp2p key).
+	// Required.
+	Identity crypto.PrivKey
+	// Listen makes the device accept remote queue pairs at its Addr.
+	Listen bool
+	// Authorize admits remote peers on accepted queue pairs; nil admits
+	// every authenticated peer.
+	Authorize func(peer.ID) error
+	// Handler answers messages (two-sided SEND/RECV, used for the control
+	// exchange) that arrive on accepted queue pairs. nil refuses them.
+	Handler MessageHandler
+	Logger  *slog.Logger
+}
+
+// MessageHandler is the passive side's answer to messages sent with
+// QueuePair.Call. HandleMessage may run concurrently for messages of one
+// queue pair. QPClosed is called once when an accepted queue pair is gone
+// (closed, broken or timed out), after every HandleMessage for it returned.
+type MessageHandler interface {
+	HandleMessage(ctx context.Context, from RemoteQP, msg []byte) ([]byte, error)
+	QPClosed(from RemoteQP)
+}
+
+// RemoteQP names an accepted queue pair on the passive side.
+type RemoteQP struct {
+	ID   uint64  // unique within the device
+	Peer peer.ID // authenticated remote identity
+}
+
+// Context is an opened device (ibv_context).
+type Context interface {
+	Device() Device
+	// Addr is the address the device listens on ("" when it does not).
+	Addr() string
+	AllocPD() (ProtectionDomain, error)
+	// CreateCQ creates a completion queue.
+	CreateCQ() (CompletionQueue, error)
+	// Close closes the device and everything created from it: queue pairs
+	// are flushed, memory is deregistered. Idempotent.
+	Close() error
+}
+
+// Access says what a registration allows.
+type Access uint8
+
+const (
+	AccessLocalWrite  Access = 1 << iota // local READ completions may land here
+	AccessRemoteRead                     // remote peers may READ
+	AccessRemoteWrite                    // remote peers may WRITE
+)
+
+// ProtectionDomain groups registrations and queue pairs (ibv_pd).
+type ProtectionDomain interface {
+	// RegisterMemory registers buf; the region is named locally by LKey
+	// and remotely by (RKey, Addr). The provider may access buf until
+	// Deregister returns, never after.
+	RegisterMemory(buf []byte, access Access) (MemoryRegion, error)
+	// CreateQP creates a reliable connected queue pair whose send
+	// completions go to cq.
+	CreateQP(cq CompletionQueue, cfg QPConfig) (QueuePair, error)
+	Close() error
+}
+
+// MemoryRegion is a registration (ibv_mr).
+type MemoryRegion interface {
+	LKey() uint32
+	RKey() uint32
+	// Addr is the address of the region's first byte in the remote
+	// address space of its device (an I/O virtual address).
+	Addr() uint64
+	Len() int
+	// Deregister revokes the keys: remote accesses fail with a remote
+	// access error from now on. It waits for accesses in progress and is
+	// idempotent.
+	Deregister() error
+}
+
+// QPConfig sizes a queue pair. Zero values mean the defaults.
+type QPConfig struct {
+	// MaxOutstanding bounds the posted, uncompleted work requests;
+	// default 128. Posting more fails with ErrQueueFull.
+	MaxOutstanding int
+	// Timeout is how long the queue pair may have work outstanding
+	// without any progress from the remote before it breaks with
+	// StatusRetryExceeded (the RC transport's retry limit); default 10 s.
+	Timeout time.Duration
+}
+
+// QueuePair is a reliable connected queue pair (ibv_qp, RC).
+type QueuePair interface {
+	// Connect connects to a remote device's address and authenticates
+	// that its owner is want (when not empty).
+	Connect(ctx context.Context, addr string, want peer.ID) error
+	// PostRead posts a one-sided READ of wr.Length bytes at (wr.RKey,
+	// wr.RemoteAddr) into the local region (wr.LKey, wr.LocalAddr). It
+	// does not block; the completion arrives on the queue pair's CQ.
+	PostRead(wr WorkRequest) error
+	// PostWrite posts a one-sided WRITE of the local bytes to the remote.
+	PostWrite(wr WorkRequest) error
+	// Call sends a message to the remote's MessageHandler and waits for its
+	// answer (two-sided SEND/RECV; an ibverbs provider implements it with
+	// posted receive buffers).
+	Call(ctx context.Context, msg []byte) ([]byte, error)
+	// Err is nil while the queue pair works, then the reason it broke.
+	Err() error
+	// Close flushes outstanding work requests (StatusFlushed) and
+	// disconnects. Idempotent.
+	Close() error
+}
+
+// WorkRequest is one one-sided operation (ibv_send_wr with one sge).
+type WorkRequest struct {
+	ID         uint64 // returned in the completion
+	LKey       uint32
+	LocalAddr  uint64
+	Length     uint32
+	RKey       uint32
+	RemoteAddr uint64
+}
+
+// CompletionQueue delivers completions (ibv_cq with a completion channel).
+type CompletionQueue interface {
+	// Poll moves up to len(wc) completions into wc and returns how many;
+	// it does not block.
+	Poll(wc []Completion) int
+	// Wait blocks until at least one completion is ready or ctx is done.
+	Wait(ctx context.Context) error
+	Close() error
+}
+
+// Opcode is the operation a completion is for.
+type Opcode uint8
+
+const (
+	OpRead Opcode = iota + 1
+	OpWrite
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpRead:
+		return "READ"
+	case OpWrite:
+		return "WRITE"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Status is a completion status (ibv_wc_status).
+type Status uint8
+
+const (
+	StatusSuccess          Status = iota
+	StatusLocalProtection         // the local key or range is not valid
+	StatusRemoteAccess            // the remote key is unknown, revoked, or the range or access is not allowed
+	StatusRemoteInvalid           // the remote refused a malformed request
+	StatusRetryExceeded           // no progress from the remote within the timeout: the queue pair broke
+	StatusFlushed                 // the queue pair broke or closed before the request completed
+	StatusCorrupt                 // a frame failed its checksum (software provider)
+)
+
+var statusNames = [...]string{"success", "local protection error", "remote access error",
+	"remote invalid request", "transport retry exceeded", "flushed", "corrupt frame"}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Completion reports the end of one work request (ibv_wc).
+type Completion struct {
+	ID     uint64
+	Op     Opcode
+	Status Status
+	Bytes  int
+	Err    error // detail for a failed completion
+}
+
+// Errors of the provider interface.
+var (
+	ErrQueueFull = errors.New("rdma: send queue full")
+	ErrNotConn   = errors.New("rdma: queue pair not connected")
+	ErrNoDevice  = errors.New("rdma: no such device")
+)
