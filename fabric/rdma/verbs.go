@@ -197,13 +197,13 @@ func (o Opcode) String() string {
 type Status uint8
 
 const (
-	StatusSuccess          Status = iota
-	StatusLocalProtection         // the local key or range is not valid
-	StatusRemoteAccess            // the remote key is unknown, revoked, or the range or access is not allowed
-	StatusRemoteInvalid           // the remote refused a malformed request
-	StatusRetryExceeded           // no progress from the remote within the timeout: the queue pair broke
-	StatusFlushed                 // the queue pair broke or closed before the request completed
-	StatusCorrupt                 // a frame failed its checksum (software provider)
+	StatusSuccess         Status = iota
+	StatusLocalProtection        // the local key or range is not valid
+	StatusRemoteAccess           // the remote key is unknown, revoked, or the range or access is not allowed
+	StatusRemoteInvalid          // the remote refused a malformed request
+	StatusRetryExceeded          // no progress from the remote within the timeout: the queue pair broke
+	StatusFlushed                // the queue pair broke or closed before the request completed
+	StatusCorrupt                // a frame failed its checksum (software provider)
 )
 
 var statusNames = [...]string{"success", "local protection error", "remote access error",

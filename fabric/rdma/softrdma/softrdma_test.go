@@ -193,7 +193,12 @@ func TestAccessErrors(t *testing.T) {
 			return w
 		}, rdma.StatusRemoteAccess},
 		{"before the start", false, func() rdma.WorkRequest { w := p.readWR(3, 0, 10); w.RemoteAddr--; return w }, rdma.StatusRemoteAccess},
-		{"huge length", false, func() rdma.WorkRequest { w := p.readWR(4, 0, 10); w.Length = 1<<32 - 1; w.LocalAddr = p.local.Addr(); return w }, rdma.StatusLocalProtection},
+		{"huge length", false, func() rdma.WorkRequest {
+			w := p.readWR(4, 0, 10)
+			w.Length = 1<<32 - 1
+			w.LocalAddr = p.local.Addr()
+			return w
+		}, rdma.StatusLocalProtection},
 		{"write to read-only", true, func() rdma.WorkRequest {
 			w := p.readWR(5, 0, 100)
 			w.RKey, w.RemoteAddr = readOnly.RKey(), readOnly.Addr()
