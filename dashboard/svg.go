@@ -240,7 +240,7 @@ func writeSVG(w io.Writer, c *topology.Cluster, mem map[string]memUse) {
 		maxW = max(maxW, hp.w)
 		pics = append(pics, hp)
 	}
-	netX := maxW + 3*pad + 40 // the network spine, right of the hosts
+	netX := maxW + 3*pad + 150 // the network spine, right of the hosts, past the NIC summary
 	totalW := netX + 120
 	y := pad
 	type rackBox struct {

@@ -86,119 +86,25 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	size, err := parseSize(o.size)
-	if err != nil {
-		return err
-	}
-	if o.hosts < 1 || o.readers < 1 || o.tensors < 1 || o.steps < 1 {
-		return fmt.Errorf("hosts, readers, tensors and steps must be at least 1")
-	}
-	cluster, err := topology.Preset(o.preset, o.hosts)
-	if err != nil {
-		return err
-	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	runtimes := make([]*rdt.Runtime, o.hosts)
-	for i, h := range cluster.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger})
-		if err != nil {
-			return err
-		}
-		defer r.Shutdown(context.Background())
-		runtimes[i] = r
-	}
-	for i := 1; i < len(runtimes); i++ {
-		if err := runtimes[0].Connect(ctx, runtimes[i].AddrInfo()); err != nil {
-			return err
-		}
-	}
-
-	trainer, err := runtimes[0].Spawn("trainer", rdt.WithDevices(tensor.GPUDevice(0)))
+	rig, err := newDemoRig(ctx, o, logger)
 	if err != nil {
 		return err
 	}
-	gpu0, err := runtimes[0].Memory(tensor.GPUDevice(0))
-	if err != nil {
-		return err
-	}
-	elems := size / tensor.BFloat16.Size()
-	var refs []rdt.Ref
-	for i := 0; i < o.tensors; i++ {
-		w, err := tensor.Alloc(ctx, gpu0, tensor.BFloat16, elems)
-		if err != nil {
-			return err
-		}
-		p, _ := w.SpanBytes()
-		pattern(p, i)
-		ref, err := trainer.Put(ctx, w)
-		if err != nil {
-			return err
-		}
-		refs = append(refs, ref)
-	}
-
-	// Readers: alternate between the trainer's host (other GPUs) and the
-	// other hosts, so the run shows both the device-link and network paths.
-	type reader struct {
-		actor *rdt.Actor
-		host  string
-		dev   tensor.DeviceID
-	}
-	var readers []reader
-	for i := 0; i < o.readers; i++ {
-		rt := runtimes[i%len(runtimes)]
-		gpus := len(rt.Devices()) - 1
-		dev := tensor.GPUDevice(1 + i/len(runtimes)%max(1, gpus-1))
-		if gpus < 2 {
-			dev = tensor.GPUDevice(0)
-		}
-		a, err := rt.Spawn(fmt.Sprintf("reader-%d", i), rdt.WithDevices(dev))
-		if err != nil {
-			return err
-		}
-		readers = append(readers, reader{a, rt.HostID(), dev})
-	}
-	res := demoResult{OK: true, Simulated: cluster.Hosts[0].Simulated, Preset: o.preset, Hosts: o.hosts}
-	want := make([]byte, size)
+	defer rig.close()
+	res := demoResult{OK: true, Simulated: rig.simulated, Preset: o.preset, Hosts: o.hosts}
 	for step := 1; step <= o.steps; step++ {
-		// The refs travel as control messages, as they would between Ray actors.
-		for _, rd := range readers {
-			msg := rdt.Message{Payload: []byte(fmt.Sprintf("sync step %d", step)), Refs: refs}
-			if err := trainer.Send(ctx, rd.actor.Addr(), msg); err != nil {
-				return err
-			}
+		ts, err := rig.step(ctx, step)
+		if err != nil {
+			return err
 		}
-		for _, rd := range readers {
-			msg, err := rd.actor.Receive(ctx)
-			if err != nil {
-				return err
-			}
-			t := demoTransfer{Step: step, Reader: rd.actor.Name(), Host: rd.host, Device: rd.dev.String(), Verified: true}
-			var elapsed time.Duration
-			for i, ref := range msg.Refs {
-				start := time.Now()
-				got, xfer, err := rd.actor.Fetch(ctx, ref, rd.dev)
-				elapsed += time.Since(start)
-				if err != nil {
-					return fmt.Errorf("%s: get tensor %d: %w", rd.actor.Name(), i, err)
-				}
-				t.Path = xfer.Stats.Transport
-				t.Bytes += xfer.Stats.Bytes
-				p, err := got.SpanBytes()
-				pattern(want, i)
-				if err != nil || !bytes.Equal(p, want) {
-					t.Verified = false
-				}
-				got.Release()
-			}
-			t.Seconds = elapsed.Seconds()
-			t.GBps = float64(t.Bytes) / t.Seconds / 1e9
+		for _, t := range ts {
 			res.OK = res.OK && t.Verified
-			res.Transfers = append(res.Transfers, t)
 		}
+		res.Transfers = append(res.Transfers, ts...)
 	}
 
 	if o.json {
@@ -224,6 +130,159 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 		return fmt.Errorf("verification failed")
 	}
 	return nil
+}
+
+// demoRig is the demo's simulated cluster: one runtime per host, a trainer
+// holding the weight tensors, and reader actors. runDemo runs a few steps
+// on it; the dashboard command runs steps in a loop.
+type demoRig struct {
+	runtimes  []*rdt.Runtime
+	trainer   *rdt.Actor
+	refs      []rdt.Ref
+	readers   []demoReader
+	size      int64
+	simulated bool
+	want      []byte
+}
+
+type demoReader struct {
+	actor *rdt.Actor
+	host  string
+	dev   tensor.DeviceID
+}
+
+func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *demoRig, err error) {
+	size, err := parseSize(o.size)
+	if err != nil {
+		return nil, err
+	}
+	if o.hosts < 1 || o.readers < 1 || o.tensors < 1 || o.steps < 1 {
+		return nil, fmt.Errorf("hosts, readers, tensors and steps must be at least 1")
+	}
+	cluster, err := topology.Preset(o.preset, o.hosts)
+	if err != nil {
+		return nil, err
+	}
+	d := &demoRig{size: size, simulated: cluster.Hosts[0].Simulated, want: make([]byte, size)}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	for _, h := range cluster.Hosts {
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		d.runtimes = append(d.runtimes, r)
+	}
+	runtimes := d.runtimes
+	for i := 1; i < len(runtimes); i++ {
+		if err := runtimes[0].Connect(ctx, runtimes[i].AddrInfo()); err != nil {
+			return nil, err
+		}
+	}
+
+	d.trainer, err = runtimes[0].Spawn("trainer", rdt.WithDevices(tensor.GPUDevice(0)))
+	if err != nil {
+		return nil, err
+	}
+	gpu0, err := runtimes[0].Memory(tensor.GPUDevice(0))
+	if err != nil {
+		return nil, err
+	}
+	elems := size / tensor.BFloat16.Size()
+	for i := 0; i < o.tensors; i++ {
+		w, err := tensor.Alloc(ctx, gpu0, tensor.BFloat16, elems)
+		if err != nil {
+			return nil, err
+		}
+		p, _ := w.SpanBytes()
+		pattern(p, i)
+		ref, err := d.trainer.Put(ctx, w)
+		if err != nil {
+			return nil, err
+		}
+		d.refs = append(d.refs, ref)
+	}
+
+	// Readers: alternate between the trainer's host (other GPUs) and the
+	// other hosts, so the run shows both the device-link and network paths.
+	for i := 0; i < o.readers; i++ {
+		rt := runtimes[i%len(runtimes)]
+		gpus := len(rt.Devices()) - 1
+		dev := tensor.GPUDevice(1 + i/len(runtimes)%max(1, gpus-1))
+		if gpus < 2 {
+			dev = tensor.GPUDevice(0)
+		}
+		a, err := rt.Spawn(fmt.Sprintf("reader-%d", i), rdt.WithDevices(dev))
+		if err != nil {
+			return nil, err
+		}
+		d.readers = append(d.readers, demoReader{a, rt.HostID(), dev})
+	}
+	return d, nil
+}
+
+// step sends the refs to every reader, as control messages, and has each
+// reader Get and verify every tensor.
+func (d *demoRig) step(ctx context.Context, step int) ([]demoTransfer, error) {
+	var out []demoTransfer
+	// The refs travel as control messages, as they would between Ray actors.
+	for _, rd := range d.readers {
+		msg := rdt.Message{Payload: []byte(fmt.Sprintf("sync step %d", step)), Refs: d.refs}
+		if err := d.trainer.Send(ctx, rd.actor.Addr(), msg); err != nil {
+			return out, err
+		}
+	}
+	for _, rd := range d.readers {
+		msg, err := rd.actor.Receive(ctx)
+		if err != nil {
+			return out, err
+		}
+		t := demoTransfer{Step: step, Reader: rd.actor.Name(), Host: rd.host, Device: rd.dev.String(), Verified: true}
+		var elapsed time.Duration
+		for i, ref := range msg.Refs {
+			start := time.Now()
+			got, xfer, err := rd.actor.Fetch(ctx, ref, rd.dev)
+			elapsed += time.Since(start)
+			if err != nil {
+				return out, fmt.Errorf("%s: get tensor %d: %w", rd.actor.Name(), i, err)
+			}
+			t.Path = xfer.Stats.Transport
+			t.Bytes += xfer.Stats.Bytes
+			p, err := got.SpanBytes()
+			pattern(d.want, i)
+			if err != nil || !bytes.Equal(p, d.want) {
+				t.Verified = false
+			}
+			got.Release()
+		}
+		t.Seconds = elapsed.Seconds()
+		t.GBps = float64(t.Bytes) / t.Seconds / 1e9
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// drain discards messages left in the readers' inboxes by a failed step.
+func (d *demoRig) drain() {
+	for _, rd := range d.readers {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			_, err := rd.actor.Receive(ctx)
+			cancel()
+			if err != nil {
+				break
+			}
+		}
+	}
+}
+
+func (d *demoRig) close() {
+	for _, r := range d.runtimes {
+		r.Shutdown(context.Background())
+	}
 }
 
 func parseSize(s string) (int64, error) {

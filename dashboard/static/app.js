@@ -88,7 +88,7 @@ function notes(t) {
 }
 
 async function loadTransfers() {
-  const x = await get("/api/transfers?limit=100");
+  const x = await get("/api/transfers?limit=60");
   $("#xfer-totals").textContent = `— last ${x.recent.length}: ${x.errors} errors, ${x.fallbacks} fallbacks, ${x.degraded} degraded`;
   rows("#live", x.live.map((t) => `<tr class="live"><td>${esc(t.host)}</td><td>${esc(t.reader)}</td><td>${esc(t.object)}</td><td>${esc(t.src)}</td><td>${esc(t.dst)}</td><td class="num">${bytes(t.bytes)}</td><td class="num">${dur(t.duration_ns)}</td></tr>`));
   rows("#recent", x.recent.map((t) => {

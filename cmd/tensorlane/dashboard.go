@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/dashboard"
+)
+
+type dashboardOptions struct {
+	preset     string
+	hosts      int
+	addr       string
+	demo       bool
+	size       string
+	tensors    int
+	readers    int
+	interval   time.Duration
+	placements string
+	verbose    bool
+}
+
+func init() {
+	o := dashboardOptions{}
+	cmd := &cobra.Command{
+		Use:   "dashboard",
+		Short: "Serve the dashboard (topology, transfers, objects, memory, metrics) over a simulated cluster",
+		Long: `dashboard builds the demo's simulated cluster (one runtime per host of a preset, in
+this process, talking over loopback), serves the dashboard page, its JSON API,
+/metrics and /debug/pprof, and with --demo-traffic runs the demo's weight-sync
+steps in a loop so the page has transfers to show. Devices are simulated
+(memfd-backed arenas, real copies) and the page says so. Stops on SIGINT/SIGTERM.
+
+  tensorlane dashboard --preset dgx-h100 --hosts 2 --demo-traffic --addr 127.0.0.1:8080`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runDashboard(ctx, cmd.OutOrStdout(), o, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.preset, "preset", "dgx-h100", "topology preset of every host")
+	f.IntVar(&o.hosts, "hosts", 2, "number of simulated hosts (one runtime each)")
+	f.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address of the dashboard")
+	f.BoolVar(&o.demo, "demo-traffic", false, "run the demo's weight-sync steps in a loop")
+	f.StringVar(&o.size, "size", "16MiB", "size of each demo tensor")
+	f.IntVar(&o.tensors, "tensors", 4, "number of demo tensors")
+	f.IntVar(&o.readers, "readers", 4, "number of demo reader actors, spread over GPUs and hosts")
+	f.DurationVar(&o.interval, "interval", time.Second, "pause between demo steps")
+	f.StringVar(&o.placements, "placements", "", "JSON file to show as placements (e.g. the output of tensorlane place --json); default: the demo actors' devices")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "log runtime events to stderr")
+	rootCmd.AddCommand(cmd)
+}
+
+// demoPlacement is one actor's device, shown as the demo's placements.
+type demoPlacement struct {
+	Actor  string `json:"actor"`
+	Host   string `json:"host"`
+	Device string `json:"device"`
+}
+
+// runDashboard serves until ctx ends. ready, if set, gets the page's URL once
+// the server listens.
+func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready func(url string)) error {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.verbose {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	var placements any
+	if o.placements != "" {
+		b, err := os.ReadFile(o.placements)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &placements); err != nil {
+			return fmt.Errorf("dashboard: --placements %s: %w", o.placements, err)
+		}
+	}
+	rig, err := newDemoRig(ctx, demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size}, logger)
+	if err != nil {
+		return err
+	}
+	defer rig.close()
+	if placements == nil {
+		pl := []demoPlacement{{"trainer", rig.runtimes[0].HostID(), rig.trainer.Devices()[0].String()}}
+		for _, r := range rig.readers {
+			pl = append(pl, demoPlacement{r.actor.Name(), r.host, r.dev.String()})
+		}
+		placements = pl
+	}
+	h, err := dashboard.New(dashboard.Config{Runtimes: rig.runtimes, Placements: func() any { return placements }, Logger: logger})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("dashboard: listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("dashboard: serve", "err", err)
+		}
+	}()
+	url := "http://" + ln.Addr().String() + "/"
+	fmt.Fprintf(out, "tensorlane dashboard: %s\n(%d simulated %s hosts in this process; demo traffic %v; Ctrl-C stops)\n", url, o.hosts, o.preset, o.demo)
+	if ready != nil {
+		ready(url)
+	}
+
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	if o.demo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			demoLoop(loopCtx, rig, o.interval, logger)
+		}()
+	}
+	<-ctx.Done()
+	stopLoop()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	wg.Wait()
+	fmt.Fprintln(out, "tensorlane dashboard: stopped")
+	return err
+}
+
+// demoLoop runs demo steps until ctx ends. A failed step is logged and
+// counted in the runtimes' metrics (the page shows it); the loop goes on.
+func demoLoop(ctx context.Context, rig *demoRig, interval time.Duration, log *slog.Logger) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for step := 1; ; step++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ts, err := rig.step(ctx, step)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("dashboard: demo step failed", "step", step, "err", err)
+			// Messages of a broken step may still sit in inboxes; drain so the
+			// next step's readers see their own refs.
+			rig.drain()
+		}
+		for _, x := range ts {
+			if !x.Verified {
+				log.Error("dashboard: demo transfer did not verify", "step", step, "reader", x.Reader)
+			}
+		}
+		t.Reset(interval)
+	}
+}
