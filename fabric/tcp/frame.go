@@ -1,66 +1,259 @@
 package tcp
 
 import (
+	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
+	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// A read request, client to server:
+// The data protocol, after the peerauth handshake. A request, client to
+// server:
 //
-//	op (1) = opRead | object (16) | incarnation (8) | token length (1) | token | offset (8) | length (8)
+//	op (1) | object (16) | incarnation (8) | token length (1) | token | offset (8) | length (8) | flags (1) | dtype (1)
 //
-// The reply is a status byte; on StatusOK the data follows as chunks of
-// header (length (4) | crc32c (4)) and bytes, until length bytes are sent.
-// On any other status a length-prefixed message follows.
+// op is opRead (pull) or opWrite (push). flags bit 0 (flagCompress) lets
+// the sender of the data compress it; dtype is the tensor.DType hint for
+// the codec.
+//
+// Read: the server answers a status byte; on StatusOK the data follows as
+// tcodec blocks (16-byte header with codec, lengths and the CRC-32C of the
+// raw bytes, then the payload) until length raw bytes are delivered. On
+// any other status a length-prefixed message follows.
+//
+// Write: the server answers a status byte as for a read (StatusOK: go
+// ahead); the client then sends length raw bytes as tcodec blocks, and the
+// server acknowledges with a final status once every block verified. Only
+// after that ack is the sink's content complete. A corrupt block is answered
+// with statusCorrupt and the connection is closed.
 const (
-	opRead      byte = 1
-	maxToken         = 64
-	chunkHeader      = 8
+	opRead  byte = 1
+	opWrite byte = 2
+
+	flagCompress byte = 1
+
+	maxToken   = 64
+	headerSize = tcodec.HeaderSize
+
+	// statusCorrupt is the final status of a push whose data did not
+	// verify. It lies outside peerauth's codes, which only this protocol
+	// needs.
+	statusCorrupt byte = 0x40
+
+	// batch is how many raw chunks go out in one writev.
+	batch = 4
 )
 
-type readRequest struct {
+type request struct {
+	op             byte
 	claim          fabric.Claim
 	offset, length int64
+	flags          byte
+	dtype          tensor.DType
 }
 
-func (r readRequest) marshal() []byte {
-	b := make([]byte, 0, 1+16+8+1+len(r.claim.Token)+16)
-	b = append(b, opRead)
+func (r request) appendTo(b []byte) []byte {
+	b = append(b, r.op)
 	b = append(b, r.claim.Object[:]...)
 	b = binary.BigEndian.AppendUint64(b, r.claim.Incarnation)
 	b = append(b, byte(len(r.claim.Token)))
 	b = append(b, r.claim.Token...)
 	b = binary.BigEndian.AppendUint64(b, uint64(r.offset))
-	return binary.BigEndian.AppendUint64(b, uint64(r.length))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.length))
+	return append(b, r.flags, byte(r.dtype))
 }
 
-func readRequestFrom(r io.Reader) (readRequest, error) {
+// readRequest decodes a request; tok is scratch space for the token.
+func readRequest(r io.Reader, tok []byte) (request, error) {
 	var head [1 + 16 + 8 + 1]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return readRequest{}, err
+		return request{}, err
 	}
-	if head[0] != opRead {
-		return readRequest{}, fmt.Errorf("%w: unknown op %d", fabric.ErrBadRequest, head[0])
+	if head[0] != opRead && head[0] != opWrite {
+		return request{}, fmt.Errorf("%w: unknown op %d", fabric.ErrBadRequest, head[0])
 	}
-	var req readRequest
+	req := request{op: head[0]}
 	copy(req.claim.Object[:], head[1:17])
 	req.claim.Incarnation = binary.BigEndian.Uint64(head[17:25])
 	n := int(head[25])
 	if n > maxToken {
-		return readRequest{}, fmt.Errorf("%w: token of %d bytes", fabric.ErrBadRequest, n)
+		return request{}, fmt.Errorf("%w: token of %d bytes", fabric.ErrBadRequest, n)
 	}
-	rest := make([]byte, n+16)
-	if _, err := io.ReadFull(r, rest); err != nil {
-		return readRequest{}, err
+	var rest [maxToken + 18]byte
+	if _, err := io.ReadFull(r, rest[:n+18]); err != nil {
+		return request{}, err
 	}
-	req.claim.Token = rest[:n]
+	req.claim.Token = append(tok[:0], rest[:n]...)
 	off, length := binary.BigEndian.Uint64(rest[n:]), binary.BigEndian.Uint64(rest[n+8:])
 	if off > 1<<62 || length > 1<<62 {
-		return readRequest{}, fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, off, length)
+		return request{}, fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, off, length)
 	}
 	req.offset, req.length = int64(off), int64(length)
+	req.flags, req.dtype = rest[n+16], tensor.DType(rest[n+17])
+	if req.flags&^flagCompress != 0 {
+		return request{}, fmt.Errorf("%w: unknown flags %#x", fabric.ErrBadRequest, req.flags)
+	}
 	return req, nil
+}
+
+// link is one end of a data connection with the state that makes moving
+// blocks cheap: a small read buffer (block headers and the first bytes of
+// a payload arrive in one read; large payloads bypass it and land straight
+// in the destination), reusable writev vectors and block headers, and
+// deadlines re-armed per time slice rather than per chunk.
+type link struct {
+	net.Conn
+	r     *bufio.Reader
+	stall time.Duration
+
+	rArmed, wArmed time.Time
+
+	hdrs [batch][headerSize]byte
+	vec  [2*batch + 1][]byte
+	out  net.Buffers // WriteTo consumes it; kept here so it never escapes per call
+
+	enc     *tcodec.Encoder
+	dec     *tcodec.Decoder
+	scratch []byte // compressed payloads on the receiving side
+	req     []byte
+}
+
+func newLink(c net.Conn, stall time.Duration) *link {
+	return &link{Conn: c, r: bufio.NewReaderSize(c, 4096), stall: stall}
+}
+
+// armRead makes sure a read deadline at least stall away is set. Setting
+// it at most every stall/8 keeps timer churn off the per-chunk path; the
+// deadline is stall+stall/8 ahead, so a stall is reported after between
+// stall and 9/8 of it without progress.
+func (l *link) armRead() {
+	now := time.Now()
+	if now.Sub(l.rArmed) > l.stall/8 {
+		l.SetReadDeadline(now.Add(l.stall + l.stall/8))
+		l.rArmed = now
+	}
+}
+
+func (l *link) armWrite() {
+	now := time.Now()
+	if now.Sub(l.wArmed) > l.stall/8 {
+		l.SetWriteDeadline(now.Add(l.stall + l.stall/8))
+		l.wArmed = now
+	}
+}
+
+// idle clears the deadlines: a connection waiting for its next request may
+// wait for ever.
+func (l *link) idle() {
+	l.SetDeadline(time.Time{})
+	l.rArmed, l.wArmed = time.Time{}, time.Time{}
+}
+
+func (l *link) writev(bufs [][]byte) error {
+	l.armWrite()
+	l.out = bufs
+	_, err := l.out.WriteTo(l.Conn)
+	l.out = nil
+	return err
+}
+
+// sendBlocks writes prefix (a status byte or nothing) and then data as
+// tcodec blocks of at most chunk bytes. Raw blocks go out with writev
+// straight from data, batch at a time, with no copy. It returns the bytes
+// put on the wire. corrupt damages the first block's checksum (tests).
+func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tcodec.Hint, corrupt bool) (int64, error) {
+	wire := int64(len(prefix))
+	if len(data) == 0 {
+		if len(prefix) == 0 {
+			return 0, nil
+		}
+		return wire, l.writev(append(l.vec[:0], prefix))
+	}
+	if compress && l.enc == nil {
+		l.enc = tcodec.NewEncoder()
+	}
+	for off := 0; off < len(data); {
+		v := l.vec[:0]
+		if prefix != nil {
+			v = append(v, prefix)
+			prefix = nil
+		}
+		for i := 0; i < batch && off < len(data); i++ {
+			p := data[off:min(off+chunk, len(data))]
+			off += len(p)
+			h, payload := tcodec.RawHeader(p), p
+			if compress {
+				var err error
+				if h, payload, err = l.enc.Encode(p, hint); err != nil {
+					return wire, err
+				}
+			}
+			if corrupt {
+				h.CRC ^= 1
+				corrupt = false
+			}
+			h.Put(l.hdrs[i][:])
+			v = append(v, l.hdrs[i][:], payload)
+			wire += int64(headerSize + len(payload))
+			if compress {
+				break // the payload lives in the encoder until the next block
+			}
+		}
+		if err := l.writev(v); err != nil {
+			return wire, err
+		}
+	}
+	return wire, nil
+}
+
+// recvBlocks reads tcodec blocks until dst is full, decoding them straight
+// into dst and verifying every checksum. base is dst's offset in the
+// object, for error messages. It returns the bytes read off the wire.
+func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
+	var hb [headerSize]byte
+	var wire int64
+	for pos := 0; pos < len(dst); {
+		l.armRead()
+		if _, err := io.ReadFull(l.r, hb[:]); err != nil {
+			return wire, err
+		}
+		h, err := tcodec.ParseHeader(hb[:])
+		if err != nil {
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+		}
+		if h.RawLen == 0 || h.RawLen > len(dst)-pos {
+			return wire, fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, len(dst)-pos)
+		}
+		out := dst[pos : pos+h.RawLen]
+		if h.Codec == tcodec.Raw {
+			if _, err := io.ReadFull(l.r, out); err != nil {
+				return wire, err
+			}
+			err = h.Verify(out)
+		} else {
+			if l.dec == nil {
+				l.dec = tcodec.NewDecoder()
+			}
+			if cap(l.scratch) < h.EncLen {
+				l.scratch = make([]byte, max(h.EncLen, DefaultChunkSize))
+			}
+			in := l.scratch[:h.EncLen]
+			if _, err := io.ReadFull(l.r, in); err != nil {
+				return wire, err
+			}
+			err = l.dec.Decode(out, h, in)
+		}
+		if err != nil {
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+		}
+		wire += int64(headerSize + h.EncLen)
+		pos += h.RawLen
+	}
+	return wire, nil
 }

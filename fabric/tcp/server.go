@@ -23,13 +23,20 @@ import (
 // ServerConfig configures the owner side of the tcp transport. Zero values
 // mean the documented defaults.
 type ServerConfig struct {
-	Addr     string         // listen address; default "127.0.0.1:0"
+	Addr string // listen address; default "127.0.0.1:0"
+	// Listener, when set, is served instead of listening on Addr (a socket
+	// made in another network namespace, say). Close closes it.
+	Listener net.Listener
 	Identity crypto.PrivKey // required: the runtime's libp2p identity key
 	Source   fabric.Source  // required: resolves claims to memory
 	// Sink resolves the claims of pushes to the buffers they fill; nil:
 	// pushes are refused with fabric.ErrObjectNotFound.
 	Sink      fabric.Sink
 	Authorize func(peer.ID) error
+	// PSK (the cluster key) and Encrypt turn on cluster membership and
+	// encryption in the data handshake (see peerauth.Options).
+	PSK     []byte
+	Encrypt bool
 	// ChunkSize is the unit of checksumming (and of compression) for
 	// reads; default 256 KiB, at most 1 MiB.
 	ChunkSize int
@@ -90,9 +97,12 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Addr, err)
+	ln := cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
+			return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Addr, err)
+		}
 	}
 	s := &Server{cfg: cfg, ln: ln, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
@@ -123,19 +133,24 @@ func (s *Server) accept() {
 	}
 }
 
-func (s *Server) serve(c net.Conn) {
+func (s *Server) serve(raw net.Conn) {
+	c := raw
 	defer s.wg.Done()
 	defer func() {
 		s.mu.Lock()
-		delete(s.conns, c)
+		delete(s.conns, raw)
 		s.mu.Unlock()
-		c.Close()
+		raw.Close()
 	}()
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	who, err := peerauth.Server(c, s.cfg.Identity, s.cfg.Authorize)
+	res, err := peerauth.ServerWith(c, s.cfg.Identity, s.cfg.Authorize, peerauth.Options{PSK: s.cfg.PSK, Encrypt: s.cfg.Encrypt})
+	if err == nil {
+		c, err = res.Wrap(c)
+	}
+	who := res.Peer
 	if err != nil {
 		s.cfg.Logger.Warn("data connection refused", "remote", c.RemoteAddr(), "err", err)
 		return

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -215,7 +216,7 @@ func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Re
 		if _, err := peerauth.Server(c, ownerKey, nil); err != nil {
 			return
 		}
-		readRequestFrom(c)
+		readRequest(c, nil)
 		misbehave(c)
 	}()
 	t.Cleanup(func() { ln.Close(); <-done })
@@ -258,8 +259,10 @@ func TestStallDetected(t *testing.T) {
 
 func TestCorruptChunkDetected(t *testing.T) {
 	r := misbehavingOwner(t, 4, func(c net.Conn) {
-		// length 4, crc of something else
-		c.Write([]byte{peerauth.StatusOK, 0, 0, 0, 4, 1, 2, 3, 4, 'd', 'a', 't', 'a'})
+		// a raw block of 4 bytes whose checksum is of something else
+		var hdr [tcodec.HeaderSize]byte
+		tcodec.Header{Codec: tcodec.Raw, RawLen: 4, EncLen: 4, CRC: 0x01020304}.Put(hdr[:])
+		c.Write(append(append([]byte{peerauth.StatusOK}, hdr[:]...), "data"...))
 		io.Copy(io.Discard, c)
 	})
 	assert.ErrorIs(t, readOnce(t, context.Background(), Config{}, r), fabric.ErrCorrupt)

@@ -2,45 +2,67 @@ package tcp
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-// Config configures the reader side of the tcp transport. Zero values mean
-// the documented defaults.
+// Config configures the reader side of the tcp transport (and the sending
+// side of pushes). Zero values mean the documented defaults.
 type Config struct {
 	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	// Streams is the most connections one large read is striped over;
+	// PSK (the cluster key) and Encrypt: see peerauth.Options.
+	PSK     []byte
+	Encrypt bool
+	// Streams is the most connections one large transfer is striped over;
 	// default 4.
 	Streams int
 	// StripeMin is the least number of bytes worth a stream of its own;
 	// default 8 MiB.
 	StripeMin int64
+	// ChunkSize is the unit of checksumming (and of compression) for
+	// pushes; reads use the server's. Default 256 KiB, at most 1 MiB.
+	ChunkSize int
 	// DialTimeout bounds connecting and authenticating; default 10 s.
 	DialTimeout time.Duration
-	// StallTimeout is how long a read may make no progress before it fails
-	// with fabric.ErrStalled; default 30 s.
+	// StallTimeout is how long a transfer may make no progress before it
+	// fails with fabric.ErrStalled (reported within 1/8 of it); default
+	// 30 s.
 	StallTimeout time.Duration
 	// MaxIdle is how many idle connections are kept per owner; default
 	// 2*Streams.
 	MaxIdle int
-	Logger  *slog.Logger
+	// Compression says when transfers are compressed; default
+	// CompressAuto (only when the link to the peer is measured slower than
+	// the codec).
+	Compression Compression
+	// CodecBps is the codec throughput, bytes per second over all streams,
+	// that CompressAuto compares the link with; default: measured once per
+	// process on bf16 weights.
+	CodecBps float64
+	// Dial, when set, makes the data connections instead of a net.Dialer
+	// (to dial from another network namespace, say).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Registerer receives the transport's metrics; nil: not registered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -53,6 +75,12 @@ func (c *Config) defaults() error {
 	if c.StripeMin <= 0 {
 		c.StripeMin = 8 << 20
 	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.ChunkSize > tcodec.MaxBlock {
+		return fmt.Errorf("tcp: ChunkSize %d above %d", c.ChunkSize, tcodec.MaxBlock)
+	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
 	}
@@ -62,6 +90,9 @@ func (c *Config) defaults() error {
 	if c.MaxIdle <= 0 {
 		c.MaxIdle = 2 * c.Streams
 	}
+	if c.Compression > CompressAlways {
+		return fmt.Errorf("tcp: unknown %v", c.Compression)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -70,21 +101,34 @@ func (c *Config) defaults() error {
 
 // Transport is the "tcp" transport: dedicated data connections,
 // authenticated against both runtimes' libp2p identities, chunked and
-// checksummed (CRC-32C), striped over several streams for large reads.
+// checksummed (CRC-32C), striped over several streams for large transfers,
+// and compressed (losslessly, per block) when the link is slower than the
+// codec. It pulls (Read) and pushes (Write).
 type Transport struct {
-	cfg Config
+	cfg   Config
+	links links
+	m     *metrics
 
 	mu     sync.Mutex
-	idle   map[string][]*conn // by peer + address
+	idle   map[connKey][]*conn
 	all    map[*conn]struct{}
 	closed bool
+
+	corruptNext atomic.Bool // tests: damage the next pushed block
 }
 
-var _ fabric.Transport = (*Transport)(nil)
+var (
+	_ fabric.Transport = (*Transport)(nil)
+	_ fabric.Writer    = (*Transport)(nil)
+)
+
+// connKey names an owner's data service: its peer ID (as the ref spells
+// it) and address.
+type connKey struct{ peer, addr string }
 
 type conn struct {
-	net.Conn
-	key string
+	*link
+	key connKey
 }
 
 // New returns a tcp transport.
@@ -92,7 +136,11 @@ func New(cfg Config) (*Transport, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Transport{cfg: cfg, idle: map[string][]*conn{}, all: map[*conn]struct{}{}}, nil
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{cfg: cfg, m: m, idle: map[connKey][]*conn{}, all: map[*conn]struct{}{}}, nil
 }
 
 // Name returns "tcp".
@@ -112,17 +160,18 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	return fabric.Cost{Path: topology.Path{Class: topology.PathNET}, GBps: netGBps, Reason: "any host over TCP"}, true
 }
 
+// transfer is one Read or Write as its stripes see it.
+type transfer struct {
+	op       byte
+	key      connKey
+	claim    fabric.Claim
+	compress bool
+	dtype    tensor.DType
+	wire     atomic.Int64
+}
+
 // Read pulls src into dst over one or more authenticated connections.
 func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	start := time.Now()
-	addr := src.Addrs[fabric.TCP]
-	if addr == "" {
-		return fabric.Stats{}, fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, src.Peer)
-	}
-	want, err := peer.Decode(src.Peer)
-	if err != nil {
-		return fabric.Stats{}, fmt.Errorf("%w: owner peer id %q: %v", fabric.ErrBadRequest, src.Peer, err)
-	}
 	if src.Length < 0 || dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
@@ -130,43 +179,109 @@ func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buff
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	to = to[:src.Length]
+	return t.run(ctx, opRead, src, to[:src.Length])
+}
 
-	streams := int(min(int64(t.cfg.Streams), max(1, src.Length/t.cfg.StripeMin)))
-	part := (src.Length + int64(streams) - 1) / int64(streams)
-	part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
-	g, gctx := errgroup.WithContext(ctx)
-	used := 0
-	for off := int64(0); off < src.Length || (off == 0 && src.Length == 0); off += part {
-		end := min(off+part, src.Length)
-		used++
-		g.Go(func() error {
-			return t.readRange(gctx, want, addr, src.Claim, src.Offset+off, to[off:end])
-		})
-		if src.Length == 0 {
-			break
-		}
+// Write pushes the first dst.Length bytes of src into the sink the owner
+// of dst resolves dst.Claim to, at dst.Offset. The owner verifies every
+// block and acknowledges the whole push; Write returns nil only after that.
+func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	if dst.Length < 0 || src.Len() < dst.Length {
+		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of %d bytes", fabric.ErrBadRequest, src.Len(), dst.Length)
 	}
-	if err := g.Wait(); err != nil {
+	from, err := tensor.BytesOf(src)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	return t.run(ctx, opWrite, dst, from[:dst.Length])
+}
+
+func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte) (fabric.Stats, error) {
+	start := time.Now()
+	addr := r.Addrs[fabric.TCP]
+	if addr == "" {
+		return fabric.Stats{}, fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, r.Peer)
+	}
+	x := &transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType}
+	n := int64(len(p))
+	var codecBps float64
+	est := t.links.get(x.key)
+	if t.cfg.Compression == CompressAuto && n >= minCompress && est.bps > 0 {
+		codecBps = t.codecBps()
+	}
+	compress, reason := decide(t.cfg.Compression, n, est, codecBps)
+	x.compress = compress
+	t.m.decisions.WithLabelValues(strconv.FormatBool(compress), reason).Inc()
+
+	streams := int(min(int64(t.cfg.Streams), max(1, n/t.cfg.StripeMin)))
+	var err error
+	if streams == 1 {
+		err = t.stripe(ctx, x, r.Offset, p)
+	} else {
+		part := (n + int64(streams) - 1) / int64(streams)
+		part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
+		g, gctx := errgroup.WithContext(ctx)
+		streams = 0
+		for off := int64(0); off < n; off += part {
+			end := min(off+part, n)
+			streams++
+			g.Go(func() error { return t.stripe(gctx, x, r.Offset+off, p[off:end]) })
+		}
+		err = g.Wait()
+	}
+	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return fabric.Stats{}, cerr
 		}
 		return fabric.Stats{}, err
 	}
-	return fabric.Stats{Transport: fabric.TCP, Bytes: src.Length, Duration: time.Since(start), Streams: used}, nil
+	d := time.Since(start)
+	wire := x.wire.Load()
+	if t.cfg.Compression == CompressAuto && codecBps == 0 && n >= minEstimate {
+		codecBps = t.codecBps()
+	}
+	t.links.observe(x.key, compress, reason, n, wire, d, codecBps)
+	if compress {
+		t.m.raw.Add(float64(n))
+		t.m.wire.Add(float64(wire))
+	}
+	if compress || reason != "small" && reason != "empty" {
+		t.cfg.Logger.Debug("tcp transfer", "op", opName(op), "peer", r.Peer, "bytes", n, "wire", wire,
+			"ratio", float64(wire)/float64(max(n, 1)), "compressed", compress, "reason", reason,
+			"dtype", r.DType, "streams", streams, "seconds", d.Seconds())
+	}
+	return fabric.Stats{Transport: fabric.TCP, Bytes: n, Duration: d, Streams: streams}, nil
 }
 
-// readRange reads [off, off+len(p)) of the object into p on one connection.
-// A pooled connection that the owner has since closed is replaced once.
-func (t *Transport) readRange(ctx context.Context, want peer.ID, addr string, claim fabric.Claim, off int64, p []byte) error {
+func opName(op byte) string {
+	if op == opWrite {
+		return "write"
+	}
+	return "read"
+}
+
+func (t *Transport) codecBps() float64 {
+	if t.cfg.CodecBps > 0 {
+		return t.cfg.CodecBps
+	}
+	return codecThroughput(t.cfg.Streams)
+}
+
+// stripe moves [off, off+len(p)) of the object on one connection. A pooled
+// connection that the owner has since closed is replaced once.
+func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte) error {
 	for attempt := 0; ; attempt++ {
-		c, pooled, err := t.get(ctx, want, addr)
+		c, pooled, err := t.get(ctx, x.key)
 		if err != nil {
 			return err
 		}
-		// Cancellation closes the connection, which unblocks any read at once.
-		stop := context.AfterFunc(ctx, func() { c.Close() })
-		err = t.exchange(c, claim, off, p)
+		// Cancellation closes the connection, which unblocks any I/O at
+		// once. A context that cannot be cancelled needs no watcher.
+		stop := func() bool { return true }
+		if ctx.Done() != nil {
+			stop = context.AfterFunc(ctx, func() { c.Close() })
+		}
+		err = t.exchange(c, x, off, p)
 		if !stop() {
 			t.discard(c)
 			if ctx.Err() != nil {
@@ -188,44 +303,64 @@ func (t *Transport) readRange(ctx context.Context, want peer.ID, addr string, cl
 	}
 }
 
-func (t *Transport) exchange(c *conn, claim fabric.Claim, off int64, p []byte) error {
-	req := readRequest{claim: claim, offset: off, length: int64(len(p))}
-	c.SetDeadline(time.Now().Add(t.cfg.StallTimeout))
-	if _, err := c.Write(req.marshal()); err != nil {
+func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) error {
+	req := request{op: x.op, claim: x.claim, offset: off, length: int64(len(p)), dtype: x.dtype}
+	if x.compress {
+		req.flags = flagCompress
+	}
+	c.req = req.appendTo(c.req[:0])
+	c.armWrite()
+	if _, err := c.Write(c.req); err != nil {
 		return t.ioError(err)
 	}
-	var status [1]byte
-	if _, err := io.ReadFull(c, status[:]); err != nil {
-		return t.ioError(err)
+	if err := t.status(c); err != nil {
+		return err
 	}
-	if status[0] != peerauth.StatusOK {
-		msg, err := peerauth.ReadField(c, peerauth.MaxMessage)
+	if x.op == opRead {
+		wire, err := c.recvBlocks(p, off)
+		x.wire.Add(wire)
 		if err != nil {
+			if errors.Is(err, fabric.ErrCorrupt) {
+				return err
+			}
 			return t.ioError(err)
 		}
-		return peerauth.StatusError(status[0], string(msg))
+		return nil
 	}
-	var hdr [chunkHeader]byte
-	for pos := 0; pos < len(p); {
-		c.SetReadDeadline(time.Now().Add(t.cfg.StallTimeout))
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			return t.ioError(err)
+	wire, err := c.sendBlocks(nil, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
+	x.wire.Add(wire)
+	if err != nil {
+		// The owner may have refused a block and hung up: its verdict, if
+		// it sent one, says more than the broken pipe.
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		if serr := t.status(c); serr != nil && !errors.Is(serr, fabric.ErrPeerClosed) && !errors.Is(serr, fabric.ErrStalled) {
+			return serr
 		}
-		n := int(binary.BigEndian.Uint32(hdr[:4]))
-		if n == 0 || n > len(p)-pos {
-			return fmt.Errorf("%w: chunk of %d bytes with %d left", fabric.ErrCorrupt, n, len(p)-pos)
-		}
-		chunk := p[pos : pos+n]
-		if _, err := io.ReadFull(c, chunk); err != nil {
-			return t.ioError(err)
-		}
-		if crc32.Checksum(chunk, castagnoli) != binary.BigEndian.Uint32(hdr[4:]) {
-			return fmt.Errorf("%w: checksum mismatch in chunk at byte %d", fabric.ErrCorrupt, off+int64(pos))
-		}
-		pos += n
+		return t.ioError(err)
 	}
-	c.SetDeadline(time.Time{})
-	return nil
+	return t.status(c) // the owner's acknowledgement of the whole push
+}
+
+// status reads a status byte and, when it is not OK, the owner's message.
+func (t *Transport) status(c *conn) error {
+	c.armRead()
+	code, err := c.r.ReadByte()
+	if err != nil {
+		return t.ioError(err)
+	}
+	if code == peerauth.StatusOK {
+		return nil
+	}
+	msg, err := peerauth.ReadField(c.r, peerauth.MaxMessage)
+	if err != nil {
+		return t.ioError(err)
+	}
+	if code == statusCorrupt {
+		// The connection is out of step (the owner hangs up): not a
+		// RemoteError, so the caller discards it.
+		return fmt.Errorf("%w: owner: %s", fabric.ErrCorrupt, msg)
+	}
+	return peerauth.StatusError(code, string(msg))
 }
 
 func (t *Transport) ioError(err error) error {
@@ -233,71 +368,77 @@ func (t *Transport) ioError(err error) error {
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
 		return fmt.Errorf("%w: no progress for %v: %v", fabric.ErrStalled, t.cfg.StallTimeout, err)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-		return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
 	}
 	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
 }
 
-func (t *Transport) get(ctx context.Context, want peer.ID, addr string) (c *conn, pooled bool, err error) {
-	c, err = t.pooled(want, addr)
+func (t *Transport) get(ctx context.Context, k connKey) (c *conn, pooled bool, err error) {
+	c, err = t.pooled(k)
 	if c != nil || err != nil {
 		return c, true, err
 	}
-	c, err = t.dial(ctx, want, addr)
+	c, err = t.dial(ctx, k)
 	return c, false, err
 }
 
-func (t *Transport) pooled(want peer.ID, addr string) (*conn, error) {
-	key := want.String() + "@" + addr
+func (t *Transport) pooled(k connKey) (*conn, error) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.closed {
-		t.mu.Unlock()
 		return nil, fabric.ErrClosed
 	}
-	if idle := t.idle[key]; len(idle) > 0 {
+	if idle := t.idle[k]; len(idle) > 0 {
 		c := idle[len(idle)-1]
-		t.idle[key] = idle[:len(idle)-1]
-		t.mu.Unlock()
+		t.idle[k] = idle[:len(idle)-1]
 		return c, nil
 	}
-	t.mu.Unlock()
 	return nil, nil
 }
 
-func (t *Transport) dial(ctx context.Context, want peer.ID, addr string) (*conn, error) {
-	key := want.String() + "@" + addr
+func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
+	want, err := peer.Decode(k.peer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: owner peer id %q: %v", fabric.ErrBadRequest, k.peer, err)
+	}
 	dctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
 	defer cancel()
-	var d net.Dialer
-	nc, err := d.DialContext(dctx, "tcp", addr)
+	dial := t.cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	nc, err := dial(dctx, "tcp", k.addr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: dial %s: %v", fabric.ErrPeerClosed, addr, err)
+		return nil, fmt.Errorf("%w: dial %s: %v", fabric.ErrPeerClosed, k.addr, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	stop := context.AfterFunc(dctx, func() { nc.Close() })
 	nc.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	_, err = peerauth.Client(nc, t.cfg.Identity, want)
+	res, err := peerauth.ClientWith(nc, t.cfg.Identity, want, peerauth.Options{PSK: t.cfg.PSK, Encrypt: t.cfg.Encrypt})
 	if !stop() && err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		err = fmt.Errorf("%w: handshake with %s timed out", fabric.ErrStalled, addr)
+		err = fmt.Errorf("%w: handshake with %s timed out", fabric.ErrStalled, k.addr)
 	}
 	if err != nil {
 		nc.Close()
 		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
+		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, k.addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	c := &conn{Conn: nc, key: key}
+	sc, err := res.Wrap(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c := &conn{link: newLink(sc, t.cfg.StallTimeout), key: k}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -326,7 +467,8 @@ func (t *Transport) discard(c *conn) {
 	c.Close()
 }
 
-// Close closes every connection, aborting reads in flight. It is idempotent.
+// Close closes every connection, aborting transfers in flight. It is
+// idempotent.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

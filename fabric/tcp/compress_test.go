@@ -1,0 +1,182 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// transport returns a reader-side transport with cfg (Identity filled in).
+func (f *fixture) transport(t testing.TB, cfg Config) *Transport {
+	cfg.Identity, _ = key(t)
+	if cfg.StripeMin == 0 {
+		cfg.StripeMin = 1 << 20
+	}
+	tr, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// fillAs overwrites the fixture's object with data shaped like dt.
+func (f *fixture) fillAs(dt tensor.DType) {
+	switch dt {
+	case tensor.BFloat16, tensor.Float16:
+		tcodec.FillNormal(f.data, 2, 0.02, 3)
+	case tensor.Float32:
+		tcodec.FillNormal(f.data, 4, 0.02, 3)
+	default:
+		for i := range f.data {
+			f.data[i] = byte(i / 4096) // compressible integers
+		}
+	}
+}
+
+func TestCompressedReadRoundTrip(t *testing.T) {
+	f := newFixture(t, 9<<20+123, nil)
+	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32, tensor.Int32, tensor.Invalid} {
+		f.fillAs(dt)
+		for _, mode := range []Compression{CompressAlways, CompressOff} {
+			reg := prometheus.NewRegistry()
+			tr := f.transport(t, Config{Compression: mode, Registerer: reg})
+			for _, n := range []int64{0, 1, 4097, DefaultChunkSize + 3, 1<<20 + 1, 9<<20 + 123} {
+				t.Run(fmt.Sprintf("%v/%v/%d", dt, mode, n), func(t *testing.T) {
+					r := f.remote(n)
+					r.DType = dt
+					dst := f.dst(t, n)
+					st, err := tr.Read(context.Background(), r, dst)
+					require.NoError(t, err)
+					assert.Equal(t, n, st.Bytes)
+					got, _ := tensor.BytesOf(dst)
+					assert.True(t, bytes.Equal(f.data[:n], got), "bytes differ")
+				})
+			}
+			raw, wire := testutil.ToFloat64(tr.m.raw), testutil.ToFloat64(tr.m.wire)
+			if mode == CompressOff {
+				assert.Zero(t, raw, "nothing compressed when off")
+				continue
+			}
+			assert.Greater(t, raw, 0.0)
+			// Every one of these shapes compresses (integers through s2).
+			assert.Less(t, wire, 0.9*raw, "%v: wire %v of raw %v", dt, wire, raw)
+		}
+	}
+}
+
+func TestCorruptCompressedBlock(t *testing.T) {
+	f := newFixture(t, 4<<20, nil)
+	f.fillAs(tensor.BFloat16)
+	tr := f.transport(t, Config{Compression: CompressAlways})
+	r := f.remote(4 << 20)
+	r.DType = tensor.BFloat16
+	f.srv.corruptNext.Store(true)
+	_, err := tr.Read(context.Background(), r, f.dst(t, 4<<20))
+	assert.ErrorIs(t, err, fabric.ErrCorrupt)
+	// The next read is clean.
+	dst := f.dst(t, 4<<20)
+	_, err = tr.Read(context.Background(), r, dst)
+	require.NoError(t, err)
+	got, _ := tensor.BytesOf(dst)
+	assert.True(t, bytes.Equal(f.data[:4<<20], got))
+}
+
+func TestDecide(t *testing.T) {
+	const codec = 1e9 // bytes/s
+	for _, c := range []struct {
+		name   string
+		mode   Compression
+		n      int64
+		est    linkEstimate
+		want   bool
+		reason string
+	}{
+		{"empty", CompressAlways, 0, linkEstimate{}, false, "empty"},
+		{"off", CompressOff, 64 << 20, linkEstimate{bps: 1e6}, false, "off"},
+		{"always", CompressAlways, 10, linkEstimate{bps: 1e12}, true, "always"},
+		{"small", CompressAuto, 4096, linkEstimate{bps: 1e6}, false, "small"},
+		{"unmeasured", CompressAuto, 64 << 20, linkEstimate{}, false, "link-unmeasured"},
+		{"fast link", CompressAuto, 64 << 20, linkEstimate{bps: 2.5e9}, false, "link-faster"},
+		{"equal link", CompressAuto, 64 << 20, linkEstimate{bps: codec}, false, "link-faster"},
+		{"slow link", CompressAuto, 64 << 20, linkEstimate{bps: 125e6}, true, "link-slower"},
+		{"slow link, compressible", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.7}, true, "link-slower"},
+		{"slow link, incompressible", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99}, false, "incompressible"},
+		{"incompressible, probe", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99, skipped: probeEvery - 1}, true, "link-slower"},
+		{"compressed long enough, probe raw", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compressed: probeEvery - 1}, false, "probe"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, reason := decide(c.mode, c.n, c.est, codec)
+			assert.Equal(t, c.want, got)
+			assert.Equal(t, c.reason, reason)
+		})
+	}
+}
+
+func TestObserve(t *testing.T) {
+	var l links
+	k := connKey{"p", "a"}
+	const codec = 1e9
+	// Small transfers say nothing about throughput.
+	l.observe(k, false, "link-unmeasured", 4096, 4096, 1e6, codec)
+	assert.Zero(t, l.get(k).bps)
+	// A raw transfer of 100 MB in 1 s: 100 MB/s.
+	l.observe(k, false, "link-unmeasured", 100e6, 100e6, 1e9, codec)
+	assert.InDelta(t, 100e6, l.get(k).bps, 1)
+	// A compressed transfer limited by the link updates it and the ratio.
+	l.observe(k, true, "link-slower", 100e6, 70e6, 1e9, codec)
+	e := l.get(k)
+	assert.InDelta(t, 0.7, e.ratio, 1e-9)
+	assert.InDelta(t, 0.7*100e6+0.3*70e6, e.bps, 1)
+	assert.Equal(t, 1, e.compressed)
+	// A compressed transfer limited by the codec (raw rate near the
+	// codec's) leaves the link estimate alone.
+	l.observe(k, true, "link-slower", 1e9, 0.7e9, 1.1e9, codec)
+	assert.InDelta(t, e.bps, l.get(k).bps, 1)
+	// A raw probe resets the count.
+	l.observe(k, false, "probe", 100e6, 100e6, 1e9, codec)
+	assert.Zero(t, l.get(k).compressed)
+}
+
+// The auto decision as the transport takes it, with the link estimate
+// injected: no timing in the test.
+func TestAutoCompression(t *testing.T) {
+	f := newFixture(t, 4<<20, nil)
+	f.fillAs(tensor.BFloat16)
+	reg := prometheus.NewRegistry()
+	tr := f.transport(t, Config{CodecBps: 1e9, Registerer: reg})
+	r := f.remote(4 << 20)
+	r.DType = tensor.BFloat16
+	k := connKey{r.Peer, r.Addrs[fabric.TCP]}
+	count := func(compress, reason string) float64 {
+		return testutil.ToFloat64(tr.m.decisions.WithLabelValues(compress, reason))
+	}
+	read := func() {
+		t.Helper()
+		dst := f.dst(t, 4<<20)
+		_, err := tr.Read(context.Background(), r, dst)
+		require.NoError(t, err)
+		got, _ := tensor.BytesOf(dst)
+		require.True(t, bytes.Equal(f.data[:4<<20], got))
+	}
+	tr.links.set(k, 100e6, 0) // a 100 MB/s link: slower than the codec
+	read()
+	assert.Equal(t, 1.0, count("true", "link-slower"))
+	assert.Greater(t, testutil.ToFloat64(tr.m.raw), testutil.ToFloat64(tr.m.wire))
+
+	tr.links.set(k, 10e9, 0) // a 10 GB/s link: faster than the codec
+	read()
+	assert.Equal(t, 1.0, count("false", "link-faster"))
+
+	tr.links.set(k, 100e6, 0.99) // slow, but the data does not shrink
+	read()
+	assert.Equal(t, 1.0, count("false", "incompressible"))
+}
