@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"math/rand/v2"
 	"testing"
 
 	"github.com/tensorlane/tensorlane/topology"
@@ -62,24 +61,32 @@ func BenchmarkPlace10kGPUs(b *testing.B) {
 // BenchmarkQuality reports placement quality as ratios of estimated
 // transfer times: against first-fit on traffic-heavy requests spanning
 // racks (goal <= 0.5), and against the brute-force optimum on small
-// instances (goal <= 1.10).
+// instances (goal: mean <= 1.10).
+//
+// The greedy-only variants turn the partition start off, to show what it
+// adds.
 func BenchmarkQuality(b *testing.B) {
-	b.Run("vs-first-fit", func(b *testing.B) {
-		var mean, worst float64
-		for b.Loop() {
-			mean, worst = qualityVsFirstFit(b, 4, 6)
-		}
-		b.ReportMetric(mean, "ratio-mean")
-		b.ReportMetric(worst, "ratio-worst")
-	})
-	b.Run("vs-optimum", func(b *testing.B) {
-		var mean, worst float64
-		for b.Loop() {
-			mean, worst = qualityVsOptimum(b, 100)
-		}
-		b.ReportMetric(mean, "ratio-mean")
-		b.ReportMetric(worst, "ratio-worst")
-	})
+	for _, v := range []struct {
+		name string
+		cfg  Config
+	}{{"", Config{}}, {"greedy-only/", Config{noPartition: true}}} {
+		b.Run(v.name+"vs-first-fit", func(b *testing.B) {
+			var spanning, fitting ratios
+			for b.Loop() {
+				spanning, fitting = qualityVsFirstFit(b, v.cfg, 16)
+			}
+			b.ReportMetric(spanning.mean(), "span-mean")
+			b.ReportMetric(spanning.worst, "span-worst")
+			b.ReportMetric(fitting.mean(), "fit-mean")
+		})
+		b.Run(v.name+"vs-optimum", func(b *testing.B) {
+			var q ratios
+			for b.Loop() {
+				q = qualityVsOptimum(b, v.cfg, 300)
+			}
+			b.ReportMetric(q.mean(), "ratio-mean")
+			b.ReportMetric(q.worst, "ratio-worst")
+			b.ReportMetric(float64(q.n), "instances")
+		})
+	}
 }
-
-var _ = rand.New

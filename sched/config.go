@@ -17,6 +17,9 @@ type Config struct {
 	// swap improvement pass after the greedy placement; 0 means 64, a
 	// negative value turns the pass off.
 	LocalSearch int
+
+	// noPartition turns the partition start off (tests compare with it).
+	noPartition bool
 }
 
 // CostModel is the scheduler's own, deliberately small, bandwidth table:

@@ -18,9 +18,15 @@
 // the busiest resource's total. The search tries groups of the required
 // level in anti-fragmentation order (partly used groups first, then the
 // tightest fit, so whole NVLink domains, racks and slices stay free), within
-// each the preferred (or, with traffic, every smaller) level, places
-// bundles greedily in maximum-adjacency order on the host that adds the
-// least cost, and improves small gangs by moves and swaps.
+// each the preferred (or, with traffic, every smaller) level. In each it
+// builds two placements: a greedy one (bundles in maximum-adjacency order,
+// each on the host that adds the least cost) and, where the group spans
+// several NVLink domains, slices or hosts, a partition one (the traffic
+// graph clustered heaviest pair first into components that fit a domain,
+// each component placed whole into its cheapest domain, split at its
+// lightest merge only when no domain holds it). Small gangs are then
+// improved by moves, swaps and evictions (a bundle joins its peer's host
+// by pushing another bundle out), and the cheaper placement wins.
 //
 // Decisions are a deterministic function of (cluster, state, request,
 // Config): no clock, no randomness, no map order. A Scheduler keeps the

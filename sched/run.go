@@ -18,9 +18,30 @@ type run struct {
 	buf     []charge
 	work    int // edges evaluated, bounds the local search
 	agg     []charge
+	// domHosts, when set, confines candidates to one domain (the
+	// partition start); domMark marks its hosts.
+	domHosts []int
+	domMark  []bool
 }
 
+// run places the gang in scope sc: the plain greedy, and where the scope
+// spans several domains also the partition start (partition.go), each
+// followed by the local search. The better result wins; ties go to the
+// plain greedy.
 func (s *solver) run(sc *scope) *result {
+	res := s.runStart(sc, nil)
+	if s.cfg.noPartition {
+		return res
+	}
+	if p := s.partition(sc); p != nil {
+		if pr := s.runStart(sc, p); pr != nil && pr.better(res, false) {
+			res = pr
+		}
+	}
+	return res
+}
+
+func (s *solver) runStart(sc *scope, p *partition) *result {
 	n := len(s.cr.bundles)
 	r := &run{s: s, sc: sc, a: make([]asg, n), loads: map[resKey]float64{}, gang: make([]int, len(s.ix.hosts))}
 	for b := range r.a {
@@ -33,13 +54,17 @@ func (s *solver) run(sc *scope) *result {
 		}
 	}
 	ok := true
-	for _, b := range s.order {
-		h, devs := r.bestHost(b)
-		if h < 0 {
-			ok = false
-			break
+	if p != nil {
+		ok = r.placePartition(p)
+	} else {
+		for _, b := range s.order {
+			h, devs := r.bestHost(b)
+			if h < 0 {
+				ok = false
+				break
+			}
+			r.place(b, h, devs, true)
 		}
-		r.place(b, h, devs, true)
 	}
 	var res *result
 	if ok {
@@ -296,6 +321,9 @@ func (r *run) candidates(b int) []int {
 			return
 		}
 		s.seen[h] = s.gen
+		if r.domHosts != nil && !r.domMark[h] {
+			return
+		}
 		if r.hostFree(b, h) >= 0 {
 			out = append(out, h)
 		}
@@ -330,7 +358,11 @@ func (r *run) candidates(b int) []int {
 	var best [freshCandidates]int
 	var bestKey [freshCandidates][numRanks + 1]int
 	nb := 0
-	for _, h := range r.sc.hosts {
+	fresh := r.sc.hosts
+	if r.domHosts != nil {
+		fresh = r.domHosts
+	}
+	for _, h := range fresh {
 		if s.seen[h] == s.gen {
 			continue
 		}

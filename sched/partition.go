@@ -1,0 +1,376 @@
+package sched
+
+import "sort"
+
+// The partition start is a second way to build a placement, tried next to
+// the plain greedy whenever a scope spans several domains (NVLink domains
+// or TPU slices, whose host-to-host links are far faster than the network;
+// hosts where a cluster has neither). The plain greedy walks bundles in
+// maximum-adjacency order and, when a domain fills up, cuts a heavy chain
+// in the middle. The partition start first clusters the traffic graph:
+// heaviest pairs merge first while the merged group still fits the largest
+// free domain (a dendrogram, as in agglomerative clustering); a pair weighs
+// its traffic per device of its smaller bundle, the load a cut puts on one
+// NIC. It then
+// places whole groups, heaviest first, each into the domain that costs
+// least among the domains holding its placed peers and the two best free
+// ones by the anti-fragmentation order. A group that no domain holds is
+// split at its last (lightest) merge and its halves are placed the same
+// way, so the cut always falls on the lightest traffic. Both starts get the
+// local search; the better result wins, ties to the plain greedy.
+
+// domainRank picks the level the partition start packs into.
+func (ix *index) domainRank() int {
+	for _, l := range []int{rankNVLink, rankSlice} {
+		if !ix.labelled[l] {
+			continue
+		}
+		for _, g := range ix.groups[l] {
+			if len(g.hosts) > 1 {
+				return l
+			}
+		}
+	}
+	return rankHost
+}
+
+// pnode is a dendrogram node: a leaf holds one bundle, an inner node the
+// union of its two children, merged over the pair weight w.
+type pnode struct {
+	kids [2]int // -1, -1 for a leaf
+	b    int    // a leaf's bundle; an inner node's lowest bundle
+	dev  int    // devices of its bundles
+	w    float64
+}
+
+// pdomain is one domain of the scope.
+type pdomain struct {
+	g     int   // group at the domain rank
+	hosts []int // its hosts inside the scope, in cluster order
+}
+
+// partition is a partition start's plan for one scope.
+type partition struct {
+	rank    int
+	domains []pdomain
+	domOf   []int // host -> index into domains, -1 outside the scope
+	nodes   []pnode
+	roots   []int // components to place, heaviest first
+	loose   []int // bundles without traffic to other free bundles
+}
+
+// partition returns the plan for scope sc, or nil when the partition
+// start cannot differ from the plain greedy.
+func (s *solver) partition(sc *scope) *partition {
+	ix := s.ix
+	if !s.cr.traffic || sc.numa >= 0 {
+		return nil
+	}
+	L := ix.domainRank()
+	if L == rankHost && (s.cr.strategy == Spread || s.cr.strategy == StrictSpread) {
+		return nil
+	}
+	p := &partition{rank: L, domOf: make([]int, len(ix.hosts))}
+	for i := range p.domOf {
+		p.domOf[i] = -1
+	}
+	byG := map[int]int{}
+	for _, h := range sc.hosts {
+		g := ix.hosts[h].group[L]
+		d, ok := byG[g]
+		if !ok {
+			d = len(p.domains)
+			byG[g] = d
+			p.domains = append(p.domains, pdomain{g: g})
+		}
+		p.domains[d].hosts = append(p.domains[d].hosts, h)
+		p.domOf[h] = d
+	}
+	if len(p.domains) < 2 {
+		return nil
+	}
+	maxCap := 0
+	for d := range p.domains {
+		maxCap = max(maxCap, s.domainFree(p, d))
+	}
+	// Undirected pair weights between free bundles.
+	n := len(s.cr.bundles)
+	type pair struct {
+		a, b int
+		w    float64
+	}
+	at := map[[2]int]int{}
+	var pairs []pair
+	for _, e := range s.cr.edges {
+		if s.pinned[e.from].host >= 0 || s.pinned[e.to].host >= 0 {
+			continue
+		}
+		k := [2]int{min(e.from, e.to), max(e.from, e.to)}
+		i, ok := at[k]
+		if !ok {
+			i = len(pairs)
+			at[k] = i
+			pairs = append(pairs, pair{a: k[0], b: k[1]})
+		}
+		// A cut pair loads the NIC of each device of the smaller bundle
+		// with gb/min(devices): that, not gb, is what a cut costs.
+		pairs[i].w += e.gb / float64(max(1, min(s.cr.bundles[e.from].devices, s.cr.bundles[e.to].devices)))
+	}
+	sort.SliceStable(pairs, func(i, j int) bool {
+		if pairs[i].w != pairs[j].w {
+			return pairs[i].w > pairs[j].w
+		}
+		if pairs[i].a != pairs[j].a {
+			return pairs[i].a < pairs[j].a
+		}
+		return pairs[i].b < pairs[j].b
+	})
+	// Union-find over the dendrogram: top[root bundle] is its node.
+	parent := make([]int, n)
+	top := make([]int, n)
+	for b := 0; b < n; b++ {
+		parent[b] = b
+		top[b] = len(p.nodes)
+		p.nodes = append(p.nodes, pnode{kids: [2]int{-1, -1}, b: b, dev: s.cr.bundles[b].devices})
+	}
+	var find func(int) int
+	find = func(x int) int {
+		for parent[x] != x {
+			parent[x] = parent[parent[x]]
+			x = parent[x]
+		}
+		return x
+	}
+	hasEdge := make([]bool, n)
+	for _, pr := range pairs {
+		hasEdge[pr.a], hasEdge[pr.b] = true, true
+		ra, rb := find(pr.a), find(pr.b)
+		if ra == rb {
+			p.nodes[top[ra]].w += pr.w
+			continue
+		}
+		ta, tb := top[ra], top[rb]
+		na, nb := p.nodes[ta], p.nodes[tb]
+		if na.dev+nb.dev > maxCap {
+			continue
+		}
+		if rb < ra {
+			ra, rb = rb, ra
+		}
+		parent[rb] = ra
+		top[ra] = len(p.nodes)
+		p.nodes = append(p.nodes, pnode{kids: [2]int{ta, tb}, b: min(na.b, nb.b), dev: na.dev + nb.dev, w: na.w + nb.w + pr.w})
+	}
+	for b := 0; b < n; b++ {
+		if s.pinned[b].host >= 0 {
+			continue
+		}
+		if !hasEdge[b] {
+			p.loose = append(p.loose, b)
+		} else if find(b) == b {
+			p.roots = append(p.roots, top[b])
+		}
+	}
+	p.sortNodes(p.roots)
+	return p
+}
+
+// sortNodes orders components for placement: most inner traffic first,
+// then most devices, then lowest bundle.
+func (p *partition) sortNodes(ns []int) {
+	sort.SliceStable(ns, func(i, j int) bool {
+		a, b := &p.nodes[ns[i]], &p.nodes[ns[j]]
+		if a.w != b.w {
+			return a.w > b.w
+		}
+		if a.dev != b.dev {
+			return a.dev > b.dev
+		}
+		return a.b < b.b
+	})
+}
+
+// leaves appends node x's bundles.
+func (p *partition) leaves(out []int, x int) []int {
+	nd := &p.nodes[x]
+	if nd.kids[0] < 0 {
+		return append(out, nd.b)
+	}
+	out = p.leaves(out, nd.kids[0])
+	return p.leaves(out, nd.kids[1])
+}
+
+// domainFree counts the free devices of domain d.
+func (s *solver) domainFree(p *partition, d int) int {
+	n := 0
+	for _, h := range p.domains[d].hosts {
+		if s.u.failedHost[h] {
+			continue
+		}
+		for dv := range s.ix.hosts[h].devs {
+			if s.u.available(h, dv) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// freshDomains is how many domains without placed peers a component
+// tries (best by the anti-fragmentation order).
+const freshDomains = 2
+
+// placePartition builds a placement from the plan: components into
+// domains, splitting those that fit nowhere, then the loose bundles by the
+// plain greedy. It reports false when some bundle found no host.
+func (r *run) placePartition(p *partition) bool {
+	s := r.s
+	pos := make([]int, len(s.cr.bundles))
+	for i, b := range s.order {
+		pos[b] = i
+	}
+	r.domMark = make([]bool, len(s.ix.hosts))
+	queue := append([]int(nil), p.roots...)
+	var members []int
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		members = p.leaves(members[:0], x)
+		sort.Slice(members, func(i, j int) bool { return pos[members[i]] < pos[members[j]] })
+		if r.placeComponent(p, p.nodes[x].dev, members) {
+			continue
+		}
+		nd := &p.nodes[x]
+		if nd.kids[0] < 0 {
+			h, devs := r.bestHost(nd.b)
+			if h < 0 {
+				return false
+			}
+			r.place(nd.b, h, devs, true)
+			continue
+		}
+		kids := []int{nd.kids[0], nd.kids[1]}
+		p.sortNodes(kids)
+		queue = append(kids, queue...)
+	}
+	loose := append([]int(nil), p.loose...)
+	sort.Slice(loose, func(i, j int) bool { return pos[loose[i]] < pos[loose[j]] })
+	for _, b := range loose {
+		h, devs := r.bestHost(b)
+		if h < 0 {
+			return false
+		}
+		r.place(b, h, devs, true)
+	}
+	return true
+}
+
+// placeComponent puts all of members into one domain: it tries the
+// domains that hold placed traffic peers and the best fresh ones, keeps
+// the cheapest (ties to the earlier tried), and reports false when none
+// holds them all.
+func (r *run) placeComponent(p *partition, dev int, members []int) bool {
+	s := r.s
+	ix := s.ix
+	var cands []int
+	seen := map[int]bool{}
+	for _, b := range members {
+		for _, ei := range s.cr.adj[b] {
+			e := s.cr.edges[ei]
+			o := e.from
+			if o == b {
+				o = e.to
+			}
+			h := r.a[o].host
+			if h < 0 {
+				continue
+			}
+			if d := p.domOf[h]; d >= 0 && !seen[d] {
+				seen[d] = true
+				cands = append(cands, d)
+			}
+		}
+	}
+	sort.Ints(cands)
+	type fresh struct{ d, used, free int }
+	var best []fresh
+	for d, dm := range p.domains {
+		if seen[d] {
+			continue
+		}
+		free := s.domainFree(p, d)
+		if free < dev {
+			continue
+		}
+		used := 1
+		if s.u.busy[p.rank][dm.g] > 0 {
+			used = 0
+		}
+		f := fresh{d, used, free}
+		i := len(best)
+		for i > 0 && (f.used < best[i-1].used || f.used == best[i-1].used && f.free < best[i-1].free) {
+			i--
+		}
+		if i >= freshDomains {
+			continue
+		}
+		best = append(best, fresh{})
+		copy(best[i+1:], best[i:])
+		best[i] = f
+		if len(best) > freshDomains {
+			best = best[:freshDomains]
+		}
+	}
+	for _, f := range best {
+		cands = append(cands, f.d)
+	}
+	type spot struct {
+		b, h int
+		devs []int
+	}
+	var keep []spot
+	var keepScore score
+	for _, d := range cands {
+		if s.domainFree(p, d) < dev {
+			continue
+		}
+		for _, h := range p.domains[d].hosts {
+			r.domMark[h] = true
+		}
+		r.domHosts = p.domains[d].hosts
+		ok := true
+		placed := 0
+		for _, b := range members {
+			h, devs := r.bestHost(b)
+			if h < 0 {
+				ok = false
+				break
+			}
+			r.place(b, h, devs, true)
+			placed++
+		}
+		if ok {
+			if sc := r.score(); keep == nil || sc.less(keepScore) {
+				keep, keepScore = keep[:0], sc
+				for _, b := range members {
+					keep = append(keep, spot{b, r.a[b].host, r.a[b].devs})
+				}
+			}
+		}
+		for _, b := range members[:placed] {
+			r.unplace(b, true)
+		}
+		for _, h := range p.domains[d].hosts {
+			r.domMark[h] = false
+		}
+		r.domHosts = nil
+	}
+	_ = ix
+	if keep == nil {
+		return false
+	}
+	for _, x := range keep {
+		r.place(x.b, x.h, x.devs, true)
+	}
+	return true
+}
