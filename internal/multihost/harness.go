@@ -1,0 +1,457 @@
+package multihost
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorlane/tensorlane/internal/netns"
+)
+
+// Request is one command to a worker (see cmd/tensorlane/worker.go for the
+// protocol; this mirrors its JSON).
+type Request struct {
+	ID        int64    `json:"id"`
+	Op        string   `json:"op"`
+	Size      int64    `json:"size,omitempty"`
+	Seed      uint64   `json:"seed,omitempty"`
+	Device    string   `json:"device,omitempty"`
+	Ref       string   `json:"ref,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+	Peer      string   `json:"peer,omitempty"`
+	Addrs     []string `json:"addrs,omitempty"`
+	NoVerify  bool     `json:"no_verify,omitempty"`
+}
+
+// Reply is a worker's answer. Code names the typed error on failure.
+type Reply struct {
+	ID       int64   `json:"id"`
+	Event    string  `json:"event,omitempty"`
+	OK       bool    `json:"ok"`
+	Code     string  `json:"code,omitempty"`
+	Error    string  `json:"error,omitempty"`
+	Ref      string  `json:"ref,omitempty"`
+	Object   string  `json:"object,omitempty"`
+	Bytes    int64   `json:"bytes,omitempty"`
+	Seconds  float64 `json:"seconds,omitempty"`
+	Path     string  `json:"path,omitempty"`
+	Verified bool    `json:"verified,omitempty"`
+	Info     *Info   `json:"info,omitempty"`
+}
+
+// Info is a worker's identity and memory.
+type Info struct {
+	Pid     int      `json:"pid"`
+	Peer    string   `json:"peer"`
+	Host    string   `json:"host"`
+	Addrs   []string `json:"addrs"`
+	Objects int      `json:"objects"`
+	Used    int64    `json:"used"`
+	Allocs  int      `json:"allocs"`
+}
+
+// Options configure a Cluster. Zero values mean the defaults.
+type Options struct {
+	Hosts        int           // default 3
+	Preset       string        // default dgx-h100
+	DeviceMemory string        // each simulated device's arena; default 512MiB
+	StallTimeout time.Duration // workers' stall detector; default 3s
+	Args         []string      // extra worker flags for every host
+}
+
+// Cluster is a set of hosts, each a network namespace plugged into one
+// bridge and running a tensorlane worker process.
+type Cluster struct {
+	t      testing.TB
+	opts   Options
+	bin    string
+	dir    string
+	Bridge *netns.Bridge
+	Hosts  []*Host
+}
+
+// Host is one simulated machine: a namespace with eth0 on the bridge and a
+// worker claiming topology host ID.
+type Host struct {
+	c        *Cluster
+	ID       string
+	NS       *netns.NS
+	Dev      string // the host's interface, in NS
+	Port     string // its bridge port, in the bridge namespace: the "switch" side of the cable
+	IP       string
+	identity string
+	args     []string
+	W        *Worker // the current worker process
+}
+
+// Control and data ports are fixed: each namespace has its own port space,
+// and a restarted worker must come back on the same addresses.
+const (
+	controlPort = 4001
+	dataPort    = 5001
+)
+
+// New builds the cluster, starts a worker on every host and connects them.
+// It skips the test where namespaces are unavailable; everything is torn
+// down in t.Cleanup, even when the test fails.
+func New(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	netns.Require(t)
+	if o.Hosts <= 0 {
+		o.Hosts = 3
+	}
+	if o.Preset == "" {
+		o.Preset = "dgx-h100"
+	}
+	if o.DeviceMemory == "" {
+		o.DeviceMemory = "512MiB"
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = 3 * time.Second
+	}
+	c := &Cluster{t: t, opts: o, bin: Binary(t), dir: t.TempDir(), Bridge: netns.NewBridge(t, "br")}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := 0; i < o.Hosts; i++ {
+		h := &Host{c: c, ID: fmt.Sprintf("h%d", i), NS: netns.New(t, fmt.Sprintf("h%d", i)), Dev: "eth0", IP: fmt.Sprintf("10.77.0.%d", i+1)}
+		h.identity = filepath.Join(c.dir, h.ID+".key")
+		port, err := c.Bridge.Attach(ctx, h.NS, h.Dev, h.IP+"/24")
+		if err != nil {
+			t.Fatalf("multihost: attach %s: %v", h.ID, err)
+		}
+		h.Port = port
+		c.Hosts = append(c.Hosts, h)
+	}
+	for _, h := range c.Hosts {
+		h.Start(ctx)
+	}
+	for i, a := range c.Hosts {
+		for _, b := range c.Hosts[i+1:] {
+			c.Connect(ctx, a, b)
+		}
+	}
+	return c
+}
+
+// Connect opens the control channel from a's worker to b's.
+func (c *Cluster) Connect(ctx context.Context, a, b *Host) {
+	c.t.Helper()
+	r, err := a.W.Call(ctx, Request{Op: "connect", Peer: b.W.Ready.Peer, Addrs: b.W.Ready.Addrs})
+	if err != nil || !r.OK {
+		c.t.Fatalf("multihost: connect %s to %s: %v %s", a.ID, b.ID, err, r.Error)
+	}
+}
+
+// Start runs a worker on h with the cluster's flags and extra, waits until
+// it is ready and registers its teardown. The identity and addresses stay
+// the same across restarts.
+func (h *Host) Start(ctx context.Context, extra ...string) *Worker {
+	t := h.c.t
+	t.Helper()
+	o := h.c.opts
+	args := []string{"netns", "exec", h.NS.Name, h.c.bin, "worker",
+		"--preset", o.Preset, "--hosts", fmt.Sprint(o.Hosts), "--host", h.ID,
+		"--device-memory", o.DeviceMemory, "--stall-timeout", o.StallTimeout.String(),
+		"--listen", fmt.Sprintf("/ip4/%s/tcp/%d", h.IP, controlPort),
+		"--data-addr", fmt.Sprintf("%s:%d", h.IP, dataPort),
+		"--identity-file", h.identity,
+	}
+	args = append(append(append(args, o.Args...), h.args...), extra...)
+	w, err := startWorker(ctx, h, args)
+	if err != nil {
+		t.Fatalf("multihost: start worker on %s: %v", h.ID, err)
+	}
+	t.Cleanup(func() {
+		w.Stop()
+		if t.Failed() {
+			t.Logf("worker %s (pid %d) stderr, last lines:\n%s", h.ID, w.Pid(), w.stderr.String())
+		}
+	})
+	h.W = w
+	return w
+}
+
+// SetArgs sets extra flags for this host's later starts (e.g. a rogue
+// without the cluster key).
+func (h *Host) SetArgs(args ...string) { h.args = args }
+
+// Restart kills the worker if it still runs and starts a new one under the
+// same identity and addresses.
+func (h *Host) Restart(ctx context.Context) *Worker {
+	h.W.Kill()
+	return h.Start(ctx)
+}
+
+// SetLink plugs or unplugs the host's cable at the bridge: traffic stops
+// without either end seeing the interface go away.
+func (h *Host) SetLink(ctx context.Context, up bool) error {
+	return h.c.Bridge.NS.SetLink(ctx, h.Port, up)
+}
+
+// TxBytes is how many bytes the host has sent.
+func (h *Host) TxBytes(ctx context.Context) (uint64, error) {
+	s, err := h.NS.Stats(ctx, h.Dev)
+	return s.TxBytes, err
+}
+
+// Worker is one running `tensorlane worker` process.
+type Worker struct {
+	Host   *Host
+	Ready  Info
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr *tailBuffer
+
+	mu      sync.Mutex
+	next    int64
+	pending map[int64]chan Reply
+	exited  chan struct{}
+	waitErr error
+	stopped bool
+}
+
+// ErrWorkerExited is returned by calls to a worker that has died.
+var ErrWorkerExited = errors.New("multihost: worker exited")
+
+func startWorker(ctx context.Context, h *Host, args []string) (*Worker, error) {
+	cmd := exec.Command("ip", args...)
+	// Own process group, so Kill reaches anything the worker started, and
+	// death with the test process even if it crashes before its cleanup.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	w := &Worker{Host: h, cmd: cmd, stderr: &tailBuffer{max: 16 << 10}, pending: map[int64]chan Reply{}, exited: make(chan struct{})}
+	cmd.Stderr = w.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	w.stdin = stdin
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ready := make(chan Info, 1)
+	go w.readLoop(stdout, ready)
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case info := <-ready:
+		w.Ready = info
+		return w, nil
+	case <-w.exited:
+		return nil, fmt.Errorf("%w before it was ready: %v: %s", ErrWorkerExited, w.waitErr, w.stderr.String())
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	w.Kill()
+	return nil, fmt.Errorf("worker not ready in time: %s", w.stderr.String())
+}
+
+func (w *Worker) readLoop(stdout io.Reader, ready chan<- Info) {
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var r Reply
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			continue
+		}
+		if r.Event == "ready" && r.Info != nil {
+			ready <- *r.Info
+			continue
+		}
+		w.mu.Lock()
+		ch := w.pending[r.ID]
+		delete(w.pending, r.ID)
+		w.mu.Unlock()
+		if ch != nil {
+			ch <- r
+		}
+	}
+	err := w.cmd.Wait()
+	w.mu.Lock()
+	w.waitErr = err
+	w.mu.Unlock()
+	close(w.exited)
+}
+
+// Pid is the worker's process id.
+func (w *Worker) Pid() int { return w.cmd.Process.Pid }
+
+// Go sends a request and returns a channel that receives its reply, or an
+// error when the worker dies first.
+func (w *Worker) Go(req Request) <-chan Result {
+	out := make(chan Result, 1)
+	ch := make(chan Reply, 1)
+	w.mu.Lock()
+	w.next++
+	req.ID = w.next
+	w.pending[req.ID] = ch
+	w.mu.Unlock()
+	b, _ := json.Marshal(req)
+	if _, err := w.stdin.Write(append(b, '\n')); err != nil {
+		out <- Result{Err: fmt.Errorf("%w: %v", ErrWorkerExited, err), At: time.Now()}
+		return out
+	}
+	go func() {
+		select {
+		case r := <-ch:
+			out <- Result{Reply: r, At: time.Now()}
+		case <-w.exited:
+			out <- Result{Err: ErrWorkerExited, At: time.Now()}
+		}
+	}()
+	return out
+}
+
+// Result is a reply or the worker's death, with when it arrived.
+type Result struct {
+	Reply
+	Err error
+	At  time.Time
+}
+
+// Call sends a request and waits for its reply, at most until ctx ends.
+func (w *Worker) Call(ctx context.Context, req Request) (Reply, error) {
+	select {
+	case r := <-w.Go(req):
+		return r.Reply, r.Err
+	case <-ctx.Done():
+		return Reply{}, ctx.Err()
+	}
+}
+
+// Info asks the worker for its identity and memory.
+func (w *Worker) Info(ctx context.Context) (Info, error) {
+	r, err := w.Call(ctx, Request{Op: "info"})
+	if err != nil {
+		return Info{}, err
+	}
+	if r.Info == nil {
+		return Info{}, fmt.Errorf("multihost: info reply without info: %s", r.Error)
+	}
+	return *r.Info, nil
+}
+
+// Kill sends SIGKILL to the worker's process group and waits for it to be
+// gone: the abrupt death of a host. It is idempotent.
+func (w *Worker) Kill() {
+	select {
+	case <-w.exited:
+		return
+	default:
+	}
+	syscall.Kill(-w.cmd.Process.Pid, syscall.SIGKILL)
+	<-w.exited
+}
+
+// Stop shuts the worker down cleanly (closing its stdin), and kills it if
+// it has not exited within 10 s.
+func (w *Worker) Stop() {
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.stopped = true
+	w.mu.Unlock()
+	w.stdin.Close()
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-w.exited:
+	case <-t.C:
+		w.Kill()
+	}
+}
+
+// Exited is closed when the worker process has ended.
+func (w *Worker) Exited() <-chan struct{} { return w.exited }
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf bytes.Buffer
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if over := b.buf.Len() - b.max; over > 0 {
+		b.buf.Next(over)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildBin  string
+	buildErr  error
+)
+
+// Binary builds the tensorlane command once per test process and returns
+// its path. Cleanup removes it (call it from TestMain).
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "tensorlane-multihost-")
+		if buildErr != nil {
+			return
+		}
+		buildBin = filepath.Join(buildDir, "tensorlane")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", buildBin, "github.com/tensorlane/tensorlane/cmd/tensorlane").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/tensorlane: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("multihost: %v", buildErr)
+	}
+	return buildBin
+}
+
+// Cleanup removes the binary Binary built.
+func Cleanup() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}
+
+// WaitFor polls cond until it holds or ctx ends; it returns ctx's error
+// then. For conditions another process changes (memory back to baseline,
+// bytes on the wire), where there is nothing to block on.
+func WaitFor(ctx context.Context, every time.Duration, cond func() bool) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
