@@ -269,7 +269,7 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 
 // errStaleConn marks a pooled connection the owner closed before our
 // request reached it: nothing was granted, so a fresh one may try again.
-var errStaleConn = errors.New("shm: pooled connection was closed by the owner")
+var errStaleConn = errors.New("shm: connection closed before the owner answered")
 
 func (c *Client) ownerGone(owner string, err error) {
 	if s := c.cache.snapshot(); s.Live > 0 {

@@ -162,6 +162,15 @@ type helper struct {
 // startHelper starts an owner process serving objects of the given sizes.
 func startHelper(t testing.TB, sizes ...int64) *helper {
 	t.Helper()
+	h, err := tryStartHelper(t, nil, sizes...)
+	require.NoError(t, err)
+	return h
+}
+
+// tryStartHelper is startHelper with process attributes, returning the
+// error of starting the process instead of failing.
+func tryStartHelper(t testing.TB, attr *syscall.SysProcAttr, sizes ...int64) (*helper, error) {
+	t.Helper()
 	var list []string
 	for _, n := range sizes {
 		list = append(list, strconv.FormatInt(n, 10))
@@ -169,11 +178,14 @@ func startHelper(t testing.TB, sizes ...int64) *helper {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join(list, ","))
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = attr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
 	h := &helper{cmd: cmd, stdin: stdin, done: make(chan struct{})}
 	lines := make(chan string, 1)
 	go func() {
@@ -204,7 +216,7 @@ func startHelper(t testing.TB, sizes ...int64) *helper {
 		cmd.Process.Kill()
 		t.Fatal("owner process did not start serving within 60 s")
 	}
-	return h
+	return h, nil
 }
 
 // kill sends SIGKILL and waits until the process is gone.
@@ -378,4 +390,28 @@ func TestCrossProcessKilledUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d reads verified, %d failed with typed errors after the kill", oks, fails)
 	assert.Equal(t, 0, cli.CacheStats().Live)
+}
+
+// TestCrossNetworkNamespace: runtimes in different network namespaces that
+// claim one host still reach each other, because the socket is a path (an
+// abstract socket would be invisible across namespaces).
+func TestCrossNetworkNamespace(t *testing.T) {
+	const n = 4<<20 + 3
+	h, err := tryStartHelper(t, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}, n)
+	if err != nil {
+		t.Skipf("cannot start a process in a new network namespace (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	self, err := os.Readlink("/proc/self/ns/net")
+	require.NoError(t, err)
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", h.cmd.Process.Pid))
+	require.NoError(t, err)
+	require.NotEqual(t, self, theirs, "the owner runs in its own network namespace")
+	k, _ := key(t)
+	tr, err := New(Config{Identity: k})
+	require.NoError(t, err)
+	defer tr.Close()
+	dst, got := hostDst(t, n)
+	_, err = tr.Read(context.Background(), h.remote(0, 0, n), dst)
+	require.NoError(t, err)
+	require.Equal(t, -1, checkWords(got[:n], h.info.Objects[0].Seed, 0, n))
 }

@@ -279,7 +279,7 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		return grant{}, -1, fmt.Errorf("shm: stat exported arena: %w", err)
 	}
 	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), arenaSize: h.ArenaSize, objOff: h.Offset, objLen: h.Length}
-	if g.objOff < 0 || g.objLen < 0 || g.objOff+g.objLen > g.arenaSize || g.arenaSize > st.Size {
+	if g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.arenaSize || g.arenaSize > st.Size {
 		unix.Close(h.FD)
 		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) of a %d-byte arena (file %d bytes) is inconsistent", h.Offset, h.Length, h.ArenaSize, st.Size)
 	}

@@ -474,3 +474,25 @@ func (p *countedPin) Release() error {
 	}
 	return nil
 }
+
+// TestStalledOwnerTimeout: an owner that never answers fails the read with
+// ErrStalled after StallTimeout, with no help from the caller's context.
+func TestStalledOwnerTimeout(t *testing.T) {
+	release := make(chan struct{})
+	f := newFixture(t, 4096, func(s *ServerConfig, c *Config) {
+		s.Source = fabric.SourceFunc(func(ctx context.Context, cl fabric.Claim) (tensor.Buffer, error) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil, fabric.ErrObjectNotFound
+		})
+		c.StallTimeout = 100 * time.Millisecond
+	})
+	defer close(release)
+	dst, _ := hostDst(t, 4096)
+	start := time.Now()
+	_, err := f.cli.SHM().Read(context.Background(), f.remote(4096), dst)
+	require.ErrorIs(t, err, fabric.ErrStalled)
+	assert.Less(t, time.Since(start), 30*time.Second, "bounded by StallTimeout, not the default")
+}
