@@ -1,0 +1,36 @@
+package rdma
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics counts the rdma transport's rails. The caller creates one set
+// per runtime and registers it on the runtime's registry, as with
+// fabric.NewMetrics. Rail labels read "<local NIC>-><owner NIC>".
+type Metrics struct {
+	RailBytes  *prometheus.CounterVec // tensorlane_rdma_rail_bytes_total{rail}
+	Slices     *prometheus.CounterVec // tensorlane_rdma_slices_total{rail,result}
+	SliceRetry prometheus.Counter     // tensorlane_rdma_slice_retries_total
+	RailPauses *prometheus.CounterVec // tensorlane_rdma_rail_pauses_total{rail}
+}
+
+// NewMetrics creates the metrics and registers them on reg (nil: not
+// registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		RailBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_rail_bytes_total", Help: "Bytes moved over each rdma rail.",
+		}, []string{"rail"}),
+		Slices: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_slices_total", Help: "Slices of rdma transfers, by rail and result (ok, error).",
+		}, []string{"rail", "result"}),
+		SliceRetry: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_slice_retries_total", Help: "Slices that failed on one rail and were moved to another.",
+		}),
+		RailPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_rail_pauses_total", Help: "Times a failing rail was paused (backoff).",
+		}, []string{"rail"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses)
+	}
+	return m
+}

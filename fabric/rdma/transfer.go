@@ -1,0 +1,343 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// session is one resolved claim: the keys of the owner's registration on
+// each of its NICs, and the rail whose queue pair the registration is tied
+// to (the owner releases it when that queue pair goes away).
+type session struct {
+	id   uint64
+	rail *rail
+	qp   QueuePair
+	keys map[string]regKey
+	gen  int
+}
+
+// resolve runs the control exchange on the first rail that works.
+func (t *Transport) resolve(ctx context.Context, rails []*rail, src fabric.Remote, push bool) (*session, error) {
+	cctx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, t.cfg.ControlTimeout)
+		defer cancel()
+	}
+	req := resolveReq{id: randomID(), push: push, claim: src.Claim, offset: src.Offset, length: src.Length}
+	var errs []error
+	for _, r := range rails {
+		// A rail gets as many connection attempts as it takes to pause it.
+		for range t.cfg.PauseAfter + 1 {
+			qp, err := t.waitReady(cctx, r)
+			if errors.Is(err, errPaused) {
+				r.mu.Lock()
+				last := r.lastErr
+				r.mu.Unlock()
+				errs = append(errs, fmt.Errorf("rail %s paused after: %w", r.label, last))
+				break
+			}
+			if err != nil {
+				return nil, t.ctxErr(ctx, cctx, err)
+			}
+			resp, err := qp.Call(cctx, req.marshal())
+			if err == nil {
+				rr, err := decodeResolveResp(resp)
+				if err != nil {
+					t.sendDone(r, qp, req.id)
+					return nil, err
+				}
+				s := &session{id: req.id, rail: r, qp: qp, keys: map[string]regKey{}}
+				for _, k := range rr.keys {
+					s.keys[k.NIC] = k
+				}
+				return s, nil
+			}
+			var re *peerauth.RemoteError
+			if errors.As(err, &re) {
+				return nil, err // the owner's answer: typed by its status
+			}
+			if cctx.Err() != nil {
+				// The owner may still resolve and pin: tell it to let go.
+				t.sendDone(r, qp, req.id)
+				return nil, t.ctxErr(ctx, cctx, err)
+			}
+			errs = append(errs, fmt.Errorf("rail %s: %w", r.label, err))
+			t.railFailed(r, qp, err)
+		}
+	}
+	return nil, fmt.Errorf("%w: no rail to %s answers: %w", fabric.ErrPeerClosed, src.Peer, errors.Join(errs...))
+}
+
+// ctxErr reports the caller's context error, or ErrStalled when only the
+// control timeout expired.
+func (t *Transport) ctxErr(ctx, cctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if cctx.Err() != nil {
+		return fmt.Errorf("%w: control exchange took longer than %v", fabric.ErrStalled, t.cfg.ControlTimeout)
+	}
+	return err
+}
+
+// waitReady waits until the rail's queue pair is connected.
+func (t *Transport) waitReady(ctx context.Context, r *rail) (QueuePair, error) {
+	for {
+		changed := t.changes()
+		qp, err := t.ready(r)
+		if qp != nil || err != nil {
+			return qp, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// sendDone releases a registration on the owner, within a short bound
+// that does not depend on the caller's (maybe cancelled) context. If the
+// owner cannot be told, the queue pair the registration is tied to is
+// closed, which releases it too.
+func (t *Transport) sendDone(r *rail, qp QueuePair, id uint64) {
+	ctx, cancel := context.WithTimeout(t.base, 2*time.Second)
+	defer cancel()
+	if _, err := qp.Call(ctx, doneMsg(id)); err != nil {
+		t.log.Debug("rdma done not delivered; closing the control queue pair", "rail", r.label, "err", err)
+		t.railFailed(r, qp, err)
+	}
+}
+
+type slice struct {
+	off, n   int64
+	attempts int
+	avoid    *rail
+}
+
+type posted struct {
+	s   *slice
+	r   *rail
+	qp  QueuePair
+	gen int
+	at  time.Time
+}
+
+// maxReresolve bounds how often a transfer re-registers after losing the
+// queue pair its registration was tied to.
+const maxReresolve = 3
+
+// transfer moves len(local) bytes between local and the owner's object
+// (READ) or sink (WRITE, push).
+func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.DeviceID, local []byte, push bool) (fabric.Stats, error) {
+	start := time.Now()
+	rails, _, err := t.railsFor(src, dev)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return fabric.Stats{}, err
+	}
+	sess, err := t.resolve(ctx, rails, src, push)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	defer func() { t.sendDone(sess.rail, sess.qp, sess.id) }()
+	stats := fabric.Stats{Transport: fabric.RDMA, Bytes: src.Length, Streams: 1}
+	if src.Length == 0 {
+		stats.Duration = time.Since(start)
+		return stats, nil
+	}
+
+	var usable []*rail
+	mrs := map[*localNIC]MemoryRegion{}
+	defer func() {
+		// After this no provider touches local: deregistration waits for
+		// accesses in progress.
+		for _, m := range mrs {
+			m.Deregister()
+		}
+	}()
+	for _, r := range rails {
+		if _, ok := sess.keys[r.remote.NIC]; !ok {
+			continue
+		}
+		if mrs[r.local] == nil {
+			m, err := r.local.pd.RegisterMemory(local, AccessLocalWrite)
+			if err != nil {
+				return fabric.Stats{}, fmt.Errorf("rdma: register the local buffer on %s: %w", r.local.name, err)
+			}
+			mrs[r.local] = m
+		}
+		usable = append(usable, r)
+	}
+	if len(usable) == 0 {
+		return fabric.Stats{}, fmt.Errorf("%w: the owner registered on no NIC this transport reaches", fabric.ErrNoPath)
+	}
+
+	var queue []*slice
+	for off := int64(0); off < src.Length; off += t.cfg.SliceSize {
+		queue = append(queue, &slice{off: off, n: min(t.cfg.SliceSize, src.Length-off)})
+	}
+	total, completed := len(queue), 0
+	maxAttempts := 2*len(usable) + 2
+	inflight := map[uint64]*posted{}
+	perRail := map[*rail]int{}
+	lastDone := map[*rail]time.Time{}
+	moved := map[*rail]int64{}
+	ch := make(chan Completion, len(usable)*t.cfg.MaxInFlight+1)
+	defer func() {
+		ids := make([]uint64, 0, len(inflight))
+		for id := range inflight {
+			ids = append(ids, id)
+		}
+		t.unregister(ids...)
+	}()
+	var lastErr error
+	reresolved := 0
+
+	for completed < total {
+		changed := t.changes()
+		full := map[*rail]bool{}
+		waiting := false // a rail is connecting: progress is possible later
+		for len(queue) > 0 {
+			s := queue[0]
+			var best *rail
+			var bestQP QueuePair
+			var bestScore float64
+			for _, r := range usable {
+				if full[r] || perRail[r] >= t.cfg.MaxInFlight {
+					continue
+				}
+				qp, err := t.ready(r)
+				if errors.Is(err, fabric.ErrClosed) {
+					return fabric.Stats{}, err
+				}
+				if qp == nil {
+					waiting = waiting || err == nil
+					continue
+				}
+				_, _, _, rate := r.state()
+				score := float64(perRail[r]+1) / rate
+				if r == s.avoid {
+					score *= 1e6 // only when no other rail can take it
+				}
+				if best == nil || score < bestScore {
+					best, bestQP, bestScore = r, qp, score
+				}
+			}
+			if best == nil {
+				break
+			}
+			key := sess.keys[best.remote.NIC]
+			m := mrs[best.local]
+			id, ok := t.register(ch)
+			if !ok {
+				return fabric.Stats{}, fabric.ErrClosed
+			}
+			wr := WorkRequest{ID: id, LKey: m.LKey(), LocalAddr: m.Addr() + uint64(s.off), Length: uint32(s.n),
+				RKey: key.RKey, RemoteAddr: key.Addr + uint64(s.off)}
+			if push {
+				err = bestQP.PostWrite(wr)
+			} else {
+				err = bestQP.PostRead(wr)
+			}
+			if err != nil {
+				t.unregister(id)
+				if errors.Is(err, ErrQueueFull) {
+					full[best] = true
+				} else {
+					t.railFailed(best, bestQP, err)
+				}
+				continue
+			}
+			queue = queue[1:]
+			inflight[id] = &posted{s: s, r: best, qp: bestQP, gen: sess.gen, at: time.Now()}
+			perRail[best]++
+		}
+		if len(inflight) == 0 && len(queue) > 0 && !waiting && len(full) == 0 {
+			return fabric.Stats{}, fmt.Errorf("%w: every rail to %s is paused or broken (last error: %v)",
+				fabric.ErrPeerClosed, src.Peer, lastErr)
+		}
+		var wc Completion
+		select {
+		case wc = <-ch:
+		case <-changed:
+			continue
+		case <-ctx.Done():
+			return fabric.Stats{}, ctx.Err()
+		}
+		p := inflight[wc.ID]
+		if p == nil {
+			continue
+		}
+		delete(inflight, wc.ID)
+		perRail[p.r]--
+		now := time.Now()
+		switch wc.Status {
+		case StatusSuccess:
+			completed++
+			moved[p.r] += p.s.n
+			// Service time: since the later of its posting and the rail's
+			// previous completion, as slices queue behind each other.
+			began := p.at
+			if lastDone[p.r].After(began) {
+				began = lastDone[p.r]
+			}
+			service := now.Sub(began)
+			lastDone[p.r] = now
+			p.r.succeeded(int(p.s.n), service)
+			if m := t.cfg.Metrics; m != nil {
+				m.RailBytes.WithLabelValues(p.r.label).Add(float64(p.s.n))
+				m.Slices.WithLabelValues(p.r.label, "ok").Inc()
+			}
+			continue
+		case StatusRemoteAccess:
+			if p.gen < sess.gen {
+				queue = append(queue, p.s) // keys of a registration already replaced
+				continue
+			}
+			if sess.qp.Err() == nil {
+				return fabric.Stats{}, fmt.Errorf("%w: the owner revoked the registration (remote access error on rail %s)",
+					fabric.ErrObjectFreed, p.r.label)
+			}
+			// The queue pair the registration was tied to broke, so the
+			// owner released it: register again and carry on.
+			if reresolved++; reresolved > maxReresolve {
+				return fabric.Stats{}, fmt.Errorf("%w: lost the owner's registration %d times", fabric.ErrPeerClosed, reresolved)
+			}
+			ns, err := t.resolve(ctx, usable, src, push)
+			if err != nil {
+				return fabric.Stats{}, err
+			}
+			ns.gen = sess.gen + 1
+			sess = ns
+			queue = append(queue, p.s)
+			continue
+		case StatusLocalProtection:
+			return fabric.Stats{}, fmt.Errorf("rdma: local protection error on rail %s: %v", p.r.label, wc.Err)
+		}
+		// The rail failed (broken, stalled, corrupt): move the slice.
+		lastErr = wc.Err
+		if m := t.cfg.Metrics; m != nil {
+			m.Slices.WithLabelValues(p.r.label, "error").Inc()
+			m.SliceRetry.Inc()
+		}
+		t.railFailed(p.r, p.qp, fmt.Errorf("%v: %w", wc.Status, wc.Err))
+		if p.s.attempts++; p.s.attempts >= maxAttempts {
+			return fabric.Stats{}, ioError(fmt.Errorf("slice at %d failed %d times: %w", p.s.off, p.s.attempts, wc.Err))
+		}
+		p.s.avoid = p.r
+		queue = append(queue, p.s)
+	}
+	stats.Streams = len(moved)
+	stats.Duration = time.Since(start)
+	return stats, nil
+}
