@@ -211,9 +211,14 @@ func TestPropertiesRandom(t *testing.T) {
 			require.NotEmpty(t, ie.Reasons)
 			require.False(t, p.Feasible)
 			require.Empty(t, p.Assignments)
+			s0, err := New(c, Config{noPartition: true})
+			require.NoError(t, err)
+			require.NoError(t, s0.Restore(st))
+			_, err = s0.Place(req)
+			require.ErrorIs(t, err, ErrInfeasible, "feasible without the partition start only")
 			infeasible++
 			// All-or-nothing: a failed reservation changes nothing.
-			_, err := s.Reserve("", req)
+			_, err = s.Reserve("", req)
 			require.Error(t, err)
 			require.Equal(t, st, s.State())
 			continue
@@ -221,6 +226,14 @@ func TestPropertiesRandom(t *testing.T) {
 		feasible++
 		require.True(t, p.Feasible)
 		checkPlacement(t, c, st, req, p)
+		// The partition start only adds a candidate: without it the
+		// placement is never cheaper (SPREAD ranks host sharing first).
+		s0, err := New(c, Config{noPartition: true})
+		require.NoError(t, err)
+		require.NoError(t, s0.Restore(st))
+		if p0, err := s0.Place(req); err == nil && req.Strategy != Spread {
+			require.LessOrEqual(t, p.EstimatedSeconds, p0.EstimatedSeconds*(1+1e-9), "the partition start made it worse")
+		}
 		est, ok := s.Estimate(req, p.Assignments)
 		require.True(t, ok)
 		require.InDelta(t, est, p.EstimatedSeconds, 1e-9*(1+est))
