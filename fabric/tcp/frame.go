@@ -23,7 +23,7 @@ import (
 // the codec.
 //
 // Read: the server answers a status byte; on StatusOK the data follows as
-// tcodec blocks (16-byte header with codec, lengths and the CRC-32C of the
+// tcodec blocks (16-byte header with codec, lengths and the CRC-32 of the
 // raw bytes, then the payload) until length raw bytes are delivered. On
 // any other status a length-prefixed message follows.
 //
@@ -69,10 +69,15 @@ func (r request) appendTo(b []byte) []byte {
 	return append(b, r.flags, byte(r.dtype))
 }
 
-// readRequest decodes a request; tok is scratch space for the token.
-func readRequest(r io.Reader, tok []byte) (request, error) {
-	var head [1 + 16 + 8 + 1]byte
-	if _, err := io.ReadFull(r, head[:]); err != nil {
+// maxRequest is the longest request.
+const maxRequest = 1 + 16 + 8 + 1 + maxToken + 18
+
+// readRequest decodes a request; buf is scratch space that the returned
+// token aliases (passing a buffer that lives on keeps the reads from
+// allocating).
+func readRequest(r io.Reader, buf *[maxRequest]byte) (request, error) {
+	head := buf[:1+16+8+1]
+	if _, err := io.ReadFull(r, head); err != nil {
 		return request{}, err
 	}
 	if head[0] != opRead && head[0] != opWrite {
@@ -85,11 +90,11 @@ func readRequest(r io.Reader, tok []byte) (request, error) {
 	if n > maxToken {
 		return request{}, fmt.Errorf("%w: token of %d bytes", fabric.ErrBadRequest, n)
 	}
-	var rest [maxToken + 18]byte
-	if _, err := io.ReadFull(r, rest[:n+18]); err != nil {
+	rest := buf[len(head) : len(head)+n+18]
+	if _, err := io.ReadFull(r, rest); err != nil {
 		return request{}, err
 	}
-	req.claim.Token = append(tok[:0], rest[:n]...)
+	req.claim.Token = rest[:n:n]
 	off, length := binary.BigEndian.Uint64(rest[n:]), binary.BigEndian.Uint64(rest[n+8:])
 	if off > 1<<62 || length > 1<<62 {
 		return request{}, fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, off, length)
@@ -115,6 +120,8 @@ type link struct {
 	rArmed, wArmed time.Time
 
 	hdrs [batch][headerSize]byte
+	in   [headerSize]byte // the block header being received
+	reqb [maxRequest]byte // the request being received
 	vec  [2*batch + 1][]byte
 	out  net.Buffers // WriteTo consumes it; kept here so it never escapes per call
 
@@ -216,14 +223,14 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 // into dst and verifying every checksum. base is dst's offset in the
 // object, for error messages. It returns the bytes read off the wire.
 func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
-	var hb [headerSize]byte
+	hb := l.in[:]
 	var wire int64
 	for pos := 0; pos < len(dst); {
 		l.armRead()
-		if _, err := io.ReadFull(l.r, hb[:]); err != nil {
+		if _, err := io.ReadFull(l.r, hb); err != nil {
 			return wire, err
 		}
-		h, err := tcodec.ParseHeader(hb[:])
+		h, err := tcodec.ParseHeader(hb)
 		if err != nil {
 			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
 		}

@@ -157,9 +157,8 @@ func (s *Server) serve(raw net.Conn) {
 	}
 	l := newLink(c, s.cfg.StallTimeout)
 	l.idle()
-	var tok []byte
 	for {
-		req, err := readRequest(l.r, tok)
+		req, err := readRequest(l.r, &l.reqb)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("data connection ended", "peer", who, "err", err)
@@ -170,7 +169,6 @@ func (s *Server) serve(raw net.Conn) {
 			}
 			return
 		}
-		tok = req.claim.Token
 		if req.op == opWrite {
 			err = s.handleWrite(l, req)
 		} else {

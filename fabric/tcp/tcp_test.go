@@ -216,7 +216,7 @@ func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Re
 		if _, err := peerauth.Server(c, ownerKey, nil); err != nil {
 			return
 		}
-		readRequest(c, nil)
+		readRequest(c, new([maxRequest]byte))
 		misbehave(c)
 	}()
 	t.Cleanup(func() { ln.Close(); <-done })

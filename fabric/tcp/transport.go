@@ -101,7 +101,7 @@ func (c *Config) defaults() error {
 
 // Transport is the "tcp" transport: dedicated data connections,
 // authenticated against both runtimes' libp2p identities, chunked and
-// checksummed (CRC-32C), striped over several streams for large transfers,
+// checksummed (CRC-32), striped over several streams for large transfers,
 // and compressed (losslessly, per block) when the link is slower than the
 // codec. It pulls (Read) and pushes (Write).
 type Transport struct {
@@ -218,16 +218,7 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 	if streams == 1 {
 		err = t.stripe(ctx, x, r.Offset, p)
 	} else {
-		part := (n + int64(streams) - 1) / int64(streams)
-		part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
-		g, gctx := errgroup.WithContext(ctx)
-		streams = 0
-		for off := int64(0); off < n; off += part {
-			end := min(off+part, n)
-			streams++
-			g.Go(func() error { return t.stripe(gctx, x, r.Offset+off, p[off:end]) })
-		}
-		err = g.Wait()
+		streams, err = t.striped(ctx, x, r.Offset, p, streams)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -251,6 +242,23 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 			"dtype", r.DType, "streams", streams, "seconds", d.Seconds())
 	}
 	return fabric.Stats{Transport: fabric.TCP, Bytes: n, Duration: d, Streams: streams}, nil
+}
+
+// striped moves p over up to streams connections at once. It is apart
+// from run so that the closures it needs do not make small transfers
+// allocate.
+func (t *Transport) striped(ctx context.Context, x *transfer, base int64, p []byte, streams int) (int, error) {
+	n := int64(len(p))
+	part := (n + int64(streams) - 1) / int64(streams)
+	part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
+	g, gctx := errgroup.WithContext(ctx)
+	used := 0
+	for off := int64(0); off < n; off += part {
+		end := min(off+part, n)
+		used++
+		g.Go(func() error { return t.stripe(gctx, x, base+off, p[off:end]) })
+	}
+	return used, g.Wait()
 }
 
 func opName(op byte) string {
@@ -281,7 +289,7 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		if ctx.Done() != nil {
 			stop = context.AfterFunc(ctx, func() { c.Close() })
 		}
-		err = t.exchange(c, x, off, p)
+		inStep, err := t.exchange(c, x, off, p)
 		if !stop() {
 			t.discard(c)
 			if ctx.Err() != nil {
@@ -289,10 +297,8 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 			}
 			return err
 		}
-		var re *peerauth.RemoteError
-		switch {
-		case err == nil, errors.As(err, &re):
-			t.put(c) // the connection is still in step
+		if inStep {
+			t.put(c)
 			return err
 		}
 		t.discard(c)
@@ -303,7 +309,10 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 	}
 }
 
-func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) error {
+// exchange runs one request on c. inStep reports whether c can carry
+// another request: after success, and after the owner refused the request
+// with a status (the refusal ends the exchange cleanly).
+func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (inStep bool, err error) {
 	req := request{op: x.op, claim: x.claim, offset: off, length: int64(len(p)), dtype: x.dtype}
 	if x.compress {
 		req.flags = flagCompress
@@ -311,21 +320,21 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) error {
 	c.req = req.appendTo(c.req[:0])
 	c.armWrite()
 	if _, err := c.Write(c.req); err != nil {
-		return t.ioError(err)
+		return false, t.ioError(err)
 	}
-	if err := t.status(c); err != nil {
-		return err
+	if refused, err := t.status(c); err != nil {
+		return refused, err
 	}
 	if x.op == opRead {
 		wire, err := c.recvBlocks(p, off)
 		x.wire.Add(wire)
 		if err != nil {
 			if errors.Is(err, fabric.ErrCorrupt) {
-				return err
+				return false, err
 			}
-			return t.ioError(err)
+			return false, t.ioError(err)
 		}
-		return nil
+		return true, nil
 	}
 	wire, err := c.sendBlocks(nil, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
 	x.wire.Add(wire)
@@ -333,34 +342,36 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) error {
 		// The owner may have refused a block and hung up: its verdict, if
 		// it sent one, says more than the broken pipe.
 		c.SetReadDeadline(time.Now().Add(time.Second))
-		if serr := t.status(c); serr != nil && !errors.Is(serr, fabric.ErrPeerClosed) && !errors.Is(serr, fabric.ErrStalled) {
-			return serr
+		if _, serr := t.status(c); serr != nil && !errors.Is(serr, fabric.ErrPeerClosed) && !errors.Is(serr, fabric.ErrStalled) {
+			return false, serr
 		}
-		return t.ioError(err)
+		return false, t.ioError(err)
 	}
-	return t.status(c) // the owner's acknowledgement of the whole push
+	// The owner's acknowledgement of the whole push.
+	refused, err := t.status(c)
+	return err == nil || refused, err
 }
 
 // status reads a status byte and, when it is not OK, the owner's message.
-func (t *Transport) status(c *conn) error {
+// refused reports a clean refusal, after which the connection is in step.
+func (t *Transport) status(c *conn) (refused bool, err error) {
 	c.armRead()
 	code, err := c.r.ReadByte()
 	if err != nil {
-		return t.ioError(err)
+		return false, t.ioError(err)
 	}
 	if code == peerauth.StatusOK {
-		return nil
+		return false, nil
 	}
 	msg, err := peerauth.ReadField(c.r, peerauth.MaxMessage)
 	if err != nil {
-		return t.ioError(err)
+		return false, t.ioError(err)
 	}
 	if code == statusCorrupt {
-		// The connection is out of step (the owner hangs up): not a
-		// RemoteError, so the caller discards it.
-		return fmt.Errorf("%w: owner: %s", fabric.ErrCorrupt, msg)
+		// The owner hangs up after this one.
+		return false, fmt.Errorf("%w: owner: %s", fabric.ErrCorrupt, msg)
 	}
-	return peerauth.StatusError(code, string(msg))
+	return true, peerauth.StatusError(code, string(msg))
 }
 
 func (t *Transport) ioError(err error) error {
