@@ -27,6 +27,9 @@ type Config struct {
 	// Topology tells p2p which devices share a device link; without it
 	// p2p reaches nothing (shm does not need it).
 	Topology *topology.Cluster
+	// PSK is the cluster key, proven to owners that require it (see
+	// peerauth.Options).
+	PSK []byte
 	// DialTimeout bounds connecting and authenticating; default 10 s.
 	DialTimeout time.Duration
 	// StallTimeout bounds each socket operation (request, grant, done,
@@ -486,7 +489,7 @@ func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*p
 	stop := context.AfterFunc(dctx, func() { uc.Close() })
 	uc.SetDeadline(time.Now().Add(c.cfg.DialTimeout))
 	rw := newPacketRW(uc)
-	_, err = peerauth.Client(rw, c.cfg.Identity, want)
+	_, err = peerauth.ClientWith(rw, c.cfg.Identity, want, peerauth.Options{PSK: c.cfg.PSK})
 	if !stop() && err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

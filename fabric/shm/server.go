@@ -34,6 +34,10 @@ type ServerConfig struct {
 	// allocated (fabric.Writer); without it pushes are refused.
 	Sink      fabric.Sink
 	Authorize func(peer.ID) error
+	// PSK is the cluster key (see peerauth.Options): when set, clients must
+	// prove they hold it. There is no Encrypt: no tensor byte crosses the
+	// socket, only descriptors and offsets.
+	PSK []byte
 	// Dir is the private directory the socket is created in; default
 	// DefaultDir(). It is created with mode 0700 and refused if another
 	// user owns it.
@@ -166,7 +170,8 @@ func (s *Server) serve(c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	rw := newPacketRW(c)
-	who, err := peerauth.Server(rw, s.cfg.Identity, s.cfg.Authorize)
+	res, err := peerauth.ServerWith(rw, s.cfg.Identity, s.cfg.Authorize, peerauth.Options{PSK: s.cfg.PSK})
+	who := res.Peer
 	if err != nil {
 		s.cfg.Logger.Warn("shm connection refused", "err", err)
 		return

@@ -496,3 +496,30 @@ func TestStalledOwnerTimeout(t *testing.T) {
 	require.ErrorIs(t, err, fabric.ErrStalled)
 	assert.Less(t, time.Since(start), 30*time.Second, "bounded by StallTimeout, not the default")
 }
+
+// TestClusterKey: an owner with a cluster key admits only readers that
+// hold the same key.
+func TestClusterKey(t *testing.T) {
+	psk := []byte("cluster-key-0123456789abcdef0123")
+	for _, c := range []struct {
+		name   string
+		reader []byte
+		want   error
+	}{
+		{"same key", psk, nil},
+		{"no key", nil, fabric.ErrUnauthorized},
+		{"other key", []byte("another-cluster-key-0123456789ab"), fabric.ErrUnauthorized},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 4096, func(s *ServerConfig, cc *Config) { s.PSK, cc.PSK = psk, c.reader })
+			dst, got := hostDst(t, 4096)
+			_, err := f.cli.SHM().Read(context.Background(), f.remote(4096), dst)
+			if c.want == nil {
+				require.NoError(t, err)
+				require.Equal(t, f.data, got)
+				return
+			}
+			require.ErrorIs(t, err, c.want)
+		})
+	}
+}

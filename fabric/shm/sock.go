@@ -121,7 +121,14 @@ func (p *packetRW) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-func (p *packetRW) Write(b []byte) (int, error) { return p.c.Write(b) }
+// Write sends b as one packet. An empty write sends nothing: on a byte
+// stream it would carry nothing, while an empty packet reads as EOF.
+func (p *packetRW) Write(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	return p.c.Write(b)
+}
 
 // pending reports bytes received but not consumed: after the handshake
 // there must be none, or the two ends are out of step.
