@@ -1,0 +1,40 @@
+// Package linkstat collects per-connection link telemetry (round-trip
+// time, retransmissions, bytes) for the data connections a transport
+// registers, exports it as Prometheus metrics, and reports a health signal:
+// a link whose RTT inflates far past its minimum, or that retransmits more
+// than a small share of its segments, is degraded.
+//
+// Two modes give the same figures:
+//
+//   - eBPF (ModeEBPF): a sock_ops program, written with cilium/ebpf's
+//     assembler (no clang), attached to a cgroup v2 (this process's own by
+//     default). On connection establishment it asks the kernel for RTT,
+//     retransmission, state and segment-sent callbacks, and on each it files
+//     the socket's counters in an LRU map keyed by the socket cookie, which
+//     Track reads with SO_COOKIE. The figures are those of the socket's last
+//     event; an ACK that yields no RTT sample is counted at the next one.
+//   - TCP_INFO (ModeTCPInfo): where BPF or cgroup v2 is not permitted (or
+//     Config.ForceTCPInfo is set) the monitor polls getsockopt(TCP_INFO) on
+//     each tracked connection at every refresh.
+//
+// New says in a log line which mode it runs in and why eBPF was not used;
+// tensorlane_linkstat_mode says it in the metrics. In eBPF mode a
+// connection with no sample in the map (established before the program was
+// attached, or outside its cgroup) is read with TCP_INFO, and a log line
+// says so.
+//
+// # Health signal
+//
+// Each refresh (Config.Interval, or Refresh) re-evaluates every link;
+// LinkStats.Degraded and Reason say why, Monitor.Degraded lists them, and
+// Config.OnHealth is called on every transition. A transport that stripes
+// over several rails or streams can pause a degraded one and resume it when
+// OnHealth reports it recovered; wiring that into fabric/tcp and the RDMA
+// rails is left to those transports.
+//
+// Metrics: tensorlane_link_rtt_seconds, tensorlane_link_min_rtt_seconds,
+// tensorlane_link_retransmits_total, tensorlane_link_sent_bytes_total,
+// tensorlane_link_received_bytes_total, tensorlane_link_cwnd_segments,
+// tensorlane_link_degraded (labels link, transport, peer, id, source),
+// tensorlane_linkstat_mode{mode} and tensorlane_link_health_changes_total.
+package linkstat
