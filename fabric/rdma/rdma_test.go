@@ -349,7 +349,9 @@ func TestPush(t *testing.T) {
 
 type sinkFunc func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error)
 
-func (f sinkFunc) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return f(ctx, c) }
+func (f sinkFunc) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	return f(ctx, c)
+}
 
 func TestReach(t *testing.T) {
 	topo, err := topology.Preset("dgx-h100", 2)
