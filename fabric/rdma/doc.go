@@ -1,0 +1,36 @@
+// Package rdma is tensorlane's "rdma" path: one-sided reads (and pushes)
+// of an owner's registered memory through the NICs nearest each device,
+// striped over every rail that connects the two hosts.
+//
+// It has three parts:
+//
+//   - a verbs-shaped provider interface (Provider, Context,
+//     ProtectionDomain, MemoryRegion, QueuePair, CompletionQueue), small
+//     enough to implement over libibverbs later without touching callers;
+//     fabric/rdma/softrdma implements it in software over TCP;
+//   - Server, the owner side: a reader's control message (sent over a
+//     rail's queue pair) resolves a fabric.Claim through the owner's
+//     fabric.Source, which pins the object, and registers the pinned range
+//     on every NIC; the keys go back to the reader. The pin lasts until the
+//     reader says done or its queue pair drops; Revoke (on Free)
+//     deregisters at once, so later accesses fail with a remote access
+//     error, which the reader reports as fabric.ErrObjectFreed;
+//   - Transport, the reader side (fabric.Transport and fabric.Writer):
+//     it orders the owner's NICs by closeness to the source device and its
+//     own by closeness to the destination device (topology.NearestNICs:
+//     same PCIe switch, then NUMA node), cuts large transfers into slices
+//     (1 MiB by default) and spreads them over all rails in proportion to
+//     each rail's measured throughput (an EWMA), with a bounded number of
+//     slices in flight per rail. A slice that fails is moved to another
+//     rail; a rail that fails repeatedly is paused with a doubling backoff
+//     (1 s up to 30 s by default), logged with slog and counted in
+//     Metrics, and the transfer completes on the remaining rails.
+//
+// An owner's rails travel in Remote.Addrs["rdma"] as
+// "nic0=10.1.0.2:4791,nic1=10.2.0.2:4791" (FormatAddrs, ParseAddrs).
+//
+// The transfer is tied to the control rail's queue pair on the owner's
+// side: if that queue pair breaks, the owner releases the registration and
+// the reader registers again (up to three times) before giving up with
+// fabric.ErrPeerClosed, which the planner may retry or fall back from.
+package rdma
