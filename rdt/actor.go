@@ -2,11 +2,13 @@ package rdt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -161,8 +163,18 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 	if err := ref.Desc.Validate(); err != nil {
 		return tensor.Tensor{}, Transfer{}, fmt.Errorf("%w: %v", ErrMalformedRef, err)
 	}
+	ctx, end, err := a.rt.beginGet(ctx)
+	if err != nil {
+		return tensor.Tensor{}, Transfer{}, err
+	}
+	defer end()
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
+	ctx, unguard, err := a.rt.guard(ctx, a.name, ref)
+	if err != nil {
+		return tensor.Tensor{}, Transfer{}, err
+	}
+	defer unguard()
 	remote := a.rt.remoteFor(ref)
 	dstEp := a.rt.endpoint(dst)
 	plan := a.rt.planner.Plan(remote.Endpoint, dstEp)
@@ -171,7 +183,7 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 		start := time.Now()
 		buf, err := plan.ChosenTransport().(fabric.Viewer).View(ctx, remote)
 		if err != nil {
-			return tensor.Tensor{}, Transfer{Plan: plan}, err
+			return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
 		}
 		view, err := tensor.New(buf, ref.Desc)
 		if err != nil {
@@ -192,8 +204,10 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 	}
 	st, plan, err := a.rt.planner.Read(ctx, remote, dstEp, buf)
 	if err != nil {
+		// The reader never sees a partial tensor: the buffer goes back to
+		// its device before the error is returned.
 		buf.Release()
-		return tensor.Tensor{}, Transfer{Plan: plan}, err
+		return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
 	}
 	out, err := tensor.New(buf, ref.Desc.Rebased())
 	if err != nil {
@@ -232,14 +246,172 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 	if start, end := dst.Desc().Span(); end-start < remote.Length {
 		return Transfer{}, fmt.Errorf("%w: destination holds %d bytes, the object has %d", ErrTooSmall, end-start, remote.Length)
 	}
-	ctx, cancel := a.rt.bounded(ctx)
-	defer cancel()
 	target := dst.Buffer()
 	if start, _ := dst.Desc().Span(); start != 0 {
 		return Transfer{}, fmt.Errorf("%w: destination must start at its buffer's beginning", tensor.ErrBadDesc)
 	}
+	ctx, end, err := a.rt.beginGet(ctx)
+	if err != nil {
+		return Transfer{}, err
+	}
+	defer end()
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	ctx, unguard, err := a.rt.guard(ctx, a.name, ref)
+	if err != nil {
+		return Transfer{}, err
+	}
+	defer unguard()
 	st, plan, err := a.rt.planner.Read(ctx, remote, a.rt.endpoint(dst.Device()), target)
-	return Transfer{Plan: plan, Stats: st}, err
+	if err != nil {
+		return Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
+	}
+	return Transfer{Plan: plan, Stats: st}, nil
+}
+
+// guard prepares a Get of a ref owned by another runtime: it takes the
+// actor's hold on the ref (a lease with the owner, which also checks the
+// ref: freed, stale or forged refs fail here), watches the owner, and
+// returns a context cancelled with ErrOwnerDied if the owner incarnation is
+// declared dead while the Get runs.
+func (r *Runtime) guard(ctx context.Context, actor string, ref Ref) (context.Context, func(), error) {
+	if ref.Owner == r.host.ID() {
+		return ctx, func() {}, nil
+	}
+	unuse := r.peers.use(ref.Owner)
+	if err := r.hold(ctx, actor, ref); err != nil {
+		unuse()
+		return nil, nil, r.why(ctx, ref, err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	death := r.peers.deathOf(ref.Owner, ref.Incarnation)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-death:
+			cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
+		case <-done:
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		cancel(nil)
+		unuse()
+	}, nil
+}
+
+// why turns a failed Get's error into the condition behind it: the owner's
+// death (signalled, or confirmed now because the data path broke and the
+// owner no longer answers), Shutdown, or the error itself.
+func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
+	if cause := context.Cause(ctx); cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrStaleRef) || errors.Is(cause, ErrClosed)) {
+		if errors.Is(err, cause) {
+			return r.counted(err)
+		}
+		return r.counted(fmt.Errorf("%w; transfer: %w", cause, err))
+	}
+	if ref.Owner == r.host.ID() || fabric.Terminal(err) || errors.Is(err, ErrOwnerDied) {
+		return r.counted(err)
+	}
+	if errors.Is(err, fabric.ErrPeerClosed) || errors.Is(err, fabric.ErrStalled) || errors.Is(err, ErrPeerUnreachable) {
+		// Is the owner gone, or only the path? One ping, at most a
+		// heartbeat interval, tells.
+		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
+			sw.Backoff().Clear(ref.Owner)
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
+		reply, perr := r.call(pctx, ref.Owner, lifeMsg{kind: kindPing})
+		cancel()
+		switch {
+		case perr != nil && !r.isClosed() && r.peers.seenAlive(ref.Owner, ref.Incarnation):
+			r.peers.declareDead(ref.Owner, "connection lost")
+			return r.counted(r.ownerDiedErr(ref, err))
+		case perr != nil && !errors.Is(err, ErrPeerUnreachable):
+			// Never reached on the control channel: not known to have
+			// lived, so not known to have died.
+			return fmt.Errorf("%w; transfer: %w", perr, err)
+		case perr == nil && reply.incarnation != ref.Incarnation:
+			r.peers.sawAlive(ref.Owner, reply.incarnation)
+			return fmt.Errorf("%w: owner restarted; transfer: %w", ErrStaleRef, err)
+		}
+	}
+	return err
+}
+
+func (r *Runtime) counted(err error) error {
+	if errors.Is(err, ErrOwnerDied) {
+		r.lifeMetrics.ownerDied.Inc()
+	}
+	return err
+}
+
+// Hold registers the actor as a holder of a ref owned by another runtime
+// (Get does this too): the owner keeps the object while some reader holds
+// it, even after its own actor Released it. The hold lasts until Release,
+// the reader's Shutdown, or the reader's death (its lease expires on the
+// owner after Config.LeaseExpiry).
+func (a *Actor) Hold(ctx context.Context, ref Ref) error {
+	if a.rt.isClosed() {
+		return ErrClosed
+	}
+	if ref.Owner == a.rt.host.ID() {
+		if ref.Incarnation != a.rt.incarnation {
+			return ErrStaleRef
+		}
+		return nil // the owner's runtime does not lease from itself
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	return a.rt.hold(ctx, a.name, ref)
+}
+
+// Release says the actor is done with a ref. A reader drops its hold (and
+// its runtime's lease once no actor of it holds the ref). The owner actor
+// asks for the object to be freed once no reader holds it any more: at once
+// if none does, else when the last lease is released or expires. Use
+// WaitFreed to know when the memory is back; use Free to revoke at once.
+func (a *Actor) Release(ctx context.Context, ref Ref) error {
+	if ref.Owner == a.rt.host.ID() {
+		if ref.Incarnation != a.rt.incarnation {
+			return ErrStaleRef
+		}
+		o, ok := a.rt.objects.get(ref.Object)
+		if !ok || o.owner != a.name {
+			return nil
+		}
+		return a.rt.objects.release(ref.Object)
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	return a.rt.unhold(ctx, a.name, ref)
+}
+
+// WaitFreed blocks until an object this runtime owns has been freed and its
+// memory returned to its device (after Free, or after Release and the last
+// reader lease), or ctx is done. Without a deadline it waits at most
+// Config.TransferTimeout.
+func (a *Actor) WaitFreed(ctx context.Context, ref Ref) error {
+	if ref.Owner != a.rt.host.ID() || ref.Incarnation != a.rt.incarnation {
+		return fmt.Errorf("%w: %v belongs to %s", ErrNotOwner, ref, shortID(ref.Owner))
+	}
+	ch, err := a.rt.objects.freedChan(ref.Object)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rdt: waiting for %v to be freed: %w", ref, ctx.Err())
+	}
+}
+
+// Watch reports liveness changes of another runtime; see Runtime.WatchPeer.
+func (a *Actor) Watch(ctx context.Context, id peer.ID) <-chan PeerEvent {
+	return a.rt.WatchPeer(ctx, id)
 }
 
 // Free releases an object this actor's runtime owns. Readers that later

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -20,7 +21,10 @@ import (
 // with its eight simulated 80 GB GPUs (sparse memfd arenas) and host memory,
 // a fresh ed25519 identity, control and data listeners on loopback, every
 // transport allowed except as narrowed by TENSORLANE_TRANSPORTS, a 2-minute
-// transfer timeout, logs discarded and metrics on a private registry.
+// transfer timeout, 30 s stall timeout, leases renewed every 5 s and expiring
+// after 15 s, heartbeats every second with death after 3 misses, no cluster
+// key, no allowlist, unencrypted data connections, logs discarded and
+// metrics on a private registry.
 type Config struct {
 	// Cluster is the topology the runtime lives in. Default: the dgx-h100
 	// preset with one host.
@@ -51,6 +55,30 @@ type Config struct {
 	// StallTimeout fails a transfer that makes no progress for this long.
 	// Default 30 s.
 	StallTimeout time.Duration
+	// LeaseRenew is how often a reader renews its leases on refs it holds;
+	// default 5 s. LeaseExpiry is how long an owner keeps a lease that was
+	// not renewed (a dead reader's); default 3*LeaseRenew.
+	LeaseRenew, LeaseExpiry time.Duration
+	// HeartbeatInterval is how often a watched peer is pinged on the
+	// control channel, and how long one ping may take; default 1 s. A peer
+	// that misses HeartbeatMisses pings in a row (default 3) is declared
+	// dead; a lost connection that cannot be re-dialled within one interval
+	// declares it dead at once.
+	HeartbeatInterval time.Duration
+	HeartbeatMisses   int
+	// ClusterKey, when set (32 bytes), makes the runtime a member of a
+	// private cluster: the control channel is a libp2p private network
+	// with this key, and data connections prove knowledge of it in their
+	// handshake, so non-members can open neither.
+	ClusterKey []byte
+	// AllowPeers, when not empty, admits only these peers (and the
+	// runtime itself) on the control channel and on data connections.
+	AllowPeers []peer.ID
+	// EncryptData encrypts data connections (AES-256-GCM with session keys
+	// from an X25519 exchange inside the authenticated handshake). The
+	// control channel is always encrypted (Noise). An owner with
+	// EncryptData refuses unencrypted readers.
+	EncryptData bool
 	// Streams is the most tcp connections one large read is striped over.
 	// Default 4.
 	Streams int
@@ -108,6 +136,24 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.StallTimeout <= 0 {
 		out.StallTimeout = 30 * time.Second
+	}
+	if out.LeaseRenew <= 0 {
+		out.LeaseRenew = 5 * time.Second
+	}
+	if out.LeaseExpiry <= 0 {
+		out.LeaseExpiry = 3 * out.LeaseRenew
+	}
+	if out.LeaseExpiry <= out.LeaseRenew {
+		return out, fmt.Errorf("rdt: LeaseExpiry %v must exceed LeaseRenew %v", out.LeaseExpiry, out.LeaseRenew)
+	}
+	if out.HeartbeatInterval <= 0 {
+		out.HeartbeatInterval = time.Second
+	}
+	if out.HeartbeatMisses <= 0 {
+		out.HeartbeatMisses = 3
+	}
+	if out.ClusterKey != nil && len(out.ClusterKey) != 32 {
+		return out, fmt.Errorf("rdt: ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))
 	}
 	if out.InboxSize <= 0 {
 		out.InboxSize = 1024

@@ -24,4 +24,15 @@ var (
 	ErrUnknownDevice  = errors.New("rdt: device not available")
 	ErrNotOwner       = errors.New("rdt: only the owner may do this")
 	ErrClosed         = fmt.Errorf("rdt: runtime shut down: %w", net.ErrClosed)
+	// ErrTransferStalled is fabric.ErrStalled: a transfer made no progress
+	// for Config.StallTimeout.
+	ErrTransferStalled = fabric.ErrStalled
+	// ErrOwnerDied: the owner incarnation named by the ref stopped
+	// answering (its connection was lost and could not be re-established,
+	// or it missed Config.HeartbeatMisses heartbeats) while the caller
+	// needed it.
+	ErrOwnerDied = errors.New("rdt: owner died")
+	// ErrPeerUnreachable: the control channel to a peer could not be
+	// opened (not running, not a member of the cluster, or not admitted).
+	ErrPeerUnreachable = errors.New("rdt: peer unreachable on the control channel")
 )

@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -22,8 +25,12 @@ type objectTable struct {
 
 	mu        sync.Mutex
 	objects   map[fabric.ObjectID]*object
-	freed     map[fabric.ObjectID]struct{}
+	freed     map[fabric.ObjectID]chan struct{} // closed when the memory is back
 	freedRing []fabric.ObjectID
+	pins      int           // over all objects, for Shutdown to drain reads
+	unpinned  chan struct{} // closed and replaced whenever pins drops to 0
+	onFree    func(id fabric.ObjectID, why string)
+	blocked   func(ctx context.Context) error // test hook: a hung owner
 }
 
 type object struct {
@@ -34,16 +41,25 @@ type object struct {
 	token []byte
 	pins  int
 	freed bool
+	// released: the owner asked to free the object once no reader holds
+	// it. holders: reader peers with a lease and when it expires.
+	released bool
+	holders  map[peer.ID]time.Time
+	done     chan struct{} // closed when the memory returned to its device
 }
+
+// noExpiry marks a lease held inside this runtime: it lives until released.
+var noExpiry = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 var _ fabric.Source = (*objectTable)(nil)
 
 func newObjectTable(incarnation uint64) *objectTable {
-	return &objectTable{incarnation: incarnation, objects: map[fabric.ObjectID]*object{}, freed: map[fabric.ObjectID]struct{}{}}
+	return &objectTable{incarnation: incarnation, objects: map[fabric.ObjectID]*object{}, freed: map[fabric.ObjectID]chan struct{}{},
+		unpinned: make(chan struct{}), onFree: func(fabric.ObjectID, string) {}}
 }
 
 func (t *objectTable) add(buf tensor.Buffer, desc tensor.Desc, owner string) *object {
-	o := &object{buf: buf, desc: desc, owner: owner, token: make([]byte, 16)}
+	o := &object{buf: buf, desc: desc, owner: owner, token: make([]byte, 16), holders: map[peer.ID]time.Time{}, done: make(chan struct{})}
 	rand.Read(o.id[:])
 	rand.Read(o.token)
 	t.mu.Lock()
@@ -57,11 +73,27 @@ func (t *objectTable) Open(ctx context.Context, c fabric.Claim) (tensor.Buffer, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if c.Incarnation != t.incarnation {
-		return nil, ErrStaleRef
+	if t.blocked != nil {
+		if err := t.blocked(ctx); err != nil {
+			return nil, err
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	o, err := t.check(c)
+	if err != nil {
+		return nil, err
+	}
+	o.pins++
+	t.pins++
+	return &pin{table: t, obj: o}, nil
+}
+
+// check resolves a claim to its object; the caller holds t.mu.
+func (t *objectTable) check(c fabric.Claim) (*object, error) {
+	if c.Incarnation != t.incarnation {
+		return nil, ErrStaleRef
+	}
 	o, ok := t.objects[c.Object]
 	if !ok {
 		if _, gone := t.freed[c.Object]; gone {
@@ -72,8 +104,138 @@ func (t *objectTable) Open(ctx context.Context, c fabric.Claim) (tensor.Buffer, 
 	if subtle.ConstantTimeCompare(o.token, c.Token) != 1 {
 		return nil, ErrUnauthorized
 	}
-	o.pins++
-	return &pin{table: t, obj: o}, nil
+	return o, nil
+}
+
+// lease registers or renews who's lease on the claimed object until
+// expires.
+func (t *objectTable) lease(who peer.ID, c fabric.Claim, expires time.Time) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o, err := t.check(c)
+	if err != nil {
+		return err
+	}
+	o.holders[who] = expires
+	return nil
+}
+
+// unlease drops who's lease; an object its owner released goes with its
+// last lease.
+func (t *objectTable) unlease(who peer.ID, c fabric.Claim) error {
+	t.mu.Lock()
+	o, err := t.check(c)
+	if err != nil {
+		t.mu.Unlock()
+		return err
+	}
+	delete(o.holders, who)
+	if !o.released || len(o.holders) > 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	return t.freeLocked(o, "last lease released")
+}
+
+// release marks the object to be freed once no reader holds a lease: now,
+// if none does.
+func (t *objectTable) release(id fabric.ObjectID) error {
+	t.mu.Lock()
+	o, ok := t.objects[id]
+	if !ok {
+		_, gone := t.freed[id]
+		t.mu.Unlock()
+		if gone {
+			return ErrObjectFreed
+		}
+		return ErrObjectNotFound
+	}
+	o.released = true
+	if len(o.holders) > 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	return t.freeLocked(o, "released by its owner, no leases")
+}
+
+// expire drops leases not renewed by now and frees released objects left
+// without any; it returns how many leases expired.
+func (t *objectTable) expire(now time.Time) (expired int) {
+	var free []*object
+	t.mu.Lock()
+	for _, o := range t.objects {
+		for who, until := range o.holders {
+			if now.After(until) {
+				delete(o.holders, who)
+				expired++
+			}
+		}
+		if o.released && len(o.holders) == 0 {
+			free = append(free, o)
+		}
+	}
+	t.mu.Unlock()
+	for _, o := range free {
+		t.mu.Lock()
+		if _, live := t.objects[o.id]; !live {
+			t.mu.Unlock()
+			continue
+		}
+		t.freeLocked(o, "leases expired")
+	}
+	return expired
+}
+
+// dropPeer forgets every lease a dead peer held.
+func (t *objectTable) dropPeer(who peer.ID) (dropped int) {
+	t.mu.Lock()
+	for _, o := range t.objects {
+		if _, ok := o.holders[who]; ok {
+			// Expired at once: the next expire pass drops it and frees
+			// what it alone kept.
+			o.holders[who] = time.Time{}
+			dropped++
+		}
+	}
+	t.mu.Unlock()
+	return dropped
+}
+
+// leases counts the leases held on this runtime's objects.
+func (t *objectTable) leases() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, o := range t.objects {
+		n += len(o.holders)
+	}
+	return n
+}
+
+// freedChan returns a channel closed once the object's memory is back on
+// its device.
+func (t *objectTable) freedChan(id fabric.ObjectID) (<-chan struct{}, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o, ok := t.objects[id]; ok {
+		return o.done, nil
+	}
+	if ch, ok := t.freed[id]; ok {
+		return ch, nil
+	}
+	return nil, ErrObjectNotFound
+}
+
+// drained returns a channel closed when no read holds a pin.
+func (t *objectTable) drained() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pins == 0 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	return t.unpinned
 }
 
 // free removes the object; its memory is released now or when the last pin
@@ -89,20 +251,34 @@ func (t *objectTable) free(id fabric.ObjectID) error {
 		}
 		return ErrObjectNotFound
 	}
-	delete(t.objects, id)
-	t.freed[id] = struct{}{}
-	t.freedRing = append(t.freedRing, id)
+	return t.freeLocked(o, "freed by its owner")
+}
+
+// freeLocked removes o from the table (t.mu held; it unlocks) and releases
+// its memory unless a read still pins it.
+func (t *objectTable) freeLocked(o *object, why string) error {
+	delete(t.objects, o.id)
+	t.freed[o.id] = o.done
+	t.freedRing = append(t.freedRing, o.id)
 	if len(t.freedRing) > freedMemory {
 		delete(t.freed, t.freedRing[0])
 		t.freedRing = t.freedRing[1:]
 	}
 	o.freed = true
+	clear(o.holders)
 	release := o.pins == 0
 	t.mu.Unlock()
+	t.onFree(o.id, why)
 	if release {
-		return o.buf.Release()
+		return o.releaseMemory()
 	}
 	return nil
+}
+
+func (o *object) releaseMemory() error {
+	err := o.buf.Release()
+	close(o.done)
+	return err
 }
 
 func (t *objectTable) get(id fabric.ObjectID) (*object, bool) {
@@ -156,10 +332,15 @@ func (p *pin) Release() error {
 	}
 	p.released = true
 	p.obj.pins--
+	p.table.pins--
+	if p.table.pins == 0 {
+		close(p.table.unpinned)
+		p.table.unpinned = make(chan struct{})
+	}
 	release := p.obj.freed && p.obj.pins == 0
 	p.table.mu.Unlock()
 	if release {
-		return p.obj.buf.Release()
+		return p.obj.releaseMemory()
 	}
 	return nil
 }

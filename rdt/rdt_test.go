@@ -410,10 +410,11 @@ func TestShutdown(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed)
 	_, err = p.a.Spawn("late")
 	assert.ErrorIs(t, err, ErrClosed)
-	// A reader on the surviving host gets a typed error, not a hang.
+	// A reader on the surviving host gets a typed error, not a hang: it
+	// never reached the owner, so it cannot tell death from absence.
 	far, _ := p.b.Spawn("far")
 	_, err = far.Get(ctx, ref, tensor.GPUDevice(0))
-	assert.ErrorIs(t, err, fabric.ErrPeerClosed)
+	assert.ErrorIs(t, err, ErrPeerUnreachable)
 }
 
 func TestConfigErrors(t *testing.T) {

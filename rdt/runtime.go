@@ -7,16 +7,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptcp "github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -53,6 +60,23 @@ type Runtime struct {
 	closed bool
 	done   chan struct{}
 
+	// Lifecycle (lease.go, peers.go, life.go).
+	peers       *peerTable
+	lifeMetrics *lifeMetrics
+	holdMu      sync.Mutex
+	holds       map[holdKey]*hold // leases this runtime holds as a reader
+	reap        chan struct{}
+	loops       sync.WaitGroup
+	stopLoops   context.CancelFunc
+	getsMu      sync.Mutex
+	gets        map[*int]context.CancelCauseFunc // Gets in flight, for Shutdown
+	getsWG      sync.WaitGroup
+	// Test hooks: blackholed stops answering heartbeats and serving reads
+	// without closing anything (a hung process, simulated); abandonHolds
+	// makes Shutdown skip releasing leases (a crashed reader, simulated).
+	blackholed   atomic.Bool
+	abandonHolds bool
+
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -66,12 +90,18 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{})}
+	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
+		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
+	r.peers = newPeerTable(r)
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
 	r.incarnation = binary.BigEndian.Uint64(inc[:]) | 1
 	r.objects = newObjectTable(r.incarnation)
+	r.objects.onFree = func(id fabric.ObjectID, why string) {
+		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
+	}
+	r.objects.blocked = r.blockedRead
 
 	ok := false
 	defer func() {
@@ -82,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := r.setupDevices(); err != nil {
 		return nil, err
 	}
-	r.host, err = libp2p.New(
+	opts := []libp2p.Option{
 		libp2p.Identity(c.Identity),
 		libp2p.ListenAddrStrings(c.ListenAddrs...),
 		libp2p.Transport(libp2ptcp.NewTCPTransport),
@@ -90,13 +120,30 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
 		libp2p.DisableRelay(),
 		libp2p.ResourceManager(&network.NullResourceManager{}),
-	)
+	}
+	if c.ClusterKey != nil {
+		// A private network: connections from peers without the key fail
+		// before any libp2p protocol runs.
+		opts = append(opts, libp2p.PrivateNetwork(pnet.PSK(c.ClusterKey)))
+	}
+	if len(c.AllowPeers) > 0 {
+		opts = append(opts, libp2p.ConnectionGater(allowGater{r}))
+	}
+	r.host, err = libp2p.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("rdt: start control host: %w", err)
 	}
 	r.process = fmt.Sprintf("%s/%x", r.host.ID(), r.incarnation)
 	r.log = c.Logger.With("runtime", c.Host, "peer", shortID(r.host.ID()))
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
+	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
+		// Only the last connection's loss matters; the monitor re-dials to
+		// tell a dead peer from a dropped connection.
+		if n.Connectedness(c.RemotePeer()) != network.Connected {
+			r.peers.kickPeer(c.RemotePeer())
+		}
+	}})
 
 	r.registry = prometheus.NewRegistry()
 	var reg prometheus.Registerer = r.registry
@@ -104,13 +151,16 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
+	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.obs.init(r, reg)
 
-	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, StallTimeout: c.StallTimeout, Logger: r.log})
+	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, StallTimeout: c.StallTimeout, Logger: r.log,
+		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize})
 	if err != nil {
 		return nil, err
 	}
-	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log})
+	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log,
+		PSK: c.ClusterKey, Encrypt: c.EncryptData})
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +171,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	lctx, stop := context.WithCancel(context.Background())
+	r.stopLoops = stop
+	r.loops.Add(1)
+	go r.lifeLoop(lctx)
 	ok = true
 	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.tcpSrv.Addr(), "simulated", r.topoHost.Simulated)
 	return r, nil
@@ -236,34 +290,186 @@ func (r *Runtime) isClosed() bool {
 	return r.closed
 }
 
-// Shutdown stops the runtime: it refuses new work, aborts transfers in
-// flight, frees every object it owns, closes connections and listeners and
-// returns device memory. Later calls return the first call's result.
+// ShutdownGrace bounds how long Shutdown lets transfers in flight finish
+// when its context has no deadline.
+const ShutdownGrace = 10 * time.Second
+
+// Shutdown stops the runtime: it refuses new work at once, lets Gets and
+// reads it serves finish until ctx is done (ShutdownGrace without a
+// deadline), then aborts the rest, releases the leases it holds on others'
+// objects, stops heartbeats and watchers, frees every object it owns,
+// closes connections and listeners and returns device memory. No goroutine
+// of the runtime survives it. Later calls return the first call's result.
 func (r *Runtime) Shutdown(ctx context.Context) error {
 	r.shutdownOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
 		close(r.done)
 		r.mu.Unlock()
+		if r.host != nil {
+			r.host.RemoveStreamHandler(controlProtocol)
+		}
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, ShutdownGrace)
+			defer cancel()
+		}
+		// Finish what is in flight, within ctx.
+		gets := make(chan struct{})
+		go func() { r.getsWG.Wait(); close(gets) }()
+		select {
+		case <-gets:
+		case <-ctx.Done():
+		}
+		select {
+		case <-r.objects.drained():
+		case <-ctx.Done():
+		}
+		// Abort the rest: cancelled Gets release their buffers as they
+		// return, which the transports make prompt.
+		r.getsMu.Lock()
+		aborted := len(r.gets)
+		for _, cancel := range r.gets {
+			cancel(fmt.Errorf("%w: aborted by Shutdown", ErrClosed))
+		}
+		r.getsMu.Unlock()
+		if aborted > 0 {
+			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
+		}
+		<-gets
+		if !r.abandonHolds {
+			r.releaseAllHolds(ctx)
+		}
+		if r.host != nil {
+			r.host.RemoveStreamHandler(lifeProtocol)
+		}
+		r.stopLoops()
+		r.loops.Wait()
+		r.peers.stop()
 		r.shutdownErr = r.teardown()
 		r.log.Info("runtime stopped")
 	})
 	return r.shutdownErr
 }
 
+// beginGet registers a Get in flight so Shutdown can wait for it or abort
+// it; ctx's cause says which.
+func (r *Runtime) beginGet(ctx context.Context) (context.Context, func(), error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, nil, ErrClosed
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	key := new(int)
+	r.getsMu.Lock()
+	r.gets[key] = cancel
+	r.getsMu.Unlock()
+	r.getsWG.Add(1)
+	return ctx, func() {
+		r.getsMu.Lock()
+		delete(r.gets, key)
+		r.getsMu.Unlock()
+		cancel(nil)
+		r.getsWG.Done()
+	}, nil
+}
+
+// authorize admits data connections from the allowlist (all when empty).
+func (r *Runtime) authorize(id peer.ID) error {
+	if len(r.cfg.AllowPeers) == 0 || id == r.host.ID() || slices.Contains(r.cfg.AllowPeers, id) {
+		return nil
+	}
+	return fmt.Errorf("%w: peer %s is not in AllowPeers", ErrUnauthorized, id)
+}
+
+// allowGater enforces AllowPeers on libp2p connections, once the remote's
+// identity is authenticated.
+type allowGater struct{ r *Runtime }
+
+func (allowGater) InterceptPeerDial(peer.ID) bool                                  { return true }
+func (allowGater) InterceptAddrDial(peer.ID, ma.Multiaddr) bool                    { return true }
+func (allowGater) InterceptAccept(network.ConnMultiaddrs) bool                     { return true }
+func (allowGater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
+func (g allowGater) InterceptSecured(_ network.Direction, id peer.ID, _ network.ConnMultiaddrs) bool {
+	if err := g.r.authorize(id); err != nil {
+		g.r.log.Warn("control connection refused", "peer", id, "err", err)
+		return false
+	}
+	return true
+}
+
+// blockedRead is the blackhole hook on the object table: a read hangs until
+// the runtime shuts down.
+func (r *Runtime) blockedRead(ctx context.Context) error {
+	if !r.blackholed.Load() {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.done:
+		return ErrClosed
+	}
+}
+
+// learnAddrs adds a ref's owner addresses to the peerstore so the control
+// channel can reach an owner this runtime never connected to.
+func (r *Runtime) learnAddrs(ref Ref) {
+	var addrs []ma.Multiaddr
+	for _, a := range ref.Addrs {
+		if m, err := ma.NewMultiaddr(a); err == nil {
+			addrs = append(addrs, m)
+		}
+	}
+	if len(addrs) > 0 {
+		r.host.Peerstore().AddAddrs(ref.Owner, addrs, peerstore.TempAddrTTL)
+	}
+}
+
+// WatchPeer reports liveness changes of a peer until ctx is done or the
+// runtime shuts down, when the channel is closed. While watched, the peer is
+// sent a heartbeat every HeartbeatInterval. The first event is PeerAlive once
+// the peer answers; a peer that cannot be reached yields PeerDied (with
+// Incarnation 0 if it never answered within the detection bound). The
+// peer's addresses must be known: Connect to it first, or hold a ref it
+// owns.
+func (r *Runtime) WatchPeer(ctx context.Context, id peer.ID) <-chan PeerEvent {
+	ch := make(chan PeerEvent, 16)
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		close(ch)
+		return ch
+	}
+	r.loops.Add(1)
+	r.mu.Unlock()
+	unwatch := r.peers.watch(id, ch)
+	go func() {
+		defer r.loops.Done()
+		select {
+		case <-ctx.Done():
+		case <-r.done:
+		}
+		unwatch()
+	}()
+	return ch
+}
+
 func (r *Runtime) teardown() error {
 	var errs []error
+	// The control host goes first: peers see the connection drop and
+	// declare this incarnation dead before its data connections close
+	// under their transfers.
 	if r.host != nil {
 		r.host.RemoveStreamHandler(controlProtocol)
+		errs = append(errs, r.host.Close())
 	}
 	if r.tcpSrv != nil {
 		errs = append(errs, r.tcpSrv.Close())
 	}
 	if r.tcpTr != nil {
 		errs = append(errs, r.tcpTr.Close())
-	}
-	if r.host != nil {
-		errs = append(errs, r.host.Close())
 	}
 	for _, id := range r.objects.ids() {
 		if err := r.objects.free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {

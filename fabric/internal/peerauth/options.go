@@ -18,7 +18,9 @@ import (
 )
 
 // Options turn on cluster membership and encryption for a data connection.
-// The zero value speaks the original handshake (v1): identities only.
+// The zero value authenticates identities only. Clients always speak
+// handshake v2 (below); servers also accept v1 clients (no options) unless
+// their options require more.
 type Options struct {
 	// PSK is the cluster's pre-shared key (the libp2p private-network key).
 	// When set, both ends prove they hold it with an HMAC over the signed
@@ -48,7 +50,7 @@ type Keys struct {
 	Send, Recv []byte // 32 bytes each (AES-256)
 }
 
-// Handshake v2, spoken when either Options field is set:
+// Handshake v2:
 //
 //	client -> server: magic "TLD2" | client nonce (32) | flags (1) | client public key | [client X25519 (32)]
 //	server -> client: status (0 = go on) [| message, then close]
@@ -119,9 +121,6 @@ func ClientWith(rw io.ReadWriter, key crypto.PrivKey, want peer.ID, opts Options
 	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
 	if err != nil {
 		return Result{}, err
-	}
-	if !opts.v2() {
-		return clientV1(rw, key, want, cn, ourKey)
 	}
 	var flags byte
 	var eph *ecdh.PrivateKey
@@ -229,49 +228,6 @@ func readStatus(r io.Reader) error {
 		return StatusError(status[0], string(msg))
 	}
 	return nil
-}
-
-func clientV1(rw io.ReadWriter, key crypto.PrivKey, want peer.ID, cn, ourKey []byte) (Result, error) {
-	hello := append([]byte(magic), cn...)
-	if _, err := rw.Write(hello); err != nil {
-		return Result{}, err
-	}
-	if err := WriteField(rw, ourKey); err != nil {
-		return Result{}, err
-	}
-	sn := make([]byte, nonceLen)
-	if _, err := io.ReadFull(rw, sn); err != nil {
-		return Result{}, err
-	}
-	theirKey, err := ReadField(rw, maxKeyLen)
-	if err != nil {
-		return Result{}, err
-	}
-	sig, err := ReadField(rw, maxSigLen)
-	if err != nil {
-		return Result{}, err
-	}
-	pub, id, err := publicKeyOf(theirKey)
-	if err != nil {
-		return Result{}, err
-	}
-	if want != "" && id != want {
-		return Result{}, fmt.Errorf("%w: data server is %s, the reference names %s", fabric.ErrUnauthorized, id, want)
-	}
-	if ok, err := pub.Verify(transcript("server", cn, sn, ourKey), sig); err != nil || !ok {
-		return Result{}, fmt.Errorf("%w: server signature does not verify", fabric.ErrUnauthorized)
-	}
-	ourSig, err := key.Sign(transcript("client", cn, sn, theirKey))
-	if err != nil {
-		return Result{}, err
-	}
-	if err := WriteField(rw, ourSig); err != nil {
-		return Result{}, err
-	}
-	if err := readStatus(rw); err != nil {
-		return Result{}, err
-	}
-	return Result{Peer: id}, nil
 }
 
 // ServerWith is Server with options. A server with a PSK or Encrypt refuses

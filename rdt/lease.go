@@ -1,0 +1,245 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+)
+
+// Reference counting with leases. A reader runtime holds one lease per
+// object on its owner while any of its actors holds the ref (Get takes a
+// hold; Release drops it). It renews its leases every LeaseRenew; the owner
+// forgets a lease not renewed within LeaseExpiry, so a dead reader cannot
+// pin memory forever. An object whose owner called Release is freed when its
+// last lease goes; Free frees it at once and revokes every ref.
+
+type holdKey struct {
+	owner peer.ID
+	inc   uint64
+	obj   fabric.ObjectID
+}
+
+type hold struct {
+	ref    Ref
+	actors map[string]struct{}
+}
+
+func keyOf(ref Ref) holdKey { return holdKey{ref.Owner, ref.Incarnation, ref.Object} }
+
+func (r *Runtime) holdCount() int {
+	r.holdMu.Lock()
+	defer r.holdMu.Unlock()
+	return len(r.holds)
+}
+
+// hold makes actor a holder of ref, registering a lease with the owner
+// when this runtime did not hold one yet. Errors say why the object cannot
+// be held: ErrObjectFreed, ErrStaleRef, ErrUnauthorized, ErrObjectNotFound,
+// ErrPeerUnreachable or ErrOwnerDied.
+func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
+	k := keyOf(ref)
+	r.holdMu.Lock()
+	if h, ok := r.holds[k]; ok {
+		h.actors[actor] = struct{}{}
+		r.holdMu.Unlock()
+		return nil
+	}
+	r.holdMu.Unlock()
+	if r.peers.isDead(ref.Owner, ref.Incarnation) {
+		return r.deadErr(ref, errors.New("declared dead earlier"))
+	}
+	if ref.Owner != r.host.ID() {
+		r.learnAddrs(ref)
+	}
+	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
+	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl})
+	if err != nil {
+		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
+			return r.ownerDiedErr(ref, err)
+		}
+		return err
+	}
+	if inc != ref.Incarnation {
+		return fmt.Errorf("%w: %v: owner restarted (incarnation %x, ref names %x)", ErrStaleRef, ref, inc, ref.Incarnation)
+	}
+	if errs[0] != nil {
+		return fmt.Errorf("%v: %w", ref, errs[0])
+	}
+	r.holdMu.Lock()
+	defer r.holdMu.Unlock()
+	if r.holds == nil { // shut down meanwhile; the owner's lease expires
+		return ErrClosed
+	}
+	h, ok := r.holds[k]
+	if !ok {
+		h = &hold{ref: ref, actors: map[string]struct{}{}}
+		r.holds[k] = h
+	}
+	h.actors[actor] = struct{}{}
+	return nil
+}
+
+// unhold drops actor's hold on ref and the runtime's lease with it when it
+// was the last holder.
+func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
+	k := keyOf(ref)
+	r.holdMu.Lock()
+	h, ok := r.holds[k]
+	if !ok {
+		r.holdMu.Unlock()
+		return nil
+	}
+	delete(h.actors, actor)
+	last := len(h.actors) == 0
+	if last {
+		delete(r.holds, k)
+	}
+	r.holdMu.Unlock()
+	if !last {
+		return nil
+	}
+	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
+	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl})
+	if err != nil {
+		// The owner will expire the lease; say so rather than fail: the
+		// reader is done with the ref either way.
+		r.log.Info("lease release not delivered; it will expire", "ref", ref, "err", err)
+		return nil
+	}
+	if errs[0] != nil && !isGone(errs[0]) {
+		return errs[0]
+	}
+	return nil
+}
+
+// renewLeases renews every lease this runtime holds, one request per owner,
+// and forgets those whose objects are gone.
+func (r *Runtime) renewLeases(ctx context.Context) {
+	byOwner := map[peer.ID][]holdKey{}
+	claims := map[peer.ID][]fabric.Claim{}
+	r.holdMu.Lock()
+	for k, h := range r.holds {
+		byOwner[k.owner] = append(byOwner[k.owner], k)
+		claims[k.owner] = append(claims[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
+	}
+	r.holdMu.Unlock()
+	for owner, keys := range byOwner {
+		for start := 0; start < len(keys); start += maxClaims {
+			end := min(start+maxClaims, len(keys))
+			cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
+			_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[owner][start:end])
+			cancel()
+			if err != nil {
+				r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)
+				continue // death detection, or the next round, decides
+			}
+			r.holdMu.Lock()
+			for i, e := range errs {
+				if e != nil && isGone(e) {
+					r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
+					delete(r.holds, keys[start+i])
+				}
+			}
+			r.holdMu.Unlock()
+		}
+	}
+}
+
+// peerDied is called once per dead incarnation: refs held on it are gone,
+// and leases it held on our objects go at once instead of at expiry.
+func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
+	r.log.Warn("peer died", "peer", shortID(id), "incarnation", fmt.Sprintf("%x", inc), "reason", reason)
+	r.lifeMetrics.peerDeaths.WithLabelValues(reason).Inc()
+	r.holdMu.Lock()
+	for k := range r.holds {
+		if k.owner == id && k.inc == inc {
+			delete(r.holds, k)
+		}
+	}
+	r.holdMu.Unlock()
+	if r.objects.dropPeer(id) > 0 {
+		r.kickReaper()
+	}
+}
+
+func (r *Runtime) kickReaper() {
+	select {
+	case r.reap <- struct{}{}:
+	default:
+	}
+}
+
+// lifeLoop renews this runtime's leases and expires others' on its objects.
+func (r *Runtime) lifeLoop(ctx context.Context) {
+	defer r.loops.Done()
+	renew := time.NewTicker(r.cfg.LeaseRenew)
+	defer renew.Stop()
+	// Expiry is checked a few times per expiry period so a lease outlives
+	// its deadline by at most a quarter of it.
+	expire := time.NewTicker(r.cfg.LeaseExpiry / 4)
+	defer expire.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-renew.C:
+			r.renewLeases(ctx)
+		case <-expire.C:
+			r.expireLeases()
+		case <-r.reap:
+			r.expireLeases()
+		}
+	}
+}
+
+func (r *Runtime) expireLeases() {
+	if n := r.objects.expire(time.Now()); n > 0 {
+		r.lifeMetrics.leasesExpired.Add(float64(n))
+		r.log.Info("reader leases expired", "count", n)
+	}
+}
+
+// releaseAllHolds sends release for every lease this runtime holds (at
+// Shutdown), bounded by ctx; undelivered ones expire on their owners.
+func (r *Runtime) releaseAllHolds(ctx context.Context) {
+	byOwner := map[peer.ID][]fabric.Claim{}
+	r.holdMu.Lock()
+	for k, h := range r.holds {
+		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
+	}
+	r.holds = nil
+	r.holdMu.Unlock()
+	for owner, cl := range byOwner {
+		if owner == r.host.ID() {
+			continue
+		}
+		for start := 0; start < len(cl); start += maxClaims {
+			cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
+			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:min(start+maxClaims, len(cl))])
+			cancel()
+			if err != nil {
+				r.log.Info("lease release at shutdown not delivered; it will expire", "owner", shortID(owner), "err", err)
+				break
+			}
+		}
+	}
+}
+
+// deadErr says why a ref's owner incarnation is gone: replaced by a new
+// one (ErrStaleRef) or dead (ErrOwnerDied).
+func (r *Runtime) deadErr(ref Ref, cause error) error {
+	if now, ok := r.peers.replaced(ref.Owner, ref.Incarnation); ok {
+		return fmt.Errorf("%w: %v: owner restarted (incarnation %x)", ErrStaleRef, ref, now)
+	}
+	return r.ownerDiedErr(ref, cause)
+}
+
+func (r *Runtime) ownerDiedErr(ref Ref, cause error) error {
+	r.lifeMetrics.ownerDied.Inc()
+	return fmt.Errorf("%w: %s (incarnation %x) holding %v: %w", ErrOwnerDied, shortID(ref.Owner), ref.Incarnation, ref.Object, cause)
+}

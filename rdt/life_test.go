@@ -1,0 +1,653 @@
+package rdt
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// fastLife shortens every lifecycle period so the tests run in well under a
+// second each; the logic is the same as with the defaults.
+func fastLife(c *Config) {
+	c.LeaseRenew = 40 * time.Millisecond
+	c.LeaseExpiry = 250 * time.Millisecond
+	c.HeartbeatInterval = 200 * time.Millisecond
+	c.HeartbeatMisses = 3
+}
+
+func counter(t *testing.T, r *Runtime, name string) float64 {
+	t.Helper()
+	mfs, err := r.Registry().Gather()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				if m.Counter != nil {
+					sum += m.GetCounter().GetValue()
+				}
+				if m.Gauge != nil {
+					sum += m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+func used(t *testing.T, r *Runtime, dev tensor.DeviceID) int64 {
+	t.Helper()
+	m, err := r.Memory(dev)
+	require.NoError(t, err)
+	return m.Stats().Used
+}
+
+func TestReleaseWaitsForReaders(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, fastLife)
+	owner, _ := p.a.Spawn("owner")
+	r1, _ := p.b.Spawn("r1")
+	r2, _ := p.b.Spawn("r2")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+
+	for _, r := range []*Actor{r1, r2} {
+		got, err := r.Get(ctx, ref, tensor.GPUDevice(0))
+		require.NoError(t, err)
+		got.Release()
+	}
+	assert.Equal(t, 1, p.b.holdCount(), "one lease per reader runtime")
+	assert.Equal(t, 1, p.a.objects.leases())
+
+	require.NoError(t, owner.Release(ctx, ref))
+	assert.Equal(t, 1, p.a.Objects(), "a reader still holds it")
+	require.NoError(t, r1.Release(ctx, ref))
+	assert.Equal(t, 1, p.a.Objects(), "r2 still holds it")
+	// Renewals keep it alive well past the expiry.
+	time.Sleep(3 * p.a.cfg.LeaseExpiry)
+	assert.Equal(t, 1, p.a.Objects(), "renewed leases do not expire")
+
+	require.NoError(t, r2.Release(ctx, ref))
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, owner.WaitFreed(wctx, ref))
+	assert.Equal(t, 0, p.a.Objects())
+	assert.Equal(t, int64(0), used(t, p.a, tensor.GPUDevice(0)), "the owner's memory is back")
+	_, err = r1.Get(ctx, ref, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrObjectFreed)
+	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)), "readers leaked nothing")
+}
+
+func TestLeaseExpiryFreesObject(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, fastLife)
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, _ := owner.Put(ctx, x)
+	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	got.Release()
+	require.NoError(t, owner.Release(ctx, ref))
+	assert.Equal(t, 1, p.a.Objects())
+
+	// The reader dies without releasing (simulated crash): its lease is
+	// never renewed again and expires on the owner.
+	p.b.abandonHolds = true
+	start := time.Now()
+	require.NoError(t, p.b.Shutdown(ctx))
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, owner.WaitFreed(wctx, ref))
+	t.Logf("object freed %v after its only reader died (LeaseExpiry %v)", time.Since(start).Round(time.Millisecond), p.a.cfg.LeaseExpiry)
+	assert.Equal(t, int64(0), used(t, p.a, tensor.GPUDevice(0)))
+	assert.GreaterOrEqual(t, counter(t, p.a, "tensorlane_leases_expired_total"), 1.0)
+}
+
+func TestFreeRevokesHeldRefs(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, fastLife)
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	ref, _ := owner.Put(ctx, x)
+	require.NoError(t, reader.Hold(ctx, ref))
+	assert.Equal(t, 1, p.b.holdCount())
+	require.NoError(t, owner.Free(ctx, ref))
+	require.NoError(t, owner.WaitFreed(ctx, ref), "freed at once despite the lease")
+	_, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrObjectFreed)
+	// The next renewal tells the reader the ref is gone.
+	require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.ErrorIs(t, reader.Hold(ctx, ref), ErrObjectFreed)
+
+	// WaitFreed is for owners, and honours its context.
+	y := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	ref2, _ := owner.Put(ctx, y)
+	assert.ErrorIs(t, reader.WaitFreed(ctx, ref2), ErrNotOwner)
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, owner.WaitFreed(short, ref2), context.DeadlineExceeded)
+}
+
+// getLarge starts a Get of a large object and returns once the owner is
+// serving it (a read pins the object), with the Get's result to come.
+func getLarge(t *testing.T, owner, reader *Actor, n int64) (Ref, <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	mem, err := owner.rt.Memory(tensor.GPUDevice(0))
+	require.NoError(t, err)
+	x, err := tensor.Alloc(ctx, mem, tensor.Uint8, n)
+	require.NoError(t, err)
+	p, err := x.SpanBytes()
+	require.NoError(t, err)
+	rand.Read(p[:4096])
+	for done := 4096; done < len(p); done *= 2 { // doubling copies: fast under -race
+		copy(p[done:], p[:done])
+	}
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	res := make(chan error, 1)
+	go func() {
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		got, err := reader.Get(gctx, ref, tensor.GPUDevice(0))
+		if err == nil {
+			got.Release()
+		}
+		res <- err
+	}()
+	return ref, res
+}
+
+func waitPinned(t *testing.T, r *Runtime) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		r.objects.mu.Lock()
+		defer r.objects.mu.Unlock()
+		return r.objects.pins > 0
+	}, 10*time.Second, 100*time.Microsecond, "the owner never started serving")
+}
+
+func TestOwnerDiesMidTransfer(t *testing.T) {
+	p := newPair(t, func(c *Config) {
+		fastLife(c)
+		c.Streams = 1 // one slow stream keeps the transfer in flight longer
+	})
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	require.NoError(t, p.b.Connect(context.Background(), p.a.AddrInfo()))
+	events := reader.Watch(context.Background(), p.a.ID())
+	nextEvent(t, events, PeerAlive)
+	ref, res := getLarge(t, owner, reader, 192<<20)
+	waitPinned(t, p.a)
+	// Abrupt death: no grace for the transfer in flight.
+	dead, cancel := context.WithCancel(context.Background())
+	cancel()
+	killed := time.Now()
+	require.NoError(t, p.a.Shutdown(dead))
+	err := <-res
+	t.Logf("Get returned %v after the owner died: %v", time.Since(killed).Round(time.Millisecond), err)
+	if err == nil {
+		t.Skip("the transfer completed before the owner died; nothing to check on this run")
+	}
+	assert.ErrorIs(t, err, ErrOwnerDied)
+	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)), "the reader's destination buffer went back")
+	assert.Equal(t, 0, p.b.holdCount(), "holds on a dead owner are dropped")
+	assert.GreaterOrEqual(t, counter(t, p.b, "tensorlane_peer_deaths_total"), 1.0)
+	ev := nextEvent(t, events, PeerDied)
+	assert.Equal(t, p.a.incarnation, ev.Incarnation, "%+v", ev)
+	// Later Gets of its refs fail at once.
+	_, err = reader.Get(context.Background(), ref, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrOwnerDied)
+}
+
+func nextEvent(t *testing.T, ch <-chan PeerEvent, kind PeerEventKind) PeerEvent {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case ev, ok := <-ch:
+			require.True(t, ok, "watch channel closed before a %v event", kind)
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %v event", kind)
+		}
+	}
+}
+
+func TestHeartbeatDetectsHungOwner(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, fastLife)
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<20)
+	ref, _ := owner.Put(ctx, x)
+	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0)) // connected, owner alive
+	require.NoError(t, err)
+	got.Release()
+	events := reader.Watch(ctx, p.a.ID())
+	nextEvent(t, events, PeerAlive)
+
+	// The owner hangs (simulated): connections stay open, nothing answers,
+	// reads never start. Only heartbeats can tell.
+	p.a.blackholed.Store(true)
+	hung := time.Now()
+	_, err = reader.Get(ctx, ref, tensor.GPUDevice(1))
+	took := time.Since(hung)
+	require.ErrorIs(t, err, ErrOwnerDied)
+	ev := nextEvent(t, events, PeerDied)
+	assert.Equal(t, "missed heartbeats", ev.Reason)
+	bound := time.Duration(p.b.cfg.HeartbeatMisses+1) * p.b.cfg.HeartbeatInterval
+	t.Logf("hung owner detected by heartbeat after %v (interval %v, %d misses; bound %v)", took.Round(time.Millisecond), p.b.cfg.HeartbeatInterval, p.b.cfg.HeartbeatMisses, bound)
+	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(1)))
+	// The verdict is final for that incarnation.
+	_, err = reader.Get(ctx, ref, tensor.GPUDevice(1))
+	assert.ErrorIs(t, err, ErrOwnerDied)
+}
+
+// TestDetectionTimes measures, with the default heartbeat settings, how
+// long a watcher takes to learn that a peer died: by connection loss (the
+// peer's process ends) and by heartbeat alone (the peer hangs).
+func TestDetectionTimes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes a few seconds with the default heartbeat")
+	}
+	ctx := context.Background()
+	measure := func(kill func(*Runtime)) (time.Duration, PeerEvent) {
+		p := newPair(t, nil)
+		require.NoError(t, p.b.Connect(ctx, p.a.AddrInfo()))
+		events := p.b.WatchPeer(ctx, p.a.ID())
+		nextEvent(t, events, PeerAlive)
+		start := time.Now()
+		kill(p.a)
+		ev := nextEvent(t, events, PeerDied)
+		return ev.At.Sub(start), ev
+	}
+	lost, ev1 := measure(func(r *Runtime) {
+		dead, cancel := context.WithCancel(ctx)
+		cancel()
+		r.Shutdown(dead)
+	})
+	assert.Equal(t, "connection lost", ev1.Reason)
+	hung, ev2 := measure(func(r *Runtime) { r.blackholed.Store(true) })
+	assert.Equal(t, "missed heartbeats", ev2.Reason)
+	t.Logf("detection with defaults (heartbeat 1s, 3 misses): connection loss %v, heartbeat only %v", lost.Round(time.Millisecond), hung.Round(time.Millisecond))
+	assert.Less(t, lost, hung, "a lost connection is noticed before missed heartbeats")
+}
+
+func TestRestartWithSameIdentity(t *testing.T) {
+	ctx := context.Background()
+	cl, err := topology.Preset("dgx-h100", 2)
+	require.NoError(t, err)
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	mk := func(host string, mutate func(*Config)) *Runtime {
+		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 64 << 20}
+		fastLife(&cfg)
+		if mutate != nil {
+			mutate(&cfg)
+		}
+		r, err := New(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { r.Shutdown(ctx) })
+		return r
+	}
+	a := mk("h0", func(c *Config) { c.Identity = key })
+	b := mk("h1", nil)
+	owner, _ := a.Spawn("owner")
+	reader, _ := b.Spawn("reader")
+	x := fill(t, a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	old, _ := owner.Put(ctx, x)
+	got, err := reader.Get(ctx, old, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	got.Release()
+
+	addrs := []string{}
+	for _, m := range a.host.Addrs() {
+		addrs = append(addrs, m.String())
+	}
+	data := a.tcpSrv.Addr()
+	require.NoError(t, a.Shutdown(ctx))
+	// Same identity, same addresses, new life.
+	a2 := mk("h0", func(c *Config) { c.Identity = key; c.ListenAddrs = addrs; c.DataAddr = data })
+	require.Equal(t, a.ID(), a2.ID())
+	require.NotEqual(t, a.incarnation, a2.incarnation)
+	owner2, _ := a2.Spawn("owner")
+	y := fill(t, a2, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	fresh, _ := owner2.Put(ctx, y)
+
+	_, err = reader.Get(ctx, old, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrStaleRef, "a ref from the previous life")
+	got, err = reader.Get(ctx, fresh, tensor.GPUDevice(0))
+	require.NoError(t, err, "refs of the new life work")
+	sameBytes(t, y, got)
+	got.Release()
+	_, err = reader.Get(ctx, old, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrStaleRef)
+}
+
+// cluster starts runtimes on hosts h0.. of one preset with per-runtime
+// config changes.
+func cluster(t *testing.T, mutate ...func(*Config)) []*Runtime {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := topology.Preset("dgx-h100", len(mutate))
+	require.NoError(t, err)
+	out := make([]*Runtime, len(mutate))
+	for i, m := range mutate {
+		cfg := Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 64 << 20}
+		fastLife(&cfg)
+		if m != nil {
+			m(&cfg)
+		}
+		r, err := New(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { r.Shutdown(ctx) })
+		out[i] = r
+	}
+	return out
+}
+
+// rawRead reads ref's object over a bare tcp data connection with the
+// given identity and options, as a rogue that has the ref would.
+func rawRead(t *testing.T, ref Ref, psk []byte) error {
+	t.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	return rawReadAs(t, ref, k, psk, false)
+}
+
+func rawReadAs(t *testing.T, ref Ref, k crypto.PrivKey, psk []byte, encrypt bool) error {
+	t.Helper()
+	tr, err := tcp.New(tcp.Config{Identity: k, PSK: psk, Encrypt: encrypt, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer tr.Close()
+	mem := tensor.NewHostMemory(0)
+	buf, err := mem.Alloc(context.Background(), int64(ref.Desc.NBytes()))
+	require.NoError(t, err)
+	defer buf.Release()
+	off, n := ref.span()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = tr.Read(ctx, fabric.Remote{Peer: ref.Owner.String(), Addrs: ref.DataAddrs, Offset: off, Length: n,
+		Claim: fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}}, buf)
+	return err
+}
+
+func TestClusterKey(t *testing.T) {
+	ctx := context.Background()
+	k1, k2 := make([]byte, 32), make([]byte, 32)
+	rand.Read(k1)
+	rand.Read(k2)
+	rs := cluster(t,
+		func(c *Config) { c.ClusterKey = k1 },
+		func(c *Config) { c.ClusterKey = k1 },
+		func(c *Config) { c.ClusterKey = k2 },
+		nil,
+	)
+	owner, _ := rs[0].Spawn("owner")
+	x := fill(t, rs[0], tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, _ := owner.Put(ctx, x)
+
+	member, _ := rs[1].Spawn("member")
+	got, err := member.Get(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	sameBytes(t, x, got)
+	got.Release()
+
+	for i, r := range rs[2:] {
+		outsider, _ := r.Spawn("outsider")
+		short, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := outsider.Get(short, ref, tensor.GPUDevice(0))
+		cancel()
+		assert.ErrorIs(t, err, ErrPeerUnreachable, "outsider %d on the control channel", i)
+		assert.Error(t, r.Connect(ctx, rs[0].AddrInfo()))
+	}
+	// With the ref in hand but without the key, no data connection either.
+	assert.ErrorIs(t, rawRead(t, ref, nil), ErrUnauthorized)
+	assert.ErrorIs(t, rawRead(t, ref, k2), ErrUnauthorized)
+	assert.NoError(t, rawRead(t, ref, k1), "the key (and the ref) is what admits")
+
+	_, err = New(ctx, Config{IgnoreEnv: true, ClusterKey: []byte("short")})
+	assert.Error(t, err)
+}
+
+func TestAllowPeers(t *testing.T) {
+	ctx := context.Background()
+	kb, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	kc, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	idb, _ := peer.IDFromPrivateKey(kb)
+	rs := cluster(t,
+		func(c *Config) { c.AllowPeers = []peer.ID{idb} },
+		func(c *Config) { c.Identity = kb },
+		func(c *Config) { c.Identity = kc },
+	)
+	owner, _ := rs[0].Spawn("owner")
+	x := fill(t, rs[0], tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, _ := owner.Put(ctx, x)
+
+	allowed, _ := rs[1].Spawn("allowed")
+	got, err := allowed.Get(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	got.Release()
+
+	other, _ := rs[2].Spawn("other")
+	_, err = other.Get(ctx, ref, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrPeerUnreachable, "refused on the control channel")
+	assert.ErrorIs(t, rawReadAs(t, ref, kc, nil, false), ErrUnauthorized, "refused on the data path")
+	assert.NoError(t, rawReadAs(t, ref, kb, nil, false))
+	// The owner's own actors are always admitted.
+	near, _ := rs[0].Spawn("near")
+	got, err = near.Get(ctx, ref, tensor.GPUDevice(1))
+	require.NoError(t, err)
+	got.Release()
+}
+
+func TestEncryptedData(t *testing.T) {
+	ctx := context.Background()
+	psk := make([]byte, 32)
+	rand.Read(psk)
+	rs := cluster(t,
+		func(c *Config) { c.EncryptData = true; c.ClusterKey = psk },
+		func(c *Config) { c.EncryptData = true; c.ClusterKey = psk },
+		func(c *Config) { c.ClusterKey = psk },
+	)
+	owner, _ := rs[0].Spawn("owner")
+	x := fill(t, rs[0], tensor.GPUDevice(0), tensor.BFloat16, 1024, 1031)
+	ref, _ := owner.Put(ctx, x)
+	reader, _ := rs[1].Spawn("reader")
+	got, xfer, err := reader.Fetch(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, xfer.Stats.Transport)
+	sameBytes(t, x, got)
+	got.Release()
+
+	// An owner with EncryptData refuses a reader that would read in clear.
+	plain, _ := rs[2].Spawn("plain")
+	_, err = plain.Get(ctx, ref, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrUnauthorized)
+	assert.Equal(t, int64(0), used(t, rs[2], tensor.GPUDevice(0)))
+}
+
+func TestShutdownAbortsGetsInFlight(t *testing.T) {
+	p := newPair(t, func(c *Config) { fastLife(c); c.Streams = 1 })
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	_, res := getLarge(t, owner, reader, 192<<20)
+	waitPinned(t, p.a)
+	dead, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, p.b.Shutdown(dead))
+	err := <-res
+	if err == nil {
+		t.Skip("the transfer completed first")
+	}
+	assert.ErrorIs(t, err, ErrClosed)
+	require.Eventually(t, func() bool {
+		p.a.objects.mu.Lock()
+		defer p.a.objects.mu.Unlock()
+		return p.a.objects.pins == 0
+	}, 10*time.Second, time.Millisecond, "the owner's pin went with the connection")
+	assert.NoError(t, p.b.Shutdown(dead), "second call is a no-op")
+}
+
+func TestShutdownFinishesGetsWithinGrace(t *testing.T) {
+	p := newPair(t, func(c *Config) { fastLife(c); c.Streams = 1 })
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	_, res := getLarge(t, owner, reader, 64<<20)
+	waitPinned(t, p.a)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, p.b.Shutdown(ctx))
+	assert.NoError(t, <-res, "a Get in flight finishes within Shutdown's context")
+}
+
+func TestWatchPeerEndsWithContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := newPair(t, fastLife)
+	ch := p.b.WatchPeer(ctx, p.a.ID())
+	require.NoError(t, p.b.Connect(context.Background(), p.a.AddrInfo()))
+	ev := nextEvent(t, ch, PeerAlive)
+	assert.Equal(t, p.a.incarnation, ev.Incarnation)
+	cancel()
+	for range ch {
+	}
+	// After Shutdown a watch is closed at once.
+	p.b.Shutdown(context.Background())
+	_, open := <-p.b.WatchPeer(context.Background(), p.a.ID())
+	assert.False(t, open)
+}
+
+func TestLifeMsgEncoding(t *testing.T) {
+	var obj fabric.ObjectID
+	rand.Read(obj[:])
+	tests := []lifeMsg{
+		{kind: kindPing, incarnation: 7},
+		{kind: kindPong, incarnation: 1<<64 - 1},
+		{kind: kindLease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: bytes.Repeat([]byte{1}, 16)}, {Object: obj}}},
+		{kind: kindRelease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: []byte{2}}}},
+		{kind: kindLeased, incarnation: 5, statuses: []byte{leaseOK, leaseFreed}, ttl: 15 * time.Second},
+	}
+	for _, m := range tests {
+		b := m.marshal()
+		back, err := parseLifeMsg(b)
+		require.NoError(t, err)
+		assert.Equal(t, m.kind, back.kind)
+		assert.Equal(t, m.incarnation, back.incarnation)
+		assert.Equal(t, len(m.claims), len(back.claims))
+		for i := range m.claims {
+			assert.Equal(t, m.claims[i].Object, back.claims[i].Object)
+			assert.Equal(t, m.claims[i].Incarnation, back.claims[i].Incarnation)
+			assert.Equal(t, len(m.claims[i].Token), len(back.claims[i].Token))
+		}
+		assert.Equal(t, m.statuses, back.statuses)
+		assert.Equal(t, m.ttl, back.ttl)
+		for i := range b {
+			_, err := parseLifeMsg(b[:i])
+			require.ErrorIs(t, err, wire.ErrMalformed, "truncated at %d", i)
+		}
+		_, err = parseLifeMsg(append(b, 0))
+		assert.ErrorIs(t, err, wire.ErrMalformed)
+	}
+	for _, bad := range [][]byte{nil, {2, 1}, {1, 99, 0, 0, 0, 0, 0, 0, 0, 0}} {
+		_, err := parseLifeMsg(bad)
+		assert.ErrorIs(t, err, wire.ErrMalformed)
+	}
+}
+
+func TestLeaseStatusCodes(t *testing.T) {
+	for _, e := range []error{ErrObjectNotFound, ErrObjectFreed, ErrStaleRef, ErrUnauthorized} {
+		assert.ErrorIs(t, leaseError(leaseStatus(e)), e)
+	}
+	assert.Equal(t, leaseFailed, leaseStatus(errors.New("other")))
+	assert.Error(t, leaseError(200))
+}
+
+func TestConfigDefaultsLife(t *testing.T) {
+	c, err := (&Config{IgnoreEnv: true}).withDefaults()
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Second, c.LeaseRenew)
+	assert.Equal(t, 15*time.Second, c.LeaseExpiry)
+	assert.Equal(t, time.Second, c.HeartbeatInterval)
+	assert.Equal(t, 3, c.HeartbeatMisses)
+	_, err = (&Config{IgnoreEnv: true, LeaseRenew: time.Second, LeaseExpiry: time.Second}).withDefaults()
+	assert.Error(t, err)
+	assert.ErrorIs(t, ErrTransferStalled, fabric.ErrStalled)
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, err := New(context.Background(), Config{IgnoreEnv: true, DeviceMemory: 1 << 20, Registerer: reg})
+	require.NoError(t, err)
+	defer r.Shutdown(context.Background())
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, n := range []string{"tensorlane_leases_held", "tensorlane_leases_granted"} {
+		assert.True(t, names[n], n)
+	}
+}
+
+// FuzzLifeMsg: any bytes a peer sends on the lifecycle protocol decode to
+// a message that re-encodes, or fail with wire.ErrMalformed.
+func FuzzLifeMsg(f *testing.F) {
+	var obj fabric.ObjectID
+	f.Add(lifeMsg{kind: kindPing, incarnation: 1}.marshal())
+	f.Add(lifeMsg{kind: kindLease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}}}.marshal())
+	f.Add(lifeMsg{kind: kindLeased, incarnation: 1, statuses: []byte{0, 2}, ttl: time.Second}.marshal())
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		m, err := parseLifeMsg(p)
+		if err != nil {
+			if !errors.Is(err, wire.ErrMalformed) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		back, err := parseLifeMsg(m.marshal())
+		if err != nil || back.kind != m.kind || len(back.claims) != len(m.claims) {
+			t.Fatalf("re-encoding changed the message: %v", err)
+		}
+	})
+}
+
+// FuzzEnvelope: control envelopes from the network decode or fail, never
+// panic.
+func FuzzEnvelope(f *testing.F) {
+	b, _ := encodeEnvelope("bob", Message{Payload: []byte("hi")})
+	f.Add(b)
+	f.Add([]byte{1})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		to, m, err := decodeEnvelope(p)
+		if err != nil {
+			return
+		}
+		if _, err := encodeEnvelope(to, m); err != nil && len(m.Payload) <= MaxPayload {
+			t.Fatalf("decoded envelope does not re-encode: %v", err)
+		}
+	})
+}
