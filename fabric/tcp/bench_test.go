@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/internal/netns"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -192,78 +195,123 @@ func BenchmarkRead(b *testing.B) {
 
 // BenchmarkAutoLoopback: on unshaped loopback auto mode must not lose to
 // compression off (it should measure the link as faster than the codec and
-// send raw). ratio = auto throughput / off throughput.
+// send raw). auto-ratio = auto throughput / off throughput.
 func BenchmarkAutoLoopback(b *testing.B) {
 	const n = 64 << 20
 	f := newFixture(b, n, nil)
 	f.fillAs(tensor.BFloat16)
-	off := f.transport(b, Config{Compression: CompressOff})
-	auto := f.transport(b, Config{Compression: CompressAuto})
-	benchModes(b, f, n, map[string]*Transport{"off": off, "auto": auto}, "auto", "off")
+	benchModes(b, f, n, nil, CompressOff, CompressAuto)
 }
 
-// benchModes reads n bytes through each transport in turn, interleaved,
-// and reports each one's throughput and ratio = num/den.
-func benchModes(b *testing.B, f *fixture, n int64, trs map[string]*Transport, num, den string) {
+// BenchmarkShapedLink reads bf16 weights (normally distributed) over a
+// veth pair between two network namespaces shaped to 1 Gbit/s with tbf:
+// always-ratio = compressed throughput / uncompressed, auto-ratio = auto /
+// uncompressed (auto has to discover that the link is slow).
+func BenchmarkShapedLink(b *testing.B) {
+	netns.Require(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner, reader := netns.New(b, "own"), netns.New(b, "rd")
+	if err := netns.Veth(ctx, owner, "to", "10.77.0.1/24", reader, "tr", "10.77.0.2/24"); err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range []struct {
+		ns  *netns.NS
+		dev string
+	}{{owner, "to"}, {reader, "tr"}} {
+		if err := e.ns.Shape(ctx, e.dev, netns.Shape{Rate: "1gbit"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ln, err := owner.Listen(ctx, "tcp", "10.77.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 64 << 20
+	f := newFixture(b, n, func(c *ServerConfig) { c.Listener = ln })
+	f.fillAs(tensor.BFloat16)
+	benchModes(b, f, n, reader.DialFunc(), CompressOff, CompressAlways, CompressAuto)
+}
+
+// benchModes reads n bytes of bf16 through one transport per mode, in
+// turn, and reports each mode's median throughput and, for every mode but
+// the first, the median ratio of its throughput to the first's.
+func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, string, string) (net.Conn, error), modes ...Compression) {
 	dst := f.dst(b, n)
 	r := f.remote(n)
 	r.DType = tensor.BFloat16
 	ctx := context.Background()
-	names := []string{den, num}
-	took := map[string][]time.Duration{}
-	for _, name := range names { // warm up: connections, link estimate
-		for range 2 {
-			_, err := trs[name].Read(ctx, r, dst)
+	trs := make([]*Transport, len(modes))
+	took := make([][]time.Duration, len(modes))
+	for i, m := range modes {
+		trs[i] = f.transport(b, Config{Compression: m, Dial: dial, Streams: 4, StripeMin: 8 << 20})
+		for range 2 { // warm up: connections, link estimate
+			_, err := trs[i].Read(ctx, r, dst)
 			require.NoError(b, err)
 		}
 	}
-	b.SetBytes(int64(len(names)) * n)
+	b.SetBytes(int64(len(modes)) * n)
 	b.ReportAllocs()
-	i := 0
+	it := 0
 	for b.Loop() {
-		for k := range names {
-			name := names[(k+i)%len(names)]
+		for k := range modes {
+			i := (k + it) % len(modes)
 			t0 := time.Now()
-			if _, err := trs[name].Read(ctx, r, dst); err != nil {
+			if _, err := trs[i].Read(ctx, r, dst); err != nil {
 				b.Fatal(err)
 			}
-			took[name] = append(took[name], time.Since(t0))
+			took[i] = append(took[i], time.Since(t0))
 		}
-		i++
+		it++
 	}
-	reportPairs(b, n, den, took[den], num, took[num])
+	got, _ := tensor.BytesOf(dst)
+	require.True(b, bytes.Equal(got, f.data[:n]), "bytes differ")
+	for i, m := range modes {
+		b.ReportMetric(float64(n)/median(took[i]).Seconds()/1e6, m.String()+"-MB/s")
+		if i > 0 {
+			b.ReportMetric(medianRatio(took[0], took[i]), m.String()+"-ratio")
+		}
+	}
+	for i, m := range modes {
+		raw, wire := testutil.ToFloat64(trs[i].m.raw), testutil.ToFloat64(trs[i].m.wire)
+		if raw > 0 {
+			b.ReportMetric(wire/raw, m.String()+"-wire/raw")
+		}
+	}
 }
 
-// reportPairs reports the median throughput of each path and the median of
-// the per-iteration ratios (base time / other time): each pair ran back to
-// back, so a burst of load from other processes skews one pair, not the
-// median.
+func median(d []time.Duration) time.Duration {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// medianRatio is the median over iterations of base[i]/other[i]: each pair
+// ran back to back, so a burst of load from other processes skews one pair,
+// not the median.
+func medianRatio(base, other []time.Duration) float64 {
+	r := make([]float64, len(base))
+	for i := range base {
+		r[i] = base[i].Seconds() / other[i].Seconds()
+	}
+	slices.Sort(r)
+	return r[len(r)/2]
+}
+
+// reportPairs reports the median latency or throughput of both paths and
+// the median of the per-iteration ratios (base time / other time).
 func reportPairs(b *testing.B, n int64, base string, bt []time.Duration, other string, ot []time.Duration) {
 	if len(bt) == 0 {
 		return
 	}
-	ratios := make([]float64, len(bt))
-	for i := range bt {
-		ratios[i] = bt[i].Seconds() / ot[i].Seconds()
-	}
-	med := func(d []time.Duration) time.Duration {
-		d = slices.Clone(d)
-		slices.Sort(d)
-		return d[len(d)/2]
-	}
-	slices.Sort(ratios)
-	unit, scale := "GB/s", 1e9
 	if n < 1<<20 {
-		b.ReportMetric(float64(med(bt).Nanoseconds())/1e3, base+"-µs")
-		b.ReportMetric(float64(med(ot).Nanoseconds())/1e3, other+"-µs")
+		b.ReportMetric(float64(median(bt).Nanoseconds())/1e3, base+"-µs")
+		b.ReportMetric(float64(median(ot).Nanoseconds())/1e3, other+"-µs")
 	} else {
-		if n < 1<<30 && base != "raw" {
-			unit, scale = "MB/s", 1e6
-		}
-		b.ReportMetric(float64(n)/med(bt).Seconds()/scale, base+"-"+unit)
-		b.ReportMetric(float64(n)/med(ot).Seconds()/scale, other+"-"+unit)
+		b.ReportMetric(float64(n)/median(bt).Seconds()/1e9, base+"-GB/s")
+		b.ReportMetric(float64(n)/median(ot).Seconds()/1e9, other+"-GB/s")
 	}
-	b.ReportMetric(ratios[len(ratios)/2], "ratio")
+	b.ReportMetric(medianRatio(bt, ot), "ratio")
 }
 
 func sizeName(n int64) string {

@@ -56,16 +56,23 @@ const (
 
 // linkEstimate is what the transport knows about the link to one peer.
 type linkEstimate struct {
-	bps        float64 // wire bytes per second, EWMA; 0 = not measured
+	bps        float64 // wire bytes per second of raw transfers, EWMA; 0 = not measured
+	compBps    float64 // raw bytes per second achieved by compressed transfers, EWMA; 0 = unknown
 	ratio      float64 // wire/raw of recent compressed transfers, EWMA; 0 = unknown
 	compressed int     // auto transfers compressed since the last raw one
-	skipped    int     // auto transfers sent raw as incompressible since the last compressed one
+	skipped    int     // auto transfers sent raw (incompressible, codec slower) since the last compressed one
 }
 
 // decide is the compression decision: a pure function of the mode, the
 // transfer size, what is known of the link, and the codec's throughput
 // (bytes per second, all streams together). It returns the decision and a
 // short reason (a metric label).
+//
+// In auto mode a transfer is compressed when the link is slower than the
+// codec, unless compressed transfers to this peer turned out slower than
+// raw ones (the CPU is busy, or the data does not shrink). Every
+// probeEvery-th transfer tries the other way, so neither estimate goes
+// stale.
 func decide(mode Compression, n int64, est linkEstimate, codecBps float64) (bool, string) {
 	switch {
 	case n == 0:
@@ -81,9 +88,17 @@ func decide(mode Compression, n int64, est linkEstimate, codecBps float64) (bool
 	case est.bps >= codecBps:
 		return false, "link-faster"
 	case est.compressed+1 >= probeEvery:
-		return false, "probe"
-	case est.ratio >= incompressible && est.skipped+1 < probeEvery:
+		return false, "probe-raw"
+	}
+	incomp := est.ratio >= incompressible
+	slower := est.compBps > 0 && est.compBps < est.bps
+	switch {
+	case (incomp || slower) && est.skipped+1 >= probeEvery:
+		return true, "probe-compressed"
+	case incomp:
 		return false, "incompressible"
+	case slower:
+		return false, "compressed-slower"
 	}
 	return true, "link-slower"
 }
@@ -130,11 +145,11 @@ func mix(old, v float64) float64 {
 	return (1-ewma)*old + ewma*v
 }
 
-// observe folds a finished transfer into the peer's estimate. A raw
-// transfer measures the link. A compressed one measures it only when the
-// codec was not the bottleneck (raw throughput clearly below the codec's),
-// else it would report the codec's speed as the link's.
-func (l *links) observe(k connKey, compressed bool, reason string, raw, wire int64, d time.Duration, codecBps float64) {
+// observe folds a finished transfer into the peer's estimate. Raw
+// transfers measure the link; compressed ones measure what compression
+// achieves (ratio, and raw bytes per second), never the link, whose speed
+// they hide behind the codec's.
+func (l *links) observe(k connKey, compressed bool, reason string, raw, wire int64, d time.Duration) {
 	if d <= 0 || raw < minEstimate {
 		return
 	}
@@ -145,22 +160,20 @@ func (l *links) observe(k connKey, compressed bool, reason string, raw, wire int
 	auto := reason != "always" && reason != "off"
 	if compressed {
 		e.ratio = mix(e.ratio, float64(wire)/float64(raw))
-		e.skipped = 0
+		e.compBps = mix(e.compBps, float64(raw)/sec)
 		if auto {
 			e.compressed++
-		}
-		if float64(raw)/sec < 0.8*codecBps {
-			e.bps = mix(e.bps, float64(wire)/sec)
+			e.skipped = 0
 		}
 		return
 	}
+	e.bps = mix(e.bps, float64(wire)/sec)
 	if auto {
 		e.compressed = 0
+		if reason == "incompressible" || reason == "compressed-slower" {
+			e.skipped++
+		}
 	}
-	if reason == "incompressible" {
-		e.skipped++
-	}
-	e.bps = mix(e.bps, float64(wire)/sec)
 }
 
 var (

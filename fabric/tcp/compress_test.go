@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -110,8 +111,11 @@ func TestDecide(t *testing.T) {
 		{"slow link", CompressAuto, 64 << 20, linkEstimate{bps: 125e6}, true, "link-slower"},
 		{"slow link, compressible", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.7}, true, "link-slower"},
 		{"slow link, incompressible", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99}, false, "incompressible"},
-		{"incompressible, probe", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99, skipped: probeEvery - 1}, true, "link-slower"},
-		{"compressed long enough, probe raw", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compressed: probeEvery - 1}, false, "probe"},
+		{"incompressible, probe", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99, skipped: probeEvery - 1}, true, "probe-compressed"},
+		{"compressed long enough, probe raw", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compressed: probeEvery - 1}, false, "probe-raw"},
+		{"compression pays", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 180e6, ratio: 0.67}, true, "link-slower"},
+		{"compression does not pay (busy CPU)", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 80e6, ratio: 0.67}, false, "compressed-slower"},
+		{"does not pay, probe", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 80e6, ratio: 0.67, skipped: probeEvery - 1}, true, "probe-compressed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, reason := decide(c.mode, c.n, c.est, codec)
@@ -124,26 +128,29 @@ func TestDecide(t *testing.T) {
 func TestObserve(t *testing.T) {
 	var l links
 	k := connKey{"p", "a"}
-	const codec = 1e9
 	// Small transfers say nothing about throughput.
-	l.observe(k, false, "link-unmeasured", 4096, 4096, 1e6, codec)
+	l.observe(k, false, "link-unmeasured", 4096, 4096, 1e6)
 	assert.Zero(t, l.get(k).bps)
 	// A raw transfer of 100 MB in 1 s: 100 MB/s.
-	l.observe(k, false, "link-unmeasured", 100e6, 100e6, 1e9, codec)
+	l.observe(k, false, "link-unmeasured", 100e6, 100e6, 1e9)
 	assert.InDelta(t, 100e6, l.get(k).bps, 1)
-	// A compressed transfer limited by the link updates it and the ratio.
-	l.observe(k, true, "link-slower", 100e6, 70e6, 1e9, codec)
+	// A compressed transfer measures compression, not the link.
+	l.observe(k, true, "link-slower", 100e6, 70e6, time.Second*10/14)
 	e := l.get(k)
+	assert.InDelta(t, 100e6, e.bps, 1)
 	assert.InDelta(t, 0.7, e.ratio, 1e-9)
-	assert.InDelta(t, 0.7*100e6+0.3*70e6, e.bps, 1)
+	assert.InDelta(t, 140e6, e.compBps, 1)
 	assert.Equal(t, 1, e.compressed)
-	// A compressed transfer limited by the codec (raw rate near the
-	// codec's) leaves the link estimate alone.
-	l.observe(k, true, "link-slower", 1e9, 0.7e9, 1.1e9, codec)
-	assert.InDelta(t, e.bps, l.get(k).bps, 1)
-	// A raw probe resets the count.
-	l.observe(k, false, "probe", 100e6, 100e6, 1e9, codec)
-	assert.Zero(t, l.get(k).compressed)
+	// A raw probe updates the link (EWMA) and resets the count.
+	l.observe(k, false, "probe-raw", 100e6, 100e6, time.Second*10/11)
+	e = l.get(k)
+	assert.InDelta(t, 0.7*100e6+0.3*110e6, e.bps, 1)
+	assert.Zero(t, e.compressed)
+	// Raw transfers that skipped compression count towards the next probe.
+	l.observe(k, false, "compressed-slower", 100e6, 100e6, 1e9)
+	assert.Equal(t, 1, l.get(k).skipped)
+	l.observe(k, true, "probe-compressed", 100e6, 70e6, 1e9)
+	assert.Zero(t, l.get(k).skipped)
 }
 
 // The auto decision as the transport takes it, with the link estimate

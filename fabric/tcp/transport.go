@@ -228,10 +228,7 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 	}
 	d := time.Since(start)
 	wire := x.wire.Load()
-	if t.cfg.Compression == CompressAuto && codecBps == 0 && n >= minEstimate {
-		codecBps = t.codecBps()
-	}
-	t.links.observe(x.key, compress, reason, n, wire, d, codecBps)
+	t.links.observe(x.key, compress, reason, n, wire, d)
 	if compress {
 		t.m.raw.Add(float64(n))
 		t.m.wire.Add(float64(wire))

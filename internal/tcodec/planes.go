@@ -12,15 +12,12 @@ func split(dst, src []byte, elem, k int) {
 	case 2:
 		p0, p1 := dst[:k], dst[k:2*k]
 		i := 0
-		// Four elements per step: one 8-byte load, two 4-byte stores.
-		for ; i+4 <= k; i += 4 {
-			v := binary.LittleEndian.Uint64(src[2*i:])
-			lo := v & 0x00FF00FF00FF00FF
-			hi := (v >> 8) & 0x00FF00FF00FF00FF
-			lo = (lo | lo>>8) & 0x0000FFFF0000FFFF
-			hi = (hi | hi>>8) & 0x0000FFFF0000FFFF
-			binary.LittleEndian.PutUint32(p0[i:], uint32(lo|lo>>16))
-			binary.LittleEndian.PutUint32(p1[i:], uint32(hi|hi>>16))
+		// Eight elements per step: two 8-byte loads, two 8-byte stores.
+		for ; i+8 <= k; i += 8 {
+			s := src[2*i : 2*i+16]
+			v0, v1 := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+			binary.LittleEndian.PutUint64(p0[i:i+8], pack(v0)|pack(v1)<<32)
+			binary.LittleEndian.PutUint64(p1[i:i+8], pack(v0>>8)|pack(v1>>8)<<32)
 		}
 		for ; i < k; i++ {
 			p0[i], p1[i] = src[2*i], src[2*i+1]
@@ -49,14 +46,11 @@ func join(dst, src []byte, elem, k int) {
 	case 2:
 		p0, p1 := src[:k], src[k:2*k]
 		i := 0
-		for ; i+4 <= k; i += 4 {
-			lo := uint64(binary.LittleEndian.Uint32(p0[i:]))
-			hi := uint64(binary.LittleEndian.Uint32(p1[i:]))
-			lo = (lo | lo<<16) & 0x0000FFFF0000FFFF
-			hi = (hi | hi<<16) & 0x0000FFFF0000FFFF
-			lo = (lo | lo<<8) & 0x00FF00FF00FF00FF
-			hi = (hi | hi<<8) & 0x00FF00FF00FF00FF
-			binary.LittleEndian.PutUint64(dst[2*i:], lo|hi<<8)
+		for ; i+8 <= k; i += 8 {
+			lo, hi := binary.LittleEndian.Uint64(p0[i:i+8]), binary.LittleEndian.Uint64(p1[i:i+8])
+			d := dst[2*i : 2*i+16]
+			binary.LittleEndian.PutUint64(d, spread(lo)|spread(hi)<<8)
+			binary.LittleEndian.PutUint64(d[8:], spread(lo>>32)|spread(hi>>32)<<8)
 		}
 		for ; i < k; i++ {
 			dst[2*i], dst[2*i+1] = p0[i], p1[i]
@@ -75,4 +69,19 @@ func join(dst, src []byte, elem, k int) {
 			}
 		}
 	}
+}
+
+// pack gathers bytes 0, 2, 4 and 6 of v into the low 32 bits.
+func pack(v uint64) uint64 {
+	v &= 0x00FF00FF00FF00FF
+	v = (v | v>>8) & 0x0000FFFF0000FFFF
+	return (v | v>>16) & 0xFFFFFFFF
+}
+
+// spread is the inverse of pack: the low 4 bytes of v go to bytes 0, 2, 4
+// and 6.
+func spread(v uint64) uint64 {
+	v &= 0xFFFFFFFF
+	v = (v | v<<16) & 0x0000FFFF0000FFFF
+	return (v | v<<8) & 0x00FF00FF00FF00FF
 }
