@@ -4,15 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -174,4 +179,48 @@ func TestSVGPresets(t *testing.T) {
 			assert.True(t, strings.HasSuffix(b.String(), "</svg>"))
 		})
 	}
+}
+
+// Link telemetry from fabric/linkstat shows on the page's Links table and
+// in /metrics through Config.Links and Config.Gatherers.
+func TestLinks(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := linkstat.New(linkstat.Config{ForceTCPInfo: true, Registerer: reg, Interval: time.Hour})
+	require.NoError(t, err)
+	defer m.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if c, err := ln.Accept(); err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	_, err = m.Track(conn, linkstat.Labels{Link: "h0->h1 stream 0", Transport: "tcp", Peer: "h1"})
+	require.NoError(t, err)
+	_, err = conn.Write(make([]byte, 64<<10))
+	require.NoError(t, err)
+
+	cl, err := topology.Preset("dgx-h100", 1)
+	require.NoError(t, err)
+	h, err := New(Config{Cluster: cl, Links: func() any { return m.Snapshot() }, Gatherers: []prometheus.Gatherer{reg}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	var links []linkstat.LinkStats
+	body, _ := get(t, srv, "/api/links")
+	require.NoError(t, json.Unmarshal([]byte(body), &links))
+	require.Len(t, links, 1)
+	assert.Equal(t, "h0->h1 stream 0", links[0].Link)
+	assert.Equal(t, linkstat.ModeTCPInfo, links[0].Source)
+	metrics, _ := get(t, srv, "/metrics")
+	assert.Contains(t, metrics, `tensorlane_linkstat_mode{mode="tcp_info"} 1`)
+	assert.Contains(t, metrics, `tensorlane_link_rtt_seconds{id="1",link="h0->h1 stream 0",peer="h1",source="tcp_info",transport="tcp"}`)
+	conn.Close()
+	<-done
 }

@@ -236,7 +236,11 @@ func writeSVG(w io.Writer, c *topology.Cluster, mem map[string]memUse) {
 			wsum += r.width()
 			depth = max(depth, r.depth())
 		}
-		hp := hostPic{h: h, roots: roots, w: wsum + 2*pad, h2: headerH + depth*rowH + busH*len(linkGroups(h)) + pad + 16}
+		busesH := 0
+		for _, g := range linkGroups(h) {
+			busesH += g.height()
+		}
+		hp := hostPic{h: h, roots: roots, w: wsum + 2*pad, h2: headerH + depth*rowH + busesH + pad + 16}
 		maxW = max(maxW, hp.w)
 		pics = append(pics, hp)
 	}
@@ -293,6 +297,17 @@ type linkGroup struct {
 	gbps     float64
 	links    []topology.Link
 }
+
+// height is the band a group takes under the PCIe tree: a bus, or arcs.
+func (g linkGroup) height() int {
+	if g.complete {
+		return busH
+	}
+	return busH + arcDip
+}
+
+// arcDip is the most an arc between two devices bends below its band.
+const arcDip = 36
 
 func linkGroups(h *topology.Host) []linkGroup {
 	byKind := map[topology.LinkKind][]topology.Link{}
@@ -365,7 +380,10 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 	}
 
 	cx := x0 + pad
-	devPos := map[int][2]int{} // device index -> bottom centre
+	devPos := map[int][2]int{} // device index -> bottom centre of its drop line
+	hostB := b
+	var boxes strings.Builder
+	b = &boxes
 	var draw func(n *node)
 	draw = func(n *node) {
 		if n.kind != "numa" {
@@ -392,7 +410,8 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 			}
 			fmt.Fprintf(b, `<g class="%s" data-ep="%s" data-model="%s"><rect x="%d" y="%d" width="%d" height="%d" rx="4" fill="#fffbea" stroke="#1f2933" stroke-width="1.5"/>`,
 				cls, esc(n.ep), esc(d.Model), bx, by, bw, boxH)
-			devPos[d.Index] = [2]int{bx + bw/2, by + boxH}
+			// Devices stacked in one column get drop lines side by side.
+			devPos[d.Index] = [2]int{bx + bw/2 + ((by/rowH)%3-1)*14, by + boxH}
 			if m, ok := mem[n.ep]; ok && m.capacity > 0 {
 				frac := float64(m.used) / float64(m.capacity)
 				fw := int(frac * float64(bw-8))
@@ -421,6 +440,9 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 		cx += r.width()
 		draw(r)
 	}
+	// Links first, so the boxes drawn over them hide the drop lines.
+	b = hostB
+	defer func() { b.WriteString(boxes.String()); b.WriteString(`</g>`) }()
 	// Device-link buses, one per kind, under the PCIe tree.
 	depth := 0
 	for _, r := range roots {
@@ -451,18 +473,21 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 			fmt.Fprintf(b, `<text x="%d" y="%d" fill="%s" font-weight="bold">%s%s · %g GB/s · all-to-all, %d devices (%d links)</text>`,
 				x1, busY+21, col, esc(string(g.kind)), lanes, g.gbps, len(g.devices), len(g.links))
 		} else {
+			for _, d := range g.devices {
+				p := devPos[d]
+				fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="1.5" opacity="0.8"/>`, p[0], p[1], p[0], busY, col)
+			}
 			for _, l := range g.links {
 				a, c := devPos[l.A], devPos[l.B]
-				dip := 12 + abs(a[0]-c[0])/12
-				fmt.Fprintf(b, `<path d="M%d %d Q%d %d %d %d" fill="none" stroke="%s" stroke-width="2"><title>%s %d-%d %g GB/s</title></path>`,
-					a[0], a[1], (a[0]+c[0])/2, busY+dip, c[0], c[1], col, esc(string(l.Kind)), l.A, l.B, l.GBps)
+				dip := min(2*arcDip, 8+abs(a[0]-c[0])/12)
+				fmt.Fprintf(b, `<path d="M%d %d Q%d %d %d %d" fill="none" stroke="%s" stroke-width="2" opacity="0.85"><title>%s %d-%d %g GB/s</title></path>`,
+					a[0], busY, (a[0]+c[0])/2, busY+dip, c[0], busY, col, esc(string(l.Kind)), l.A, l.B, l.GBps)
 			}
-			fmt.Fprintf(b, `<text x="%d" y="%d" fill="%s" font-weight="bold">%s · %d links</text>`, x0+pad, busY+21, col, esc(string(g.kind)), len(g.links))
+			fmt.Fprintf(b, `<text x="%d" y="%d" fill="%s" font-weight="bold">%s · %g GB/s · %d links</text>`, x0+pad, busY+arcDip+21, col, esc(string(g.kind)), g.gbps, len(g.links))
 		}
 		b.WriteString(`</g>`)
-		busY += busH
+		busY += g.height()
 	}
-	b.WriteString(`</g>`)
 }
 
 func abs(x int) int {
