@@ -109,6 +109,9 @@ type pconn struct {
 	c     *net.UnixConn
 	owner string
 	buf   []byte
+	// ackPending: a read sent its done without waiting for the ack, which
+	// the next exchange on the connection reads first.
+	ackPending bool
 }
 
 // NewClient returns a client; Close releases its connections and mappings.
@@ -254,6 +257,10 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 			}
 			return err
 		}
+		if errors.Is(err, errConfirmedLost) {
+			c.discard(pc)
+			return nil
+		}
 		var re *peerauth.RemoteError
 		if err == nil || errors.As(err, &re) {
 			c.put(pc) // still in step
@@ -284,6 +291,11 @@ func (c *Client) ownerGone(owner string, err error) {
 // exchangeRequest sends req and reads the owner's reply and descriptors.
 func (c *Client) exchangeRequest(pc *pconn, req request) (grant, []int, error) {
 	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	if pc.ackPending {
+		if err := c.readAck(pc); err != nil {
+			return grant{}, nil, staleOr(err)
+		}
+	}
 	if err := sendPacket(pc.c, req.marshal(), -1); err != nil {
 		return grant{}, nil, staleOr(c.ioError(err))
 	}
@@ -312,13 +324,22 @@ func staleOr(err error) error {
 	return err
 }
 
-// finish tells the owner the copy is over and waits for its ack: only an
-// ack proves the pin was held until the copy ended.
+// finish tells the owner the copy is over and waits for its ack: the ack
+// proves the pin was held until the copy ended, and for a push that the
+// sink has been released to its owner complete.
 func (c *Client) finish(pc *pconn) error {
 	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
 	if err := sendPacket(pc.c, []byte{opDone, 0}, -1); err != nil {
 		return c.ioError(err)
 	}
+	if err := c.readAck(pc); err != nil {
+		return err
+	}
+	pc.c.SetDeadline(time.Time{})
+	return nil
+}
+
+func (c *Client) readAck(pc *pconn) error {
 	p, fds, err := recvPacket(pc.c, pc.buf)
 	closeAll(fds)
 	if err != nil {
@@ -327,7 +348,60 @@ func (c *Client) finish(pc *pconn) error {
 	if len(p) != 1 || p[0] != peerauth.StatusOK {
 		return fmt.Errorf("%w: bad ack (%d bytes)", fabric.ErrCorrupt, len(p))
 	}
+	pc.ackPending = false
+	return nil
+}
+
+// confirm ends a read without waiting for the owner to be scheduled: the
+// owner closes the connection before it ever unpins on its own (timeout,
+// Close, death), and otherwise unpins only on our done. So a connection
+// that is still open once the copy has ended proves the pin was held for
+// all of it. The done goes out now; its ack is read by the next exchange.
+func (c *Client) confirm(pc *pconn) error {
+	if err := peerOpen(pc.c); err != nil {
+		return err
+	}
+	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	if err := sendPacket(pc.c, []byte{opDone, 0}, -1); err != nil {
+		// The copy was confirmed; only the connection is lost.
+		return fmt.Errorf("%w: %w", errConfirmedLost, c.ioError(err))
+	}
+	pc.ackPending = true
 	pc.c.SetDeadline(time.Time{})
+	return nil
+}
+
+// errConfirmedLost marks a read whose bytes are good but whose connection
+// cannot be reused.
+var errConfirmedLost = errors.New("shm: read confirmed, connection lost")
+
+// peerOpen reports, without blocking, whether the owner still has its end
+// of the connection open: no hang-up, no error, nothing unsolicited to read.
+func peerOpen(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
+	}
+	var revents int16
+	var perr error
+	cerr := raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		for {
+			_, perr = unix.Poll(fds, 0)
+			if perr != unix.EINTR {
+				break
+			}
+		}
+		revents = fds[0].Revents
+	})
+	switch {
+	case cerr != nil:
+		return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, cerr)
+	case perr != nil:
+		return fmt.Errorf("%w: poll: %v", fabric.ErrPeerClosed, perr)
+	case revents != 0:
+		return fmt.Errorf("%w: the owner dropped the connection before the copy was confirmed (poll %#x)", fabric.ErrPeerClosed, revents)
+	}
 	return nil
 }
 
@@ -386,7 +460,7 @@ func (c *Client) readOn(ctx context.Context, pc *pconn, key cacheKey, src fabric
 	} else {
 		closeAll(fds)
 	}
-	return c.finish(pc)
+	return c.confirm(pc)
 }
 
 func (c *Client) pushOn(ctx context.Context, pc *pconn, dst fabric.Remote, from []byte) error {

@@ -207,10 +207,9 @@ func (s *Server) serve(c *net.UnixConn) {
 
 // handle answers one request and holds the pin until the client's done.
 // It returns an error only when the connection cannot be used any more.
-func (s *Server) handle(c *net.UnixConn, buf []byte, req request) error {
+func (s *Server) handle(c *net.UnixConn, buf []byte, req request) (err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	var pin tensor.Buffer
-	var err error
 	switch {
 	case req.op == opRead:
 		pin, err = s.cfg.Source.Open(ctx, req.claim)
@@ -235,7 +234,15 @@ func (s *Server) handle(c *net.UnixConn, buf []byte, req request) error {
 		c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
 		return sendPacket(c, refusal(err), -1)
 	}
-	defer pin.Release()
+	// Every way out below closes the connection before unpinning: a reader
+	// that finds the connection still open after its copy knows the pin was
+	// held for all of it (see Client.confirm).
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+		pin.Release()
+	}()
 	reply := g.marshal()
 	if s.corrupt.Swap(false) {
 		reply[20] ^= 0x40 // inside the object offset: a wrong place to copy from
@@ -256,14 +263,16 @@ func (s *Server) handle(c *net.UnixConn, buf []byte, req request) error {
 		return err
 	}
 	if len(p) != doneLen || p[0] != opDone {
-		return fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
+		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
+		return err
 	}
 	c.SetReadDeadline(time.Time{})
-	// For a push the sink's bytes are complete once it is unpinned; for a
-	// read, unpinning first keeps the ack an honest "held until now".
+	// For a push the sink's bytes are complete once it is unpinned, before
+	// the ack.
 	pin.Release()
 	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-	return sendPacket(c, []byte{peerauth.StatusOK}, -1)
+	err = sendPacket(c, []byte{peerauth.StatusOK}, -1)
+	return err
 }
 
 // export describes pin's place in its arena and, unless the client already
