@@ -1,0 +1,31 @@
+// Package tcp is tensorlane's path of last resort: tensors over dedicated
+// TCP data connections, which reach any host.
+//
+// A Server (owner side) serves reads of the objects its fabric.Source
+// resolves and, with a fabric.Sink, accepts pushes; a Transport (reader
+// side, and pusher) implements fabric.Transport and fabric.Writer.
+//
+// Every connection is authenticated against the libp2p identities of both
+// runtimes (fabric/internal/peerauth) before it carries a byte. Data moves
+// in blocks of ChunkSize (256 KiB) in internal/tcodec's self-describing
+// format: each block carries its codec, lengths and a CRC-32 of the raw
+// bytes, so corruption anywhere between the two memories is reported as
+// fabric.ErrCorrupt and never delivered. Raw blocks go out with writev
+// straight from the owner's memory and land straight in the reader's
+// buffer; large transfers are striped over several connections (Streams).
+//
+// Compression is lossless and per block (byte planes and huff0 for
+// floating-point tensors, s2 otherwise; fabric.Remote.DType says which). In
+// the default CompressAuto mode a transfer is compressed only when the
+// measured throughput of the link to that peer (an EWMA over recent
+// transfers) is below the codec's measured throughput, and only while
+// compressed transfers to that peer keep beating raw ones, so a fast link
+// is never slowed down. Each decision is logged at Debug and counted in
+// tensorlane_tcp_compression_decisions_total{compress,reason}; what
+// compression saved is in tensorlane_tcp_compressed_{raw,wire}_bytes_total.
+//
+// Failures are typed: fabric.ErrStalled when a transfer makes no progress
+// for StallTimeout, fabric.ErrPeerClosed when the owner goes away,
+// fabric.ErrCorrupt, and the owner's refusals (fabric.ErrUnauthorized,
+// ErrObjectNotFound, ...) as it reported them.
+package tcp
