@@ -62,22 +62,26 @@ func ErrorKind(err error) string {
 	if err == nil {
 		return ""
 	}
-	for _, k := range []struct {
-		err  error
-		kind string
-	}{
-		{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
-		{ErrUnauthorized, "unauthorized"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
-		{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
-		{fabric.ErrCorrupt, "corrupt"}, {fabric.ErrStalled, "stalled"}, {fabric.ErrPeerClosed, "peer_closed"},
-		{fabric.ErrBadRequest, "bad_request"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
-		{context.DeadlineExceeded, "timeout"}, {context.Canceled, "canceled"},
-	} {
+	for _, k := range errorKinds {
 		if errors.Is(err, k.err) {
 			return k.kind
 		}
 	}
 	return "other"
+}
+
+// errorKinds maps conditions to the names ErrorKind reports, most specific
+// first.
+var errorKinds = []struct {
+	err  error
+	kind string
+}{
+	{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
+	{ErrUnauthorized, "unauthorized"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
+	{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
+	{fabric.ErrCorrupt, "corrupt"}, {fabric.ErrStalled, "stalled"}, {fabric.ErrPeerClosed, "peer_closed"},
+	{fabric.ErrBadRequest, "bad_request"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
+	{context.DeadlineExceeded, "timeout"}, {context.Canceled, "canceled"},
 }
 
 // observer keeps what the dashboard shows of a runtime: a bounded ring of
@@ -102,6 +106,12 @@ func (o *observer) init(r *Runtime, reg prometheus.Registerer) {
 	o.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tensorlane_transfer_errors_total", Help: "Failed reads (Get, Fetch, GetInto), by error kind.",
 	}, []string{"kind"})
+	// Every kind starts at zero, so rates and alerts see the series before
+	// the first error.
+	for _, k := range errorKinds {
+		o.errors.WithLabelValues(k.kind)
+	}
+	o.errors.WithLabelValues("other")
 	if reg != nil {
 		reg.MustRegister(o.errors, memCollector{r})
 	}
