@@ -3,10 +3,10 @@ package shm
 import (
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -83,5 +83,59 @@ func BenchmarkCrossProcess(b *testing.B) {
 		dst.Release()
 		base.Release()
 	}
-	_ = fabric.SHM
+}
+
+// BenchmarkCrossProcessLatency measures small reads from a real second
+// process, interleaved with the baseline: one packet ping-pong with the
+// same process over a Unix seqpacket socket (one round trip, two wake-ups).
+// rtts is a read's time in such round trips; a read costs one round trip
+// (claim, grant) plus the mapping lookup, a copy and the done.
+func BenchmarkCrossProcessLatency(b *testing.B) {
+	const n = 4096
+	h := startHelper(b, n)
+	k, _ := key(b)
+	cli, err := NewClient(Config{Identity: k})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	echo, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: h.info.Echo, Net: "unixpacket"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer echo.Close()
+	dst, err := tensor.NewHostMemory(0).Alloc(context.Background(), n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Release()
+	ping, pong := make([]byte, 64), make([]byte, 64)
+	tr := cli.SHM()
+	r := h.remote(0, 0, n)
+	if _, err := tr.Read(context.Background(), r, dst); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(n)
+	b.ReportAllocs()
+	b.ResetTimer()
+	var xfer, rtt time.Duration
+	for range b.N {
+		t0 := time.Now()
+		if _, err := tr.Read(context.Background(), r, dst); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		b.StopTimer()
+		if _, err := echo.Write(ping); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := echo.Read(pong); err != nil {
+			b.Fatal(err)
+		}
+		rtt += time.Since(t1)
+		b.StartTimer()
+		xfer += t1.Sub(t0)
+	}
+	b.ReportMetric(xfer.Seconds()/rtt.Seconds(), "rtts")
+	b.ReportMetric(float64(rtt.Microseconds())/float64(b.N), "rtt-us")
 }

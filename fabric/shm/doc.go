@@ -26,7 +26,9 @@
 // already has it mapped, the arena's descriptor (SCM_RIGHTS), reopened
 // read-only. The reader maps only the object's pages, PROT_READ,
 // MAP_SHARED|MAP_POPULATE, copies in chunks that check the context, and
-// then sends "done"; the owner unpins and acknowledges.
+// then sends "done"; the owner unpins and acknowledges. A read therefore
+// costs one round trip with the owner (the acknowledgement is read with
+// the connection's next request), plus the copy.
 //
 // # Revocation
 //
@@ -38,10 +40,12 @@
 // a free hook the fabric.Source interface does not have and would still
 // race with a copy in progress; the per-read check cannot. A claim the
 // owner refuses (freed, unknown, stale) drops its mapping, and the read
-// fails with the owner's error (fabric.ErrObjectFreed). Only the owner's
-// acknowledgement of "done" proves the pin was held until the copy ended:
-// without it (the owner died or dropped the connection mid-copy) the read
-// fails with fabric.ErrPeerClosed and the destination must not be used.
+// fails with the owner's error (fabric.ErrObjectFreed). The owner never
+// unpins on its own without first closing the connection, so a connection
+// still open when the copy has ended (checked without blocking, by polling
+// for a hang-up) proves the pin was held for all of it; when the owner
+// died or dropped the connection mid-copy the read fails with
+// fabric.ErrPeerClosed and the destination must not be used.
 // An owner that becomes unreachable has all its mappings dropped, since
 // they keep its arena's memory alive.
 //

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -35,6 +36,7 @@ const helperEnv = "TENSORLANE_SHM_HELPER_SIZES"
 // helperInfo is what the owner process prints on stdout once it serves.
 type helperInfo struct {
 	Addr    string         `json:"addr"`
+	Echo    string         `json:"echo"` // a seqpacket socket that echoes packets: the latency baseline
 	Peer    string         `json:"peer"`
 	Token   string         `json:"token"`
 	Objects []helperObject `json:"objects"`
@@ -145,6 +147,33 @@ func helperMain() int {
 		return fail(err)
 	}
 	info.Addr = srv.Addr()
+	info.Echo = srv.Addr() + ".echo"
+	echo, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: info.Echo, Net: "unixpacket"})
+	if err != nil {
+		return fail(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
 	line, _ := json.Marshal(info)
 	fmt.Println(string(line))
 	io.Copy(io.Discard, os.Stdin) // serve until the parent closes our stdin

@@ -34,9 +34,12 @@ import (
 //	done:     opDone (1) | result (1: 0 copied, 1 abandoned)
 //	ack:      status (1)
 //
-// The ack is what tells the client that the pin was held for the whole
-// copy: without it (the owner died or dropped the connection) the copied
-// bytes cannot be trusted and the transfer fails.
+// The server unpins on done, or closes the connection first and then
+// unpins (timeout, Close; death closes it too). So a reader whose
+// connection is still open when its copy ends knows the pin was held for
+// all of it: it checks that without blocking (poll for a hang-up), sends
+// done and reads the ack at the start of the connection's next exchange.
+// A push waits for the ack, which says the sink was released complete.
 const (
 	opRead byte = 1
 	opPush byte = 2
