@@ -12,7 +12,12 @@
 //     retransmission, state and segment-sent callbacks, and on each it files
 //     the socket's counters in an LRU map keyed by the socket cookie, which
 //     Track reads with SO_COOKIE. The figures are those of the socket's last
-//     event; an ACK that yields no RTT sample is counted at the next one.
+//     event: an ACK that yields no RTT sample (one that acknowledges data
+//     the peer had already SACKed, common after loss recovery) is counted
+//     only at the socket's next event, so a connection that went idle right
+//     after such an ACK shows slightly fewer bytes acknowledged than
+//     TCP_INFO would. RTT and retransmissions, the health figures, are
+//     recorded as they happen.
 //   - TCP_INFO (ModeTCPInfo): where BPF or cgroup v2 is not permitted (or
 //     Config.ForceTCPInfo is set) the monitor polls getsockopt(TCP_INFO) on
 //     each tracked connection at every refresh.

@@ -82,9 +82,10 @@ func TestShapedLink(t *testing.T) {
 				t.Logf("ebpf vs TCP_INFO on the shaped socket: retransmits %d vs %d, bytes acked %d vs %d, segments out %d vs %d",
 					ss.Retransmits, ti.totalRetrans, ss.BytesSent, ti.bytesAcked, ss.SegmentsOut, ti.segsOut)
 				// The map holds the figures of the socket's last event; an
-				// ACK that gives no RTT sample (it acknowledges a
-				// retransmission) is only counted at the next event, so at
-				// rest the two may differ by the tail of the transfer.
+				// ACK that gives no RTT sample (it acknowledges data the
+				// peer had already SACKed, common after loss recovery) is
+				// only counted at the next event, so at rest the two may
+				// differ by the tail of the transfer.
 				assert.LessOrEqual(t, ss.Retransmits, uint64(ti.totalRetrans))
 				assert.LessOrEqual(t, uint64(ti.totalRetrans)-ss.Retransmits, max(16, uint64(ti.totalRetrans)/20))
 				assert.LessOrEqual(t, ss.BytesSent, ti.bytesAcked)
@@ -92,7 +93,11 @@ func TestShapedLink(t *testing.T) {
 			}
 			assert.True(t, sawDegraded, "the shaped link is reported degraded")
 			assert.Greater(t, maxRTT, 20*ps.MinRTT+5*time.Millisecond, "queueing inflates RTT")
-			assert.GreaterOrEqual(t, ss.BytesSent, uint64(4<<20))
+			if mode == ModeTCPInfo {
+				assert.GreaterOrEqual(t, ss.BytesSent, uint64(4<<20))
+			} else {
+				assert.GreaterOrEqual(t, ss.BytesSent, uint64(4<<20-256<<10), "within the tail the last event missed")
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			require.NotEmpty(t, events, "OnHealth told the caller")
