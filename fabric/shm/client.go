@@ -12,6 +12,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -51,6 +52,9 @@ type Config struct {
 	// default 8 MiB.
 	ChunkSize int
 	Logger    *slog.Logger
+	// Registerer, when set, gets the mapping cache's metrics
+	// (tensorlane_shm_*); nil registers nothing.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) defaults() error {
@@ -119,13 +123,19 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Client{
+	c := &Client{
 		cfg:   cfg,
 		cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
 		pools: map[string]*ownerPool{},
 		all:   map[*pconn]struct{}{},
 		done:  make(chan struct{}),
-	}, nil
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(collector{c}); err != nil {
+			return nil, fmt.Errorf("shm: register metrics: %w", err)
+		}
+	}
+	return c, nil
 }
 
 // CacheStats reports what the mapping cache holds and has done.

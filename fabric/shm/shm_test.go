@@ -14,6 +14,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -193,6 +195,7 @@ func TestRevocation(t *testing.T) {
 	require.ErrorIs(t, err, fabric.ErrObjectFreed)
 	assert.Equal(t, make([]byte, n), got[:n], "a refused read wrote into the destination")
 	s = f.cli.CacheStats()
+	assert.EqualValues(t, 1, revokedMetric(t, f.cli), "revoked counter")
 	assert.EqualValues(t, 1, s.Revoked)
 	assert.Equal(t, 0, s.Live)
 	assert.EqualValues(t, 1, s.Unmapped)
@@ -522,4 +525,28 @@ func TestClusterKey(t *testing.T) {
 			require.ErrorIs(t, err, c.want)
 		})
 	}
+}
+
+// revokedMetric registers c's metrics on a fresh registry and returns the
+// value of the revoked-events series.
+func revokedMetric(t *testing.T, c *Client) float64 {
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(collector{c}))
+	n, err := testutil.GatherAndCount(reg)
+	require.NoError(t, err)
+	assert.Equal(t, 7, n, "two gauges and five event counters")
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "tensorlane_shm_mapping_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == "revoked" {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatal("no revoked series")
+	return 0
 }

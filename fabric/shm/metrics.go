@@ -1,0 +1,32 @@
+package shm
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// collector reports a client's mapping cache at scrape time. It is
+// registered only on the registry the runtime passes (Config.Registerer),
+// never on the global one, so several runtimes in a process do not clash.
+type collector struct{ c *Client }
+
+var (
+	mappingsDesc = prometheus.NewDesc("tensorlane_shm_mappings", "Owner arena regions mapped by the shm/p2p mapping cache.", nil, nil)
+	mappedDesc   = prometheus.NewDesc("tensorlane_shm_mapped_bytes", "Bytes of owner arenas mapped by the shm/p2p mapping cache.", nil, nil)
+	eventsDesc   = prometheus.NewDesc("tensorlane_shm_mapping_events_total", "Mapping cache events: mapped (descriptor received), hit, revoked (owner refused the claim), evicted, purged (owner went away).", []string{"event"}, nil)
+)
+
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- mappingsDesc
+	ch <- mappedDesc
+	ch <- eventsDesc
+}
+
+func (k collector) Collect(ch chan<- prometheus.Metric) {
+	s := k.c.cache.snapshot()
+	ch <- prometheus.MustNewConstMetric(mappingsDesc, prometheus.GaugeValue, float64(s.Live))
+	ch <- prometheus.MustNewConstMetric(mappedDesc, prometheus.GaugeValue, float64(s.Bytes))
+	for _, e := range []struct {
+		name string
+		n    int64
+	}{{"mapped", s.Mapped}, {"hit", s.Hits}, {"revoked", s.Revoked}, {"evicted", s.Evicted}, {"purged", s.Purged}} {
+		ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(e.n), e.name)
+	}
+}
