@@ -259,6 +259,39 @@ func TestNamespacesRailRatio(t *testing.T) {
 		float64(size*rounds)/one.Seconds()/1e6, float64(size*rounds)/two.Seconds()/1e6, one.Seconds()/two.Seconds())
 }
 
+// TestNamespacesUnequalRails shapes rail 0 to 1 Gbit/s and rail 1 to
+// 250 Mbit/s and logs how the slices split (the throughput estimate should
+// give rail 0 about four fifths); no threshold, the machine is shared.
+func TestNamespacesUnequalRails(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("skipping the rail split under -short or -race (run: go test -run TestNamespacesUnequalRails ./fabric/rdma/)")
+	}
+	const size = 64 << 20
+	h := newTwoHosts(t, size, nil)
+	for _, ns := range []*netns.NS{h.a, h.b} {
+		for dev, rate := range map[string]string{"r0": "1gbit", "r1": "250mbit"} {
+			if err := ns.Shape(context.Background(), dev, netns.Shape{Rate: rate}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dst, p := h.dst(t)
+	var st fabric.Stats
+	for range 2 { // the first read teaches the estimates
+		var err error
+		if st, err = h.tr.Read(context.Background(), h.remote(2), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(p, h.data) {
+		t.Fatal("bytes differ")
+	}
+	r0 := testutil.ToFloat64(h.metrics.RailBytes.WithLabelValues("nic0->nic0"))
+	r1 := testutil.ToFloat64(h.metrics.RailBytes.WithLabelValues("nic1->nic1"))
+	t.Logf("1 Gbit/s + 250 Mbit/s rails: %.0f MB/s on the second read; rail 0 carried %.0f%% of all bytes (ideal 80%%); estimates %+v",
+		float64(size)/st.Duration.Seconds()/1e6, 100*r0/(r0+r1), h.tr.Rails())
+}
+
 // BenchmarkNamespacesRails reads 64 MiB over one and two rails shaped to
 // 1 Gbit/s each; run the sub-benchmarks together (-bench Rails) so they
 // share the machine's conditions.

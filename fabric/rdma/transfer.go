@@ -212,7 +212,7 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 			var best *rail
 			var bestQP QueuePair
 			var bestScore float64
-			for _, r := range usable {
+			for i, r := range usable {
 				if full[r] || perRail[r] >= t.cfg.MaxInFlight {
 					continue
 				}
@@ -226,6 +226,9 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 				}
 				_, _, _, rate := r.state()
 				score := float64(perRail[r]+1) / rate
+				if total == 1 {
+					score = float64(i + 1) // one slice: the nearest rail that works
+				}
 				if r == s.avoid {
 					score *= 1e6 // only when no other rail can take it
 				}

@@ -99,11 +99,9 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 		tc.SetNoDelay(true)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	} else {
-		conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	}
+	// The context's end closes the connection (above); the deadline only
+	// bounds a handshake the context does not.
+	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
 	_, err = peerauth.Client(conn, d.cfg.Identity, want)
 	if !stop() {
 		conn.Close()
@@ -322,7 +320,14 @@ func (q *qp) sendWrite(w *bufio.Writer, o outbound, staging []byte) error {
 		if off+c == n {
 			f.flags = flagLast
 		}
-		if err := writeFrame(w, f, chunk, false); err != nil {
+		if len(chunk) >= directWrite {
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if err := writeFrame(q.conn, f, chunk, false); err != nil {
+				return err
+			}
+		} else if err := writeFrame(w, f, chunk, false); err != nil {
 			return err
 		}
 		off += c

@@ -16,6 +16,10 @@ import (
 // maxHandlers bounds the messages of one queue pair handled at once.
 const maxHandlers = 64
 
+// directWrite is the payload size from which frames bypass the write
+// buffer.
+const directWrite = 16 << 10
+
 // responderTimeout bounds each frame write of a responder: a requester
 // that stops reading is dropped rather than holding the responder.
 const responderTimeout = 30 * time.Second
@@ -133,6 +137,13 @@ func (r *responder) send(f frame, payload []byte, corrupt bool) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	r.conn.SetWriteDeadline(time.Now().Add(responderTimeout))
+	if len(payload) >= directWrite {
+		// One writev straight from the chunk: no copy into the buffer.
+		if err := r.w.Flush(); err != nil {
+			return err
+		}
+		return writeFrame(r.conn, f, payload, corrupt)
+	}
 	if err := writeFrame(r.w, f, payload, corrupt); err != nil {
 		return err
 	}
