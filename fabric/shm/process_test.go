@@ -133,7 +133,7 @@ func helperMain() int {
 		objs[oid] = b
 		info.Objects = append(info.Objects, helperObject{ID: hex.EncodeToString(oid[:]), Size: n, Seed: seed})
 	}
-	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	open := func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 		b, ok := objs[c.Object]
 		switch {
 		case !ok:
@@ -142,7 +142,10 @@ func helperMain() int {
 			return nil, fabric.ErrUnauthorized
 		}
 		return nopRelease{b}, nil
-	})})
+	}
+	// Every object is also a push destination, so a pusher can read back
+	// what it wrote.
+	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(open), Sink: sinkFunc(open)})
 	if err != nil {
 		return fail(err)
 	}
@@ -179,6 +182,12 @@ func helperMain() int {
 	io.Copy(io.Discard, os.Stdin) // serve until the parent closes our stdin
 	srv.Close()
 	return 0
+}
+
+type sinkFunc func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error)
+
+func (f sinkFunc) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	return f(ctx, c)
 }
 
 type helper struct {
@@ -315,6 +324,30 @@ func TestCrossProcess(t *testing.T) {
 	s := cli.CacheStats()
 	assert.EqualValues(t, len(sizes), s.Mapped, "one mapping per object, shared by both views")
 	assert.Positive(t, s.Hits)
+}
+
+// TestCrossProcessPush pushes into a buffer of a real second process (its
+// pages mapped writable here) and reads it back.
+func TestCrossProcessPush(t *testing.T) {
+	const n = 16<<20 + 5
+	h := startHelper(t, n)
+	k, _ := key(t)
+	tr, err := New(Config{Identity: k})
+	require.NoError(t, err)
+	defer tr.Close()
+	src, p := hostDst(t, n)
+	fillWords(p, 4242)
+	for _, r := range [][2]int64{{0, n}, {4097, 1 << 20}} {
+		st, err := tr.Write(context.Background(), src, h.remote(0, r[0], r[1]))
+		require.NoError(t, err)
+		assert.Equal(t, r[1], st.Bytes)
+	}
+	back, got := hostDst(t, n)
+	_, err = tr.Read(context.Background(), h.remote(0, 0, n), back)
+	require.NoError(t, err)
+	want := append([]byte(nil), p...)
+	copy(want[4097:], p[:1<<20])
+	require.True(t, bytes.Equal(want, got), "the owner's buffer holds what was pushed")
 }
 
 // TestCrossProcessOwnerKilled: the owner process dies by SIGKILL in the
