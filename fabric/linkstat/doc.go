@@ -37,6 +37,10 @@
 // OnHealth reports it recovered; wiring that into fabric/tcp and the RDMA
 // rails is left to those transports.
 //
+// To measure fabric/tcp's data connections, give the transport the
+// monitor's dialer: tcp.Config{Dial: mon.Dial} (or mon.DialFunc to keep a
+// dialer of your own and choose the labels).
+//
 // Metrics: tensorlane_link_rtt_seconds, tensorlane_link_min_rtt_seconds,
 // tensorlane_link_retransmits_total, tensorlane_link_sent_bytes_total,
 // tensorlane_link_received_bytes_total, tensorlane_link_cwnd_segments,

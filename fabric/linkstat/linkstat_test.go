@@ -2,6 +2,7 @@ package linkstat
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -221,4 +222,21 @@ func FuzzDecodeSample(f *testing.F) {
 		}
 		_ = stateName(s.state)
 	})
+}
+
+func TestDial(t *testing.T) {
+	m, _ := newMonitor(t, ModeTCPInfo, Config{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, s := tcpPair(t, ln, func() (net.Conn, error) { return m.Dial(context.Background(), "tcp", ln.Addr().String()) })
+	send(t, c, s, 1<<20)
+	snap := m.Snapshot()
+	require.Len(t, snap, 1)
+	assert.Equal(t, ln.Addr().String(), snap[0].Link)
+	assert.Equal(t, "tcp", snap[0].Transport)
+	assert.GreaterOrEqual(t, snap[0].BytesSent, uint64(1<<20))
+
+	_, err = m.Dial(context.Background(), "tcp", "127.0.0.1:1")
+	assert.Error(t, err, "dial errors pass through")
 }
