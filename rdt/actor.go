@@ -219,6 +219,9 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 
 // GetInto reads the ref's tensor into dst, a tensor the caller allocated
 // with the same number of bytes (for reuse of buffers across weight syncs).
+// Only a nil error means dst holds the tensor, all of it, verified; after
+// an error (a path that failed part way, the owner's death) dst's contents
+// are undefined and must not be used.
 func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
 	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
 	x, err := a.getInto(ctx, ref, dst)

@@ -161,3 +161,46 @@ func BenchmarkGetTCP(b *testing.B) {
 		p2p.Close()
 	}
 }
+
+// BenchmarkGetTCPEncrypted interleaves Gets of one object over tcp by a
+// reader that encrypts its data connections (EncryptData) and one that does
+// not; ratio-vs-plain is the encrypted rate over the plain one.
+func BenchmarkGetTCPEncrypted(b *testing.B) {
+	ctx := context.Background()
+	cl, _ := topology.Preset("dgx-h100", 3)
+	mk := func(host string, enc bool) *Runtime {
+		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, EncryptData: enc})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r
+	}
+	ra, rPlain, rEnc := mk("h0", false), mk("h1", false), mk("h2", true)
+	defer func() { ra.Shutdown(ctx); rPlain.Shutdown(ctx); rEnc.Shutdown(ctx) }()
+	owner, _ := ra.Spawn("owner")
+	plain, _ := rPlain.Spawn("plain")
+	enc, _ := rEnc.Spawn("enc")
+	for _, n := range []int64{64 << 20} {
+		ref, _ := put(b, owner, n)
+		b.Run(size(n), func(b *testing.B) {
+			b.SetBytes(n)
+			var r ratio
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				v, err := enc.Get(ctx, ref, tensor.GPUDevice(0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.path += time.Since(start)
+				v.Release()
+				start = time.Now()
+				if v, err = plain.Get(ctx, ref, tensor.GPUDevice(0)); err != nil {
+					b.Fatal(err)
+				}
+				r.base += time.Since(start)
+				v.Release()
+			}
+			r.report(b, n, "plain")
+		})
+	}
+}

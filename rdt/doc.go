@@ -16,7 +16,33 @@
 // which path a Get takes and why. Every blocking call honours its context
 // and, without a deadline, Config.TransferTimeout.
 //
+// Lifecycle. References are counted with leases: a reader runtime that
+// Gets (or Holds) a ref registers a lease with the owner over the control
+// channel and renews it every Config.LeaseRenew; Release drops it. The owner
+// actor's Release frees the object once no lease is left (a dead reader's
+// lease expires after Config.LeaseExpiry); Free frees it at once and revokes
+// every ref. WaitFreed waits until the memory is back. Shutdown(ctx) refuses
+// new work, lets transfers in flight finish within ctx, aborts the rest and
+// releases everything; no goroutine outlives it. A restarted owner (same
+// identity, new incarnation) refuses refs from its previous life with
+// ErrStaleRef.
+//
+// Failures. Peers a Get depends on, and peers watched with WatchPeer, are
+// sent a heartbeat every Config.HeartbeatInterval (1 s); a lost connection
+// that cannot be re-dialled, or HeartbeatMisses (3) missed heartbeats,
+// declares the owner incarnation dead, and every Get waiting on it returns
+// ErrOwnerDied with its destination memory released. A transfer with no
+// progress for Config.StallTimeout fails with ErrTransferStalled.
+//
+// Security. Config.ClusterKey makes the control channel a libp2p private
+// network and adds proof of the key to the data handshake, so non-members
+// can open neither; Config.AllowPeers admits only the listed peers on both;
+// refs carry an unguessable capability token; Config.EncryptData encrypts
+// data connections (AES-256-GCM, keys from an X25519 exchange bound to both
+// identities).
+//
 // Errors are typed: ErrMalformedRef, ErrObjectNotFound, ErrObjectFreed,
-// ErrUnauthorized (a forged token), ErrOutOfMemory, ErrTooSmall, ErrClosed;
-// test them with errors.Is.
+// ErrStaleRef, ErrUnauthorized (a forged token, a peer not admitted),
+// ErrOwnerDied, ErrPeerUnreachable, ErrTransferStalled, ErrOutOfMemory,
+// ErrTooSmall, ErrClosed; test them with errors.Is.
 package rdt

@@ -651,3 +651,27 @@ func FuzzEnvelope(f *testing.F) {
 		}
 	})
 }
+
+func TestStalledTransfer(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, func(c *Config) {
+		fastLife(c)
+		c.StallTimeout = 300 * time.Millisecond
+	})
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<20)
+	ref, _ := owner.Put(ctx, x)
+	// The owner is alive and answers heartbeats, but its reads make no
+	// progress (simulated): a stall, not a death.
+	p.a.stallReads.Store(true)
+	_, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
+	require.ErrorIs(t, err, ErrTransferStalled)
+	assert.ErrorIs(t, err, fabric.ErrStalled)
+	assert.NotErrorIs(t, err, ErrOwnerDied)
+	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)))
+	p.a.stallReads.Store(false)
+	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err, "the owner was never declared dead")
+	got.Release()
+}

@@ -75,6 +75,7 @@ type Runtime struct {
 	// without closing anything (a hung process, simulated); abandonHolds
 	// makes Shutdown skip releasing leases (a crashed reader, simulated).
 	blackholed   atomic.Bool
+	stallReads   atomic.Bool // reads hang, the control channel answers
 	abandonHolds bool
 
 	shutdownOnce sync.Once
@@ -402,7 +403,7 @@ func (g allowGater) InterceptSecured(_ network.Direction, id peer.ID, _ network.
 // blockedRead is the blackhole hook on the object table: a read hangs until
 // the runtime shuts down.
 func (r *Runtime) blockedRead(ctx context.Context) error {
-	if !r.blackholed.Load() {
+	if !r.blackholed.Load() && !r.stallReads.Load() {
 		return nil
 	}
 	select {
