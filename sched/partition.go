@@ -40,7 +40,11 @@ type pnode struct {
 	kids [2]int // -1, -1 for a leaf
 	b    int    // a leaf's bundle; an inner node's lowest bundle
 	dev  int    // devices of its bundles
-	w    float64
+	// units bounds merging: devices, and 1 for a bundle without devices,
+	// so that no component grows past the largest free domain's device
+	// count in bundles either (which bounds the work of splitting).
+	units int
+	w     float64
 }
 
 // pdomain is one domain of the scope.
@@ -131,7 +135,8 @@ func (s *solver) partition(sc *scope) *partition {
 	for b := 0; b < n; b++ {
 		parent[b] = b
 		top[b] = len(p.nodes)
-		p.nodes = append(p.nodes, pnode{kids: [2]int{-1, -1}, b: b, dev: s.cr.bundles[b].devices})
+		d := s.cr.bundles[b].devices
+		p.nodes = append(p.nodes, pnode{kids: [2]int{-1, -1}, b: b, dev: d, units: max(d, 1)})
 	}
 	var find func(int) int
 	find = func(x int) int {
@@ -151,7 +156,7 @@ func (s *solver) partition(sc *scope) *partition {
 		}
 		ta, tb := top[ra], top[rb]
 		na, nb := p.nodes[ta], p.nodes[tb]
-		if na.dev+nb.dev > maxCap {
+		if na.units+nb.units > maxCap {
 			continue
 		}
 		if rb < ra {
@@ -159,7 +164,7 @@ func (s *solver) partition(sc *scope) *partition {
 		}
 		parent[rb] = ra
 		top[ra] = len(p.nodes)
-		p.nodes = append(p.nodes, pnode{kids: [2]int{ta, tb}, b: min(na.b, nb.b), dev: na.dev + nb.dev, w: na.w + nb.w + pr.w})
+		p.nodes = append(p.nodes, pnode{kids: [2]int{ta, tb}, b: min(na.b, nb.b), dev: na.dev + nb.dev, units: na.units + nb.units, w: na.w + nb.w + pr.w})
 	}
 	for b := 0; b < n; b++ {
 		if s.pinned[b].host >= 0 {
@@ -217,8 +222,12 @@ func (s *solver) domainFree(p *partition, d int) int {
 }
 
 // freshDomains is how many domains without placed peers a component
-// tries (best by the anti-fragmentation order).
-const freshDomains = 2
+// tries (best by the anti-fragmentation order), affineDomains how many
+// with placed peers (most traffic to them first).
+const (
+	freshDomains  = 2
+	affineDomains = 2
+)
 
 // placePartition builds a placement from the plan: components into
 // domains, splitting those that fit nowhere, then the loose bundles by the
@@ -272,8 +281,10 @@ func (r *run) placePartition(p *partition) bool {
 func (r *run) placeComponent(p *partition, dev int, members []int) bool {
 	s := r.s
 	ix := s.ix
+	// Domains of placed peers, most traffic first, at most affineDomains.
 	var cands []int
 	seen := map[int]bool{}
+	pull := map[int]float64{}
 	for _, b := range members {
 		for _, ei := range s.cr.adj[b] {
 			e := s.cr.edges[ei]
@@ -285,13 +296,24 @@ func (r *run) placeComponent(p *partition, dev int, members []int) bool {
 			if h < 0 {
 				continue
 			}
-			if d := p.domOf[h]; d >= 0 && !seen[d] {
-				seen[d] = true
-				cands = append(cands, d)
+			if d := p.domOf[h]; d >= 0 {
+				if !seen[d] {
+					seen[d] = true
+					cands = append(cands, d)
+				}
+				pull[d] += e.gb
 			}
 		}
 	}
-	sort.Ints(cands)
+	sort.Slice(cands, func(i, j int) bool {
+		if pull[cands[i]] != pull[cands[j]] {
+			return pull[cands[i]] > pull[cands[j]]
+		}
+		return cands[i] < cands[j]
+	})
+	if len(cands) > affineDomains {
+		cands = cands[:affineDomains]
+	}
 	type fresh struct{ d, used, free int }
 	var best []fresh
 	for d, dm := range p.domains {

@@ -321,3 +321,53 @@ func TestQualityVsOptimum(t *testing.T) {
 	require.GreaterOrEqual(t, q.n, 100)
 	require.LessOrEqual(t, q.mean(), 1.10, "goal: within 10%% of the optimum on small instances")
 }
+
+// TestPartitionWorkBounded: the partition start costs a bounded multiple
+// of the greedy's work (edge evaluations, a deterministic count, not a
+// time) on a long pipeline and on a dense all-to-all gang with bundles
+// without devices, both spanning racks.
+func TestPartitionWorkBounded(t *testing.T) {
+	c, err := topology.PresetCluster("gb200-nvl72", 18*6, 0)
+	require.NoError(t, err)
+	s, err := New(c, Config{})
+	require.NoError(t, err)
+	chain, dense := Request{}, Request{}
+	for i := 0; i < 120; i++ {
+		chain.Bundles = append(chain.Bundles, Bundle{Kind: topology.KindGPU, Devices: 2})
+		if i > 0 {
+			chain.Traffic = append(chain.Traffic, Flow{From: i - 1, To: i, Gbps: 800})
+		}
+	}
+	for i := 0; i < 70; i++ { // past LocalSearch: the starts alone
+		b := Bundle{Kind: topology.KindGPU, Devices: 2}
+		if i%3 == 0 {
+			b = Bundle{Kind: KindCPU, CPUs: 1}
+		}
+		dense.Bundles = append(dense.Bundles, b)
+		for j := 0; j < i; j++ {
+			dense.Traffic = append(dense.Traffic, Flow{From: i, To: j, Gbps: float64(1 + (i*7+j*13)%100)})
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		req  Request
+	}{{"pipeline", chain}, {"all-to-all", dense}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cr, err := compile(tc.req)
+			require.NoError(t, err)
+			var work [2]int
+			var cost [2]float64
+			for i, off := range []bool{true, false} {
+				cfg := s.cfg
+				cfg.noPartition = off
+				sv := newSolver(s.ix, cfg, s.u, cr, nil)
+				res := sv.solve()
+				require.NotNil(t, res)
+				work[i], cost[i] = sv.work, res.cost
+			}
+			t.Logf("edge evaluations: greedy %d, with the partition start %d (x%.2f); cost %.3f -> %.3f", work[0], work[1], float64(work[1])/float64(work[0]), cost[0], cost[1])
+			require.LessOrEqual(t, work[1], 5*work[0])
+			require.LessOrEqual(t, cost[1], cost[0]*(1+1e-9))
+		})
+	}
+}

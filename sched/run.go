@@ -66,6 +66,7 @@ func (s *solver) runStart(sc *scope, p *partition) *result {
 			r.place(b, h, devs, true)
 		}
 	}
+	defer func() { s.work += r.work }()
 	var res *result
 	if ok {
 		r.improve()

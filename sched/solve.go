@@ -25,6 +25,7 @@ type solver struct {
 	order  []int // bundle placement order
 	seen   []int // per host, generation marks for candidate sets
 	gen    int
+	work   int // edge evaluations of all runs (tests read it)
 }
 
 func newSolver(ix *index, cfg Config, u *usage, cr *creq, pinned []asg) *solver {
