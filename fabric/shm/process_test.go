@@ -150,7 +150,7 @@ func helperMain() int {
 		return fail(err)
 	}
 	info.Addr = srv.Addr()
-	info.Echo = srv.Addr() + ".echo"
+	info.Echo = strings.TrimSuffix(srv.Addr(), ".sock") + "-echo.sock"
 	echo, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: info.Echo, Net: "unixpacket"})
 	if err != nil {
 		return fail(err)

@@ -115,6 +115,9 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	if err := privateDir(cfg.Dir); err != nil {
 		return nil, err
 	}
+	if n := sweepStale(cfg.Dir); n > 0 {
+		cfg.Logger.Info("shm: removed sockets of servers that died without closing", "dir", cfg.Dir, "count", n)
+	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: cfg.Path, Net: "unixpacket"})
 	if err != nil {
 		return nil, fmt.Errorf("shm: listen on %s: %w", cfg.Path, err)
@@ -173,7 +176,11 @@ func (s *Server) serve(c *net.UnixConn) {
 	res, err := peerauth.ServerWith(rw, s.cfg.Identity, s.cfg.Authorize, peerauth.Options{PSK: s.cfg.PSK})
 	who := res.Peer
 	if err != nil {
-		s.cfg.Logger.Warn("shm connection refused", "err", err)
+		if errors.Is(err, io.EOF) || errors.Is(err, errEOFPacket) {
+			s.cfg.Logger.Debug("shm connection closed before the handshake", "err", err)
+		} else {
+			s.cfg.Logger.Warn("shm connection refused", "err", err)
+		}
 		return
 	}
 	if rw.pending() != 0 {

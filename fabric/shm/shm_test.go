@@ -550,3 +550,35 @@ func revokedMetric(t *testing.T, c *Client) float64 {
 	t.Fatal("no revoked series")
 	return 0
 }
+
+// TestSweepStale: a socket left by a server that died (SIGKILL leaves the
+// file) is removed by the next Listen in that directory; live ones stay.
+func TestSweepStale(t *testing.T) {
+	dir := t.TempDir()
+	// A pid that does not exist: beyond pid_max.
+	stale := filepath.Join(dir, "shm-4194305-000000000000.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: stale, Net: "unixpacket"})
+	require.NoError(t, err)
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	// Listening, with a dead pid in its name: it stays.
+	alive := filepath.Join(dir, "shm-4194306-000000000000.sock")
+	ln2, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: alive, Net: "unixpacket"})
+	require.NoError(t, err)
+	defer ln2.Close()
+	go func() {
+		if c, err := ln2.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	k, _ := key(t)
+	srv, err := Listen(ServerConfig{Identity: k, Dir: dir, Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
+		return nil, fabric.ErrObjectNotFound
+	})})
+	require.NoError(t, err)
+	defer srv.Close()
+	_, err = os.Stat(stale)
+	assert.True(t, errors.Is(err, os.ErrNotExist), "stale socket removed: %v", err)
+	_, err = os.Stat(alive)
+	assert.NoError(t, err, "a socket someone listens on stays")
+}

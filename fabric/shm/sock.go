@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -57,6 +58,35 @@ func socketName() string {
 }
 
 var randReader = rand.Reader
+
+// sweepStale removes sockets of servers that died without closing (a
+// SIGKILL leaves the file behind) from dir. A socket is stale when the pid
+// in its name is gone and nothing accepts on it: the pid alone could be a
+// live server in another pid namespace sharing this directory. It returns
+// how many it removed.
+func sweepStale(dir string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, "shm-*-*.sock"))
+	removed := 0
+	for _, path := range names {
+		pidStr, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(path), "shm-"), "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, 0); err == nil || errors.Is(err, unix.EPERM) {
+			continue // that pid is alive here
+		}
+		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, unix.ECONNREFUSED) && os.Remove(path) == nil {
+			removed++
+		}
+	}
+	return removed
+}
 
 // maxSocketPath is the longest path a sockaddr_un holds (with its NUL).
 const maxSocketPath = 107
