@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -116,6 +118,12 @@ type workerOptions struct {
 	transports      []string
 	stallTimeout    time.Duration
 	transferTimeout time.Duration
+	heartbeat       time.Duration
+	heartbeatMisses int
+	leaseRenew      time.Duration
+	clusterKeyFile  string
+	allowPeers      []string
+	encrypt         bool
 	verbose         bool
 }
 
@@ -145,6 +153,12 @@ Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
 	f.StringSliceVar(&o.transports, "transports", nil, "allowed transports (default all)")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "fail a transfer with no progress for this long (default the runtime's, 30s)")
 	f.DurationVar(&o.transferTimeout, "transfer-timeout", 0, "bound on a get without timeout_ms (default the runtime's, 2m)")
+	f.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "ping watched peers this often (default the runtime's, 1s)")
+	f.IntVar(&o.heartbeatMisses, "heartbeat-misses", 0, "declare a peer dead after this many missed pings (default 3)")
+	f.DurationVar(&o.leaseRenew, "lease-renew", 0, "readers renew leases this often (default the runtime's, 5s)")
+	f.StringVar(&o.clusterKeyFile, "cluster-key-file", "", "file holding the 32-byte cluster key (raw or hex); only members connect")
+	f.StringSliceVar(&o.allowPeers, "allow-peers", nil, "admit only these peer ids")
+	f.BoolVar(&o.encrypt, "encrypt", false, "encrypt data connections")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "debug logs on stderr")
 	rootCmd.AddCommand(cmd)
 }
@@ -175,6 +189,25 @@ func loadIdentity(path string) (crypto.PrivKey, error) {
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		return nil, err
+	}
+	return k, nil
+}
+
+// loadClusterKey reads a 32-byte key, raw or hex-encoded.
+func loadClusterKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) == 32 {
+		return b, nil
+	}
+	k, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(k) != 32 {
+		return nil, fmt.Errorf("cluster key %s: want 32 bytes, raw or as 64 hex digits", path)
 	}
 	return k, nil
 }
@@ -219,10 +252,24 @@ func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o worke
 	if err != nil {
 		return err
 	}
+	clusterKey, err := loadClusterKey(o.clusterKeyFile)
+	if err != nil {
+		return err
+	}
+	var allow []peer.ID
+	for _, s := range o.allowPeers {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return fmt.Errorf("--allow-peers %q: %w", s, err)
+		}
+		allow = append(allow, id)
+	}
 	rt, err := rdt.New(ctx, rdt.Config{
 		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen, DataAddr: o.dataAddr,
 		DeviceMemory: devMem, HostMemory: hostMem, Allow: o.transports,
 		StallTimeout: o.stallTimeout, TransferTimeout: o.transferTimeout, Logger: logger,
+		HeartbeatInterval: o.heartbeat, HeartbeatMisses: o.heartbeatMisses, LeaseRenew: o.leaseRenew,
+		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.encrypt,
 	})
 	if err != nil {
 		return err
@@ -531,6 +578,8 @@ func errorCode(err error) string {
 	}{
 		{errVerify, "corrupt"},
 		{errBadWorkerRequest, "bad_request"},
+		{rdt.ErrOwnerDied, "owner_died"},
+		{rdt.ErrPeerUnreachable, "peer_unreachable"},
 		{rdt.ErrStaleRef, "stale_ref"},
 		{rdt.ErrUnauthorized, "unauthorized"},
 		{rdt.ErrObjectFreed, "object_freed"},

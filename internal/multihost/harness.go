@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -91,6 +92,7 @@ type Host struct {
 	Port     string // its bridge port, in the bridge namespace: the "switch" side of the cable
 	IP       string
 	identity string
+	outsider bool // not a cluster member: Options.Args do not apply
 	args     []string
 	W        *Worker // the current worker process
 }
@@ -144,12 +146,48 @@ func New(t testing.TB, o Options) *Cluster {
 	return c
 }
 
-// Connect opens the control channel from a's worker to b's.
+// AddHost plugs one more namespace into the bridge at ip (in
+// 10.77.0.0/24) and runs a worker there claiming topology host id, with
+// extra flags args. A member also gets Options.Args (the cluster key, say);
+// a non-member is a rogue process on the cluster's network without them.
+func (c *Cluster) AddHost(ctx context.Context, label, id, ip string, member bool, args ...string) *Host {
+	c.t.Helper()
+	h := &Host{c: c, ID: id, NS: netns.New(c.t, label), Dev: "eth0", IP: ip, outsider: !member, args: args}
+	h.identity = filepath.Join(c.dir, label+".key")
+	port, err := c.Bridge.Attach(ctx, h.NS, h.Dev, h.IP+"/24")
+	if err != nil {
+		c.t.Fatalf("multihost: attach %s: %v", label, err)
+	}
+	h.Port = port
+	h.Start(ctx)
+	return h
+}
+
+// Connect opens the control channel from a's worker to b's. Right after b
+// restarted, a's earlier failed dials may hold it back for a while (libp2p
+// dial backoff), so it retries for up to 15 s and logs how long it took.
 func (c *Cluster) Connect(ctx context.Context, a, b *Host) {
 	c.t.Helper()
-	r, err := a.W.Call(ctx, Request{Op: "connect", Peer: b.W.Ready.Peer, Addrs: b.W.Ready.Addrs})
-	if err != nil || !r.OK {
-		c.t.Fatalf("multihost: connect %s to %s: %v %s", a.ID, b.ID, err, r.Error)
+	start := time.Now()
+	deadline := start.Add(15 * time.Second)
+	for tries := 1; ; tries++ {
+		r, err := a.W.Call(ctx, Request{Op: "connect", Peer: b.W.Ready.Peer, Addrs: b.W.Ready.Addrs, TimeoutMS: 10_000})
+		if err == nil && r.OK {
+			if tries > 1 {
+				c.t.Logf("multihost: %s connected to %s after %d tries, %.2f s", a.ID, b.ID, tries, time.Since(start).Seconds())
+			}
+			return
+		}
+		if err != nil || time.Now().After(deadline) {
+			c.t.Fatalf("multihost: connect %s to %s (%d tries, %.1f s): %v %s", a.ID, b.ID, tries, time.Since(start).Seconds(), err, r.Error)
+		}
+		t := time.NewTimer(200 * time.Millisecond) // spacing between retries, not a wait for work
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			c.t.Fatalf("multihost: connect %s to %s: %v", a.ID, b.ID, ctx.Err())
+		case <-t.C:
+		}
 	}
 }
 
@@ -167,7 +205,10 @@ func (h *Host) Start(ctx context.Context, extra ...string) *Worker {
 		"--data-addr", fmt.Sprintf("%s:%d", h.IP, dataPort),
 		"--identity-file", h.identity,
 	}
-	args = append(append(append(args, o.Args...), h.args...), extra...)
+	if !h.outsider {
+		args = append(args, o.Args...)
+	}
+	args = append(append(args, h.args...), extra...)
 	w, err := startWorker(ctx, h, args)
 	if err != nil {
 		t.Fatalf("multihost: start worker on %s: %v", h.ID, err)
@@ -240,7 +281,7 @@ func startWorker(ctx context.Context, h *Host, args []string) (*Worker, error) {
 		return nil, err
 	}
 	w.stdin = stdin
-	if err := cmd.Start(); err != nil {
+	if err := spawn(cmd); err != nil {
 		return nil, err
 	}
 	ready := make(chan Info, 1)
@@ -287,6 +328,34 @@ func (w *Worker) readLoop(stdout io.Reader, ready chan<- Info) {
 	close(w.exited)
 }
 
+// Pdeathsig fires when the OS thread that forked the child exits, not the
+// process, and Go ends a thread whenever a goroutine exits locked to it
+// (netns.Do does exactly that). So every worker is forked from one thread
+// that lives as long as the test process.
+var spawnCh = sync.OnceValue(func() chan spawnReq {
+	ch := make(chan spawnReq)
+	go spawner(ch)
+	return ch
+})
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func spawner(ch chan spawnReq) {
+	runtime.LockOSThread() // never unlocked: this goroutine never returns
+	for r := range ch {
+		r.done <- r.cmd.Start()
+	}
+}
+
+func spawn(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	spawnCh() <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
 // Pid is the worker's process id.
 func (w *Worker) Pid() int { return w.cmd.Process.Pid }
 
@@ -302,7 +371,7 @@ func (w *Worker) Go(req Request) <-chan Result {
 	w.mu.Unlock()
 	b, _ := json.Marshal(req)
 	if _, err := w.stdin.Write(append(b, '\n')); err != nil {
-		out <- Result{Err: fmt.Errorf("%w: %v", ErrWorkerExited, err), At: time.Now()}
+		out <- Result{Err: w.exitError(err), At: time.Now()}
 		return out
 	}
 	go func() {
@@ -310,10 +379,22 @@ func (w *Worker) Go(req Request) <-chan Result {
 		case r := <-ch:
 			out <- Result{Reply: r, At: time.Now()}
 		case <-w.exited:
-			out <- Result{Err: ErrWorkerExited, At: time.Now()}
+			out <- Result{Err: w.exitError(nil), At: time.Now()}
 		}
 	}()
 	return out
+}
+
+// exitError describes the worker's death: exit status and last words.
+func (w *Worker) exitError(cause error) error {
+	select {
+	case <-w.exited:
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("%w: %v", ErrWorkerExited, cause)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return fmt.Errorf("%w (%s, pid %d): %v; stderr: %s", ErrWorkerExited, w.Host.ID, w.cmd.Process.Pid, w.waitErr, w.stderr.String())
 }
 
 // Result is a reply or the worker's death, with when it arrived.
@@ -368,11 +449,16 @@ func (w *Worker) Stop() {
 	w.stopped = true
 	w.mu.Unlock()
 	w.stdin.Close()
+	start := time.Now()
 	t := time.NewTimer(10 * time.Second)
 	defer t.Stop()
 	select {
 	case <-w.exited:
+		if d := time.Since(start); d > 2*time.Second {
+			w.Host.c.t.Logf("multihost: worker %s took %.1f s to shut down", w.Host.ID, d.Seconds())
+		}
 	case <-t.C:
+		w.Host.c.t.Logf("multihost: worker %s did not shut down within 10 s of its stdin closing; killed", w.Host.ID)
 		w.Kill()
 	}
 }
