@@ -223,6 +223,26 @@ func TestNamespacesRailCut(t *testing.T) {
 	if pauses < 1 {
 		t.Errorf("the cut rail was not paused (pauses %v)", pauses)
 	}
+
+	// Bring the rail back: once its pause ends, the next transfer uses it
+	// again.
+	if err := h.b.SetLink(ctx, "r1", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, rs := range h.tr.Rails() {
+		if wait := time.Until(rs.PausedUntil); wait > 0 {
+			time.Sleep(wait) // the pause is the transport's, not this test's
+		}
+	}
+	before := testutil.ToFloat64(rail1)
+	clear(p)
+	st, err := h.tr.Read(ctx, h.remote(2), dst)
+	if err != nil || !bytes.Equal(p, h.data) {
+		t.Fatalf("read after the rail came back: %v", err)
+	}
+	if after := testutil.ToFloat64(rail1); after == before {
+		t.Errorf("rail 1 carried nothing after it came back (streams %d, rails %+v)", st.Streams, h.tr.Rails())
+	}
 }
 
 // TestNamespacesRailRatio measures 64 MiB over two 1 Gbit/s rails against

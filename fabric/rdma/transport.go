@@ -502,7 +502,7 @@ func (r *rail) state() (qpOK bool, paused bool, until time.Time, rate float64) {
 	return r.qp != nil && r.qp.Err() == nil, time.Now().Before(r.pausedUntil), r.pausedUntil, r.ewma
 }
 
-// Rail describes one rail of the transport, for Explain-style output and
+// RailState describes one rail of the transport, for Explain-style output and
 // tests.
 type RailState struct {
 	Label       string
