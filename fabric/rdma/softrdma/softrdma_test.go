@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
 
@@ -449,4 +450,69 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("readFrame disagrees: %v", err)
 		}
 	})
+}
+
+func TestAuthorizeRefuses(t *testing.T) {
+	prov, _ := New(Config{NICs: []NIC{{Name: "s", Addr: "127.0.0.1:0"}, {Name: "c", Addr: "127.0.0.1:0"}}})
+	sk, sid := newKey(t)
+	ck, _ := newKey(t)
+	ctx := context.Background()
+	srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Identity: sk, Listen: true,
+		Authorize: func(peer.ID) error { return errors.New("not on the list") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Identity: ck})
+	defer cli.Close()
+	pd, _ := cli.AllocPD()
+	cq, _ := cli.CreateCQ()
+	q, _ := pd.CreateQP(cq, rdma.QPConfig{})
+	defer q.Close()
+	if err := q.Connect(ctx, srv.Addr(), sid); !errors.Is(err, fabric.ErrUnauthorized) {
+		t.Fatalf("connect as a refused peer: got %v, want fabric.ErrUnauthorized", err)
+	}
+	// And a server that is not the peer the reader expects is refused too.
+	q2, _ := pd.CreateQP(cq, rdma.QPConfig{})
+	defer q2.Close()
+	_, other := newKey(t)
+	if err := q2.Connect(ctx, srv.Addr(), other); !errors.Is(err, fabric.ErrUnauthorized) {
+		t.Fatalf("connect to an impostor: got %v, want fabric.ErrUnauthorized", err)
+	}
+}
+
+// TestResponderDropsCorruptFrame sends a frame with a bad checksum to a
+// responder: it drops the queue pair (and its registrations stay intact).
+func TestResponderDropsCorruptFrame(t *testing.T) {
+	p := newPair(t, 4096, 0)
+	ck, _ := newKey(t)
+	c, err := net.Dial("tcp", p.server.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := peerauth.Client(c, ck, ""); err != nil {
+		t.Fatal(err)
+	}
+	bad := appendFrame(nil, frame{op: opReadReq, id: 1, rkey: p.remote.RKey(), addr: p.remote.Addr(), length: 16}, nil)
+	bad[len(bad)-1] ^= 0xff
+	if _, err := c.Write(bad); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("the responder answered a corrupt frame with %d bytes", n)
+	}
+	select {
+	case <-p.handler.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the responder did not drop the queue pair")
+	}
+	// The well-behaved queue pair is unaffected.
+	if err := p.qp.PostRead(p.readWR(2, 0, 16)); err != nil {
+		t.Fatal(err)
+	}
+	if wc := p.wait(t); wc.Status != rdma.StatusSuccess {
+		t.Fatalf("%+v", wc)
+	}
 }
