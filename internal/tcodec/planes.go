@@ -1,6 +1,9 @@
 package tcodec
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"unsafe"
+)
 
 // split scatters k elements of elem bytes from src into elem planes of k
 // bytes each, laid out one after another in dst: plane p holds byte p of
@@ -10,17 +13,22 @@ func split(dst, src []byte, elem, k int) {
 	case 1:
 		copy(dst, src)
 	case 2:
-		p0, p1 := dst[:k], dst[k:2*k]
+		// The hot path (bf16, fp16): eight elements per step, two 8-byte
+		// loads and two 8-byte stores, through unsafe because bounds
+		// checks on every step cost as much as the work. The lengths are
+		// checked once, here.
+		_, _ = src[:2*k], dst[:2*k]
+		s, d0 := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
+		d1 := unsafe.Add(d0, k)
 		i := 0
-		// Eight elements per step: two 8-byte loads, two 8-byte stores.
 		for ; i+8 <= k; i += 8 {
-			s := src[2*i : 2*i+16]
-			v0, v1 := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-			binary.LittleEndian.PutUint64(p0[i:i+8], pack(v0)|pack(v1)<<32)
-			binary.LittleEndian.PutUint64(p1[i:i+8], pack(v0>>8)|pack(v1>>8)<<32)
+			v0 := binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(s, 2*i)), 8))
+			v1 := binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(s, 2*i+8)), 8))
+			binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(unsafe.Add(d0, i)), 8), pack(v0)|pack(v1)<<32)
+			binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(unsafe.Add(d1, i)), 8), pack(v0>>8)|pack(v1>>8)<<32)
 		}
 		for ; i < k; i++ {
-			p0[i], p1[i] = src[2*i], src[2*i+1]
+			dst[i], dst[k+i] = src[2*i], src[2*i+1]
 		}
 	case 4:
 		p0, p1, p2, p3 := dst[:k], dst[k:2*k], dst[2*k:3*k], dst[3*k:4*k]
@@ -44,16 +52,18 @@ func join(dst, src []byte, elem, k int) {
 	case 1:
 		copy(dst, src)
 	case 2:
-		p0, p1 := src[:k], src[k:2*k]
+		_, _ = src[:2*k], dst[:2*k]
+		s0, d := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
+		s1 := unsafe.Add(s0, k)
 		i := 0
 		for ; i+8 <= k; i += 8 {
-			lo, hi := binary.LittleEndian.Uint64(p0[i:i+8]), binary.LittleEndian.Uint64(p1[i:i+8])
-			d := dst[2*i : 2*i+16]
-			binary.LittleEndian.PutUint64(d, spread(lo)|spread(hi)<<8)
-			binary.LittleEndian.PutUint64(d[8:], spread(lo>>32)|spread(hi>>32)<<8)
+			lo := binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(s0, i)), 8))
+			hi := binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(s1, i)), 8))
+			binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(unsafe.Add(d, 2*i)), 8), spread(lo)|spread(hi)<<8)
+			binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(unsafe.Add(d, 2*i+8)), 8), spread(lo>>32)|spread(hi>>32)<<8)
 		}
 		for ; i < k; i++ {
-			dst[2*i], dst[2*i+1] = p0[i], p1[i]
+			dst[2*i], dst[2*i+1] = src[i], src[k+i]
 		}
 	case 4:
 		p0, p1, p2, p3 := src[:k], src[k:2*k], src[2*k:3*k], src[3*k:4*k]
