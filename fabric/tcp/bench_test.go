@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -257,15 +258,17 @@ func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, st
 	}
 	b.SetBytes(int64(len(modes)) * n)
 	b.ReportAllocs()
+	cpu := make([]time.Duration, len(modes))
 	it := 0
 	for b.Loop() {
 		for k := range modes {
 			i := (k + it) % len(modes)
-			t0 := time.Now()
+			c0, t0 := cpuTime(), time.Now()
 			if _, err := trs[i].Read(ctx, r, dst); err != nil {
 				b.Fatal(err)
 			}
 			took[i] = append(took[i], time.Since(t0))
+			cpu[i] += cpuTime() - c0
 		}
 		it++
 	}
@@ -276,6 +279,9 @@ func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, st
 		if i > 0 {
 			b.ReportMetric(medianRatio(took[0], took[i]), m.String()+"-ratio")
 		}
+		// CPU both ends spent (they share this process): what compression
+		// costs, and why it cannot pay when other processes hold the cores.
+		b.ReportMetric(cpu[i].Seconds()*1e3/float64(it), m.String()+"-cpu-ms")
 	}
 	for i, m := range modes {
 		raw, wire := testutil.ToFloat64(trs[i].m.raw), testutil.ToFloat64(trs[i].m.wire)
@@ -283,6 +289,13 @@ func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, st
 			b.ReportMetric(wire/raw, m.String()+"-wire/raw")
 		}
 	}
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func median(d []time.Duration) time.Duration {
