@@ -520,3 +520,39 @@ func BenchmarkLoopback(b *testing.B) {
 		})
 	}
 }
+
+// TestCloseDuringTransfer closes the reader transport under a read: the
+// read ends with a typed error and nothing is left running.
+func TestCloseDuringTransfer(t *testing.T) {
+	const size = 64 << 20
+	f := newFixture(t, size, 2, func(c *rdma.Config) { c.SliceSize = 64 << 10; c.MaxInFlight = 1 })
+	dst, _ := f.dst(t, size)
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.tr.Read(context.Background(), f.remote(0, size), dst)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.srv.Registrations() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := f.tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, fabric.ErrClosed) && !errors.Is(err, fabric.ErrPeerClosed) {
+			t.Fatalf("read under Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("HUNG: a read did not return after Close")
+	}
+	// The owner lets go of the registration once the queue pairs are gone.
+	deadline = time.Now().Add(15 * time.Second)
+	for f.srv.Registrations() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.srv.Registrations(); n != 0 {
+		t.Errorf("%d registrations left on the owner after the reader closed", n)
+	}
+}

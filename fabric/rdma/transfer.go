@@ -97,6 +97,8 @@ func (t *Transport) waitReady(ctx context.Context, r *rail) (QueuePair, error) {
 		}
 		select {
 		case <-changed:
+		case <-t.base.Done():
+			return nil, fabric.ErrClosed
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -269,11 +271,21 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 			return fabric.Stats{}, fmt.Errorf("%w: every rail to %s is paused or broken (last error: %v)",
 				fabric.ErrPeerClosed, src.Peer, lastErr)
 		}
+		// Rails whose shared queue pair is full (other transfers' requests)
+		// free up without any event this loop sees: look again shortly.
+		var retry <-chan time.Time
+		if len(full) > 0 && len(inflight) == 0 {
+			retry = time.After(2 * time.Millisecond)
+		}
 		var wc Completion
 		select {
 		case wc = <-ch:
 		case <-changed:
 			continue
+		case <-retry:
+			continue
+		case <-t.base.Done():
+			return fabric.Stats{}, fabric.ErrClosed
 		case <-ctx.Done():
 			return fabric.Stats{}, ctx.Err()
 		}
