@@ -114,7 +114,8 @@ func TestHandler(t *testing.T) {
 	for _, r := range xf.Recent {
 		paths[r.Host] = r.Path
 	}
-	assert.Equal(t, map[string]string{"h0": "p2p", "h1": "tcp"}, paths)
+	assert.Equal(t, "p2p", paths["h0"], "same host: NVLink")
+	assert.Contains(t, []string{"tcp", "rdma"}, paths["h1"], "other host: a network path")
 	assert.Empty(t, xf.Live)
 
 	var objs []rdt.ObjectInfo
@@ -136,8 +137,8 @@ func TestHandler(t *testing.T) {
 	metrics, _ := get(t, srv, "/metrics")
 	for _, want := range []string{
 		`tensorlane_transfers_total{host="h0",result="ok",transport="p2p"} 1`,
-		`tensorlane_transfers_total{host="h1",result="ok",transport="tcp"} 1`,
-		`tensorlane_transfer_bytes_total{host="h1",transport="tcp"} 4096`,
+		`tensorlane_transfers_total{host="h1",result="ok",transport="` + paths["h1"] + `"} 1`,
+		`tensorlane_transfer_bytes_total{host="h1",transport="` + paths["h1"] + `"} 4096`,
 		`tensorlane_device_memory_used_bytes{device="gpu:0",host="h0",simulated="true"}`,
 		`tensorlane_transfer_seconds_bucket{host="h0",transport="p2p"`,
 		`go_goroutines`,

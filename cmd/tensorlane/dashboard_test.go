@@ -107,7 +107,7 @@ func TestDashboardAPI(t *testing.T) {
 		assert.Empty(t, r.Error)
 		paths[r.Path] = true
 	}
-	assert.True(t, paths["p2p"] && paths["tcp"], "demo traffic takes the NVLink and the network path: %v", paths)
+	assert.True(t, paths["p2p"] && (paths["tcp"] || paths["rdma"]), "demo traffic takes the NVLink and a network path: %v", paths)
 	var pl []demoPlacement
 	getJSON("api/placements", &pl)
 	assert.Len(t, pl, 5, "trainer and four readers")
@@ -115,7 +115,7 @@ func TestDashboardAPI(t *testing.T) {
 	require.NoError(t, err)
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Contains(t, string(m), `tensorlane_transfers_total{host="h1",result="ok",transport="tcp"}`)
+	assert.Regexp(t, `tensorlane_transfers_total\{host="h1",result="ok",transport="(tcp|rdma)"\}`, string(m))
 }
 
 func TestDashboardBadFlags(t *testing.T) {
@@ -183,7 +183,7 @@ func TestDashboardBrowser(t *testing.T) {
 	require.NoError(t, err)
 	firstPath, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#recent tbody tr.transfer').dataset.path`))
 	require.NoError(t, err)
-	assert.Contains(t, []string{"p2p", "tcp"}, firstPath)
+	assert.Contains(t, []string{"p2p", "tcp", "rdma"}, firstPath)
 	recentText, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#recent tbody`)))
 	require.NoError(t, err)
 	assert.Contains(t, recentText, "reader-")
