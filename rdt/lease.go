@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -128,25 +129,39 @@ func (r *Runtime) renewLeases(ctx context.Context) {
 		claims[k.owner] = append(claims[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
 	}
 	r.holdMu.Unlock()
+	// Owners are renewed concurrently (a few at a time) so one that hangs
+	// cannot delay the others' renewals past their expiry.
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
 	for owner, keys := range byOwner {
-		for start := 0; start < len(keys); start += maxClaims {
-			end := min(start+maxClaims, len(keys))
-			cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
-			_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[owner][start:end])
-			cancel()
-			if err != nil {
-				r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)
-				continue // death detection, or the next round, decides
-			}
-			r.holdMu.Lock()
-			for i, e := range errs {
-				if e != nil && isGone(e) {
-					r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
-					delete(r.holds, keys[start+i])
-				}
-			}
-			r.holdMu.Unlock()
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			r.renewOwner(ctx, owner, keys, claims[owner])
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim) {
+	for start := 0; start < len(keys); start += maxClaims {
+		end := min(start+maxClaims, len(keys))
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
+		_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[start:end])
+		cancel()
+		if err != nil {
+			r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)
+			continue // death detection, or the next round, decides
 		}
+		r.holdMu.Lock()
+		for i, e := range errs {
+			if e != nil && isGone(e) {
+				r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
+				delete(r.holds, keys[start+i])
+			}
+		}
+		r.holdMu.Unlock()
 	}
 }
 

@@ -83,7 +83,9 @@ func parseLifeMsg(p []byte) (lifeMsg, error) {
 	case kindPing, kindPong:
 	case kindLease, kindRelease:
 		n := d.Count(maxClaims)
-		m.claims = make([]fabric.Claim, 0, n)
+		// A claim takes at least 25 bytes: never allocate for more claims
+		// than the message can hold.
+		m.claims = make([]fabric.Claim, 0, min(n, d.Remaining()/25))
 		for ; n > 0 && d.Err() == nil; n-- {
 			var c fabric.Claim
 			d.Fixed(c.Object[:])
