@@ -127,10 +127,11 @@ type soakSlot struct {
 	data   string // tcp data address, fixed after the first start
 	proxy  *faultProxy
 
-	// mu is held for reading while this runtime's own memory is written or
-	// read by the soak (put, a get it is the reader of, free), and for
-	// writing while it is killed and restarted: Shutdown unmaps the arenas,
-	// and rdt does not yet wait for reads in flight into them.
+	// mu is held for reading while the soak itself touches this runtime's
+	// memory (filling a put, checking a fetched copy, free), and for writing
+	// while it is killed and restarted: Shutdown unmaps the arenas, and a
+	// caller must not hold a tensor across it. Fetches run without it, so
+	// a reader can be killed mid-transfer.
 	mu    sync.RWMutex
 	rt    *rdt.Runtime
 	actor *rdt.Actor
@@ -460,11 +461,14 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 
 	s.attempts.Add(1)
 	s.bounded("get", func() {
+		// The reader may be killed while the Fetch is in flight: rdt must
+		// abort it and release the destination before its arenas go.
 		reader.mu.RLock()
-		defer reader.mu.RUnlock()
+		actor := reader.actor
+		reader.mu.RUnlock()
 		gctx, cancel := context.WithTimeout(ctx, s.o.bound)
 		defer cancel()
-		t, xfer, err := reader.actor.Fetch(gctx, ref, readerDev)
+		t, xfer, err := actor.Fetch(gctx, ref, readerDev)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.surface("get", err)
@@ -472,6 +476,14 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 			return
 		}
 		defer t.Release()
+		// Reading the result needs the arena mapped: hold off kills, and
+		// skip a result whose runtime was killed since (its arena is gone).
+		reader.mu.RLock()
+		defer reader.mu.RUnlock()
+		if reader.actor != actor {
+			s.count(&s.errCodes, "get:reader_killed_after_success")
+			return
+		}
 		if forged != "" {
 			s.forgedOK.Add(1)
 			s.log.Error("a forged ref was served", "forged", forged, "ref", ref)
@@ -601,7 +613,10 @@ func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 func (s *soak) kill(ctx context.Context, sl *soakSlot) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	sctx, cancel := context.WithTimeout(context.Background(), s.o.bound)
+	// An expired context makes Shutdown abrupt: transfers in flight are
+	// aborted at once rather than finished.
+	sctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	if err := sl.rt.Shutdown(sctx); err != nil {
 		s.log.Warn("shutdown of killed runtime", "host", sl.host, "err", err)
 	}
