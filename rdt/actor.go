@@ -125,8 +125,8 @@ func (r *Runtime) refFor(o *object) Ref {
 	}
 	return Ref{
 		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
-		DataAddrs: map[string]string{fabric.TCP: r.tcpSrv.Addr()}, Host: r.cfg.Host,
-		Device: o.buf.Device(), Desc: o.desc, Transports: []string{fabric.Local, fabric.P2P, fabric.TCP},
+		DataAddrs: r.dataAddrs(), Host: r.cfg.Host,
+		Device: o.buf.Device(), Desc: o.desc, Transports: r.servedTransports(),
 		Token: o.token,
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -88,6 +89,22 @@ type Config struct {
 	// Registerer receives the runtime's metrics. Default: a private
 	// registry, available from Runtime.Registry.
 	Registerer prometheus.Registerer
+
+	// DisableSHM turns off the cross-process same-host paths (p2p and shm
+	// over shared memory). SHMDir is the private directory of their Unix
+	// socket; default shm.DefaultDir().
+	DisableSHM bool
+	SHMDir     string
+	// RDMAProvider serves the rdma path (a verbs provider; see fabric/rdma).
+	// Default on simulated hosts: the software provider, one TCP listener
+	// per RDMA NIC of the topology host at RDMAAddrs[NIC name] (default
+	// 127.0.0.1:0), so each NIC is a real, separately measured rail. The
+	// software provider neither encrypts nor proves the cluster key, so it
+	// is not started when EncryptData or ClusterKey is set (tcp serves
+	// instead, and Explain says so). DisableRDMA turns the path off.
+	RDMAProvider rdma.Provider
+	RDMAAddrs    map[string]string
+	DisableRDMA  bool
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -11,7 +11,7 @@ import (
 
 // Two simulated hosts in one process: a trainer puts a tensor on its GPU and
 // sends the reference; a reader on the other host gets the bytes onto its
-// own GPU over the tcp path.
+// own GPU over the rdma path (simulated NICs: the software verbs provider).
 func Example() {
 	ctx := context.Background()
 	cluster, _ := topology.Preset("dgx-h100", 2)
@@ -41,5 +41,5 @@ func Example() {
 	defer got.Release()
 	q, _ := got.SpanBytes()
 	fmt.Println(string(msg.Payload), got, xfer.Stats.Transport, string(q[:7]))
-	// Output: step 1 float32[256 256] on gpu:3 tcp weights
+	// Output: step 1 float32[256 256] on gpu:3 rdma weights
 }

@@ -61,7 +61,7 @@ func TestObserveTransfers(t *testing.T) {
 
 	recB := p.b.RecentTransfers()
 	require.Len(t, recB, 1)
-	assert.Equal(t, fabric.TCP, recB[0].Path)
+	assert.Equal(t, fabric.RDMA, recB[0].Path)
 	assert.Equal(t, "h1/gpu:2", recB[0].Dst)
 	assert.Empty(t, p.a.LiveTransfers())
 	assert.Empty(t, p.a.ObjectTable())

@@ -82,7 +82,7 @@ func TestSpawnPlacement(t *testing.T) {
 		got, xfer, err := actors[b].Fetch(ctx, ref, dev(b, 0))
 		require.NoError(t, err)
 		sameBytes(t, x, got)
-		wantPath := fabric.TCP
+		wantPath := fabric.RDMA
 		if pl.Assignments[b].Host == pl.Assignments[0].Host {
 			wantPath = fabric.P2P
 		}

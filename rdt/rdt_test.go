@@ -95,7 +95,7 @@ func TestGetPaths(t *testing.T) {
 		{"same device view", near, tensor.GPUDevice(0), fabric.Local, true},
 		{"nvlink peer copy", near, tensor.GPUDevice(5), fabric.P2P, false},
 		{"device to host copy", near, tensor.HostDevice, fabric.Local, false},
-		{"other host over tcp", far, tensor.GPUDevice(2), fabric.TCP, false},
+		{"other host over rdma", far, tensor.GPUDevice(2), fabric.RDMA, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -104,7 +104,7 @@ func TestGetPaths(t *testing.T) {
 			defer got.Release()
 			assert.Equal(t, tc.path, xfer.Stats.Transport)
 			assert.Equal(t, tc.path, xfer.Plan.Chosen)
-			assert.Equal(t, tc.path == fabric.TCP, xfer.Plan.Degraded, "only tcp, standing in for rdma, is degraded")
+			assert.False(t, xfer.Plan.Degraded, "every path here is the best its topology allows")
 			assert.Equal(t, tc.zeroCopy, xfer.Stats.ZeroCopy)
 			assert.Equal(t, tc.dst, got.Device())
 			assert.True(t, got.Desc().Equal(x.Desc()))
@@ -157,16 +157,33 @@ func TestExplain(t *testing.T) {
 	assert.Contains(t, plan.String(), "device link NV18")
 
 	plan = far.Explain(ref, tensor.GPUDevice(0))
+	assert.Equal(t, fabric.RDMA, plan.Chosen)
+	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
+	assert.False(t, plan.Degraded)
+	for _, c := range plan.Candidates {
+		switch c.Transport {
+		case fabric.Local:
+			assert.False(t, c.Usable)
+			assert.Contains(t, c.Reason, "another runtime")
+		case fabric.P2P, fabric.SHM: // in-process p2p, cross-process p2p and shm
+			assert.False(t, c.Usable)
+			assert.Regexp(t, "another (runtime|host)", c.Reason)
+		}
+	}
+}
+
+func TestExplainSaysWhatIsMissing(t *testing.T) {
+	p := newPair(t, func(c *Config) { c.DisableRDMA = true })
+	owner, _ := p.a.Spawn("owner")
+	far, _ := p.b.Spawn("far")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	ref, err := owner.Put(context.Background(), x)
+	require.NoError(t, err)
+	plan := far.Explain(ref, tensor.GPUDevice(0))
 	assert.Equal(t, fabric.TCP, plan.Chosen)
 	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
 	assert.True(t, plan.Degraded, "tcp is worse than the rdma the topology allows")
 	assert.Contains(t, plan.String(), "not running in this runtime")
-	for _, c := range plan.Candidates {
-		if c.Transport == fabric.Local || c.Transport == fabric.P2P {
-			assert.False(t, c.Usable)
-			assert.Contains(t, c.Reason, "another runtime")
-		}
-	}
 }
 
 func TestDenyListFallsBackLoudly(t *testing.T) {

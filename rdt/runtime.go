@@ -48,6 +48,8 @@ type Runtime struct {
 	owned   []*tensor.SimMemory // arenas this runtime created and closes
 
 	objects  *objectTable
+	sinks    *sinkTable
+	paths    dataPaths
 	planner  *fabric.Planner
 	tcpSrv   *tcp.Server
 	tcpTr    *tcp.Transport
@@ -99,7 +101,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	rand.Read(inc[:])
 	r.incarnation = binary.BigEndian.Uint64(inc[:]) | 1
 	r.objects = newObjectTable(r.incarnation)
+	r.sinks = newSinkTable(r.incarnation)
 	r.objects.onFree = func(id fabric.ObjectID, why string) {
+		r.revokeRegistrations(id)
 		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
 	}
 	r.objects.blocked = r.blockedRead
@@ -138,6 +142,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.log = c.Logger.With("runtime", c.Host, "peer", shortID(r.host.ID()))
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
 	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.SetStreamHandler(pushProtocol, r.handlePush)
 	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
 		// Only the last connection's loss matters; the monitor re-dials to
 		// tell a dead peer from a dropped connection.
@@ -155,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.obs.init(r, reg)
 
-	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, StallTimeout: c.StallTimeout, Logger: r.log,
+	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
 		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize})
 	if err != nil {
 		return nil, err
@@ -165,10 +170,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	lc := local.Config{Process: r.process, Source: r.objects, Topology: c.Cluster}
+	lc := local.Config{Process: r.process, Source: r.objects, Sink: r.sinks, Topology: c.Cluster}
 	r.planner, err = fabric.NewPlanner(fabric.PlannerConfig{
 		Topology: c.Cluster, Allow: c.Allow, Deny: c.Deny, Logger: r.log, Metrics: r.metrics,
-	}, local.New(lc), local.NewP2P(lc), r.tcpTr)
+	}, append([]fabric.Transport{local.New(lc), local.NewP2P(lc)}, append(r.startDataPaths(ctx), r.tcpTr)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -472,6 +477,7 @@ func (r *Runtime) teardown() error {
 	if r.tcpTr != nil {
 		errs = append(errs, r.tcpTr.Close())
 	}
+	errs = append(errs, r.closeDataPaths())
 	for _, id := range r.objects.ids() {
 		if err := r.objects.free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
 			errs = append(errs, err)

@@ -23,6 +23,7 @@ import (
 type Config struct {
 	Process  string            // this runtime's instance ID (fabric.Endpoint.Process)
 	Source   fabric.Source     // this runtime's object table
+	Sink     fabric.Sink       // this runtime's push slots; nil refuses pushes
 	Topology *topology.Cluster // may be nil: then no device links are known
 }
 
@@ -42,6 +43,8 @@ var (
 	_ fabric.Transport = (*Transport)(nil)
 	_ fabric.Viewer    = (*Transport)(nil)
 	_ fabric.Transport = (*P2P)(nil)
+	_ fabric.Writer    = (*Transport)(nil)
+	_ fabric.Writer    = (*P2P)(nil)
 )
 
 // New returns the "local" transport.
@@ -80,6 +83,11 @@ func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buff
 	return copyFrom(ctx, t.cfg.Source, fabric.Local, src, dst)
 }
 
+// Write copies src into a push slot of this runtime.
+func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	return copyInto(ctx, t.cfg.Sink, fabric.Local, src, dst)
+}
+
 // Close does nothing: the transport holds no resources.
 func (t *Transport) Close() error { return nil }
 
@@ -89,7 +97,7 @@ func (t *P2P) Name() string { return fabric.P2P }
 // link in the topology.
 func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	if !sameProcess(t.cfg, src, dst) {
-		return fabric.Cost{Reason: "owner is in another runtime (cross-process p2p is not built yet)"}, false
+		return fabric.Cost{Reason: "owner is in another runtime (cross-process p2p is fabric/shm's)"}, false
 	}
 	if src.Device == dst.Device {
 		return fabric.Cost{Reason: "same device: nothing to copy"}, false
@@ -107,6 +115,11 @@ func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 // Read copies the object straight from the owner device's arena into dst.
 func (t *P2P) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	return copyFrom(ctx, t.cfg.Source, fabric.P2P, src, dst)
+}
+
+// Write copies src over the device link into a push slot of this runtime.
+func (t *P2P) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	return copyInto(ctx, t.cfg.Sink, fabric.P2P, src, dst)
 }
 
 // Close does nothing: the transport holds no resources.
@@ -133,12 +146,50 @@ func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	from = from[src.Offset : src.Offset+src.Length]
+	if err := chunkedCopy(ctx, to, from[src.Offset:src.Offset+src.Length]); err != nil {
+		return fabric.Stats{}, err
+	}
+	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+}
+
+// copyInto writes dst.Length bytes of src into the sink slot dst names.
+func copyInto(ctx context.Context, sink fabric.Sink, name string, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	start := time.Now()
+	if sink == nil {
+		return fabric.Stats{}, fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrObjectNotFound)
+	}
+	if src.Len() < dst.Length {
+		return fabric.Stats{}, fmt.Errorf("%w: pushing %d bytes from a buffer of %d", fabric.ErrBadRequest, dst.Length, src.Len())
+	}
+	pin, err := sink.OpenSink(ctx, dst.Claim)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	defer pin.Release()
+	if err := fabric.CheckRange(dst.Offset, dst.Length, pin.Len()); err != nil {
+		return fabric.Stats{}, err
+	}
+	from, err := tensor.BytesOf(src)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	to, err := tensor.BytesOf(pin)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	if err := chunkedCopy(ctx, to[dst.Offset:dst.Offset+dst.Length], from[:dst.Length]); err != nil {
+		return fabric.Stats{}, err
+	}
+	return fabric.Stats{Transport: name, Bytes: dst.Length, Duration: time.Since(start), Streams: 1}, nil
+}
+
+// chunkedCopy copies in chunks so a cancelled context stops a long copy.
+func chunkedCopy(ctx context.Context, to, from []byte) error {
 	for off := 0; off < len(from); off += chunk {
 		if err := ctx.Err(); err != nil {
-			return fabric.Stats{}, err
+			return err
 		}
 		copy(to[off:], from[off:min(off+chunk, len(from))])
 	}
-	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+	return nil
 }

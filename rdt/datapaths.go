@@ -1,0 +1,204 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
+	"github.com/tensorlane/tensorlane/fabric/shm"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// dataPaths are the cross-process transports a runtime serves and reads
+// with besides tcp: p2p and shm to runtimes on the same host (memfd passing
+// over a Unix socket), rdma to other hosts (through the NICs of its
+// topology host). Each is optional: a path that cannot start is logged and
+// left out, and the planner then reports it as not running, so the
+// fallback is visible in Explain and in the metrics.
+type dataPaths struct {
+	shmSrv *shm.Server
+	shmCli *shm.Client
+
+	rdmaSrv  *rdma.Server
+	rdmaTr   *rdma.Transport
+	rdmaProv rdma.Provider
+}
+
+// startDataPaths starts the servers and returns the reader-side transports.
+func (r *Runtime) startDataPaths(ctx context.Context) []fabric.Transport {
+	var out []fabric.Transport
+	c := r.cfg
+	if !c.DisableSHM {
+		var err error
+		r.paths.shmSrv, err = shm.Listen(shm.ServerConfig{
+			Identity: c.Identity, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, PSK: c.ClusterKey,
+			Dir: c.SHMDir, StallTimeout: c.StallTimeout, Logger: r.log,
+		})
+		if err == nil {
+			r.paths.shmCli, err = shm.NewClient(shm.Config{
+				Identity: c.Identity, Topology: c.Cluster, PSK: c.ClusterKey, StallTimeout: c.StallTimeout, Logger: r.log,
+			})
+		}
+		if err != nil {
+			r.log.Warn("shared-memory paths (p2p, shm) not started: same-host readers in other processes fall back", "err", err)
+			r.closeSHM()
+		} else {
+			out = append(out, r.paths.shmCli.P2P(), r.paths.shmCli.SHM())
+		}
+	}
+	if err := r.startRDMA(ctx); err != nil {
+		r.log.Warn("rdma path not started: readers on other hosts fall back to tcp", "err", err)
+		r.closeRDMA()
+	} else if r.paths.rdmaTr != nil {
+		out = append(out, r.paths.rdmaTr)
+	}
+	return out
+}
+
+// startRDMA serves the host's RDMA NICs through Config.RDMAProvider or,
+// by default on simulated hosts, through the software provider: one TCP
+// listener per NIC (Config.RDMAAddrs, default loopback), so every NIC is a
+// real, separately measured rail.
+func (r *Runtime) startRDMA(ctx context.Context) error {
+	c := r.cfg
+	prov := c.RDMAProvider
+	if prov == nil {
+		if c.DisableRDMA || r.topoHost == nil {
+			return nil
+		}
+		if c.EncryptData || len(c.ClusterKey) > 0 {
+			r.log.Info("rdma not started: the software provider neither encrypts nor proves the cluster key; tcp serves other hosts")
+			return nil
+		}
+		var nics []softrdma.NIC
+		for _, n := range r.topoHost.NICs {
+			if !n.RDMA() {
+				continue
+			}
+			addr := c.RDMAAddrs[n.Name]
+			if addr == "" {
+				addr = c.RDMAAddrs[n.RDMADevice]
+			}
+			if addr == "" {
+				if !r.topoHost.Simulated {
+					continue // a real host needs a real provider (or explicit addresses)
+				}
+				addr = "127.0.0.1:0"
+			}
+			nics = append(nics, softrdma.NIC{Name: n.Name, Addr: addr})
+		}
+		if len(nics) == 0 {
+			return nil
+		}
+		p, err := softrdma.New(softrdma.Config{NICs: nics})
+		if err != nil {
+			return err
+		}
+		prov = p
+		r.log.Info("rdma served by the software provider (simulated NICs over TCP)", "nics", len(nics))
+	}
+	r.paths.rdmaProv = prov
+	var err error
+	r.paths.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
+		Provider: prov, Identity: c.Identity, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, Logger: r.log,
+	})
+	if err != nil {
+		return err
+	}
+	r.paths.rdmaTr, err = rdma.New(ctx, rdma.Config{
+		Provider: prov, Identity: c.Identity, Topology: c.Cluster, Host: c.Host, Logger: r.log,
+		Metrics: rdma.NewMetrics(r.registerer()),
+	})
+	return err
+}
+
+// registerer is where the runtime's metrics go.
+func (r *Runtime) registerer() prometheus.Registerer {
+	if r.cfg.Registerer != nil {
+		return r.cfg.Registerer
+	}
+	return r.registry
+}
+
+// Export shares a pinned object's memory with another process (the p2p and
+// shm paths map it) for as long as the pin is held.
+func (p *pin) Export() (tensor.Handle, error) {
+	e, ok := p.obj.buf.(tensor.Exportable)
+	if !ok {
+		return tensor.Handle{}, fmt.Errorf("rdt: object on %v cannot be shared with another process", p.Device())
+	}
+	return e.Export()
+}
+
+// dataAddrs are the addresses refs carry, by transport name.
+func (r *Runtime) dataAddrs() map[string]string {
+	m := map[string]string{fabric.TCP: r.tcpSrv.Addr()}
+	if r.paths.shmSrv != nil && r.paths.shmCli != nil {
+		m[fabric.SHM] = r.paths.shmSrv.Addr()
+	}
+	if r.paths.rdmaSrv != nil && r.paths.rdmaTr != nil {
+		m[fabric.RDMA] = r.paths.rdmaSrv.Addr()
+	}
+	return m
+}
+
+// servedTransports lists what refs say the owner serves.
+func (r *Runtime) servedTransports() []string {
+	out := []string{fabric.Local, fabric.P2P}
+	if r.paths.shmSrv != nil && r.paths.shmCli != nil {
+		out = append(out, fabric.SHM)
+	}
+	if r.paths.rdmaSrv != nil && r.paths.rdmaTr != nil {
+		out = append(out, fabric.RDMA)
+	}
+	return append(out, fabric.TCP)
+}
+
+// revokeRegistrations drops the rdma registrations of a freed object at
+// once, so a reader holding its keys gets an access error, never stale data.
+func (r *Runtime) revokeRegistrations(id fabric.ObjectID) {
+	if r.paths.rdmaSrv != nil {
+		r.paths.rdmaSrv.Revoke(id)
+	}
+}
+
+func (r *Runtime) closeSHM() error {
+	var errs []error
+	if r.paths.shmSrv != nil {
+		errs = append(errs, r.paths.shmSrv.Close())
+	}
+	if r.paths.shmCli != nil {
+		errs = append(errs, r.paths.shmCli.Close())
+	}
+	r.paths.shmSrv, r.paths.shmCli = nil, nil
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) closeRDMA() error {
+	var errs []error
+	if r.paths.rdmaTr != nil {
+		errs = append(errs, r.paths.rdmaTr.Close())
+	}
+	if r.paths.rdmaSrv != nil {
+		errs = append(errs, r.paths.rdmaSrv.Close())
+	}
+	r.paths.rdmaTr, r.paths.rdmaSrv, r.paths.rdmaProv = nil, nil, nil
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) closeDataPaths() error {
+	err := errors.Join(r.closeRDMA(), r.closeSHM())
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("rdt: close data paths: %w", err)
+	}
+	return nil
+}

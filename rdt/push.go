@@ -1,0 +1,433 @@
+package rdt
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Push is the owner-driven direction: a reader reserves a Slot (memory on
+// its own device), hands the slot's Ref to the owner, and the owner writes
+// its tensor straight into it (rdma WRITE, a copy into the reader's mapped
+// arena, or a tcp push), then tells the reader the push completed. This is
+// broadcast-style weight sync: a trainer pushes each step's weights into
+// every reader's slot without waiting for each reader to ask.
+//
+// The slot is filled in place: a push that is in progress overwrites what
+// the previous one left. Readers that must read one version while the next
+// arrives keep two slots and alternate.
+
+const pushProtocol = protocol.ID("/tensorlane/push/1.0.0")
+
+// pushNotice is the message an owner sends after a push completed.
+type pushNotice struct {
+	slot        fabric.ObjectID
+	incarnation uint64
+	token       []byte
+	bytes       int64
+}
+
+func (n pushNotice) marshal() []byte {
+	e := wire.Encoder{Buf: make([]byte, 0, 64)}
+	e.Byte(1)
+	e.Fixed(n.slot[:])
+	e.Uvarint(n.incarnation)
+	e.Bytes(n.token)
+	e.Uvarint(uint64(n.bytes))
+	return e.Buf
+}
+
+func parsePushNotice(p []byte) (pushNotice, error) {
+	d := wire.NewDecoder(p)
+	var n pushNotice
+	if v := d.Byte(); v != 1 && d.Err() == nil {
+		return n, fmt.Errorf("%w: push notice version %d", ErrMalformedRef, v)
+	}
+	d.Fixed(n.slot[:])
+	n.incarnation = d.Uvarint()
+	n.token = d.Bytes(maxTokenLen)
+	b := d.Uvarint()
+	if err := d.Finish(); err != nil {
+		return n, fmt.Errorf("%w: push notice: %v", ErrMalformedRef, err)
+	}
+	if b > 1<<62 {
+		return n, fmt.Errorf("%w: push notice of %d bytes", ErrMalformedRef, b)
+	}
+	n.bytes = int64(b)
+	return n, nil
+}
+
+// Slot is reader-allocated memory that owners push tensors into.
+type Slot struct {
+	rt    *Runtime
+	actor *Actor
+	id    fabric.ObjectID
+	buf   tensor.Buffer
+	desc  tensor.Desc
+	token []byte
+
+	mu      sync.Mutex
+	pushes  uint64        // completed pushes
+	changed chan struct{} // closed and replaced on each completed push and on Close
+	pins    int
+	closed  bool
+}
+
+// sinkTable is the runtime's fabric.Sink: it resolves push claims to slots.
+type sinkTable struct {
+	incarnation uint64
+	mu          sync.Mutex
+	slots       map[fabric.ObjectID]*Slot
+}
+
+var _ fabric.Sink = (*sinkTable)(nil)
+
+func newSinkTable(incarnation uint64) *sinkTable {
+	return &sinkTable{incarnation: incarnation, slots: map[fabric.ObjectID]*Slot{}}
+}
+
+// OpenSink checks a push claim and pins the slot for the write.
+func (t *sinkTable) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := t.lookup(c.Object, c.Incarnation, c.Token)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrObjectFreed
+	}
+	s.pins++
+	return &slotPin{slot: s}, nil
+}
+
+func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte) (*Slot, error) {
+	if incarnation != t.incarnation {
+		return nil, ErrStaleRef
+	}
+	t.mu.Lock()
+	s, ok := t.slots[id]
+	t.mu.Unlock()
+	if !ok {
+		return nil, ErrObjectNotFound
+	}
+	if subtle.ConstantTimeCompare(s.token, token) != 1 {
+		return nil, ErrUnauthorized
+	}
+	return s, nil
+}
+
+// slotPin is the slot's memory as a transport writes into it: host visible
+// and, for the shared-memory paths, exportable to the writer's process.
+type slotPin struct {
+	slot     *Slot
+	released sync.Once
+}
+
+func (p *slotPin) Device() tensor.DeviceID { return p.slot.buf.Device() }
+func (p *slotPin) Len() int64              { return p.slot.buf.Len() }
+func (p *slotPin) Bytes() []byte {
+	b, _ := tensor.BytesOf(p.slot.buf)
+	return b
+}
+func (p *slotPin) Export() (tensor.Handle, error) {
+	e, ok := p.slot.buf.(tensor.Exportable)
+	if !ok {
+		return tensor.Handle{}, fmt.Errorf("rdt: slot on %v cannot be shared with another process", p.Device())
+	}
+	return e.Export()
+}
+func (p *slotPin) Release() error {
+	var err error
+	p.released.Do(func() {
+		s := p.slot
+		s.mu.Lock()
+		s.pins--
+		last := s.closed && s.pins == 0
+		s.mu.Unlock()
+		if last {
+			err = s.buf.Release()
+		}
+	})
+	return err
+}
+
+// Reserve allocates a slot for a tensor of layout desc on dev, one of the
+// actor's devices, for owners to push into. Send slot.Ref() to the owner.
+func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.DeviceID) (*Slot, error) {
+	if a.rt.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := a.mayUse(dev); err != nil {
+		return nil, err
+	}
+	if err := desc.Validate(); err != nil {
+		return nil, err
+	}
+	mem, err := a.rt.Memory(dev)
+	if err != nil {
+		return nil, err
+	}
+	buf, err := mem.Alloc(ctx, spanBytes(desc))
+	if err != nil {
+		return nil, err
+	}
+	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
+	rand.Read(s.id[:])
+	rand.Read(s.token)
+	t := a.rt.sinks
+	t.mu.Lock()
+	t.slots[s.id] = s
+	t.mu.Unlock()
+	return s, nil
+}
+
+// Ref is what the pushing owner needs: where the slot lives and the
+// capability to write it.
+func (s *Slot) Ref() Ref {
+	r := s.rt
+	addrs := make([]string, 0, 2)
+	for _, m := range r.host.Addrs() {
+		addrs = append(addrs, m.String())
+	}
+	return Ref{
+		Object: s.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
+		DataAddrs: r.dataAddrs(), Host: r.cfg.Host, Device: s.buf.Device(), Desc: s.desc,
+		Transports: r.servedTransports(), Token: s.token,
+	}
+}
+
+// Pushes is the number of pushes completed so far.
+func (s *Slot) Pushes() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pushes
+}
+
+// Wait blocks until more than after pushes have completed and returns the
+// count and a view of the slot (valid until Close; the next push overwrites
+// it in place).
+func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, error) {
+	ctx, cancel := s.rt.bounded(ctx)
+	defer cancel()
+	for {
+		s.mu.Lock()
+		n, ch, closed := s.pushes, s.changed, s.closed
+		s.mu.Unlock()
+		if closed {
+			return n, tensor.Tensor{}, ErrObjectFreed
+		}
+		if n > after {
+			t, err := tensor.New(nopRelease{s.buf}, s.desc)
+			return n, t, err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return n, tensor.Tensor{}, ctx.Err()
+		case <-s.rt.done:
+			return n, tensor.Tensor{}, ErrClosed
+		}
+	}
+}
+
+// completed records a finished push and wakes waiters.
+func (s *Slot) completed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.pushes++
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Close unregisters the slot: later pushes get ErrObjectFreed, and its
+// memory returns to the device once no push in progress holds it.
+// Idempotent.
+func (s *Slot) Close() error {
+	t := s.rt.sinks
+	t.mu.Lock()
+	delete(t.slots, s.id)
+	t.mu.Unlock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.changed)
+	last := s.pins == 0
+	s.mu.Unlock()
+	if last {
+		return s.buf.Release()
+	}
+	return nil
+}
+
+// nopRelease lends a buffer to a view without giving up ownership.
+type nopRelease struct{ tensor.Buffer }
+
+func (nopRelease) Release() error { return nil }
+
+// Bytes exposes the lent buffer's memory.
+func (n nopRelease) Bytes() []byte {
+	b, _ := tensor.BytesOf(n.Buffer)
+	return b
+}
+
+// Push writes the object behind src, which this actor's runtime owns, into
+// the slot that dst names, over the best path that can push, and then tells
+// the slot's runtime that the push completed. src and dst must have the
+// same size.
+func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
+	r := a.rt
+	if r.isClosed() {
+		return Transfer{}, ErrClosed
+	}
+	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
+		return Transfer{}, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
+	}
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
+	if err != nil {
+		return Transfer{}, err
+	}
+	defer pin.Release()
+	start, end := src.Desc.Span()
+	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
+		return Transfer{}, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
+	}
+	remote := r.remoteFor(dst)
+	remote.Offset, remote.Length = 0, end-start
+	st, plan, err := r.planner.Write(ctx, r.endpoint(src.Device), &window{Buffer: pin, off: start, n: end - start}, remote)
+	tr := Transfer{Plan: plan, Stats: st}
+	if err != nil {
+		return tr, err
+	}
+	return tr, r.notifyPush(ctx, dst, end-start)
+}
+
+func spanBytes(d tensor.Desc) int64 {
+	start, end := d.Span()
+	return end - start
+}
+
+// window is a byte range of a pinned buffer, as a buffer of its own.
+type window struct {
+	tensor.Buffer
+	off, n int64
+}
+
+func (w *window) Len() int64 { return w.n }
+func (w *window) Bytes() []byte {
+	b, err := tensor.BytesOf(w.Buffer)
+	if err != nil {
+		return nil
+	}
+	return b[w.off : w.off+w.n]
+}
+func (w *window) Export() (tensor.Handle, error) {
+	e, ok := w.Buffer.(tensor.Exportable)
+	if !ok {
+		return tensor.Handle{}, fmt.Errorf("rdt: memory on %v cannot be shared with another process", w.Device())
+	}
+	h, err := e.Export()
+	h.Offset += w.off
+	h.Length = w.n
+	return h, err
+}
+func (w *window) Release() error { return nil } // the pin is released by Push
+
+// notifyPush tells the slot's runtime that a push completed.
+func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
+	note := pushNotice{slot: dst.Object, incarnation: dst.Incarnation, token: dst.Token, bytes: n}
+	if dst.Owner == r.host.ID() {
+		return r.pushed(note)
+	}
+	r.learnAddrs(dst)
+	s, err := r.host.NewStream(ctx, dst.Owner, pushProtocol)
+	if err != nil {
+		return fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
+	}
+	defer s.Close()
+	if d, ok := ctx.Deadline(); ok {
+		s.SetDeadline(d)
+	}
+	if err := writeMsg(s, note.marshal()); err != nil {
+		return fmt.Errorf("rdt: notify push: %w", err)
+	}
+	s.CloseWrite()
+	var status [1]byte
+	if _, err := io.ReadFull(s, status[:]); err != nil {
+		return fmt.Errorf("rdt: notify push: %w", err)
+	}
+	switch status[0] {
+	case 0:
+		return nil
+	case 1:
+		return ErrObjectNotFound
+	case 2:
+		return ErrUnauthorized
+	case 3:
+		return ErrStaleRef
+	}
+	return fmt.Errorf("%w: push notice refused (status %d)", ErrMalformedRef, status[0])
+}
+
+func (r *Runtime) pushed(n pushNotice) error {
+	s, err := r.sinks.lookup(n.slot, n.incarnation, n.token)
+	if err != nil {
+		return err
+	}
+	if n.bytes != s.buf.Len() {
+		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.bytes, s.buf.Len())
+	}
+	s.completed()
+	return nil
+}
+
+func (r *Runtime) handlePush(s network.Stream) {
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(controlTimeout))
+	p, err := readMsg(s, 1024)
+	status := byte(0)
+	if err == nil {
+		var n pushNotice
+		if n, err = parsePushNotice(p); err == nil {
+			err = r.pushed(n)
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrObjectNotFound):
+		status = 1
+	case errors.Is(err, ErrUnauthorized):
+		status = 2
+	case errors.Is(err, ErrStaleRef):
+		status = 3
+	default:
+		status = 4
+	}
+	if err != nil {
+		r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
+	}
+	s.Write([]byte{status})
+}
