@@ -25,7 +25,7 @@ func suffix() string {
 // childCgroup creates a cgroup v2 directory for this test process and
 // moves the process into it, so the sock_ops program sees only this
 // process's sockets; cleanup moves it back and removes the directory.
-func childCgroup(t *testing.T) string {
+func childCgroup(t testing.TB) string {
 	t.Helper()
 	mount, err := cgroup2Mount()
 	if err != nil {
@@ -56,7 +56,7 @@ func childCgroup(t *testing.T) string {
 }
 
 // tcpPair returns both ends of a TCP connection made through ln.
-func tcpPair(t *testing.T, ln net.Listener, dial func() (net.Conn, error)) (client, server net.Conn) {
+func tcpPair(t testing.TB, ln net.Listener, dial func() (net.Conn, error)) (client, server net.Conn) {
 	t.Helper()
 	accepted := make(chan net.Conn, 1)
 	errc := make(chan error, 1)
@@ -81,7 +81,7 @@ func tcpPair(t *testing.T, ln net.Listener, dial func() (net.Conn, error)) (clie
 	return client, server
 }
 
-func loopbackPair(t *testing.T) (client, server net.Conn) {
+func loopbackPair(t testing.TB) (client, server net.Conn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func loopbackPair(t *testing.T) (client, server net.Conn) {
 }
 
 // send writes n bytes from a to b and waits until b has read them all.
-func send(t *testing.T, a, b net.Conn, n int64) {
+func send(t testing.TB, a, b net.Conn, n int64) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
