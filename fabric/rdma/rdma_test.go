@@ -556,3 +556,33 @@ func TestCloseDuringTransfer(t *testing.T) {
 		t.Errorf("%d registrations left on the owner after the reader closed", n)
 	}
 }
+
+// TestPlannerPicksRDMA wires the transport into a fabric.Planner over a
+// two-host DGX topology: rdma is the best path and the chosen one, ahead of
+// a tcp candidate, and the planner's read goes through it.
+func TestPlannerPicksRDMA(t *testing.T) {
+	topo, err := topology.Preset("dgx-h100", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := topo.HostIDs()
+	f := newFixture(t, 4<<20, 2, func(c *rdma.Config) { c.Topology = topo; c.Host = hosts[1] })
+	pl, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: topo}, f.tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := fabric.Endpoint{Process: "owner", Host: hosts[0], Device: tensor.GPUDevice(3)}
+	dstEP := fabric.Endpoint{Process: "reader", Host: hosts[1], Device: tensor.GPUDevice(4)}
+	plan := pl.Plan(src, dstEP)
+	if plan.Best != fabric.RDMA || plan.Chosen != fabric.RDMA || plan.Degraded {
+		t.Fatalf("plan:\n%v", plan)
+	}
+	r := f.remote(0, 4<<20)
+	r.Endpoint = src
+	dst, p := f.dst(t, 4<<20)
+	st, _, err := pl.Read(context.Background(), r, dstEP, dst)
+	if err != nil || st.Transport != fabric.RDMA || !bytes.Equal(p, f.data) {
+		t.Fatalf("planner read: %+v %v", st, err)
+	}
+	t.Logf("%v", plan)
+}
