@@ -582,3 +582,44 @@ func TestSweepStale(t *testing.T) {
 	_, err = os.Stat(alive)
 	assert.NoError(t, err, "a socket someone listens on stays")
 }
+
+// TestCacheLimits: the cache evicts the least recently used mapping beyond
+// its limits, never one in use, and unmaps an evicted mapping only when its
+// last user lets go.
+func TestCacheLimits(t *testing.T) {
+	mk := func(c *cache, obj byte, size int) *mapping {
+		data, err := unix.Mmap(-1, 0, size, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		require.NoError(t, err)
+		m := &mapping{key: cacheKey{owner: "o", object: fabric.ObjectID{obj}}, id: uint64(obj), objLen: int64(size), data: data, refs: 1}
+		c.insert(m)
+		return m
+	}
+	c := newCache(2, 1<<20)
+	a := mk(c, 1, 4096)
+	c.release(a)
+	b := mk(c, 2, 4096) // b stays in use
+	require.NotNil(t, c.acquire(a.key))
+	c.release(a) // a is now the most recently used
+	d := mk(c, 3, 4096)
+	c.release(d)
+	s := c.snapshot()
+	assert.Equal(t, 2, s.Live)
+	assert.EqualValues(t, 1, s.Evicted)
+	assert.Nil(t, c.acquire(b.key), "b was least recently used")
+	assert.NotNil(t, b.data, "b is still mapped: its user holds it")
+	c.release(b)
+	assert.Nil(t, b.data, "unmapped once its user let go")
+
+	// The byte limit: one large mapping pushes the others out.
+	big := mk(c, 4, 1<<20)
+	c.release(big)
+	s = c.snapshot()
+	assert.Equal(t, 1, s.Live)
+	assert.EqualValues(t, 1<<20, s.Bytes)
+
+	c.purge("o")
+	s = c.snapshot()
+	assert.Equal(t, 0, s.Live)
+	assert.Zero(t, s.Bytes)
+	assert.Nil(t, big.data)
+}
