@@ -3,6 +3,7 @@ package linkstat
 import (
 	"context"
 	"net"
+	"time"
 )
 
 // Dial connects like net.Dialer and tracks the connection, labelled with
@@ -19,12 +20,13 @@ func (m *Monitor) Dial(ctx context.Context, network, addr string) (net.Conn, err
 	})(ctx, network, addr)
 }
 
-// DialFunc wraps a dial function (nil: a net.Dialer) so that every
+// DialFunc wraps a dial function (nil: a net.Dialer with a 10 s timeout,
+// which ctx may shorten) so that every
 // connection it makes is tracked under the labels that label returns.
 func (m *Monitor) DialFunc(dial func(ctx context.Context, network, addr string) (net.Conn, error),
 	label func(network, addr string) Labels) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if dial == nil {
-		dial = (&net.Dialer{}).DialContext
+		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
