@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -83,6 +84,11 @@ type Config struct {
 	// Streams is the most tcp connections one large read is striped over.
 	// Default 4.
 	Streams int
+	// Compression says when tcp transfers are compressed (lossless tensor
+	// codec): tcp.CompressAuto (default: only when the link to the peer is
+	// measured slower than the codec), tcp.CompressOff or
+	// tcp.CompressAlways.
+	Compression tcp.Compression
 	// InboxSize is each actor's message queue length. Default 1024.
 	InboxSize int
 	Logger    *slog.Logger

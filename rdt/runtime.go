@@ -165,7 +165,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log,
+	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log, Compression: c.Compression,
 		PSK: c.ClusterKey, Encrypt: c.EncryptData})
 	if err != nil {
 		return nil, err
