@@ -18,9 +18,7 @@ import (
 )
 
 // Options turn on cluster membership and encryption for a data connection.
-// The zero value authenticates identities only. Clients always speak
-// handshake v2 (below); servers also accept v1 clients (no options) unless
-// their options require more.
+// The zero value authenticates identities only.
 type Options struct {
 	// PSK is the cluster's pre-shared key (the libp2p private-network key).
 	// When set, both ends prove they hold it with an HMAC over the signed
@@ -35,8 +33,6 @@ type Options struct {
 	Encrypt bool
 }
 
-func (o Options) v2() bool { return len(o.PSK) > 0 || o.Encrypt }
-
 // Result is what a handshake established.
 type Result struct {
 	Peer peer.ID
@@ -50,7 +46,7 @@ type Keys struct {
 	Send, Recv []byte // 32 bytes each (AES-256)
 }
 
-// Handshake v2:
+// The handshake (v2; v1, without options, is no longer spoken):
 //
 //	client -> server: magic "TLD2" | client nonce (32) | flags (1) | client public key | [client X25519 (32)]
 //	server -> client: status (0 = go on) [| message, then close]
@@ -233,20 +229,13 @@ func readStatus(r io.Reader) error {
 // ServerWith is Server with options. A server with a PSK or Encrypt refuses
 // clients that do not meet them, with StatusUnauthorized.
 func ServerWith(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error, opts Options) (Result, error) {
-	hello := make([]byte, len(magic)+nonceLen)
+	hello := make([]byte, len(magic2)+nonceLen)
 	if _, err := io.ReadFull(rw, hello); err != nil {
 		return Result{}, err
 	}
-	cn := hello[len(magic):]
-	switch string(hello[:len(magic)]) {
-	case magic:
-		if opts.v2() {
-			WriteStatus(rw, StatusUnauthorized, "this cluster requires a cluster key or encryption")
-			return Result{}, fmt.Errorf("%w: client speaks the handshake without cluster key or encryption", fabric.ErrUnauthorized)
-		}
-		return serverV1(rw, key, authorize, cn)
-	case magic2:
-	default:
+	cn := hello[len(magic2):]
+	if string(hello[:len(magic2)]) != magic2 {
+		WriteStatus(rw, StatusBadRequest, "not a tensorlane data handshake (v2)")
 		return Result{}, fmt.Errorf("%w: not a tensorlane data connection", fabric.ErrBadRequest)
 	}
 	var fl [1]byte
@@ -351,52 +340,6 @@ func ServerWith(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) er
 	}
 	_, err = rw.Write([]byte{StatusOK})
 	return res, err
-}
-
-func serverV1(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) error, cn []byte) (Result, error) {
-	theirKey, err := ReadField(rw, maxKeyLen)
-	if err != nil {
-		return Result{}, err
-	}
-	pub, id, err := publicKeyOf(theirKey)
-	if err != nil {
-		return Result{}, err
-	}
-	sn := make([]byte, nonceLen)
-	rand.Read(sn)
-	ourKey, err := crypto.MarshalPublicKey(key.GetPublic())
-	if err != nil {
-		return Result{}, err
-	}
-	sig, err := key.Sign(transcript("server", cn, sn, theirKey))
-	if err != nil {
-		return Result{}, err
-	}
-	if _, err := rw.Write(sn); err != nil {
-		return Result{}, err
-	}
-	if err := WriteField(rw, ourKey); err != nil {
-		return Result{}, err
-	}
-	if err := WriteField(rw, sig); err != nil {
-		return Result{}, err
-	}
-	theirSig, err := ReadField(rw, maxSigLen)
-	if err != nil {
-		return Result{}, err
-	}
-	if ok, err := pub.Verify(transcript("client", cn, sn, ourKey), theirSig); err != nil || !ok {
-		WriteStatus(rw, StatusUnauthorized, "client signature does not verify")
-		return Result{}, fmt.Errorf("%w: client signature does not verify", fabric.ErrUnauthorized)
-	}
-	if authorize != nil {
-		if err := authorize(id); err != nil {
-			WriteStatus(rw, StatusUnauthorized, "peer not admitted")
-			return Result{}, fmt.Errorf("%w: %v", fabric.ErrUnauthorized, err)
-		}
-	}
-	_, err = rw.Write([]byte{StatusOK})
-	return Result{Peer: id}, err
 }
 
 var errShortKey = errors.New("peerauth: session keys must be 32 bytes")

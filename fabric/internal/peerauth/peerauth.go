@@ -16,29 +16,16 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 )
 
-// The handshake binds a data connection to the libp2p identities of both
-// ends: each side signs both nonces and the other side's public key with its
-// identity key, so neither can be impersonated and a recorded handshake
-// cannot be replayed.
-//
-//	client -> server: magic "TLD1" | client nonce (32) | client public key
-//	server -> client: server nonce (32) | server public key | sig_s("server", cn, sn, client key)
-//	client -> server: sig_c("client", cn, sn, server key)
-//	server -> client: status (0 = admitted) [| message]
+// The handshake (options.go) binds a data connection to the libp2p
+// identities of both ends: each side signs both nonces, the other side's
+// public key and the handshake options with its identity key, so neither can
+// be impersonated and a recorded handshake cannot be replayed.
 const (
-	magic      = "TLD1"
 	nonceLen   = 32
 	maxKeyLen  = 1024
 	maxSigLen  = 1024
 	MaxMessage = 1024 // longest status message
 )
-
-func transcript(role string, cn, sn, key []byte) []byte {
-	out := []byte("tensorlane/data/v1 " + role)
-	out = append(out, cn...)
-	out = append(out, sn...)
-	return append(out, key...)
-}
 
 // WriteField writes p with a two-byte length prefix.
 func WriteField(w io.Writer, p []byte) error {

@@ -247,3 +247,12 @@ func (fakeConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
 func (fakeConn) SetDeadline(_ time.Time) error      { return nil }
 func (fakeConn) SetReadDeadline(_ time.Time) error  { return nil }
 func (fakeConn) SetWriteDeadline(_ time.Time) error { return nil }
+
+func TestServerRefusesOtherProtocols(t *testing.T) {
+	skey, _ := key(t)
+	var out bytes.Buffer
+	in := append([]byte("GET / HTTP/1.1\r\n"), make([]byte, 64)...)
+	_, err := ServerWith(fuzzRW{bytes.NewReader(in), &out}, skey, nil, Options{})
+	assert.ErrorIs(t, err, fabric.ErrBadRequest)
+	assert.Equal(t, StatusBadRequest, out.Bytes()[0], "the other end is told why")
+}
