@@ -265,6 +265,12 @@ func (h *helper) kill(t testing.TB) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("owner process survived SIGKILL for 20 s")
 	}
+	// A killed owner leaves its socket files; the next Listen in the
+	// directory would sweep them, but a test cleans up after itself.
+	t.Cleanup(func() {
+		os.Remove(h.info.Addr)
+		os.Remove(h.info.Echo)
+	})
 }
 
 func (h *helper) remote(i int, off, n int64) fabric.Remote {
