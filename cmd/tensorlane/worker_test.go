@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
 )
 
 // pipeWorker runs runWorker in this process behind pipes, as the multihost
@@ -156,4 +159,52 @@ func TestPatternCheck(t *testing.T) {
 			assert.Equal(t, 0, checkPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
 		}
 	}
+}
+
+// FuzzWorkerRequest feeds arbitrary request lines to a live worker: every
+// one must be answered (typed error or result) without a panic or a hang.
+func FuzzWorkerRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"id":1,"op":"info"}`,
+		`{"id":2,"op":"put","size":4096,"seed":3,"device":"gpu:1"}`,
+		`{"id":3,"op":"get","ref":"VFIB","device":"gpu:0"}`,
+		`{"id":4,"op":"free","ref":""}`,
+		`{"id":5,"op":"connect","peer":"12D3KooWJo1BJaPShKchEshHWuhphCbfnKToy6LJzyvbQsUwjX6x","addrs":["/ip4/127.0.0.1/tcp/1"],"timeout_ms":50}`,
+		`{"id":6,"op":"put","size":-8}`,
+		`{"op":"get","device":"cpu:99999999"}`,
+		`not json`,
+	} {
+		f.Add([]byte(s))
+	}
+	rt := newFuzzWorker(f)
+	f.Fuzz(func(t *testing.T, line []byte) {
+		var req workerRequest
+		if json.Unmarshal(line, &req) != nil {
+			return
+		}
+		if req.Op == "connect" || req.TimeoutMS <= 0 || req.TimeoutMS > 200 {
+			req.TimeoutMS = 200 // dials to arbitrary addresses must not slow the fuzzer
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r := rt.handle(ctx, req)
+		if !r.OK && r.Code == "" {
+			t.Fatalf("failure without a code: %+v", r)
+		}
+		if r.OK && req.Op == "put" {
+			rt.free(ctx, workerRequest{Ref: r.Ref})
+		}
+	})
+}
+
+func newFuzzWorker(f *testing.F) *worker {
+	cluster, err := topology.Preset("dgx-h100", 1)
+	require.NoError(f, err)
+	rt, err := rdt.New(context.Background(), rdt.Config{Cluster: cluster, DeviceMemory: 8 << 20, IgnoreEnv: true})
+	require.NoError(f, err)
+	f.Cleanup(func() { rt.Shutdown(context.Background()) })
+	w := &worker{rt: rt, started: time.Now(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), objects: map[string]tensor.Tensor{}}
+	w.actor, err = rt.Spawn("worker")
+	require.NoError(f, err)
+	return w
 }
