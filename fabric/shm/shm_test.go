@@ -623,3 +623,32 @@ func TestCacheLimits(t *testing.T) {
 	assert.Zero(t, s.Bytes)
 	assert.Nil(t, big.data)
 }
+
+// TestReadDescriptorIsReadOnly: the descriptor a reader gets cannot be
+// mapped writable, while a pusher's can.
+func TestReadDescriptorIsReadOnly(t *testing.T) {
+	f := newFixture(t, 8192, nil)
+	pin := nopRelease{f.obj}
+	g, fd, err := f.srv.export(pin, request{op: opRead, length: 8192})
+	require.NoError(t, err)
+	require.NotZero(t, g.flags&flagFD)
+	defer unix.Close(fd)
+	_, err = unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.ErrorIs(t, err, unix.EACCES, "a read descriptor maps writable")
+	ro, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	unix.Munmap(ro)
+
+	_, pfd, err := f.srv.export(pin, request{op: opPush, length: 8192})
+	require.NoError(t, err)
+	defer unix.Close(pfd)
+	rw, err := unix.Mmap(pfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	unix.Munmap(rw)
+
+	// A reader that already maps the object gets no descriptor at all.
+	g2, fd2, err := f.srv.export(pin, request{op: opRead, length: 8192, have: g.mapID})
+	require.NoError(t, err)
+	assert.Equal(t, -1, fd2)
+	assert.Zero(t, g2.flags&flagFD)
+}
