@@ -70,3 +70,43 @@ func TestRogueWithoutClusterKey(t *testing.T) {
 	backToBaseline(t, ctx, owner.W, 0, 5*time.Second)
 	backToBaseline(t, ctx, member.W, 0, 5*time.Second)
 }
+
+// 5c. encrypted data connections carry verified bytes between hosts; an
+// owner that encrypts refuses a reader that does not; an owner with an
+// allowlist serves only the peers on it.
+func TestEncryptionAndAllowlist(t *testing.T) {
+	c := New(t, Options{Args: []string{"--encrypt"}})
+	ctx := testCtx(t, 2*time.Minute)
+	owner, reader, other := c.Hosts[0], c.Hosts[1], c.Hosts[2]
+	ref := put(t, ctx, owner.W, 16<<20, 13)
+	r := get(t, ctx, reader.W, ref, 13)
+	require.True(t, r.OK && r.Verified, "encrypted transfer: %s %s", r.Code, r.Error)
+	t.Logf("encrypted 16 MiB over the namespace link: %.0f MB/s", float64(r.Bytes)/r.Seconds/1e6)
+
+	plain := c.AddHost(ctx, "plain", "h2", "10.77.0.60", false) // no --encrypt
+	c.Connect(ctx, plain, owner)
+	start := time.Now()
+	r = get(t, ctx, plain.W, ref, 13)
+	require.False(t, r.OK, "an encrypting owner served a reader in the clear")
+	assert.Equal(t, "unauthorized", r.Code, r.Error)
+	record(t, "5c unencrypted reader refused by an encrypting owner", time.Since(start), r.Code)
+	free(t, ctx, owner.W, ref)
+
+	// Only the reader may connect to the owner now.
+	owner.SetArgs("--allow-peers", reader.W.Ready.Peer)
+	owner.Restart(ctx)
+	c.Connect(ctx, reader, owner)
+	ref = put(t, ctx, owner.W, 1<<20, 14)
+	r = get(t, ctx, reader.W, ref, 14)
+	assert.True(t, r.OK && r.Verified, "allowed reader: %s %s", r.Code, r.Error)
+	start = time.Now()
+	r = get(t, ctx, other.W, ref, 14)
+	require.False(t, r.OK, "a peer not on the allowlist read an object")
+	assert.Contains(t, []string{"unauthorized", "peer_unreachable"}, r.Code, r.Error)
+	record(t, "5c peer not on the allowlist refused", time.Since(start), r.Code)
+	free(t, ctx, owner.W, ref)
+	backToBaseline(t, ctx, owner.W, 0, 5*time.Second)
+	for _, w := range []*Worker{reader.W, other.W, plain.W} {
+		backToBaseline(t, ctx, w, 0, 5*time.Second)
+	}
+}
