@@ -61,6 +61,17 @@ func TestCrossRuntimePaths(t *testing.T) {
 		})
 	}
 
+	// Host memory is shareable too (memfd-backed), so an object there
+	// reaches a neighbour over shm, not tcp.
+	hx := fill(t, p.a, tensor.HostDevice, tensor.Float32, 1000)
+	href, err := owner.Put(ctx, hx)
+	require.NoError(t, err)
+	got, xfer, err := neighbour.Fetch(ctx, href, tensor.GPUDevice(1))
+	require.NoError(t, err)
+	assert.Equal(t, fabric.SHM, xfer.Stats.Transport)
+	sameBytes(t, hx, got)
+	require.NoError(t, got.Release())
+
 	// Free revokes: cached mappings and rdma registrations must not serve
 	// the freed object.
 	require.NoError(t, owner.Free(ctx, ref))

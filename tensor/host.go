@@ -14,9 +14,11 @@ import (
 // ErrClosed is returned by memory that was closed; it wraps net.ErrClosed.
 var ErrClosed = fmt.Errorf("tensor: memory closed: %w", net.ErrClosed)
 
-// HostMemory is the host's own memory. Each allocation is its own anonymous
-// mapping, so Release gives the pages back to the kernel at once instead of
-// waiting for the garbage collector. A zero capacity means unbounded.
+// HostMemory is the host's own memory. Each allocation is its own mapping
+// of its own memfd, so Release gives the pages back to the kernel at once
+// instead of waiting for the garbage collector, and a buffer can be shared
+// with another process (Export), which the shm path maps. A zero capacity
+// means unbounded.
 type HostMemory struct {
 	dev      DeviceID
 	capacity int64
@@ -38,7 +40,7 @@ func NewHostMemory(capacity int64) *HostMemory {
 // Device returns HostDevice.
 func (m *HostMemory) Device() DeviceID { return m.dev }
 
-// Alloc maps n bytes of anonymous memory.
+// Alloc maps n bytes of a new memfd.
 func (m *HostMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -58,19 +60,35 @@ func (m *HostMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 		m.peak = m.used
 	}
 	m.mu.Unlock()
-	b := &hostBuffer{mem: m, n: n}
+	b := &hostBuffer{mem: m, n: n, fd: -1}
 	if n > 0 {
-		data, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-		if err != nil {
+		if err := b.mapNew(); err != nil {
 			m.account(-n)
-			if errors.Is(err, unix.ENOMEM) {
+			if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
 				return nil, &OutOfMemoryError{Device: m.dev, Requested: n}
 			}
 			return nil, fmt.Errorf("tensor: host alloc %d: %w", n, err)
 		}
-		b.data = data
 	}
 	return b, nil
+}
+
+func (b *hostBuffer) mapNew() error {
+	fd, err := unix.MemfdCreate("tensorlane-host", unix.MFD_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	if err := unix.Ftruncate(fd, b.n); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	data, err := unix.Mmap(fd, 0, int(b.n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	b.fd, b.data = fd, data
+	return nil
 }
 
 func (m *HostMemory) account(n int64) {
@@ -95,8 +113,26 @@ func (m *HostMemory) Stats() MemStats {
 type hostBuffer struct {
 	mem      *HostMemory
 	n        int64
+	fd       int // the memfd behind data; -1 for an empty buffer
 	data     []byte
 	released atomic.Bool
+}
+
+var _ Exportable = (*hostBuffer)(nil)
+
+// Export returns a duplicate of the buffer's memfd; the buffer fills it.
+func (b *hostBuffer) Export() (Handle, error) {
+	if b.released.Load() {
+		return Handle{}, ErrReleased
+	}
+	if b.fd < 0 {
+		return Handle{}, fmt.Errorf("tensor: an empty host buffer has nothing to share")
+	}
+	fd, err := unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return Handle{}, fmt.Errorf("tensor: export host buffer: %w", err)
+	}
+	return Handle{FD: fd, ArenaSize: b.n, Offset: 0, Length: b.n}, nil
 }
 
 func (b *hostBuffer) Device() DeviceID { return b.mem.dev }
@@ -119,6 +155,11 @@ func (b *hostBuffer) Release() error {
 	var err error
 	if b.data != nil {
 		err = unix.Munmap(b.data)
+	}
+	if b.fd >= 0 {
+		if cerr := unix.Close(b.fd); err == nil {
+			err = cerr
+		}
 	}
 	b.mem.account(-b.n)
 	return err

@@ -231,6 +231,29 @@ func TestSimMemoryExportSharesBytes(t *testing.T) {
 	assert.ErrorIs(t, err, ErrReleased)
 }
 
+func TestHostMemoryExportSharesBytes(t *testing.T) {
+	m := NewHostMemory(0)
+	b, err := m.Alloc(context.Background(), 8192)
+	require.NoError(t, err)
+	p, _ := BytesOf(b)
+	copy(p[4096:], "hello host")
+	h, err := b.(Exportable).Export()
+	require.NoError(t, err)
+	defer unix.Close(h.FD)
+	assert.Equal(t, int64(8192), h.Length)
+	other, err := unix.Mmap(h.FD, 0, int(h.ArenaSize), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(other)
+	assert.Equal(t, "hello host", string(other[4096:4106]))
+	require.NoError(t, b.Release())
+	_, err = b.(Exportable).Export()
+	assert.ErrorIs(t, err, ErrReleased)
+	empty, err := m.Alloc(context.Background(), 0)
+	require.NoError(t, err)
+	_, err = empty.(Exportable).Export()
+	assert.Error(t, err)
+}
+
 func TestSimMemoryClosedAndCanceled(t *testing.T) {
 	m, err := NewSimMemory(GPUDevice(0), 1<<16)
 	require.NoError(t, err)
