@@ -25,10 +25,12 @@ const (
 	resNICIn
 )
 
-type resKey struct {
-	host int32
-	unit int32
-	kind resKind
+// resKey packs (host, unit, kind) into one word: loads are kept in maps
+// keyed by it, and a word hashes much faster than a padded struct.
+type resKey uint64
+
+func rk(host, unit int32, kind resKind) resKey {
+	return resKey(uint64(uint32(host))<<32 | uint64(uint32(unit)&0xffffff)<<8 | uint64(kind))
 }
 
 // charge is one resource's share of a transfer.
@@ -51,29 +53,29 @@ func (ix *index) pairCharges(out []charge, a, b xend, gb float64) []charge {
 	if a.host == b.host {
 		if a.dev == b.dev {
 			if a.dev < 0 {
-				return append(out, charge{resKey{int32(a.host), 0, resHostMem}, gb / ix.cost.PHB})
+				return append(out, charge{rk(int32(a.host), 0, resHostMem), gb / ix.cost.PHB})
 			}
 			return out
 		}
 		if a.dev < 0 || b.dev < 0 {
 			t := gb / ix.cost.PHB
-			out = append(out, charge{resKey{int32(a.host), 0, resHostMem}, t})
+			out = append(out, charge{rk(int32(a.host), 0, resHostMem), t})
 			if a.dev >= 0 {
-				out = append(out, charge{resKey{int32(a.host), int32(a.dev), resPCIeOut}, t})
+				out = append(out, charge{rk(int32(a.host), int32(a.dev), resPCIeOut), t})
 			}
 			if b.dev >= 0 {
-				out = append(out, charge{resKey{int32(b.host), int32(b.dev), resPCIeIn}, t})
+				out = append(out, charge{rk(int32(b.host), int32(b.dev), resPCIeIn), t})
 			}
 			return out
 		}
 		p := ha.pair[a.dev][b.dev]
 		t := gb / p.gbps
 		if p.class == topology.PathNV {
-			return append(out, charge{resKey{int32(a.host), int32(a.dev), resNVOut}, t}, charge{resKey{int32(b.host), int32(b.dev), resNVIn}, t})
+			return append(out, charge{rk(int32(a.host), int32(a.dev), resNVOut), t}, charge{rk(int32(b.host), int32(b.dev), resNVIn), t})
 		}
-		out = append(out, charge{resKey{int32(a.host), int32(a.dev), resPCIeOut}, t}, charge{resKey{int32(b.host), int32(b.dev), resPCIeIn}, t})
+		out = append(out, charge{rk(int32(a.host), int32(a.dev), resPCIeOut), t}, charge{rk(int32(b.host), int32(b.dev), resPCIeIn), t})
 		if p.class == topology.PathSYS {
-			out = append(out, charge{resKey{int32(a.host), 0, resSMP}, t})
+			out = append(out, charge{rk(int32(a.host), 0, resSMP), t})
 		}
 		return out
 	}
@@ -87,7 +89,7 @@ func (ix *index) pairCharges(out []charge, a, b xend, gb float64) []charge {
 		}
 		if bw > 0 {
 			t := gb / bw
-			return append(out, charge{resKey{int32(a.host), int32(a.dev), resNVOut}, t}, charge{resKey{int32(b.host), int32(b.dev), resNVIn}, t})
+			return append(out, charge{rk(int32(a.host), int32(a.dev), resNVOut), t}, charge{rk(int32(b.host), int32(b.dev), resNVIn), t})
 		}
 	}
 	nicA, netA := ha.hostNIC, ha.hostNet
@@ -99,13 +101,13 @@ func (ix *index) pairCharges(out []charge, a, b xend, gb float64) []charge {
 		nicB, netB = hb.devs[b.dev].nic, hb.devs[b.dev].net
 	}
 	t := gb / min(netA, netB)
-	out = append(out, charge{resKey{int32(a.host), int32(nicA), resNICOut}, t}, charge{resKey{int32(b.host), int32(nicB), resNICIn}, t})
+	out = append(out, charge{rk(int32(a.host), int32(nicA), resNICOut), t}, charge{rk(int32(b.host), int32(nicB), resNICIn), t})
 	// The bytes also cross each device's PCIe port (GPUDirect RDMA).
 	if a.dev >= 0 {
-		out = append(out, charge{resKey{int32(a.host), int32(a.dev), resPCIeOut}, gb / ix.cost.PIX})
+		out = append(out, charge{rk(int32(a.host), int32(a.dev), resPCIeOut), gb / ix.cost.PIX})
 	}
 	if b.dev >= 0 {
-		out = append(out, charge{resKey{int32(b.host), int32(b.dev), resPCIeIn}, gb / ix.cost.PIX})
+		out = append(out, charge{rk(int32(b.host), int32(b.dev), resPCIeIn), gb / ix.cost.PIX})
 	}
 	return out
 }

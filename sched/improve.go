@@ -2,8 +2,11 @@ package sched
 
 // improve is a bounded local search after the greedy pass, for gangs with
 // traffic of at most Config.LocalSearch bundles: move a bundle to another
-// candidate host, or swap the places of two bundles, when
-// that strictly lowers (busiest resource, summed busy time). SPREAD keeps
+// candidate host, swap the places of two bundles (b goes next to one of
+// its traffic peers: onto its host or into its NVLink domain or slice; the
+// pass over c covers swaps that bring c closer), or evict a bundle from a
+// peer's host, when that strictly lowers (busiest resource, summed busy
+// time). SPREAD keeps
 // its host count. It is deterministic: bundles in index order, at most
 // four passes and localSearchWork edge evaluations.
 func (r *run) improve() {
@@ -25,8 +28,9 @@ func (r *run) improve() {
 			if r.work < budget && r.tryEvict(b) {
 				improved = true
 			}
+			near := r.nearPeers(b)
 			for c := 0; c < n && r.work < budget; c++ {
-				if c != b && r.trySwap(b, c) {
+				if c != b && near(r.a[c].host) && r.trySwap(b, c) {
 					improved = true
 				}
 			}
@@ -34,6 +38,46 @@ func (r *run) improve() {
 		if !improved {
 			return
 		}
+	}
+}
+
+// nearPeers reports whether host h is a host of one of b's placed traffic
+// peers or shares a multi-host NVLink domain or slice with one.
+func (r *run) nearPeers(b int) func(h int) bool {
+	s := r.s
+	ix := s.ix
+	var hosts []int
+	var groups [][2]int
+	for _, ei := range s.cr.adj[b] {
+		e := s.cr.edges[ei]
+		o := e.from
+		if o == b {
+			o = e.to
+		}
+		ph := r.a[o].host
+		if ph < 0 || containsInt(hosts, ph) {
+			continue
+		}
+		hosts = append(hosts, ph)
+		for _, l := range []int{rankNVLink, rankSlice} {
+			if g := ix.hosts[ph].group[l]; ix.labelled[l] && len(ix.groups[l][g].hosts) > 1 {
+				groups = append(groups, [2]int{l, g})
+			}
+		}
+	}
+	return func(h int) bool {
+		if h < 0 {
+			return false
+		}
+		if containsInt(hosts, h) {
+			return true
+		}
+		for _, g := range groups {
+			if ix.hosts[h].group[g[0]] == g[1] {
+				return true
+			}
+		}
+		return false
 	}
 }
 
