@@ -29,8 +29,10 @@
 // An owner's rails travel in Remote.Addrs["rdma"] as
 // "nic0=10.1.0.2:4791,nic1=10.2.0.2:4791" (FormatAddrs, ParseAddrs).
 //
-// The transfer is tied to the control rail's queue pair on the owner's
-// side: if that queue pair breaks, the owner releases the registration and
-// the reader registers again (up to three times) before giving up with
-// fabric.ErrPeerClosed, which the planner may retry or fall back from.
+// The owner ties a registration to the queue pair its resolve came over.
+// If the owner sees that queue pair break, it releases the registration
+// and the reader registers again (up to three times) before giving up
+// with fabric.ErrPeerClosed, which the planner may retry or fall back
+// from; if only the reader sees it (a cut link), the data goes on over
+// the other rails and the final "done" travels over one of them.
 package rdma

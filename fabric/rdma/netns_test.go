@@ -332,3 +332,48 @@ func BenchmarkNamespacesRails(b *testing.B) {
 		})
 	}
 }
+
+// TestNamespacesControlRailCut cuts rail 0, the one the control exchange
+// used, mid-transfer: the data finishes on rail 1, and the owner's pin is
+// released over rail 1 rather than waiting for the dead connection to time
+// out.
+func TestNamespacesControlRailCut(t *testing.T) {
+	const size = 32 << 20
+	h := newTwoHosts(t, size, func(c *rdma.Config) {
+		c.QPTimeout = time.Second
+		c.DialTimeout = time.Second
+	})
+	h.shape(t, "200mbit")
+	dst, p := h.dst(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.tr.Read(ctx, h.remote(2), dst)
+		done <- err
+	}()
+	rail0 := h.metrics.RailBytes.WithLabelValues("nic0->nic0")
+	deadline := time.Now().Add(time.Minute)
+	for testutil.ToFloat64(rail0) < 2<<20 {
+		if time.Now().After(deadline) {
+			t.Fatal("rail 0 carried nothing")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := h.b.SetLink(ctx, "r0", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("transfer with the control rail cut: %v", err)
+	}
+	if !bytes.Equal(p, h.data) {
+		t.Fatal("bytes differ after the cut")
+	}
+	// The owner's connection on rail 0 is still half open; the done went
+	// over rail 1.
+	if n := h.srv.Registrations(); n != 0 {
+		t.Errorf("the owner still holds %d registrations after the read", n)
+	}
+	t.Logf("control rail cut: rail 1 finished; rail 0 paused %v times, %v slices moved",
+		testutil.ToFloat64(h.metrics.RailPauses.WithLabelValues("nic0->nic0")), testutil.ToFloat64(h.metrics.SliceRetry))
+}

@@ -50,7 +50,7 @@ func (t *Transport) resolve(ctx context.Context, rails []*rail, src fabric.Remot
 			if err == nil {
 				rr, err := decodeResolveResp(resp)
 				if err != nil {
-					t.sendDone(r, qp, req.id)
+					t.sendDone(rails, r, qp, req.id)
 					return nil, err
 				}
 				s := &session{id: req.id, rail: r, qp: qp, keys: map[string]regKey{}}
@@ -65,7 +65,7 @@ func (t *Transport) resolve(ctx context.Context, rails []*rail, src fabric.Remot
 			}
 			if cctx.Err() != nil {
 				// The owner may still resolve and pin: tell it to let go.
-				t.sendDone(r, qp, req.id)
+				t.sendDone(rails, r, qp, req.id)
 				return nil, t.ctxErr(ctx, cctx, err)
 			}
 			errs = append(errs, fmt.Errorf("rail %s: %w", r.label, err))
@@ -106,15 +106,29 @@ func (t *Transport) waitReady(ctx context.Context, r *rail) (QueuePair, error) {
 }
 
 // sendDone releases a registration on the owner, within a short bound
-// that does not depend on the caller's (maybe cancelled) context. If the
-// owner cannot be told, the queue pair the registration is tied to is
-// closed, which releases it too.
-func (t *Transport) sendDone(r *rail, qp QueuePair, id uint64) {
+// that does not depend on the caller's (maybe cancelled) context. The
+// owner accepts it on any queue pair of ours, so when the registration's
+// own queue pair is broken (its rail was cut) another connected rail of
+// the same owner carries it. If no rail can, closing the queue pair the
+// registration is tied to releases it on the owner's side.
+func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, id uint64) {
 	ctx, cancel := context.WithTimeout(t.base, 2*time.Second)
 	defer cancel()
-	if _, err := qp.Call(ctx, doneMsg(id)); err != nil {
-		t.log.Debug("rdma done not delivered; closing the control queue pair", "rail", r.label, "err", err)
-		t.railFailed(r, qp, err)
+	_, err := qp.Call(ctx, doneMsg(id))
+	if err == nil {
+		return
+	}
+	t.log.Debug("rdma done not delivered on its rail; closing that queue pair", "rail", r.label, "err", err)
+	t.railFailed(r, qp, err)
+	for _, other := range rails {
+		if other == r || other.peer != r.peer {
+			continue
+		}
+		if oqp, _ := t.ready(other); oqp != nil {
+			if _, err := oqp.Call(ctx, doneMsg(id)); err == nil {
+				return
+			}
+		}
 	}
 }
 
@@ -151,7 +165,7 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	defer func() { t.sendDone(sess.rail, sess.qp, sess.id) }()
+	defer func() { t.sendDone(rails, sess.rail, sess.qp, sess.id) }()
 	stats := fabric.Stats{Transport: fabric.RDMA, Bytes: src.Length, Streams: 1}
 	if src.Length == 0 {
 		stats.Duration = time.Since(start)
