@@ -1,6 +1,9 @@
 package sched
 
-import "sort"
+import (
+	"container/heap"
+	"sort"
+)
 
 // The partition start is a second way to build a placement, tried next to
 // the plain greedy whenever a scope spans several domains (NVLink domains
@@ -65,7 +68,7 @@ type partition struct {
 
 // partition returns the plan for scope sc, or nil when the partition
 // start cannot differ from the plain greedy.
-func (s *solver) partition(sc *scope) *partition {
+func (s *solver) partition(sc *scope, total bool) *partition {
 	ix := s.ix
 	if !s.cr.traffic || sc.numa >= 0 {
 		return nil
@@ -120,51 +123,81 @@ func (s *solver) partition(sc *scope) *partition {
 		// with gb/min(devices): that, not gb, is what a cut costs.
 		pairs[i].w += e.gb / float64(max(1, min(s.cr.bundles[e.from].devices, s.cr.bundles[e.to].devices)))
 	}
-	sort.SliceStable(pairs, func(i, j int) bool {
-		if pairs[i].w != pairs[j].w {
-			return pairs[i].w > pairs[j].w
-		}
-		if pairs[i].a != pairs[j].a {
-			return pairs[i].a < pairs[j].a
-		}
-		return pairs[i].b < pairs[j].b
-	})
-	// Union-find over the dendrogram: top[root bundle] is its node.
+	// Agglomerate: repeatedly merge the two components with the heaviest
+	// linkage that still fit. Total linkage sums the pair weights between
+	// two components, single linkage takes the heaviest pair; neither wins
+	// everywhere (a group with many medium ties to a component against one
+	// heavy pair), so small gangs try both. A heap with stale entries
+	// skipped keeps it O(E log E).
 	parent := make([]int, n)
 	top := make([]int, n)
+	link := make([]map[int]float64, n) // root -> root -> linkage
 	for b := 0; b < n; b++ {
 		parent[b] = b
 		top[b] = len(p.nodes)
 		d := s.cr.bundles[b].devices
 		p.nodes = append(p.nodes, pnode{kids: [2]int{-1, -1}, b: b, dev: d, units: max(d, 1)})
 	}
-	var find func(int) int
-	find = func(x int) int {
-		for parent[x] != x {
-			parent[x] = parent[parent[x]]
-			x = parent[x]
-		}
-		return x
-	}
 	hasEdge := make([]bool, n)
+	h := &linkHeap{}
 	for _, pr := range pairs {
 		hasEdge[pr.a], hasEdge[pr.b] = true, true
-		ra, rb := find(pr.a), find(pr.b)
-		if ra == rb {
-			p.nodes[top[ra]].w += pr.w
-			continue
+		for _, x := range [2][2]int{{pr.a, pr.b}, {pr.b, pr.a}} {
+			if link[x[0]] == nil {
+				link[x[0]] = map[int]float64{}
+			}
+			link[x[0]][x[1]] = pr.w
+		}
+		h.push(linkItem{w: pr.w, a: pr.a, b: pr.b})
+	}
+	for h.Len() > 0 {
+		it := h.pop()
+		ra, rb := it.a, it.b
+		if parent[ra] != ra || parent[rb] != rb || link[ra][rb] != it.w {
+			continue // stale: a side was merged, or the linkage grew
 		}
 		ta, tb := top[ra], top[rb]
 		na, nb := p.nodes[ta], p.nodes[tb]
 		if na.units+nb.units > maxCap {
-			continue
+			continue // components only grow: never fits later either
 		}
-		if rb < ra {
-			ra, rb = rb, ra
+		// Keep the root with the larger linkage map; fold the other in.
+		keep, gone := ra, rb
+		if len(link[gone]) > len(link[keep]) {
+			keep, gone = gone, keep
 		}
-		parent[rb] = ra
-		top[ra] = len(p.nodes)
-		p.nodes = append(p.nodes, pnode{kids: [2]int{ta, tb}, b: min(na.b, nb.b), dev: na.dev + nb.dev, units: na.units + nb.units, w: na.w + nb.w + pr.w})
+		parent[gone] = keep
+		delete(link[keep], gone)
+		for x, w := range link[gone] {
+			if x == keep {
+				continue
+			}
+			delete(link[x], gone)
+			if total {
+				link[keep][x] += w
+			} else {
+				link[keep][x] = max(link[keep][x], w)
+			}
+			link[x][keep] = link[keep][x]
+		}
+		link[gone] = nil
+		// Push the new linkages in a fixed order (map order is random).
+		xs := make([]int, 0, len(link[keep]))
+		for x := range link[keep] {
+			xs = append(xs, x)
+		}
+		sort.Ints(xs)
+		for _, x := range xs {
+			h.push(linkItem{w: link[keep][x], a: min(keep, x), b: max(keep, x)})
+		}
+		top[keep] = len(p.nodes)
+		p.nodes = append(p.nodes, pnode{kids: [2]int{ta, tb}, b: min(na.b, nb.b), dev: na.dev + nb.dev, units: na.units + nb.units, w: na.w + nb.w + it.w})
+	}
+	find := func(x int) int {
+		for parent[x] != x {
+			x = parent[x]
+		}
+		return x
 	}
 	for b := 0; b < n; b++ {
 		if s.pinned[b].host >= 0 {
@@ -396,3 +429,29 @@ func (r *run) placeComponent(p *partition, dev int, members []int) bool {
 	}
 	return true
 }
+
+// linkItem is a candidate merge of two component roots a < b.
+type linkItem struct {
+	w    float64
+	a, b int
+}
+
+// linkHeap pops the heaviest linkage first, ties to the lowest (a, b), so
+// that the merge order is deterministic.
+type linkHeap []linkItem
+
+func (h linkHeap) Len() int { return len(h) }
+func (h linkHeap) Less(i, j int) bool {
+	if h[i].w != h[j].w {
+		return h[i].w > h[j].w
+	}
+	if h[i].a != h[j].a {
+		return h[i].a < h[j].a
+	}
+	return h[i].b < h[j].b
+}
+func (h linkHeap) Swap(i, j int)    { h[i], h[j] = h[j], h[i] }
+func (h *linkHeap) Push(x any)      { *h = append(*h, x.(linkItem)) }
+func (h *linkHeap) Pop() any        { old := *h; x := old[len(old)-1]; *h = old[:len(old)-1]; return x }
+func (h *linkHeap) push(x linkItem) { heap.Push(h, x) }
+func (h *linkHeap) pop() linkItem   { return heap.Pop(h).(linkItem) }

@@ -33,9 +33,16 @@ func (s *solver) run(sc *scope) *result {
 	if s.cfg.noPartition {
 		return res
 	}
-	if p := s.partition(sc); p != nil {
-		if pr := s.runStart(sc, p); pr != nil && pr.better(res, false) {
-			res = pr
+	// Small gangs, where one instance's quality matters most and work is
+	// cheap, try both linkages; large ones single linkage only.
+	for _, total := range []bool{false, true} {
+		if total && len(s.cr.bundles) > max(s.cfg.LocalSearch, 0) {
+			break
+		}
+		if p := s.partition(sc, total); p != nil {
+			if pr := s.runStart(sc, p); pr != nil && pr.better(res, false) {
+				res = pr
+			}
 		}
 	}
 	return res
