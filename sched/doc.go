@@ -22,11 +22,12 @@
 // builds two placements: a greedy one (bundles in maximum-adjacency order,
 // each on the host that adds the least cost) and, where the group spans
 // several NVLink domains, slices or hosts, a partition one (the traffic
-// graph clustered heaviest pair first into components that fit a domain,
-// each component placed whole into its cheapest domain, split at its
-// lightest merge only when no domain holds it). Small gangs are then
+// graph clustered, most strongly linked first, into components that fit a
+// domain, each component placed whole into its cheapest domain, split at
+// its last merge only when no domain holds it; small gangs try two
+// linkage rules). Small gangs are then
 // improved by moves, swaps and evictions (a bundle joins its peer's host
-// by pushing another bundle out), and the cheaper placement wins.
+// by pushing another bundle out), and the cheapest placement wins.
 //
 // Decisions are a deterministic function of (cluster, state, request,
 // Config): no clock, no randomness, no map order. A Scheduler keeps the

@@ -5,22 +5,23 @@ import (
 	"sort"
 )
 
-// The partition start is a second way to build a placement, tried next to
+// The partition start is another way to build a placement, tried next to
 // the plain greedy whenever a scope spans several domains (NVLink domains
 // or TPU slices, whose host-to-host links are far faster than the network;
 // hosts where a cluster has neither). The plain greedy walks bundles in
-// maximum-adjacency order and, when a domain fills up, cuts a heavy chain
-// in the middle. The partition start first clusters the traffic graph:
-// heaviest pairs merge first while the merged group still fits the largest
-// free domain (a dendrogram, as in agglomerative clustering); a pair weighs
-// its traffic per device of its smaller bundle, the load a cut puts on one
-// NIC. It then
-// places whole groups, heaviest first, each into the domain that costs
-// least among the domains holding its placed peers and the two best free
-// ones by the anti-fragmentation order. A group that no domain holds is
-// split at its last (lightest) merge and its halves are placed the same
-// way, so the cut always falls on the lightest traffic. Both starts get the
-// local search; the better result wins, ties to the plain greedy.
+// maximum-adjacency order and, when a domain fills up, can cut a heavy
+// chain in the middle or strand a bundle away from its heaviest peer. The
+// partition start first clusters the traffic graph: the most strongly
+// linked components merge first while the merged one still fits the
+// largest free domain (a dendrogram, as in agglomerative clustering). A
+// pair weighs its traffic per device of its smaller bundle, the load a cut
+// puts on one NIC. It then places whole components, heaviest first, each
+// into the domain that costs least among the domains holding its placed
+// peers (the two with most traffic to it) and the two best free ones by
+// the anti-fragmentation order. A component that no domain holds is split
+// at its last merge and its halves are placed the same way, so cuts fall
+// on the weakest links. Every start gets the local search; the best result
+// wins, ties to the plain greedy.
 
 // domainRank picks the level the partition start packs into.
 func (ix *index) domainRank() int {
