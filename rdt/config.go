@@ -103,8 +103,9 @@ type Config struct {
 	SHMDir     string
 	// RDMAProvider serves the rdma path (a verbs provider; see fabric/rdma).
 	// Default on simulated hosts: the software provider, one TCP listener
-	// per RDMA NIC of the topology host at RDMAAddrs[NIC name] (default
-	// 127.0.0.1:0), so each NIC is a real, separately measured rail. The
+	// per RDMA NIC of the topology host at RDMAAddrs[NIC name] (default:
+	// DataAddr's host, port 0), so each NIC is a real, separately measured
+	// rail. The
 	// software provider neither encrypts nor proves the cluster key, so it
 	// is not started when EncryptData or ClusterKey is set (tcp serves
 	// instead, and Explain says so). DisableRDMA turns the path off.

@@ -76,6 +76,10 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 			r.log.Info("rdma not started: the software provider neither encrypts nor proves the cluster key; tcp serves other hosts")
 			return nil
 		}
+		dataHost, _, err := net.SplitHostPort(c.DataAddr)
+		if err != nil || dataHost == "" {
+			dataHost = "127.0.0.1"
+		}
 		var nics []softrdma.NIC
 		for _, n := range r.topoHost.NICs {
 			if !n.RDMA() {
@@ -89,7 +93,9 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 				if !r.topoHost.Simulated {
 					continue // a real host needs a real provider (or explicit addresses)
 				}
-				addr = "127.0.0.1:0"
+				// Simulated NICs listen where the tcp data server does, so
+				// a runtime in a network namespace is reachable on both.
+				addr = net.JoinHostPort(dataHost, "0")
 			}
 			nics = append(nics, softrdma.NIC{Name: n.Name, Addr: addr})
 		}

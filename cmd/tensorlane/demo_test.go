@@ -25,7 +25,7 @@ func TestDemoJSON(t *testing.T) {
 		assert.Equal(t, int64(3<<20), tr.Bytes)
 		paths[tr.Path]++
 	}
-	assert.Equal(t, map[string]int{"p2p": 4, "tcp": 4}, paths, "same-host readers use the NVLink path, others tcp")
+	assert.Equal(t, map[string]int{"p2p": 4, "rdma": 4}, paths, "same-host readers use the NVLink path, others rdma (simulated NICs)")
 }
 
 func TestDemoTable(t *testing.T) {
