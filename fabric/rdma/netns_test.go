@@ -172,12 +172,12 @@ func TestNamespacesTwoRails(t *testing.T) {
 // slices move to rail 0, the rail is paused (and counted), and the bytes
 // arrive intact.
 func TestNamespacesRailCut(t *testing.T) {
-	const size = 48 << 20
+	const size = 32 << 20
 	h := newTwoHosts(t, size, func(c *rdma.Config) {
 		c.QPTimeout = time.Second
 		c.DialTimeout = time.Second
 	})
-	h.shape(t, "200mbit") // about a second per rail for the whole object
+	h.shape(t, "150mbit") // about a second per rail for the whole object
 	dst, p := h.dst(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -50,10 +50,10 @@ func TestConformance(t *testing.T) {
 	// out of staging chunks) and the race detector instruments each copy:
 	// the 1 GiB case takes 20-60 s under -race on the shared 2-core
 	// machines, more than the package's time budget. Under -race (or
-	// -short) the suite stops at 256 MiB; a plain `go test` runs 1 GiB.
+	// -short) the suite stops at 128 MiB; a plain `go test` runs 1 GiB.
 	max := int64(0)
 	if testing.Short() || raceEnabled {
-		max = 256 << 20
+		max = 128 << 20
 	}
 	fabrictest.Run(t, fabrictest.Harness{Name: "rdma", MaxSize: max, Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink) fabrictest.Env {
 		ctx := context.Background()
@@ -260,7 +260,7 @@ func TestWrongOwnerIsUnauthorized(t *testing.T) {
 // TestRevokeMidTransfer frees the object while a slow read is in flight:
 // the read fails with ErrObjectFreed instead of returning stale bytes.
 func TestRevokeMidTransfer(t *testing.T) {
-	const size = 64 << 20
+	const size = 32 << 20
 	f := newFixture(t, size, 2, func(c *rdma.Config) { c.SliceSize = 256 << 10; c.MaxInFlight = 1 })
 	dst, _ := f.dst(t, size)
 	done := make(chan error, 1)
@@ -524,7 +524,7 @@ func BenchmarkLoopback(b *testing.B) {
 // TestCloseDuringTransfer closes the reader transport under a read: the
 // read ends with a typed error and nothing is left running.
 func TestCloseDuringTransfer(t *testing.T) {
-	const size = 64 << 20
+	const size = 32 << 20
 	f := newFixture(t, size, 2, func(c *rdma.Config) { c.SliceSize = 64 << 10; c.MaxInFlight = 1 })
 	dst, _ := f.dst(t, size)
 	done := make(chan error, 1)
