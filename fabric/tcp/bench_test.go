@@ -156,23 +156,31 @@ func BenchmarkRead(b *testing.B) {
 			require.NoError(b, err)
 
 			var raws, tcps []time.Duration
+			var cpuRaw, cpuTCP time.Duration
 			var peak, alloc uint64
 			runTCP := func() {
-				h := watchHeap()
-				t0 := time.Now()
+				var h *heapWatch
+				if n >= 64<<20 {
+					h = watchHeap()
+				}
+				c0, t0 := cpuTime(), time.Now()
 				if _, err := tr.Read(ctx, r, dst); err != nil {
 					b.Fatal(err)
 				}
 				tcps = append(tcps, time.Since(t0))
-				p, a := h.done()
-				peak, alloc = max(peak, p), max(alloc, a)
+				cpuTCP += cpuTime() - c0
+				if h != nil {
+					p, a := h.done()
+					peak, alloc = max(peak, p), max(alloc, a)
+				}
 			}
 			runRaw := func() {
-				t0 := time.Now()
+				c0, t0 := cpuTime(), time.Now()
 				if err := raw.read(to); err != nil {
 					b.Fatal(err)
 				}
 				raws = append(raws, time.Since(t0))
+				cpuRaw += cpuTime() - c0
 			}
 			b.ReportAllocs()
 			// Small reads repeat within an iteration, so a -benchtime that
@@ -191,6 +199,10 @@ func BenchmarkRead(b *testing.B) {
 				}
 			}
 			reportPairs(b, n, "raw", raws, "tcp", tcps)
+			// CPU per byte, both ends together (one process): what the
+			// path costs when the cores are contended, independent of
+			// how the scheduler treated each run.
+			b.ReportMetric(cpuTCP.Seconds()/cpuRaw.Seconds(), "cpu-tcp/raw")
 			if n >= 64<<20 {
 				b.ReportMetric(float64(peak), "heap-peak-B")
 				b.ReportMetric(float64(alloc), "tcp-alloc-B")
