@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -124,6 +125,8 @@ type workerOptions struct {
 	clusterKeyFile  string
 	allowPeers      []string
 	encrypt         bool
+	rdmaIP          string
+	noRDMA          bool
 	verbose         bool
 }
 
@@ -159,6 +162,8 @@ Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
 	f.StringVar(&o.clusterKeyFile, "cluster-key-file", "", "file holding the 32-byte cluster key (raw or hex); only members connect")
 	f.StringSliceVar(&o.allowPeers, "allow-peers", nil, "admit only these peer ids")
 	f.BoolVar(&o.encrypt, "encrypt", false, "encrypt data connections")
+	f.StringVar(&o.rdmaIP, "rdma-ip", "", "address the simulated RDMA NICs' rails listen on (default loopback; set it to the host's address in a network namespace)")
+	f.BoolVar(&o.noRDMA, "no-rdma", false, "turn the rdma path off")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "debug logs on stderr")
 	rootCmd.AddCommand(cmd)
 }
@@ -264,12 +269,26 @@ func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o worke
 		}
 		allow = append(allow, id)
 	}
+	var rdmaAddrs map[string]string
+	if o.rdmaIP != "" {
+		h, ok := cluster.Host(o.host)
+		if !ok {
+			return fmt.Errorf("host %q is not in %s (hosts %v)", o.host, cluster.Name, cluster.HostIDs())
+		}
+		rdmaAddrs = map[string]string{}
+		for _, n := range h.NICs {
+			if n.RDMA() {
+				rdmaAddrs[n.Name] = net.JoinHostPort(o.rdmaIP, "0")
+			}
+		}
+	}
 	rt, err := rdt.New(ctx, rdt.Config{
 		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen, DataAddr: o.dataAddr,
 		DeviceMemory: devMem, HostMemory: hostMem, Allow: o.transports,
 		StallTimeout: o.stallTimeout, TransferTimeout: o.transferTimeout, Logger: logger,
 		HeartbeatInterval: o.heartbeat, HeartbeatMisses: o.heartbeatMisses, LeaseRenew: o.leaseRenew,
 		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.encrypt,
+		RDMAAddrs: rdmaAddrs, DisableRDMA: o.noRDMA,
 	})
 	if err != nil {
 		return err

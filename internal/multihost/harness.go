@@ -203,6 +203,7 @@ func (h *Host) Start(ctx context.Context, extra ...string) *Worker {
 		"--device-memory", o.DeviceMemory, "--stall-timeout", o.StallTimeout.String(),
 		"--listen", fmt.Sprintf("/ip4/%s/tcp/%d", h.IP, controlPort),
 		"--data-addr", fmt.Sprintf("%s:%d", h.IP, dataPort),
+		"--rdma-ip", h.IP,
 		"--identity-file", h.identity,
 	}
 	if !h.outsider {

@@ -160,37 +160,50 @@ func rateLimit(t *testing.T, ctx context.Context, h *Host, rate string) {
 	require.NoError(t, h.NS.Shape(ctx, h.Dev, netns.Shape{Rate: rate}))
 }
 
-// 1. kill -9 of an owner in the middle of a large tcp transfer.
+// 1. kill -9 of an owner in the middle of a large transfer, over the path
+// the planner picks between two DGX hosts (rdma, software provider) and
+// over tcp.
 func TestKillOwnerMidTransfer(t *testing.T) {
-	c := New(t, Options{})
-	ctx := testCtx(t, 3*time.Minute)
-	owner, reader := c.Hosts[0], c.Hosts[1]
-	// 400 Mbit/s keeps 256 MiB on the wire for about five seconds.
-	rateLimit(t, ctx, owner, "400mbit")
-	readerBase := info(t, ctx, reader.W).Used
-	ref := put(t, ctx, owner.W, 256<<20, 1)
+	cases := []struct {
+		name string
+		args []string
+	}{
+		{"planner's choice", nil},
+		{"tcp only", []string{"--transports", "tcp"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(t, Options{Args: tc.args})
+			ctx := testCtx(t, 3*time.Minute)
+			owner, reader := c.Hosts[0], c.Hosts[1]
+			// 400 Mbit/s keeps 256 MiB on the wire for about five seconds.
+			rateLimit(t, ctx, owner, "400mbit")
+			readerBase := info(t, ctx, reader.W).Used
+			ref := put(t, ctx, owner.W, 256<<20, 1)
 
-	tx := txBytes(t, ctx, owner)
-	res := reader.W.Go(Request{Op: "get", Ref: ref, Seed: 1, Device: "gpu:1", TimeoutMS: 60_000})
-	inFlight(t, ctx, owner, tx, 32<<20, res)
-	killed := time.Now()
-	owner.W.Kill()
-	r := await(t, res, 30*time.Second)
+			tx := txBytes(t, ctx, owner)
+			res := reader.W.Go(Request{Op: "get", Ref: ref, Seed: 1, Device: "gpu:1", TimeoutMS: 60_000})
+			inFlight(t, ctx, owner, tx, 32<<20, res)
+			killed := time.Now()
+			owner.W.Kill()
+			r := await(t, res, 30*time.Second)
 
-	require.False(t, r.OK, "a transfer from a killed owner cannot complete")
-	assert.Contains(t, []string{"owner_died", "peer_closed"}, r.Code, r.Error)
-	record(t, "1 kill -9 owner mid-transfer (256 MiB tcp)", r.At.Sub(killed), r.Code)
-	backToBaseline(t, ctx, reader.W, readerBase, 5*time.Second)
+			require.False(t, r.OK, "a transfer from a killed owner cannot complete")
+			assert.Contains(t, []string{"owner_died", "peer_closed"}, r.Code, r.Error)
+			record(t, fmt.Sprintf("1 kill -9 owner mid-transfer (256 MiB, %s)", r.Path), r.At.Sub(killed), r.Code)
+			backToBaseline(t, ctx, reader.W, readerBase, 5*time.Second)
 
-	// The owner comes back empty and serves again.
-	owner.Start(ctx)
-	c.Connect(ctx, reader, owner)
-	assert.Zero(t, info(t, ctx, owner.W).Used)
-	ref = put(t, ctx, owner.W, 1<<20, 2)
-	r2 := get(t, ctx, reader.W, ref, 2)
-	assert.True(t, r2.OK && r2.Verified, "after the restart: %s", r2.Error)
-	free(t, ctx, owner.W, ref)
-	backToBaseline(t, ctx, owner.W, 0, 5*time.Second)
+			// The owner comes back empty and serves again.
+			owner.Start(ctx)
+			c.Connect(ctx, reader, owner)
+			assert.Zero(t, info(t, ctx, owner.W).Used)
+			ref = put(t, ctx, owner.W, 1<<20, 2)
+			r2 := get(t, ctx, reader.W, ref, 2)
+			assert.True(t, r2.OK && r2.Verified, "after the restart: %s", r2.Error)
+			free(t, ctx, owner.W, ref)
+			backToBaseline(t, ctx, owner.W, 0, 5*time.Second)
+		})
+	}
 }
 
 // 2. the owner's cable pulled at the switch in the middle of a transfer:
@@ -238,11 +251,11 @@ func TestLinkDownMidTransfer(t *testing.T) {
 			if tc.wantOK {
 				require.True(t, r.OK, "transfer after a %v outage: %s %s", tc.outage, r.Code, r.Error)
 				assert.True(t, r.Verified)
-				record(t, fmt.Sprintf("2 link down %v mid-transfer (64 MiB)", tc.outage), r.At.Sub(cut), "completed, verified")
+				record(t, fmt.Sprintf("2 link down %v mid-transfer (64 MiB, %s)", tc.outage, r.Path), r.At.Sub(cut), "completed, verified")
 			} else {
 				require.False(t, r.OK)
 				assert.Contains(t, []string{"owner_died", "stalled"}, r.Code, r.Error)
-				record(t, "2 link down for good mid-transfer (64 MiB)", r.At.Sub(cut), r.Code)
+				record(t, fmt.Sprintf("2 link down for good mid-transfer (64 MiB, %s)", r.Path), r.At.Sub(cut), r.Code)
 			}
 			free(t, ctx, owner.W, ref)
 			// The owner's half of an aborted transfer ends by its own stall
@@ -289,7 +302,7 @@ func TestLossAndLatency(t *testing.T) {
 	if droppers != nil {
 		assert.Positive(t, dropped, "the links dropped nothing: the fault was not injected")
 	}
-	record(t, "3 loss+latency (32 MiB)", time.Since(start), fmt.Sprintf("completed, verified, %.1f MB/s; %s; %d packets dropped", float64(r.Bytes)/r.Seconds/1e6, mode, dropped))
+	record(t, fmt.Sprintf("3 loss+latency (32 MiB, %s)", r.Path), time.Since(start), fmt.Sprintf("completed, verified, %.1f MB/s; %s; %d packets dropped", float64(r.Bytes)/r.Seconds/1e6, mode, dropped))
 	freed := time.Now()
 	free(t, ctx, owner.W, ref)
 	backToBaseline(t, ctx, owner.W, ownerBase, 30*time.Second)
