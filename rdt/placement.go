@@ -96,6 +96,7 @@ func SpawnPlacement(ctx context.Context, p sched.Placement, runtimes map[string]
 	undo := func() {
 		for b := n - 1; b >= 0; b-- {
 			if out[b] != nil {
+				out[b].rt.log.Warn("placement spawn rolled back: actor removed", "actor", out[b].name, "bundle", b)
 				out[b].unspawnPlaced()
 			}
 		}
