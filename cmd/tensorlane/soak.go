@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -123,9 +125,10 @@ type soakResult struct {
 type soakSlot struct {
 	host   string
 	key    crypto.PrivKey
-	listen string // control multiaddr, fixed after the first start
-	data   string // tcp data address, fixed after the first start
-	proxy  *faultProxy
+	listen string            // control multiaddr, fixed after the first start
+	data   string            // tcp data address, fixed after the first start
+	rails  map[string]string // rdma NIC -> rail address, fixed after the first start
+	links  *faultLinks
 
 	// mu is held for reading while the soak itself touches this runtime's
 	// memory (filling a put, checking a fetched copy, free), and for writing
@@ -189,14 +192,11 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		sl := &soakSlot{host: h.ID, key: key, listen: "/ip4/127.0.0.1/tcp/0", data: "127.0.0.1:0"}
+		sl := &soakSlot{host: h.ID, key: key, listen: "/ip4/127.0.0.1/tcp/0", data: "127.0.0.1:0", links: &faultLinks{rails: map[string]*faultProxy{}}}
+		s.slots = append(s.slots, sl) // before start, so closeAll sees it
 		if err := s.start(ctx, sl); err != nil {
 			return nil, err
 		}
-		if sl.proxy, err = newFaultProxy(sl.data); err != nil {
-			return nil, err
-		}
-		s.slots = append(s.slots, sl)
 	}
 	for _, sl := range s.slots {
 		s.connect(ctx, sl)
@@ -224,7 +224,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 
 	// Everything stopped: heal the links, free what is left and take stock.
 	for _, sl := range s.slots {
-		sl.proxy.heal()
+		sl.links.heal()
 	}
 	for _, sl := range s.slots {
 		sl.mu.Lock()
@@ -269,7 +269,7 @@ func settleGoroutines(before int, wait time.Duration) int {
 // reach the new incarnation and must be refused as stale.
 func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 	cfg := rdt.Config{
-		Cluster: s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data,
+		Cluster: s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data, RDMAAddrs: sl.rails,
 		DeviceMemory: 256 << 20, TransferTimeout: s.o.bound, StallTimeout: s.o.stall, Logger: s.log, IgnoreEnv: true,
 	}
 	rt, err := rdt.New(ctx, cfg)
@@ -278,7 +278,7 @@ func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 		// the host, only old refs then fail to connect rather than as stale.
 		s.log.Warn("restart on the old addresses failed; using fresh ones", "host", sl.host, "err", err)
 		s.count(&s.faultKinds, "restart_on_new_port")
-		cfg.ListenAddrs, cfg.DataAddr = []string{"/ip4/127.0.0.1/tcp/0"}, "127.0.0.1:0"
+		cfg.ListenAddrs, cfg.DataAddr, cfg.RDMAAddrs = []string{"/ip4/127.0.0.1/tcp/0"}, "127.0.0.1:0", nil
 		rt, err = rdt.New(ctx, cfg)
 	}
 	if err != nil {
@@ -289,43 +289,49 @@ func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 		rt.Shutdown(ctx)
 		return err
 	}
-	data, err := dataAddrOf(ctx, rt, actor)
+	addrs, err := dataAddrsOf(ctx, rt, actor)
+	if err == nil {
+		err = sl.links.target(addrs)
+	}
 	if err != nil {
 		rt.Shutdown(ctx)
 		return err
 	}
-	sl.rt, sl.actor, sl.data = rt, actor, data
-	if addrs := rt.AddrInfo().Addrs; len(addrs) > 0 {
-		sl.listen = addrs[0].String()
+	sl.rt, sl.actor, sl.data = rt, actor, addrs[fabric.TCP]
+	if rails, err := rdma.ParseAddrs(addrs[fabric.RDMA]); err == nil {
+		sl.rails = map[string]string{}
+		for _, r := range rails {
+			sl.rails[r.NIC] = r.Addr
+		}
 	}
-	if sl.proxy != nil {
-		sl.proxy.setTarget(data)
+	if a := rt.AddrInfo().Addrs; len(a) > 0 {
+		sl.listen = a[0].String()
 	}
 	sl.gen++
 	return nil
 }
 
-// dataAddrOf learns the runtime's tcp data address from a ref, the only
-// place rdt publishes it.
-func dataAddrOf(ctx context.Context, rt *rdt.Runtime, a *rdt.Actor) (string, error) {
+// dataAddrsOf learns the runtime's data addresses (tcp, rdma rails) from a
+// ref, the only place rdt publishes them.
+func dataAddrsOf(ctx context.Context, rt *rdt.Runtime, a *rdt.Actor) (map[string]string, error) {
 	mem, err := rt.Memory(tensor.HostDevice)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	t, err := tensor.Alloc(ctx, mem, tensor.Uint8, 8)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	ref, err := a.Put(ctx, t)
 	if err != nil {
 		t.Release()
-		return "", err
+		return nil, err
 	}
 	defer a.Free(ctx, ref)
-	if addr := ref.DataAddrs[fabric.TCP]; addr != "" {
-		return addr, nil
+	if ref.DataAddrs[fabric.TCP] == "" {
+		return nil, errors.New("soak: runtime publishes no tcp data address")
 	}
-	return "", errors.New("soak: runtime publishes no tcp data address")
+	return ref.DataAddrs, nil
 }
 
 func (s *soak) connect(ctx context.Context, sl *soakSlot) {
@@ -353,9 +359,7 @@ func (s *soak) closeAll() {
 			cancel()
 		}
 		sl.mu.Unlock()
-		if sl.proxy != nil {
-			sl.proxy.Close()
-		}
+		sl.links.Close()
 	}
 }
 
@@ -452,7 +456,14 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		ref.Incarnation ^= 2
 	case k < 12:
 		// through the owner's proxy, where cuts, blackholes and delays hit
-		ref.DataAddrs = map[string]string{fabric.TCP: owner.proxy.Addr()}
+		ref.DataAddrs = owner.links.route(ref.DataAddrs)
+	}
+	if rng.IntN(3) == 0 {
+		// Without its rdma rails the ref is read over tcp, so both network
+		// paths meet the faults.
+		addrs := maps.Clone(ref.DataAddrs)
+		delete(addrs, fabric.RDMA)
+		ref.DataAddrs = addrs
 	}
 	if forged != "" {
 		s.faults.Add(1)
@@ -595,13 +606,13 @@ func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 			s.bounded("kill", func() { s.kill(ctx, sl) })
 		case k < 5:
 			kind = "cut"
-			sl.proxy.cut()
+			sl.links.cut()
 		case k < 7:
 			kind = "blackhole"
-			sl.proxy.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.stall))))
+			sl.links.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.stall))))
 		default:
 			kind = "delay"
-			sl.proxy.delay(time.Duration(rng.Int64N(int64(20*time.Millisecond))), time.Second)
+			sl.links.delay(time.Duration(rng.Int64N(int64(20*time.Millisecond))), time.Second)
 		}
 		s.faults.Add(1)
 		s.count(&s.faultKinds, kind)
@@ -658,6 +669,86 @@ func printSoak(w io.Writer, r *soakResult) {
 	}
 	fmt.Fprintf(w, "longest call %.2f s, longest kill+restart %.2f s; ok=%v\n", r.MaxCallSeconds, r.MaxKillSeconds, r.OK)
 }
+
+// faultLinks are the fault proxies in front of one runtime's data
+// services: its tcp server and each of its rdma rails.
+type faultLinks struct {
+	mu    sync.Mutex
+	tcp   *faultProxy
+	rails map[string]*faultProxy // by NIC
+}
+
+// target points the proxies at the runtime's current addresses, creating
+// them on first use.
+func (l *faultLinks) target(addrs map[string]string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := func(p **faultProxy, addr string) error {
+		if *p == nil {
+			np, err := newFaultProxy(addr)
+			if err != nil {
+				return err
+			}
+			*p = np
+			return nil
+		}
+		(*p).setTarget(addr)
+		return nil
+	}
+	if err := set(&l.tcp, addrs[fabric.TCP]); err != nil {
+		return err
+	}
+	if a := addrs[fabric.RDMA]; a != "" {
+		rails, err := rdma.ParseAddrs(a)
+		if err != nil {
+			return err
+		}
+		for _, r := range rails {
+			p := l.rails[r.NIC]
+			if err := set(&p, r.Addr); err != nil {
+				return err
+			}
+			l.rails[r.NIC] = p
+		}
+	}
+	return nil
+}
+
+// route rewrites a ref's data addresses to go through the proxies.
+func (l *faultLinks) route(addrs map[string]string) map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]string{fabric.TCP: l.tcp.Addr()}
+	if rails, err := rdma.ParseAddrs(addrs[fabric.RDMA]); err == nil {
+		for i, r := range rails {
+			if p := l.rails[r.NIC]; p != nil {
+				rails[i].Addr = p.Addr()
+			}
+		}
+		out[fabric.RDMA] = rdma.FormatAddrs(rails)
+	}
+	return out
+}
+
+func (l *faultLinks) each(f func(*faultProxy)) {
+	l.mu.Lock()
+	ps := []*faultProxy{l.tcp}
+	for _, p := range l.rails {
+		ps = append(ps, p)
+	}
+	l.mu.Unlock()
+	for _, p := range ps {
+		if p != nil {
+			f(p)
+		}
+	}
+}
+
+func (l *faultLinks) cut()                      { l.each((*faultProxy).cut) }
+func (l *faultLinks) heal()                     { l.each((*faultProxy).heal) }
+func (l *faultLinks) blackhole(d time.Duration) { l.each(func(p *faultProxy) { p.blackhole(d) }) }
+func (l *faultLinks) delay(by, d time.Duration) { l.each(func(p *faultProxy) { p.delay(by, d) }) }
+func (l *faultLinks) Close()                    { l.each(func(p *faultProxy) { p.Close() }) }
 
 // faultProxy forwards TCP connections to a runtime's data address and
 // injects link faults on command: cut (close every connection now),
