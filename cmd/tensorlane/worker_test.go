@@ -97,9 +97,9 @@ func TestWorkerProtocol(t *testing.T) {
 		code   string
 		path   string
 	}{
-		{"tcp from another host", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 9}, "", "tcp"},
+		{"rdma from another host", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 9}, "", "rdma"},
 		{"p2p on the owner's host", a, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:5", Seed: 9}, "", "p2p"},
-		{"wrong seed is caught", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 10}, "corrupt", "tcp"},
+		{"wrong seed is caught", b, workerRequest{Op: "get", Ref: put.Ref, Device: "gpu:1", Seed: 10}, "corrupt", "rdma"},
 		{"forged token", b, workerRequest{Op: "get", Ref: forge(t, put.Ref, func(r *rdt.Ref) { r.Token[0] ^= 1 }), Device: "gpu:1", Seed: 9}, "unauthorized", ""},
 		{"stale incarnation", b, workerRequest{Op: "get", Ref: forge(t, put.Ref, func(r *rdt.Ref) { r.Incarnation += 2 }), Device: "gpu:1", Seed: 9}, "stale_ref", ""},
 		{"garbage ref", b, workerRequest{Op: "get", Ref: base64.StdEncoding.EncodeToString([]byte("nope")), Device: "gpu:1"}, "malformed_ref", ""},
