@@ -76,6 +76,7 @@ var errorKinds = []struct {
 	err  error
 	kind string
 }{
+	{ErrOwnerDied, "owner_died"}, {ErrPeerUnreachable, "peer_unreachable"},
 	{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
 	{ErrUnauthorized, "unauthorized"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
 	{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
