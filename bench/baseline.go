@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -36,6 +37,8 @@ type TCPPair struct {
 	client   net.Conn
 	requests chan int
 	done     chan error
+	once     sync.Once
+	err      error
 }
 
 // NewTCPPair connects a loopback socket pair whose server side writes src.
@@ -82,12 +85,15 @@ func (p *TCPPair) Read(dst []byte) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// Close ends the pair and its goroutine.
+// Close ends the pair and its goroutine. Idempotent.
 func (p *TCPPair) Close() error {
-	close(p.requests)
-	p.client.Close()
-	p.ln.Close()
-	return <-p.done
+	p.once.Do(func() {
+		close(p.requests)
+		p.client.Close()
+		p.ln.Close()
+		p.err = <-p.done
+	})
+	return p.err
 }
 
 // Libp2pPair is two libp2p hosts (Noise, yamux, TCP on loopback) with one

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -16,6 +17,8 @@ type PingPong struct {
 	ln     net.Listener
 	client net.Conn
 	done   chan error
+	once   sync.Once
+	err    error
 }
 
 // NewPingPong connects a loopback pair whose server side answers from src.
@@ -70,9 +73,12 @@ func (p *PingPong) Exchange(dst []byte) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// Close ends the pair and waits for its goroutine.
+// Close ends the pair and waits for its goroutine. Idempotent.
 func (p *PingPong) Close() error {
-	p.client.Close()
-	p.ln.Close()
-	return <-p.done
+	p.once.Do(func() {
+		p.client.Close()
+		p.ln.Close()
+		p.err = <-p.done
+	})
+	return p.err
 }

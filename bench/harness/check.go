@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -12,20 +13,25 @@ import (
 // baseline's ratio before Check calls it a regression.
 const DefaultTolerance = 0.25
 
+// MaxCellTolerance caps the per-cell tolerance Median derives from the
+// spread of runs: a cell may be noisy, but a halved ratio still fails.
+const MaxCellTolerance = 0.5
+
 // Regression is one cell whose ratio fell too far, or that the current run
 // no longer measures.
 type Regression struct {
-	Key      string
-	Baseline float64 // the stored ratio
-	Current  float64 // the measured ratio; 0 when Missing
-	Missing  bool
+	Key       string
+	Baseline  float64 // the stored ratio
+	Current   float64 // the measured ratio; 0 when Missing
+	Tolerance float64 // the tolerance applied to this cell
+	Missing   bool
 }
 
 func (r Regression) String() string {
 	if r.Missing {
 		return fmt.Sprintf("%s: in the baseline (ratio %.3g) but not measured in this run", r.Key, r.Baseline)
 	}
-	return fmt.Sprintf("%s: ratio %.3g, baseline %.3g (%+.0f%%)", r.Key, r.Current, r.Baseline, 100*(r.Current/r.Baseline-1))
+	return fmt.Sprintf("%s: ratio %.3g, baseline %.3g (%+.0f%%, tolerance %.0f%%)", r.Key, r.Current, r.Baseline, 100*(r.Current/r.Baseline-1), 100*r.Tolerance)
 }
 
 // CheckResult is the outcome of comparing a run with a stored baseline.
@@ -54,7 +60,8 @@ func (c CheckResult) Error() error {
 
 // Check compares the ratios of current with those of baseline, never
 // absolute times. A measured cell regresses when its ratio is below
-// (1-tolerance) times the baseline's; a measured baseline cell the current
+// (1-tol) times the baseline's, where tol is the larger of tolerance and
+// the baseline record's own Tolerance; a measured baseline cell the current
 // run lacks (or did not measure) is reported missing. tolerance <= 0 means
 // DefaultTolerance.
 func Check(baseline, current []Record, tolerance float64) CheckResult {
@@ -81,8 +88,9 @@ func Check(baseline, current []Record, tolerance float64) CheckResult {
 			continue
 		}
 		res.Compared++
-		if c.Ratio < b.Ratio*(1-tolerance) {
-			res.Regressions = append(res.Regressions, Regression{Key: k, Baseline: b.Ratio, Current: c.Ratio})
+		tol := max(tolerance, b.Tolerance)
+		if c.Ratio < b.Ratio*(1-tol) {
+			res.Regressions = append(res.Regressions, Regression{Key: k, Baseline: b.Ratio, Current: c.Ratio, Tolerance: tol})
 		}
 	}
 	for k := range cur {
@@ -112,7 +120,7 @@ func Recheck(ctx context.Context, cfg Config, baseline, current []Record, res Ch
 		if reg.Missing || !ok {
 			continue
 		}
-		for try := 0; try < tries && out[i].Ratio < reg.Baseline*(1-res.Tolerance); try++ {
+		for try := 0; try < tries && out[i].Ratio < reg.Baseline*(1-reg.Tolerance); try++ {
 			c := cellConfig(cfg, out[i])
 			again, err := Run(ctx, c)
 			if err != nil {
@@ -133,7 +141,10 @@ func Recheck(ctx context.Context, cfg Config, baseline, current []Record, res Ch
 func cellConfig(cfg Config, r Record) Config {
 	c := cfg
 	c.Progress = nil
-	c.Paths = []string{r.Path}
+	c.Paths, c.Push = []string{r.Path}, []string{}
+	if r.Mode == ModePush {
+		c.Paths, c.Push = []string{}, []string{r.Path}
+	}
 	if r.Kind == KindLatency {
 		c.Sizes, c.Concurrency = []int64{}, []int{}
 		c.LatencySizes, c.NoLatency = []int64{r.Size}, false
@@ -146,6 +157,10 @@ func cellConfig(cfg Config, r Record) Config {
 // Median merges several runs of the same matrix into one: for each cell,
 // the record whose ratio is the median across the runs (the lower middle
 // for an even count). Baselines written this way are not one run's luck.
+// With three runs or more, a cell whose runs spread widely gets its own
+// Tolerance: twice the lowest run's shortfall from the median, capped at
+// MaxCellTolerance, when that exceeds DefaultTolerance; the guard then
+// tolerates what the cell was seen to do on this machine class.
 // Cells missing from some runs take the median of the runs that have them;
 // records that are not measured come from the first run.
 func Median(runs ...[]Record) []Record {
@@ -171,6 +186,12 @@ func Median(runs ...[]Record) []Record {
 		m := c[(len(c)-1)/2]
 		if len(runs) > 1 {
 			m.Note = strings.TrimSpace(m.Note + fmt.Sprintf(" median of %d runs", len(c)))
+		}
+		if len(c) >= 3 && m.Ratio > 0 {
+			if tol := min(MaxCellTolerance, 2*(1-c[0].Ratio/m.Ratio)); tol > DefaultTolerance {
+				m.Tolerance = math.Round(tol*100) / 100
+				m.Note += fmt.Sprintf("; runs spread %.2f-%.2f", c[0].Ratio, c[len(c)-1].Ratio)
+			}
 		}
 		out = append(out, m)
 	}

@@ -37,6 +37,14 @@ func TestCheck(t *testing.T) {
 		{name: "skipped counts as missing", base: base, cur: []Record{rec("p2p", 1<<20, 1, BaseMemcpy, 0.8), {Kind: KindThroughput, Path: "tcp", Mode: ModePull, Size: 1 << 20, Concurrency: 1, Baseline: BaseRawTCP, Status: StatusSkipped}},
 			missing: []string{"throughput/tcp/pull/1MiB/c1/vs-tcp-raw"}, compared: 1},
 		{name: "new cells are not failures", base: base[:1], cur: []Record{rec("p2p", 1<<20, 1, BaseMemcpy, 0.8), rec("p2p", 4<<10, 8, BaseMemcpy, 0.1)}, ok: true, newKeys: 1, compared: 1},
+		{name: "a cell's own tolerance widens its band", base: []Record{func() Record { r := rec("rdma", 1<<20, 1, BaseRawTCP, 0.5); r.Tolerance = 0.5; return r }()},
+			cur: []Record{rec("rdma", 1<<20, 1, BaseRawTCP, 0.3)}, ok: true, compared: 1},
+		{name: "a cell's own tolerance never narrows the flag's", base: []Record{func() Record { r := rec("rdma", 1<<20, 1, BaseRawTCP, 0.5); r.Tolerance = 0.05; return r }()},
+			cur: []Record{rec("rdma", 1<<20, 1, BaseRawTCP, 0.4)}, ok: true, compared: 1},
+		{name: "beyond a cell's own tolerance", base: []Record{func() Record { r := rec("rdma", 1<<20, 1, BaseRawTCP, 0.5); r.Tolerance = 0.5; return r }()},
+			cur: []Record{rec("rdma", 1<<20, 1, BaseRawTCP, 0.2)}, regressed: []string{"throughput/rdma/pull/1MiB/c1/vs-tcp-raw"}, compared: 1},
+		{name: "push and pull are different cells", base: []Record{func() Record { r := rec("rdma", 1<<20, 1, BaseRawTCP, 0.5); r.Mode = ModePush; return r }()},
+			cur: []Record{rec("rdma", 1<<20, 1, BaseRawTCP, 0.5)}, missing: []string{"throughput/rdma/push/1MiB/c1/vs-tcp-raw"}, newKeys: 1, compared: 0},
 		{name: "latency ratio", base: []Record{{Kind: KindLatency, Path: "tcp", Mode: ModePull, Size: 4096, Concurrency: 1, Baseline: BasePingPong, Ratio: 0.4}},
 			cur:       []Record{{Kind: KindLatency, Path: "tcp", Mode: ModePull, Size: 4096, Concurrency: 1, Baseline: BasePingPong, Ratio: 0.2}},
 			regressed: []string{"latency/tcp/pull/4KiB/c1/vs-tcp-pingpong"}, compared: 1},
@@ -90,7 +98,20 @@ func TestMedian(t *testing.T) {
 	if len(m) != 2 || m[0].Ratio != 0.5 || m[1].Status != StatusNotBuilt {
 		t.Fatalf("Median = %+v", m)
 	}
-	if m := Median(a); m[0].Ratio != 0.9 {
+	if m[0].Tolerance != MaxCellTolerance {
+		t.Errorf("runs 0.1..0.9 around 0.5: tolerance %v, want the cap %v", m[0].Tolerance, MaxCellTolerance)
+	}
+	if m := Median(a); m[0].Ratio != 0.9 || m[0].Tolerance != 0 {
 		t.Fatalf("Median of one run = %+v", m)
+	}
+	// Runs within 10% of each other keep the default tolerance.
+	tight := Median([]Record{rec("shm", 4096, 1, BaseMemcpy, 0.95)}, []Record{rec("shm", 4096, 1, BaseMemcpy, 1)}, []Record{rec("shm", 4096, 1, BaseMemcpy, 1.05)})
+	if tight[0].Ratio != 1 || tight[0].Tolerance != 0 {
+		t.Errorf("tight runs: %+v", tight[0])
+	}
+	// A spread of 0.7..1 around 1 gets 2*(1-0.7) = 0.6, capped at 0.5; 0.85 gets 0.3.
+	mid := Median([]Record{rec("shm", 4096, 1, BaseMemcpy, 0.85)}, []Record{rec("shm", 4096, 1, BaseMemcpy, 1)}, []Record{rec("shm", 4096, 1, BaseMemcpy, 1.2)})
+	if mid[0].Tolerance != 0.3 {
+		t.Errorf("spread 0.85..1.2: tolerance %v, want 0.3", mid[0].Tolerance)
 	}
 }

@@ -1,8 +1,10 @@
-// Package harness runs tensorlane's benchmark matrix: every measured path
-// (local, p2p, tcp) over a range of sizes and in-flight counts, each
-// interleaved round by round with its baseline from package bench
-// (single-thread memcpy for on-host paths, a raw loopback TCP socket and a
-// libp2p stream for tcp) so that drift on a shared machine cancels out; a
+// Package harness runs tensorlane's benchmark matrix: every path (local,
+// p2p in one process and across processes, shm, rdma, tcp, tcp with
+// compression) in pull and push mode over a range of sizes and in-flight
+// counts, each interleaved round by round with its baseline from package
+// bench (single-thread memcpy for on-host paths, a raw loopback TCP socket
+// and a libp2p stream for rdma and tcp) so that drift on a shared machine
+// cancels out; a
 // latency mode comparing small Gets with a raw TCP ping-pong; memory
 // figures; and Check, the regression guard that compares ratios (never
 // absolute times) with a stored baseline.
@@ -15,14 +17,49 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
 )
 
-// Paths the harness can measure today.
+// Paths the harness measures. Each names exactly one transport (see
+// Transport): a cell whose transfer reports another transport fails the run
+// with ErrWrongPath rather than measure a different path than it says.
 const (
-	PathLocal = "local"
-	PathP2P   = "p2p"
-	PathTCP   = "tcp"
+	PathLocal  = "local"   // Get on the owner's own GPU: a zero-copy view
+	PathP2P    = "p2p"     // NVLink-linked GPU of the same runtime (fabric/local)
+	PathP2PIPC = "p2p-ipc" // NVLink-linked GPU of a second runtime on the same host (fabric/shm)
+	PathSHM    = "shm"     // host memory of a second runtime on the same host (fabric/shm)
+	PathRDMA   = "rdma"    // GPU of a runtime on the other host (software verbs over TCP)
+	PathTCP    = "tcp"     // GPU of a runtime on the other host with rdma off, no compression
+	PathTCPZ   = "tcp-z"   // as tcp, compression always, on bf16 weights with normal values
 )
+
+// AllPaths lists every path in matrix order; PushPaths the ones measured in
+// push mode too (local is a view, and tcp-z pushes only pull-shaped data).
+var (
+	AllPaths  = []string{PathLocal, PathP2P, PathP2PIPC, PathSHM, PathRDMA, PathTCP, PathTCPZ}
+	PushPaths = []string{PathP2P, PathP2PIPC, PathSHM, PathRDMA, PathTCP}
+	// quickPush is the push slice of --quick: the two push paths with
+	// their own mechanism (an rdma WRITE and a cross-process copy).
+	quickPush = []string{PathP2PIPC, PathRDMA}
+)
+
+// Transport is the fabric transport a transfer of path must report.
+func Transport(path string) string {
+	switch path {
+	case PathLocal:
+		return fabric.Local
+	case PathP2P, PathP2PIPC:
+		return fabric.P2P
+	case PathSHM:
+		return fabric.SHM
+	case PathRDMA:
+		return fabric.RDMA
+	case PathTCP, PathTCPZ:
+		return fabric.TCP
+	}
+	return ""
+}
 
 // Baseline names as they appear in records.
 const (
@@ -32,23 +69,30 @@ const (
 	BasePingPong = "tcp-pingpong"
 )
 
-// ModePull is the only mode built: the reader pulls (Get). Push is listed
-// as not built.
-const ModePull = "pull"
+// Modes: the reader pulls (Get into its buffer), or the owner pushes into
+// a slot the reader reserved (Reserve, Push, Wait).
+const (
+	ModePull = "pull"
+	ModePush = "push"
+)
 
 // Config selects the matrix. The zero value is the full run: sizes 4 KiB to
-// 1 GiB, paths local, p2p and tcp, 1, 8 and 64 in flight, the latency mode
-// at 4 KiB and 64 KiB with 2000 samples, at least 9 interleaved rounds and
-// 1 s per cell, and at most 2 GiB in flight per cell (larger cells are
-// recorded as skipped). Quick narrows the defaults to 4 KiB, 1 MiB and
-// 64 MiB, 1 and 8 in flight, 500 latency samples, 7 rounds and 200 ms per
-// cell; explicit fields override either.
+// 1 GiB, every path pulled and every push path pushed, 1, 8 and 64 in
+// flight, the latency mode at 4 KiB and 64 KiB with 2000 samples, at least
+// 9 interleaved rounds and 1 s per cell, and at most 2 GiB in flight per
+// cell (larger cells are recorded as skipped). Quick narrows the defaults
+// to 1 MiB and 64 MiB, 1 and 8 in flight with at most 64 MiB in flight
+// (so 64 MiB runs at 1 only), push for p2p-ipc and rdma only, 500 latency
+// samples, 5 rounds and 150 ms per cell; explicit fields override either
+// (an empty, non-nil slice selects none).
 type Config struct {
 	Quick bool
 	// Sizes in bytes; each must be a positive multiple of 8.
 	Sizes []int64
-	// Paths, a subset of local, p2p, tcp.
+	// Paths measured in pull mode, a subset of AllPaths.
 	Paths []string
+	// Push lists the paths measured in push mode, a subset of PushPaths.
+	Push []string
 	// Concurrency lists the numbers of Gets in flight at once.
 	Concurrency []int
 	// LatencySizes are the sizes of the latency mode.
@@ -76,11 +120,17 @@ func (c Config) withDefaults() (Config, error) {
 	if out.Sizes == nil {
 		out.Sizes = []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
 		if c.Quick {
-			out.Sizes = []int64{4 << 10, 1 << 20, 64 << 20}
+			out.Sizes = []int64{1 << 20, 64 << 20}
 		}
 	}
 	if out.Paths == nil {
-		out.Paths = []string{PathLocal, PathP2P, PathTCP}
+		out.Paths = slices.Clone(AllPaths)
+	}
+	if out.Push == nil {
+		out.Push = slices.Clone(PushPaths)
+		if c.Quick {
+			out.Push = slices.Clone(quickPush)
+		}
 	}
 	if out.Concurrency == nil {
 		out.Concurrency = []int{1, 8, 64}
@@ -100,13 +150,13 @@ func (c Config) withDefaults() (Config, error) {
 	if out.MinRounds <= 0 {
 		out.MinRounds = 9
 		if c.Quick {
-			out.MinRounds = 7
+			out.MinRounds = 5
 		}
 	}
 	if out.MinTime <= 0 {
 		out.MinTime = time.Second
 		if c.Quick {
-			out.MinTime = 200 * time.Millisecond
+			out.MinTime = 150 * time.Millisecond
 		}
 	}
 	if out.MaxRounds <= 0 {
@@ -117,6 +167,11 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if out.MaxInFlight <= 0 {
 		out.MaxInFlight = 2 << 30
+		if c.Quick {
+			// 64 MiB x 8 of tcp-z alone takes half a minute on a loaded
+			// 2-core machine; quick measures 8 in flight at 1 MiB.
+			out.MaxInFlight = 64 << 20
+		}
 	}
 	for _, s := range append(slices.Clone(out.Sizes), out.LatencySizes...) {
 		if s <= 0 || s%8 != 0 {
@@ -124,10 +179,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	for _, p := range out.Paths {
-		switch p {
-		case PathLocal, PathP2P, PathTCP:
-		default:
-			return out, fmt.Errorf("harness: path %q is not built (measurable: local, p2p, tcp)", p)
+		if !slices.Contains(AllPaths, p) {
+			return out, fmt.Errorf("harness: unknown path %q (measurable: %v)", p, AllPaths)
+		}
+	}
+	for _, p := range out.Push {
+		if !slices.Contains(PushPaths, p) {
+			return out, fmt.Errorf("harness: path %q has no push mode (push paths: %v)", p, PushPaths)
 		}
 	}
 	for _, n := range out.Concurrency {
@@ -142,10 +200,6 @@ func (c Config) withDefaults() (Config, error) {
 // implementation yet, as records with Status "not built".
 func NotBuilt() []Record {
 	return []Record{
-		{Kind: KindThroughput, Path: "shm", Mode: ModePull, Status: StatusNotBuilt, Note: "no shm transport yet"},
-		{Kind: KindThroughput, Path: "rdma", Mode: ModePull, Status: StatusNotBuilt, Note: "no rdma transport (or software provider) yet"},
-		{Kind: KindThroughput, Path: "tcp+compression", Mode: ModePull, Status: StatusNotBuilt, Note: "no tensor codec on tcp yet"},
-		{Kind: KindThroughput, Path: "*", Mode: "push", Status: StatusNotBuilt, Note: "no Writer (push) transports yet"},
 		{Kind: KindThroughput, Path: "*", Mode: ModePull, Baseline: "serialize", Status: StatusNotBuilt, Note: "serialize-into-a-message baseline not built"},
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // WritePlots draws, for each measured path, throughput against size on
-// log-log axes: one solid line per in-flight count for the path and a
+// log-log axes: one solid line per mode and in-flight count and a
 // dashed line for each of its baselines. It writes throughput-<path>.png
 // into dir and returns the files written. Paths with fewer than two sizes
 // are skipped (a line needs two points).
@@ -49,11 +49,11 @@ func WritePlots(dir string, recs []Record) ([]string, error) {
 			if r.Kind != KindThroughput || !r.Measured() || r.Path != path {
 				continue
 			}
-			add(fmt.Sprintf("%s x%d", path, r.Concurrency), false, r.Size, r.GBps)
+			add(fmt.Sprintf("%s %s x%d", path, r.Mode, r.Concurrency), false, r.Size, r.GBps)
 			add(fmt.Sprintf("%s x%d", r.Baseline, r.Concurrency), true, r.Size, r.BaselineGBps)
 		}
 		p := plot.New()
-		p.Title.Text = fmt.Sprintf("tensorlane %s pull vs baselines", path)
+		p.Title.Text = fmt.Sprintf("tensorlane %s (pull and push) vs baselines", path)
 		p.X.Label.Text = "size"
 		p.Y.Label.Text = "GB/s"
 		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}

@@ -50,6 +50,13 @@ type Record struct {
 	AllocPerGiB float64 `json:"alloc_per_gib,omitempty"`
 	// PeakRSS is the process's peak resident set (VmHWM) after the cell.
 	PeakRSS int64 `json:"peak_rss,omitempty"`
+	// WireRatio is, for a compressed path, wire bytes over raw bytes of the
+	// timed transfers (lower is better).
+	WireRatio float64 `json:"wire_ratio,omitempty"`
+	// Tolerance, in a baseline file, overrides the check's tolerance for
+	// this cell when larger: noisy cells get a wider band of their own
+	// instead of being dropped (see docs/benchmarks.md).
+	Tolerance float64 `json:"tolerance,omitempty"`
 
 	Status string `json:"status,omitempty"`
 	Note   string `json:"note,omitempty"`

@@ -79,11 +79,20 @@ func TestConfigDefaults(t *testing.T) {
 	if full.Sizes[0] != 4<<10 || full.Sizes[len(full.Sizes)-1] != 1<<30 || !slices.Equal(full.Concurrency, []int{1, 8, 64}) {
 		t.Errorf("full defaults: %v %v", full.Sizes, full.Concurrency)
 	}
-	q, _ := Config{Quick: true}.withDefaults()
-	if !slices.Equal(q.Sizes, []int64{4 << 10, 1 << 20, 64 << 20}) || !slices.Equal(q.Concurrency, []int{1, 8}) {
-		t.Errorf("quick defaults: %v %v", q.Sizes, q.Concurrency)
+	if !slices.Equal(full.Paths, AllPaths) || !slices.Equal(full.Push, PushPaths) {
+		t.Errorf("full paths: pull %v push %v", full.Paths, full.Push)
 	}
-	for _, bad := range []Config{{Paths: []string{"shm"}}, {Sizes: []int64{7}}, {Concurrency: []int{0}}} {
+	q, _ := Config{Quick: true}.withDefaults()
+	if !slices.Equal(q.Sizes, []int64{1 << 20, 64 << 20}) || !slices.Equal(q.Concurrency, []int{1, 8}) || q.MaxInFlight != 64<<20 {
+		t.Errorf("quick defaults: %v %v %v", q.Sizes, q.Concurrency, q.MaxInFlight)
+	}
+	if !slices.Equal(q.Paths, AllPaths) || !slices.Equal(q.Push, []string{PathP2PIPC, PathRDMA}) {
+		t.Errorf("quick paths: pull %v push %v", q.Paths, q.Push)
+	}
+	if none, _ := (Config{Push: []string{}}).withDefaults(); len(none.Push) != 0 {
+		t.Errorf("an empty Push selects none, got %v", none.Push)
+	}
+	for _, bad := range []Config{{Paths: []string{"nvme"}}, {Push: []string{PathLocal}}, {Push: []string{PathTCPZ}}, {Sizes: []int64{7}}, {Concurrency: []int{0}}} {
 		if _, err := bad.withDefaults(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}

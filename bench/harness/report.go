@@ -11,11 +11,15 @@ import (
 // then latency, then what is not built or was skipped.
 func WriteTable(w io.Writer, recs []Record) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tmode\tsize\tin-flight\tGB/s\tbaseline\tbase GB/s\tratio\theap/GiB\t")
+	fmt.Fprintln(tw, "path\tmode\tsize\tin-flight\tGB/s\tbaseline\tbase GB/s\tratio\theap/GiB\twire/raw\t")
 	for _, r := range recs {
 		if r.Kind == KindThroughput && r.Measured() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%s\t%s\t\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency,
-				r.GBps, r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)))
+			wire := "-"
+			if r.WireRatio > 0 {
+				wire = fmt.Sprintf("%.2f", r.WireRatio)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency,
+				r.GBps, r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)), wire)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -58,13 +62,15 @@ func WriteMarkdown(w io.Writer, f File, plots ...string) error {
 	fmt.Fprintf(&b, "# tensorlane bench (%s)\n\n", mode)
 	fmt.Fprintf(&b, "%s, %s/%s, %d CPUs, %s; took %.1f s; peak RSS %s.\n\n", f.Created.Format("2006-01-02 15:04 UTC"),
 		f.GOOS, f.GOARCH, f.CPUs, f.GoVersion, f.Elapsed, bytesString(f.PeakRSS))
-	b.WriteString("Simulated cluster: two dgx-h100 hosts in one process (memfd-backed device arenas, real copies, loopback).\n")
+	b.WriteString("Simulated cluster: two dgx-h100 hosts in one process (memfd-backed device arenas, real copies, loopback). ")
+	b.WriteString("Paths: local (view), p2p (NVLink copy, one runtime), p2p-ipc (NVLink copy into a second runtime on the host, via shared memory), shm (into that runtime's host memory), ")
+	b.WriteString("rdma (software verbs over TCP to the other host), tcp (rdma off), tcp-z (tcp, compression always, bf16 weights). Every cell checks that its transfers took the path it names.\n")
 	b.WriteString("Each path is interleaved round by round with its baseline; ratio = median over rounds of baseline time / path time (higher is better).\n\n")
-	b.WriteString("## Throughput (pull)\n\n| path | size | in flight | GB/s | baseline | baseline GB/s | ratio | heap bytes / GiB |\n|---|---:|---:|---:|---|---:|---:|---:|\n")
+	b.WriteString("## Throughput\n\n| path | mode | size | in flight | GB/s | baseline | baseline GB/s | ratio | heap bytes / GiB | note |\n|---|---|---:|---:|---:|---|---:|---:|---:|---|\n")
 	for _, r := range f.Records {
 		if r.Kind == KindThroughput && r.Measured() {
-			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %s | %.2f | %s | %s |\n", r.Path, SizeString(r.Size), r.Concurrency, r.GBps,
-				r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)))
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %.2f | %s | %.2f | %s | %s | %s |\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency, r.GBps,
+				r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)), r.Note)
 		}
 	}
 	if hasKind(f.Records, KindLatency) {

@@ -2,8 +2,12 @@ package harness
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
@@ -14,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/bench"
+	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -36,11 +41,37 @@ func (r Result) File() File {
 	}
 }
 
+// ErrWrongPath fails a run whose transfer took another transport than the
+// cell it was timed for names: a benchmark must never report one path's
+// numbers under another's name.
+var ErrWrongPath = errors.New("harness: transfer took another path than the cell measures")
+
+// cellSpec is one (path, mode) of the matrix.
+type cellSpec struct{ path, mode string }
+
+func cells(cfg Config) []cellSpec {
+	var out []cellSpec
+	for _, p := range AllPaths {
+		if slices.Contains(cfg.Paths, p) {
+			out = append(out, cellSpec{p, ModePull})
+		}
+		if slices.Contains(cfg.Push, p) {
+			out = append(out, cellSpec{p, ModePush})
+		}
+	}
+	return out
+}
+
 // Run measures the matrix cfg selects on a simulated cluster of two
-// dgx-h100 hosts built in this process (one rdt runtime per host, talking
-// over loopback): local is a Get on the owner's own GPU, p2p a Get onto an
-// NVLink-linked GPU of the same host, tcp a Get from the other host. Every
-// runtime, socket and goroutine it starts is closed before it returns.
+// dgx-h100 hosts built in this process, with one rdt runtime per role
+// talking over loopback: the owner's runtime on host h0 (local: a Get on
+// the owner's own GPU; p2p: onto an NVLink-linked GPU of the same runtime),
+// a second runtime claiming h0 too (p2p-ipc onto its NVLink-linked GPU and
+// shm into its host memory, both through fabric/shm as between two
+// processes), and runtimes on host h1 for rdma (the default there), tcp
+// (rdma off, compression off) and tcp-z (rdma off, compression always).
+// Every runtime, socket and goroutine it starts is closed before it
+// returns.
 func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
@@ -48,7 +79,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	start := time.Now()
 	res.Quick = cfg.Quick
-	env, err := newEnv(ctx, cfg)
+	specs := cells(cfg)
+	latency := !cfg.NoLatency && slices.Contains(cfg.Paths, PathTCP) && len(cfg.LatencySizes) > 0
+	env, err := newEnv(ctx, cfg, specs, latency)
 	if err != nil {
 		return res, err
 	}
@@ -58,11 +91,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 	}()
 
-	total := 0
-	for range cfg.Sizes {
-		total += len(cfg.Paths) * len(cfg.Concurrency)
-	}
-	if !cfg.NoLatency && slices.Contains(cfg.Paths, PathTCP) {
+	total := len(cfg.Sizes) * len(specs) * len(cfg.Concurrency)
+	if latency {
 		total += len(cfg.LatencySizes)
 	}
 	done := 0
@@ -74,30 +104,46 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 	}
 	for _, size := range cfg.Sizes {
-		sz, err := env.prepare(ctx, size)
+		sz, err := env.prepare(ctx, size, specs)
 		if err != nil {
 			return res, err
 		}
-		for _, path := range cfg.Paths {
+		for _, spec := range specs {
+			maxC := 0
+			for _, c := range cfg.Concurrency {
+				if int64(c)*size <= cfg.MaxInFlight {
+					maxC = max(maxC, c)
+				}
+			}
+			g, err := sz.group(ctx, spec, maxC)
+			if err != nil {
+				sz.close()
+				return res, fmt.Errorf("harness: %s %s %s: %w", spec.path, spec.mode, SizeString(size), err)
+			}
 			for _, c := range cfg.Concurrency {
 				if int64(c)*size > cfg.MaxInFlight {
-					emit(Record{Kind: KindThroughput, Path: path, Mode: ModePull, Size: size, Concurrency: c,
+					emit(Record{Kind: KindThroughput, Path: spec.path, Mode: spec.mode, Size: size, Concurrency: c,
 						Status: StatusSkipped, Note: fmt.Sprintf("%s in flight exceeds MaxInFlight %s", SizeString(int64(c)*size), SizeString(cfg.MaxInFlight))})
 					continue
 				}
-				recs, err := sz.cell(ctx, cfg, path, c)
+				recs, err := g.cell(ctx, cfg, c)
 				if err != nil {
+					g.close()
 					sz.close()
-					return res, fmt.Errorf("harness: %s %s x%d: %w", path, SizeString(size), c, err)
+					return res, fmt.Errorf("harness: %s %s %s x%d: %w", spec.path, spec.mode, SizeString(size), c, err)
 				}
 				emit(recs...)
+			}
+			if err := g.close(); err != nil {
+				sz.close()
+				return res, err
 			}
 		}
 		if err := sz.close(); err != nil {
 			return res, err
 		}
 	}
-	if !cfg.NoLatency && slices.Contains(cfg.Paths, PathTCP) {
+	if latency {
 		for _, size := range cfg.LatencySizes {
 			r, err := env.latency(ctx, cfg, size)
 			if err != nil {
@@ -117,14 +163,26 @@ var (
 	nearDev = tensor.GPUDevice(1) // NVLink-linked to GPU 0 in dgx-h100
 )
 
+// env is the simulated cluster: the owner's runtime and one runtime per
+// reading role, started only when a cell needs it.
 type env struct {
-	ra, rb           *rdt.Runtime
-	owner, near, far *rdt.Actor
-	nearMem, farMem  tensor.Memory
-	ownerMem         tensor.Memory
+	ra    *rdt.Runtime // h0: the owner, and the p2p reader
+	rc    *rdt.Runtime // h0 again: another process to the planner (p2p-ipc, shm)
+	rr    *rdt.Runtime // h1: rdma
+	rt    *rdt.Runtime // h1, rdma off, compression off: tcp
+	rz    *rdt.Runtime // h1, rdma off, compression always: tcp-z
+	owner *rdt.Actor
+	// readers and their destination device per path.
+	readers map[string]*rdt.Actor
+	devs    map[string]tensor.DeviceID
+	mems    map[string]tensor.Memory
+	// rts are the runtimes started, for close.
+	rts []*rdt.Runtime
+	// zlog sees rz's tcp transfers: what the codec put on the wire.
+	zlog *wireLog
 }
 
-func newEnv(ctx context.Context, cfg Config) (*env, error) {
+func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*env, error) {
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return nil, err
@@ -138,28 +196,96 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 			}
 		}
 	}
-	// Arenas are sparse memfds: the cap costs only the pages written.
+	// Arenas are sparse memfds: the cap costs only the pages written. The
+	// owner's GPU holds two sources (a byte pattern and bf16 weights).
 	devMem := 2*maxSize + inflight + 64<<20
-	e := &env{}
-	if e.ra, err = rdt.New(ctx, rdt.Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: devMem}); err != nil {
-		return nil, err
+	need := map[string]bool{}
+	for _, s := range specs {
+		need[s.path] = true
 	}
-	if e.rb, err = rdt.New(ctx, rdt.Config{Cluster: cl, Host: "h1", IgnoreEnv: true, DeviceMemory: devMem}); err != nil {
-		e.close()
-		return nil, err
+	if latency {
+		need[PathTCP] = true
 	}
-	if e.owner, err = e.ra.Spawn("bench-owner", rdt.WithDevices(srcDev)); err == nil {
-		if e.near, err = e.ra.Spawn("bench-near", rdt.WithDevices(nearDev)); err == nil {
-			e.far, err = e.rb.Spawn("bench-far", rdt.WithDevices(nearDev))
+	e := &env{readers: map[string]*rdt.Actor{}, devs: map[string]tensor.DeviceID{}, mems: map[string]tensor.Memory{}, zlog: &wireLog{}}
+	start := func(host string, mutate func(*rdt.Config)) (*rdt.Runtime, error) {
+		// Heartbeats are relaxed: a cell that saturates both cores (the codec
+		// at 8 in flight) must not get its owner declared dead; failure
+		// detection is tested elsewhere, not measured here.
+		c := rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: devMem, Compression: tcp.CompressOff,
+			HeartbeatInterval: 5 * time.Second, HeartbeatMisses: 6}
+		if mutate != nil {
+			mutate(&c)
 		}
+		r, err := rdt.New(ctx, c)
+		if err == nil {
+			e.rts = append(e.rts, r)
+		}
+		return r, err
 	}
-	if err == nil {
-		if e.ownerMem, err = e.ra.Memory(srcDev); err == nil {
-			if e.nearMem, err = e.ra.Memory(nearDev); err == nil {
-				e.farMem, err = e.rb.Memory(nearDev)
+	reader := func(r *rdt.Runtime, path, name string, dev tensor.DeviceID) error {
+		a, err := r.Spawn(name)
+		if err != nil {
+			return err
+		}
+		mem, err := r.Memory(dev)
+		if err != nil {
+			return err
+		}
+		e.readers[path], e.devs[path], e.mems[path] = a, dev, mem
+		return nil
+	}
+	err = func() error {
+		if e.ra, err = start("h0", nil); err != nil {
+			return err
+		}
+		if e.owner, err = e.ra.Spawn("bench-owner"); err != nil {
+			return err
+		}
+		if err := reader(e.ra, PathLocal, "bench-local", srcDev); err != nil {
+			return err
+		}
+		if err := reader(e.ra, PathP2P, "bench-p2p", nearDev); err != nil {
+			return err
+		}
+		if need[PathP2PIPC] || need[PathSHM] {
+			if e.rc, err = start("h0", nil); err != nil {
+				return err
+			}
+			if err := reader(e.rc, PathP2PIPC, "bench-p2p-ipc", nearDev); err != nil {
+				return err
+			}
+			if err := reader(e.rc, PathSHM, "bench-shm", tensor.HostDevice); err != nil {
+				return err
 			}
 		}
-	}
+		if need[PathRDMA] {
+			if e.rr, err = start("h1", nil); err != nil {
+				return err
+			}
+			if err := reader(e.rr, PathRDMA, "bench-rdma", nearDev); err != nil {
+				return err
+			}
+		}
+		if need[PathTCP] {
+			if e.rt, err = start("h1", func(c *rdt.Config) { c.DisableRDMA = true }); err != nil {
+				return err
+			}
+			if err := reader(e.rt, PathTCP, "bench-tcp", nearDev); err != nil {
+				return err
+			}
+		}
+		if need[PathTCPZ] {
+			if e.rz, err = start("h1", func(c *rdt.Config) {
+				c.DisableRDMA, c.Compression, c.Logger = true, tcp.CompressAlways, slog.New(e.zlog)
+			}); err != nil {
+				return err
+			}
+			if err := reader(e.rz, PathTCPZ, "bench-tcp-z", nearDev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
 	if err != nil {
 		e.close()
 		return nil, err
@@ -171,20 +297,28 @@ func (e *env) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	for _, r := range []*rdt.Runtime{e.ra, e.rb} {
-		if r != nil {
-			if err := r.Shutdown(ctx); err != nil {
-				errs = append(errs, err)
-			}
+	// Readers first, the owner last, so no reader outlives its owner.
+	for i := len(e.rts) - 1; i >= 0; i-- {
+		if err := e.rts[i].Shutdown(ctx); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	e.ra, e.rb = nil, nil
+	e.rts = nil
 	return errors.Join(errs...)
 }
 
-// put places a size-byte tensor with a known pattern on the owner's GPU.
-func (e *env) put(ctx context.Context, size int64) (rdt.Ref, []byte, error) {
-	x, err := tensor.Alloc(ctx, e.ownerMem, tensor.Uint8, size)
+// put places a size-byte tensor on the owner's GPU: a byte pattern, or for
+// bf16 weights normally distributed values (what the tcp codec is for).
+func (e *env) put(ctx context.Context, size int64, bf16 bool) (rdt.Ref, []byte, error) {
+	mem, err := e.ra.Memory(srcDev)
+	if err != nil {
+		return rdt.Ref{}, nil, err
+	}
+	dt, n := tensor.Uint8, size
+	if bf16 {
+		dt, n = tensor.BFloat16, size/2
+	}
+	x, err := tensor.Alloc(ctx, mem, dt, n)
 	if err != nil {
 		return rdt.Ref{}, nil, err
 	}
@@ -193,8 +327,12 @@ func (e *env) put(ctx context.Context, size int64) (rdt.Ref, []byte, error) {
 		x.Release()
 		return rdt.Ref{}, nil, err
 	}
-	for i := range p {
-		p[i] = byte(i*7 + i>>8)
+	if bf16 {
+		fillBF16Normal(p)
+	} else {
+		for i := range p {
+			p[i] = byte(i*7 + i>>8)
+		}
 	}
 	ref, err := e.owner.Put(ctx, x)
 	if err != nil {
@@ -204,123 +342,284 @@ func (e *env) put(ctx context.Context, size int64) (rdt.Ref, []byte, error) {
 	return ref, p, nil
 }
 
-// sized holds what the cells of one size share: the source object, its
-// bytes, destinations and baseline connections, grown on demand.
+// fillBF16Normal writes bf16 values drawn from N(0, 0.02), a typical
+// weight distribution, little-endian, with a fixed seed.
+func fillBF16Normal(p []byte) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := 0; i+1 < len(p); i += 2 {
+		bits := math.Float32bits(float32(rng.NormFloat64() * 0.02))
+		bits += 0x7fff + (bits>>16)&1 // round to nearest even
+		binary.LittleEndian.PutUint16(p[i:], uint16(bits>>16))
+	}
+}
+
+// sized holds what the cells of one size share: the sources, the
+// baselines' heap destinations and connections.
 type sized struct {
 	e       *env
 	size    int64
-	ref     rdt.Ref
+	ref     rdt.Ref // byte pattern
 	src     []byte
-	nearDst []tensor.Tensor
-	farDst  []tensor.Tensor
+	zref    rdt.Ref // bf16 normal weights, for tcp-z
+	zsrc    []byte
+	hasZ    bool
 	heapDst [][]byte
 	raw     []*bench.TCPPair
+	zraw    []*bench.TCPPair
 	lp      *bench.Libp2pPair
+	zlp     *bench.Libp2pPair
 }
 
-func (e *env) prepare(ctx context.Context, size int64) (*sized, error) {
-	ref, src, err := e.put(ctx, size)
+func (e *env) prepare(ctx context.Context, size int64, specs []cellSpec) (*sized, error) {
+	ref, src, err := e.put(ctx, size, false)
 	if err != nil {
 		return nil, err
 	}
-	return &sized{e: e, size: size, ref: ref, src: src}, nil
+	s := &sized{e: e, size: size, ref: ref, src: src}
+	if slices.Contains(specs, cellSpec{PathTCPZ, ModePull}) {
+		if s.zref, s.zsrc, err = e.put(ctx, size, true); err != nil {
+			s.close()
+			return nil, err
+		}
+		s.hasZ = true
+	}
+	return s, nil
 }
 
 func (s *sized) close() error {
 	var errs []error
-	for _, t := range append(s.nearDst, s.farDst...) {
-		t.Release()
-	}
-	for _, p := range s.raw {
+	for _, p := range append(s.raw, s.zraw...) {
 		if err := p.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if s.lp != nil {
-		errs = append(errs, s.lp.Close())
+	for _, p := range []*bench.Libp2pPair{s.lp, s.zlp} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
 	}
-	errs = append(errs, s.e.owner.Free(context.Background(), s.ref))
-	s.nearDst, s.farDst, s.raw, s.lp, s.heapDst = nil, nil, nil, nil, nil
+	if s.src != nil {
+		errs = append(errs, s.e.owner.Free(context.Background(), s.ref))
+	}
+	if s.hasZ {
+		errs = append(errs, s.e.owner.Free(context.Background(), s.zref))
+	}
+	s.raw, s.zraw, s.lp, s.zlp, s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, nil, nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
-func (s *sized) grow(ctx context.Context, path string, c int) error {
+// network reports whether path crosses hosts (its baselines are sockets).
+func network(path string) bool { return path == PathRDMA || path == PathTCP || path == PathTCPZ }
+
+// baselines grows what the baselines of spec need for c workers.
+func (s *sized) baselines(ctx context.Context, spec cellSpec, c int) error {
 	for len(s.heapDst) < c {
 		b := make([]byte, s.size)
 		copy(b, s.src) // fault the pages in, as the arenas' are after warm-up
 		s.heapDst = append(s.heapDst, b)
 	}
-	dsts, mem := &s.nearDst, s.e.nearMem
-	if path == PathTCP {
-		dsts, mem = &s.farDst, s.e.farMem
-		for len(s.raw) < c {
-			p, err := bench.NewTCPPair(s.src)
-			if err != nil {
-				return err
-			}
-			s.raw = append(s.raw, p)
-		}
-		if s.lp == nil && c == 1 {
-			p, err := bench.NewLibp2pPair(ctx, s.src)
-			if err != nil {
-				return err
-			}
-			s.lp = p
-		}
-	}
-	if path == PathLocal {
+	if !network(spec.path) {
 		return nil
 	}
-	for len(*dsts) < c {
-		t, err := tensor.Alloc(ctx, mem, tensor.Uint8, s.size)
+	raw, lp, src := &s.raw, &s.lp, s.src
+	if spec.path == PathTCPZ {
+		raw, lp, src = &s.zraw, &s.zlp, s.zsrc
+	}
+	for len(*raw) < c {
+		p, err := bench.NewTCPPair(src)
 		if err != nil {
 			return err
 		}
-		*dsts = append(*dsts, t)
+		*raw = append(*raw, p)
+	}
+	if *lp == nil && c == 1 {
+		p, err := bench.NewLibp2pPair(ctx, src)
+		if err != nil {
+			return err
+		}
+		*lp = p
 	}
 	return nil
 }
 
-type op func(ctx context.Context, worker int) error
+// group is one (size, path, mode): the reader's destinations (pull) or
+// slots (push), grown to the largest in-flight count, released together.
+type group struct {
+	s     *sized
+	spec  cellSpec
+	ref   rdt.Ref
+	dsts  []tensor.Tensor
+	slots []*rdt.Slot
+	sref  []rdt.Ref
+	seen  []uint64 // pushes each slot has completed
+}
 
-// cell measures one (path, size, concurrency) against its baselines.
-func (s *sized) cell(ctx context.Context, cfg Config, path string, c int) ([]Record, error) {
-	if err := s.grow(ctx, path, c); err != nil {
-		return nil, err
+func (s *sized) group(ctx context.Context, spec cellSpec, c int) (*group, error) {
+	g := &group{s: s, spec: spec, ref: s.ref}
+	if spec.path == PathTCPZ {
+		g.ref = s.zref
+	}
+	if spec.path == PathLocal {
+		return g, nil
 	}
 	e := s.e
-	var measure op
+	reader, dev, mem := e.readers[spec.path], e.devs[spec.path], e.mems[spec.path]
+	for range c {
+		if spec.mode == ModePush {
+			slot, err := reader.Reserve(ctx, g.ref.Desc, dev)
+			if err != nil {
+				g.close()
+				return nil, err
+			}
+			g.slots = append(g.slots, slot)
+			g.sref = append(g.sref, slot.Ref())
+			g.seen = append(g.seen, 0)
+			continue
+		}
+		t, err := tensor.Alloc(ctx, mem, tensor.Uint8, s.size)
+		if err != nil {
+			g.close()
+			return nil, err
+		}
+		g.dsts = append(g.dsts, t)
+	}
+	return g, nil
+}
+
+func (g *group) close() error {
+	var errs []error
+	for _, t := range g.dsts {
+		errs = append(errs, t.Release())
+	}
+	for _, sl := range g.slots {
+		errs = append(errs, sl.Close())
+	}
+	g.dsts, g.slots, g.sref = nil, nil, nil
+	return errors.Join(errs...)
+}
+
+type op func(ctx context.Context, worker int) error
+
+// checkPath fails a transfer that took another transport than the cell's.
+func (g *group) checkPath(x rdt.Transfer) error {
+	if want := Transport(g.spec.path); x.Stats.Transport != want {
+		return fmt.Errorf("%w: %s %s cell wants %s, the transfer took %q (plan: %v)", ErrWrongPath, g.spec.path, g.spec.mode, want, x.Stats.Transport, x.Plan)
+	}
+	return nil
+}
+
+// measure is the timed operation of g's cell on one worker.
+func (g *group) measure() op {
+	e, spec := g.s.e, g.spec
+	switch {
+	case spec.path == PathLocal:
+		return func(ctx context.Context, _ int) error {
+			v, x, err := e.readers[PathLocal].Fetch(ctx, g.ref, srcDev)
+			if err != nil {
+				return err
+			}
+			if err := g.checkPath(x); err != nil {
+				v.Release()
+				return err
+			}
+			return v.Release()
+		}
+	case spec.mode == ModePush:
+		return func(ctx context.Context, w int) error {
+			x, err := e.owner.Push(ctx, g.ref, g.sref[w])
+			if err != nil {
+				return err
+			}
+			if err := g.checkPath(x); err != nil {
+				return err
+			}
+			// The push counts once the reader saw it complete.
+			n, _, err := g.slots[w].Wait(ctx, g.seen[w])
+			g.seen[w] = n
+			return err
+		}
+	}
+	reader := e.readers[spec.path]
+	return func(ctx context.Context, w int) error {
+		x, err := reader.GetInto(ctx, g.ref, g.dsts[w])
+		if err != nil {
+			return err
+		}
+		return g.checkPath(x)
+	}
+}
+
+// wireLog counts what the tcp transport reports of each transfer it made
+// ("tcp transfer" debug records: bytes, wire bytes, compressed). It is how
+// the harness sees the codec at work, since rdt does not register the tcp
+// transport's compression counters in its registry.
+type wireLog struct {
+	mu        sync.Mutex
+	raw, wire float64 // bytes of compressed transfers, before and on the wire
+	plain     float64 // bytes of transfers that went uncompressed
+	attrs     []slog.Attr
+}
+
+func (h *wireLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *wireLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *wireLog) WithGroup(string) slog.Handler            { return h }
+func (h *wireLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "tcp transfer" {
+		return nil
+	}
+	var n, wire float64
+	var compressed bool
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "bytes":
+			n = float64(a.Value.Int64())
+		case "wire":
+			wire = float64(a.Value.Int64())
+		case "compressed":
+			compressed = a.Value.Bool()
+		}
+		return true
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if compressed {
+		h.raw += n
+		h.wire += wire
+	} else {
+		h.plain += n
+	}
+	return nil
+}
+
+func (h *wireLog) counts() (raw, wire, plain float64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.raw, h.wire, h.plain
+}
+
+// cell measures one (path, mode, size, concurrency) against its baselines.
+func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
+	s, path := g.s, g.spec.path
+	if err := s.baselines(ctx, g.spec, c); err != nil {
+		return nil, err
+	}
+	measure := g.measure()
 	type base struct {
 		name string
 		op   op
 	}
 	var bases []base
-	memcpy := base{BaseMemcpy, func(_ context.Context, w int) error { copy(s.heapDst[w], s.src); return nil }}
-	switch path {
-	case PathLocal:
-		measure = func(ctx context.Context, _ int) error {
-			v, err := e.owner.Get(ctx, s.ref, srcDev)
-			if err != nil {
-				return err
-			}
-			return v.Release()
+	if network(path) {
+		raw, lp := s.raw, s.lp
+		if path == PathTCPZ {
+			raw, lp = s.zraw, s.zlp
 		}
-		bases = []base{memcpy}
-	case PathP2P:
-		measure = func(ctx context.Context, w int) error {
-			_, err := e.near.GetInto(ctx, s.ref, s.nearDst[w])
-			return err
-		}
-		bases = []base{memcpy}
-	case PathTCP:
-		measure = func(ctx context.Context, w int) error {
-			_, err := e.far.GetInto(ctx, s.ref, s.farDst[w])
-			return err
-		}
-		bases = []base{{BaseRawTCP, func(_ context.Context, w int) error { _, err := s.raw[w].Read(s.heapDst[w]); return err }}}
+		bases = []base{{BaseRawTCP, func(_ context.Context, w int) error { _, err := raw[w].Read(s.heapDst[w]); return err }}}
 		if c == 1 {
-			bases = append(bases, base{BaseLibp2p, func(_ context.Context, w int) error { _, err := s.lp.Read(s.heapDst[w]); return err }})
+			bases = append(bases, base{BaseLibp2p, func(_ context.Context, w int) error { _, err := lp.Read(s.heapDst[w]); return err }})
 		}
+	} else {
+		bases = []base{{BaseMemcpy, func(_ context.Context, w int) error { copy(s.heapDst[w], s.src); return nil }}}
 	}
 	// Enough operations per worker per round that a round moves about
 	// 1 MiB, so small sizes are not timer-bound.
@@ -337,6 +636,7 @@ func (s *sized) cell(ctx context.Context, cfg Config, path string, c int) ([]Rec
 			return nil, err
 		}
 	}
+	zraw0, zwire0, zplain0 := s.e.zlog.counts()
 	var pathTotal time.Duration
 	baseTotal := make([]time.Duration, len(bases))
 	ratios := make([][]float64, len(bases))
@@ -358,11 +658,10 @@ func (s *sized) cell(ctx context.Context, cfg Config, path string, c int) ([]Rec
 		alloc += ms.TotalAlloc - before
 		pathTotal += pt
 		for i := range bases {
-			b := bases[(i+rounds)%len(bases)] // rotate the order of baselines
-			j := (i + rounds) % len(bases)
-			bt, err := round(ctx, b.op, c, k)
+			j := (i + rounds) % len(bases) // rotate the order of baselines
+			bt, err := round(ctx, bases[j].op, c, k)
 			if err != nil {
-				return nil, fmt.Errorf("baseline %s: %w", b.name, err)
+				return nil, fmt.Errorf("baseline %s: %w", bases[j].name, err)
 			}
 			baseTotal[j] += bt
 			ratios[j] = append(ratios[j], bt.Seconds()/pt.Seconds())
@@ -370,18 +669,29 @@ func (s *sized) cell(ctx context.Context, cfg Config, path string, c int) ([]Rec
 		rounds++
 	}
 	moved := float64(rounds) * float64(k) * float64(c) * float64(s.size)
+	var wireRatio float64
+	note := ""
+	switch path {
+	case PathLocal:
+		note = "zero-copy view"
+	case PathTCPZ:
+		zraw1, zwire1, zplain1 := s.e.zlog.counts()
+		if zraw1-zraw0 < moved || zplain1 > zplain0 {
+			// The cell says compressed: every timed byte must have been.
+			return nil, fmt.Errorf("%w: tcp-z compressed %.0f of %.0f bytes moved (%.0f sent plain)", ErrWrongPath, zraw1-zraw0, moved, zplain1-zplain0)
+		}
+		wireRatio = (zwire1 - zwire0) / (zraw1 - zraw0)
+		note = fmt.Sprintf("bf16 N(0,0.02); wire %.0f%% of raw", 100*wireRatio)
+	}
 	gbps := moved / pathTotal.Seconds() / 1e9
 	rss := PeakRSS()
 	recs := make([]Record, len(bases))
 	for i, b := range bases {
 		recs[i] = Record{
-			Kind: KindThroughput, Path: path, Mode: ModePull, Size: s.size, Concurrency: c,
+			Kind: KindThroughput, Path: path, Mode: g.spec.mode, Size: s.size, Concurrency: c,
 			GBps: gbps, Baseline: b.name, BaselineGBps: moved / baseTotal[i].Seconds() / 1e9,
-			Ratio: median(ratios[i]), Rounds: rounds,
-			AllocPerGiB: float64(alloc) / (moved / (1 << 30)), PeakRSS: rss,
-		}
-		if path == PathLocal {
-			recs[i].Note = "zero-copy view"
+			Ratio: median(ratios[i]), Rounds: rounds, WireRatio: wireRatio,
+			AllocPerGiB: float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
 		}
 	}
 	return recs, nil
@@ -417,23 +727,26 @@ func round(ctx context.Context, f op, c, k int) (time.Duration, error) {
 	return d, errors.Join(errs...)
 }
 
-// latency times single small tcp Gets, interleaved one for one with a raw
-// TCP ping-pong of the same bytes.
+// latency times single small tcp Gets (rdma off, compression off),
+// interleaved one for one with a raw TCP ping-pong of the same bytes.
 func (e *env) latency(ctx context.Context, cfg Config, size int64) (Record, error) {
-	ref, src, err := e.put(ctx, size)
+	ref, src, err := e.put(ctx, size, false)
 	if err != nil {
 		return Record{}, err
 	}
 	defer e.owner.Free(context.Background(), ref)
-	dst, err := tensor.Alloc(ctx, e.farMem, tensor.Uint8, size)
+	reader := e.readers[PathTCP]
+	dst, err := tensor.Alloc(ctx, e.mems[PathTCP], tensor.Uint8, size)
 	if err != nil {
 		return Record{}, err
 	}
 	defer dst.Release()
+	g := &group{spec: cellSpec{PathTCP, ModePull}}
 	pp, err := bench.NewPingPong(src)
 	if err != nil {
 		return Record{}, err
 	}
+	defer pp.Close()
 	buf := make([]byte, size)
 	n := cfg.LatencySamples
 	path := make([]float64, 0, n)
@@ -441,18 +754,19 @@ func (e *env) latency(ctx context.Context, cfg Config, size int64) (Record, erro
 	const warm = 10
 	for i := 0; i < n+warm; i++ {
 		if err := ctx.Err(); err != nil {
-			pp.Close()
 			return Record{}, err
 		}
 		t0 := time.Now()
-		if _, err := e.far.GetInto(ctx, ref, dst); err != nil {
-			pp.Close()
+		x, err := reader.GetInto(ctx, ref, dst)
+		if err != nil {
 			return Record{}, err
 		}
 		d := time.Since(t0)
+		if err := g.checkPath(x); err != nil {
+			return Record{}, err
+		}
 		bd, err := pp.Exchange(buf)
 		if err != nil {
-			pp.Close()
 			return Record{}, err
 		}
 		if i >= warm {

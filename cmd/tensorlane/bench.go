@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,7 @@ type benchOptions struct {
 	latencySamples int
 	retries        int
 	baselineRuns   int
+	paths, push    []string
 }
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }
@@ -37,24 +39,32 @@ func newBenchCmd() *cobra.Command {
 	o := benchOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure local, p2p and tcp Gets against memcpy, raw TCP and libp2p baselines",
+		Short: "Measure every transfer path (pull and push) against memcpy, raw TCP and libp2p baselines",
 		Long: `bench runs the benchmark matrix on a simulated cluster of two dgx-h100 hosts built in
-this process: sizes 4 KiB to 1 GiB, paths local (zero-copy view), p2p (NVLink copy between
-simulated GPUs) and tcp (between two runtimes), pull mode, 1, 8 and 64 Gets in flight, each
-interleaved round by round with its baseline (single-thread memcpy for local and p2p; a raw
-loopback TCP socket and a libp2p stream for tcp), plus p50/p99 of small tcp Gets against a raw
-TCP ping-pong. Ratios, not absolute rates, are what carry between machines.
+this process: sizes 4 KiB to 1 GiB; paths local (zero-copy view), p2p (NVLink copy between
+simulated GPUs of one runtime), p2p-ipc (NVLink copy into a second runtime claiming the same
+host, through shared memory), shm (into that runtime's host memory), rdma (software verbs
+provider to the other host), tcp (the other host with rdma off) and tcp-z (tcp with compression
+always, on bf16 weights); pull for every path and push for p2p, p2p-ipc, shm, rdma and tcp; 1, 8
+and 64 transfers in flight. Each cell is interleaved round by round with its baseline
+(single-thread memcpy for on-host paths; a raw loopback TCP socket, and a libp2p stream at 1 in
+flight, for rdma, tcp and tcp-z), and fails loudly if a transfer took another path than the cell
+names. Latency mode: p50/p99 of small tcp Gets against a raw TCP ping-pong. Ratios, not
+absolute rates, are what carry between machines.
 
---check compares this run's ratios with a stored baseline and exits non-zero listing every
-ratio that fell more than --tolerance below it. shm, rdma, tcp compression and push are listed
-as not built.`,
+--quick measures 1 MiB (1 and 8 in flight) and 64 MiB (1 in flight), pull for every path and
+push for p2p-ipc and rdma. --check compares this run's ratios with a stored baseline and exits
+non-zero listing every ratio that fell more than its tolerance (the larger of --tolerance and
+the cell's own, stored in the baseline) below it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, o)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&o.quick, "quick", false, "small matrix (4KiB, 1MiB, 64MiB; 1 and 8 in flight): well under a minute on 2 cores")
+	f.BoolVar(&o.quick, "quick", false, "small matrix (1MiB x1,x8 and 64MiB x1; pull on every path, push on p2p-ipc and rdma): well under a minute on 2 cores")
+	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\")")
+	f.StringSliceVar(&o.push, "push", nil, "override the paths pushed (p2p,p2p-ipc,shm,rdma,tcp; none: \"\")")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
 	f.StringVar(&o.out, "out", "", "write results.json, report.md and throughput-<path>.png plots into this directory")
 	f.StringVar(&o.check, "check", "", "compare ratios with this baseline file; fail on regressions")
@@ -65,9 +75,9 @@ as not built.`,
 	f.BoolVar(&o.noLatency, "no-latency", false, "skip the latency mode")
 	f.StringSliceVar(&o.sizes, "sizes", nil, "override the sizes (e.g. 4KiB,1MiB)")
 	f.IntSliceVar(&o.concurrency, "concurrency", nil, "override the in-flight counts (e.g. 1,8)")
-	f.DurationVar(&o.minTime, "min-time", 0, "override the least time per cell (default 1s, 100ms with --quick)")
-	f.IntVar(&o.minRounds, "min-rounds", 0, "override the least interleaved rounds per cell (default 7, 5 with --quick)")
-	f.IntVar(&o.latencySamples, "latency-samples", 0, "override the samples per latency size (default 2000, 300 with --quick)")
+	f.DurationVar(&o.minTime, "min-time", 0, "override the least time per cell (default 1s, 150ms with --quick)")
+	f.IntVar(&o.minRounds, "min-rounds", 0, "override the least interleaved rounds per cell (default 9, 5 with --quick)")
+	f.IntVar(&o.latencySamples, "latency-samples", 0, "override the samples per latency size (default 2000, 500 with --quick)")
 	return cmd
 }
 
@@ -85,6 +95,12 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	}
 	cfg := harness.Config{Quick: o.quick, NoLatency: o.noLatency, Concurrency: o.concurrency,
 		MinTime: o.minTime, MinRounds: o.minRounds, LatencySamples: o.latencySamples}
+	if cmd.Flags().Changed("paths") {
+		cfg.Paths = nonEmpty(o.paths)
+	}
+	if cmd.Flags().Changed("push") {
+		cfg.Push = nonEmpty(o.push)
+	}
 	for _, s := range o.sizes {
 		n, err := parseSize(s)
 		if err != nil {
@@ -216,6 +232,18 @@ func progress(w io.Writer) func(done, total int, recs []harness.Record) {
 			fmt.Fprint(w, "\r\033[K")
 		}
 	}
+}
+
+// nonEmpty drops empty names and returns a non-nil slice: a flag given as
+// "" selects nothing rather than the defaults.
+func nonEmpty(names []string) []string {
+	out := []string{}
+	for _, n := range names {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func repeat(c byte, n int) []byte {

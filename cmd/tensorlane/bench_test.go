@@ -27,15 +27,20 @@ func runBenchArgs(t *testing.T, args ...string) (string, error) {
 
 var tiny = []string{"--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB,8KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
 
-// One tiny run through the command: JSON lines, --out, --write-baseline,
-// then --check against a doctored copy whose ratios are out of reach.
+// narrow is the matrix of the baseline and check runs: two paths keep them
+// fast (every path is covered by the first run).
+var narrow = append([]string{"--paths", "p2p,tcp", "--push", "rdma"}, tiny...)
+
+// One tiny run of every path through the command (JSON lines, --out), then
+// --write-baseline and --check against doctored copies whose ratios are out
+// of reach, on a narrower matrix.
 func TestBenchCommand(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.json")
-	out, err := runBenchArgs(t, append([]string{"--json", "--out", dir, "--write-baseline", base}, tiny...)...)
+	out, err := runBenchArgs(t, append([]string{"--json", "--out", dir}, tiny...)...)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	paths := map[string]bool{}
+	paths, modes := map[string]bool{}, map[string]bool{}
 	for _, l := range lines {
 		var r map[string]any
 		require.NoError(t, json.Unmarshal([]byte(l), &r), l)
@@ -43,11 +48,15 @@ func TestBenchCommand(t *testing.T) {
 			assert.Contains(t, r, k, l)
 		}
 		paths[r["path"].(string)] = true
+		modes[r["mode"].(string)] = true
 	}
-	for _, p := range []string{"local", "p2p", "tcp", "shm", "rdma"} {
+	for _, p := range []string{"local", "p2p", "p2p-ipc", "shm", "rdma", "tcp", "tcp-z"} {
 		assert.True(t, paths[p], "no %s line", p)
 	}
-	for _, f := range []string{"results.json", "report.md", "base.json", "throughput-tcp.png"} {
+	assert.True(t, modes["push"] && modes["pull"], "modes %v", modes)
+	_, err = runBenchArgs(t, append([]string{"--write-baseline", base}, narrow...)...)
+	require.NoError(t, err)
+	for _, f := range []string{"results.json", "report.md", "base.json", "throughput-tcp.png", "throughput-p2p-ipc.png"} {
 		_, err := os.Stat(filepath.Join(dir, f))
 		assert.NoError(t, err, f)
 	}
@@ -60,7 +69,7 @@ func TestBenchCommand(t *testing.T) {
 	f.Records = append(f.Records, harness.Record{Kind: harness.KindThroughput, Path: "p2p", Mode: harness.ModePull, Size: 1 << 30, Concurrency: 1, Baseline: harness.BaseMemcpy, Ratio: 1})
 	high := filepath.Join(dir, "high.json")
 	require.NoError(t, harness.WriteFile(high, f))
-	_, err = runBenchArgs(t, append([]string{"--check", high}, tiny...)...)
+	_, err = runBenchArgs(t, append([]string{"--check", high}, narrow...)...)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "throughput/p2p/pull/4KiB/c1/vs-memcpy")
 	assert.Contains(t, err.Error(), "throughput/p2p/pull/1GiB/c1/vs-memcpy: in the baseline")
@@ -71,7 +80,7 @@ func TestBenchCommand(t *testing.T) {
 	f.Records = f.Records[:len(f.Records)-1]
 	low := filepath.Join(dir, "low.json")
 	require.NoError(t, harness.WriteFile(low, f))
-	out, err = runBenchArgs(t, append([]string{"--check", low}, tiny...)...)
+	out, err = runBenchArgs(t, append([]string{"--check", low}, narrow...)...)
 	require.NoError(t, err)
 	assert.Contains(t, out, "check:")
 	assert.Contains(t, out, "not built")
@@ -84,4 +93,8 @@ func TestBenchBadFlags(t *testing.T) {
 	assert.Error(t, err)
 	_, err = runBenchArgs(t, "--sizes", "lots")
 	assert.Error(t, err)
+	_, err = runBenchArgs(t, "--sizes", "4KiB", "--paths", "nvme")
+	assert.ErrorContains(t, err, "unknown path")
+	_, err = runBenchArgs(t, "--sizes", "4KiB", "--push", "tcp-z")
+	assert.ErrorContains(t, err, "no push mode")
 }
