@@ -15,7 +15,10 @@
 // The fault-matrix tests in this package check that each case ends with the
 // expected typed error or a completed, verified transfer, within a bound,
 // and with the owners' device memory back to its baseline; they log the
-// time each failure took to surface. They skip, saying why, where network
+// time each failure took to surface (a table printed at the end of
+// `go test -v`). Network faults run over the path the planner picks between
+// two DGX hosts (rdma, software provider); TENSORLANE_FAULT_MATRIX=full
+// (make nightly) runs them over tcp as well. They skip, saying why, where network
 // namespaces cannot be created (not root, no ip or tc). Namespaces and
 // processes are removed in t.Cleanup, also when a test fails; a worker dies
 // with the test process (PR_SET_PDEATHSIG) even if that crashes.

@@ -64,6 +64,23 @@ func printDetections() {
 	}
 }
 
+// pathCase runs a network fault over one data path.
+type pathCase struct {
+	name string
+	args []string // worker flags
+}
+
+// paths are the data paths each network fault runs over: the planner's
+// choice between two DGX hosts (rdma, software provider) on every run, and
+// tcp too with TENSORLANE_FAULT_MATRIX=full (make nightly).
+func paths() []pathCase {
+	out := []pathCase{{"planner's choice", nil}}
+	if os.Getenv("TENSORLANE_FAULT_MATRIX") == "full" {
+		out = append(out, pathCase{"tcp only", []string{"--transports", "tcp"}})
+	}
+	return out
+}
+
 func testCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -160,18 +177,9 @@ func rateLimit(t *testing.T, ctx context.Context, h *Host, rate string) {
 	require.NoError(t, h.NS.Shape(ctx, h.Dev, netns.Shape{Rate: rate}))
 }
 
-// 1. kill -9 of an owner in the middle of a large transfer, over the path
-// the planner picks between two DGX hosts (rdma, software provider) and
-// over tcp.
+// 1. kill -9 of an owner in the middle of a large transfer.
 func TestKillOwnerMidTransfer(t *testing.T) {
-	cases := []struct {
-		name string
-		args []string
-	}{
-		{"planner's choice", nil},
-		{"tcp only", []string{"--transports", "tcp"}},
-	}
-	for _, tc := range cases {
+	for _, tc := range paths() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := New(t, Options{Args: tc.args})
 			ctx := testCtx(t, 3*time.Minute)
@@ -219,50 +227,52 @@ func TestLinkDownMidTransfer(t *testing.T) {
 		{"unplugged for good", 0, false},
 		{"unplugged for 1s", time.Second, true},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := New(t, Options{StallTimeout: stall})
-			ctx := testCtx(t, 3*time.Minute)
-			owner, reader := c.Hosts[0], c.Hosts[1]
-			rateLimit(t, ctx, owner, "200mbit") // 64 MiB take about 2.7 s
-			ownerBase, readerBase := info(t, ctx, owner.W).Used, info(t, ctx, reader.W).Used
-			ref := put(t, ctx, owner.W, 64<<20, 3)
+	for _, path := range paths() {
+		for _, tc := range cases {
+			t.Run(path.name+"/"+tc.name, func(t *testing.T) {
+				c := New(t, Options{StallTimeout: stall, Args: path.args})
+				ctx := testCtx(t, 3*time.Minute)
+				owner, reader := c.Hosts[0], c.Hosts[1]
+				rateLimit(t, ctx, owner, "200mbit") // 64 MiB take about 2.7 s
+				ownerBase, readerBase := info(t, ctx, owner.W).Used, info(t, ctx, reader.W).Used
+				ref := put(t, ctx, owner.W, 64<<20, 3)
 
-			tx := txBytes(t, ctx, owner)
-			res := reader.W.Go(Request{Op: "get", Ref: ref, Seed: 3, Device: "gpu:1", TimeoutMS: 60_000})
-			inFlight(t, ctx, owner, tx, 8<<20, res)
-			cut := time.Now()
-			require.NoError(t, owner.SetLink(ctx, false))
-			restored := false
-			if tc.outage > 0 {
-				timer := time.NewTimer(tc.outage) // the length of the outage, not a wait for work
-				select {
-				case r := <-res:
-					t.Fatalf("reply during a %v outage: %+v", tc.outage, r)
-				case <-timer.C:
+				tx := txBytes(t, ctx, owner)
+				res := reader.W.Go(Request{Op: "get", Ref: ref, Seed: 3, Device: "gpu:1", TimeoutMS: 60_000})
+				inFlight(t, ctx, owner, tx, 8<<20, res)
+				cut := time.Now()
+				require.NoError(t, owner.SetLink(ctx, false))
+				restored := false
+				if tc.outage > 0 {
+					timer := time.NewTimer(tc.outage) // the length of the outage, not a wait for work
+					select {
+					case r := <-res:
+						t.Fatalf("reply during a %v outage: %+v", tc.outage, r)
+					case <-timer.C:
+					}
+					require.NoError(t, owner.SetLink(ctx, true))
+					restored = true
 				}
-				require.NoError(t, owner.SetLink(ctx, true))
-				restored = true
-			}
-			r := await(t, res, 2*stall+30*time.Second)
-			if !restored {
-				require.NoError(t, owner.SetLink(ctx, true))
-			}
-			if tc.wantOK {
-				require.True(t, r.OK, "transfer after a %v outage: %s %s", tc.outage, r.Code, r.Error)
-				assert.True(t, r.Verified)
-				record(t, fmt.Sprintf("2 link down %v mid-transfer (64 MiB, %s)", tc.outage, r.Path), r.At.Sub(cut), "completed, verified")
-			} else {
-				require.False(t, r.OK)
-				assert.Contains(t, []string{"owner_died", "stalled"}, r.Code, r.Error)
-				record(t, fmt.Sprintf("2 link down for good mid-transfer (64 MiB, %s)", r.Path), r.At.Sub(cut), r.Code)
-			}
-			free(t, ctx, owner.W, ref)
-			// The owner's half of an aborted transfer ends by its own stall
-			// detector at the latest; its memory must then come back.
-			backToBaseline(t, ctx, owner.W, ownerBase, 2*stall+10*time.Second)
-			backToBaseline(t, ctx, reader.W, readerBase, 5*time.Second)
-		})
+				r := await(t, res, 2*stall+30*time.Second)
+				if !restored {
+					require.NoError(t, owner.SetLink(ctx, true))
+				}
+				if tc.wantOK {
+					require.True(t, r.OK, "transfer after a %v outage: %s %s", tc.outage, r.Code, r.Error)
+					assert.True(t, r.Verified)
+					record(t, fmt.Sprintf("2 link down %v mid-transfer (64 MiB, %s)", tc.outage, r.Path), r.At.Sub(cut), "completed, verified")
+				} else {
+					require.False(t, r.OK)
+					assert.Contains(t, []string{"owner_died", "stalled"}, r.Code, r.Error)
+					record(t, fmt.Sprintf("2 link down for good mid-transfer (64 MiB, %s)", r.Path), r.At.Sub(cut), r.Code)
+				}
+				free(t, ctx, owner.W, ref)
+				// The owner's half of an aborted transfer ends by its own stall
+				// detector at the latest; its memory must then come back.
+				backToBaseline(t, ctx, owner.W, ownerBase, 2*stall+10*time.Second)
+				backToBaseline(t, ctx, reader.W, readerBase, 5*time.Second)
+			})
+		}
 	}
 }
 
@@ -270,7 +280,13 @@ func TestLinkDownMidTransfer(t *testing.T) {
 // verifies. Uses netem where the kernel has it; otherwise random drops by a
 // BPF program and the queueing delay of a tbf bottleneck.
 func TestLossAndLatency(t *testing.T) {
-	c := New(t, Options{StallTimeout: 10 * time.Second})
+	for _, path := range paths() {
+		t.Run(path.name, func(t *testing.T) { lossAndLatency(t, path) })
+	}
+}
+
+func lossAndLatency(t *testing.T, path pathCase) {
+	c := New(t, Options{StallTimeout: 10 * time.Second, Args: path.args})
 	ctx := testCtx(t, 3*time.Minute)
 	owner, reader := c.Hosts[0], c.Hosts[1]
 	mode := "netem delay 5ms±1ms loss 0.5% both ways"
