@@ -237,7 +237,7 @@ func (r *Runtime) Connect(ctx context.Context, info peer.AddrInfo) error {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
 	if err := r.host.Connect(ctx, info); err != nil {
-		return fmt.Errorf("rdt: connect to %s: %w", shortID(info.ID), err)
+		return fmt.Errorf("%w: connect to %s: %w", ErrPeerUnreachable, shortID(info.ID), err)
 	}
 	return nil
 }
