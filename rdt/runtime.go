@@ -21,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/pnet"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptcp "github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
@@ -236,6 +237,11 @@ func (r *Runtime) Connect(ctx context.Context, info peer.AddrInfo) error {
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
+	// An explicit Connect overrides the dial backoff of earlier failures,
+	// so a peer that restarted is reachable at once.
+	if sw, ok := r.host.Network().(*swarm.Swarm); ok {
+		sw.Backoff().Clear(info.ID)
+	}
 	if err := r.host.Connect(ctx, info); err != nil {
 		return fmt.Errorf("%w: connect to %s: %w", ErrPeerUnreachable, shortID(info.ID), err)
 	}
