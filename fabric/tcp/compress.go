@@ -48,6 +48,11 @@ const (
 	// goes raw instead, so the link estimate cannot go stale while the
 	// codec hides the link.
 	probeEvery = 16
+	// retryCompressed: after compression lost to raw (a busy CPU, a noisy
+	// sample), every this-many-th transfer tries it again; sooner than
+	// probeEvery, because CPU contention comes and goes and a retry costs at
+	// most one slower transfer.
+	retryCompressed = 4
 	// incompressible: a peer whose recent data shrank less than this gets
 	// raw transfers (with the same occasional probe).
 	incompressible = 0.95
@@ -93,7 +98,7 @@ func decide(mode Compression, n int64, est linkEstimate, codecBps float64) (bool
 	incomp := est.ratio >= incompressible
 	slower := est.compBps > 0 && est.compBps < est.bps
 	switch {
-	case (incomp || slower) && est.skipped+1 >= probeEvery:
+	case incomp && est.skipped+1 >= probeEvery, !incomp && slower && est.skipped+1 >= retryCompressed:
 		return true, "probe-compressed"
 	case incomp:
 		return false, "incompressible"

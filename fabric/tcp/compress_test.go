@@ -115,7 +115,8 @@ func TestDecide(t *testing.T) {
 		{"compressed long enough, probe raw", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compressed: probeEvery - 1}, false, "probe-raw"},
 		{"compression pays", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 180e6, ratio: 0.67}, true, "link-slower"},
 		{"compression does not pay (busy CPU)", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 80e6, ratio: 0.67}, false, "compressed-slower"},
-		{"does not pay, probe", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 80e6, ratio: 0.67, skipped: probeEvery - 1}, true, "probe-compressed"},
+		{"does not pay, retry", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, compBps: 80e6, ratio: 0.67, skipped: retryCompressed - 1}, true, "probe-compressed"},
+		{"incompressible, not yet", CompressAuto, 64 << 20, linkEstimate{bps: 125e6, ratio: 0.99, skipped: retryCompressed - 1}, false, "incompressible"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, reason := decide(c.mode, c.n, c.est, codec)
