@@ -10,6 +10,9 @@ type Metrics struct {
 	Slices     *prometheus.CounterVec // tensorlane_rdma_slices_total{rail,result}
 	SliceRetry prometheus.Counter     // tensorlane_rdma_slice_retries_total
 	RailPauses *prometheus.CounterVec // tensorlane_rdma_rail_pauses_total{rail}
+	// HealthPauses counts rails that link telemetry marked degraded
+	// (Transport.Degrade): tensorlane_rail_health_pauses_total{rail}.
+	HealthPauses *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -28,9 +31,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RailPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_rdma_rail_pauses_total", Help: "Times a failing rail was paused (backoff).",
 		}, []string{"rail"}),
+		HealthPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_rail_health_pauses_total", Help: "Times link telemetry marked an rdma rail degraded (no new slices until it recovers).",
+		}, []string{"rail"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses)
+		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses, m.HealthPauses)
 	}
 	return m
 }

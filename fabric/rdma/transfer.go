@@ -223,13 +223,23 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 		changed := t.changes()
 		full := map[*rail]bool{}
 		waiting := false // a rail is connecting: progress is possible later
+		// Degraded rails (link telemetry) get no new slice while a healthy
+		// rail can take it; when none can, they still carry the transfer.
+		at := time.Now()
+		skipDegraded := false
+		for _, r := range usable {
+			if !r.degraded(at) && r.takesSlices(at) {
+				skipDegraded = true
+				break
+			}
+		}
 		for len(queue) > 0 {
 			s := queue[0]
 			var best *rail
 			var bestQP QueuePair
 			var bestScore float64
 			for i, r := range usable {
-				if full[r] || perRail[r] >= t.cfg.MaxInFlight {
+				if full[r] || perRail[r] >= t.cfg.MaxInFlight || (skipDegraded && r.degraded(at)) {
 					continue
 				}
 				qp, err := t.ready(r)

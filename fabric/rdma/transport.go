@@ -311,6 +311,27 @@ type rail struct {
 	failures    int     // consecutive
 	pausedUntil time.Time
 	lastErr     error
+	// degradedUntil is set by Degrade (link telemetry: the connection
+	// under the rail queues or drops): the rail still works, so slices in
+	// flight finish, but it gets no new slice while another rail can take
+	// it.
+	degradedUntil  time.Time
+	degradedReason string
+}
+
+// degraded says whether the rail is marked degraded now.
+func (r *rail) degraded(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return now.Before(r.degradedUntil)
+}
+
+// takesSlices says whether the rail may get a slice now without waiting
+// out a pause: connected or connectable.
+func (r *rail) takesSlices(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !now.Before(r.pausedUntil) && (r.qp == nil || r.qp.Err() == nil)
 }
 
 const initialRate = 1e9 // bytes/s: equal shares until measured
@@ -512,6 +533,12 @@ type RailState struct {
 	PausedUntil time.Time
 	Failures    int
 	GBps        float64 // throughput estimate
+	// Degraded is set while link telemetry has the rail marked degraded
+	// (Degrade): it gets no new slices while another rail can take them,
+	// until Recover or DegradedUntil.
+	Degraded       bool
+	DegradedUntil  time.Time
+	DegradedReason string
 }
 
 // Rails reports the rails the transport knows.
@@ -526,7 +553,8 @@ func (t *Transport) Rails() []RailState {
 	for _, r := range rails {
 		r.mu.Lock()
 		out = append(out, RailState{Label: r.label, Owner: r.peer.String(), Addr: r.remote.Addr,
-			Connected: r.qp != nil && r.qp.Err() == nil, PausedUntil: r.pausedUntil, Failures: r.failures, GBps: r.ewma / 1e9})
+			Connected: r.qp != nil && r.qp.Err() == nil, PausedUntil: r.pausedUntil, Failures: r.failures, GBps: r.ewma / 1e9,
+			Degraded: time.Now().Before(r.degradedUntil), DegradedUntil: r.degradedUntil, DegradedReason: r.degradedReason})
 		r.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b RailState) int {
