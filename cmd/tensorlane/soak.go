@@ -388,7 +388,15 @@ func (s *soak) bounded(what string, fn func()) {
 		s.hung.Add(1)
 		s.count(&s.errCodes, "hung:"+what)
 		s.log.Error("call did not return within its bound", "call", what, "bound", grace)
-		<-done // a hang is reported; still never leave the goroutine behind
+		// Give it one more bound to come back; a call that never does is
+		// abandoned (and its goroutine with it) so the soak still reports.
+		late := time.NewTimer(grace)
+		defer late.Stop()
+		select {
+		case <-done:
+		case <-late.C:
+			s.log.Error("abandoning a hung call", "call", what)
+		}
 	}
 	d := time.Since(start)
 	s.mu.Lock()
