@@ -101,6 +101,15 @@ func TestMedian(t *testing.T) {
 	if m[0].Tolerance != MaxCellTolerance {
 		t.Errorf("runs 0.1..0.9 around 0.5: tolerance %v, want the cap %v", m[0].Tolerance, MaxCellTolerance)
 	}
+	// Cells bound by scheduling get a floor whatever their spread.
+	c8 := Median([]Record{rec("tcp", 1<<20, 8, BaseRawTCP, 0.6)}, []Record{rec("tcp", 1<<20, 8, BaseRawTCP, 0.6)}, []Record{rec("tcp", 1<<20, 8, BaseRawTCP, 0.6)})
+	if c8[0].Tolerance != 0.45 || !strings.Contains(c8[0].Note, "in flight") {
+		t.Errorf("8 in flight: %+v", c8[0])
+	}
+	big := Median([]Record{rec("shm", 64<<20, 1, BaseMemcpy, 0.9)}, []Record{rec("shm", 64<<20, 1, BaseMemcpy, 0.9)}, []Record{rec("shm", 64<<20, 1, BaseMemcpy, 0.9)})
+	if big[0].Tolerance != 0 {
+		t.Errorf("a bandwidth-bound cell keeps the default: %+v", big[0])
+	}
 	if m := Median(a); m[0].Ratio != 0.9 || m[0].Tolerance != 0 {
 		t.Fatalf("Median of one run = %+v", m)
 	}

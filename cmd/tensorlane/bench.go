@@ -211,7 +211,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 			return err
 		}
 		if !o.json {
-			fmt.Fprintf(out, "check: %d ratios within %.0f%% of %s\n", cr.Compared, 100*o.tolerance, o.check)
+			fmt.Fprintf(out, "check: %d ratios within tolerance (%.0f%%, or the cell's own where wider) of %s\n", cr.Compared, 100*o.tolerance, o.check)
 		}
 	}
 	return nil
