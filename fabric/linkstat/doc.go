@@ -32,10 +32,11 @@
 //
 // Each refresh (Config.Interval, or Refresh) re-evaluates every link;
 // LinkStats.Degraded and Reason say why, Monitor.Degraded lists them, and
-// Config.OnHealth is called on every transition. A transport that stripes
-// over several rails or streams can pause a degraded one and resume it when
-// OnHealth reports it recovered; wiring that into fabric/tcp and the RDMA
-// rails is left to those transports.
+// Config.OnHealth (and every function given to Monitor.Subscribe) is called
+// on every transition. A transport that stripes over several rails or
+// streams can pause a degraded one and resume it when it recovers: rdt does
+// so for the RDMA rails (rdt.Config.LinkMonitor, rdma.Transport.Degrade);
+// fabric/tcp's streams are measured but not paused.
 //
 // To measure fabric/tcp's data connections, give the transport the
 // monitor's dialer: tcp.Config{Dial: mon.Dial} (or mon.DialFunc to keep a

@@ -142,10 +142,12 @@ type Monitor struct {
 	bpf    *bpfCollector
 	health prometheus.Counter
 
-	mu     sync.Mutex
-	links  map[uint64]*Link
-	nextID uint64
-	closed bool
+	mu      sync.Mutex
+	links   map[uint64]*Link
+	nextID  uint64
+	closed  bool
+	subs    map[uint64]func(LinkStats) // Subscribe's, keyed by nextSub
+	nextSub uint64
 
 	refreshMu sync.Mutex // one refresh at a time
 	stop      chan struct{}
@@ -328,8 +330,40 @@ func (m *Monitor) Refresh() {
 		if m.cfg.OnHealth != nil {
 			m.cfg.OnHealth(st)
 		}
+		m.mu.Lock()
+		subs := make([]func(LinkStats), 0, len(m.subs))
+		for _, fn := range m.subs {
+			subs = append(subs, fn)
+		}
+		m.mu.Unlock()
+		for _, fn := range subs {
+			fn(st)
+		}
 	}
 }
+
+// Subscribe adds fn to the functions called on every health transition,
+// like Config.OnHealth (after it, from the same goroutine), so that several
+// users of one monitor (runtimes sharing a process's eBPF program) each
+// hear about their links. cancel removes fn; it is idempotent.
+func (m *Monitor) Subscribe(fn func(LinkStats)) (cancel func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.subs == nil {
+		m.subs = map[uint64]func(LinkStats){}
+	}
+	m.nextSub++
+	id := m.nextSub
+	m.subs[id] = fn
+	return func() {
+		m.mu.Lock()
+		delete(m.subs, id)
+		m.mu.Unlock()
+	}
+}
+
+// Interval is the time between the monitor's refreshes.
+func (m *Monitor) Interval() time.Duration { return m.cfg.Interval }
 
 // read returns the link's current sample: from the eBPF map, or TCP_INFO
 // when the monitor polls, or when the map has nothing for the socket.

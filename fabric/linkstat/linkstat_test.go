@@ -240,3 +240,25 @@ func TestDial(t *testing.T) {
 	_, err = m.Dial(context.Background(), "tcp", "127.0.0.1:1")
 	assert.Error(t, err, "dial errors pass through")
 }
+
+// TestSubscribe: every subscriber hears a transition (here a 1 ns RTT bound
+// that any real connection exceeds), a cancelled one does not.
+func TestSubscribe(t *testing.T) {
+	m, _ := newMonitor(t, ModeTCPInfo, Config{MaxRTT: time.Nanosecond, Interval: time.Hour})
+	assert.Equal(t, time.Hour, m.Interval())
+	var got, gone []LinkStats
+	cancel := m.Subscribe(func(s LinkStats) { got = append(got, s) })
+	defer cancel()
+	cancelGone := m.Subscribe(func(s LinkStats) { gone = append(gone, s) })
+	cancelGone()
+	cancelGone() // idempotent
+	c, s := loopbackPair(t)
+	_, err := m.Track(c, Labels{Link: "sub", Transport: "tcp"})
+	require.NoError(t, err)
+	send(t, c, s, 256<<10)
+	m.Refresh()
+	require.Len(t, got, 1)
+	assert.True(t, got[0].Degraded)
+	assert.Equal(t, "sub", got[0].Link)
+	assert.Empty(t, gone)
+}
