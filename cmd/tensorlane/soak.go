@@ -143,6 +143,7 @@ type soakSlot struct {
 
 type soak struct {
 	o       soakOptions
+	grace   time.Duration // slack over the bound before a call counts as hung
 	cluster *topology.Cluster
 	log     *slog.Logger
 	maxSize int64
@@ -181,7 +182,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	s := &soak{o: o, cluster: cluster, log: logger, maxSize: maxSize,
+	s := &soak{o: o, grace: 5 * time.Second, cluster: cluster, log: logger, maxSize: maxSize,
 		faultKinds: map[string]int64{}, errCodes: map[string]int64{}, paths: map[string]int64{}}
 	res := &soakResult{Seed: o.seed, GoroutinesBefore: runtime.NumGoroutine()}
 	start := time.Now()
@@ -379,7 +380,7 @@ func (s *soak) bounded(what string, fn func()) {
 		defer close(done)
 		fn()
 	}()
-	grace := s.o.bound + 5*time.Second + 2*s.o.stall
+	grace := s.o.bound + s.grace + 2*s.o.stall
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -77,6 +78,20 @@ func TestSoakBadOptions(t *testing.T) {
 		_, err := runSoak(context.Background(), o)
 		assert.Error(t, err, "%+v", o)
 	}
+}
+
+// TestBoundedCountsHangs checks the hang detector itself: a call that
+// outlives its bound is counted, and one that never returns is abandoned.
+func TestBoundedCountsHangs(t *testing.T) {
+	s := &soak{o: soakOptions{bound: time.Millisecond}, grace: 20 * time.Millisecond,
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), errCodes: map[string]int64{}}
+	s.bounded("get", func() {})
+	assert.Zero(t, s.hung.Load())
+	release := make(chan struct{})
+	s.bounded("get", func() { <-release }) // never returns by itself
+	close(release)
+	assert.Equal(t, int64(1), s.hung.Load())
+	assert.Equal(t, int64(1), s.errCodes["hung:get"])
 }
 
 func TestCountMismatches(t *testing.T) {
