@@ -8,7 +8,7 @@
 // Every connection is authenticated against the libp2p identities of both
 // runtimes (fabric/internal/peerauth) before it carries a byte. Data moves
 // in blocks of ChunkSize (256 KiB) in internal/tcodec's self-describing
-// format: each block carries its codec, lengths and a CRC-32 of the raw
+// format: each block carries its codec, lengths and an XXH3-64 checksum of the raw
 // bytes, so corruption anywhere between the two memories is reported as
 // fabric.ErrCorrupt and never delivered. Raw blocks go out with writev
 // straight from the owner's memory and land straight in the reader's

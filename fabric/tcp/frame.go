@@ -23,7 +23,7 @@ import (
 // the codec.
 //
 // Read: the server answers a status byte; on StatusOK the data follows as
-// tcodec blocks (16-byte header with codec, lengths and the CRC-32 of the
+// tcodec blocks (20-byte header with codec, lengths and the XXH3-64 checksum of the
 // raw bytes, then the payload) until length raw bytes are delivered. On
 // any other status a length-prefixed message follows.
 //
@@ -202,7 +202,7 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 				}
 			}
 			if corrupt {
-				h.CRC ^= 1
+				h.Sum ^= 1
 				corrupt = false
 			}
 			h.Put(l.hdrs[i][:])

@@ -261,7 +261,7 @@ func TestCorruptChunkDetected(t *testing.T) {
 	r := misbehavingOwner(t, 4, func(c net.Conn) {
 		// a raw block of 4 bytes whose checksum is of something else
 		var hdr [tcodec.HeaderSize]byte
-		tcodec.Header{Codec: tcodec.Raw, RawLen: 4, EncLen: 4, CRC: 0x01020304}.Put(hdr[:])
+		tcodec.Header{Codec: tcodec.Raw, RawLen: 4, EncLen: 4, Sum: 0x01020304}.Put(hdr[:])
 		c.Write(append(append([]byte{peerauth.StatusOK}, hdr[:]...), "data"...))
 		io.Copy(io.Discard, c)
 	})

@@ -101,7 +101,7 @@ func (c *Config) defaults() error {
 
 // Transport is the "tcp" transport: dedicated data connections,
 // authenticated against both runtimes' libp2p identities, chunked and
-// checksummed (CRC-32), striped over several streams for large transfers,
+// checksummed (XXH3-64), striped over several streams for large transfers,
 // and compressed (losslessly, per block) when the link is slower than the
 // codec. It pulls (Read) and pushes (Write).
 type Transport struct {

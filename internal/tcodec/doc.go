@@ -1,8 +1,8 @@
 // Package tcodec is tensorlane's lossless tensor codec for slow links.
 //
 // Data is cut into blocks of at most MaxBlock bytes. Every block is
-// self-describing: a 16-byte header carries the codec, the element size,
-// the raw and encoded lengths and a CRC-32 of the raw bytes, so blocks can
+// self-describing: a 20-byte header carries the codec, the element size,
+// the raw and encoded lengths and an XXH3-64 checksum of the raw bytes, so blocks can
 // be encoded, sent and decoded independently (on several goroutines, while
 // the network carries the previous one), and a damaged block is detected
 // (errors match fabric.ErrCorrupt).

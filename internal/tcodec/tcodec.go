@@ -4,10 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/s2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -37,14 +37,14 @@ func (c Codec) String() string {
 
 const (
 	// HeaderSize is the size of a block header.
-	HeaderSize = 16
+	HeaderSize = 20
 	// MaxBlock is the largest raw block. Decoders refuse larger ones, which
 	// bounds what a hostile header can make them allocate.
 	MaxBlock = 1 << 20
 	// segment is the most bytes of one plane coded together; it stays under
 	// huff0's block limit (256 KiB - 1) and in L2 cache.
 	segment = 128 << 10
-	version = 1
+	version = 2
 )
 
 // Segment modes inside a Planes payload.
@@ -55,16 +55,17 @@ const (
 	segHead = 5 // mode (1) | encoded length (4)
 )
 
-// Checksum is the CRC-32 (IEEE) every block header carries for its raw
-// bytes. IEEE rather than Castagnoli because Go computes it with
-// carry-less multiplication: about 30 GB/s a core here against 18 GB/s
-// for CRC-32C, and on a CPU-bound loopback link both ends pay for it on
-// every byte.
-func Checksum(p []byte) uint32 { return crc32.ChecksumIEEE(p) }
+// Checksum is the XXH3-64 every block header carries for its raw bytes.
+// XXH3 rather than a CRC because it is the cheapest strong check there is:
+// about 60 GB/s a core with AVX2/AVX-512 here against 15-30 GB/s for
+// CRC-32 with carry-less multiplication, and on a CPU-bound link both ends
+// pay for it on every byte. A random corruption goes unnoticed with
+// probability 2^-64.
+func Checksum(p []byte) uint64 { return xxh3.Hash(p) }
 
 // Header describes one block:
 //
-//	codec (1) | element size (1) | version (1) | reserved (1) | raw length (4) | encoded length (4) | crc32 of raw (4)
+//	codec (1) | element size (1) | version (1) | reserved (1) | raw length (4) | encoded length (4) | xxh3-64 of raw (8)
 //
 // all big-endian. The encoded payload of EncLen bytes follows it.
 type Header struct {
@@ -72,7 +73,7 @@ type Header struct {
 	Elem   uint8 // element size in bytes for Planes, else 0
 	RawLen int
 	EncLen int
-	CRC    uint32
+	Sum    uint64 // Checksum of the raw bytes
 }
 
 // Put writes h into b, which must hold HeaderSize bytes.
@@ -81,7 +82,7 @@ func (h Header) Put(b []byte) {
 	b[0], b[1], b[2], b[3] = byte(h.Codec), h.Elem, version, 0
 	binary.BigEndian.PutUint32(b[4:], uint32(h.RawLen))
 	binary.BigEndian.PutUint32(b[8:], uint32(h.EncLen))
-	binary.BigEndian.PutUint32(b[12:], h.CRC)
+	binary.BigEndian.PutUint64(b[12:], h.Sum)
 }
 
 // ErrCorrupt matches every decoding failure; it wraps fabric.ErrCorrupt.
@@ -103,7 +104,7 @@ func ParseHeader(b []byte) (Header, error) {
 		Elem:   b[1],
 		RawLen: int(binary.BigEndian.Uint32(b[4:])),
 		EncLen: int(binary.BigEndian.Uint32(b[8:])),
-		CRC:    binary.BigEndian.Uint32(b[12:]),
+		Sum:    binary.BigEndian.Uint64(b[12:]),
 	}
 	switch {
 	case b[2] != version || b[3] != 0:
@@ -131,7 +132,7 @@ func (h Header) Verify(raw []byte) error {
 	if len(raw) != h.RawLen {
 		return corrupt("block decoded to %d bytes, header says %d", len(raw), h.RawLen)
 	}
-	if Checksum(raw) != h.CRC {
+	if Checksum(raw) != h.Sum {
 		return corrupt("checksum mismatch in a %v block of %d bytes", h.Codec, h.RawLen)
 	}
 	return nil
@@ -139,7 +140,7 @@ func (h Header) Verify(raw []byte) error {
 
 // RawHeader is the header that sends p as it is.
 func RawHeader(p []byte) Header {
-	return Header{Codec: Raw, RawLen: len(p), EncLen: len(p), CRC: Checksum(p)}
+	return Header{Codec: Raw, RawLen: len(p), EncLen: len(p), Sum: Checksum(p)}
 }
 
 // Hint tells the encoder what the bytes are.

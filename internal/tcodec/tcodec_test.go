@@ -140,7 +140,7 @@ func TestHeaderLimits(t *testing.T) {
 		_, err := ParseHeader(b[:])
 		assert.ErrorIs(t, err, fabric.ErrCorrupt, name)
 	}
-	h := Header{Codec: Raw, RawLen: 5, EncLen: 5, CRC: 7}
+	h := Header{Codec: Raw, RawLen: 5, EncLen: 5, Sum: 7}
 	h.Put(b[:])
 	b[2] = 9
 	_, err := ParseHeader(b[:])
