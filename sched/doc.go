@@ -37,7 +37,7 @@
 // domain; the largest free has 6"). RaySpec exports a placement as a Ray
 // placement group. Each Assignment names a host ID and device indices, so
 // the runtime that claimed the host can spawn the actor there
-// (rdt.SpawnPlacement does, for a whole placement, all-or-nothing).
+// (rdt/placement.Spawn does, for a whole placement, all-or-nothing).
 //
 // sched imports only topology; its cost model is its own, independent of
 // the fabric package's planner.

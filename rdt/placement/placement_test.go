@@ -1,6 +1,7 @@
-package rdt
+package placement
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -19,16 +22,55 @@ import (
 // host and a scheduler over the same topology.
 type placementFixture struct {
 	p        pair
-	runtimes map[string]*Runtime
+	runtimes map[string]*rdt.Runtime
 	s        *sched.Scheduler
+}
+
+type pair struct {
+	cluster *topology.Cluster
+	a, b    *rdt.Runtime
+}
+
+func newRuntime(t *testing.T, cl *topology.Cluster, host string) *rdt.Runtime {
+	t.Helper()
+	ctx := context.Background()
+	r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 256 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Shutdown(ctx) })
+	return r
 }
 
 func newPlacementFixture(t *testing.T) placementFixture {
 	t.Helper()
-	p := newPair(t, nil)
+	cl, err := topology.Preset("dgx-h100", 2)
+	require.NoError(t, err)
+	p := pair{cluster: cl, a: newRuntime(t, cl, "h0"), b: newRuntime(t, cl, "h1")}
 	s, err := sched.New(p.cluster, sched.Config{})
 	require.NoError(t, err)
-	return placementFixture{p: p, runtimes: map[string]*Runtime{"h0": p.a, "h1": p.b}, s: s}
+	return placementFixture{p: p, runtimes: map[string]*rdt.Runtime{"h0": p.a, "h1": p.b}, s: s}
+}
+
+func fill(t *testing.T, r *rdt.Runtime, dev tensor.DeviceID, dt tensor.DType, shape ...int64) tensor.Tensor {
+	t.Helper()
+	mem, err := r.Memory(dev)
+	require.NoError(t, err)
+	x, err := tensor.Alloc(context.Background(), mem, dt, shape...)
+	require.NoError(t, err)
+	p, err := x.SpanBytes()
+	require.NoError(t, err)
+	for i := range p {
+		p[i] = byte(i*31 + i>>11)
+	}
+	return x
+}
+
+func sameBytes(t *testing.T, a, b tensor.Tensor) {
+	t.Helper()
+	pa, err := a.SpanBytes()
+	require.NoError(t, err)
+	pb, err := b.SpanBytes()
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(pa, pb), "bytes differ")
 }
 
 // threeBundles needs both hosts: 4 + 4 + 2 GPUs with pipeline traffic.
@@ -39,22 +81,14 @@ func threeBundles() sched.Request {
 	}
 }
 
-func actorNames(r *Runtime) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for n := range r.actors {
-		out = append(out, n)
-	}
-	return out
-}
+func actorNames(r *rdt.Runtime) []string { return r.Actors() }
 
-func TestSpawnPlacement(t *testing.T) {
+func TestSpawn(t *testing.T) {
 	ctx := context.Background()
 	f := newPlacementFixture(t)
 	pl, err := f.s.Place(threeBundles())
 	require.NoError(t, err)
-	actors, err := SpawnPlacement(ctx, pl, f.runtimes, func(b int) string { return fmt.Sprintf("stage%d", b) })
+	actors, err := Spawn(ctx, pl, f.runtimes, func(b int) string { return fmt.Sprintf("stage%d", b) })
 	require.NoError(t, err)
 	require.Len(t, actors, 3)
 	hosts := map[string]bool{}
@@ -98,7 +132,7 @@ func TestSpawnPlacement(t *testing.T) {
 		}
 	}
 	_, err = actors[1].Get(ctx, ref, other)
-	require.ErrorIs(t, err, ErrUnknownDevice)
+	require.ErrorIs(t, err, rdt.ErrUnknownDevice)
 	require.NoError(t, actors[0].Free(ctx, ref))
 }
 
@@ -111,9 +145,9 @@ func containsDev(ds []tensor.DeviceID, d tensor.DeviceID) bool {
 	return false
 }
 
-// TestSpawnPlacementAllOrNothing: every failure leaves no actor behind
+// TestSpawnAllOrNothing: every failure leaves no actor behind
 // (the names are free again) and says why with a typed error.
-func TestSpawnPlacementAllOrNothing(t *testing.T) {
+func TestSpawnAllOrNothing(t *testing.T) {
 	ctx := context.Background()
 	f := newPlacementFixture(t)
 	good, err := f.s.Place(threeBundles())
@@ -126,64 +160,64 @@ func TestSpawnPlacementAllOrNothing(t *testing.T) {
 
 	tests := []struct {
 		name     string
-		mutate   func(p *sched.Placement, rts map[string]*Runtime) (func(int) string, func())
+		mutate   func(p *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func())
 		ctx      func() context.Context
 		want     error
 		wantText string
 	}{
 		{name: "infeasible placement", want: sched.ErrInfeasible,
-			mutate: func(p *sched.Placement, _ map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(p *sched.Placement, _ map[string]*rdt.Runtime) (func(int) string, func()) {
 				*p = sched.Placement{Reasons: []string{"needs 16 GPUs in one host; the largest free has 8"}}
 				return name, nil
 			}},
 		{name: "host without a runtime", want: ErrNoRuntime,
-			mutate: func(_ *sched.Placement, rts map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(_ *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func()) {
 				delete(rts, lastHost)
 				return name, nil
 			}},
 		{name: "runtime filed under the wrong host", want: ErrInvalidPlacement,
-			mutate: func(_ *sched.Placement, rts map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(_ *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func()) {
 				rts["h0"], rts["h1"] = rts["h1"], rts["h0"]
 				return name, nil
 			}},
-		{name: "unknown device", want: ErrUnknownDevice,
-			mutate: func(p *sched.Placement, _ map[string]*Runtime) (func(int) string, func()) {
+		{name: "unknown device", want: rdt.ErrUnknownDevice,
+			mutate: func(p *sched.Placement, _ map[string]*rdt.Runtime) (func(int) string, func()) {
 				p.Assignments[2].Devices = []int{42}
 				return name, nil
 			}},
 		{name: "device twice", want: ErrInvalidPlacement,
-			mutate: func(p *sched.Placement, _ map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(p *sched.Placement, _ map[string]*rdt.Runtime) (func(int) string, func()) {
 				d := p.Assignments[2].Devices[0]
 				p.Assignments[2].Devices = []int{d, d}
 				return name, nil
 			}},
 		{name: "bundle twice", want: ErrInvalidPlacement,
-			mutate: func(p *sched.Placement, _ map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(p *sched.Placement, _ map[string]*rdt.Runtime) (func(int) string, func()) {
 				p.Assignments[2].Bundle = 1
 				return name, nil
 			}},
 		{name: "empty name", want: ErrInvalidPlacement,
-			mutate: func(*sched.Placement, map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(*sched.Placement, map[string]*rdt.Runtime) (func(int) string, func()) {
 				return func(b int) string { return map[int]string{0: "a", 1: "b"}[b] }, nil
 			}},
 		{name: "same name twice on one host", want: ErrInvalidPlacement,
-			mutate: func(p *sched.Placement, _ map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(p *sched.Placement, _ map[string]*rdt.Runtime) (func(int) string, func()) {
 				// Put bundle 2 on bundle 0's host with bundle 0's name.
 				p.Assignments[2].Host = p.Assignments[0].Host
 				return func(b int) string { return name(b % 2) }, nil
 			}},
 		{name: "name taken on the runtime", want: ErrActorExists,
-			mutate: func(_ *sched.Placement, rts map[string]*Runtime) (func(int) string, func()) {
+			mutate: func(_ *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func()) {
 				a, err := rts[lastHost].Spawn("w2")
 				require.NoError(t, err)
-				return name, a.unspawnPlaced
+				return name, a.Stop
 			}},
-		{name: "runtime shut down", want: ErrClosed,
-			mutate: func(_ *sched.Placement, rts map[string]*Runtime) (func(int) string, func()) {
+		{name: "runtime shut down", want: rdt.ErrClosed,
+			mutate: func(_ *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func()) {
 				// A third runtime for the last bundle's host, shut down:
 				// the first bundles spawn, the last fails, all are undone.
-				cfg := Config{Cluster: f.p.cluster, Host: lastHost, IgnoreEnv: true, DeviceMemory: 1 << 20}
-				r, err := New(ctx, cfg)
+				cfg := rdt.Config{Cluster: f.p.cluster, Host: lastHost, IgnoreEnv: true, DeviceMemory: 1 << 20}
+				r, err := rdt.New(ctx, cfg)
 				require.NoError(t, err)
 				require.NoError(t, r.Shutdown(ctx))
 				rts[lastHost] = r
@@ -195,7 +229,7 @@ func TestSpawnPlacementAllOrNothing(t *testing.T) {
 				cancel()
 				return c
 			},
-			mutate: func(*sched.Placement, map[string]*Runtime) (func(int) string, func()) { return name, nil }},
+			mutate: func(*sched.Placement, map[string]*rdt.Runtime) (func(int) string, func()) { return name, nil }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -205,7 +239,7 @@ func TestSpawnPlacementAllOrNothing(t *testing.T) {
 				a.Devices = append([]int(nil), a.Devices...)
 				p.Assignments = append(p.Assignments, a)
 			}
-			rts := map[string]*Runtime{"h0": f.p.a, "h1": f.p.b}
+			rts := map[string]*rdt.Runtime{"h0": f.p.a, "h1": f.p.b}
 			nm, cleanup := tc.mutate(&p, rts)
 			if cleanup != nil {
 				defer cleanup()
@@ -214,8 +248,8 @@ func TestSpawnPlacementAllOrNothing(t *testing.T) {
 			if tc.ctx != nil {
 				c = tc.ctx()
 			}
-			before := map[*Runtime][]string{f.p.a: actorNames(f.p.a), f.p.b: actorNames(f.p.b)}
-			actors, err := SpawnPlacement(c, p, rts, nm)
+			before := map[*rdt.Runtime][]string{f.p.a: actorNames(f.p.a), f.p.b: actorNames(f.p.b)}
+			actors, err := Spawn(c, p, rts, nm)
 			require.Error(t, err)
 			assert.Nil(t, actors)
 			assert.True(t, errors.Is(err, tc.want), "got %v, want %v", err, tc.want)
@@ -225,19 +259,19 @@ func TestSpawnPlacementAllOrNothing(t *testing.T) {
 		})
 	}
 	// After all that, the real thing still works with the same names.
-	actors, err := SpawnPlacement(ctx, good, f.runtimes, name)
+	actors, err := Spawn(ctx, good, f.runtimes, name)
 	require.NoError(t, err)
 	require.Len(t, actors, 3)
 }
 
-// ExampleSpawnPlacement places a two-stage pipeline with sched and spawns
+// ExampleSpawn places a two-stage pipeline with sched and spawns
 // its actors on the runtimes of a two-host cluster.
-func ExampleSpawnPlacement() {
+func ExampleSpawn() {
 	ctx := context.Background()
 	cl, _ := topology.Preset("dgx-h100", 2)
-	runtimes := map[string]*Runtime{}
+	runtimes := map[string]*rdt.Runtime{}
 	for _, h := range cl.Hosts {
-		r, err := New(ctx, Config{Cluster: cl, Host: h.ID, IgnoreEnv: true, DeviceMemory: 1 << 20})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: h.ID, IgnoreEnv: true, DeviceMemory: 1 << 20})
 		if err != nil {
 			panic(err)
 		}
@@ -252,7 +286,7 @@ func ExampleSpawnPlacement() {
 	if err != nil {
 		panic(err)
 	}
-	actors, err := SpawnPlacement(ctx, p, runtimes, func(b int) string { return fmt.Sprintf("stage%d", b) })
+	actors, err := Spawn(ctx, p, runtimes, func(b int) string { return fmt.Sprintf("stage%d", b) })
 	if err != nil {
 		panic(err)
 	}
@@ -263,3 +297,5 @@ func ExampleSpawnPlacement() {
 	// stage0 on h0 with 8 GPUs
 	// stage1 on h1 with 2 GPUs
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
