@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -112,6 +113,23 @@ type Config struct {
 	RDMAProvider rdma.Provider
 	RDMAAddrs    map[string]string
 	DisableRDMA  bool
+
+	// LinkMonitor, if set, measures the runtime's data connections (tcp
+	// streams and the software provider's rdma rails) and feeds path
+	// health: a rail whose connection it reports degraded (RTT far above
+	// its minimum, or retransmissions) gets no new slices until it
+	// recovers or LinkHealthPause passes. One monitor may serve several
+	// runtimes. LinkTelemetry makes the runtime create its own (eBPF,
+	// else TCP_INFO polling; metrics on Registerer) and close it. Default
+	// off. Cost: a map lookup (eBPF) or a getsockopt (TCP_INFO) per
+	// connection and refresh (1 s), and in eBPF mode a sock_ops program on
+	// every TCP socket of the process's cgroup.
+	LinkMonitor   *linkstat.Monitor
+	LinkTelemetry bool
+	// LinkHealthPause is how long a degraded rail first gets no slices
+	// (then it is tried again; each time it is still degraded under
+	// traffic the pause doubles, up to 8x). Default 10 s.
+	LinkHealthPause time.Duration
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -97,7 +97,7 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 				// a runtime in a network namespace is reachable on both.
 				addr = net.JoinHostPort(dataHost, "0")
 			}
-			nics = append(nics, softrdma.NIC{Name: n.Name, Addr: addr})
+			nics = append(nics, softrdma.NIC{Name: n.Name, Addr: addr, Dial: r.health.nicDial(n.Name, nil), Listen: r.health.nicListen(n.Name, nil)})
 		}
 		if len(nics) == 0 {
 			return nil
@@ -121,6 +121,9 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 		Provider: prov, Identity: c.Identity, Topology: c.Cluster, Host: c.Host, Logger: r.log,
 		Metrics: rdma.NewMetrics(r.registerer()),
 	})
+	if err == nil {
+		r.health.setRDMA(r.paths.rdmaTr)
+	}
 	return err
 }
 
@@ -199,7 +202,8 @@ func (r *Runtime) closeRDMA() error {
 }
 
 func (r *Runtime) closeDataPaths() error {
-	err := errors.Join(r.closeRDMA(), r.closeSHM())
+	// Health first: it acts on the rdma transport.
+	err := errors.Join(r.health.close(), r.closeRDMA(), r.closeSHM())
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}

@@ -51,6 +51,7 @@ type Runtime struct {
 	objects  *objectTable
 	sinks    *sinkTable
 	paths    dataPaths
+	health   *linkHealth // link telemetry → rail health (health.go); nil when off
 	planner  *fabric.Planner
 	tcpSrv   *tcp.Server
 	tcpTr    *tcp.Transport
@@ -166,8 +167,11 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log, Compression: c.Compression,
-		PSK: c.ClusterKey, Encrypt: c.EncryptData})
+	if r.health, err = r.startLinkHealth(); err != nil {
+		return nil, err
+	}
+	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log, Compression: c.Compression, Registerer: reg,
+		PSK: c.ClusterKey, Encrypt: c.EncryptData, Dial: r.health.tcpDial()})
 	if err != nil {
 		return nil, err
 	}
