@@ -15,9 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/dashboard"
+	"github.com/tensorlane/tensorlane/fabric/linkstat"
 )
 
 type dashboardOptions struct {
@@ -90,7 +92,17 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 			return fmt.Errorf("dashboard: --placements %s: %w", o.placements, err)
 		}
 	}
-	rig, err := newDemoRig(ctx, demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size}, logger)
+	// One link monitor for every runtime of the demo: their data
+	// connections (tcp streams, rdma rails) show in the page's Links table
+	// and /metrics, and a rail the owner's end sees degraded is paused on
+	// the reader's.
+	linkReg := prometheus.NewRegistry()
+	mon, err := linkstat.New(linkstat.Config{Registerer: linkReg, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	rig, err := newDemoRig(ctx, demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size, linkMon: mon}, logger)
 	if err != nil {
 		return err
 	}
@@ -102,7 +114,8 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 		}
 		placements = pl
 	}
-	h, err := dashboard.New(dashboard.Config{Runtimes: rig.runtimes, Placements: func() any { return placements }, Logger: logger})
+	h, err := dashboard.New(dashboard.Config{Runtimes: rig.runtimes, Placements: func() any { return placements },
+		Links: func() any { return mon.Last() }, Gatherers: []prometheus.Gatherer{linkReg}, Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -108,6 +108,20 @@ func TestDashboardAPI(t *testing.T) {
 		paths[r.Path] = true
 	}
 	assert.True(t, paths["p2p"] && (paths["tcp"] || paths["rdma"]), "demo traffic takes the NVLink and a network path: %v", paths)
+	// The demo's runtimes share a link monitor: their rails show as links.
+	var links []struct {
+		Link, Transport string
+		BytesReceived   uint64 `json:"bytes_received"`
+	}
+	for getJSON("api/links", &links); len(links) == 0 && time.Now().Before(deadline); getJSON("api/links", &links) {
+		time.Sleep(100 * time.Millisecond) // the monitor refreshes every second
+	}
+	require.NotEmpty(t, links, "the demo's data connections show as links")
+	got := map[string]bool{}
+	for _, l := range links {
+		got[l.Transport] = true
+	}
+	assert.True(t, got["rdma"] || got["tcp"], "links of the network paths: %+v", links)
 	var pl []demoPlacement
 	getJSON("api/placements", &pl)
 	assert.Len(t, pl, 5, "trainer and four readers")
@@ -116,6 +130,8 @@ func TestDashboardAPI(t *testing.T) {
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Regexp(t, `tensorlane_transfers_total\{host="h1",result="ok",transport="(tcp|rdma)"\}`, string(m))
+	assert.Contains(t, string(m), "tensorlane_linkstat_mode")
+	assert.Contains(t, string(m), "tensorlane_link_rtt_seconds")
 }
 
 func TestDashboardBadFlags(t *testing.T) {

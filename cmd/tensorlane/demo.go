@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -28,6 +29,9 @@ type demoOptions struct {
 	size    string
 	json    bool
 	verbose bool
+	// linkMon, if set (the dashboard), measures every runtime's data
+	// connections and feeds rail health (rdt.Config.LinkMonitor).
+	linkMon *linkstat.Monitor
 }
 
 func init() {
@@ -170,7 +174,7 @@ func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *d
 		}
 	}()
 	for _, h := range cluster.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger, LinkMonitor: o.linkMon})
 		if err != nil {
 			return nil, err
 		}
