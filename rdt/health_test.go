@@ -112,7 +112,7 @@ type heldBuf struct{ tensor.Buffer }
 func (heldBuf) Release() error  { return nil }
 func (b heldBuf) Bytes() []byte { p, _ := tensor.BytesOf(b.Buffer); return p }
 
-func newHealthRig(t *testing.T, size int64, pause time.Duration) *healthRig {
+func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bool) *healthRig {
 	t.Helper()
 	netns.Require(t)
 	ctx := context.Background()
@@ -135,7 +135,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration) *healthRig {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// The monitor exists before any rail socket, so eBPF (where permitted)
 	// sees them from their first segment.
-	h.mon, err = linkstat.New(linkstat.Config{Interval: 100 * time.Millisecond, Logger: log})
+	h.mon, err = linkstat.New(linkstat.Config{Interval: 100 * time.Millisecond, ForceTCPInfo: forceTCPInfo, Logger: log})
 	require.NoError(t, err)
 	t.Cleanup(func() { h.mon.Close() })
 	h.health = newLinkHealth(h.mon, false, log, "hostB", pause)
@@ -231,9 +231,17 @@ func (h *healthRig) rail1Degraded() bool {
 // rail 0), Rails shows it degraded and the pause is counted; once the
 // shaping is removed and the pause runs out, rail 1 carries slices again.
 func TestLinkHealthShapedRail(t *testing.T) {
+	for _, mode := range []linkstat.Mode{linkstat.ModeEBPF, linkstat.ModeTCPInfo} {
+		t.Run(string(mode), func(t *testing.T) { testShapedRail(t, mode) })
+	}
+}
+
+func testShapedRail(t *testing.T, mode linkstat.Mode) {
 	const size = 32 << 20
-	h := newHealthRig(t, size, 2*time.Second)
-	t.Logf("link telemetry mode: %s", h.mon.Mode())
+	h := newHealthRig(t, size, 2*time.Second, mode == linkstat.ModeTCPInfo)
+	if h.mon.Mode() != mode {
+		t.Skipf("link telemetry runs in %s mode here (eBPF not permitted: see the monitor's log line)", h.mon.Mode())
+	}
 	var mu sync.Mutex
 	var events []linkstat.LinkStats
 	var eventAt []time.Time
