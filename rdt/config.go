@@ -118,8 +118,12 @@ type Config struct {
 	// streams and the software provider's rdma rails) and feeds path
 	// health: a rail whose connection it reports degraded (RTT far above
 	// its minimum, or retransmissions) gets no new slices until it
-	// recovers or LinkHealthPause passes. One monitor may serve several
-	// runtimes. LinkTelemetry makes the runtime create its own (eBPF,
+	// recovers or LinkHealthPause passes. Owners' accepted rail
+	// connections are tracked too: for a READ they send the data, so they
+	// see a bad link first, and on a monitor shared by the runtimes of a
+	// process the owner's end speaks for the reader's rail (across
+	// processes only the reader's own end does). LinkTelemetry makes the
+	// runtime create its own (eBPF,
 	// else TCP_INFO polling; metrics on Registerer) and close it. Default
 	// off. Cost: a map lookup (eBPF) or a getsockopt (TCP_INFO) per
 	// connection and refresh (1 s), and in eBPF mode a sock_ops program on

@@ -229,15 +229,57 @@ func (h *linkHealth) onHealth(st linkstat.LinkStats) {
 		h.mu.Unlock()
 		return // not a rail of this runtime's reader
 	}
+	last := h.mon.Last()
 	if !st.Degraded {
+		// The rail recovers when none of its links (its own end, the
+		// owner's) is still degraded.
+		for _, o := range last {
+			if o.ID != st.ID && o.Degraded && h.railLocked(o) == hl {
+				h.mu.Unlock()
+				return
+			}
+		}
 		hl.until, hl.next = time.Time{}, 0
 		h.mu.Unlock()
 		tr.Recover(hl.nic, hl.addr)
 		return
 	}
+	if !h.specificLocked(st, hl, last) {
+		h.mu.Unlock()
+		h.log.Debug("link degraded like its sibling rails (a loaded host, not a bad link): rail left in use", "link", st.Link, "reason", st.Reason)
+		return
+	}
 	d := h.markLocked(hl, st)
 	h.mu.Unlock()
 	tr.Degrade(hl.nic, hl.addr, d, st.Link+": "+st.Reason)
+}
+
+// specificLocked says whether a degraded link's trouble is its rail's own
+// rather than the host's. A loaded host (CPU contention, the race
+// detector) inflates the RTT of every bulk connection alike, so linkstat
+// alone would flag healthy rails; a rail is only worse than its siblings
+// when one of them (a link of another rail, on the same end: owner or
+// reader) is not degraded, or when its RTT is over 4x theirs (and 5 ms
+// above). With no sibling there is nothing to steer slices to. Called with
+// h.mu held.
+func (h *linkHealth) specificLocked(st linkstat.LinkStats, rail *healthLink, last []linkstat.LinkStats) bool {
+	ownEnd := h.links[st.ID] == rail
+	var minRTT time.Duration
+	siblings := 0
+	for _, o := range last {
+		r := h.railLocked(o)
+		if r == nil || r == rail || (h.links[o.ID] == r) != ownEnd {
+			continue
+		}
+		if !o.Degraded {
+			return true
+		}
+		if siblings == 0 || o.RTT < minRTT {
+			minRTT = o.RTT
+		}
+		siblings++
+	}
+	return siblings > 0 && st.RTT > 4*minRTT && st.RTT-minRTT > 5*time.Millisecond
 }
 
 // markLocked starts a mark of the rail and returns its length: the first
@@ -255,7 +297,8 @@ func (h *linkHealth) markLocked(hl *healthLink, st linkstat.LinkStats) time.Dura
 
 // loop renews marks: a rail whose mark ran out is tried again (it gets
 // slices), and while telemetry still has it degraded with traffic on it
-// and its RTT not falling it is marked again, for longer. Without this a
+// and its RTT not falling it is marked again, for longer. It also marks a
+// rail that stays degraded after its siblings recovered. Without this a
 // rail would stay in use, since linkstat reports transitions only.
 func (h *linkHealth) loop() {
 	defer h.wg.Done()
@@ -275,16 +318,22 @@ func (h *linkHealth) loop() {
 		now := time.Now()
 		h.mu.Lock()
 		tr := h.rdma
-		for _, st := range h.mon.Last() {
+		last := h.mon.Last()
+		for _, st := range last {
 			if !st.Degraded {
 				continue
 			}
 			hl := h.railLocked(st)
-			if hl == nil || hl.until.IsZero() || now.Before(hl.until) {
-				continue
+			if hl == nil || now.Before(hl.until) || st.RecentSegments == 0 {
+				continue // marked, or no traffic (no fresh figures) since
 			}
-			if st.RecentSegments == 0 || (st.RecentRetransmits == 0 && st.RTT < hl.rtt*9/10) {
-				continue // no traffic since, or recovering: leave it in use
+			if !hl.until.IsZero() && st.RecentRetransmits == 0 && st.RTT < hl.rtt*9/10 {
+				continue // recovering: leave it in use
+			}
+			// A rail that turned degraded together with its siblings and
+			// stayed so after they recovered is marked here too.
+			if !h.specificLocked(st, hl, last) {
+				continue
 			}
 			marks = append(marks, mark{hl.nic, hl.addr, "still degraded: " + st.Link + ": " + st.Reason, h.markLocked(hl, st)})
 		}
