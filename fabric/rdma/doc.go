@@ -25,6 +25,11 @@
 //     rail; a rail that fails repeatedly is paused with a doubling backoff
 //     (1 s up to 30 s by default), logged with slog and counted in
 //     Metrics, and the transfer completes on the remaining rails.
+//     Degrade marks a rail that still works but whose link is bad (link
+//     telemetry: queueing, retransmissions; rdt wires fabric/linkstat to
+//     it): it gets no new slice while another rail can take one, until
+//     Recover or the mark's end; Rails shows it and
+//     tensorlane_rail_health_pauses_total counts it.
 //
 // An owner's rails travel in Remote.Addrs["rdma"] as
 // "nic0=10.1.0.2:4791,nic1=10.2.0.2:4791" (FormatAddrs, ParseAddrs).
