@@ -240,7 +240,7 @@ func TestLinkHealthShapedRail(t *testing.T) {
 
 func testShapedRail(t *testing.T, mode linkstat.Mode) {
 	const size = 32 << 20
-	h := newHealthRig(t, size, 3*time.Second, mode == linkstat.ModeTCPInfo)
+	h := newHealthRig(t, size, 2*time.Second, mode == linkstat.ModeTCPInfo)
 	if h.mon.Mode() != mode {
 		t.Skipf("link telemetry runs in %s mode here (eBPF not permitted: see the monitor's log line)", h.mon.Mode())
 	}
