@@ -3,10 +3,19 @@ package rdma_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // TestDegradeRecover marks one of two loopback rails degraded: the next
@@ -94,4 +103,45 @@ func TestDegradeRecover(t *testing.T) {
 	if got := f.tr.Degrade("nic9", "", time.Minute, "no such rail"); len(got) != 0 {
 		t.Errorf("unknown NIC matched %v", got)
 	}
+}
+
+// Link telemetry reports the connection under rail nic1 degraded: the
+// reader marks the rail, and the next transfer goes over nic0 alone.
+func ExampleTransport_Degrade() {
+	ctx := context.Background()
+	mem, _ := tensor.NewSimMemory(tensor.GPUDevice(0), 32<<20)
+	defer mem.Close()
+	obj, _ := mem.Alloc(ctx, 8<<20)
+	ownerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	ownerID, _ := peer.IDFromPrivateKey(ownerKey)
+	nics := []softrdma.NIC{{Name: "nic0", Addr: "127.0.0.1:0"}, {Name: "nic1", Addr: "127.0.0.1:0"}}
+	ownerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey,
+		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nopRelease{obj}, nil })})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	readerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	readerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
+	tr, _ := rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, AllowLoopback: true})
+	defer tr.Close()
+	src := fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.RDMA: srv.Addr()}, Length: 8 << 20}
+	dst, _ := mem.Alloc(ctx, 8<<20)
+
+	st, _ := tr.Read(ctx, src, dst)
+	fmt.Println("rails used:", st.Streams)
+	fmt.Println("marked:", tr.Degrade("nic1", "", 10*time.Second, "rtt 40ms is 800x the minimum"))
+	st, _ = tr.Read(ctx, src, dst)
+	fmt.Println("rails used:", st.Streams)
+	for _, r := range tr.Rails() {
+		fmt.Println(r.Label, "degraded:", r.Degraded)
+	}
+	// Output:
+	// rails used: 2
+	// marked: [nic1->nic1]
+	// rails used: 1
+	// nic0->nic0 degraded: false
+	// nic1->nic1 degraded: true
 }
