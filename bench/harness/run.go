@@ -70,8 +70,8 @@ func cells(cfg Config) []cellSpec {
 // shm into its host memory, both through fabric/shm as between two
 // processes), and runtimes on host h1 for rdma (the default there), tcp
 // (rdma off, compression off) and tcp-z (rdma off, compression always).
-// Every runtime, socket and goroutine it starts is closed before it
-// returns.
+// Paths run one after another, each in a cluster started for it. Every
+// runtime, socket and goroutine it starts is closed before it returns.
 func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
@@ -81,16 +81,6 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	res.Quick = cfg.Quick
 	specs := cells(cfg)
 	latency := !cfg.NoLatency && slices.Contains(cfg.Paths, PathTCP) && len(cfg.LatencySizes) > 0
-	env, err := newEnv(ctx, cfg, specs, latency)
-	if err != nil {
-		return res, err
-	}
-	defer func() {
-		if cerr := env.close(); err == nil {
-			err = cerr
-		}
-	}()
-
 	total := len(cfg.Sizes) * len(specs) * len(cfg.Concurrency)
 	if latency {
 		total += len(cfg.LatencySizes)
@@ -103,10 +93,50 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			cfg.Progress(done, total, recs)
 		}
 	}
+	// One path at a time, each in a cluster of its own: a reader
+	// runtime's arena keeps the pages its largest cell touched until the
+	// runtime closes, so sharing one cluster across paths would hold the
+	// largest in-flight bytes once per reader at the same time.
+	for _, path := range AllPaths {
+		var pspecs []cellSpec
+		for _, sp := range specs {
+			if sp.path == path {
+				pspecs = append(pspecs, sp)
+			}
+		}
+		lat := latency && path == PathTCP
+		if len(pspecs) == 0 && !lat {
+			continue
+		}
+		if err := runPath(ctx, cfg, pspecs, lat, emit); err != nil {
+			return res, err
+		}
+	}
+	res.Records = append(res.Records, NotBuilt()...)
+	res.PeakRSS = PeakRSS()
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// runPath measures specs (the cells of one path) and, with lat, the
+// latency mode, in a cluster started for them and closed before it returns.
+func runPath(ctx context.Context, cfg Config, specs []cellSpec, lat bool, emit func(...Record)) (err error) {
+	env, err := newEnv(ctx, cfg, specs, lat)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := env.close(); err == nil {
+			err = cerr
+		}
+	}()
 	for _, size := range cfg.Sizes {
+		if len(specs) == 0 {
+			break
+		}
 		sz, err := env.prepare(ctx, size, specs)
 		if err != nil {
-			return res, err
+			return err
 		}
 		for _, spec := range specs {
 			maxC := 0
@@ -118,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			g, err := sz.group(ctx, spec, maxC)
 			if err != nil {
 				sz.close()
-				return res, fmt.Errorf("harness: %s %s %s: %w", spec.path, spec.mode, SizeString(size), err)
+				return fmt.Errorf("harness: %s %s %s: %w", spec.path, spec.mode, SizeString(size), err)
 			}
 			for _, c := range cfg.Concurrency {
 				if int64(c)*size > cfg.MaxInFlight {
@@ -130,32 +160,29 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 				if err != nil {
 					g.close()
 					sz.close()
-					return res, fmt.Errorf("harness: %s %s %s x%d: %w", spec.path, spec.mode, SizeString(size), c, err)
+					return fmt.Errorf("harness: %s %s %s x%d: %w", spec.path, spec.mode, SizeString(size), c, err)
 				}
 				emit(recs...)
 			}
 			if err := g.close(); err != nil {
 				sz.close()
-				return res, err
+				return err
 			}
 		}
 		if err := sz.close(); err != nil {
-			return res, err
+			return err
 		}
 	}
-	if latency {
+	if lat {
 		for _, size := range cfg.LatencySizes {
 			r, err := env.latency(ctx, cfg, size)
 			if err != nil {
-				return res, fmt.Errorf("harness: latency %s: %w", SizeString(size), err)
+				return fmt.Errorf("harness: latency %s: %w", SizeString(size), err)
 			}
 			emit(r)
 		}
 	}
-	res.Records = append(res.Records, NotBuilt()...)
-	res.PeakRSS = PeakRSS()
-	res.Elapsed = time.Since(start)
-	return res, nil
+	return nil
 }
 
 var (
