@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -98,10 +98,7 @@ type Server struct {
 	ctx    context.Context // cancelled by Close: aborts Opens in progress
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	conns  map[*net.UnixConn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	loop *acceptor.Loop
 
 	corrupt    atomic.Bool // test hook: damage the next grant
 	procWarned atomic.Bool
@@ -128,10 +125,9 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		ln.Close()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, ln: ln, salt: binary.LittleEndian.Uint64(salt[:]), conns: map[*net.UnixConn]struct{}{}}
+	s := &Server{cfg: cfg, ln: ln, salt: binary.LittleEndian.Uint64(salt[:])}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.wg.Add(1)
-	go s.accept()
+	s.loop = acceptor.Start(ln, func(c net.Conn) { s.serve(c.(*net.UnixConn)) })
 	return s, nil
 }
 
@@ -139,34 +135,8 @@ func Listen(cfg ServerConfig) (*Server, error) {
 // Remote.Addrs["shm"] (and "p2p": one server serves both).
 func (s *Server) Addr() string { return s.cfg.Path }
 
-func (s *Server) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			return // listener closed
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
+// serve runs one connection; the accept loop closes it afterwards.
 func (s *Server) serve(c *net.UnixConn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
 	if err := sameUser(c); err != nil {
 		s.cfg.Logger.Warn("shm connection refused", "err", err)
 		return
@@ -342,30 +312,17 @@ func (s *Server) mappingID(dev, ino uint64, off, n int64) uint64 {
 	return 1
 }
 
-func (s *Server) connCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.conns)
-}
+func (s *Server) connCount() int { return s.loop.Len() }
 
 // Close stops accepting, removes the socket, closes every connection
 // (aborting transfers in flight: their readers fail with
 // fabric.ErrPeerClosed) and waits for the server's goroutines. It is
 // idempotent.
 func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
+	// Cancelling first makes Opens in progress give up, so their handlers
+	// return as soon as the loop closes their connections.
 	s.cancel()
-	s.wg.Wait()
+	err := s.loop.Close()
 	// The listener unlinks its socket; a leftover (a racing close) goes too.
 	if rerr := os.Remove(s.cfg.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
 		err = rerr

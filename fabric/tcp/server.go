@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -81,13 +81,9 @@ const DefaultChunkSize = 256 << 10
 
 // Server serves object reads and pushes on dedicated TCP connections.
 type Server struct {
-	cfg ServerConfig
-	ln  net.Listener
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	cfg  ServerConfig
+	ln   net.Listener
+	loop *acceptor.Loop
 
 	corruptNext atomic.Bool // tests: damage the next block served
 }
@@ -104,44 +100,16 @@ func Listen(cfg ServerConfig) (*Server, error) {
 			return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Addr, err)
 		}
 	}
-	s := &Server{cfg: cfg, ln: ln, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(1)
-	go s.accept()
+	s := &Server{cfg: cfg, ln: ln}
+	s.loop = acceptor.Start(ln, s.serve)
 	return s, nil
 }
 
 // Addr returns the address readers dial.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-func (s *Server) accept() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			return // listener closed
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(c)
-	}
-}
-
-func (s *Server) serve(raw net.Conn) {
-	c := raw
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, raw)
-		s.mu.Unlock()
-		raw.Close()
-	}()
+// serve runs one connection; the accept loop closes it afterwards.
+func (s *Server) serve(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -256,18 +224,4 @@ func (s *Server) handleWrite(l *link, req request) error {
 
 // Close stops accepting, closes every connection (aborting transfers in
 // flight) and waits for the server's goroutines. It is idempotent.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	return err
-}
+func (s *Server) Close() error { return s.loop.Close() }
