@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -52,60 +53,14 @@ import (
 // names the typed error (see errorCode) so a driver in another process can
 // tell the conditions apart. Closing stdin, SIGTERM and "exit" all shut the
 // runtime down cleanly; SIGKILL is the abrupt death the fault tests want.
-type workerRequest struct {
-	ID        int64    `json:"id"`
-	Op        string   `json:"op"`
-	Size      int64    `json:"size,omitempty"`
-	Seed      uint64   `json:"seed,omitempty"`
-	Device    string   `json:"device,omitempty"`
-	Ref       string   `json:"ref,omitempty"`
-	TimeoutMS int64    `json:"timeout_ms,omitempty"`
-	Peer      string   `json:"peer,omitempty"`
-	Addrs     []string `json:"addrs,omitempty"`
-	// NoVerify skips the byte-for-byte check of a get (for throughput runs).
-	NoVerify bool `json:"no_verify,omitempty"`
-}
-
-type workerReply struct {
-	ID       int64       `json:"id"`
-	Event    string      `json:"event,omitempty"`
-	OK       bool        `json:"ok"`
-	Code     string      `json:"code,omitempty"`
-	Error    string      `json:"error,omitempty"`
-	Ref      string      `json:"ref,omitempty"`
-	Object   string      `json:"object,omitempty"`
-	Bytes    int64       `json:"bytes,omitempty"`
-	Seconds  float64     `json:"seconds,omitempty"`
-	Path     string      `json:"path,omitempty"`
-	Verified bool        `json:"verified,omitempty"`
-	Info     *workerInfo `json:"info,omitempty"`
-}
-
-type workerInfo struct {
-	Pid     int           `json:"pid"`
-	Peer    string        `json:"peer"`
-	Host    string        `json:"host"`
-	Addrs   []string      `json:"addrs"`
-	Objects int           `json:"objects"`
-	Memory  []workerMem   `json:"memory"`
-	Used    int64         `json:"used"` // device bytes in use, all devices together
-	Allocs  int           `json:"allocs"`
-	Devices []string      `json:"devices"`
-	Started time.Time     `json:"started"`
-	Cluster workerCluster `json:"cluster"`
-}
-
-type workerCluster struct {
-	Name  string   `json:"name"`
-	Hosts []string `json:"hosts"`
-}
-
-type workerMem struct {
-	Device   string `json:"device"`
-	Capacity int64  `json:"capacity"`
-	Used     int64  `json:"used"`
-	Allocs   int    `json:"allocs"`
-}
+// The message types live in internal/workerproto, shared with the driver.
+type (
+	workerRequest = workerproto.Request
+	workerReply   = workerproto.Reply
+	workerInfo    = workerproto.Info
+	workerMem     = workerproto.Mem
+	workerCluster = workerproto.Cluster
+)
 
 type workerOptions struct {
 	preset          string

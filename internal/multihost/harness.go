@@ -18,49 +18,15 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/workerproto"
 )
 
-// Request is one command to a worker (see cmd/tensorlane/worker.go for the
-// protocol; this mirrors its JSON).
-type Request struct {
-	ID        int64    `json:"id"`
-	Op        string   `json:"op"`
-	Size      int64    `json:"size,omitempty"`
-	Seed      uint64   `json:"seed,omitempty"`
-	Device    string   `json:"device,omitempty"`
-	Ref       string   `json:"ref,omitempty"`
-	TimeoutMS int64    `json:"timeout_ms,omitempty"`
-	Peer      string   `json:"peer,omitempty"`
-	Addrs     []string `json:"addrs,omitempty"`
-	NoVerify  bool     `json:"no_verify,omitempty"`
-}
-
-// Reply is a worker's answer. Code names the typed error on failure.
-type Reply struct {
-	ID       int64   `json:"id"`
-	Event    string  `json:"event,omitempty"`
-	OK       bool    `json:"ok"`
-	Code     string  `json:"code,omitempty"`
-	Error    string  `json:"error,omitempty"`
-	Ref      string  `json:"ref,omitempty"`
-	Object   string  `json:"object,omitempty"`
-	Bytes    int64   `json:"bytes,omitempty"`
-	Seconds  float64 `json:"seconds,omitempty"`
-	Path     string  `json:"path,omitempty"`
-	Verified bool    `json:"verified,omitempty"`
-	Info     *Info   `json:"info,omitempty"`
-}
-
-// Info is a worker's identity and memory.
-type Info struct {
-	Pid     int      `json:"pid"`
-	Peer    string   `json:"peer"`
-	Host    string   `json:"host"`
-	Addrs   []string `json:"addrs"`
-	Objects int      `json:"objects"`
-	Used    int64    `json:"used"`
-	Allocs  int      `json:"allocs"`
-}
+// The worker protocol's types (package workerproto, shared with the worker).
+type (
+	Request = workerproto.Request
+	Reply   = workerproto.Reply
+	Info    = workerproto.Info
+)
 
 // Options configure a Cluster. Zero values mean the defaults.
 type Options struct {
