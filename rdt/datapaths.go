@@ -137,13 +137,7 @@ func (r *Runtime) registerer() prometheus.Registerer {
 
 // Export shares a pinned object's memory with another process (the p2p and
 // shm paths map it) for as long as the pin is held.
-func (p *pin) Export() (tensor.Handle, error) {
-	e, ok := p.obj.buf.(tensor.Exportable)
-	if !ok {
-		return tensor.Handle{}, fmt.Errorf("rdt: object on %v cannot be shared with another process", p.Device())
-	}
-	return e.Export()
-}
+func (p *pin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.obj.buf) }
 
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {

@@ -145,13 +145,7 @@ func (p *slotPin) Bytes() []byte {
 	b, _ := tensor.BytesOf(p.slot.buf)
 	return b
 }
-func (p *slotPin) Export() (tensor.Handle, error) {
-	e, ok := p.slot.buf.(tensor.Exportable)
-	if !ok {
-		return tensor.Handle{}, fmt.Errorf("rdt: slot on %v cannot be shared with another process", p.Device())
-	}
-	return e.Export()
-}
+func (p *slotPin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.slot.buf) }
 func (p *slotPin) Release() error {
 	var err error
 	p.released.Do(func() {
@@ -345,14 +339,13 @@ func (w *window) Bytes() []byte {
 	return b[w.off : w.off+w.n]
 }
 func (w *window) Export() (tensor.Handle, error) {
-	e, ok := w.Buffer.(tensor.Exportable)
-	if !ok {
-		return tensor.Handle{}, fmt.Errorf("rdt: memory on %v cannot be shared with another process", w.Device())
+	h, err := tensor.ExportOf(w.Buffer)
+	if err != nil {
+		return h, err
 	}
-	h, err := e.Export()
 	h.Offset += w.off
 	h.Length = w.n
-	return h, err
+	return h, nil
 }
 func (w *window) Release() error { return nil } // the pin is released by Push
 

@@ -145,6 +145,20 @@ func (e *OutOfMemoryError) Error() string {
 // Is makes errors.Is(err, ErrOutOfMemory) true.
 func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemory }
 
+// ErrNotExportable is returned by ExportOf for memory that cannot be
+// shared with another process.
+var ErrNotExportable = errors.New("tensor: memory cannot be shared with another process")
+
+// ExportOf exports b (see Exportable), or returns an error matching
+// ErrNotExportable when its memory cannot be shared.
+func ExportOf(b Buffer) (Handle, error) {
+	e, ok := b.(Exportable)
+	if !ok {
+		return Handle{}, fmt.Errorf("%w: buffer on %v", ErrNotExportable, b.Device())
+	}
+	return e.Export()
+}
+
 // BytesOf returns the host-visible bytes of b, or an error if b is not host
 // visible or was released.
 func BytesOf(b Buffer) ([]byte, error) {

@@ -207,11 +207,7 @@ func (p *pinnedBuffer) Export() (tensor.Handle, error) {
 	if p.done.Load() {
 		return tensor.Handle{}, tensor.ErrReleased
 	}
-	e, ok := p.Buffer.(tensor.Exportable)
-	if !ok {
-		return tensor.Handle{}, fmt.Errorf("fabrictest: buffer on %v is not exportable", p.Device())
-	}
-	return e.Export()
+	return tensor.ExportOf(p.Buffer)
 }
 
 func (p *pinnedBuffer) Release() error {

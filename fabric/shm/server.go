@@ -256,11 +256,7 @@ func (s *Server) handle(c *net.UnixConn, buf []byte, req request) (err error) {
 // has it mapped, returns a descriptor to pass: read-only for reads, so a
 // reader cannot write into the owner's arena even if it wanted to.
 func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
-	ex, ok := pin.(tensor.Exportable)
-	if !ok {
-		return grant{}, -1, fmt.Errorf("shm: memory on %v cannot be shared with other processes", pin.Device())
-	}
-	h, err := ex.Export()
+	h, err := tensor.ExportOf(pin)
 	if err != nil {
 		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
 	}
