@@ -197,11 +197,7 @@ func (r *Runtime) closeRDMA() error {
 
 func (r *Runtime) closeDataPaths() error {
 	// Health first: it acts on the rdma transport.
-	err := errors.Join(r.health.close(), r.closeRDMA(), r.closeSHM())
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	if err != nil {
+	if err := errors.Join(r.health.close(), r.closeRDMA(), r.closeSHM()); err != nil {
 		return fmt.Errorf("rdt: close data paths: %w", err)
 	}
 	return nil
