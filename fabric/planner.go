@@ -258,6 +258,12 @@ func (p *Planner) Transports(name string) []Transport {
 // and counted.
 func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor.Buffer) (Stats, Plan, error) {
 	plan := p.Plan(src.Endpoint, dst)
+	rule(&plan, func(t Transport) string {
+		if a, ok := t.(Addressed); ok && a.AddressOf(src) == "" {
+			return "the owner publishes no " + t.Name() + " address (it does not serve " + t.Name() + ")"
+		}
+		return ""
+	})
 	st, err := p.run(ctx, &plan, src.Claim.Object, func(t Transport) (Stats, error) { return t.Read(ctx, src, buf) })
 	return st, plan, err
 }
@@ -268,22 +274,34 @@ func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor
 // as Read.
 func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, dst Remote) (Stats, Plan, error) {
 	plan := p.Plan(src, dst.Endpoint)
-	for i, c := range plan.Candidates {
-		if _, ok := c.t.(Writer); c.Usable && !ok {
-			plan.Candidates[i].Usable = false
-			plan.Candidates[i].Reason = "cannot push (pull only)"
+	rule(&plan, func(t Transport) string {
+		if _, ok := t.(Writer); !ok {
+			return "cannot push (pull only)"
 		}
-	}
-	plan.Chosen = ""
-	for _, c := range plan.Candidates {
-		if c.Usable {
-			plan.Chosen = c.Transport
-			break
+		if a, ok := t.(Addressed); ok && a.AddressOf(dst) == "" {
+			return "the destination publishes no " + t.Name() + " address (it does not serve " + t.Name() + ")"
 		}
-	}
-	plan.Degraded = plan.Chosen != "" && quality(plan.Chosen, src, dst.Endpoint) > quality(plan.Best, src, dst.Endpoint)
+		return ""
+	})
 	st, err := p.run(ctx, &plan, dst.Claim.Object, func(t Transport) (Stats, error) { return t.(Writer).Write(ctx, buf, dst) })
 	return st, plan, err
+}
+
+// rule marks the usable candidates for which why gives a reason unusable
+// (with that reason) and chooses again.
+func rule(plan *Plan, why func(Transport) string) {
+	plan.Chosen = ""
+	for i, c := range plan.Candidates {
+		if !c.Usable {
+			continue
+		}
+		if reason := why(c.t); reason != "" {
+			plan.Candidates[i].Usable, plan.Candidates[i].Reason = false, reason
+		} else if plan.Chosen == "" {
+			plan.Chosen = c.Transport
+		}
+	}
+	plan.Degraded = plan.Chosen != "" && quality(plan.Chosen, plan.Src, plan.Dst) > quality(plan.Best, plan.Src, plan.Dst)
 }
 
 // run tries the plan's usable candidates in order.
@@ -323,7 +341,8 @@ func (p *Planner) run(ctx context.Context, plan *Plan, obj ObjectID, move func(T
 			if Terminal(err) || ctx.Err() != nil {
 				return st, err
 			}
-			if attempt >= p.cfg.Attempts {
+			// A missing path (ErrNoPath) does not come back on a second try.
+			if attempt >= p.cfg.Attempts || errors.Is(err, ErrNoPath) {
 				break
 			}
 			p.log.Info("retrying a failed path", "transport", c.Transport, "attempt", attempt+1, "object", obj, "err", err)

@@ -191,3 +191,55 @@ func TestCheckRange(t *testing.T) {
 		assert.ErrorIs(t, fabric.CheckRange(c[0], c[1], c[2]), fabric.ErrBadRequest, "%v", c)
 	}
 }
+
+// addressed is a pusher that reaches the other side only through the data
+// address the remote publishes under its name.
+type addressed struct{ pusher }
+
+func (a *addressed) AddressOf(r fabric.Remote) string { return r.Addrs[a.name] }
+
+// A remote that does not serve a transport (its ref names no address for
+// it) rules that transport out up front: no attempt, no retry, no
+// fallback warning, in both directions.
+func TestTransportsWithoutTheRemotesAddressAreNotTried(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := fabric.NewMetrics(reg)
+	rdma := &addressed{pusher{fake{name: fabric.RDMA}}}
+	tcp := &addressed{pusher{fake{name: fabric.TCP}}}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Metrics: m}, rdma, tcp)
+	require.NoError(t, err)
+	h0 := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	h1 := fabric.Endpoint{Process: "b", Host: "h1", Device: tensor.GPUDevice(0)}
+	tcpOnly := map[string]string{fabric.TCP: "127.0.0.1:1"}
+
+	st, plan, err := p.Read(context.Background(), fabric.Remote{Endpoint: h0, Addrs: tcpOnly, Length: 3}, h1, nil)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, st.Transport)
+	assert.Equal(t, fabric.TCP, plan.Chosen)
+	assert.True(t, plan.Degraded, "rdma is the best path the topology allows")
+	assert.Contains(t, plan.String(), "the owner publishes no rdma address")
+
+	st, plan, err = p.Write(context.Background(), h0, nil, fabric.Remote{Endpoint: h1, Addrs: tcpOnly, Length: 3})
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, st.Transport)
+	assert.Contains(t, plan.String(), "the destination publishes no rdma address")
+
+	assert.Equal(t, 0, rdma.reads, "rdma was never tried")
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.Retries.WithLabelValues(fabric.RDMA)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.Fallbacks.WithLabelValues(fabric.RDMA, fabric.TCP)))
+
+	_, _, err = p.Read(context.Background(), fabric.Remote{Endpoint: h0, Length: 3}, h1, nil)
+	assert.ErrorIs(t, err, fabric.ErrNoPath, "a remote that publishes no address at all has no path")
+}
+
+// A transport that finds no path (ErrNoPath) is not tried a second time.
+func TestNoPathIsNotRetried(t *testing.T) {
+	first := &fake{name: fabric.P2P, err: fabric.ErrNoPath}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Attempts: 3}, first, &fake{name: fabric.TCP})
+	require.NoError(t, err)
+	src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	st, _, err := p.Read(context.Background(), fabric.Remote{Endpoint: src}, fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(1)}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, st.Transport)
+	assert.Equal(t, 1, first.reads)
+}

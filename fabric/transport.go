@@ -122,6 +122,16 @@ type Writer interface {
 	Write(ctx context.Context, src tensor.Buffer, dst Remote) (Stats, error)
 }
 
+// Addressed is the optional capability of transports that reach the other
+// side through a data address it publishes in Remote.Addrs. AddressOf
+// returns the address the transport would use, or "" when the remote
+// publishes none: the other side does not serve this transport, and the
+// planner rules it out before trying rather than after a failed (and
+// retried) attempt.
+type Addressed interface {
+	AddressOf(r Remote) string
+}
+
 // Sink is the reader side of a push: it resolves a claim to a buffer the
 // reader allocated for the owner to write into. The returned buffer pins the
 // sink until released; the reader sees the data only after the push returned
