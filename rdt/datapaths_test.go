@@ -160,3 +160,37 @@ func FuzzParsePushNotice(f *testing.F) {
 		assert.Equal(t, n, again)
 	})
 }
+
+// A runtime that runs rdma meets one that does not: neither direction
+// tries rdma (whose address the other side's refs do not carry) before
+// going over tcp, so a mixed cluster pays no failed attempt per transfer.
+func TestMixedRDMAUsesTCPWithoutTryingRDMA(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, nil) // both run rdma
+	plain := sameHostRuntime(t, p, func(c *Config) { c.Host, c.DisableRDMA = "h1", true })
+	withRDMA, _ := p.a.Spawn("with-rdma")
+	without, _ := plain.Spawn("without-rdma")
+
+	// Push from the rdma runtime into a slot of the one without.
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	src, err := withRDMA.Put(ctx, x)
+	require.NoError(t, err)
+	slot, err := without.Reserve(ctx, x.Desc(), tensor.GPUDevice(1))
+	require.NoError(t, err)
+	defer slot.Close()
+	xfer, err := withRDMA.Push(ctx, src, slot.Ref())
+	require.NoError(t, err)
+	assert.Equal(t, fabric.TCP, xfer.Stats.Transport)
+	assert.Contains(t, xfer.Plan.String(), "publishes no rdma address")
+
+	// Pull the other way: the rdma runtime reads from the one without.
+	y := fill(t, plain, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	ref, err := without.Put(ctx, y)
+	require.NoError(t, err)
+	got, xfer, err := withRDMA.Fetch(ctx, ref, tensor.GPUDevice(2))
+	require.NoError(t, err)
+	defer got.Release()
+	assert.Equal(t, fabric.TCP, xfer.Stats.Transport)
+	assert.Contains(t, xfer.Plan.String(), "the owner publishes no rdma address")
+	sameBytes(t, y, got)
+}
