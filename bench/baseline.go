@@ -1,8 +1,11 @@
 // Package bench holds tensorlane's benchmark harness and the baselines every
 // measured path is compared with in the same run: a single-thread memcpy
 // (the limit for on-host paths), a raw Go TCP socket over loopback (the
-// limit for tcp and the software rdma), and the same bytes through a libp2p
-// stream (what sending tensors through the control channel would cost).
+// limit for tcp and the software rdma), the same bytes through a libp2p
+// stream (what sending tensors through the control channel would cost), and
+// the object-store way: the tensor serialized into protobuf chunk messages
+// and deserialized into the destination, over a socket between hosts or in
+// memory on one host (Serializer, SerializePair).
 // Absolute numbers drift on shared machines; ratios measured side by side
 // do not.
 package bench

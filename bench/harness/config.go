@@ -50,10 +50,14 @@ func Transport(path string) string {
 
 // Baseline names as they appear in records.
 const (
-	BaseMemcpy   = "memcpy"
-	BaseRawTCP   = "tcp-raw"
-	BaseLibp2p   = "libp2p"
-	BasePingPong = "tcp-pingpong"
+	BaseMemcpy = "memcpy"
+	BaseRawTCP = "tcp-raw"
+	BaseLibp2p = "libp2p"
+	// BaseSerialize is the object-store way: serialize into chunk messages
+	// and deserialize into the destination (bench.Serializer on one host,
+	// bench.SerializePair across a socket between hosts).
+	BaseSerialize = "serialize"
+	BasePingPong  = "tcp-pingpong"
 )
 
 // Modes: the reader pulls (Get into its buffer), or the owner pushes into
@@ -181,12 +185,4 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return out, nil
-}
-
-// NotBuilt lists the parts of the matrix in issue 7 that have no
-// implementation yet, as records with Status "not built".
-func NotBuilt() []Record {
-	return []Record{
-		{Kind: KindThroughput, Path: "*", Mode: ModePull, Baseline: "serialize", Status: StatusNotBuilt, Note: "serialize-into-a-message baseline not built"},
-	}
 }

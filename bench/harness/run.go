@@ -112,7 +112,6 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			return res, err
 		}
 	}
-	res.Records = append(res.Records, NotBuilt()...)
 	res.PeakRSS = PeakRSS()
 	res.Elapsed = time.Since(start)
 	return res, nil
@@ -393,6 +392,9 @@ type sized struct {
 	heapDst [][]byte
 	raw     []*bench.TCPPair
 	zraw    []*bench.TCPPair
+	ser     []*bench.SerializePair // network paths
+	zser    []*bench.SerializePair
+	hser    []*bench.Serializer // on-host paths
 	lp      *bench.Libp2pPair
 	zlp     *bench.Libp2pPair
 }
@@ -420,6 +422,9 @@ func (s *sized) close() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, p := range append(s.ser, s.zser...) {
+		errs = append(errs, p.Close())
+	}
 	for _, p := range []*bench.Libp2pPair{s.lp, s.zlp} {
 		if p != nil {
 			errs = append(errs, p.Close())
@@ -431,7 +436,8 @@ func (s *sized) close() error {
 	if s.hasZ {
 		errs = append(errs, s.e.owner.Free(context.Background(), s.zref))
 	}
-	s.raw, s.zraw, s.lp, s.zlp, s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, nil, nil, nil, nil, false
+	s.raw, s.zraw, s.ser, s.zser, s.hser, s.lp, s.zlp = nil, nil, nil, nil, nil, nil, nil
+	s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
@@ -446,11 +452,14 @@ func (s *sized) baselines(ctx context.Context, spec cellSpec, c int) error {
 		s.heapDst = append(s.heapDst, b)
 	}
 	if !network(spec.path) {
+		for len(s.hser) < c {
+			s.hser = append(s.hser, bench.NewSerializer(s.src))
+		}
 		return nil
 	}
-	raw, lp, src := &s.raw, &s.lp, s.src
+	raw, ser, lp, src := &s.raw, &s.ser, &s.lp, s.src
 	if spec.path == PathTCPZ {
-		raw, lp, src = &s.zraw, &s.zlp, s.zsrc
+		raw, ser, lp, src = &s.zraw, &s.zser, &s.zlp, s.zsrc
 	}
 	for len(*raw) < c {
 		p, err := bench.NewTCPPair(src)
@@ -458,6 +467,13 @@ func (s *sized) baselines(ctx context.Context, spec cellSpec, c int) error {
 			return err
 		}
 		*raw = append(*raw, p)
+	}
+	for len(*ser) < c {
+		p, err := bench.NewSerializePair(src)
+		if err != nil {
+			return err
+		}
+		*ser = append(*ser, p)
 	}
 	if *lp == nil && c == 1 {
 		p, err := bench.NewLibp2pPair(ctx, src)
@@ -637,16 +653,22 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	}
 	var bases []base
 	if network(path) {
-		raw, lp := s.raw, s.lp
+		raw, ser, lp := s.raw, s.ser, s.lp
 		if path == PathTCPZ {
-			raw, lp = s.zraw, s.zlp
+			raw, ser, lp = s.zraw, s.zser, s.zlp
 		}
-		bases = []base{{BaseRawTCP, func(_ context.Context, w int) error { _, err := raw[w].Read(s.heapDst[w]); return err }}}
+		bases = []base{
+			{BaseRawTCP, func(_ context.Context, w int) error { _, err := raw[w].Read(s.heapDst[w]); return err }},
+			{BaseSerialize, func(_ context.Context, w int) error { _, err := ser[w].Read(s.heapDst[w]); return err }},
+		}
 		if c == 1 {
 			bases = append(bases, base{BaseLibp2p, func(_ context.Context, w int) error { _, err := lp.Read(s.heapDst[w]); return err }})
 		}
 	} else {
-		bases = []base{{BaseMemcpy, func(_ context.Context, w int) error { copy(s.heapDst[w], s.src); return nil }}}
+		bases = []base{
+			{BaseMemcpy, func(_ context.Context, w int) error { copy(s.heapDst[w], s.src); return nil }},
+			{BaseSerialize, func(_ context.Context, w int) error { _, err := s.hser[w].Read(s.heapDst[w]); return err }},
+		}
 	}
 	// Enough operations per worker per round that a round moves about
 	// 1 MiB, so small sizes are not timer-bound.

@@ -39,7 +39,7 @@ func newBenchCmd() *cobra.Command {
 	o := benchOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure every transfer path (pull and push) against memcpy, raw TCP and libp2p baselines",
+		Short: "Measure every transfer path (pull and push) against memcpy, raw TCP, libp2p and object-store baselines",
 		Long: `bench runs the benchmark matrix on a simulated cluster of two dgx-h100 hosts built in
 this process: sizes 4 KiB to 1 GiB; paths local (zero-copy view), p2p (NVLink copy between
 simulated GPUs of one runtime), p2p-ipc (NVLink copy into a second runtime claiming the same
@@ -48,7 +48,9 @@ provider to the other host), tcp (the other host with rdma off) and tcp-z (tcp w
 always, on bf16 weights); pull for every path and push for p2p, p2p-ipc, shm, rdma and tcp; 1, 8
 and 64 transfers in flight. Each cell is interleaved round by round with its baseline
 (single-thread memcpy for on-host paths; a raw loopback TCP socket, and a libp2p stream at 1 in
-flight, for rdma, tcp and tcp-z), and fails loudly if a transfer took another path than the cell
+flight, for rdma, tcp and tcp-z; and on every path the object-store way, "serialize": the tensor
+serialized into 5 MiB protobuf chunk messages and deserialized into the destination, across a
+socket for the network paths), and fails loudly if a transfer took another path than the cell
 names. Latency mode: p50/p99 of small tcp Gets against a raw TCP ping-pong. Ratios, not
 absolute rates, are what carry between machines.
 
