@@ -219,6 +219,8 @@ type metrics struct {
 	decisions *prometheus.CounterVec // tensorlane_tcp_compression_decisions_total{compress,reason}
 	raw       prometheus.Counter     // tensorlane_tcp_compressed_raw_bytes_total
 	wire      prometheus.Counter     // tensorlane_tcp_compressed_wire_bytes_total
+	dials     prometheus.Counter     // tensorlane_tcp_dials_total
+	waits     prometheus.Counter     // tensorlane_tcp_conn_waits_total
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -235,9 +237,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tensorlane_tcp_compressed_wire_bytes_total",
 			Help: "Bytes on the wire for tensors moved compressed (block headers included).",
 		}),
+		dials: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tensorlane_tcp_dials_total",
+			Help: "Data connections the tcp transport opened (and authenticated).",
+		}),
+		waits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tensorlane_tcp_conn_waits_total",
+			Help: "Transfers that found MaxConns connections to their owner busy and waited for one.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire} {
+		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tcp: register metrics: %w", err)
 			}

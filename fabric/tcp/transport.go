@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,9 +47,17 @@ type Config struct {
 	// fails with fabric.ErrStalled (reported within 1/8 of it); default
 	// 30 s.
 	StallTimeout time.Duration
+	// MaxConns is the most connections open to one owner at once; a
+	// transfer that finds them all busy waits (as long as its ctx allows)
+	// for the first one given back. Default 64.
+	MaxConns int
 	// MaxIdle is how many idle connections are kept per owner; default
-	// 2*Streams.
+	// MaxConns, so that a steady load of concurrent transfers does not
+	// pay a handshake each.
 	MaxIdle int
+	// IdleTimeout closes connections idle for longer (checked whenever a
+	// connection to the same owner is given back); default 90 s.
+	IdleTimeout time.Duration
 	// Compression says when transfers are compressed; default
 	// CompressAuto (only when the link to the peer is measured slower than
 	// the codec).
@@ -87,8 +96,14 @@ func (c *Config) defaults() error {
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 30 * time.Second
 	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 64
+	}
 	if c.MaxIdle <= 0 {
-		c.MaxIdle = 2 * c.Streams
+		c.MaxIdle = c.MaxConns
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 90 * time.Second
 	}
 	if c.Compression > CompressAlways {
 		return fmt.Errorf("tcp: unknown %v", c.Compression)
@@ -110,7 +125,7 @@ type Transport struct {
 	m     *metrics
 
 	mu     sync.Mutex
-	idle   map[connKey][]*conn
+	pools  map[connKey]*ownerPool
 	all    map[*conn]struct{}
 	closed bool
 
@@ -128,7 +143,8 @@ type connKey struct{ peer, addr string }
 
 type conn struct {
 	*link
-	key connKey
+	key   connKey
+	since time.Time // when it went idle
 }
 
 // New returns a tcp transport.
@@ -140,7 +156,7 @@ func New(cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{cfg: cfg, m: m, idle: map[connKey][]*conn{}, all: map[*conn]struct{}{}}, nil
+	return &Transport{cfg: cfg, m: m, pools: map[connKey]*ownerPool{}, all: map[*conn]struct{}{}}, nil
 }
 
 // Name returns "tcp".
@@ -380,27 +396,127 @@ func (t *Transport) ioError(err error) error {
 	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
 }
 
+// get returns a connection to k: an idle one, a new one while fewer than
+// MaxConns are open, or else the first one another transfer gives back
+// (waiting at most as long as ctx allows). pooled reports a connection
+// that carried a request before, which the owner may have closed since.
 func (t *Transport) get(ctx context.Context, k connKey) (c *conn, pooled bool, err error) {
-	c, err = t.pooled(k)
-	if c != nil || err != nil {
-		return c, true, err
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, false, fabric.ErrClosed
 	}
-	c, err = t.dial(ctx, k)
-	return c, false, err
+	p := t.pools[k]
+	if p == nil {
+		p = &ownerPool{}
+		t.pools[k] = p
+	}
+	if n := len(p.idle); n > 0 {
+		c = p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		t.mu.Unlock()
+		return c, true, nil
+	}
+	if p.open < t.cfg.MaxConns {
+		p.open++
+		t.mu.Unlock()
+		return t.dialSlot(ctx, k)
+	}
+	// Every connection is busy: queue rather than open more, so a burst of
+	// transfers cannot make a storm of handshakes (each costs more than a
+	// small transfer) or exhaust the owner's sockets.
+	w := make(chan *conn, 1)
+	p.waiters = append(p.waiters, w)
+	t.mu.Unlock()
+	t.m.waits.Inc()
+	select {
+	case c, ok := <-w:
+		return t.handed(ctx, k, c, ok)
+	case <-ctx.Done():
+	}
+	t.mu.Lock()
+	if i := slices.Index(p.waiters, w); i >= 0 {
+		p.waiters = slices.Delete(p.waiters, i, i+1)
+		t.mu.Unlock()
+		return nil, false, ctx.Err()
+	}
+	t.mu.Unlock()
+	// Handed a connection (or a slot) just as ctx ended: pass it on.
+	if c, ok := <-w; ok {
+		if c != nil {
+			t.put(c)
+		} else {
+			t.release(k)
+		}
+	}
+	return nil, false, ctx.Err()
 }
 
-func (t *Transport) pooled(k connKey) (*conn, error) {
+// handed takes what a waiter was given: a connection, nil (the slot of a
+// connection that closed: dial one), or nothing (the transport closed).
+func (t *Transport) handed(ctx context.Context, k connKey, c *conn, ok bool) (*conn, bool, error) {
+	switch {
+	case !ok:
+		return nil, false, fabric.ErrClosed
+	case c != nil:
+		return c, true, nil
+	}
+	return t.dialSlot(ctx, k)
+}
+
+// dialSlot dials for a slot already counted in the owner's open
+// connections, and gives the slot back if that fails.
+func (t *Transport) dialSlot(ctx context.Context, k connKey) (*conn, bool, error) {
+	c, err := t.dial(ctx, k)
+	if err != nil {
+		t.release(k)
+		return nil, false, err
+	}
+	t.m.dials.Inc()
+	return c, false, nil
+}
+
+// ownerPool is the connections to one owner. The caller holds t.mu.
+type ownerPool struct {
+	idle    []*conn      // most recently used last
+	open    int          // connections open or being dialed, idle or busy
+	waiters []chan *conn // transfers waiting for a connection, oldest first
+}
+
+// handOff gives c (or, when nil, the slot of a connection that closed) to
+// the oldest waiter, and reports whether there was one.
+func (p *ownerPool) handOff(c *conn) bool {
+	if len(p.waiters) == 0 {
+		return false
+	}
+	p.waiters[0] <- c // buffered: never blocks
+	p.waiters[0] = nil
+	p.waiters = p.waiters[1:]
+	return true
+}
+
+// release gives back the slot of a connection that closed or was never
+// made.
+func (t *Transport) release(k connKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, fabric.ErrClosed
+	p := t.pools[k]
+	if p == nil { // the transport closed
+		return
 	}
-	if idle := t.idle[k]; len(idle) > 0 {
-		c := idle[len(idle)-1]
-		t.idle[k] = idle[:len(idle)-1]
-		return c, nil
+	if !p.handOff(nil) {
+		p.open--
+		t.forget(k, p)
 	}
-	return nil, nil
+}
+
+// forget drops an owner's pool once nothing uses it, so the map does not
+// grow with every owner ever read from.
+func (t *Transport) forget(k connKey, p *ownerPool) {
+	if p.open == 0 && len(p.waiters) == 0 {
+		delete(t.pools, k)
+	}
 }
 
 func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
@@ -457,22 +573,52 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 	return c, nil
 }
 
+// put returns a connection that is in step to the pool: to a waiting
+// transfer, else to the idle list while it has room. Idle connections
+// unused for IdleTimeout are closed on the way.
 func (t *Transport) put(c *conn) {
+	now := time.Now()
+	var drop []*conn
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed || len(t.idle[c.key]) >= t.cfg.MaxIdle {
-		delete(t.all, c)
-		c.Close()
-		return
+	p := t.pools[c.key]
+	switch {
+	case t.closed || p == nil:
+		drop = append(drop, c)
+	case p.handOff(c):
+	case len(p.idle) < t.cfg.MaxIdle:
+		c.since = now
+		p.idle = append(p.idle, c)
+	default:
+		drop = append(drop, c)
+		p.open--
 	}
-	t.idle[c.key] = append(t.idle[c.key], c)
+	if p != nil {
+		for len(p.idle) > 0 && now.Sub(p.idle[0].since) > t.cfg.IdleTimeout {
+			drop = append(drop, p.idle[0])
+			p.idle[0] = nil
+			p.idle = p.idle[1:]
+			p.open--
+		}
+	}
+	for _, d := range drop {
+		delete(t.all, d)
+	}
+	if p != nil {
+		t.forget(c.key, p)
+	}
+	t.mu.Unlock()
+	for _, d := range drop {
+		d.Close()
+	}
 }
 
+// discard closes a connection that is out of step or broken.
 func (t *Transport) discard(c *conn) {
 	t.mu.Lock()
 	delete(t.all, c)
 	t.mu.Unlock()
 	c.Close()
+	t.release(c.key)
 }
 
 // Close closes every connection, aborting transfers in flight. It is
@@ -487,6 +633,11 @@ func (t *Transport) Close() error {
 	for c := range t.all {
 		c.Close()
 	}
-	t.all, t.idle = nil, nil
+	for _, p := range t.pools {
+		for _, w := range p.waiters {
+			close(w)
+		}
+	}
+	t.all, t.pools = nil, nil
 	return nil
 }
