@@ -12,10 +12,8 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -33,70 +31,30 @@ func Memcpy(dst, src []byte) time.Duration {
 	return time.Since(start)
 }
 
-// TCPPair is a connected loopback socket pair with a sender goroutine that
-// writes n bytes from src on request: the raw-socket baseline.
-type TCPPair struct {
-	ln       net.Listener
-	client   net.Conn
-	requests chan int
-	done     chan error
-	once     sync.Once
-	err      error
-}
+// TCPPair is a connected loopback socket pair whose server side writes n
+// bytes of src on request: the raw-socket baseline.
+type TCPPair struct{ *loopback }
 
 // NewTCPPair connects a loopback socket pair whose server side writes src.
 func NewTCPPair(src []byte) (*TCPPair, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := newLoopback(func(c net.Conn, n int) error {
+		_, err := c.Write(src[:n])
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := &TCPPair{ln: ln, requests: make(chan int), done: make(chan error, 1)}
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			p.done <- err
-			close(accepted)
-			return
-		}
-		accepted <- c
-		defer c.Close()
-		for n := range p.requests {
-			if _, err := c.Write(src[:n]); err != nil {
-				p.done <- err
-				return
-			}
-		}
-		p.done <- nil
-	}()
-	p.client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	if <-accepted == nil {
-		return nil, fmt.Errorf("bench: accept failed")
-	}
-	return p, nil
+	return &TCPPair{l}, nil
 }
 
 // Read moves len(dst) bytes from the server side into dst.
 func (p *TCPPair) Read(dst []byte) (time.Duration, error) {
 	start := time.Now()
-	p.requests <- len(dst)
+	if err := p.request(len(dst)); err != nil {
+		return 0, err
+	}
 	_, err := io.ReadFull(p.client, dst)
 	return time.Since(start), err
-}
-
-// Close ends the pair and its goroutine. Idempotent.
-func (p *TCPPair) Close() error {
-	p.once.Do(func() {
-		close(p.requests)
-		p.client.Close()
-		p.ln.Close()
-		p.err = <-p.done
-	})
-	return p.err
 }
 
 // Libp2pPair is two libp2p hosts (Noise, yamux, TCP on loopback) with one

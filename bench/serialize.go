@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -139,74 +138,36 @@ func (s *Serializer) Read(dst []byte) (time.Duration, error) {
 // object store moves an object through an RPC channel. Buffers are reused
 // on both sides, as in Serializer.
 type SerializePair struct {
-	ln       net.Listener
-	client   net.Conn
-	requests chan int
-	quit     chan struct{} // closed by Close
-	stopped  chan struct{} // closed when the sender has returned, with serr set
-	serr     error
-	body     []byte
-	once     sync.Once
+	*loopback
+	body []byte
 }
 
 // NewSerializePair connects a loopback socket pair whose server side sends
 // src as serialized chunk messages.
 func NewSerializePair(src []byte) (*SerializePair, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	msg := make([]byte, 0, frameHeader+maxMessage)
+	l, err := newLoopback(func(c net.Conn, n int) error {
+		total := int64(n)
+		for off := int64(0); off < total; off += ObjectChunk {
+			end := min(off+ObjectChunk, total)
+			msg = appendChunk(msg[:0], off, total, src[off:end])
+			if _, err := c.Write(msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := &SerializePair{ln: ln, requests: make(chan int), quit: make(chan struct{}), stopped: make(chan struct{}), body: make([]byte, maxMessage)}
-	accepted := make(chan bool, 1)
-	go func() {
-		defer close(p.stopped)
-		c, err := ln.Accept()
-		accepted <- err == nil
-		if err != nil {
-			p.serr = err
-			return
-		}
-		defer c.Close()
-		msg := make([]byte, 0, frameHeader+maxMessage)
-		for {
-			var n int
-			select {
-			case n = <-p.requests:
-			case <-p.quit:
-				return
-			}
-			total := int64(n)
-			for off := int64(0); off < total; off += ObjectChunk {
-				end := min(off+ObjectChunk, total)
-				msg = appendChunk(msg[:0], off, total, src[off:end])
-				if _, err := c.Write(msg); err != nil {
-					p.serr = err
-					return
-				}
-			}
-		}
-	}()
-	p.client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	if !<-accepted {
-		p.client.Close()
-		return nil, fmt.Errorf("bench: accept failed")
-	}
-	return p, nil
+	return &SerializePair{loopback: l, body: make([]byte, maxMessage)}, nil
 }
 
 // Read moves len(dst) bytes from the server side into dst.
 func (p *SerializePair) Read(dst []byte) (time.Duration, error) {
 	start := time.Now()
-	select {
-	case p.requests <- len(dst):
-	case <-p.stopped:
-		return 0, fmt.Errorf("bench: serialize sender stopped: %v", p.serr)
-	case <-p.quit:
-		return 0, net.ErrClosed
+	if err := p.request(len(dst)); err != nil {
+		return 0, err
 	}
 	var hdr [frameHeader]byte
 	for got := 0; got < len(dst); {
@@ -228,18 +189,4 @@ func (p *SerializePair) Read(dst []byte) (time.Duration, error) {
 		got += n
 	}
 	return time.Since(start), nil
-}
-
-// Close ends the pair and its goroutine. Idempotent.
-func (p *SerializePair) Close() error {
-	p.once.Do(func() {
-		close(p.quit)
-		p.client.Close()
-		p.ln.Close()
-		<-p.stopped
-	})
-	if errors.Is(p.serr, net.ErrClosed) {
-		return nil
-	}
-	return p.serr
 }

@@ -92,3 +92,17 @@ func FuzzApplyChunk(f *testing.F) {
 		}
 	})
 }
+
+func TestTCPPairClosed(t *testing.T) {
+	src := pattern(1 << 20)
+	p, err := NewTCPPair(src)
+	require.NoError(t, err)
+	dst := make([]byte, len(src))
+	_, err = p.Read(dst)
+	require.NoError(t, err)
+	assert.Equal(t, src, dst)
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close is idempotent")
+	_, err = p.Read(dst)
+	assert.Error(t, err, "a closed pair says so instead of panicking or hanging")
+}
