@@ -8,21 +8,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// BenchmarkCrossProcess reads from a real second process (the re-executed
-// test binary owning a simulated device) over p2p and shm, and interleaves
-// each transfer with a single-thread copy() of the same size between two
-// arenas of this process: the baseline, measured in the same run. ns/op and
-// MB/s are the transfer's alone; ratio is the median over iterations of the
-// transfer's throughput over the adjacent memcpy's (1.0 = as fast as a
-// local memcpy; the median keeps one preemption on a loaded machine from
-// deciding it). The first read of an object
-// maps it (MAP_POPULATE); it is reported apart as cold-ms, and the loop
-// measures the cached mapping that repeated reads use.
+// BenchmarkCrossProcess moves bytes between this process and a real second
+// process (the re-executed test binary owning a simulated device) over p2p
+// and shm, pulling (Read) and pushing (Write into the other process's
+// buffer, as a weight-sync broadcast pushes into a reserved slot over and
+// over), and interleaves each transfer with a single-thread copy() of the
+// same size between two arenas of this process: the baseline, measured in
+// the same run. ns/op and MB/s are the transfer's alone; ratio is the
+// median over iterations of the transfer's throughput over the adjacent
+// memcpy's (1.0 = as fast as a local memcpy; the median keeps one
+// preemption on a loaded machine from deciding it). The first transfer to
+// an object maps it (MAP_POPULATE); it is reported apart as cold-ms, and
+// the loop measures the cached mapping that repeated transfers use.
 func BenchmarkCrossProcess(b *testing.B) {
-	sizes := []int64{64 << 20, 1 << 30}
+	sizes := []int64{1 << 20, 64 << 20, 1 << 30}
 	h := startHelper(b, sizes...)
 	k, _ := key(b)
 	cli, err := NewClient(Config{Identity: k, Topology: dgx(b)})
@@ -34,7 +37,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 	for _, n := range sizes {
 		total += n
 	}
-	mem, err := tensor.NewSimMemory(tensor.GPUDevice(1), 2*(1<<30)+64<<20)
+	mem, err := tensor.NewSimMemory(tensor.GPUDevice(1), 2*(1<<30)+128<<20)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,40 +53,67 @@ func BenchmarkCrossProcess(b *testing.B) {
 		}
 		to, _ := tensor.BytesOf(dst)
 		from, _ := tensor.BytesOf(base)
-		fillWords(from, 99)
-		for _, tr := range []*Transport{cli.P2P(), cli.SHM()} {
-			b.Run(fmt.Sprintf("%s/%dMiB", tr.Name(), n>>20), func(b *testing.B) {
-				r := h.remote(i, 0, n)
-				start := time.Now()
-				if _, err := tr.Read(context.Background(), r, dst); err != nil {
-					b.Fatal(err)
+		seed := h.info.Objects[i].Seed
+		// The baseline's source holds the object's own pattern, so pushing
+		// it leaves the owner's object as the reads expect it.
+		fillWords(from, seed)
+		for _, push := range []bool{false, true} {
+			for _, tr := range []*Transport{cli.P2P(), cli.SHM()} {
+				mode := "pull"
+				xfer := func(r fabric.Remote) error {
+					_, err := tr.Read(context.Background(), r, dst)
+					return err
 				}
-				cold := time.Since(start)
-				if bad := checkWords(to[:min(n, 1<<20)], h.info.Objects[i].Seed, 0, n); bad >= 0 {
-					b.Fatalf("wrong byte at %d", bad)
+				if push {
+					mode = "push"
+					xfer = func(r fabric.Remote) error {
+						_, err := tr.Write(context.Background(), base, r)
+						return err
+					}
 				}
-				b.SetBytes(n)
-				b.ReportAllocs()
-				b.ResetTimer()
-				var memcpy time.Duration
-				ratios := make([]float64, 0, b.N)
-				for range b.N {
-					t0 := time.Now()
-					if _, err := tr.Read(context.Background(), r, dst); err != nil {
+				b.Run(fmt.Sprintf("%s/%s/%dMiB", mode, tr.Name(), n>>20), func(b *testing.B) {
+					r := h.remote(i, 0, n)
+					start := time.Now()
+					if err := xfer(r); err != nil {
 						b.Fatal(err)
 					}
-					t1 := time.Now()
-					b.StopTimer()
-					copy(to, from)
-					m := time.Since(t1)
-					b.StartTimer()
-					memcpy += m
-					ratios = append(ratios, m.Seconds()/t1.Sub(t0).Seconds())
-				}
-				b.ReportMetric(median(ratios), "ratio")
-				b.ReportMetric(float64(n)*float64(b.N)/memcpy.Seconds()/1e9, "memcpy-GB/s")
-				b.ReportMetric(float64(cold.Microseconds())/1000, "cold-ms")
-			})
+					cold := time.Since(start)
+					if !push {
+						if bad := checkWords(to[:min(n, 1<<20)], seed, 0, n); bad >= 0 {
+							b.Fatalf("wrong byte at %d", bad)
+						}
+					}
+					b.SetBytes(n)
+					b.ReportAllocs()
+					b.ResetTimer()
+					var memcpy time.Duration
+					ratios := make([]float64, 0, b.N)
+					for range b.N {
+						t0 := time.Now()
+						if err := xfer(r); err != nil {
+							b.Fatal(err)
+						}
+						t1 := time.Now()
+						b.StopTimer()
+						copy(to, from)
+						m := time.Since(t1)
+						b.StartTimer()
+						memcpy += m
+						ratios = append(ratios, m.Seconds()/t1.Sub(t0).Seconds())
+					}
+					b.ReportMetric(median(ratios), "ratio")
+					b.ReportMetric(float64(n)*float64(b.N)/memcpy.Seconds()/1e9, "memcpy-GB/s")
+					b.ReportMetric(float64(cold.Microseconds())/1000, "cold-ms")
+				})
+			}
+		}
+		// Read the pushed object back: the pushes must have left it whole.
+		clear(to)
+		if _, err := cli.SHM().Read(context.Background(), h.remote(i, 0, n), dst); err != nil {
+			b.Fatal(err)
+		}
+		if bad := checkWords(to, seed, 0, n); bad >= 0 {
+			b.Fatalf("after the pushes, wrong byte at %d", bad)
 		}
 		dst.Release()
 		base.Release()

@@ -112,7 +112,9 @@ type ownerPool struct {
 type pconn struct {
 	c     *net.UnixConn
 	owner string
-	buf   []byte
+	buf   []byte // received packets
+	oob   []byte // received descriptors
+	out   []byte // requests being sent
 	// ackPending: a read sent its done without waiting for the ack, which
 	// the next exchange on the connection reads first.
 	ackPending bool
@@ -211,7 +213,7 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.readOn(ctx, pc, key, src, to)
+		return c.transferOn(ctx, pc, key, src, to)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -237,8 +239,10 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 		return fabric.Stats{}, err
 	}
 	from = from[:dst.Length]
-	err = c.withConn(ctx, want, ownerKey(want, addr), addr, func(pc *pconn) error {
-		return c.pushOn(ctx, pc, dst, from)
+	owner := ownerKey(want, addr)
+	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
+	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
+		return c.transferOn(ctx, pc, key, dst, from)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -306,10 +310,11 @@ func (c *Client) exchangeRequest(pc *pconn, req request) (grant, []int, error) {
 			return grant{}, nil, staleOr(err)
 		}
 	}
-	if err := sendPacket(pc.c, req.marshal(), -1); err != nil {
+	pc.out = req.appendTo(pc.out[:0])
+	if err := sendPacket(pc.c, pc.out, -1); err != nil {
 		return grant{}, nil, staleOr(c.ioError(err))
 	}
-	p, fds, err := recvPacket(pc.c, pc.buf)
+	p, fds, err := recvPacket(pc.c, pc.buf, pc.oob)
 	if err != nil {
 		return grant{}, nil, staleOr(c.ioError(err))
 	}
@@ -334,23 +339,8 @@ func staleOr(err error) error {
 	return err
 }
 
-// finish tells the owner the copy is over and waits for its ack: the ack
-// proves the pin was held until the copy ended, and for a push that the
-// sink has been released to its owner complete.
-func (c *Client) finish(pc *pconn) error {
-	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
-	if err := sendPacket(pc.c, []byte{opDone, 0}, -1); err != nil {
-		return c.ioError(err)
-	}
-	if err := c.readAck(pc); err != nil {
-		return err
-	}
-	pc.c.SetDeadline(time.Time{})
-	return nil
-}
-
 func (c *Client) readAck(pc *pconn) error {
-	p, fds, err := recvPacket(pc.c, pc.buf)
+	p, fds, err := recvPacket(pc.c, pc.buf, pc.oob)
 	closeAll(fds)
 	if err != nil {
 		return c.ioError(err)
@@ -362,24 +352,29 @@ func (c *Client) readAck(pc *pconn) error {
 	return nil
 }
 
-// confirm ends a read without waiting for the owner to be scheduled: the
-// owner closes the connection before it ever unpins on its own (timeout,
-// Close, death), and otherwise unpins only on our done. So a connection
-// that is still open once the copy has ended proves the pin was held for
-// all of it. The done goes out now; its ack is read by the next exchange.
+// confirm ends a read or a push without waiting for the owner to be
+// scheduled: the owner closes the connection before it ever unpins on its
+// own (timeout, Close, death), and otherwise unpins only on our done. So a
+// connection that is still open once the copy has ended proves the pin was
+// held for all of it: a read copied the live object, a push wrote into the
+// live sink (never into memory the owner had freed and reused). The done
+// goes out now; its ack is read by the connection's next exchange. (The
+// deadline stays set on an idle connection: every exchange sets its own.)
 func (c *Client) confirm(pc *pconn) error {
 	if err := peerOpen(pc.c); err != nil {
 		return err
 	}
-	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
-	if err := sendPacket(pc.c, []byte{opDone, 0}, -1); err != nil {
+	pc.c.SetWriteDeadline(time.Now().Add(c.cfg.StallTimeout))
+	if err := sendPacket(pc.c, doneCopied, -1); err != nil {
 		// The copy was confirmed; only the connection is lost.
 		return fmt.Errorf("%w: %w", errConfirmedLost, c.ioError(err))
 	}
 	pc.ackPending = true
-	pc.c.SetDeadline(time.Time{})
 	return nil
 }
+
+// doneCopied is the done packet; it is only ever read.
+var doneCopied = []byte{opDone, 0}
 
 // errConfirmedLost marks a read whose bytes are good but whose connection
 // cannot be reused.
@@ -415,91 +410,90 @@ func peerOpen(c *net.UnixConn) error {
 	return nil
 }
 
-func (c *Client) readOn(ctx context.Context, pc *pconn, key cacheKey, src fabric.Remote, to []byte) error {
+// deadClaim reports whether err is the owner refusing the claim itself
+// (freed, unknown, stale, forged): its cached mapping must never serve
+// again.
+func deadClaim(err error) bool {
+	var re *peerauth.RemoteError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.Code {
+	case peerauth.StatusFreed, peerauth.StatusNotFound, peerauth.StatusStale, peerauth.StatusUnauthorized:
+		return true
+	}
+	return false
+}
+
+// transferOn runs one read (key.push false: r's bytes of the owner's
+// object into p) or push (p into r's bytes of the owner's sink) on pc.
+//
+// Both reuse a cached mapping of the claim when the owner's grant names
+// the same region of the same arena file: the owner still opens (and pins)
+// the claim for every transfer, so a mapping is only ever used under a
+// fresh grant, and a refused claim drops it. A push maps the sink's own
+// pages writable (never the rest of the owner's arena); a read maps the
+// object's pages read-only.
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte) error {
 	held := c.cache.acquire(key)
 	defer func() {
 		if held != nil {
 			c.cache.release(held)
 		}
 	}()
-	req := request{op: opRead, claim: src.Claim, offset: src.Offset, length: src.Length}
+	req := request{op: opRead, claim: r.Claim, offset: r.Offset, length: r.Length}
+	if key.push {
+		req.op = opPush
+	}
 	if held != nil {
 		req.have = held.id
 	}
 	g, fds, err := c.exchangeRequest(pc, req)
 	if err != nil {
-		var re *peerauth.RemoteError
-		if errors.As(err, &re) {
-			switch re.Code {
-			case peerauth.StatusFreed, peerauth.StatusNotFound, peerauth.StatusStale, peerauth.StatusUnauthorized:
-				// The claim is dead: its cached mapping must never serve again.
-				c.cache.revoke(key)
-			}
+		if deadClaim(err) {
+			c.cache.revoke(key)
 		}
 		return err
 	}
-	if src.Length > 0 {
-		if int64(len(to)) != src.Length || src.Offset+src.Length > g.objLen {
-			closeAll(fds)
-			return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, src.Offset, src.Length)
-		}
-		m := held
-		if len(fds) == 1 {
-			data, base, err := mapRegion(fds[0], g.objOff, g.objLen, false)
-			unix.Close(fds[0])
-			if err != nil {
-				return err
-			}
-			m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
-			c.cache.insert(m)
-			if held != nil {
-				c.cache.release(held)
-			}
-			held = m
-		} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
-			return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
-		} else {
-			c.cache.hit()
-		}
-		if c.afterMap != nil {
-			c.afterMap()
-		}
-		if err := guardedCopy(ctx, to, m.bytes()[src.Offset:src.Offset+src.Length], c.cfg.ChunkSize); err != nil {
-			return err
-		}
-	} else {
+	if r.Length == 0 {
 		closeAll(fds)
+		return c.confirm(pc)
 	}
-	return c.confirm(pc)
-}
-
-func (c *Client) pushOn(ctx context.Context, pc *pconn, dst fabric.Remote, from []byte) error {
-	req := request{op: opPush, claim: dst.Claim, offset: dst.Offset, length: dst.Length}
-	g, fds, err := c.exchangeRequest(pc, req)
-	if err != nil {
-		return err
+	if int64(len(p)) != r.Length || r.Offset+r.Length > g.objLen {
+		closeAll(fds)
+		return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
 	}
-	if dst.Length > 0 {
-		if len(fds) != 1 || dst.Offset+dst.Length > g.objLen {
-			closeAll(fds)
-			return fmt.Errorf("%w: push grant for a %d-byte sink does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, dst.Offset, dst.Length)
-		}
-		// Only the pages being written are mapped, writable, for this push.
-		off := g.objOff + dst.Offset
-		data, base, err := mapRegion(fds[0], off, dst.Length, true)
+	m := held
+	if len(fds) == 1 {
+		data, base, err := mapRegion(fds[0], g.objOff, g.objLen, key.push)
 		unix.Close(fds[0])
 		if err != nil {
 			return err
 		}
-		err = guardedCopy(ctx, data[off-base:off-base+dst.Length], from, c.cfg.ChunkSize)
-		unix.Munmap(data)
-		if err != nil {
-			return err
+		m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
+		c.cache.insert(m)
+		if held != nil {
+			c.cache.release(held)
 		}
+		held = m
+	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
+		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
-		closeAll(fds)
+		c.cache.hit(key)
 	}
-	return c.finish(pc)
+	if c.afterMap != nil {
+		c.afterMap()
+	}
+	obj := m.bytes()[r.Offset : r.Offset+r.Length]
+	if key.push {
+		err = guardedCopy(ctx, obj, p, c.cfg.ChunkSize)
+	} else {
+		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize)
+	}
+	if err != nil {
+		return err
+	}
+	return c.confirm(pc)
 }
 
 func (c *Client) ioError(err error) error {
@@ -591,7 +585,7 @@ func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*p
 		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
 	}
 	uc.SetDeadline(time.Time{})
-	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket)}
+	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

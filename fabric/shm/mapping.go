@@ -70,14 +70,33 @@ func guardedCopy(ctx context.Context, to, from []byte, chunk int) (err error) {
 }
 
 // cacheKey names one claim's mapping: the owner (peer and socket), the
-// object and the owner incarnation that issued the claim.
+// object and the owner incarnation that issued the claim, and whether it
+// is a push mapping (the sink's pages, writable) or a read mapping (the
+// object's pages, read-only). The two never share a mapping: a read never
+// gets write access through the cache, and a push never reuses a read-only
+// mapping it could not write through.
 type cacheKey struct {
 	owner       string
 	object      fabric.ObjectID
 	incarnation uint64
+	push        bool
 }
 
-// mapping is one object's pages of an owner's arena, mapped read-only.
+// dir is the index of a key's direction in the per-direction counters.
+func (k cacheKey) dir() int {
+	if k.push {
+		return dirPush
+	}
+	return dirPull
+}
+
+const (
+	dirPull = iota
+	dirPush
+)
+
+// mapping is one object's pages of an owner's arena: read-only for reads,
+// writable (a sink's own pages only) for pushes.
 type mapping struct {
 	key    cacheKey
 	id     uint64 // the owner's mapping id
@@ -104,23 +123,32 @@ type cache struct {
 	maxN     int
 	maxBytes int64
 
-	mu    sync.Mutex
-	byKey map[cacheKey]*mapping
-	lru   *list.List // front: most recently used
-	bytes int64
-	stats CacheStats
+	mu     sync.Mutex
+	byKey  map[cacheKey]*mapping
+	lru    *list.List // front: most recently used
+	bytes  int64
+	events [2]CacheEvents // by direction: dirPull, dirPush
+	stats  CacheStats
 }
 
-// CacheStats counts what the mapping cache did.
+// CacheEvents counts what the mapping cache did for one direction
+// (reads, or pushes).
+type CacheEvents struct {
+	Mapped  int64 // misses: descriptors received and mapped
+	Hits    int64 // transfers served from an existing mapping
+	Revoked int64 // mappings dropped because the owner refused the claim (freed, unknown, stale)
+	Evicted int64 // mappings dropped to stay within the limits
+	Purged  int64 // mappings dropped because their owner went away
+}
+
+// CacheStats counts what the mapping cache did. The embedded events are
+// the totals of both directions; Pull and Push split them.
 type CacheStats struct {
-	Mapped   int64 // descriptors received and mapped
-	Hits     int64 // reads served from an existing mapping
-	Revoked  int64 // mappings dropped because the owner refused the claim (freed, unknown, stale)
-	Evicted  int64 // mappings dropped to stay within the limits
-	Purged   int64 // mappings dropped because their owner went away
-	Live     int   // mappings now cached
-	Bytes    int64 // bytes now mapped by the cache
-	Unmapped int64 // mappings unmapped (the last user released them)
+	CacheEvents
+	Pull, Push CacheEvents
+	Live       int   // mappings now cached
+	Bytes      int64 // bytes now mapped by the cache
+	Unmapped   int64 // mappings unmapped (the last user released them)
 }
 
 func newCache(maxN int, maxBytes int64) *cache {
@@ -145,7 +173,7 @@ func (c *cache) acquire(key cacheKey) *mapping {
 func (c *cache) insert(m *mapping) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stats.Mapped++
+	c.events[m.key.dir()].Mapped++
 	if old := c.byKey[m.key]; old != nil {
 		c.removeLocked(old)
 	}
@@ -157,7 +185,7 @@ func (c *cache) insert(m *mapping) {
 		prev := e.Prev()
 		if v := e.Value.(*mapping); v != m {
 			c.removeLocked(v)
-			c.stats.Evicted++
+			c.events[v.key.dir()].Evicted++
 		}
 		e = prev
 	}
@@ -195,7 +223,7 @@ func (c *cache) revoke(key cacheKey) {
 	defer c.mu.Unlock()
 	if m := c.byKey[key]; m != nil {
 		c.removeLocked(m)
-		c.stats.Revoked++
+		c.events[key.dir()].Revoked++
 	}
 }
 
@@ -207,7 +235,7 @@ func (c *cache) purge(owner string) {
 	for k, m := range c.byKey {
 		if k.owner == owner {
 			c.removeLocked(m)
-			c.stats.Purged++
+			c.events[k.dir()].Purged++
 		}
 	}
 }
@@ -221,9 +249,9 @@ func (c *cache) clear() {
 	}
 }
 
-func (c *cache) hit() {
+func (c *cache) hit(key cacheKey) {
 	c.mu.Lock()
-	c.stats.Hits++
+	c.events[key.dir()].Hits++
 	c.mu.Unlock()
 }
 
@@ -231,6 +259,14 @@ func (c *cache) snapshot() CacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.stats
+	s.Pull, s.Push = c.events[dirPull], c.events[dirPush]
+	s.CacheEvents = CacheEvents{
+		Mapped:  s.Pull.Mapped + s.Push.Mapped,
+		Hits:    s.Pull.Hits + s.Push.Hits,
+		Revoked: s.Pull.Revoked + s.Push.Revoked,
+		Evicted: s.Pull.Evicted + s.Push.Evicted,
+		Purged:  s.Pull.Purged + s.Push.Purged,
+	}
 	s.Live, s.Bytes = c.lru.Len(), c.bytes
 	return s
 }

@@ -10,7 +10,10 @@ type collector struct{ c *Client }
 var (
 	mappingsDesc = prometheus.NewDesc("tensorlane_shm_mappings", "Owner arena regions mapped by the shm/p2p mapping cache.", nil, nil)
 	mappedDesc   = prometheus.NewDesc("tensorlane_shm_mapped_bytes", "Bytes of owner arenas mapped by the shm/p2p mapping cache.", nil, nil)
-	eventsDesc   = prometheus.NewDesc("tensorlane_shm_mapping_events_total", "Mapping cache events: mapped (descriptor received), hit, revoked (owner refused the claim), evicted, purged (owner went away).", []string{"event"}, nil)
+	eventsDesc   = prometheus.NewDesc("tensorlane_shm_mapping_events_total",
+		"Mapping cache events by direction (pull: reads, object pages mapped read-only; push: writes, a sink's pages mapped writable): "+
+			"mapped (a miss: descriptor received and mapped), hit (served by a cached mapping), revoked (owner refused the claim), evicted, purged (owner went away).",
+		[]string{"event", "direction"}, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
@@ -23,10 +26,15 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	s := k.c.cache.snapshot()
 	ch <- prometheus.MustNewConstMetric(mappingsDesc, prometheus.GaugeValue, float64(s.Live))
 	ch <- prometheus.MustNewConstMetric(mappedDesc, prometheus.GaugeValue, float64(s.Bytes))
-	for _, e := range []struct {
+	for _, d := range []struct {
 		name string
-		n    int64
-	}{{"mapped", s.Mapped}, {"hit", s.Hits}, {"revoked", s.Revoked}, {"evicted", s.Evicted}, {"purged", s.Purged}} {
-		ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(e.n), e.name)
+		e    CacheEvents
+	}{{"pull", s.Pull}, {"push", s.Push}} {
+		for _, e := range []struct {
+			name string
+			n    int64
+		}{{"mapped", d.e.Mapped}, {"hit", d.e.Hits}, {"revoked", d.e.Revoked}, {"evicted", d.e.Evicted}, {"purged", d.e.Purged}} {
+			ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(e.n), e.name, d.name)
+		}
 	}
 }

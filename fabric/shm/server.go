@@ -158,9 +158,9 @@ func (s *Server) serve(c *net.UnixConn) {
 		return
 	}
 	c.SetDeadline(time.Time{})
-	buf := make([]byte, maxPacket)
+	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
 	for {
-		p, fds, err := recvPacket(c, buf)
+		p, fds, err := recvPacket(c, buf, oob)
 		closeAll(fds) // clients send no descriptors
 		if err != nil {
 			if !errors.Is(err, errEOFPacket) && !errors.Is(err, net.ErrClosed) {
@@ -175,7 +175,7 @@ func (s *Server) serve(c *net.UnixConn) {
 			s.cfg.Logger.Debug("bad shm request", "peer", who, "err", err)
 			return
 		}
-		if err := s.handle(c, buf, req); err != nil {
+		if err := s.handle(c, buf, oob, req); err != nil {
 			s.cfg.Logger.Debug("shm request ended the connection", "peer", who, "object", req.claim.Object, "err", err)
 			return
 		}
@@ -184,7 +184,7 @@ func (s *Server) serve(c *net.UnixConn) {
 
 // handle answers one request and holds the pin until the client's done.
 // It returns an error only when the connection cannot be used any more.
-func (s *Server) handle(c *net.UnixConn, buf []byte, req request) (err error) {
+func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	var pin tensor.Buffer
 	switch {
@@ -234,7 +234,7 @@ func (s *Server) handle(c *net.UnixConn, buf []byte, req request) (err error) {
 	}
 	// The client maps and copies now; the pin stays held until it is done.
 	c.SetReadDeadline(time.Now().Add(s.cfg.HoldTimeout))
-	p, fds, err := recvPacket(c, buf)
+	p, fds, err := recvPacket(c, buf, oob)
 	closeAll(fds)
 	if err != nil {
 		return err
@@ -270,7 +270,10 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		unix.Close(h.FD)
 		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) of a %d-byte arena (file %d bytes) is inconsistent", h.Offset, h.Length, h.ArenaSize, st.Size)
 	}
-	if req.op == opRead && req.have == g.mapID {
+	if req.have == g.mapID {
+		// The client maps this region already (read-only for a read,
+		// writable for a push: it keeps the two apart), and this grant
+		// re-validated the claim: no descriptor needs to travel.
 		unix.Close(h.FD)
 		return g, -1, nil
 	}

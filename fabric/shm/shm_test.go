@@ -528,13 +528,17 @@ func TestClusterKey(t *testing.T) {
 }
 
 // revokedMetric registers c's metrics on a fresh registry and returns the
-// value of the revoked-events series.
-func revokedMetric(t *testing.T, c *Client) float64 {
+// value of the revoked-events series of reads.
+func revokedMetric(t *testing.T, c *Client) float64 { return eventMetric(t, c, "revoked", "pull") }
+
+// eventMetric registers c's metrics on a fresh registry and returns the
+// value of one mapping-events series.
+func eventMetric(t *testing.T, c *Client, event, direction string) float64 {
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(collector{c}))
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	assert.Equal(t, 7, n, "two gauges and five event counters")
+	assert.Equal(t, 12, n, "two gauges and five event counters per direction")
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
@@ -542,12 +546,16 @@ func revokedMetric(t *testing.T, c *Client) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == "revoked" {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["event"] == event && labels["direction"] == direction {
 				return m.GetCounter().GetValue()
 			}
 		}
 	}
-	t.Fatal("no revoked series")
+	t.Fatalf("no %s/%s series", event, direction)
 	return 0
 }
 

@@ -166,10 +166,15 @@ func (p *packetRW) pending() int { return len(p.left) }
 
 var errEOFPacket = errors.New("shm: connection closed")
 
-// recvPacket reads one packet and any descriptors sent with it. Descriptors
-// of a packet that is rejected are closed here.
-func recvPacket(c *net.UnixConn, buf []byte) (p []byte, fds []int, err error) {
-	oob := make([]byte, unix.CmsgSpace(4*4))
+// oobSpace is the control buffer recvPacket needs: room for more
+// descriptors than any packet may carry, so extra ones are seen (and
+// closed) rather than silently truncated.
+var oobSpace = unix.CmsgSpace(4 * 4)
+
+// recvPacket reads one packet into buf, and any descriptors sent with it
+// through oob (oobSpace bytes, reused by the caller). Descriptors of a
+// packet that is rejected are closed here.
+func recvPacket(c *net.UnixConn, buf, oob []byte) (p []byte, fds []int, err error) {
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if oobn > 0 {
 		if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {

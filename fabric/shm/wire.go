@@ -69,7 +69,11 @@ type request struct {
 }
 
 func (r request) marshal() []byte {
-	b := make([]byte, 0, requestFixed+len(r.claim.Token))
+	return r.appendTo(make([]byte, 0, requestFixed+len(r.claim.Token)))
+}
+
+// appendTo appends the encoded request to b.
+func (r request) appendTo(b []byte) []byte {
 	b = append(b, r.op)
 	b = append(b, r.claim.Object[:]...)
 	b = binary.BigEndian.AppendUint64(b, r.claim.Incarnation)
