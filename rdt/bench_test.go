@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/bench"
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -22,7 +23,9 @@ func benchPair(b *testing.B) (owner, near, far *Actor, stop func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rb, err := New(ctx, Config{Cluster: cl, Host: "h1", IgnoreEnv: true, DeviceMemory: 4 << 30})
+	// far reads over tcp: with rdma on it would take the (software) rdma
+	// path, and a tcp benchmark must not measure another transport.
+	rb, err := New(ctx, Config{Cluster: cl, Host: "h1", IgnoreEnv: true, DeviceMemory: 4 << 30, DisableRDMA: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,6 +33,22 @@ func benchPair(b *testing.B) (owner, near, far *Actor, stop func()) {
 	near, _ = ra.Spawn("near")
 	far, _ = rb.Spawn("far")
 	return owner, near, far, func() { ra.Shutdown(ctx); rb.Shutdown(ctx) }
+}
+
+// getOver times one Get by a of ref onto dst and fails the benchmark if it
+// took another transport than want.
+func getOver(b *testing.B, a *Actor, ref Ref, dst tensor.DeviceID, want string) time.Duration {
+	start := time.Now()
+	v, x, err := a.Fetch(context.Background(), ref, dst)
+	d := time.Since(start)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v.Release()
+	if x.Stats.Transport != want {
+		b.Fatalf("the Get took %q, the benchmark measures %q", x.Stats.Transport, want)
+	}
+	return d
 }
 
 func put(b *testing.B, a *Actor, size int64) (Ref, []byte) {
@@ -113,8 +132,9 @@ func BenchmarkGetP2P(b *testing.B) {
 	})
 }
 
-// tcp Get between two runtimes against a raw loopback socket and a libp2p
-// stream moving the same bytes.
+// tcp Get between two runtimes against a raw loopback socket, a libp2p
+// stream and the object-store way (serialize, socket, deserialize) moving
+// the same bytes.
 func BenchmarkGetTCP(b *testing.B) {
 	owner, _, far, stop := benchPair(b)
 	defer stop()
@@ -128,22 +148,21 @@ func BenchmarkGetTCP(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		ser, err := bench.NewSerializePair(src)
+		if err != nil {
+			b.Fatal(err)
+		}
 		dst := make([]byte, n)
 		copy(dst, src)
 		b.Run(size(n), func(b *testing.B) {
 			b.SetBytes(n)
 			b.ReportAllocs()
-			var vsRaw, vsP2P ratio
+			var vsRaw, vsP2P, vsSer ratio
 			for i := 0; i < b.N; i++ {
-				start := time.Now()
-				v, err := far.Get(context.Background(), ref, tensor.GPUDevice(1))
-				if err != nil {
-					b.Fatal(err)
-				}
-				d := time.Since(start)
+				d := getOver(b, far, ref, tensor.GPUDevice(1), fabric.TCP)
 				vsRaw.path += d
 				vsP2P.path += d
-				v.Release()
+				vsSer.path += d
 				t, err := raw.Read(dst)
 				if err != nil {
 					b.Fatal(err)
@@ -153,12 +172,18 @@ func BenchmarkGetTCP(b *testing.B) {
 					b.Fatal(err)
 				}
 				vsP2P.base += t
+				if t, err = ser.Read(dst); err != nil {
+					b.Fatal(err)
+				}
+				vsSer.base += t
 			}
 			vsRaw.report(b, n, "rawtcp")
 			b.ReportMetric(vsP2P.base.Seconds()/vsP2P.path.Seconds(), "ratio-vs-libp2p")
+			b.ReportMetric(vsSer.base.Seconds()/vsSer.path.Seconds(), "ratio-vs-serialize")
 		})
 		raw.Close()
 		p2p.Close()
+		ser.Close()
 	}
 }
 
@@ -169,7 +194,10 @@ func BenchmarkGetTCPEncrypted(b *testing.B) {
 	ctx := context.Background()
 	cl, _ := topology.Preset("dgx-h100", 3)
 	mk := func(host string, enc bool) *Runtime {
-		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, EncryptData: enc})
+		// rdma off on both readers: encryption turns it off, and the plain
+		// reader must move the bytes the same way for the ratio to mean
+		// what encryption costs.
+		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, EncryptData: enc, DisableRDMA: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -186,19 +214,8 @@ func BenchmarkGetTCPEncrypted(b *testing.B) {
 			b.SetBytes(n)
 			var r ratio
 			for i := 0; i < b.N; i++ {
-				start := time.Now()
-				v, err := enc.Get(ctx, ref, tensor.GPUDevice(0))
-				if err != nil {
-					b.Fatal(err)
-				}
-				r.path += time.Since(start)
-				v.Release()
-				start = time.Now()
-				if v, err = plain.Get(ctx, ref, tensor.GPUDevice(0)); err != nil {
-					b.Fatal(err)
-				}
-				r.base += time.Since(start)
-				v.Release()
+				r.path += getOver(b, enc, ref, tensor.GPUDevice(0), fabric.TCP)
+				r.base += getOver(b, plain, ref, tensor.GPUDevice(0), fabric.TCP)
 			}
 			r.report(b, n, "plain")
 		})
