@@ -53,8 +53,18 @@
 //
 // Transport also implements fabric.Writer: the writer asks the reader's
 // server to open its fabric.Sink (ServerConfig.Sink) for the claim, maps
-// the sink's pages writable, copies in and sends "done"; the server then
-// unpins the sink, which is the signal that its bytes are complete.
+// the sink's pages writable (only the sink's own pages, never the rest of
+// the arena), copies in and sends "done"; the server then unpins the sink.
+// Push mappings are cached like read mappings, apart from them (a read
+// mapping is never writable), so the broadcast pattern, one reserved slot
+// pushed into over and over, maps its pages once: every later push still
+// has the sink opened and pinned by its owner, which sends no descriptor
+// when the writer already maps that region, and a sink the owner refuses
+// (closed, freed) drops the mapping before anything is written. A push
+// ends as a read does: the copy is complete once it returns, and a
+// connection still open after the copy proves the sink was pinned for all
+// of it, so the writer does not wait for the owner's acknowledgement (the
+// caller's own completion notice, as rdt's, follows the return).
 //
 // # Trust model
 //

@@ -354,6 +354,46 @@ func TestCrossProcessPush(t *testing.T) {
 	want := append([]byte(nil), p...)
 	copy(want[4097:], p[:1<<20])
 	require.True(t, bytes.Equal(want, got), "the owner's buffer holds what was pushed")
+	s := tr.Client().CacheStats()
+	assert.EqualValues(t, 1, s.Push.Mapped, "the sink's pages mapped once")
+	assert.EqualValues(t, 1, s.Push.Hits, "the second push reused the mapping")
+	assert.EqualValues(t, 1, s.Pull.Mapped, "the read mapped the object apart, read-only")
+}
+
+// TestCrossProcessPushOwnerKilled: the owner of the sink dies by SIGKILL
+// between the grant and the copy of a push that reuses a cached mapping:
+// the push fails with ErrPeerClosed within a bounded time and the dead
+// owner's mappings are dropped.
+func TestCrossProcessPushOwnerKilled(t *testing.T) {
+	const n = 4 << 20
+	h := startHelper(t, n)
+	k, _ := key(t)
+	cli, err := NewClient(Config{Identity: k})
+	require.NoError(t, err)
+	defer cli.Close()
+	src, p := hostDst(t, n)
+	fillWords(p, 7)
+	_, err = cli.SHM().Write(context.Background(), src, h.remote(0, 0, n))
+	require.NoError(t, err)
+	require.Equal(t, 1, cli.CacheStats().Live)
+
+	cli.afterMap = func() { h.kill(t) }
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cli.SHM().Write(context.Background(), src, h.remote(0, 0, n))
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, fabric.ErrPeerClosed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("HUNG: push to a killed owner did not return within 30 s")
+	}
+	cli.afterMap = nil
+	s := cli.CacheStats()
+	assert.Equal(t, 0, s.Live, "a dead owner's mappings are dropped")
+	assert.EqualValues(t, 1, s.Push.Purged)
+	assert.EqualValues(t, 1, s.Push.Hits, "the killed push ran on the cached mapping")
 }
 
 // TestCrossProcessOwnerKilled: the owner process dies by SIGKILL in the

@@ -39,7 +39,9 @@ import (
 // connection is still open when its copy ends knows the pin was held for
 // all of it: it checks that without blocking (poll for a hang-up), sends
 // done and reads the ack at the start of the connection's next exchange.
-// A push waits for the ack, which says the sink was released complete.
+// A push ends the same way. Reads and pushes alike send have, so a cached
+// mapping (read-only for reads, writable for pushes: the client keeps the
+// two apart) needs no descriptor.
 const (
 	opRead byte = 1
 	opPush byte = 2

@@ -103,6 +103,10 @@ func FuzzParseRequest(f *testing.F) {
 		if !bytes.Equal(r.marshal(), p) {
 			t.Fatalf("request does not round-trip: %x", p)
 		}
+		// The client encodes into a reused buffer: the same bytes.
+		if prefix := []byte("xyz"); !bytes.Equal(r.appendTo(prefix)[len(prefix):], p) {
+			t.Fatalf("appendTo differs from marshal: %x", p)
+		}
 	})
 }
 
