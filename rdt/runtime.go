@@ -441,6 +441,14 @@ func (r *Runtime) learnAddrs(ref Ref) {
 	if len(addrs) > 0 {
 		r.host.Peerstore().AddAddrs(ref.Owner, addrs, peerstore.TempAddrTTL)
 	}
+	// A ref of an incarnation that never answered here is news of a new
+	// life of its owner (a restart): dials that failed while an earlier one
+	// was down say nothing about it, so their backoff must not delay it.
+	if !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
+			sw.Backoff().Clear(ref.Owner)
+		}
+	}
 }
 
 // WatchPeer reports liveness changes of a peer until ctx is done or the
