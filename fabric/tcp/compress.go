@@ -3,6 +3,7 @@ package tcp
 import (
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -214,13 +215,32 @@ func codecThroughput(streams int) float64 {
 	return codecCore * float64(min(streams, runtime.GOMAXPROCS(0)))
 }
 
+// reasons are the reasons decide gives, with the decision each implies.
+var reasons = map[string]bool{
+	"empty": false, "off": false, "always": true, "small": false, "link-unmeasured": false,
+	"link-faster": false, "probe-raw": false, "probe-compressed": true, "incompressible": false,
+	"compressed-slower": false, "link-slower": true,
+}
+
+// decided returns the counter of a decision.
+func (m *metrics) decided(compress bool, reason string) prometheus.Counter {
+	if c, ok := m.byReason[reason]; ok && reasons[reason] == compress {
+		return c
+	}
+	return m.decisions.WithLabelValues(strconv.FormatBool(compress), reason)
+}
+
 // metrics counts compression decisions and what compression saved.
 type metrics struct {
 	decisions *prometheus.CounterVec // tensorlane_tcp_compression_decisions_total{compress,reason}
 	raw       prometheus.Counter     // tensorlane_tcp_compressed_raw_bytes_total
 	wire      prometheus.Counter     // tensorlane_tcp_compressed_wire_bytes_total
-	dials     prometheus.Counter     // tensorlane_tcp_dials_total
-	waits     prometheus.Counter     // tensorlane_tcp_conn_waits_total
+	// byReason caches decisions' counters: every reason decide gives
+	// implies whether it compresses, and looking a counter up by its
+	// labels costs a hash and a lock per transfer.
+	byReason map[string]prometheus.Counter
+	dials    prometheus.Counter // tensorlane_tcp_dials_total
+	waits    prometheus.Counter // tensorlane_tcp_conn_waits_total
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -245,6 +265,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tensorlane_tcp_conn_waits_total",
 			Help: "Transfers that found MaxConns connections to their owner busy and waited for one.",
 		}),
+	}
+	m.byReason = map[string]prometheus.Counter{}
+	for reason, compress := range reasons {
+		m.byReason[reason] = m.decisions.WithLabelValues(strconv.FormatBool(compress), reason)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits} {

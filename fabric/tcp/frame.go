@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -118,6 +119,7 @@ type link struct {
 	stall time.Duration
 
 	rArmed, wArmed time.Time
+	strictIdle     bool // see awaitRequest
 
 	hdrs [batch][headerSize]byte
 	in   [headerSize]byte // the block header being received
@@ -155,11 +157,29 @@ func (l *link) armWrite() {
 	}
 }
 
-// idle clears the deadlines: a connection waiting for its next request may
-// wait for ever.
-func (l *link) idle() {
-	l.SetDeadline(time.Time{})
-	l.rArmed, l.wArmed = time.Time{}, time.Time{}
+// awaitRequest waits for the first byte of the next request. The read
+// deadline a request armed stays armed after it (clearing and re-arming
+// it per request would cost a timer each); when it passes while the
+// connection waits, it is cleared: an idle connection may wait for ever.
+//
+// strictIdle clears the deadline before waiting instead.
+func (l *link) awaitRequest() error {
+	if l.strictIdle && !l.rArmed.IsZero() {
+		l.SetReadDeadline(time.Time{})
+		l.rArmed = time.Time{}
+	}
+	for {
+		_, err := l.r.Peek(1)
+		if err == nil {
+			return nil
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return err
+		}
+		l.SetReadDeadline(time.Time{})
+		l.rArmed = time.Time{}
+	}
 }
 
 func (l *link) writev(bufs [][]byte) error {

@@ -30,7 +30,11 @@ type pushFixture struct {
 	opens atomic.Int64
 }
 
-func newPushFixture(t *testing.T, n int64) *pushFixture {
+func newPushFixture(t *testing.T, n int64) *pushFixture { return newPushFixtureWith(t, n, nil) }
+
+// newPushFixtureWith is newPushFixture with the owner's config changed by
+// mutate.
+func newPushFixtureWith(t *testing.T, n int64, mutate func(*ServerConfig)) *pushFixture {
 	pf := &pushFixture{}
 	sinkBuf, err := tensor.NewHostMemory(0).Alloc(context.Background(), n)
 	require.NoError(t, err)
@@ -47,6 +51,9 @@ func newPushFixture(t *testing.T, n int64) *pushFixture {
 			}
 			return nopRelease{sinkBuf}, nil
 		})
+		if mutate != nil {
+			mutate(c)
+		}
 	})
 	pf.src = pf.dst(t, n)
 	p, _ := tensor.BytesOf(pf.src)

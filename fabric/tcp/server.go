@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -124,9 +125,21 @@ func (s *Server) serve(c net.Conn) {
 		return
 	}
 	l := newLink(c, s.cfg.StallTimeout)
-	l.idle()
+	// A record layer may lose its place if a deadline interrupts a
+	// record half read, so encrypted connections wait for requests with
+	// no deadline at all.
+	l.strictIdle = res.Keys != nil
+	l.SetDeadline(time.Time{}) // the handshake's
+	claims := claimCtx{timeout: s.cfg.HandshakeTimeout}
+	defer claims.stop()
 	for {
-		req, err := readRequest(l.r, &l.reqb)
+		err := l.awaitRequest()
+		var req request
+		if err == nil {
+			// A request that starts arriving must arrive in time.
+			l.armRead()
+			req, err = readRequest(l.r, &l.reqb)
+		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("data connection ended", "peer", who, "err", err)
@@ -138,15 +151,14 @@ func (s *Server) serve(c net.Conn) {
 			return
 		}
 		if req.op == opWrite {
-			err = s.handleWrite(l, req)
+			err = s.handleWrite(l, &claims, req)
 		} else {
-			err = s.handleRead(l, req)
+			err = s.handleRead(l, &claims, req)
 		}
 		if err != nil {
 			s.cfg.Logger.Debug("request failed", "op", opName(req.op), "peer", who, "object", req.claim.Object, "err", err)
 			return
 		}
-		l.idle()
 	}
 }
 
@@ -158,10 +170,9 @@ func refuse(l *link, err error) error {
 }
 
 // open resolves a claim with a bounded wait and checks the range.
-func (s *Server) open(req request, resolve func(context.Context, fabric.Claim) (tensor.Buffer, error)) (tensor.Buffer, []byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
-	pin, err := resolve(ctx, req.claim)
-	cancel()
+func (s *Server) open(claims *claimCtx, req request, resolve func(context.Context, fabric.Claim) (tensor.Buffer, error)) (tensor.Buffer, []byte, error) {
+	pin, err := resolve(claims.begin(), req.claim)
+	claims.end()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,8 +189,8 @@ func (s *Server) open(req request, resolve func(context.Context, fabric.Claim) (
 
 // handleRead answers one read. It returns an error only when the
 // connection cannot be used any more.
-func (s *Server) handleRead(l *link, req request) error {
-	pin, data, err := s.open(req, s.cfg.Source.Open)
+func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
+	pin, data, err := s.open(claims, req, s.cfg.Source.Open)
 	if err != nil {
 		return refuse(l, err)
 	}
@@ -195,11 +206,11 @@ func (s *Server) handleRead(l *link, req request) error {
 var statusOK = [1]byte{peerauth.StatusOK}
 
 // handleWrite receives one push into the sink the claim names.
-func (s *Server) handleWrite(l *link, req request) error {
+func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 	if s.cfg.Sink == nil {
 		return refuse(l, fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound))
 	}
-	pin, data, err := s.open(req, s.cfg.Sink.OpenSink)
+	pin, data, err := s.open(claims, req, s.cfg.Sink.OpenSink)
 	if err != nil {
 		return refuse(l, err)
 	}
@@ -220,6 +231,83 @@ func (s *Server) handleWrite(l *link, req request) error {
 	l.armWrite()
 	_, err = l.Write(statusOK[:])
 	return err
+}
+
+// claimCtx is the context the claim resolutions of one connection run
+// under: each is bounded by timeout (HandshakeTimeout) like a
+// context.WithTimeout, without the new context and timer that costs per
+// request. One timer per connection is re-armed at most every timeout/8,
+// timeout+timeout/8 ahead, so a resolution that overruns is cancelled
+// between timeout and 9/8 of it. Resolutions on one connection run one at
+// a time, on its serving goroutine; a resolver must not keep the context
+// after it returns.
+type claimCtx struct {
+	context.Context // the current one; cancelled when a resolution overran
+	timeout         time.Duration
+
+	mu       sync.Mutex
+	cancel   context.CancelFunc
+	timer    *time.Timer
+	armed    time.Time // the timer fires at armed+timeout+timeout/8
+	active   bool      // a resolution is running
+	deadline time.Time // the running resolution's
+}
+
+func (o *claimCtx) begin() context.Context {
+	now := time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.Context == nil || o.Context.Err() != nil {
+		o.Context, o.cancel = context.WithCancel(context.Background())
+	}
+	o.active, o.deadline = true, now.Add(o.timeout)
+	if now.Sub(o.armed) > o.timeout/8 {
+		o.armed = now
+		if o.timer == nil {
+			o.timer = time.AfterFunc(o.timeout+o.timeout/8, o.fire)
+		} else {
+			o.timer.Reset(o.timeout + o.timeout/8)
+		}
+	}
+	return o
+}
+
+func (o *claimCtx) end() {
+	o.mu.Lock()
+	o.active = false
+	o.mu.Unlock()
+}
+
+// fire cancels the running resolution if it overran. A timer that went
+// off just as begin re-armed it finds a fresh deadline and does nothing.
+func (o *claimCtx) fire() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.active && !time.Now().Before(o.deadline) {
+		o.cancel()
+	}
+}
+
+func (o *claimCtx) stop() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+	if o.cancel != nil {
+		o.cancel()
+	}
+}
+
+// Deadline is the running resolution's.
+func (o *claimCtx) Deadline() (time.Time, bool) { return o.deadline, true }
+
+// Err says why a resolution was cancelled: it ran out of time.
+func (o *claimCtx) Err() error {
+	if o.Context.Err() != nil {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // Close stops accepting, closes every connection (aborting transfers in

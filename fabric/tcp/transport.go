@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,7 +182,6 @@ type transfer struct {
 	claim    fabric.Claim
 	compress bool
 	dtype    tensor.DType
-	wire     atomic.Int64
 }
 
 // Read pulls src into dst over one or more authenticated connections.
@@ -218,23 +216,29 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 	if addr == "" {
 		return fabric.Stats{}, fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, r.Peer)
 	}
-	x := &transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType}
+	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType}
 	n := int64(len(p))
+	var est linkEstimate
 	var codecBps float64
-	est := t.links.get(x.key)
-	if t.cfg.Compression == CompressAuto && n >= minCompress && est.bps > 0 {
-		codecBps = t.codecBps()
+	if t.cfg.Compression == CompressAuto && n >= minCompress {
+		// Only auto mode at sizes worth compressing looks at the link;
+		// small transfers skip the lookup (and its lock).
+		est = t.links.get(x.key)
+		if est.bps > 0 {
+			codecBps = t.codecBps()
+		}
 	}
 	compress, reason := decide(t.cfg.Compression, n, est, codecBps)
 	x.compress = compress
-	t.m.decisions.WithLabelValues(strconv.FormatBool(compress), reason).Inc()
+	t.m.decided(compress, reason).Inc()
 
 	streams := int(min(int64(t.cfg.Streams), max(1, n/t.cfg.StripeMin)))
+	var wire int64
 	var err error
 	if streams == 1 {
-		err = t.stripe(ctx, x, r.Offset, p)
+		wire, err = t.stripe(ctx, &x, r.Offset, p)
 	} else {
-		streams, err = t.striped(ctx, x, r.Offset, p, streams)
+		streams, wire, err = t.striped(ctx, &x, r.Offset, p, streams)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -243,13 +247,12 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 		return fabric.Stats{}, err
 	}
 	d := time.Since(start)
-	wire := x.wire.Load()
 	t.links.observe(x.key, compress, reason, n, wire, d)
 	if compress {
 		t.m.raw.Add(float64(n))
 		t.m.wire.Add(float64(wire))
 	}
-	if compress || reason != "small" && reason != "empty" {
+	if (compress || reason != "small" && reason != "empty") && t.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 		t.cfg.Logger.Debug("tcp transfer", "op", opName(op), "peer", r.Peer, "bytes", n, "wire", wire,
 			"ratio", float64(wire)/float64(max(n, 1)), "compressed", compress, "reason", reason,
 			"dtype", r.DType, "streams", streams, "seconds", d.Seconds())
@@ -260,18 +263,24 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 // striped moves p over up to streams connections at once. It is apart
 // from run so that the closures it needs do not make small transfers
 // allocate.
-func (t *Transport) striped(ctx context.Context, x *transfer, base int64, p []byte, streams int) (int, error) {
+func (t *Transport) striped(ctx context.Context, x *transfer, base int64, p []byte, streams int) (int, int64, error) {
 	n := int64(len(p))
 	part := (n + int64(streams) - 1) / int64(streams)
 	part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
 	g, gctx := errgroup.WithContext(ctx)
+	var wires atomic.Int64
 	used := 0
 	for off := int64(0); off < n; off += part {
 		end := min(off+part, n)
 		used++
-		g.Go(func() error { return t.stripe(gctx, x, base+off, p[off:end]) })
+		g.Go(func() error {
+			wire, err := t.stripe(gctx, x, base+off, p[off:end])
+			wires.Add(wire)
+			return err
+		})
 	}
-	return used, g.Wait()
+	err := g.Wait()
+	return used, wires.Load(), err
 }
 
 func opName(op byte) string {
@@ -288,13 +297,14 @@ func (t *Transport) codecBps() float64 {
 	return codecThroughput(t.cfg.Streams)
 }
 
-// stripe moves [off, off+len(p)) of the object on one connection. A pooled
-// connection that the owner has since closed is replaced once.
-func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte) error {
+// stripe moves [off, off+len(p)) of the object on one connection and
+// returns the bytes it put on or took off the wire. A pooled connection
+// that the owner has since closed is replaced once.
+func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte) (wire int64, err error) {
 	for attempt := 0; ; attempt++ {
 		c, pooled, err := t.get(ctx, x.key)
 		if err != nil {
-			return err
+			return wire, err
 		}
 		// Cancellation closes the connection, which unblocks any I/O at
 		// once. A context that cannot be cancelled needs no watcher.
@@ -302,30 +312,32 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		if ctx.Done() != nil {
 			stop = context.AfterFunc(ctx, func() { c.Close() })
 		}
-		inStep, err := t.exchange(c, x, off, p)
+		w, inStep, err := t.exchange(c, x, off, p)
+		wire += w
 		if !stop() {
 			t.discard(c)
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return wire, ctx.Err()
 			}
-			return err
+			return wire, err
 		}
 		if inStep {
 			t.put(c)
-			return err
+			return wire, err
 		}
 		t.discard(c)
 		if pooled && attempt == 0 && errors.Is(err, fabric.ErrPeerClosed) {
 			continue
 		}
-		return err
+		return wire, err
 	}
 }
 
-// exchange runs one request on c. inStep reports whether c can carry
-// another request: after success, and after the owner refused the request
-// with a status (the refusal ends the exchange cleanly).
-func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (inStep bool, err error) {
+// exchange runs one request on c and returns the bytes of data it moved
+// over the wire. inStep reports whether c can carry another request: after
+// success, and after the owner refused the request with a status (the
+// refusal ends the exchange cleanly).
+func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire int64, inStep bool, err error) {
 	req := request{op: x.op, claim: x.claim, offset: off, length: int64(len(p)), dtype: x.dtype}
 	if x.compress {
 		req.flags = flagCompress
@@ -333,36 +345,34 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (inStep 
 	c.req = req.appendTo(c.req[:0])
 	c.armWrite()
 	if _, err := c.Write(c.req); err != nil {
-		return false, t.ioError(err)
+		return 0, false, t.ioError(err)
 	}
 	if refused, err := t.status(c); err != nil {
-		return refused, err
+		return 0, refused, err
 	}
 	if x.op == opRead {
 		wire, err := c.recvBlocks(p, off)
-		x.wire.Add(wire)
 		if err != nil {
 			if errors.Is(err, fabric.ErrCorrupt) {
-				return false, err
+				return wire, false, err
 			}
-			return false, t.ioError(err)
+			return wire, false, t.ioError(err)
 		}
-		return true, nil
+		return wire, true, nil
 	}
-	wire, err := c.sendBlocks(nil, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
-	x.wire.Add(wire)
+	wire, err = c.sendBlocks(nil, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
 	if err != nil {
 		// The owner may have refused a block and hung up: its verdict, if
 		// it sent one, says more than the broken pipe.
 		c.SetReadDeadline(time.Now().Add(time.Second))
 		if _, serr := t.status(c); serr != nil && !errors.Is(serr, fabric.ErrPeerClosed) && !errors.Is(serr, fabric.ErrStalled) {
-			return false, serr
+			return wire, false, serr
 		}
-		return false, t.ioError(err)
+		return wire, false, t.ioError(err)
 	}
 	// The owner's acknowledgement of the whole push.
 	refused, err := t.status(c)
-	return err == nil || refused, err
+	return wire, err == nil || refused, err
 }
 
 // status reads a status byte and, when it is not OK, the owner's message.
