@@ -106,10 +106,11 @@ type Config struct {
 	// Default on simulated hosts: the software provider, one TCP listener
 	// per RDMA NIC of the topology host at RDMAAddrs[NIC name] (default:
 	// DataAddr's host, port 0), so each NIC is a real, separately measured
-	// rail. The
-	// software provider neither encrypts nor proves the cluster key, so it
-	// is not started when EncryptData or ClusterKey is set (tcp serves
-	// instead, and Explain says so). DisableRDMA turns the path off.
+	// rail. Queue pairs prove the ClusterKey when one is set (a provider
+	// that cannot must fail). RDMA moves bytes between device memories
+	// without encrypting them, so EncryptData turns the path off, whatever
+	// the provider (tcp serves instead, the log and Explain say so).
+	// DisableRDMA turns the path off.
 	RDMAProvider rdma.Provider
 	RDMAAddrs    map[string]string
 	DisableRDMA  bool

@@ -67,13 +67,16 @@ func (r *Runtime) startDataPaths(ctx context.Context) []fabric.Transport {
 // real, separately measured rail.
 func (r *Runtime) startRDMA(ctx context.Context) error {
 	c := r.cfg
+	if c.DisableRDMA {
+		return nil
+	}
+	if c.EncryptData {
+		r.log.Info("rdma not started: EncryptData is set and rdma does not encrypt; tcp serves other hosts")
+		return nil
+	}
 	prov := c.RDMAProvider
 	if prov == nil {
-		if c.DisableRDMA || r.topoHost == nil {
-			return nil
-		}
-		if c.EncryptData || len(c.ClusterKey) > 0 {
-			r.log.Info("rdma not started: the software provider neither encrypts nor proves the cluster key; tcp serves other hosts")
+		if r.topoHost == nil {
 			return nil
 		}
 		dataHost, _, err := net.SplitHostPort(c.DataAddr)
@@ -112,13 +115,13 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 	r.paths.rdmaProv = prov
 	var err error
 	r.paths.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
-		Provider: prov, Identity: c.Identity, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, Logger: r.log,
+		Provider: prov, Identity: c.Identity, PSK: c.ClusterKey, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, Logger: r.log,
 	})
 	if err != nil {
 		return err
 	}
 	r.paths.rdmaTr, err = rdma.New(ctx, rdma.Config{
-		Provider: prov, Identity: c.Identity, Topology: c.Cluster, Host: c.Host, Logger: r.log,
+		Provider: prov, Identity: c.Identity, PSK: c.ClusterKey, Topology: c.Cluster, Host: c.Host, Logger: r.log,
 		Metrics: rdma.NewMetrics(r.registerer()),
 	})
 	if err == nil {

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -401,6 +403,28 @@ func rawReadAs(t *testing.T, ref Ref, k crypto.PrivKey, psk []byte, encrypt bool
 	return err
 }
 
+// rawRDMARead reads ref's object over a queue pair of a software rdma NIC
+// of its own, with a fresh identity and the given cluster key.
+func rawRDMARead(t *testing.T, ref Ref, psk []byte) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	require.NoError(t, err)
+	prov, err := softrdma.New(softrdma.Config{NICs: []softrdma.NIC{{Name: "rogue0", Addr: "127.0.0.1:0"}}})
+	require.NoError(t, err)
+	tr, err := rdma.New(ctx, rdma.Config{Provider: prov, Identity: k, PSK: psk})
+	require.NoError(t, err)
+	defer tr.Close()
+	buf, err := tensor.NewHostMemory(0).Alloc(ctx, int64(ref.Desc.NBytes()))
+	require.NoError(t, err)
+	defer buf.Release()
+	off, n := ref.span()
+	_, err = tr.Read(ctx, fabric.Remote{Peer: ref.Owner.String(), Addrs: ref.DataAddrs, Offset: off, Length: n,
+		Claim: fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}}, buf)
+	return err
+}
+
 func TestClusterKey(t *testing.T) {
 	ctx := context.Background()
 	k1, k2 := make([]byte, 32), make([]byte, 32)
@@ -417,8 +441,9 @@ func TestClusterKey(t *testing.T) {
 	ref, _ := owner.Put(ctx, x)
 
 	member, _ := rs[1].Spawn("member")
-	got, err := member.Get(ctx, ref, tensor.GPUDevice(0))
+	got, xfer, err := member.Fetch(ctx, ref, tensor.GPUDevice(0))
 	require.NoError(t, err)
+	assert.Equal(t, fabric.RDMA, xfer.Stats.Transport, "members move data over rdma, whose queue pairs prove the key")
 	sameBytes(t, x, got)
 	got.Release()
 
@@ -434,6 +459,9 @@ func TestClusterKey(t *testing.T) {
 	assert.ErrorIs(t, rawRead(t, ref, nil), ErrUnauthorized)
 	assert.ErrorIs(t, rawRead(t, ref, k2), ErrUnauthorized)
 	assert.NoError(t, rawRead(t, ref, k1), "the key (and the ref) is what admits")
+	assert.ErrorIs(t, rawRDMARead(t, ref, nil), ErrUnauthorized)
+	assert.ErrorIs(t, rawRDMARead(t, ref, k2), ErrUnauthorized)
+	assert.NoError(t, rawRDMARead(t, ref, k1))
 
 	_, err = New(ctx, Config{IgnoreEnv: true, ClusterKey: []byte("short")})
 	assert.Error(t, err)

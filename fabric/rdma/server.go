@@ -21,6 +21,7 @@ import (
 type ServerConfig struct {
 	Provider Provider       // required
 	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	PSK      []byte         // the cluster key queue pairs must prove (OpenConfig.PSK)
 	Source   fabric.Source  // required: resolves claims to memory (and pins it)
 	// Sink, when set, accepts pushes (remote WRITEs into reader-allocated
 	// buffers).
@@ -103,7 +104,7 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{}}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, Listen: true,
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Listen: true,
 			Authorize: cfg.Authorize, Handler: &nicHandler{s: s, nic: name}, Logger: cfg.Logger})
 		if err != nil {
 			s.Close()

@@ -26,6 +26,7 @@ import (
 type Config struct {
 	Provider Provider       // required
 	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	PSK      []byte         // the cluster key queue pairs must prove (OpenConfig.PSK)
 	// NICs names the local provider devices to use; default all.
 	NICs []string
 	// Topology and Host place this runtime: NICs are chosen nearest the
@@ -146,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("%w: provider %s has no device", ErrNoDevice, cfg.Provider.Name())
 	}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, Logger: cfg.Logger})
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Logger: cfg.Logger})
 		if err != nil {
 			t.Close()
 			return nil, err

@@ -48,6 +48,11 @@ type OpenConfig struct {
 	// Identity authenticates this end of every queue pair (libp2p key).
 	// Required.
 	Identity crypto.PrivKey
+	// PSK is the cluster key (rdt.Config.ClusterKey): when set, both ends
+	// of every queue pair prove they hold it, and a peer that does not is
+	// refused, as on the control channel and the tcp data path. A provider
+	// that cannot prove it must fail Open rather than ignore it.
+	PSK []byte
 	// Listen makes the device accept remote queue pairs at its Addr.
 	Listen bool
 	// Authorize admits remote peers on accepted queue pairs; nil admits

@@ -102,7 +102,7 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	// The context's end closes the connection (above); the deadline only
 	// bounds a handshake the context does not.
 	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	_, err = peerauth.Client(conn, d.cfg.Identity, want)
+	_, err = peerauth.ClientWith(conn, d.cfg.Identity, want, peerauth.Options{PSK: d.cfg.PSK})
 	if !stop() {
 		conn.Close()
 		return ctx.Err()

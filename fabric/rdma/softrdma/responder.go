@@ -70,7 +70,8 @@ func (r *responder) serve() {
 		tc.SetNoDelay(true)
 	}
 	r.conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	who, err := peerauth.Server(r.conn, d.cfg.Identity, d.cfg.Authorize)
+	res, err := peerauth.ServerWith(r.conn, d.cfg.Identity, d.cfg.Authorize, peerauth.Options{PSK: d.cfg.PSK})
+	who := res.Peer
 	if err != nil {
 		d.log.Warn("rdma queue pair refused", "remote", r.conn.RemoteAddr(), "err", err)
 		return

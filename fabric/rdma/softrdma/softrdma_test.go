@@ -481,6 +481,57 @@ func TestAuthorizeRefuses(t *testing.T) {
 	}
 }
 
+// With a cluster key, a queue pair connects only when both ends hold the
+// same key; either end without it, or with another, is refused.
+func TestClusterKeyOnQueuePairs(t *testing.T) {
+	k1, k2 := make([]byte, 32), make([]byte, 32)
+	rand.Read(k1)
+	rand.Read(k2)
+	tests := []struct {
+		name           string
+		server, client []byte
+		ok             bool
+	}{
+		{"same key", k1, k1, true},
+		{"no key anywhere", nil, nil, true},
+		{"client lacks the key", k1, nil, false},
+		{"server lacks the key", nil, k1, false},
+		{"other key", k1, k2, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			prov, _ := New(Config{NICs: []NIC{{Name: "s", Addr: "127.0.0.1:0"}, {Name: "c", Addr: "127.0.0.1:0"}}})
+			sk, sid := newKey(t)
+			ck, _ := newKey(t)
+			ctx := context.Background()
+			srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Identity: sk, PSK: tc.server, Listen: true, Handler: &echoHandler{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Identity: ck, PSK: tc.client})
+			defer cli.Close()
+			pd, _ := cli.AllocPD()
+			cq, _ := cli.CreateCQ()
+			q, _ := pd.CreateQP(cq, rdma.QPConfig{})
+			defer q.Close()
+			err = q.Connect(ctx, srv.Addr(), sid)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("connect: %v", err)
+				}
+				if _, err := q.Call(ctx, []byte("hi")); err != nil {
+					t.Fatalf("call over the keyed queue pair: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, fabric.ErrUnauthorized) {
+				t.Fatalf("connect: got %v, want fabric.ErrUnauthorized", err)
+			}
+		})
+	}
+}
+
 // TestResponderDropsCorruptFrame sends a frame with a bad checksum to a
 // responder: it drops the queue pair (and its registrations stay intact).
 func TestResponderDropsCorruptFrame(t *testing.T) {
