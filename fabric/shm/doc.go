@@ -32,8 +32,9 @@
 //
 // # Revocation
 //
-// Mappings are cached per (owner, object, incarnation), but they are never
-// trusted on their own: every read re-validates the claim with the owner
+// Mappings are cached per (owner, object, incarnation, direction: read
+// mappings read-only, push mappings writable), but they are never
+// trusted on their own: every read and push re-validates the claim with the owner
 // (one round trip on an open connection, a few microseconds), and the owner
 // holds the pin for the whole copy, until the reader's "done". The
 // alternative, owners notifying readers when an object is freed, would need
