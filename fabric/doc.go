@@ -1,15 +1,23 @@
 // Package fabric is how bytes move between tensorlane runtimes.
 //
 // A Transport reads an object's bytes from its owner into a reader's buffer;
-// each implementation lives in a sub-package: fabric/local (same process:
-// zero-copy views and device-to-device copies) and fabric/tcp (dedicated,
-// authenticated, checksummed multi-stream connections). The owner side of
-// every transport is a Source, which resolves a Claim (object, incarnation,
-// capability token) to pinned memory.
+// a Writer also pushes them into a buffer the reader reserved (its Sink).
+// Each implementation lives in a sub-package: fabric/local (same process:
+// zero-copy views and device-to-device copies), fabric/shm (another process
+// of the same host: the owner's memory mapped through a passed memfd),
+// fabric/rdma (a verbs-shaped provider interface, striped over rails; the
+// software provider runs it over TCP) and fabric/tcp (dedicated,
+// authenticated, checksummed multi-stream connections, optionally
+// compressed). The owner side of every transport is a Source, which
+// resolves a Claim (object, incarnation, capability token) to pinned
+// memory. fabric/fabrictest is the conformance suite every transport
+// passes.
 //
 // The Planner compares the owner's and reader's Endpoints in the topology,
 // ranks the transports that can reach (local, p2p, shm, rdma, tcp, best
-// first), and falls back to the next when a path fails. A transfer that
-// takes a worse path than the topology allows, or falls back, is logged and
-// counted: fallback is never silent.
+// first), rules out the ones the other side does not serve (an Addressed
+// transport whose address the Remote does not publish), retries a path that
+// failed for a passing reason, and then falls back to the next. A transfer
+// that takes a worse path than the topology allows, or falls back, is
+// logged and counted: fallback is never silent.
 package fabric
