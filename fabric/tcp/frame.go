@@ -33,11 +33,22 @@ import (
 // server acknowledges with a final status once every block verified. Only
 // after that ack is the sink's content complete. A corrupt block is answered
 // with statusCorrupt and the connection is closed.
+//
+// A small write (flagEager) sends its blocks right behind the request,
+// without waiting for the go-ahead, which the server then does not send:
+// one round trip instead of two. A server that refuses it answers the
+// status and message and then skips the blocks, so the connection stays in
+// step.
 const (
 	opRead  byte = 1
 	opWrite byte = 2
 
 	flagCompress byte = 1
+	flagEager    byte = 2
+
+	// eagerMax is the largest write sent without waiting for the
+	// go-ahead: a refused one costs at most this much wasted sending.
+	eagerMax = DefaultChunkSize
 
 	maxToken   = 64
 	headerSize = tcodec.HeaderSize
@@ -102,7 +113,7 @@ func readRequest(r io.Reader, buf *[maxRequest]byte) (request, error) {
 	}
 	req.offset, req.length = int64(off), int64(length)
 	req.flags, req.dtype = rest[n+16], tensor.DType(rest[n+17])
-	if req.flags&^flagCompress != 0 {
+	if req.flags&^(flagCompress|flagEager) != 0 {
 		return request{}, fmt.Errorf("%w: unknown flags %#x", fabric.ErrBadRequest, req.flags)
 	}
 	return req, nil
@@ -134,7 +145,7 @@ type link struct {
 }
 
 func newLink(c net.Conn, stall time.Duration) *link {
-	return &link{Conn: c, r: bufio.NewReaderSize(c, 4096), stall: stall}
+	return &link{Conn: c, r: bufio.NewReaderSize(c, 16384), stall: stall}
 }
 
 // armRead makes sure a read deadline at least stall away is set. Setting
@@ -237,6 +248,29 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 		}
 	}
 	return wire, nil
+}
+
+// skipBlocks reads past the tcodec blocks of n raw bytes without decoding
+// them: the data of a write that was refused after it was sent.
+func (l *link) skipBlocks(n int64) error {
+	for n > 0 {
+		l.armRead()
+		if _, err := io.ReadFull(l.r, l.in[:]); err != nil {
+			return err
+		}
+		h, err := tcodec.ParseHeader(l.in[:])
+		if err != nil {
+			return err
+		}
+		if h.RawLen == 0 || int64(h.RawLen) > n {
+			return fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, n)
+		}
+		if _, err := l.r.Discard(h.EncLen); err != nil {
+			return err
+		}
+		n -= int64(h.RawLen)
+	}
+	return nil
 }
 
 // recvBlocks reads tcodec blocks until dst is full, decoding them straight

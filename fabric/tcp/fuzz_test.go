@@ -18,6 +18,7 @@ func FuzzReadRequest(f *testing.F) {
 	for _, r := range []request{
 		{op: opRead, claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 7, Token: []byte("0123456789abcdef")}, offset: 5, length: 1 << 20},
 		{op: opWrite, flags: flagCompress, dtype: tensor.BFloat16, length: 3},
+		{op: opWrite, flags: flagEager, length: 4096},
 	} {
 		f.Add(r.appendTo(nil))
 	}
@@ -67,6 +68,24 @@ func FuzzRecvBlocks(f *testing.F) {
 		_, err := l.recvBlocks(dst, 0)
 		if err != nil && !errors.Is(err, fabric.ErrCorrupt) && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("untyped error %v", err)
+		}
+		// Skipping the blocks of a refused push reads the same framing:
+		// it accepts what recvBlocks accepted, and ends at the same byte.
+		rest := l.r.Buffered()
+		sr := bytes.NewReader(in)
+		sc := bytesConn{r: sr}
+		sl := &link{Conn: sc, r: bufio.NewReaderSize(sc, 4096), stall: time.Second}
+		serr := sl.skipBlocks(int64(len(dst)))
+		if serr != nil && !errors.Is(serr, fabric.ErrCorrupt) && !errors.Is(serr, io.EOF) && !errors.Is(serr, io.ErrUnexpectedEOF) {
+			t.Fatalf("untyped error %v", serr)
+		}
+		if err == nil {
+			if serr != nil {
+				t.Fatalf("recvBlocks read what skipBlocks refused: %v", serr)
+			}
+			if got, want := sl.r.Buffered()+sr.Len(), rest+c.r.(*bytes.Reader).Len(); got != want {
+				t.Fatalf("skipBlocks left %d bytes, recvBlocks %d", got, want)
+			}
 		}
 	})
 }

@@ -130,3 +130,37 @@ func TestPushErrors(t *testing.T) {
 	_, err = noSink.tr.Write(ctx, pf.src, noSink.remote(10))
 	assert.ErrorIs(t, err, fabric.ErrObjectNotFound)
 }
+
+// TestSmallPushRefusedInStep: a small push sends its blocks before the
+// owner's verdict; a refusal skips them, so the connection carries the
+// next request, and a corrupt block is still caught. Both codecs.
+func TestSmallPushRefusedInStep(t *testing.T) {
+	pf := newPushFixture(t, 64<<10)
+	src, _ := tensor.BytesOf(pf.src)
+	for _, mode := range []Compression{CompressOff, CompressAlways} {
+		t.Run(mode.String(), func(t *testing.T) {
+			var dials atomic.Int64
+			tr := pf.transport(t, Config{Compression: mode, Dial: counting(&dials)})
+			ctx := context.Background()
+			forged := pf.target(0, 64<<10)
+			forged.Claim.Token = []byte("forged-token-000")
+			for range 3 {
+				_, err := tr.Write(ctx, pf.src, forged)
+				assert.ErrorIs(t, err, fabric.ErrUnauthorized)
+				_, err = tr.Write(ctx, pf.src, pf.target(1, 64<<10))
+				assert.ErrorIs(t, err, fabric.ErrBadRequest)
+				clear(pf.sink)
+				_, err = tr.Write(ctx, pf.src, pf.target(0, 64<<10))
+				require.NoError(t, err)
+				assert.True(t, bytes.Equal(src[:64<<10], pf.sink))
+			}
+			assert.Equal(t, int64(1), dials.Load(), "refusals kept the connection in step")
+
+			tr.corruptNext.Store(true)
+			_, err := tr.Write(ctx, pf.src, pf.target(0, 4096))
+			assert.ErrorIs(t, err, fabric.ErrCorrupt)
+			_, err = tr.Write(ctx, pf.src, pf.target(0, 4096))
+			require.NoError(t, err)
+		})
+	}
+}

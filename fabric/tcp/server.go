@@ -207,17 +207,26 @@ var statusOK = [1]byte{peerauth.StatusOK}
 
 // handleWrite receives one push into the sink the claim names.
 func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
-	if s.cfg.Sink == nil {
-		return refuse(l, fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound))
+	eager := req.flags&flagEager != 0
+	var pin tensor.Buffer
+	var data []byte
+	err := fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound)
+	if s.cfg.Sink != nil {
+		pin, data, err = s.open(claims, req, s.cfg.Sink.OpenSink)
 	}
-	pin, data, err := s.open(claims, req, s.cfg.Sink.OpenSink)
 	if err != nil {
-		return refuse(l, err)
+		if err := refuse(l, err); err != nil || !eager {
+			return err
+		}
+		// The blocks are on their way already: skip them to stay in step.
+		return l.skipBlocks(req.length)
 	}
 	defer pin.Release()
-	l.armWrite()
-	if _, err := l.Write(statusOK[:]); err != nil {
-		return err
+	if !eager {
+		l.armWrite()
+		if _, err := l.Write(statusOK[:]); err != nil {
+			return err
+		}
 	}
 	if _, err := l.recvBlocks(data, req.offset); err != nil {
 		if errors.Is(err, fabric.ErrCorrupt) {

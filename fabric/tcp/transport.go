@@ -342,13 +342,21 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 	if x.compress {
 		req.flags = flagCompress
 	}
-	c.req = req.appendTo(c.req[:0])
-	c.armWrite()
-	if _, err := c.Write(c.req); err != nil {
-		return 0, false, t.ioError(err)
+	// A small push goes out with its request in one writev, and waits for
+	// one status (the ack) instead of two.
+	eager := x.op == opWrite && len(p) <= eagerMax
+	if eager {
+		req.flags |= flagEager
 	}
-	if refused, err := t.status(c); err != nil {
-		return 0, refused, err
+	c.req = req.appendTo(c.req[:0])
+	if !eager {
+		c.armWrite()
+		if _, err := c.Write(c.req); err != nil {
+			return 0, false, t.ioError(err)
+		}
+		if refused, err := t.status(c); err != nil {
+			return 0, refused, err
+		}
 	}
 	if x.op == opRead {
 		wire, err := c.recvBlocks(p, off)
@@ -360,7 +368,12 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 		}
 		return wire, true, nil
 	}
-	wire, err = c.sendBlocks(nil, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
+	var prefix []byte
+	if eager {
+		prefix = c.req
+	}
+	wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
+	wire -= int64(len(prefix))
 	if err != nil {
 		// The owner may have refused a block and hung up: its verdict, if
 		// it sent one, says more than the broken pipe.
