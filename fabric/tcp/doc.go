@@ -14,6 +14,16 @@
 // straight from the owner's memory and land straight in the reader's
 // buffer; large transfers are striped over several connections (Streams).
 //
+// Small transfers are dominated by fixed costs, which are kept per
+// connection rather than per transfer: connections to an owner are pooled
+// (up to MaxConns open at once, 64 by default, all kept while they are
+// used; transfers beyond that queue for the first one given back instead
+// of dialing a storm of handshakes), deadlines are re-armed at most every
+// StallTimeout/8, a small push goes out with its request in one writev
+// (one round trip, not two), and a small transfer allocates next to
+// nothing. Connections opened and waits for one are counted in
+// tensorlane_tcp_dials_total and tensorlane_tcp_conn_waits_total.
+//
 // Compression is lossless and per block (byte planes and huff0 for
 // floating-point tensors, s2 otherwise; fabric.Remote.DType says which). In
 // the default CompressAuto mode a transfer is compressed only when the

@@ -144,6 +144,7 @@ type conn struct {
 	*link
 	key   connKey
 	since time.Time // when it went idle
+	abort func()    // closes it; made once, for the per-transfer ctx watcher
 }
 
 // New returns a tcp transport.
@@ -238,7 +239,7 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 	if streams == 1 {
 		wire, err = t.stripe(ctx, &x, r.Offset, p)
 	} else {
-		streams, wire, err = t.striped(ctx, &x, r.Offset, p, streams)
+		streams, wire, err = t.striped(ctx, x, r.Offset, p, streams)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -263,7 +264,7 @@ func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte)
 // striped moves p over up to streams connections at once. It is apart
 // from run so that the closures it needs do not make small transfers
 // allocate.
-func (t *Transport) striped(ctx context.Context, x *transfer, base int64, p []byte, streams int) (int, int64, error) {
+func (t *Transport) striped(ctx context.Context, x transfer, base int64, p []byte, streams int) (int, int64, error) {
 	n := int64(len(p))
 	part := (n + int64(streams) - 1) / int64(streams)
 	part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
@@ -274,7 +275,7 @@ func (t *Transport) striped(ctx context.Context, x *transfer, base int64, p []by
 		end := min(off+part, n)
 		used++
 		g.Go(func() error {
-			wire, err := t.stripe(gctx, x, base+off, p[off:end])
+			wire, err := t.stripe(gctx, &x, base+off, p[off:end])
 			wires.Add(wire)
 			return err
 		})
@@ -310,7 +311,7 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		// once. A context that cannot be cancelled needs no watcher.
 		stop := func() bool { return true }
 		if ctx.Done() != nil {
-			stop = context.AfterFunc(ctx, func() { c.Close() })
+			stop = context.AfterFunc(ctx, c.abort)
 		}
 		w, inStep, err := t.exchange(c, x, off, p)
 		wire += w
@@ -586,6 +587,7 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{link: newLink(sc, t.cfg.StallTimeout), key: k}
+	c.abort = func() { c.Close() }
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
