@@ -33,8 +33,8 @@ type Config struct {
 	PSK []byte
 	// DialTimeout bounds connecting and authenticating; default 10 s.
 	DialTimeout time.Duration
-	// StallTimeout bounds each socket operation (request, grant, done,
-	// ack); a silent owner fails the transfer with fabric.ErrStalled.
+	// StallTimeout bounds each socket operation (request, grant, done);
+	// a silent owner fails the transfer with fabric.ErrStalled.
 	// Default 30 s.
 	StallTimeout time.Duration
 	// MaxConns bounds the connections to one owner (one transfer uses one
@@ -115,9 +115,6 @@ type pconn struct {
 	buf   []byte // received packets
 	oob   []byte // received descriptors
 	out   []byte // requests being sent
-	// ackPending: a read sent its done without waiting for the ack, which
-	// the next exchange on the connection reads first.
-	ackPending bool
 }
 
 // NewClient returns a client; Close releases its connections and mappings.
@@ -305,11 +302,6 @@ func (c *Client) ownerGone(owner string, err error) {
 // exchangeRequest sends req and reads the owner's reply and descriptors.
 func (c *Client) exchangeRequest(pc *pconn, req request) (grant, []int, error) {
 	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
-	if pc.ackPending {
-		if err := c.readAck(pc); err != nil {
-			return grant{}, nil, staleOr(err)
-		}
-	}
 	pc.out = req.appendTo(pc.out[:0])
 	if err := sendPacket(pc.c, pc.out, -1); err != nil {
 		return grant{}, nil, staleOr(c.ioError(err))
@@ -339,27 +331,16 @@ func staleOr(err error) error {
 	return err
 }
 
-func (c *Client) readAck(pc *pconn) error {
-	p, fds, err := recvPacket(pc.c, pc.buf, pc.oob)
-	closeAll(fds)
-	if err != nil {
-		return c.ioError(err)
-	}
-	if len(p) != 1 || p[0] != peerauth.StatusOK {
-		return fmt.Errorf("%w: bad ack (%d bytes)", fabric.ErrCorrupt, len(p))
-	}
-	pc.ackPending = false
-	return nil
-}
-
 // confirm ends a read or a push without waiting for the owner to be
 // scheduled: the owner closes the connection before it ever unpins on its
 // own (timeout, Close, death), and otherwise unpins only on our done. So a
 // connection that is still open once the copy has ended proves the pin was
 // held for all of it: a read copied the live object, a push wrote into the
 // live sink (never into memory the owner had freed and reused). The done
-// goes out now; its ack is read by the connection's next exchange. (The
-// deadline stays set on an idle connection: every exchange sets its own.)
+// goes out now, and nothing comes back for it: the owner unpins and reads
+// the connection's next request, so the next exchange never waits for the
+// owner to have been scheduled in between. (The deadline stays set on an
+// idle connection: every exchange sets its own.)
 func (c *Client) confirm(pc *pconn) error {
 	if err := peerOpen(pc.c); err != nil {
 		return err
@@ -369,7 +350,6 @@ func (c *Client) confirm(pc *pconn) error {
 		// The copy was confirmed; only the connection is lost.
 		return fmt.Errorf("%w: %w", errConfirmedLost, c.ioError(err))
 	}
-	pc.ackPending = true
 	return nil
 }
 

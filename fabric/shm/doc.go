@@ -26,9 +26,8 @@
 // already has it mapped, the arena's descriptor (SCM_RIGHTS), reopened
 // read-only. The reader maps only the object's pages, PROT_READ,
 // MAP_SHARED|MAP_POPULATE, copies in chunks that check the context, and
-// then sends "done"; the owner unpins and acknowledges. A read therefore
-// costs one round trip with the owner (the acknowledgement is read with
-// the connection's next request), plus the copy.
+// then sends "done"; the owner unpins. A read therefore costs one round
+// trip with the owner (done needs no answer), plus the copy.
 //
 // # Revocation
 //
@@ -64,8 +63,8 @@
 // (closed, freed) drops the mapping before anything is written. A push
 // ends as a read does: the copy is complete once it returns, and a
 // connection still open after the copy proves the sink was pinned for all
-// of it, so the writer does not wait for the owner's acknowledgement (the
-// caller's own completion notice, as rdt's, follows the return).
+// of it, so the writer does not wait for the owner to unpin (the caller's
+// own completion notice, as rdt's, follows the return).
 //
 // # Trust model
 //

@@ -48,7 +48,7 @@ type ServerConfig struct {
 	// HandshakeTimeout bounds the authentication of a new connection and
 	// the Source's Open of one claim; default 10 s.
 	HandshakeTimeout time.Duration
-	// StallTimeout bounds each socket operation (a reply, an ack); default
+	// StallTimeout bounds each socket operation (a reply); default
 	// 30 s.
 	StallTimeout time.Duration
 	// HoldTimeout bounds how long one client may keep an object pinned
@@ -243,13 +243,10 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
 		return err
 	}
+	// Unpin (the deferred Release) and wait for the next request: the done
+	// is not acknowledged, so the client never waits for us in between.
 	c.SetReadDeadline(time.Time{})
-	// For a push the sink's bytes are complete once it is unpinned, before
-	// the ack.
-	pin.Release()
-	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-	err = sendPacket(c, []byte{peerauth.StatusOK}, -1)
-	return err
+	return nil
 }
 
 // export describes pin's place in its arena and, unless the client already

@@ -32,14 +32,14 @@ import (
 // the client has copied and says so:
 //
 //	done:     opDone (1) | result (1: 0 copied, 1 abandoned)
-//	ack:      status (1)
 //
-// The server unpins on done, or closes the connection first and then
-// unpins (timeout, Close; death closes it too). So a reader whose
-// connection is still open when its copy ends knows the pin was held for
-// all of it: it checks that without blocking (poll for a hang-up), sends
-// done and reads the ack at the start of the connection's next exchange.
-// A push ends the same way. Reads and pushes alike send have, so a cached
+// The server unpins on done and reads the next request (done has no
+// answer: version 1 acknowledged it, which left the client's next request
+// waiting for the server to have been scheduled in between), or closes the
+// connection first and then unpins (timeout, Close; death closes it too).
+// So a client whose connection is still open when its copy ends knows the
+// pin was held for all of it: it checks that without blocking (poll for a
+// hang-up) and sends done. Reads and pushes end the same way. Reads and pushes alike send have, so a cached
 // mapping (read-only for reads, writable for pushes: the client keeps the
 // two apart) needs no descriptor.
 const (
@@ -47,7 +47,7 @@ const (
 	opPush byte = 2
 	opDone byte = 3
 
-	version  byte = 1
+	version  byte = 2
 	flagFD   byte = 1
 	maxToken      = 64
 

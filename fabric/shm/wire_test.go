@@ -68,6 +68,9 @@ func TestParseReply(t *testing.T) {
 		{"flipped byte", flip(g.marshal(), 20), fabric.ErrCorrupt},
 		{"object outside arena", grant{arenaSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
 		{"unknown flags", grant{flags: 0x80}.marshal(), fabric.ErrCorrupt},
+		// Version 1 servers acknowledged done; a client of version 2 sends
+		// its next request without reading an ack, so it must refuse them.
+		{"version 1 server", withVersion(g.marshal(), 1), fabric.ErrBadRequest},
 		{"freed", refusal(fabric.ErrObjectFreed), fabric.ErrObjectFreed},
 		{"unauthorized", refusal(fabric.ErrUnauthorized), fabric.ErrUnauthorized},
 		{"stale", refusal(fabric.ErrStaleRef), fabric.ErrStaleRef},
@@ -84,6 +87,13 @@ func TestParseReply(t *testing.T) {
 }
 
 func flip(p []byte, i int) []byte { p[i] ^= 1; return p }
+
+// withVersion rewrites a grant's version byte and its checksum.
+func withVersion(p []byte, v byte) []byte {
+	p[1] = v
+	binary.BigEndian.PutUint32(p[grantLen-4:], crc32.Checksum(p[:grantLen-4], castagnoli))
+	return p
+}
 
 func FuzzParseRequest(f *testing.F) {
 	f.Add(request{op: opRead, claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 2, Token: []byte("token")}, offset: 3, length: 4, have: 5}.marshal())
