@@ -205,13 +205,17 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 
 var statusOK = [1]byte{peerauth.StatusOK}
 
+var errNoSink = fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound)
+
 // handleWrite receives one push into the sink the claim names.
 func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 	eager := req.flags&flagEager != 0
 	var pin tensor.Buffer
 	var data []byte
-	err := fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrObjectNotFound)
-	if s.cfg.Sink != nil {
+	var err error
+	if s.cfg.Sink == nil {
+		err = errNoSink
+	} else {
 		pin, data, err = s.open(claims, req, s.cfg.Sink.OpenSink)
 	}
 	if err != nil {
