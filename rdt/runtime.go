@@ -46,7 +46,7 @@ type Runtime struct {
 	topoHost    *topology.Host
 
 	devices map[tensor.DeviceID]tensor.Memory
-	owned   []*tensor.SimMemory // arenas this runtime created and closes
+	owned   []interface{ Close() error } // memories this runtime created and closes
 
 	objects  *objectTable
 	sinks    *sinkTable
@@ -215,7 +215,9 @@ func (r *Runtime) setupDevices() error {
 		}
 	}
 	if _, ok := r.devices[tensor.HostDevice]; !ok {
-		r.devices[tensor.HostDevice] = tensor.NewHostMemory(r.cfg.HostMemory)
+		m := tensor.NewHostMemory(r.cfg.HostMemory)
+		r.owned = append(r.owned, m)
+		r.devices[tensor.HostDevice] = m
 	}
 	return nil
 }

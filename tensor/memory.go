@@ -120,6 +120,7 @@ type MemStats struct {
 	LargestFree int64
 	Allocs      int // live allocations
 	Peak        int64
+	Cached      int64 // released bytes kept for reuse, not in Used (host memory)
 }
 
 // ErrOutOfMemory matches every *OutOfMemoryError.

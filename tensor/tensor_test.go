@@ -296,6 +296,74 @@ func TestHostMemory(t *testing.T) {
 	assert.Equal(t, 0, m.Stats().Allocs)
 }
 
+// Released host buffers come back for allocations of their page-rounded
+// size, so a loop of Gets into host memory populates its pages once; an
+// exported buffer (another process may map it) never comes back, and the
+// cache stays within its limit. A fresh memfd reads as zeros, so a marker
+// byte tells a reused mapping from a new one (addresses may repeat after
+// an unmap).
+func TestHostMemoryReusesReleasedBuffers(t *testing.T) {
+	ctx := context.Background()
+	m := NewHostMemory(0)
+	defer m.Close()
+	mark := func(b Buffer, v byte) { p, _ := BytesOf(b); p[0] = v }
+	marked := func(b Buffer) byte { p, _ := BytesOf(b); return p[0] }
+
+	a, err := m.Alloc(ctx, 100<<10)
+	require.NoError(t, err)
+	mark(a, 1)
+	require.NoError(t, a.Release())
+	assert.Equal(t, int64(100<<10), m.Stats().Cached)
+	assert.Equal(t, int64(0), m.Stats().Used)
+
+	b, err := m.Alloc(ctx, 100<<10-5) // same page-rounded size
+	require.NoError(t, err)
+	assert.Equal(t, byte(1), marked(b), "the released mapping is reused")
+	assert.Equal(t, int64(100<<10-5), b.Len())
+	p, _ := BytesOf(b)
+	assert.Len(t, p, 100<<10-5)
+	assert.Equal(t, int64(0), m.Stats().Cached)
+	assert.Equal(t, int64(100<<10-5), m.Stats().Used)
+
+	c, err := m.Alloc(ctx, 200<<10) // another size: a new mapping
+	require.NoError(t, err)
+	assert.Equal(t, byte(0), marked(c))
+
+	// Exported, then released: gone for good.
+	h, err := b.(Exportable).Export()
+	require.NoError(t, err)
+	unix.Close(h.FD)
+	mark(b, 2)
+	require.NoError(t, b.Release())
+	assert.Equal(t, int64(0), m.Stats().Cached)
+	d, err := m.Alloc(ctx, 100<<10)
+	require.NoError(t, err)
+	assert.Equal(t, byte(0), marked(d), "an exported buffer is never handed out again")
+
+	// The limit bounds what is kept.
+	m.SetCacheLimit(150 << 10)
+	require.NoError(t, c.Release()) // 200 KiB: over the limit, unmapped
+	require.NoError(t, d.Release()) // 100 KiB: kept
+	assert.Equal(t, int64(100<<10), m.Stats().Cached)
+	m.SetCacheLimit(0)
+	assert.Equal(t, int64(0), m.Stats().Cached)
+
+	// Close drops the cache; later allocations fail, live buffers work.
+	m.SetCacheLimit(1 << 20)
+	live, err := m.Alloc(ctx, 4096)
+	require.NoError(t, err)
+	e, _ := m.Alloc(ctx, 4096)
+	require.NoError(t, e.Release())
+	require.NoError(t, m.Close())
+	require.NoError(t, m.Close(), "Close is idempotent")
+	assert.Equal(t, int64(0), m.Stats().Cached)
+	_, err = m.Alloc(ctx, 1)
+	assert.ErrorIs(t, err, ErrClosed)
+	mark(live, 3)
+	require.NoError(t, live.Release())
+	assert.Equal(t, int64(0), m.Stats().Cached, "nothing is cached after Close")
+}
+
 func TestTensorViewsShareMemory(t *testing.T) {
 	m, err := NewSimMemory(GPUDevice(0), 1<<20)
 	require.NoError(t, err)
