@@ -12,27 +12,140 @@ import (
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-// Each benchmark interleaves the measured path with its baseline in the same
-// loop and reports both rates and their ratio, so drift on a shared machine
-// cancels out. Run: go test -run '^$' -bench . ./rdt/
+// Each benchmark interleaves the measured path with its baselines in the
+// same loop and reports every rate and the ratios, so drift on a shared
+// machine cancels out. Run: go test -run '^$' -bench . ./rdt/ and compare
+// runs with benchstat (docs/benchmarks.md).
 
-func benchPair(b *testing.B) (owner, near, far *Actor, stop func()) {
+// benchPath is one way a reader in benchEnv reaches the owner's GPU 0.
+type benchPath struct {
+	name      string
+	reader    *Actor
+	dst       tensor.DeviceID
+	transport string // what every timed transfer must report
+	network   bool   // baselines are sockets, not memcpy
+}
+
+// benchEnv is a simulated two-host cluster with a reader for every path:
+// the owner's own runtime (local, p2p), a second runtime on its host
+// (p2p-ipc, shm), one on the other host with rdma (rdma) and one without
+// (tcp: with rdma on it would take rdma, and a tcp benchmark must not
+// measure another transport).
+type benchEnv struct {
+	owner *Actor
+	paths []benchPath
+	stop  func()
+}
+
+func newBenchEnv(b *testing.B) benchEnv {
 	ctx := context.Background()
 	cl, _ := topology.Preset("dgx-h100", 2)
-	ra, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 4 << 30})
-	if err != nil {
+	var rts []*Runtime
+	mk := func(host string, noRDMA bool) *Runtime {
+		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, DisableRDMA: noRDMA})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rts = append(rts, r)
+		return r
+	}
+	spawn := func(r *Runtime, name string) *Actor {
+		a, err := r.Spawn(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return a
+	}
+	ra, rc, rr, rt := mk("h0", false), mk("h0", false), mk("h1", false), mk("h1", true)
+	e := benchEnv{owner: spawn(ra, "owner")}
+	e.paths = []benchPath{
+		{"local", spawn(ra, "local"), tensor.GPUDevice(0), fabric.Local, false},
+		{"p2p", spawn(ra, "p2p"), tensor.GPUDevice(1), fabric.P2P, false},
+		{"p2p-ipc", spawn(rc, "p2p-ipc"), tensor.GPUDevice(1), fabric.P2P, false},
+		{"shm", spawn(rc, "shm"), tensor.HostDevice, fabric.SHM, false},
+		{"rdma", spawn(rr, "rdma"), tensor.GPUDevice(1), fabric.RDMA, true},
+		{"tcp", spawn(rt, "tcp"), tensor.GPUDevice(1), fabric.TCP, true},
+	}
+	e.stop = func() {
+		for i := len(rts) - 1; i >= 0; i-- {
+			rts[i].Shutdown(ctx)
+		}
+	}
+	return e
+}
+
+// baselines are the same-run references for one size: memcpy (on-host
+// paths) or one raw TCP socket (network paths), and the object-store way
+// (serialize, across a socket for network paths).
+type baselines struct {
+	src, dst []byte
+	raw      *bench.TCPPair
+	ser      *bench.SerializePair
+	host     *bench.Serializer
+}
+
+func newBaselines(b *testing.B, src []byte) *baselines {
+	var err error
+	bl := &baselines{src: src, dst: make([]byte, len(src)), host: bench.NewSerializer(src)}
+	copy(bl.dst, src) // fault the pages in, as the arenas' are after warm-up
+	if bl.raw, err = bench.NewTCPPair(src); err != nil {
 		b.Fatal(err)
 	}
-	// far reads over tcp: with rdma on it would take the (software) rdma
-	// path, and a tcp benchmark must not measure another transport.
-	rb, err := New(ctx, Config{Cluster: cl, Host: "h1", IgnoreEnv: true, DeviceMemory: 4 << 30, DisableRDMA: true})
-	if err != nil {
+	if bl.ser, err = bench.NewSerializePair(src); err != nil {
 		b.Fatal(err)
 	}
-	owner, _ = ra.Spawn("owner")
-	near, _ = ra.Spawn("near")
-	far, _ = rb.Spawn("far")
-	return owner, near, far, func() { ra.Shutdown(ctx); rb.Shutdown(ctx) }
+	return bl
+}
+
+func (bl *baselines) close() { bl.raw.Close(); bl.ser.Close() }
+
+// measure times the baselines of path p once each, adding to r.
+func (bl *baselines) measure(b *testing.B, p benchPath, r *ratios) {
+	var d time.Duration
+	var err error
+	if p.network {
+		if d, err = bl.raw.Read(bl.dst); err != nil {
+			b.Fatal(err)
+		}
+		r.add("rawtcp", d)
+		if d, err = bl.ser.Read(bl.dst); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		r.add("memcpy", bench.Memcpy(bl.dst, bl.src))
+		if d, err = bl.host.Read(bl.dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r.add("serialize", d)
+}
+
+// ratios accumulates the path's time and each baseline's.
+type ratios struct {
+	path  time.Duration
+	names []string
+	base  map[string]time.Duration
+}
+
+func (r *ratios) add(name string, d time.Duration) {
+	if r.base == nil {
+		r.base = map[string]time.Duration{}
+	}
+	if _, ok := r.base[name]; !ok {
+		r.names = append(r.names, name)
+	}
+	r.base[name] += d
+}
+
+// report gives the path's rate, and per baseline its rate and the ratio
+// (baseline time over path time: above 1, the path is faster).
+func (r *ratios) report(b *testing.B, size int64) {
+	n := float64(b.N) * float64(size) / 1e9
+	b.ReportMetric(n/r.path.Seconds(), "GB/s")
+	for _, name := range r.names {
+		b.ReportMetric(n/r.base[name].Seconds(), name+"-GB/s")
+		b.ReportMetric(r.base[name].Seconds()/r.path.Seconds(), "ratio-vs-"+name)
+	}
 }
 
 // getOver times one Get by a of ref onto dst and fails the benchmark if it
@@ -68,15 +181,6 @@ func put(b *testing.B, a *Actor, size int64) (Ref, []byte) {
 	return ref, p
 }
 
-type ratio struct{ path, base time.Duration }
-
-func (r ratio) report(b *testing.B, size int64, baseName string) {
-	n := float64(b.N) * float64(size) / 1e9
-	b.ReportMetric(n/r.path.Seconds(), "GB/s")
-	b.ReportMetric(n/r.base.Seconds(), baseName+"-GB/s")
-	b.ReportMetric(r.base.Seconds()/r.path.Seconds(), "ratio-vs-"+baseName)
-}
-
 func size(n int64) string {
 	switch {
 	case n >= 1<<30:
@@ -87,103 +191,83 @@ func size(n int64) string {
 	return fmt.Sprintf("%dKiB", n>>10)
 }
 
-// Same-device Get is a zero-copy view: its time must not grow with size.
-func BenchmarkGetSameDevice(b *testing.B) {
-	owner, _, _, stop := benchPair(b)
-	defer stop()
-	for _, n := range []int64{1 << 10, 1 << 30} {
-		ref, _ := put(b, owner, n)
-		b.Run(size(n), func(b *testing.B) {
-			b.ReportAllocs()
-			for i := 0; i < b.N; i++ {
-				v, err := owner.Get(context.Background(), ref, tensor.GPUDevice(0))
-				if err != nil {
-					b.Fatal(err)
+var benchSizes = []int64{1 << 20, 64 << 20}
+
+// BenchmarkGet pulls one object over every path (sub-benchmarks
+// path/size), each Get checked to have taken its path.
+func BenchmarkGet(b *testing.B) {
+	e := newBenchEnv(b)
+	defer e.stop()
+	ctx := context.Background()
+	for _, n := range benchSizes {
+		ref, src := put(b, e.owner, n)
+		bl := newBaselines(b, src)
+		for _, p := range e.paths {
+			b.Run(p.name+"/"+size(n), func(b *testing.B) {
+				b.SetBytes(n)
+				b.ReportAllocs()
+				getOver(b, p.reader, ref, p.dst, p.transport) // warm-up: connections, first-touch pages
+				var r ratios
+				for i := 0; i < b.N; i++ {
+					r.path += getOver(b, p.reader, ref, p.dst, p.transport)
+					bl.measure(b, p, &r)
 				}
-				v.Release()
-			}
-		})
+				r.report(b, n)
+			})
+		}
+		bl.close()
+		e.owner.Free(ctx, ref)
 	}
 }
 
-// In-process copy between NVLink-joined simulated GPUs against memcpy.
-func BenchmarkGetP2P(b *testing.B) {
-	owner, near, _, stop := benchPair(b)
-	defer stop()
-	const n = 64 << 20
-	ref, src := put(b, owner, n)
-	dst := make([]byte, n)
-	copy(dst, src) // fault the baseline's pages in, as the arena's are
-	b.Run(size(n), func(b *testing.B) {
-		b.SetBytes(n)
-		b.ReportAllocs()
-		var r ratio
-		for i := 0; i < b.N; i++ {
-			start := time.Now()
-			v, err := near.Get(context.Background(), ref, tensor.GPUDevice(1))
-			if err != nil {
-				b.Fatal(err)
+// BenchmarkPush pushes one object into a slot each path's reader reserved
+// (Reserve once, then Push and Wait per iteration, as weight sync does).
+func BenchmarkPush(b *testing.B) {
+	e := newBenchEnv(b)
+	defer e.stop()
+	ctx := context.Background()
+	for _, n := range benchSizes {
+		ref, src := put(b, e.owner, n)
+		bl := newBaselines(b, src)
+		for _, p := range e.paths {
+			if p.transport == fabric.Local {
+				continue // a view: nothing to push
 			}
-			r.path += time.Since(start)
-			v.Release()
-			r.base += bench.Memcpy(dst, src)
-		}
-		r.report(b, n, "memcpy")
-	})
-}
-
-// tcp Get between two runtimes against a raw loopback socket, a libp2p
-// stream and the object-store way (serialize, socket, deserialize) moving
-// the same bytes.
-func BenchmarkGetTCP(b *testing.B) {
-	owner, _, far, stop := benchPair(b)
-	defer stop()
-	for _, n := range []int64{64 << 20, 256 << 20} {
-		ref, src := put(b, owner, n)
-		raw, err := bench.NewTCPPair(src)
-		if err != nil {
-			b.Fatal(err)
-		}
-		p2p, err := bench.NewLibp2pPair(context.Background(), src)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ser, err := bench.NewSerializePair(src)
-		if err != nil {
-			b.Fatal(err)
-		}
-		dst := make([]byte, n)
-		copy(dst, src)
-		b.Run(size(n), func(b *testing.B) {
-			b.SetBytes(n)
-			b.ReportAllocs()
-			var vsRaw, vsP2P, vsSer ratio
-			for i := 0; i < b.N; i++ {
-				d := getOver(b, far, ref, tensor.GPUDevice(1), fabric.TCP)
-				vsRaw.path += d
-				vsP2P.path += d
-				vsSer.path += d
-				t, err := raw.Read(dst)
+			b.Run(p.name+"/"+size(n), func(b *testing.B) {
+				slot, err := p.reader.Reserve(ctx, ref.Desc, p.dst)
 				if err != nil {
 					b.Fatal(err)
 				}
-				vsRaw.base += t
-				if t, err = p2p.Read(dst); err != nil {
-					b.Fatal(err)
+				defer slot.Close()
+				var seen uint64
+				push := func() time.Duration {
+					start := time.Now()
+					x, err := e.owner.Push(ctx, ref, slot.Ref())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if seen, _, err = slot.Wait(ctx, seen); err != nil {
+						b.Fatal(err)
+					}
+					d := time.Since(start)
+					if x.Stats.Transport != p.transport {
+						b.Fatalf("the push took %q, the benchmark measures %q", x.Stats.Transport, p.transport)
+					}
+					return d
 				}
-				vsP2P.base += t
-				if t, err = ser.Read(dst); err != nil {
-					b.Fatal(err)
+				b.SetBytes(n)
+				b.ReportAllocs()
+				push()
+				var r ratios
+				for i := 0; i < b.N; i++ {
+					r.path += push()
+					bl.measure(b, p, &r)
 				}
-				vsSer.base += t
-			}
-			vsRaw.report(b, n, "rawtcp")
-			b.ReportMetric(vsP2P.base.Seconds()/vsP2P.path.Seconds(), "ratio-vs-libp2p")
-			b.ReportMetric(vsSer.base.Seconds()/vsSer.path.Seconds(), "ratio-vs-serialize")
-		})
-		raw.Close()
-		p2p.Close()
-		ser.Close()
+				r.report(b, n)
+			})
+		}
+		bl.close()
+		e.owner.Free(ctx, ref)
 	}
 }
 
@@ -212,12 +296,12 @@ func BenchmarkGetTCPEncrypted(b *testing.B) {
 		ref, _ := put(b, owner, n)
 		b.Run(size(n), func(b *testing.B) {
 			b.SetBytes(n)
-			var r ratio
+			var r ratios
 			for i := 0; i < b.N; i++ {
 				r.path += getOver(b, enc, ref, tensor.GPUDevice(0), fabric.TCP)
-				r.base += getOver(b, plain, ref, tensor.GPUDevice(0), fabric.TCP)
+				r.add("plain", getOver(b, plain, ref, tensor.GPUDevice(0), fabric.TCP))
 			}
-			r.report(b, n, "plain")
+			r.report(b, n)
 		})
 	}
 }
