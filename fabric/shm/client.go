@@ -390,19 +390,22 @@ func peerOpen(c *net.UnixConn) error {
 	return nil
 }
 
-// deadClaim reports whether err is the owner refusing the claim itself
-// (freed, unknown, stale, forged): its cached mapping must never serve
-// again.
-func deadClaim(err error) bool {
+// refused drops what a refusal of key's claim makes useless: a claim the
+// owner refuses itself (freed, unknown, forged) loses its mapping, and a
+// stale one takes every mapping of its owner incarnation with it. Nothing
+// depends on this for safety (every transfer is re-validated): it frees
+// the address space, and the arena pages, early.
+func (c *Client) refused(key cacheKey, err error) {
 	var re *peerauth.RemoteError
 	if !errors.As(err, &re) {
-		return false
+		return
 	}
 	switch re.Code {
-	case peerauth.StatusFreed, peerauth.StatusNotFound, peerauth.StatusStale, peerauth.StatusUnauthorized:
-		return true
+	case peerauth.StatusStale:
+		c.cache.revokeIncarnation(key.owner, key.incarnation)
+	case peerauth.StatusFreed, peerauth.StatusNotFound, peerauth.StatusUnauthorized:
+		c.cache.revoke(key)
 	}
-	return false
 }
 
 // transferOn runs one read (key.push false: r's bytes of the owner's
@@ -430,9 +433,7 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	}
 	g, fds, err := c.exchangeRequest(pc, req)
 	if err != nil {
-		if deadClaim(err) {
-			c.cache.revoke(key)
-		}
+		c.refused(key, err)
 		return err
 	}
 	if r.Length == 0 {

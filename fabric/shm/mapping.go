@@ -227,6 +227,20 @@ func (c *cache) revoke(key cacheKey) {
 	}
 }
 
+// revokeIncarnation drops every mapping of owner's incarnation: the owner
+// said a claim of it is stale (it restarted or reset its objects), so no
+// claim of that incarnation will be granted again.
+func (c *cache) revokeIncarnation(owner string, incarnation uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, m := range c.byKey {
+		if k.owner == owner && k.incarnation == incarnation {
+			c.removeLocked(m)
+			c.events[k.dir()].Revoked++
+		}
+	}
+}
+
 // purge drops every mapping of owner: it went away, and its arenas stay
 // alive (memory the host cannot reclaim) for as long as we map them.
 func (c *cache) purge(owner string) {

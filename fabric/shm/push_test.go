@@ -19,15 +19,25 @@ type sinkFixture struct {
 	*fixture
 	at    atomic.Pointer[tensor.Buffer]
 	sinks atomic.Int64 // OpenSink calls
+	stale atomic.Bool  // the owner reset: every claim is stale
 }
 
 func newSinkFixture(t *testing.T, size int64) *sinkFixture {
 	sf := &sinkFixture{}
 	sf.fixture = newFixture(t, size, func(s *ServerConfig, c *Config) {
+		inner := s.Source
+		s.Source = fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			if sf.stale.Load() {
+				return nil, fabric.ErrStaleRef
+			}
+			return inner.Open(ctx, c)
+		})
 		s.Sink = sinkFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			sf.sinks.Add(1)
 			b := sf.at.Load()
 			switch {
+			case sf.stale.Load():
+				return nil, fabric.ErrStaleRef
 			case c.Object != sf.claim.Object:
 				return nil, fabric.ErrObjectNotFound
 			case b == nil:
@@ -185,4 +195,31 @@ func TestPushOwnerClosed(t *testing.T) {
 	s := f.cli.CacheStats()
 	assert.Zero(t, s.Live)
 	assert.EqualValues(t, 1, s.Push.Purged)
+}
+
+// TestStaleIncarnation: an owner that calls a claim stale (it reset its
+// objects) takes every mapping of that incarnation with it, read and push
+// alike, and transfers fail with fabric.ErrStaleRef.
+func TestStaleIncarnation(t *testing.T) {
+	const n = 64 << 10
+	f := newSinkFixture(t, n)
+	tr := f.cli.SHM()
+	src, _ := hostDst(t, n)
+	_, err := tr.Write(context.Background(), src, f.remote(n))
+	require.NoError(t, err)
+	dst, _ := hostDst(t, n)
+	_, err = tr.Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	require.Equal(t, 2, f.cli.CacheStats().Live)
+
+	f.stale.Store(true)
+	_, err = tr.Read(context.Background(), f.remote(n), dst)
+	require.ErrorIs(t, err, fabric.ErrStaleRef)
+	s := f.cli.CacheStats()
+	assert.Zero(t, s.Live, "the push mapping of the stale incarnation went too")
+	assert.EqualValues(t, 1, s.Pull.Revoked)
+	assert.EqualValues(t, 1, s.Push.Revoked)
+	assert.EqualValues(t, 2, s.Unmapped)
+	_, err = tr.Write(context.Background(), src, f.remote(n))
+	require.ErrorIs(t, err, fabric.ErrStaleRef)
 }
