@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -117,5 +118,33 @@ func TestWritePlots(t *testing.T) {
 	b, err := os.ReadFile(files[0])
 	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Fatalf("not a PNG: %v", err)
+	}
+}
+
+func TestCheckGoals(t *testing.T) {
+	recs := []Record{
+		rec(PathTCP, 64<<20, 1, BaseRawTCP, 1.2),
+		rec(PathTCP, 1<<30, 1, BaseRawTCP, 0.8),
+		rec(PathTCP, 1<<20, 1, BaseRawTCP, 0.3),  // too small: latency-bound, no goal
+		rec(PathTCP, 64<<20, 8, BaseRawTCP, 0.1), // 8 in flight: no goal
+		rec(PathTCP, 64<<20, 1, BaseLibp2p, 3),   // another baseline
+		rec(PathSHM, 64<<20, 1, BaseMemcpy, 0.71),
+	}
+	got := CheckGoals(recs)
+	if len(got) != 3 {
+		t.Fatalf("want 3 judged cells, got %v", got)
+	}
+	if !got[0].Met || got[0].Path != PathSHM {
+		t.Errorf("shm 0.71 meets 0.7: %v", got[0])
+	}
+	if !got[1].Met || got[2].Met {
+		t.Errorf("tcp 1.2 meets 0.9, 0.8 does not: %v %v", got[1], got[2])
+	}
+	var md strings.Builder
+	if err := WriteMarkdown(&md, Result{Records: recs}.File()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "## Fabric goals") || !strings.Contains(md.String(), "**not met**") {
+		t.Errorf("report lacks the goals:\n%s", md.String())
 	}
 }

@@ -39,6 +39,12 @@ func WriteTable(w io.Writer, recs []Record) error {
 			return err
 		}
 	}
+	if goals := CheckGoals(recs); len(goals) > 0 {
+		fmt.Fprintln(w, "\nfabric goals (one in flight, bandwidth-bound sizes):")
+		for _, g := range goals {
+			fmt.Fprintf(w, "  %s\n", g)
+		}
+	}
 	var other []string
 	for _, r := range recs {
 		if !r.Measured() {
@@ -80,6 +86,16 @@ func WriteMarkdown(w io.Writer, f File, plots ...string) error {
 				fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %s |\n", r.Path, SizeString(r.Size), r.P50us, r.P99us,
 					r.Baseline, r.BaselineP50us, r.BaselineP99us, ratioString(r.Ratio))
 			}
+		}
+	}
+	if goals := CheckGoals(f.Records); len(goals) > 0 {
+		b.WriteString("\n## Fabric goals\n\nOne transfer in flight, at sizes where the path is bandwidth-bound.\n\n| path | mode | size | baseline | goal | ratio | |\n|---|---|---:|---|---:|---:|---|\n")
+		for _, g := range goals {
+			verdict := "met"
+			if !g.Met {
+				verdict = "**not met**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | >= %.2f | %.2f | %s |\n", g.Path, g.Mode, SizeString(g.Size), g.Baseline, g.Min, g.Ratio, verdict)
 		}
 	}
 	if len(plots) > 0 {
