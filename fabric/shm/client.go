@@ -467,9 +467,12 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	}
 	obj := m.bytes()[r.Offset : r.Offset+r.Length]
 	if key.push {
-		err = guardedCopy(ctx, obj, p, c.cfg.ChunkSize)
+		// A push writes into the reader's memory: between chunks, stop as
+		// soon as the owner has dropped the connection (it unpins the sink
+		// right after, and the pages may then belong to something else).
+		err = guardedCopy(ctx, obj, p, c.cfg.ChunkSize, func() error { return peerOpen(pc.c) })
 	} else {
-		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize)
+		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
 	}
 	if err != nil {
 		return err

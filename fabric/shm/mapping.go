@@ -45,10 +45,11 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 	return data, base, nil
 }
 
-// guardedCopy copies from into to in chunks, checking ctx between them.
-// The shared file can shrink under us (a peer that truncates its arena);
-// the resulting SIGBUS becomes an error instead of killing the process.
-func guardedCopy(ctx context.Context, to, from []byte, chunk int) (err error) {
+// guardedCopy copies from into to in chunks, checking ctx between them,
+// and check too when it is not nil. The shared file can shrink under us (a
+// peer that truncates its arena); the resulting SIGBUS becomes an error
+// instead of killing the process.
+func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) (err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -63,6 +64,11 @@ func guardedCopy(ctx context.Context, to, from []byte, chunk int) (err error) {
 	for off := 0; off < len(from); off += chunk {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
 		}
 		copy(to[off:], from[off:min(off+chunk, len(from))])
 	}

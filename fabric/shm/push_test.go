@@ -5,6 +5,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,9 +23,12 @@ type sinkFixture struct {
 	stale atomic.Bool  // the owner reset: every claim is stale
 }
 
-func newSinkFixture(t *testing.T, size int64) *sinkFixture {
+func newSinkFixture(t *testing.T, size int64, mutate ...func(*ServerConfig, *Config)) *sinkFixture {
 	sf := &sinkFixture{}
 	sf.fixture = newFixture(t, size, func(s *ServerConfig, c *Config) {
+		for _, m := range mutate {
+			m(s, c)
+		}
 		inner := s.Source
 		s.Source = fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if sf.stale.Load() {
@@ -222,4 +226,41 @@ func TestStaleIncarnation(t *testing.T) {
 	assert.EqualValues(t, 2, s.Unmapped)
 	_, err = tr.Write(context.Background(), src, f.remote(n))
 	require.ErrorIs(t, err, fabric.ErrStaleRef)
+}
+
+// TestPushHoldTimeout: a pusher held up between the grant and its copy
+// past the owner's HoldTimeout writes nothing: the owner dropped the
+// connection and unpinned the sink, and the push checks the connection
+// before every chunk it writes.
+func TestPushHoldTimeout(t *testing.T) {
+	const n = 1 << 20
+	f := newSinkFixture(t, n, func(s *ServerConfig, c *Config) {
+		s.HoldTimeout = 50 * time.Millisecond
+		c.ChunkSize = 64 << 10
+	})
+	src, p := hostDst(t, n)
+	fillPattern(p, 0x3c)
+	before := append([]byte(nil), f.data...)
+	hold, mapped := make(chan struct{}), make(chan struct{})
+	f.cli.afterMap = func() { close(mapped); <-hold }
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.cli.SHM().Write(context.Background(), src, f.remote(n))
+		done <- err
+	}()
+	<-mapped
+	deadline := time.Now().Add(30 * time.Second)
+	for f.srv.connCount() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, f.srv.connCount(), "the owner kept a connection past HoldTimeout")
+	close(hold)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, fabric.ErrPeerClosed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("HUNG")
+	}
+	f.cli.afterMap = nil
+	assert.Equal(t, before, f.data, "a push wrote into a sink its owner had unpinned")
 }

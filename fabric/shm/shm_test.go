@@ -345,7 +345,7 @@ func TestGuardedCopyFault(t *testing.T) {
 	require.Zero(t, base)
 	defer unix.Munmap(data)
 	require.NoError(t, unix.Ftruncate(fd, 0))
-	err = guardedCopy(context.Background(), make([]byte, n), data, 64<<10)
+	err = guardedCopy(context.Background(), make([]byte, n), data, 64<<10, nil)
 	require.ErrorIs(t, err, fabric.ErrCorrupt)
 }
 
