@@ -161,6 +161,14 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	if err := ctx.Err(); err != nil {
 		return fabric.Stats{}, err
 	}
+	if src.Length > t.cfg.SliceSize {
+		// Start connecting every rail now, so their handshakes overlap the
+		// control exchange instead of a first large transfer running on
+		// the one rail that resolved it.
+		for _, r := range rails[1:] {
+			t.ready(r)
+		}
+	}
 	sess, err := t.resolve(ctx, rails, src, push)
 	if err != nil {
 		return fabric.Stats{}, err

@@ -12,11 +12,15 @@
 // WRITE requests straight from and into registered memory after checking
 // the key, the access rights and the range against its registration
 // table: a wrong or revoked key gets a remote access error completion,
-// never data. Every frame is checksummed with CRC-32C and a corrupt frame
-// breaks the queue pair before its payload touches registered memory.
+// never data. Every frame header is checksummed (CRC-32) and checked
+// before anything acts on it; payloads move straight between the socket
+// and registered memory, as a NIC's DMA would, and are checked against
+// their own CRC-32 once in: a corrupt payload fails its work request and
+// breaks the queue pair.
 //
-// What is emulated is the NIC: the copies are made by the host CPU (one
-// into a staging chunk on each side, so that a deregistration waits for at
-// most one chunk and nothing is touched after it returns), where real
-// hardware would DMA.
+// What is emulated is the NIC, on the host CPU. No staging copies: a
+// deregistration waits for the socket transfers in progress on its region
+// (each at most one chunk, Config.ChunkSize) and aborts those that take
+// longer than a short grace (their queue pair breaks), so nothing touches
+// the region after it returns.
 package softrdma

@@ -14,10 +14,17 @@ import (
 // Every message on a queue pair's connection is one frame:
 //
 //	magic (1) = 0xD7 | op (1) | status (1) | flags (1) | id (8) | rkey (4) |
-//	addr (8) | length (4) | payload length (4) | payload | crc32c (4)
+//	addr (8) | length (4) | payload length (4) | header crc32 (4) |
+//	payload | payload crc32 (4)
 //
-// The CRC-32C covers the header and the payload, so a flipped bit anywhere
-// is caught before the payload touches registered memory.
+// The header has its own CRC-32, checked before anything acts on it, so
+// a flipped bit in a key, address or id never steers a payload anywhere.
+// The payload's CRC-32 (seeded with the header's, which binds the payload
+// to its header) is checked once the payload is in: the receivers of data
+// frames read payloads straight into registered memory (no staging copy,
+// like a NIC's DMA) and a mismatch fails the work request, whose
+// destination bytes are then undefined, as after any failed RDMA
+// operation; the queue pair breaks and the transport moves the slice.
 //
 //	opReadReq   requester: READ length bytes at (rkey, addr); no payload
 //	opReadResp  responder: a chunk of the data; addr = offset within the
@@ -29,7 +36,7 @@ import (
 //	opCallResp  responder: its answer (status != 0: the payload is the error)
 const (
 	frameMagic  = 0xD7
-	headerLen   = 32
+	headerLen   = 36
 	trailerLen  = 4
 	MaxPayload  = 1 << 20  // the largest payload a decoder accepts
 	MaxMessage  = 64 << 10 // the largest Call message
@@ -42,7 +49,13 @@ const (
 	opCallResp  = 6
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// The checksum is CRC-32 with the IEEE polynomial rather than CRC-32C:
+// both catch every burst of up to 32 flipped bits, but Go computes the
+// IEEE one with carry-less multiplies (PCLMULQDQ, VPCLMULQDQ on AVX-512),
+// about 3.5x faster than CRC-32C's SSE 4.2 path on payloads that are not
+// in cache (18 vs 5 GB/s per core on the dev machines' EPYCs), and the
+// checksum is the provider's largest CPU cost after the socket copies.
+var frameTable = crc32.IEEETable
 
 type frame struct {
 	op, status, flags byte
@@ -60,6 +73,7 @@ func (f *frame) putHeader(h *[headerLen]byte) {
 	binary.BigEndian.PutUint64(h[16:], f.addr)
 	binary.BigEndian.PutUint32(h[24:], f.length)
 	binary.BigEndian.PutUint32(h[28:], f.payloadLen)
+	binary.BigEndian.PutUint32(h[32:], crc32.ChecksumIEEE(h[:32]))
 }
 
 // parseHeader checks the fixed fields of a header.
@@ -72,6 +86,8 @@ func parseHeader(h []byte) (frame, error) {
 		rkey: binary.BigEndian.Uint32(h[12:]), addr: binary.BigEndian.Uint64(h[16:]),
 		length: binary.BigEndian.Uint32(h[24:]), payloadLen: binary.BigEndian.Uint32(h[28:])}
 	switch {
+	case crc32.ChecksumIEEE(h[:32]) != binary.BigEndian.Uint32(h[32:]):
+		return frame{}, fmt.Errorf("%w: frame header checksum mismatch", fabric.ErrCorrupt)
 	case h[0] != frameMagic:
 		return frame{}, fmt.Errorf("%w: bad frame magic %#x", fabric.ErrCorrupt, h[0])
 	case f.op < opReadReq || f.op > opCallResp:
@@ -84,8 +100,9 @@ func parseHeader(h []byte) (frame, error) {
 	return f, nil
 }
 
+// checksum is the payload's CRC-32, seeded with the header's.
 func checksum(h *[headerLen]byte, payload []byte) uint32 {
-	return crc32.Update(crc32.Checksum(h[:], castagnoli), castagnoli, payload)
+	return crc32.Update(binary.BigEndian.Uint32(h[32:]), frameTable, payload)
 }
 
 // decodeFrame decodes one frame from the start of p, returning it, its
@@ -119,25 +136,39 @@ func appendFrame(dst []byte, f frame, payload []byte) []byte {
 	return binary.BigEndian.AppendUint32(dst, checksum(&h, payload))
 }
 
-// readFrame reads one frame into buf (cap >= MaxPayload) and returns it with
-// its payload, a prefix of buf.
+// readFrame reads one frame into buf (cap >= MaxPayload+trailerLen) and
+// returns it with its payload, a prefix of buf.
 func readFrame(r io.Reader, h *[headerLen]byte, buf []byte) (frame, []byte, error) {
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return frame{}, nil, err
-	}
-	f, err := parseHeader(h[:])
+	f, err := readHeader(r, h)
 	if err != nil {
 		return frame{}, nil, err
 	}
-	p := buf[:int(f.payloadLen)+trailerLen]
-	if _, err := io.ReadFull(r, p); err != nil {
-		return frame{}, nil, err
+	payload := buf[:f.payloadLen]
+	return f, payload, readPayload(r, h, f, payload)
+}
+
+// readHeader reads and checks one frame header.
+func readHeader(r io.Reader, h *[headerLen]byte) (frame, error) {
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return frame{}, err
 	}
-	payload := p[:f.payloadLen]
-	if checksum(h, payload) != binary.BigEndian.Uint32(p[f.payloadLen:]) {
-		return frame{}, nil, fmt.Errorf("%w: frame checksum mismatch (op %d, id %d)", fabric.ErrCorrupt, f.op, f.id)
+	return parseHeader(h[:])
+}
+
+// readPayload reads the payload of the frame whose header is h into dst
+// (len(dst) == f.payloadLen) and checks it against its trailer.
+func readPayload(r io.Reader, h *[headerLen]byte, f frame, dst []byte) error {
+	if _, err := io.ReadFull(r, dst); err != nil {
+		return err
 	}
-	return f, payload, nil
+	var t [trailerLen]byte
+	if _, err := io.ReadFull(r, t[:]); err != nil {
+		return err
+	}
+	if checksum(h, dst) != binary.BigEndian.Uint32(t[:]) {
+		return fmt.Errorf("%w: frame checksum mismatch (op %d, id %d)", fabric.ErrCorrupt, f.op, f.id)
+	}
+	return nil
 }
 
 // writeFrame writes a frame with one writev: header, payload straight from

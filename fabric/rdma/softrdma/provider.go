@@ -38,7 +38,7 @@ type NIC struct {
 type Config struct {
 	NICs []NIC
 	// ChunkSize is the largest payload of one data frame, the unit of
-	// checksumming and of the staging copies; default 1 MiB (fewer frames
+	// checksumming and of one socket write; default 1 MiB (fewer frames
 	// and syscalls per byte), at most MaxPayload.
 	ChunkSize int
 	// HandshakeTimeout bounds authenticating an accepted queue pair;
@@ -252,7 +252,9 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	return &qp{pd: p, cq: q, cfg: cfg, pending: map[uint64]*pendingWR{}, calls: map[uint64]chan callResult{}}, nil
+	qp := &qp{pd: p, cq: q, cfg: cfg, pending: map[uint64]*pendingWR{}, calls: map[uint64]chan callResult{}}
+	qp.abort = func() { qp.fail(errAborted, rdma.StatusFlushed) }
+	return qp, nil
 }
 
 // Close deregisters the domain's regions.
@@ -275,6 +277,12 @@ func (p *pd) Close() error {
 // mr is a registration. Every access by the provider holds mu for reading
 // and checks dead, so Deregister (which takes it for writing) waits for
 // accesses in progress and none happens after it returns.
+//
+// Data frames move straight between the socket and the region (access),
+// so an access may block on the network. An access that still holds the
+// region ioGrace after Deregister began is aborted (its queue pair's
+// connection is closed), which bounds Deregister by ioGrace instead of by
+// a stalled peer's timeout.
 type mr struct {
 	pd         *pd
 	buf        []byte
@@ -284,7 +292,15 @@ type mr struct {
 
 	mu   sync.RWMutex
 	dead bool
+
+	amu    sync.Mutex
+	dying  bool            // Deregister began: no new access starts
+	aborts map[*func()]int // accesses in progress: how to abort each
 }
+
+// ioGrace is how long Deregister lets an access in progress finish before
+// aborting it.
+const ioGrace = 250 * time.Millisecond
 
 func (m *mr) LKey() uint32 { return m.lkey }
 func (m *mr) RKey() uint32 { return m.rkey }
@@ -292,6 +308,14 @@ func (m *mr) Addr() uint64 { return m.addr }
 func (m *mr) Len() int     { return len(m.buf) }
 
 func (m *mr) Deregister() error {
+	m.amu.Lock()
+	m.dying = true
+	busy := len(m.aborts) > 0
+	m.amu.Unlock()
+	if busy {
+		t := time.AfterFunc(ioGrace, m.abortAccesses)
+		defer t.Stop()
+	}
 	m.mu.Lock()
 	was := m.dead
 	m.dead = true
@@ -311,6 +335,14 @@ func (m *mr) Deregister() error {
 	return nil
 }
 
+func (m *mr) abortAccesses() {
+	m.amu.Lock()
+	defer m.amu.Unlock()
+	for abort := range m.aborts {
+		(*abort)()
+	}
+}
+
 // span returns the offset of [addr, addr+n) inside the region, or false.
 func (m *mr) span(addr uint64, n uint64) (int, bool) {
 	if addr < m.addr || n > uint64(len(m.buf)) || addr-m.addr > uint64(len(m.buf))-n {
@@ -319,29 +351,35 @@ func (m *mr) span(addr uint64, n uint64) (int, bool) {
 	return int(addr - m.addr), true
 }
 
-// copyOut copies region bytes at addr into p; false if the region is gone
-// or the range is outside it.
-func (m *mr) copyOut(p []byte, addr uint64) bool {
+// io runs fn on the region's bytes [addr, addr+n) with the region held
+// against Deregister; fn may block on a socket, which *abort (called at
+// most once, from another goroutine, when Deregister has waited ioGrace)
+// must unblock. It returns false without calling fn if the region is gone
+// or the range lies outside it; otherwise fn's error.
+func (m *mr) io(addr uint64, n int, abort *func(), fn func(p []byte) error) (bool, error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	off, ok := m.span(addr, uint64(len(p)))
+	off, ok := m.span(addr, uint64(n))
 	if m.dead || !ok {
-		return false
+		return false, nil
 	}
-	copy(p, m.buf[off:])
-	return true
-}
-
-// copyIn copies p into the region at addr.
-func (m *mr) copyIn(addr uint64, p []byte) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	off, ok := m.span(addr, uint64(len(p)))
-	if m.dead || !ok {
-		return false
+	m.amu.Lock()
+	if m.dying {
+		m.amu.Unlock()
+		return false, nil
 	}
-	copy(m.buf[off:], p)
-	return true
+	if m.aborts == nil {
+		m.aborts = map[*func()]int{}
+	}
+	m.aborts[abort]++
+	m.amu.Unlock()
+	err := fn(m.buf[off : off+n])
+	m.amu.Lock()
+	if m.aborts[abort]--; m.aborts[abort] == 0 {
+		delete(m.aborts, abort)
+	}
+	m.amu.Unlock()
+	return true, err
 }
 
 func (d *device) remoteMR(rkey uint32, need rdma.Access) (*mr, bool) {

@@ -33,6 +33,9 @@ type qp struct {
 	sendq   chan outbound
 	done    chan struct{}
 	wg      sync.WaitGroup
+	// abort breaks the queue pair: Deregister calls it when a local
+	// region it revokes is held by a transfer that does not finish.
+	abort func()
 }
 
 type pendingWR struct {
@@ -56,7 +59,11 @@ type callResult struct {
 	err error
 }
 
-var errQPClosed = fmt.Errorf("softrdma: queue pair closed: %w", fabric.ErrClosed)
+var (
+	errQPClosed = fmt.Errorf("softrdma: queue pair closed: %w", fabric.ErrClosed)
+	errAborted  = fmt.Errorf("%w: softrdma: queue pair broken: a local region was deregistered under a transfer that did not finish within %v",
+		fabric.ErrPeerClosed, ioGrace)
+)
 
 // Connect dials the remote NIC from this device's address and runs the
 // peerauth handshake.
@@ -274,8 +281,7 @@ func (q *qp) fail(err error, status rdma.Status) {
 
 func (q *qp) send() {
 	defer q.wg.Done()
-	staging := make([]byte, q.pd.dev.p.cfg.ChunkSize)
-	w := bufio.NewWriterSize(q.conn, 64<<10)
+	w := bufio.NewWriterSize(q.conn, 32<<10)
 	for {
 		var o outbound
 		select {
@@ -291,7 +297,7 @@ func (q *qp) send() {
 		case opCall:
 			err = writeFrame(w, frame{op: opCall, id: o.id}, o.body, false)
 		case opWriteReq:
-			err = q.sendWrite(w, o, staging)
+			err = q.sendWrite(w, o)
 		}
 		if err == nil && len(q.sendq) == 0 {
 			err = w.Flush()
@@ -303,32 +309,35 @@ func (q *qp) send() {
 	}
 }
 
-// sendWrite sends a WRITE as checksummed chunks copied out of the local
-// region (which may be deregistered meanwhile: then the WRITE fails
+// sendWrite sends a WRITE as checksummed chunks written straight from the
+// local region (which may be deregistered meanwhile: then the WRITE fails
 // locally and the remote is told to drop what it got).
-func (q *qp) sendWrite(w *bufio.Writer, o outbound, staging []byte) error {
+func (q *qp) sendWrite(w *bufio.Writer, o outbound) error {
 	n := o.wr.Length
+	chunkSize := uint32(q.pd.dev.p.cfg.ChunkSize)
 	for off := uint32(0); off < n || n == 0; {
-		c := min(n-off, uint32(len(staging)))
-		chunk := staging[:c]
-		if !o.mr.copyOut(chunk, o.wr.LocalAddr+uint64(off)) {
-			q.complete(o.id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
-			// An empty last chunk with a bad key ends the request remotely.
-			return writeFrame(w, frame{op: opWriteReq, id: o.id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
-		}
+		c := min(n-off, chunkSize)
 		f := frame{op: opWriteReq, id: o.id, rkey: o.wr.RKey, addr: o.wr.RemoteAddr + uint64(off), length: n}
 		if off+c == n {
 			f.flags = flagLast
 		}
-		if len(chunk) >= directWrite {
-			if err := w.Flush(); err != nil {
-				return err
+		ok, err := o.mr.io(o.wr.LocalAddr+uint64(off), int(c), &q.abort, func(chunk []byte) error {
+			if len(chunk) >= directWrite {
+				// One writev straight from the region: no copy.
+				if err := w.Flush(); err != nil {
+					return err
+				}
+				return writeFrame(q.conn, f, chunk, false)
 			}
-			if err := writeFrame(q.conn, f, chunk, false); err != nil {
-				return err
-			}
-		} else if err := writeFrame(w, f, chunk, false); err != nil {
+			return writeFrame(w, f, chunk, false)
+		})
+		if err != nil {
 			return err
+		}
+		if !ok {
+			q.complete(o.id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
+			// An empty last chunk with a bad key ends the request remotely.
+			return writeFrame(w, frame{op: opWriteReq, id: o.id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
 		}
 		off += c
 		if n == 0 {
@@ -360,25 +369,35 @@ func (q *qp) complete(id uint64, status rdma.Status, err error) {
 
 func (q *qp) receive() {
 	defer q.wg.Done()
-	r := bufio.NewReaderSize(q.conn, 64<<10)
-	buf := make([]byte, MaxPayload+trailerLen)
+	// Data payloads bypass the buffer (ReadFull into a region reads
+	// straight from the socket once the buffer is drained): it only saves
+	// syscalls on headers and small frames.
+	r := bufio.NewReaderSize(q.conn, 32<<10)
+	buf := make([]byte, MaxPayload)
 	var h [headerLen]byte
 	for {
-		f, payload, err := readFrame(r, &h, buf)
+		f, err := readHeader(r, &h)
 		if err != nil {
-			var ne net.Error
-			switch {
-			case errors.As(err, &ne) && ne.Timeout():
-				q.fail(fmt.Errorf("%w: softrdma: no progress from the remote for %v", fabric.ErrStalled, q.cfg.Timeout), rdma.StatusRetryExceeded)
-			case errors.Is(err, fabric.ErrCorrupt):
-				q.fail(err, rdma.StatusCorrupt)
-			default:
-				q.fail(fmt.Errorf("%w: softrdma: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
-			}
+			q.broken(err)
 			return
 		}
-		if err := q.dispatch(f, payload); err != nil {
-			q.fail(err, rdma.StatusRemoteInvalid)
+		if f.op == opReadResp && f.status == 0 {
+			err = q.receiveRead(r, &h, f, buf)
+		} else {
+			payload := buf[:f.payloadLen]
+			if err = readPayload(r, &h, f, payload); err != nil {
+				q.broken(err)
+				return
+			}
+			err = q.dispatch(f, payload)
+		}
+		if err != nil {
+			var io ioError
+			if errors.As(err, &io) {
+				q.broken(io.error)
+			} else {
+				q.fail(err, rdma.StatusRemoteInvalid)
+			}
 			return
 		}
 		q.mu.Lock()
@@ -387,6 +406,68 @@ func (q *qp) receive() {
 		}
 		q.mu.Unlock()
 	}
+}
+
+// ioError marks a failure to read the connection (as opposed to a remote
+// that broke the protocol).
+type ioError struct{ error }
+
+// broken fails the queue pair after a failed read of its connection.
+func (q *qp) broken(err error) {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		q.fail(fmt.Errorf("%w: softrdma: no progress from the remote for %v", fabric.ErrStalled, q.cfg.Timeout), rdma.StatusRetryExceeded)
+	case errors.Is(err, fabric.ErrCorrupt):
+		q.fail(err, rdma.StatusCorrupt)
+	default:
+		q.fail(fmt.Errorf("%w: softrdma: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
+	}
+}
+
+// receiveRead reads one data chunk of a READ straight into the local
+// region it is for (the NIC's DMA), then checks its checksum; a chunk
+// whose region is gone is read and dropped.
+func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byte) error {
+	q.mu.Lock()
+	p := q.pending[f.id]
+	q.mu.Unlock()
+	if p == nil || p.op != rdma.OpRead {
+		return fmt.Errorf("%w: softrdma: READ response for unknown request %d", fabric.ErrCorrupt, f.id)
+	}
+	if f.addr != uint64(p.got) || uint64(f.payloadLen) > uint64(p.wr.Length-p.got) {
+		return fmt.Errorf("%w: softrdma: READ chunk at %d+%d, expected %d of %d", fabric.ErrCorrupt, f.addr, f.payloadLen, p.got, p.wr.Length)
+	}
+	landed := false
+	if p.fail == 0 {
+		ok, err := p.local.io(p.wr.LocalAddr+uint64(p.got), int(f.payloadLen), &q.abort, func(dst []byte) error {
+			return readPayload(r, h, f, dst)
+		})
+		if err != nil {
+			return ioError{err}
+		}
+		if !ok {
+			p.fail = rdma.StatusLocalProtection // keep consuming the chunks
+		}
+		landed = ok
+	}
+	if !landed {
+		if err := readPayload(r, h, f, buf[:f.payloadLen]); err != nil {
+			return ioError{err}
+		}
+	}
+	p.got += f.payloadLen
+	if f.flags&flagLast != 0 {
+		switch {
+		case p.got != p.wr.Length:
+			return fmt.Errorf("%w: softrdma: READ ended after %d of %d bytes", fabric.ErrCorrupt, p.got, p.wr.Length)
+		case p.fail != 0:
+			q.complete(f.id, p.fail, errors.New("softrdma: local region deregistered during a READ"))
+		default:
+			q.complete(f.id, rdma.StatusSuccess, nil)
+		}
+	}
+	return nil
 }
 
 func (q *qp) dispatch(f frame, payload []byte) error {
@@ -408,34 +489,14 @@ func (q *qp) dispatch(f frame, payload []byte) error {
 	case opWriteResp:
 		q.complete(f.id, rdma.Status(f.status), statusErr(rdma.Status(f.status)))
 		return nil
-	case opReadResp:
+	case opReadResp: // a failure status (data chunks go to receiveRead)
 		q.mu.Lock()
 		p := q.pending[f.id]
 		q.mu.Unlock()
 		if p == nil || p.op != rdma.OpRead {
 			return fmt.Errorf("%w: softrdma: READ response for unknown request %d", fabric.ErrCorrupt, f.id)
 		}
-		if f.status != 0 {
-			q.complete(f.id, rdma.Status(f.status), statusErr(rdma.Status(f.status)))
-			return nil
-		}
-		if f.addr != uint64(p.got) || uint64(len(payload)) > uint64(p.wr.Length-p.got) {
-			return fmt.Errorf("%w: softrdma: READ chunk at %d+%d, expected %d of %d", fabric.ErrCorrupt, f.addr, len(payload), p.got, p.wr.Length)
-		}
-		if p.fail == 0 && !p.local.copyIn(p.wr.LocalAddr+uint64(p.got), payload) {
-			p.fail = rdma.StatusLocalProtection // keep consuming the chunks
-		}
-		p.got += uint32(len(payload))
-		if f.flags&flagLast != 0 {
-			switch {
-			case p.got != p.wr.Length:
-				return fmt.Errorf("%w: softrdma: READ ended after %d of %d bytes", fabric.ErrCorrupt, p.got, p.wr.Length)
-			case p.fail != 0:
-				q.complete(f.id, p.fail, errors.New("softrdma: local region deregistered during a READ"))
-			default:
-				q.complete(f.id, rdma.StatusSuccess, nil)
-			}
-		}
+		q.complete(f.id, rdma.Status(f.status), statusErr(rdma.Status(f.status)))
 		return nil
 	}
 	return fmt.Errorf("%w: softrdma: unexpected op %d from the responder", fabric.ErrCorrupt, f.op)

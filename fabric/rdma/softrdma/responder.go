@@ -33,6 +33,9 @@ type responder struct {
 	wmu    sync.Mutex // one frame at a time
 	w      *bufio.Writer
 	writes map[uint64]rdma.Status // WRITE requests in progress: first failure
+	// abort drops the queue pair: Deregister calls it when a region it
+	// revokes is held by a transfer that does not finish.
+	abort func()
 }
 
 func (d *device) accept() {
@@ -50,6 +53,7 @@ func (d *device) accept() {
 		}
 		d.nextQP++
 		r := &responder{dev: d, conn: c, id: rdma.RemoteQP{ID: d.nextQP}, writes: map[uint64]rdma.Status{}}
+		r.abort = func() { r.conn.Close() }
 		d.conns[r] = struct{}{}
 		d.wg.Add(1)
 		d.mu.Unlock()
@@ -78,7 +82,7 @@ func (r *responder) serve() {
 	}
 	r.conn.SetDeadline(time.Time{})
 	r.id.Peer = who
-	r.w = bufio.NewWriterSize(r.conn, 64<<10)
+	r.w = bufio.NewWriterSize(r.conn, 32<<10)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var handlers sync.WaitGroup
@@ -92,12 +96,14 @@ func (r *responder) serve() {
 		}
 	}()
 
-	br := bufio.NewReaderSize(r.conn, 64<<10)
-	buf := make([]byte, MaxPayload+trailerLen)
-	staging := make([]byte, d.p.cfg.ChunkSize)
+	br := bufio.NewReaderSize(r.conn, 32<<10)
+	buf := make([]byte, MaxPayload)
 	var h [headerLen]byte
 	for {
-		f, payload, err := readFrame(br, &h, buf)
+		f, err := readHeader(br, &h)
+		if err == nil && f.op != opWriteReq {
+			err = readPayload(br, &h, f, buf[:f.payloadLen])
+		}
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				d.log.Debug("rdma queue pair ended", "peer", who, "err", err)
@@ -106,11 +112,11 @@ func (r *responder) serve() {
 		}
 		switch f.op {
 		case opReadReq:
-			err = r.serveRead(f, staging)
+			err = r.serveRead(f)
 		case opWriteReq:
-			err = r.serveWrite(f, payload)
+			err = r.serveWrite(br, &h, f, buf)
 		case opCall:
-			msg := append([]byte(nil), payload...)
+			msg := append([]byte(nil), buf[:f.payloadLen]...)
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -127,7 +133,7 @@ func (r *responder) serve() {
 			return
 		}
 		if err != nil {
-			d.log.Debug("rdma queue pair write failed", "peer", who, "err", err)
+			d.log.Debug("rdma queue pair failed", "peer", who, "err", err)
 			return
 		}
 	}
@@ -151,10 +157,11 @@ func (r *responder) send(f frame, payload []byte, corrupt bool) error {
 	return r.w.Flush()
 }
 
-// serveRead streams the requested bytes in checksummed chunks, each copied
-// out of the region under its lock, so a deregistration mid-way stops the
-// stream with a remote access error and never exposes later bytes.
-func (r *responder) serveRead(f frame, staging []byte) error {
+// serveRead streams the requested bytes in checksummed chunks, each
+// checksummed and written straight from the region (no staging copy)
+// while the region is held, so a deregistration stops the stream with a
+// remote access error and never exposes later bytes.
+func (r *responder) serveRead(f frame) error {
 	m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteRead)
 	if ok {
 		_, ok = m.span(f.addr, uint64(f.length))
@@ -162,19 +169,22 @@ func (r *responder) serveRead(f frame, staging []byte) error {
 	if !ok {
 		return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
 	}
+	chunkSize := uint32(r.dev.p.cfg.ChunkSize)
 	for off := uint32(0); off < f.length || f.length == 0; {
-		c := min(f.length-off, uint32(len(staging)))
-		chunk := staging[:c]
-		if !m.copyOut(chunk, f.addr+uint64(off)) {
-			return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
-		}
+		c := min(f.length-off, chunkSize)
 		out := frame{op: opReadResp, id: f.id, addr: uint64(off)}
 		if off+c == f.length {
 			out.flags = flagLast
 		}
 		corrupt := c > 0 && r.dev.p.corrupt.CompareAndSwap(true, false)
-		if err := r.send(out, chunk, corrupt); err != nil {
+		ok, err := m.io(f.addr+uint64(off), int(c), &r.abort, func(chunk []byte) error {
+			return r.send(out, chunk, corrupt)
+		})
+		if err != nil {
 			return err
+		}
+		if !ok {
+			return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
 		}
 		if f.length == 0 {
 			break
@@ -184,14 +194,33 @@ func (r *responder) serveRead(f frame, staging []byte) error {
 	return nil
 }
 
-// serveWrite applies one chunk of a WRITE; the status goes back after the
-// last chunk. A chunk with a bad key or range poisons the whole request.
-func (r *responder) serveWrite(f frame, payload []byte) error {
+// serveWrite receives one chunk of a WRITE straight into the region (the
+// NIC's DMA; the header was checked, the payload's checksum is checked
+// once it is in: a mismatch drops the queue pair, which fails the
+// request); the status goes back after the last chunk. A chunk with a bad
+// key or range poisons the whole request and is read and dropped.
+func (r *responder) serveWrite(br *bufio.Reader, h *[headerLen]byte, f frame, buf []byte) error {
 	st := r.writes[f.id]
+	landed := false
 	if st == rdma.StatusSuccess {
 		m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteWrite)
-		if !ok || !m.copyIn(f.addr, payload) {
+		if ok {
+			var err error
+			ok, err = m.io(f.addr, int(f.payloadLen), &r.abort, func(dst []byte) error {
+				return readPayload(br, h, f, dst)
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if !ok {
 			st = rdma.StatusRemoteAccess
+		}
+		landed = ok
+	}
+	if !landed {
+		if err := readPayload(br, h, f, buf[:f.payloadLen]); err != nil {
+			return err
 		}
 	}
 	if f.flags&flagLast == 0 {
