@@ -144,8 +144,13 @@ type link struct {
 	req     []byte
 }
 
+// readBuf is the link's read buffer: a status, a block header and a 4 KiB
+// payload arrive in one read, while the share of a large block's payload
+// that passes through the buffer (an extra copy) stays near 3%.
+const readBuf = 8 << 10
+
 func newLink(c net.Conn, stall time.Duration) *link {
-	return &link{Conn: c, r: bufio.NewReaderSize(c, 16384), stall: stall}
+	return &link{Conn: c, r: bufio.NewReaderSize(c, readBuf), stall: stall}
 }
 
 // armRead makes sure a read deadline at least stall away is set. Setting
