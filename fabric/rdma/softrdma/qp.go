@@ -30,20 +30,28 @@ type qp struct {
 	calls   map[uint64]chan callResult
 	seq     uint64
 	err     error // set once the queue pair broke or closed
-	sendq   chan outbound
-	done    chan struct{}
-	wg      sync.WaitGroup
+	status  rdma.Status
+	// receiving is the READ whose chunk the receiver is reading into its
+	// region: when the queue pair breaks meanwhile, its flush completion
+	// waits until the receiver is out of the region (late), so nothing
+	// writes a work request's memory after its completion.
+	receiving *pendingWR
+	sendq     chan outbound
+	done      chan struct{}
+	wg        sync.WaitGroup
 	// abort breaks the queue pair: Deregister calls it when a local
 	// region it revokes is held by a transfer that does not finish.
 	abort func()
 }
 
 type pendingWR struct {
+	seq   uint64 // wire id
 	wr    rdma.WorkRequest
 	op    rdma.Opcode
 	local *mr
 	got   uint32 // READ: bytes received so far
 	fail  rdma.Status
+	late  bool // flushed while receiving: the receiver completes it
 }
 
 type outbound struct {
@@ -180,7 +188,7 @@ func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 	}
 	q.seq++
 	id := q.seq
-	q.pending[id] = &pendingWR{wr: wr, op: opc, local: local}
+	q.pending[id] = &pendingWR{seq: id, wr: wr, op: opc, local: local}
 	q.armLocked()
 	q.sendq <- outbound{op: op, id: id, wr: wr, mr: local} // room: bounded by MaxOutstanding
 	return nil
@@ -263,12 +271,16 @@ func (q *qp) fail(err error, status rdma.Status) {
 		q.mu.Unlock()
 		return
 	}
-	q.err = err
+	q.err, q.status = err, status
 	pending, calls := q.pending, q.calls
 	q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
 	if q.conn != nil {
 		q.conn.Close()
 		close(q.done)
+	}
+	if p := q.receiving; p != nil && pending[p.seq] == p {
+		p.late = true
+		delete(pending, p.seq)
 	}
 	q.mu.Unlock()
 	for _, p := range pending {
@@ -431,10 +443,22 @@ func (q *qp) broken(err error) {
 func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byte) error {
 	q.mu.Lock()
 	p := q.pending[f.id]
+	if p != nil && p.op == rdma.OpRead {
+		q.receiving = p
+	}
 	q.mu.Unlock()
 	if p == nil || p.op != rdma.OpRead {
 		return fmt.Errorf("%w: softrdma: READ response for unknown request %d", fabric.ErrCorrupt, f.id)
 	}
+	defer func() {
+		q.mu.Lock()
+		q.receiving = nil
+		late, status, err := p.late, q.status, q.err
+		q.mu.Unlock()
+		if late {
+			q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+		}
+	}()
 	if f.addr != uint64(p.got) || uint64(f.payloadLen) > uint64(p.wr.Length-p.got) {
 		return fmt.Errorf("%w: softrdma: READ chunk at %d+%d, expected %d of %d", fabric.ErrCorrupt, f.addr, f.payloadLen, p.got, p.wr.Length)
 	}

@@ -586,3 +586,56 @@ func TestResponderDropsCorruptFrame(t *testing.T) {
 		t.Fatalf("%+v", wc)
 	}
 }
+
+// TestDeregisterAbortsStalledTransfer: a requester asks for a large READ
+// and stops reading, so the responder blocks writing straight from the
+// region. Deregister does not wait for the peer's timeout: after its
+// grace it drops that queue pair, and returns.
+func TestDeregisterAbortsStalledTransfer(t *testing.T) {
+	p := newPair(t, 32<<20, 0)
+	ck, _ := newKey(t)
+	c, err := net.Dial("tcp", p.server.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := peerauth.Client(c, ck, ""); err != nil {
+		t.Fatal(err)
+	}
+	req := appendFrame(nil, frame{op: opReadReq, id: 1, rkey: p.remote.RKey(), addr: p.remote.Addr(), length: 32 << 20}, nil)
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	// Read one chunk so the responder is surely in the stream, then stop.
+	var h [headerLen]byte
+	if _, err := readHeader(c, &h); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let the socket buffers fill
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		p.remote.Deregister()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Deregister waits on a requester that stopped reading")
+	}
+	t.Logf("Deregister returned after %v", time.Since(start))
+	select {
+	case <-p.handler.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled queue pair was not dropped")
+	}
+	// The well-behaved queue pair now gets access errors, never data.
+	if err := p.qp.PostRead(p.readWR(2, 0, 16)); err != nil {
+		t.Fatal(err)
+	}
+	if wc := p.wait(t); wc.Status != rdma.StatusRemoteAccess {
+		t.Fatalf("READ of a deregistered region: %+v", wc)
+	}
+}
