@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -94,4 +98,82 @@ func TestIdleConnectionOutlivesDeadlines(t *testing.T) {
 			assert.Equal(t, int64(1), dials.Load(), "one connection throughout")
 		})
 	}
+}
+
+// TestOwnerDropsStalledPeer: with deadlines no longer re-armed per
+// request, the owner still hangs up on a peer that stops mid-request
+// within its StallTimeout: one that sends half a request, a pusher that
+// stops sending blocks (after the go-ahead, or mid-block of a small push),
+// and a reader that stops reading.
+func TestOwnerDropsStalledPeer(t *testing.T) {
+	const stall = 100 * time.Millisecond
+	const big = 16 << 20
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := make(chan struct{}, 8)
+	var pf *pushFixture
+	pf = newPushFixtureWith(t, big, func(c *ServerConfig) {
+		c.Listener = closeWatch{ln, closed}
+		c.StallTimeout = stall
+		c.Source = fabric.SourceFunc(func(ctx context.Context, cl fabric.Claim) (tensor.Buffer, error) {
+			return nopRelease{pf.src}, nil // more than the socket buffers hold
+		})
+	})
+	push := func(n int64, flags byte) []byte {
+		return request{op: opWrite, claim: pf.target(0, n).Claim, length: n, flags: flags}.appendTo(nil)
+	}
+	read := request{op: opRead, claim: pf.remote(big).Claim, length: big}.appendTo(nil)
+	var hdr [headerSize]byte
+	tcodec.RawHeader(make([]byte, 4096)).Put(hdr[:])
+	for _, tc := range []struct {
+		name string
+		send []byte
+	}{
+		{"half a request", read[:len(read)/2]},
+		{"push stops after the go-ahead", push(1<<20, 0)},
+		{"small push stops mid-block", append(append(push(4096, flagEager), hdr[:]...), make([]byte, 100)...)},
+		{"reader stops reading", read},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, err := net.Dial("tcp", pf.srv.Addr())
+			require.NoError(t, err)
+			defer nc.Close()
+			nc.(*net.TCPConn).SetReadBuffer(4096) // a stopped reader's window closes early
+			k, _ := key(t)
+			_, err = peerauth.Client(nc, k, pf.ownerID)
+			require.NoError(t, err)
+			_, err = nc.Write(tc.send)
+			require.NoError(t, err)
+			select {
+			case <-closed:
+			case <-time.After(20 * time.Second): // far beyond the owner's deadline
+				t.Fatal("the owner kept the stalled connection")
+			}
+		})
+	}
+}
+
+// closeWatch reports each accepted connection's Close on closed.
+type closeWatch struct {
+	net.Listener
+	closed chan struct{}
+}
+
+func (l closeWatch) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &watchedConn{Conn: c, closed: l.closed}, nil
+}
+
+type watchedConn struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *watchedConn) Close() error {
+	c.once.Do(func() { c.closed <- struct{}{} })
+	return c.Conn.Close()
 }
