@@ -264,3 +264,28 @@ func TestPushHoldTimeout(t *testing.T) {
 	f.cli.afterMap = nil
 	assert.Equal(t, before, f.data, "a push wrote into a sink its owner had unpinned")
 }
+
+// TestPushSharesCacheLimits: push mappings count against the same limits
+// as read mappings, and are evicted (least recently used first) like them.
+func TestPushSharesCacheLimits(t *testing.T) {
+	const n = 64 << 10
+	f := newSinkFixture(t, n, func(s *ServerConfig, c *Config) { c.MaxMappings = 1 })
+	src, _ := hostDst(t, n)
+	_, err := f.cli.SHM().Write(context.Background(), src, f.remote(n))
+	require.NoError(t, err)
+	dst, got := hostDst(t, n)
+	_, err = f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	assert.Equal(t, f.data, got[:n])
+	s := f.cli.CacheStats()
+	assert.Equal(t, 1, s.Live)
+	assert.EqualValues(t, 1, s.Push.Evicted, "the read's mapping pushed the push mapping out")
+	assert.EqualValues(t, 1, s.Unmapped)
+	// The next push maps again: a miss, not a hit on a dropped mapping.
+	_, err = f.cli.SHM().Write(context.Background(), src, f.remote(n))
+	require.NoError(t, err)
+	s = f.cli.CacheStats()
+	assert.EqualValues(t, 2, s.Push.Mapped)
+	assert.Zero(t, s.Push.Hits)
+	assert.EqualValues(t, 1, s.Pull.Evicted)
+}
