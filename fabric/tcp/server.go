@@ -42,7 +42,8 @@ type ServerConfig struct {
 	// reads; default 256 KiB, at most 1 MiB.
 	ChunkSize int
 	// HandshakeTimeout bounds the authentication of a new connection and
-	// resolving a claim; default 10 s.
+	// resolving a claim (a resolution that overruns is cancelled within
+	// 1/8 of it more); default 10 s.
 	HandshakeTimeout time.Duration
 	// StallTimeout bounds how long a transfer may make no progress (a
 	// reader that stopped reading, a pusher that stopped sending); default
