@@ -371,7 +371,7 @@ func TestNamespacesControlRailCut(t *testing.T) {
 	}
 	// The owner's connection on rail 0 is still half open; the done went
 	// over rail 1.
-	if n := h.srv.Registrations(); n != 0 {
+	if n := waitRegistrations(h.srv); n != 0 {
 		t.Errorf("the owner still holds %d registrations after the read", n)
 	}
 	t.Logf("control rail cut: rail 1 finished; rail 0 paused %v times, %v slices moved",

@@ -204,9 +204,20 @@ func TestStripesOverAllRails(t *testing.T) {
 			t.Errorf("rail %s moved no bytes", rail)
 		}
 	}
-	if n := f.srv.Registrations(); n != 0 {
+	if n := waitRegistrations(f.srv); n != 0 {
 		t.Errorf("%d registrations left after the read", n)
 	}
+}
+
+// waitRegistrations waits (bounded) for the owner to hold no registration:
+// the reader releases it behind a transfer, not before the transfer
+// returns. It returns how many are left.
+func waitRegistrations(srv *rdma.Server) int {
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.Registrations() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	return srv.Registrations()
 }
 
 func TestSmallReadUsesOneRail(t *testing.T) {

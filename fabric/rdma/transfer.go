@@ -132,6 +132,23 @@ func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, id uint64) {
 	}
 }
 
+// releaseLater sends sendDone from a goroutine of the transport (Close
+// waits for it); after Close, closing the queue pairs releases the
+// owner's registrations instead.
+func (t *Transport) releaseLater(rails []*rail, r *rail, qp QueuePair, id uint64) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.wg.Done()
+		t.sendDone(rails, r, qp, id)
+	}()
+}
+
 type slice struct {
 	off, n   int64
 	attempts int
@@ -161,7 +178,7 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	if err := ctx.Err(); err != nil {
 		return fabric.Stats{}, err
 	}
-	if src.Length > t.cfg.SliceSize {
+	if src.Length > t.cfg.sliceSize(src.Length, len(rails)) {
 		// Start connecting every rail now, so their handshakes overlap the
 		// control exchange instead of a first large transfer running on
 		// the one rail that resolved it.
@@ -173,7 +190,9 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	defer func() { t.sendDone(rails, sess.rail, sess.qp, sess.id) }()
+	// The owner's pin is released behind the transfer: its end does not
+	// wait for another round trip.
+	defer func() { t.releaseLater(rails, sess.rail, sess.qp, sess.id) }()
 	stats := fabric.Stats{Transport: fabric.RDMA, Bytes: src.Length, Streams: 1}
 	if src.Length == 0 {
 		stats.Duration = time.Since(start)
@@ -190,25 +209,31 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 		}
 	}()
 	for _, r := range rails {
-		if _, ok := sess.keys[r.remote.NIC]; !ok {
-			continue
+		if _, ok := sess.keys[r.remote.NIC]; ok {
+			usable = append(usable, r)
 		}
-		if mrs[r.local] == nil {
-			m, err := r.local.pd.RegisterMemory(local, AccessLocalWrite)
-			if err != nil {
-				return fabric.Stats{}, fmt.Errorf("rdma: register the local buffer on %s: %w", r.local.name, err)
-			}
-			mrs[r.local] = m
-		}
-		usable = append(usable, r)
 	}
 	if len(usable) == 0 {
 		return fabric.Stats{}, fmt.Errorf("%w: the owner registered on no NIC this transport reaches", fabric.ErrNoPath)
 	}
+	// The local buffer is registered on a local NIC when a slice is first
+	// posted through it: a small transfer uses one rail, and registers once.
+	register := func(n *localNIC) (MemoryRegion, error) {
+		if m := mrs[n]; m != nil {
+			return m, nil
+		}
+		m, err := n.pd.RegisterMemory(local, AccessLocalWrite)
+		if err != nil {
+			return nil, fmt.Errorf("rdma: register the local buffer on %s: %w", n.name, err)
+		}
+		mrs[n] = m
+		return m, nil
+	}
 
 	var queue []*slice
-	for off := int64(0); off < src.Length; off += t.cfg.SliceSize {
-		queue = append(queue, &slice{off: off, n: min(t.cfg.SliceSize, src.Length-off)})
+	sliceSize := t.cfg.sliceSize(src.Length, len(usable))
+	for off := int64(0); off < src.Length; off += sliceSize {
+		queue = append(queue, &slice{off: off, n: min(sliceSize, src.Length-off)})
 	}
 	total, completed := len(queue), 0
 	maxAttempts := 2*len(usable) + 2
@@ -274,7 +299,10 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 				break
 			}
 			key := sess.keys[best.remote.NIC]
-			m := mrs[best.local]
+			m, err := register(best.local)
+			if err != nil {
+				return fabric.Stats{}, err
+			}
 			id, ok := t.register(ch)
 			if !ok {
 				return fabric.Stats{}, fabric.ErrClosed

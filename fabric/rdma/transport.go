@@ -39,7 +39,13 @@ type Config struct {
 	// tests and single-host setups); rdma is otherwise a cross-host path.
 	AllowLoopback bool
 	// SliceSize is the unit of striping: larger transfers are cut into
-	// slices spread over every rail; default 1 MiB.
+	// slices spread over every rail. Default: 1 MiB, growing with the
+	// transfer up to 8 MiB while every rail can still have MaxInFlight
+	// slices of it posted (fewer, larger requests: each slice costs a
+	// READ round trip and a completion; on eight loopback rails 64 MiB
+	// moves 5-15% faster in 2 MiB slices than in 1 MiB ones, and more in
+	// 8 MiB ones, which would leave no slice for the rails still
+	// connecting or measured slower). A size set here is used as is.
 	SliceSize int64
 	// MaxInFlight bounds the slices one transfer has posted on one rail;
 	// default 4.
@@ -59,6 +65,22 @@ type Config struct {
 	ControlTimeout time.Duration
 	Logger         *slog.Logger
 	Metrics        *Metrics
+
+	growSlices bool // SliceSize was defaulted: slices grow with the transfer
+}
+
+// maxGrownSlice bounds the slices a defaulted SliceSize grows to.
+const maxGrownSlice = 8 << 20
+
+// sliceSize is the striping unit of a transfer of n bytes over rails
+// rails.
+func (c *Config) sliceSize(n int64, rails int) int64 {
+	if !c.growSlices || rails <= 0 {
+		return c.SliceSize
+	}
+	s := n / int64(c.MaxInFlight*rails)
+	s = (s + 64<<10 - 1) &^ (64<<10 - 1) // whole 64 KiB units
+	return max(c.SliceSize, min(s, maxGrownSlice))
 }
 
 func (c *Config) defaults() error {
@@ -67,6 +89,7 @@ func (c *Config) defaults() error {
 	}
 	if c.SliceSize <= 0 {
 		c.SliceSize = 1 << 20
+		c.growSlices = true
 	}
 	c.SliceSize = min(c.SliceSize, 1<<30)
 	if c.MaxInFlight <= 0 {

@@ -190,7 +190,12 @@ func (d *device) Close() error {
 	}
 	qps, conns := d.qps, d.conns
 	d.qps, d.conns = map[*qp]struct{}{}, map[*responder]struct{}{}
-	mrs := d.mrs
+	// A copy: Deregister, also called by other devices' goroutines (a
+	// registration spans NICs), deletes from d.mrs under d.mu.
+	mrs := make([]*mr, 0, len(d.mrs))
+	for _, m := range d.mrs {
+		mrs = append(mrs, m)
+	}
 	d.mu.Unlock()
 	for q := range qps {
 		q.Close()
