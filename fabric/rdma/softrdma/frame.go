@@ -158,14 +158,26 @@ func readHeader(r io.Reader, h *[headerLen]byte) (frame, error) {
 // readPayload reads the payload of the frame whose header is h into dst
 // (len(dst) == f.payloadLen) and checks it against its trailer.
 func readPayload(r io.Reader, h *[headerLen]byte, f frame, dst []byte) error {
-	if _, err := io.ReadFull(r, dst); err != nil {
-		return err
+	// The checksum runs over each piece as it arrives, while the bytes the
+	// kernel just copied are still in cache, not in a second pass over a
+	// chunk that may no longer be.
+	crc := binary.BigEndian.Uint32(h[32:])
+	for off := 0; off < len(dst); {
+		n, err := r.Read(dst[off:])
+		crc = crc32.Update(crc, frameTable, dst[off:off+n])
+		off += n
+		if err != nil && off < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
 	}
 	var t [trailerLen]byte
 	if _, err := io.ReadFull(r, t[:]); err != nil {
 		return err
 	}
-	if checksum(h, dst) != binary.BigEndian.Uint32(t[:]) {
+	if crc != binary.BigEndian.Uint32(t[:]) {
 		return fmt.Errorf("%w: frame checksum mismatch (op %d, id %d)", fabric.ErrCorrupt, f.op, f.id)
 	}
 	return nil
