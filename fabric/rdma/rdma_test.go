@@ -46,11 +46,11 @@ func loopbackNICs(names ...string) []softrdma.NIC {
 
 // TestConformance runs the fabrictest suite over two loopback rails.
 func TestConformance(t *testing.T) {
-	// The software provider copies every byte twice on the CPU (into and
-	// out of staging chunks) and the race detector instruments each copy:
-	// the 1 GiB case takes 20-60 s under -race on the shared 2-core
-	// machines, more than the package's time budget. Under -race (or
-	// -short) the suite stops at 128 MiB; a plain `go test` runs 1 GiB.
+	// The 1 GiB case took 20-60 s under -race on the shared 2-core
+	// machines (measured when the provider still copied every byte
+	// through staging chunks, which the race detector instruments), more
+	// than the package's time budget. Under -race (or -short) the suite
+	// stops at 128 MiB; a plain `go test` runs 1 GiB.
 	max := int64(0)
 	if testing.Short() || raceEnabled {
 		max = 128 << 20

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -467,6 +468,12 @@ func FuzzDecodeFrame(f *testing.F) {
 		fr2, payload2, err := readFrame(bytes.NewReader(p), &h, make([]byte, MaxPayload+trailerLen))
 		if err != nil || fr2 != fr || !bytes.Equal(payload2, payload) {
 			t.Fatalf("readFrame disagrees: %v", err)
+		}
+		// Also when the payload arrives in pieces (checksummed piece by
+		// piece).
+		fr3, payload3, err := readFrame(iotest.HalfReader(bytes.NewReader(p)), &h, make([]byte, MaxPayload+trailerLen))
+		if err != nil || fr3 != fr || !bytes.Equal(payload3, payload) {
+			t.Fatalf("readFrame over short reads disagrees: %v", err)
 		}
 	})
 }
