@@ -19,7 +19,8 @@
 //     it orders the owner's NICs by closeness to the source device and its
 //     own by closeness to the destination device (topology.NearestNICs:
 //     same PCIe switch, then NUMA node), cuts large transfers into slices
-//     (1 MiB by default) and spreads them over all rails in proportion to
+//     (512 KiB to 8 MiB by default, growing with the transfer) and
+//     spreads them over all rails in proportion to
 //     each rail's measured throughput (an EWMA), with a bounded number of
 //     slices in flight per rail. A slice that fails is moved to another
 //     rail; a rail that fails repeatedly is paused with a doubling backoff
