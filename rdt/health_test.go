@@ -57,7 +57,11 @@ func TestLinkTelemetryRuntime(t *testing.T) {
 		assert.Contains(t, l.Link, "->", "the reader dials its rails")
 		received += l.BytesReceived
 	}
-	assert.GreaterOrEqual(t, received, uint64(4<<20), "the rails carried the 4 MiB read")
+	// In eBPF mode a link's figures are those of its socket's last
+	// sock_ops callback, so one that only receives lags by up to about a
+	// window (32 KiB seen on loopback); the read is striped over up to
+	// eight rails.
+	assert.GreaterOrEqual(t, received+uint64(len(links))*(64<<10), uint64(4<<20), "the rails carried the 4 MiB read")
 	p.a.LinkMonitor().Refresh()
 	owned := p.a.Links()
 	require.NotEmpty(t, owned, "the owner tracks the rail connections it accepted")
