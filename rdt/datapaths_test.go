@@ -194,3 +194,41 @@ func TestMixedRDMAUsesTCPWithoutTryingRDMA(t *testing.T) {
 	assert.Contains(t, xfer.Plan.String(), "the owner publishes no rdma address")
 	sameBytes(t, y, got)
 }
+
+// Push notices reuse a stream per slot runtime, and a pooled stream that
+// died with its connection is replaced without failing the push or
+// counting it twice.
+func TestPushNoticeStreamsAreReused(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, nil)
+	owner, _ := p.a.Spawn("trainer")
+	reader, _ := p.b.Spawn("slot")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	src, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	slot, err := reader.Reserve(ctx, x.Desc(), tensor.GPUDevice(1))
+	require.NoError(t, err)
+	defer slot.Close()
+	idle := func() int {
+		p.a.notices.mu.Lock()
+		defer p.a.notices.mu.Unlock()
+		return len(p.a.notices.idle[p.b.ID()])
+	}
+	for step := uint64(1); step <= 3; step++ {
+		_, err := owner.Push(ctx, src, slot.Ref())
+		require.NoError(t, err)
+		n, _, err := slot.Wait(ctx, step-1)
+		require.NoError(t, err)
+		assert.Equal(t, step, n)
+		assert.Equal(t, 1, idle(), "one stream carries every notice")
+	}
+	// The connection drops: the pooled stream is dead, the next push
+	// notices on a new one, and the slot counts it once.
+	require.NoError(t, p.a.host.Network().ClosePeer(p.b.ID()))
+	_, err = owner.Push(ctx, src, slot.Ref())
+	require.NoError(t, err)
+	n, _, err := slot.Wait(ctx, 3)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(4), n)
+	assert.Equal(t, 1, idle())
+}

@@ -356,23 +356,11 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 		return r.pushed(note)
 	}
 	r.learnAddrs(dst)
-	s, err := r.host.NewStream(ctx, dst.Owner, pushProtocol)
+	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
 	if err != nil {
-		return fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
+		return err
 	}
-	defer s.Close()
-	if d, ok := ctx.Deadline(); ok {
-		s.SetDeadline(d)
-	}
-	if err := writeMsg(s, note.marshal()); err != nil {
-		return fmt.Errorf("rdt: notify push: %w", err)
-	}
-	s.CloseWrite()
-	var status [1]byte
-	if _, err := io.ReadFull(s, status[:]); err != nil {
-		return fmt.Errorf("rdt: notify push: %w", err)
-	}
-	switch status[0] {
+	switch status {
 	case 0:
 		return nil
 	case 1:
@@ -382,7 +370,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	case 3:
 		return ErrStaleRef
 	}
-	return fmt.Errorf("%w: push notice refused (status %d)", ErrMalformedRef, status[0])
+	return fmt.Errorf("%w: push notice refused (status %d)", ErrMalformedRef, status)
 }
 
 func (r *Runtime) pushed(n pushNotice) error {
@@ -397,30 +385,43 @@ func (r *Runtime) pushed(n pushNotice) error {
 	return nil
 }
 
+// handlePush answers the push notices of one stream, one at a time, until
+// the pusher closes it or it has been quiet for noticeIdle.
 func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(controlTimeout))
-	p, err := readMsg(s, 1024)
-	status := byte(0)
-	if err == nil {
+	for {
+		s.SetDeadline(time.Now().Add(noticeIdle))
+		p, err := readMsg(s, 1024)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, wire.ErrMalformed) {
+				return // gone, reset or quiet
+			}
+			if errors.Is(err, wire.ErrMalformed) {
+				s.Write([]byte{4}) // the framing is lost: answer and hang up
+			}
+			return
+		}
 		var n pushNotice
 		if n, err = parsePushNotice(p); err == nil {
 			err = r.pushed(n)
 		}
+		status := byte(0)
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrObjectNotFound):
+			status = 1
+		case errors.Is(err, ErrUnauthorized):
+			status = 2
+		case errors.Is(err, ErrStaleRef):
+			status = 3
+		default:
+			status = 4
+		}
+		if err != nil {
+			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
+		}
+		if _, err := s.Write([]byte{status}); err != nil {
+			return
+		}
 	}
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrObjectNotFound):
-		status = 1
-	case errors.Is(err, ErrUnauthorized):
-		status = 2
-	case errors.Is(err, ErrStaleRef):
-		status = 3
-	default:
-		status = 4
-	}
-	if err != nil {
-		r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
-	}
-	s.Write([]byte{status})
 }

@@ -50,6 +50,7 @@ type Runtime struct {
 
 	objects  *objectTable
 	sinks    *sinkTable
+	notices  noticePool // idle push-notice streams per slot runtime (notices.go)
 	paths    dataPaths
 	health   *linkHealth // link telemetry → rail health (health.go); nil when off
 	planner  *fabric.Planner
@@ -487,6 +488,7 @@ func (r *Runtime) teardown() error {
 	// The control host goes first: peers see the connection drop and
 	// declare this incarnation dead before its data connections close
 	// under their transfers.
+	r.notices.close()
 	if r.host != nil {
 		r.host.RemoveStreamHandler(controlProtocol)
 		errs = append(errs, r.host.Close())

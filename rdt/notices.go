@@ -1,0 +1,133 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Push notices travel on long-lived streams: opening a libp2p stream and
+// negotiating its protocol for every push cost more than a 1 MiB copy
+// through shared memory. A stream carries one notice at a time (write it,
+// read the one-byte status), and the notices to one slot runtime share a
+// small pool of streams, so pushes in flight at once do not queue behind
+// each other.
+
+const (
+	// noticeIdle is how long a slot runtime keeps a quiet notice stream.
+	noticeIdle = 30 * time.Second
+	// noticeReuse is how long a pusher reuses an idle stream: well under
+	// noticeIdle, so it rarely meets one the other side has just closed.
+	noticeReuse = 10 * time.Second
+	// maxIdleNotices bounds the idle streams kept per slot runtime.
+	maxIdleNotices = 8
+)
+
+type noticeStream struct {
+	s    network.Stream
+	used time.Time
+}
+
+// noticePool holds the idle notice streams per slot runtime.
+type noticePool struct {
+	mu     sync.Mutex
+	idle   map[peer.ID][]noticeStream
+	closed bool
+}
+
+// take returns an idle stream to id that is still fresh, or nil.
+func (p *noticePool) take(id peer.ID) network.Stream {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for list := p.idle[id]; len(list) > 0; list = p.idle[id] {
+		ns := list[len(list)-1]
+		p.idle[id] = list[:len(list)-1]
+		if time.Since(ns.used) < noticeReuse {
+			return ns.s
+		}
+		ns.s.Reset()
+	}
+	return nil
+}
+
+// put keeps s for the next notice to id, or closes it.
+func (p *noticePool) put(id peer.ID, s network.Stream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle[id]) >= maxIdleNotices {
+		s.Close()
+		return
+	}
+	if p.idle == nil {
+		p.idle = map[peer.ID][]noticeStream{}
+	}
+	p.idle[id] = append(p.idle[id], noticeStream{s, time.Now()})
+}
+
+// close resets every idle stream; later puts close theirs.
+func (p *noticePool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, list := range p.idle {
+		for _, ns := range list {
+			ns.s.Reset()
+		}
+	}
+	p.idle = nil
+}
+
+// sendNotice delivers note to the slot's runtime and returns its status
+// byte. A pooled stream the other side has closed fails before the notice
+// is read there (a slot runtime only closes a stream that is idle), so the
+// notice is sent again, once, on a new stream; a failure on a new stream
+// is returned.
+func (r *Runtime) sendNotice(ctx context.Context, to peer.ID, note []byte) (byte, error) {
+	for {
+		s, pooled := r.notices.take(to), true
+		if s == nil {
+			var err error
+			if s, err = r.host.NewStream(ctx, to, pushProtocol); err != nil {
+				return 0, fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
+			}
+			pooled = false
+		}
+		status, err := exchangeNotice(ctx, s, note)
+		if err == nil {
+			r.notices.put(to, s)
+			return status, nil
+		}
+		s.Reset()
+		if !pooled || ctx.Err() != nil {
+			return 0, fmt.Errorf("rdt: notify push: %w", err)
+		}
+	}
+}
+
+func exchangeNotice(ctx context.Context, s network.Stream, note []byte) (byte, error) {
+	deadline := time.Now().Add(controlTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	s.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	defer stop()
+	if err := writeMsg(s, note); err != nil {
+		return 0, err
+	}
+	var status [1]byte
+	if _, err := io.ReadFull(s, status[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
+	s.SetDeadline(time.Time{})
+	return status[0], nil
+}
