@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -439,8 +440,8 @@ func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote {
 	off, n := ref.span()
 	return fabric.Remote{
-		Endpoint: fabric.Endpoint{Process: fmt.Sprintf("%s/%x", ref.Owner, ref.Incarnation), Host: ref.Host, Device: ref.Device},
-		Peer:     ref.Owner.String(),
+		Endpoint: fabric.Endpoint{Process: peerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
+		Peer:     peerString(ref.Owner),
 		Addrs:    ref.DataAddrs,
 		Claim:    fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token},
 		Offset:   off,

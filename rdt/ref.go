@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -44,12 +46,32 @@ func (r Ref) String() string {
 }
 
 func shortID(id peer.ID) string {
-	s := id.String()
+	s := peerString(id)
 	if len(s) > 10 {
 		return "…" + s[len(s)-8:]
 	}
 	return s
 }
+
+// peerString is id.String() (base58, which costs more than a small Get's
+// bookkeeping should), remembered for the few peers a runtime talks to.
+func peerString(id peer.ID) string {
+	if s, ok := peerStrings.Load(id); ok {
+		return s.(string)
+	}
+	s := id.String()
+	if peerStringCount.Add(1) <= maxPeerStrings { // forged refs must not grow it without bound
+		peerStrings.Store(id, s)
+	}
+	return s
+}
+
+var (
+	peerStrings     sync.Map // peer.ID -> string
+	peerStringCount atomic.Int64
+)
+
+const maxPeerStrings = 1 << 12
 
 // MarshalBinary encodes the ref (version 1).
 func (r Ref) MarshalBinary() ([]byte, error) {
