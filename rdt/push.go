@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
 
@@ -393,13 +392,10 @@ func (r *Runtime) handlePush(s network.Stream) {
 		s.SetDeadline(time.Now().Add(noticeIdle))
 		p, err := readMsg(s, 1024)
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, wire.ErrMalformed) {
-				return // gone, reset or quiet
-			}
 			if errors.Is(err, wire.ErrMalformed) {
 				s.Write([]byte{4}) // the framing is lost: answer and hang up
 			}
-			return
+			return // closed, reset, quiet for noticeIdle, or malformed
 		}
 		var n pushNotice
 		if n, err = parsePushNotice(p); err == nil {
