@@ -84,10 +84,11 @@ func (p *noticePool) close() {
 }
 
 // sendNotice delivers note to the slot's runtime and returns its status
-// byte. A pooled stream the other side has closed fails before the notice
-// is read there (a slot runtime only closes a stream that is idle), so the
-// notice is sent again, once, on a new stream; a failure on a new stream
-// is returned.
+// byte. A pooled stream that fails is usually one the other side closed
+// while idle, before reading the notice, so the notice is sent again, once,
+// on a new stream; a failure on a new stream is returned. (Only a
+// connection lost after the notice was read and before its answer came
+// back makes the slot count that push twice; its bytes are the same.)
 func (r *Runtime) sendNotice(ctx context.Context, to peer.ID, note []byte) (byte, error) {
 	for {
 		s, pooled := r.notices.take(to), true
