@@ -201,7 +201,8 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 	}
 	buf, err := mem.Alloc(ctx, remote.Length)
 	if err != nil {
-		return tensor.Tensor{}, Transfer{Plan: plan}, err
+		// The owner's death cancels ctx: say so, not "context canceled".
+		return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
 	}
 	st, plan, err := a.rt.planner.Read(ctx, remote, dstEp, buf)
 	if err != nil {
