@@ -390,13 +390,58 @@ type sized struct {
 	zsrc    []byte
 	hasZ    bool
 	heapDst [][]byte
-	raw     []*bench.TCPPair
-	zraw    []*bench.TCPPair
-	ser     []*bench.SerializePair // network paths
-	zser    []*bench.SerializePair
 	hser    []*bench.Serializer // on-host paths
-	lp      *bench.Libp2pPair
-	zlp     *bench.Libp2pPair
+	net     sockets             // network paths, from src
+	znet    sockets             // tcp-z, from zsrc
+}
+
+// sockets are the socket baselines of one source: a raw TCP pair and a
+// serialize pair per worker, and one libp2p pair (measured at 1 in flight).
+type sockets struct {
+	raw []*bench.TCPPair
+	ser []*bench.SerializePair
+	lp  *bench.Libp2pPair
+}
+
+// grow gives c workers their pairs sending src.
+func (n *sockets) grow(ctx context.Context, src []byte, c int) error {
+	for len(n.raw) < c {
+		p, err := bench.NewTCPPair(src)
+		if err != nil {
+			return err
+		}
+		n.raw = append(n.raw, p)
+	}
+	for len(n.ser) < c {
+		p, err := bench.NewSerializePair(src)
+		if err != nil {
+			return err
+		}
+		n.ser = append(n.ser, p)
+	}
+	if n.lp == nil && c == 1 {
+		p, err := bench.NewLibp2pPair(ctx, src)
+		if err != nil {
+			return err
+		}
+		n.lp = p
+	}
+	return nil
+}
+
+func (n *sockets) close() error {
+	var errs []error
+	for _, p := range n.raw {
+		errs = append(errs, p.Close())
+	}
+	for _, p := range n.ser {
+		errs = append(errs, p.Close())
+	}
+	if n.lp != nil {
+		errs = append(errs, n.lp.Close())
+	}
+	*n = sockets{}
+	return errors.Join(errs...)
 }
 
 func (e *env) prepare(ctx context.Context, size int64, specs []cellSpec) (*sized, error) {
@@ -416,28 +461,14 @@ func (e *env) prepare(ctx context.Context, size int64, specs []cellSpec) (*sized
 }
 
 func (s *sized) close() error {
-	var errs []error
-	for _, p := range append(s.raw, s.zraw...) {
-		if err := p.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, p := range append(s.ser, s.zser...) {
-		errs = append(errs, p.Close())
-	}
-	for _, p := range []*bench.Libp2pPair{s.lp, s.zlp} {
-		if p != nil {
-			errs = append(errs, p.Close())
-		}
-	}
+	errs := []error{s.net.close(), s.znet.close()}
 	if s.src != nil {
 		errs = append(errs, s.e.owner.Free(context.Background(), s.ref))
 	}
 	if s.hasZ {
 		errs = append(errs, s.e.owner.Free(context.Background(), s.zref))
 	}
-	s.raw, s.zraw, s.ser, s.zser, s.hser, s.lp, s.zlp = nil, nil, nil, nil, nil, nil, nil
-	s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, false
+	s.hser, s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
@@ -457,32 +488,10 @@ func (s *sized) baselines(ctx context.Context, spec cellSpec, c int) error {
 		}
 		return nil
 	}
-	raw, ser, lp, src := &s.raw, &s.ser, &s.lp, s.src
 	if spec.path == PathTCPZ {
-		raw, ser, lp, src = &s.zraw, &s.zser, &s.zlp, s.zsrc
+		return s.znet.grow(ctx, s.zsrc, c)
 	}
-	for len(*raw) < c {
-		p, err := bench.NewTCPPair(src)
-		if err != nil {
-			return err
-		}
-		*raw = append(*raw, p)
-	}
-	for len(*ser) < c {
-		p, err := bench.NewSerializePair(src)
-		if err != nil {
-			return err
-		}
-		*ser = append(*ser, p)
-	}
-	if *lp == nil && c == 1 {
-		p, err := bench.NewLibp2pPair(ctx, src)
-		if err != nil {
-			return err
-		}
-		*lp = p
-	}
-	return nil
+	return s.net.grow(ctx, s.src, c)
 }
 
 // group is one (size, path, mode): the reader's destinations (pull) or
@@ -653,16 +662,16 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	}
 	var bases []base
 	if network(path) {
-		raw, ser, lp := s.raw, s.ser, s.lp
+		n := &s.net
 		if path == PathTCPZ {
-			raw, ser, lp = s.zraw, s.zser, s.zlp
+			n = &s.znet
 		}
 		bases = []base{
-			{BaseRawTCP, func(_ context.Context, w int) error { _, err := raw[w].Read(s.heapDst[w]); return err }},
-			{BaseSerialize, func(_ context.Context, w int) error { _, err := ser[w].Read(s.heapDst[w]); return err }},
+			{BaseRawTCP, func(_ context.Context, w int) error { _, err := n.raw[w].Read(s.heapDst[w]); return err }},
+			{BaseSerialize, func(_ context.Context, w int) error { _, err := n.ser[w].Read(s.heapDst[w]); return err }},
 		}
 		if c == 1 {
-			bases = append(bases, base{BaseLibp2p, func(_ context.Context, w int) error { _, err := lp.Read(s.heapDst[w]); return err }})
+			bases = append(bases, base{BaseLibp2p, func(_ context.Context, w int) error { _, err := n.lp.Read(s.heapDst[w]); return err }})
 		}
 	} else {
 		bases = []base{
