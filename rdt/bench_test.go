@@ -120,6 +120,21 @@ func (bl *baselines) measure(b *testing.B, p benchPath, r *ratios) {
 	r.add("serialize", d)
 }
 
+// run times one transfer of n bytes over p per iteration, after one
+// warm-up (connections, first-touch pages), interleaved with p's
+// baselines, and reports the rates and ratios.
+func (bl *baselines) run(b *testing.B, p benchPath, n int64, transfer func() time.Duration) {
+	b.SetBytes(n)
+	b.ReportAllocs()
+	transfer()
+	var r ratios
+	for i := 0; i < b.N; i++ {
+		r.path += transfer()
+		bl.measure(b, p, &r)
+	}
+	r.report(b, n)
+}
+
 // ratios accumulates the path's time and each baseline's.
 type ratios struct {
 	path  time.Duration
@@ -204,15 +219,7 @@ func BenchmarkGet(b *testing.B) {
 		bl := newBaselines(b, src)
 		for _, p := range e.paths {
 			b.Run(p.name+"/"+size(n), func(b *testing.B) {
-				b.SetBytes(n)
-				b.ReportAllocs()
-				getOver(b, p.reader, ref, p.dst, p.transport) // warm-up: connections, first-touch pages
-				var r ratios
-				for i := 0; i < b.N; i++ {
-					r.path += getOver(b, p.reader, ref, p.dst, p.transport)
-					bl.measure(b, p, &r)
-				}
-				r.report(b, n)
+				bl.run(b, p, n, func() time.Duration { return getOver(b, p.reader, ref, p.dst, p.transport) })
 			})
 		}
 		bl.close()
@@ -255,15 +262,7 @@ func BenchmarkPush(b *testing.B) {
 					}
 					return d
 				}
-				b.SetBytes(n)
-				b.ReportAllocs()
-				push()
-				var r ratios
-				for i := 0; i < b.N; i++ {
-					r.path += push()
-					bl.measure(b, p, &r)
-				}
-				r.report(b, n)
+				bl.run(b, p, n, push)
 			})
 		}
 		bl.close()
