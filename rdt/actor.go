@@ -140,7 +140,10 @@ type Transfer struct {
 
 // Get fetches the ref's tensor into memory on dst. A reader on the owner's
 // own device gets a zero-copy view; everyone else gets a copy that arrived
-// and verified in full. Release the result when done.
+// and verified in full. Release the result when done; that is all a reader
+// has to release: the lease Get took on the owner's object lasts for the
+// Get (and a moment after, so a loop of Gets reuses it), not until a
+// Release of the ref. Use Hold to keep the object alive longer.
 func (a *Actor) Get(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, error) {
 	t, _, err := a.Fetch(ctx, ref, dst)
 	return t, err
@@ -171,7 +174,7 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 	defer end()
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	ctx, unguard, err := a.rt.guard(ctx, a.name, ref)
+	ctx, unguard, err := a.rt.guard(ctx, ref)
 	if err != nil {
 		return tensor.Tensor{}, Transfer{}, err
 	}
@@ -262,7 +265,7 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 	defer end()
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	ctx, unguard, err := a.rt.guard(ctx, a.name, ref)
+	ctx, unguard, err := a.rt.guard(ctx, ref)
 	if err != nil {
 		return Transfer{}, err
 	}
@@ -274,17 +277,17 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 	return Transfer{Plan: plan, Stats: st}, nil
 }
 
-// guard prepares a Get of a ref owned by another runtime: it takes the
-// actor's hold on the ref (a lease with the owner, which also checks the
+// guard prepares a Get of a ref owned by another runtime: it takes a
+// Get's hold on the ref for the Get's duration (a lease with the owner, which also checks the
 // ref: freed, stale or forged refs fail here), watches the owner, and
 // returns a context cancelled with ErrOwnerDied if the owner incarnation is
 // declared dead while the Get runs.
-func (r *Runtime) guard(ctx context.Context, actor string, ref Ref) (context.Context, func(), error) {
+func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), error) {
 	if ref.Owner == r.host.ID() {
 		return ctx, func() {}, nil
 	}
 	unuse := r.peers.use(ref.Owner)
-	if err := r.hold(ctx, actor, ref); err != nil {
+	if err := r.hold(ctx, "", ref); err != nil {
 		unuse()
 		return nil, nil, r.why(ctx, ref, err)
 	}
@@ -303,6 +306,7 @@ func (r *Runtime) guard(ctx context.Context, actor string, ref Ref) (context.Con
 		close(done)
 		cancel(nil)
 		unuse()
+		r.unget(ref)
 	}, nil
 }
 
@@ -351,9 +355,11 @@ func (r *Runtime) counted(err error) error {
 	return err
 }
 
-// Hold registers the actor as a holder of a ref owned by another runtime
-// (Get does this too): the owner keeps the object while some reader holds
-// it, even after its own actor Released it. The hold lasts until Release,
+// Hold registers the actor as a holder of a ref owned by another runtime:
+// the owner keeps the object while some reader holds it, even after its own
+// actor Released it. Get needs no Hold (it leases the object for its own
+// duration); Hold is for a reader that wants to Get the ref again later,
+// or pass it on, and must not find it freed meanwhile. The hold lasts until Release,
 // the reader's Shutdown, or the reader's death (its lease expires on the
 // owner after Config.LeaseExpiry).
 func (a *Actor) Hold(ctx context.Context, ref Ref) error {

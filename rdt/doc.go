@@ -17,8 +17,10 @@
 // and, without a deadline, Config.TransferTimeout.
 //
 // Lifecycle. References are counted with leases: a reader runtime that
-// Gets (or Holds) a ref registers a lease with the owner over the control
-// channel and renews it every Config.LeaseRenew; Release drops it. The owner
+// Holds a ref registers a lease with the owner over the control channel and
+// renews it every Config.LeaseRenew; Release drops it. A Get leases the
+// object only while it runs, so a reader done with a Get releases the
+// tensor it got and nothing else. The owner
 // actor's Release frees the object once no lease is left (a dead reader's
 // lease expires after Config.LeaseExpiry); Free frees it at once and revokes
 // every ref. WaitFreed waits until the memory is back. Shutdown(ctx) refuses

@@ -62,8 +62,7 @@ func ExampleActor_Release() {
 	w, _ := tensor.Alloc(ctx, gpu0, tensor.BFloat16, 1024, 1024)
 	ref, _ := owner.Put(ctx, w)
 
-	got, _ := reader.Get(ctx, ref, tensor.GPUDevice(0)) // takes a lease
-	got.Release()
+	_ = reader.Hold(ctx, ref)   // a lease: the object stays until the reader lets go
 	_ = owner.Release(ctx, ref) // free once unreferenced
 	fmt.Println("objects while the reader holds it:", a.Objects())
 	_ = reader.Release(ctx, ref)

@@ -13,8 +13,11 @@ import (
 )
 
 // Reference counting with leases. A reader runtime holds one lease per
-// object on its owner while any of its actors holds the ref (Get takes a
-// hold; Release drops it). It renews its leases every LeaseRenew; the owner
+// object on its owner while any of its actors holds the ref (Hold takes a
+// hold, Release drops it) or a Get of it is in flight. A Get's lease
+// lingers for getLinger after the Get returns, so back-to-back Gets of one
+// ref cost no extra round trips, and is then released: a reader done with
+// a Get has nothing more to release than the tensor it got. It renews its leases every LeaseRenew; the owner
 // forgets a lease not renewed within LeaseExpiry, so a dead reader cannot
 // pin memory forever. An object whose owner called Release is freed when its
 // last lease goes; Free frees it at once and revokes every ref.
@@ -27,8 +30,19 @@ type holdKey struct {
 
 type hold struct {
 	ref    Ref
-	actors map[string]struct{}
+	actors map[string]struct{} // explicit holders (Hold)
+	gets   int                 // Gets in flight
+	idle   time.Time           // when the last Get ended with no holder left
 }
+
+func (h *hold) unused() bool { return len(h.actors) == 0 && h.gets == 0 }
+
+// getLinger is how long a lease taken only by Gets outlives the last of
+// them: long enough for a loop of Gets to reuse it, short enough that an
+// owner waiting for its memory (WaitFreed) barely notices.
+const getLinger = 100 * time.Millisecond
+
+func (r *Runtime) linger() time.Duration { return min(getLinger, r.cfg.LeaseRenew/2) }
 
 func keyOf(ref Ref) holdKey { return holdKey{ref.Owner, ref.Incarnation, ref.Object} }
 
@@ -38,15 +52,23 @@ func (r *Runtime) holdCount() int {
 	return len(r.holds)
 }
 
-// hold makes actor a holder of ref, registering a lease with the owner
-// when this runtime did not hold one yet. Errors say why the object cannot
-// be held: ErrObjectFreed, ErrStaleRef, ErrUnauthorized, ErrObjectNotFound,
-// ErrPeerUnreachable or ErrOwnerDied.
+// hold makes actor a holder of ref (or, with actor "", counts a Get in
+// flight), registering a lease with the owner when this runtime did not
+// hold one yet. Errors say why the object cannot be held: ErrObjectFreed,
+// ErrStaleRef, ErrUnauthorized, ErrObjectNotFound, ErrPeerUnreachable or
+// ErrOwnerDied.
 func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	k := keyOf(ref)
+	take := func(h *hold) {
+		if actor == "" {
+			h.gets++
+		} else {
+			h.actors[actor] = struct{}{}
+		}
+	}
 	r.holdMu.Lock()
 	if h, ok := r.holds[k]; ok {
-		h.actors[actor] = struct{}{}
+		take(h)
 		r.holdMu.Unlock()
 		return nil
 	}
@@ -81,8 +103,58 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 		h = &hold{ref: ref, actors: map[string]struct{}{}}
 		r.holds[k] = h
 	}
-	h.actors[actor] = struct{}{}
+	take(h)
 	return nil
+}
+
+// unget ends a Get's use of ref's lease; a lease nobody holds any more is
+// released by the life loop after linger.
+func (r *Runtime) unget(ref Ref) {
+	r.holdMu.Lock()
+	h, ok := r.holds[keyOf(ref)]
+	if ok && h.gets > 0 {
+		h.gets--
+		if h.unused() {
+			h.idle = time.Now()
+			select {
+			case r.idleKick <- struct{}{}:
+			default:
+			}
+		}
+	}
+	r.holdMu.Unlock()
+}
+
+// releaseIdle releases the leases that only Gets took and that have been
+// unused for linger; it reports whether younger idle ones remain.
+func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
+	byOwner := map[peer.ID][]fabric.Claim{}
+	now := time.Now()
+	r.holdMu.Lock()
+	for k, h := range r.holds {
+		if !h.unused() {
+			continue
+		}
+		if now.Sub(h.idle) < r.linger() {
+			more = true
+			continue
+		}
+		delete(r.holds, k)
+		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
+	}
+	r.holdMu.Unlock()
+	for owner, cl := range byOwner {
+		for start := 0; start < len(cl); start += maxClaims {
+			cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
+			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:min(start+maxClaims, len(cl))])
+			cancel()
+			if err != nil {
+				r.log.Info("lease release not delivered; it will expire", "owner", shortID(owner), "leases", len(cl), "err", err)
+				break
+			}
+		}
+	}
+	return more
 }
 
 // unhold drops actor's hold on ref and the runtime's lease with it when it
@@ -96,7 +168,7 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	delete(h.actors, actor)
-	last := len(h.actors) == 0
+	last := h.unused()
 	if last {
 		delete(r.holds, k)
 	}
@@ -198,10 +270,20 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 	// its deadline by at most a quarter of it.
 	expire := time.NewTicker(r.cfg.LeaseExpiry / 4)
 	defer expire.Stop()
+	var idle <-chan time.Time // armed while Get-only leases linger
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.idleKick:
+			if idle == nil {
+				idle = time.After(r.linger())
+			}
+		case <-idle:
+			idle = nil
+			if r.releaseIdle(ctx) {
+				idle = time.After(r.linger())
+			}
 		case <-renew.C:
 			r.renewLeases(ctx)
 		case <-expire.C:

@@ -70,6 +70,7 @@ func TestReleaseWaitsForReaders(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, r := range []*Actor{r1, r2} {
+		require.NoError(t, r.Hold(ctx, ref))
 		got, err := r.Get(ctx, ref, tensor.GPUDevice(0))
 		require.NoError(t, err)
 		got.Release()
@@ -103,9 +104,7 @@ func TestLeaseExpiryFreesObject(t *testing.T) {
 	reader, _ := p.b.Spawn("reader")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
 	ref, _ := owner.Put(ctx, x)
-	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
-	require.NoError(t, err)
-	got.Release()
+	require.NoError(t, reader.Hold(ctx, ref))
 	require.NoError(t, owner.Release(ctx, ref))
 	assert.Equal(t, 1, p.a.Objects())
 
@@ -122,6 +121,40 @@ func TestLeaseExpiryFreesObject(t *testing.T) {
 	// The expiry pass frees the object before it counts what expired.
 	assert.Eventually(t, func() bool { return counter(t, p.a, "tensorlane_leases_expired_total") >= 1 },
 		5*time.Second, 5*time.Millisecond)
+}
+
+// TestGetLeavesNothingHeld: releasing the tensor a Get returned is all a
+// reader does; the owner's object is freed without a Release of the ref
+// (issue 19: the README's pull example used to leak the owner's memory).
+func TestGetLeavesNothingHeld(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, nil) // default lease periods: the Get's lease must not wait for them
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	for range 3 { // back-to-back Gets share one lease
+		got, err := reader.Get(ctx, ref, tensor.GPUDevice(1))
+		require.NoError(t, err)
+		require.NoError(t, got.Release())
+	}
+	require.NoError(t, owner.Release(ctx, ref))
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the default LeaseRenew is 5 s, expiry 15 s
+	defer cancel()
+	require.NoError(t, owner.WaitFreed(wctx, ref), "the owner's object outlived a released Get")
+	assert.Equal(t, int64(0), used(t, p.a, tensor.GPUDevice(0)))
+	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(1)))
+	assert.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 5*time.Second, 5*time.Millisecond)
+
+	// The two-step form still works and frees at once.
+	y := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
+	ref2, _ := owner.Put(ctx, y)
+	require.NoError(t, reader.Hold(ctx, ref2))
+	require.NoError(t, owner.Release(ctx, ref2))
+	assert.Equal(t, 1, p.a.Objects(), "held")
+	require.NoError(t, reader.Release(ctx, ref2))
+	require.NoError(t, owner.WaitFreed(wctx, ref2))
 }
 
 func TestFreeRevokesHeldRefs(t *testing.T) {

@@ -71,6 +71,7 @@ type Runtime struct {
 	holdMu      sync.Mutex
 	holds       map[holdKey]*hold // leases this runtime holds as a reader
 	reap        chan struct{}
+	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
 	getsMu      sync.Mutex
@@ -97,7 +98,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
+		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
 	r.peers = newPeerTable(r)
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
