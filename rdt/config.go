@@ -44,6 +44,20 @@ type Config struct {
 	// Devices replaces the simulated device memories built from the
 	// topology. The runtime does not close memories it did not create.
 	Devices []tensor.Memory
+	// VisibleDevices are the indices of the host's accelerators this
+	// runtime claims, as a scheduler hands them out (CUDA_VISIBLE_DEVICES,
+	// a Ray bundle): nil means all of them, an empty non-nil slice none
+	// (host memory only). TENSORLANE_DEVICES ("0,2", "none") sets it unless
+	// IgnoreEnv. Two live processes claiming one device of a host are
+	// refused (ErrDeviceClaimed): see RuntimeDir.
+	VisibleDevices []int
+	// RuntimeDir holds the device claim locks, one file per (cluster, host,
+	// device), flock'ed for the runtime's life. Default:
+	// TENSORLANE_RUNTIME_DIR unless IgnoreEnv, else
+	// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid> (a test
+	// binary gets a directory of its own, so parallel test packages do
+	// not refuse each other).
+	RuntimeDir string
 	// DeviceMemory caps each simulated device's arena (bytes); 0 uses the
 	// device's memory size from the topology.
 	DeviceMemory int64
@@ -177,6 +191,21 @@ func (c *Config) withDefaults() (Config, error) {
 			out.Allow = allow
 		}
 		out.Deny = append(out.Deny, deny...)
+		if v, ok := os.LookupEnv(EnvDevices); ok {
+			vis, err := parseVisible(v)
+			if err != nil {
+				return out, fmt.Errorf("rdt: %s: %w", EnvDevices, err)
+			}
+			if vis != nil {
+				out.VisibleDevices = vis
+			}
+		}
+		if out.RuntimeDir == "" {
+			out.RuntimeDir = os.Getenv(EnvRuntimeDir)
+		}
+	}
+	if out.RuntimeDir == "" {
+		out.RuntimeDir = defaultRuntimeDir()
 	}
 	if out.TransferTimeout <= 0 {
 		out.TransferTimeout = 2 * time.Minute

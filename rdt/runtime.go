@@ -71,6 +71,7 @@ type Runtime struct {
 	holdMu      sync.Mutex
 	holds       map[holdKey]*hold // leases this runtime holds as a reader
 	reap        chan struct{}
+	unclaim     func()        // drops the device claims (claims.go)
 	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
@@ -202,7 +203,14 @@ func (r *Runtime) setupDevices() error {
 			r.devices[m.Device()] = m
 		}
 	} else {
+		visible, err := r.visible()
+		if err != nil {
+			return err
+		}
 		for _, d := range r.topoHost.Devices {
+			if visible != nil && !visible[d.Index] {
+				continue
+			}
 			id := tensor.DeviceID{Kind: deviceKind(d.Kind), Index: d.Index}
 			capacity := d.MemoryBytes
 			if r.cfg.DeviceMemory > 0 {
@@ -221,7 +229,32 @@ func (r *Runtime) setupDevices() error {
 		r.owned = append(r.owned, m)
 		r.devices[tensor.HostDevice] = m
 	}
+	release, err := claimDevices(r.cfg.RuntimeDir, r.cfg.Cluster.Name, r.cfg.Host, r.Devices()) // claims.go
+	if err != nil {
+		return err
+	}
+	r.unclaim = release
 	return nil
+}
+
+// visible is the set of accelerator indices Config.VisibleDevices names,
+// checked against the host; nil means all.
+func (r *Runtime) visible() (map[int]bool, error) {
+	if r.cfg.VisibleDevices == nil {
+		return nil, nil
+	}
+	have := map[int]bool{}
+	for _, d := range r.topoHost.Devices {
+		have[d.Index] = true
+	}
+	out := map[int]bool{}
+	for _, i := range r.cfg.VisibleDevices {
+		if !have[i] {
+			return nil, fmt.Errorf("%w: visible device %d: host %s has %d accelerators", ErrUnknownDevice, i, r.cfg.Host, len(r.topoHost.Devices))
+		}
+		out[i] = true
+	}
+	return out, nil
 }
 
 // ID returns the runtime's libp2p peer ID.
@@ -508,6 +541,10 @@ func (r *Runtime) teardown() error {
 	}
 	for _, m := range r.owned {
 		errs = append(errs, m.Close())
+	}
+	if r.unclaim != nil {
+		r.unclaim()
+		r.unclaim = nil
 	}
 	return errors.Join(errs...)
 }

@@ -237,6 +237,9 @@ func startWorker(ctx context.Context, h *Host, args []string) (*Worker, error) {
 	// Own process group, so Kill reaches anything the worker started, and
 	// death with the test process even if it crashes before its cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// The cluster's device claims live in its own directory: another test
+	// package's workers simulating the same host names are not a conflict.
+	cmd.Env = append(os.Environ(), "TENSORLANE_RUNTIME_DIR="+filepath.Join(h.c.dir, "claims"))
 	w := &Worker{Host: h, cmd: cmd, stderr: &tailBuffer{max: 16 << 10}, pending: map[int64]chan Reply{}, exited: make(chan struct{})}
 	cmd.Stderr = w.stderr
 	stdin, err := cmd.StdinPipe()

@@ -1,0 +1,132 @@
+package rdt
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+func TestParseVisible(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int
+		bad  bool
+	}{
+		{"", nil, false},
+		{"none", []int{}, false},
+		{"0", []int{0}, false},
+		{" 0, 2 ", []int{0, 2}, false},
+		{"a", nil, true},
+		{"-1", nil, true},
+		{"1,,2", nil, true},
+	} {
+		got, err := parseVisible(tc.in)
+		if tc.bad {
+			assert.Error(t, err, "%q", tc.in)
+			continue
+		}
+		require.NoError(t, err, "%q", tc.in)
+		assert.Equal(t, tc.want, got, "%q", tc.in)
+	}
+}
+
+func TestVisibleDevices(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{5, 2}})
+	require.NoError(t, err)
+	defer r.Shutdown(ctx)
+	assert.Equal(t, []tensor.DeviceID{tensor.HostDevice, tensor.GPUDevice(2), tensor.GPUDevice(5)}, r.Devices())
+	_, err = r.Memory(tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, ErrUnknownDevice)
+
+	none, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, VisibleDevices: []int{}})
+	require.NoError(t, err)
+	assert.Equal(t, []tensor.DeviceID{tensor.HostDevice}, none.Devices())
+	require.NoError(t, none.Shutdown(ctx))
+
+	_, err = New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, VisibleDevices: []int{8}})
+	assert.ErrorIs(t, err, ErrUnknownDevice, "dgx-h100 has gpu:0..7")
+
+	t.Setenv(EnvDevices, "1,3")
+	t.Setenv(EnvRuntimeDir, dir)
+	e, err := New(ctx, Config{DeviceMemory: 1 << 20})
+	require.NoError(t, err)
+	assert.Equal(t, []tensor.DeviceID{tensor.HostDevice, tensor.GPUDevice(1), tensor.GPUDevice(3)}, e.Devices())
+	require.NoError(t, e.Shutdown(ctx))
+	t.Setenv(EnvDevices, "x")
+	_, err = New(ctx, Config{})
+	assert.ErrorContains(t, err, EnvDevices)
+}
+
+// The helper process for TestDeviceClaimsAcrossProcesses: a runtime that
+// claims TENSORLANE_DEVICES of h0 and holds them until stdin closes.
+func TestClaimHelperProcess(t *testing.T) {
+	if os.Getenv("TL_CLAIM_HELPER") != "1" {
+		t.Skip("helper process for TestDeviceClaimsAcrossProcesses")
+	}
+	ctx := context.Background()
+	r, err := New(ctx, Config{DeviceMemory: 1 << 20})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("ready", r.Devices())
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	r.Shutdown(ctx)
+}
+
+func TestDeviceClaimsAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestClaimHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TL_CLAIM_HELPER=1", EnvDevices+"=0,1", EnvRuntimeDir+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "ready", line)
+
+	// Another process's gpu:1 is refused, clearly.
+	_, err = New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{1, 2}})
+	require.ErrorIs(t, err, ErrDeviceClaimed)
+	var ce *DeviceClaimError
+	require.True(t, errors.As(err, &ce))
+	assert.Equal(t, tensor.GPUDevice(1), ce.Device)
+	assert.Equal(t, "h0", ce.Host)
+	assert.Equal(t, cmd.Process.Pid, ce.PID)
+	t.Log(err)
+
+	// Disjoint devices of the same host are fine, and the refused attempt
+	// left nothing claimed (gpu:2 is free).
+	r, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{2, 3}})
+	require.NoError(t, err)
+	// Runtimes of one process share its claims (in-process simulation).
+	r2, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{3}})
+	require.NoError(t, err)
+	require.NoError(t, r2.Shutdown(ctx))
+
+	// A killed holder's claims go with it.
+	require.NoError(t, cmd.Process.Kill())
+	cmd.Wait()
+	r3, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{0, 1}})
+	require.NoError(t, err)
+	require.NoError(t, r3.Shutdown(ctx))
+	require.NoError(t, r.Shutdown(ctx))
+	stdin.Close()
+	left, _ := os.ReadDir(dir)
+	assert.Empty(t, left, "released claims leave no lock files")
+}
