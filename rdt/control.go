@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -100,9 +101,18 @@ func decodeEnvelope(p []byte) (to string, m Message, err error) {
 	return to, m, nil
 }
 
-// Send delivers a message to an actor on this or another runtime. It returns
-// once the receiving runtime has queued the message, with ErrUnknownActor if
-// there is no such actor.
+// ErrDeliveryUnknown: Send wrote the whole message but the receiver's
+// answer was lost (its runtime or the connection went away), so whether
+// the message was queued is not known. Send never retries (delivery is at
+// most once); a caller that must know asks the receiver.
+var ErrDeliveryUnknown = errors.New("rdt: message sent, delivery unknown")
+
+// Send delivers a message to an actor on this or another runtime, at most
+// once. A nil error means the receiving runtime queued the message for the
+// actor; ErrUnknownActor, a refusal (inbox full, receiver shutting down) or
+// a failure to reach the receiver mean it did not; ErrDeliveryUnknown
+// means the answer was lost after the whole message went out. A receiver
+// that shuts down answers the messages it has queued before it closes.
 func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 	r := a.rt
 	if r.isClosed() {
@@ -146,10 +156,11 @@ func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 	s.CloseWrite()
 	var status [1]byte
 	if _, err := io.ReadFull(s, status[:]); err != nil {
+		// The whole message went out: it may have been queued.
 		if ctx.Err() != nil {
-			return ctx.Err()
+			err = ctx.Err()
 		}
-		return fmt.Errorf("rdt: send to %v: no reply: %w", to, err)
+		return fmt.Errorf("%w: %v: no reply: %w", ErrDeliveryUnknown, to, err)
 	}
 	reason, _ := io.ReadAll(io.LimitReader(s, 1024))
 	switch status[0] {
@@ -165,7 +176,13 @@ func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 func (r *Runtime) deliver(ctx context.Context, name string, m Message) error {
 	r.mu.Lock()
 	a, ok := r.actors[name]
+	closed := r.closed
 	r.mu.Unlock()
+	if closed {
+		// Decided before the select, which picks at random among ready
+		// cases: a closing runtime queues nothing more.
+		return ErrClosed
+	}
 	if !ok {
 		return fmt.Errorf("%w: %q on %s", ErrUnknownActor, name, r.cfg.Host)
 	}
@@ -180,6 +197,13 @@ func (r *Runtime) deliver(ctx context.Context, name string, m Message) error {
 }
 
 func (r *Runtime) handleControl(s network.Stream) {
+	if !r.ctl.enter() {
+		s.Write([]byte{replyBusy})
+		s.Write([]byte("runtime shutting down"))
+		s.Close()
+		return
+	}
+	defer r.ctl.leave()
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(controlTimeout))
 	reply := func(code byte, reason string) { s.Write(append([]byte{code}, reason...)) }
@@ -216,5 +240,51 @@ func (r *Runtime) handleControl(s network.Stream) {
 		reply(replyUnknownActor, err.Error())
 	default:
 		reply(replyBusy, err.Error())
+	}
+}
+
+// handlers counts control handlers in flight, so Shutdown lets them write
+// their answers before the control host closes: a message queued is a
+// message acknowledged.
+type handlers struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{} // closed when closed and n reaches 0
+}
+
+func (h *handlers) enter() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.n++
+	return true
+}
+
+func (h *handlers) leave() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n--; h.n == 0 && h.closed {
+		close(h.idle)
+	}
+}
+
+// drain refuses new handlers and waits for those in flight, within ctx.
+func (h *handlers) drain(ctx context.Context) {
+	h.mu.Lock()
+	if !h.closed {
+		h.closed = true
+		h.idle = make(chan struct{})
+		if h.n == 0 {
+			close(h.idle)
+		}
+	}
+	idle := h.idle
+	h.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
 	}
 }

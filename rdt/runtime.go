@@ -72,6 +72,7 @@ type Runtime struct {
 	holds       map[holdKey]*hold // leases this runtime holds as a reader
 	reap        chan struct{}
 	unclaim     func()        // drops the device claims (claims.go)
+	ctl         handlers      // control handlers in flight (control.go)
 	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
@@ -390,6 +391,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
 		}
 		<-gets
+		r.ctl.drain(ctx) // answer the messages already queued (control.go)
 		if !r.abandonHolds {
 			r.releaseAllHolds(ctx)
 		}
