@@ -31,6 +31,10 @@ const (
 	maxRefBytes    = 4096
 	maxEnvelope    = MaxPayload + maxRefs*maxRefBytes/4
 	controlTimeout = 30 * time.Second
+	// ackWait bounds how long a control handler waits for the sender's
+	// acknowledgement of its answer (an older sender sends none: EOF).
+	ackWait = 2 * time.Second
+	ackByte = 1
 )
 
 const (
@@ -153,7 +157,6 @@ func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 	if _, err := s.Write(append(n[:], body...)); err != nil {
 		return fmt.Errorf("rdt: send to %v: %w", to, err)
 	}
-	s.CloseWrite()
 	var status [1]byte
 	if _, err := io.ReadFull(s, status[:]); err != nil {
 		// The whole message went out: it may have been queued.
@@ -163,6 +166,9 @@ func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 		return fmt.Errorf("%w: %v: no reply: %w", ErrDeliveryUnknown, to, err)
 	}
 	reason, _ := io.ReadAll(io.LimitReader(s, 1024))
+	// Say the answer arrived: a receiver closing its connection before
+	// that could reset it under the answer (see handleControl).
+	s.Write([]byte{ackByte})
 	switch status[0] {
 	case replyOK:
 		return nil
@@ -241,6 +247,13 @@ func (r *Runtime) handleControl(s network.Stream) {
 	default:
 		reply(replyBusy, err.Error())
 	}
+	// Wait (briefly) for the sender to say it read the answer: closing the
+	// connection at Shutdown while bytes are unread on it makes the kernel
+	// send a reset, which can destroy the answer in flight.
+	s.CloseWrite()
+	s.SetReadDeadline(time.Now().Add(ackWait))
+	var ack [1]byte
+	s.Read(ack[:])
 }
 
 // handlers counts control handlers in flight, so Shutdown lets them write

@@ -2,6 +2,7 @@ package rdt
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"testing"
 	"time"
@@ -61,7 +62,9 @@ func TestSendDeliveryUnknown(t *testing.T) {
 	sender, _ := p.a.Spawn("sender")
 	rcv, _ := p.b.Spawn("receiver")
 	p.b.host.SetStreamHandler(controlProtocol, func(s network.Stream) {
-		io.Copy(io.Discard, s)
+		var n [4]byte
+		io.ReadFull(s, n[:])
+		io.CopyN(io.Discard, s, int64(binary.BigEndian.Uint32(n[:])))
 		s.Reset()
 	})
 	err := sender.Send(ctx, rcv.Addr(), Message{Payload: []byte("x")})
