@@ -75,6 +75,7 @@ type Planner struct {
 // Candidate is one transport considered for a transfer.
 type Candidate struct {
 	Transport string  `json:"transport"`
+	Via       string  `json:"via,omitempty"` // which implementation, when two share a name
 	Usable    bool    `json:"usable"`
 	GBps      float64 `json:"gbps,omitempty"`
 	Reason    string  `json:"reason"`
@@ -91,31 +92,71 @@ type Plan struct {
 	Chosen     string        `json:"chosen"`   // the first usable candidate; "" when none
 	Degraded   bool          `json:"degraded"` // Chosen is worse than Best
 	Candidates []Candidate   `json:"candidates"`
+	// Err says why no transfer can happen at all, whatever the paths (a
+	// destination device the reader does not have); Problem is its text.
+	Err     error  `json:"-"`
+	Problem string `json:"problem,omitempty"`
+}
+
+// Label names a candidate distinctly: "p2p (cross-process)".
+func (c Candidate) Label() string {
+	if c.Via == "" {
+		return c.Transport
+	}
+	return c.Transport + " (" + c.Via + ")"
+}
+
+// Refuse marks the plan as impossible for a reason outside the paths.
+func (p *Plan) Refuse(err error) {
+	p.Err, p.Problem, p.Chosen, p.Degraded = err, err.Error(), "", false
+	for i := range p.Candidates {
+		p.Candidates[i].Usable = false
+	}
 }
 
 // ChosenTransport returns the transport behind Chosen, or nil.
 func (p Plan) ChosenTransport() Transport {
-	for _, c := range p.Candidates {
-		if c.Usable && c.Transport == p.Chosen {
-			return c.t
-		}
+	if i := p.chosen(); i >= 0 {
+		return p.Candidates[i].t
 	}
 	return nil
+}
+
+// chosen is the index of the candidate Chosen names: the first usable one.
+func (p Plan) chosen() int {
+	for i, c := range p.Candidates {
+		if c.Usable && c.Transport == p.Chosen {
+			return i
+		}
+	}
+	return -1
 }
 
 // String renders the plan for people, one candidate a line.
 func (p Plan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v -> %v: path %v, best %s, chosen %s", p.Src, p.Dst, p.Path, p.Best, orNone(p.Chosen))
+	chosen := "none"
+	if i := p.chosen(); i >= 0 {
+		chosen = p.Candidates[i].Label()
+	}
+	fmt.Fprintf(&b, "%v -> %v: path %v, best %s, chosen %s", p.Src, p.Dst, p.Path, p.Best, chosen)
+	if p.Problem != "" {
+		fmt.Fprintf(&b, " (%s)", p.Problem)
+	}
 	if p.Degraded {
 		fmt.Fprintf(&b, " (DEGRADED: %s is not available)", p.Best)
 	}
+	width := 5
 	for _, c := range p.Candidates {
+		width = max(width, len(c.Label()))
+	}
+	star := p.chosen()
+	for i, c := range p.Candidates {
 		mark := "  "
-		if c.Transport == p.Chosen {
+		if i == star {
 			mark = "* "
 		}
-		fmt.Fprintf(&b, "\n  %s%-5s %s", mark, c.Transport, c.Reason)
+		fmt.Fprintf(&b, "\n  %s%-*s %s", mark, width, c.Label(), c.Reason)
 	}
 	return b.String()
 }
@@ -213,6 +254,9 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 	slices.SortStableFunc(ts, func(a, b Transport) int { return quality(a.Name(), src, dst) - quality(b.Name(), src, dst) })
 	for _, t := range ts {
 		c := Candidate{Transport: t.Name(), t: t}
+		if v, ok := t.(Variant); ok {
+			c.Via = v.Variant()
+		}
 		switch cost, ok := t.Reach(src, dst); {
 		case len(p.cfg.Allow) > 0 && !slices.Contains(p.cfg.Allow, t.Name()):
 			c.Reason = "not in the allow list"

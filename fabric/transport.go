@@ -94,7 +94,10 @@ func (s Stats) GBps() float64 {
 }
 
 // Transport moves an object's bytes into a reader's buffer.
-// Implementations: fabric/local (local, p2p) and fabric/tcp.
+// Implementations: fabric/local (local, and p2p within one process),
+// fabric/shm (p2p and shm between processes of one host), fabric/rdma
+// (between hosts, over a verbs provider) and fabric/tcp (anything
+// reachable).
 type Transport interface {
 	Name() string
 	// Reach reports whether the transport can move bytes from src to dst,
@@ -105,6 +108,13 @@ type Transport interface {
 	Read(ctx context.Context, src Remote, dst tensor.Buffer) (Stats, error)
 	// Close releases connections and goroutines; it is idempotent.
 	Close() error
+}
+
+// Variant is the optional capability of a transport that shares its path
+// name with another implementation (fabric/local's and fabric/shm's p2p):
+// Variant tells them apart in plans, e.g. "in-process", "cross-process".
+type Variant interface {
+	Variant() string
 }
 
 // Viewer is the optional capability of transports that can hand the reader

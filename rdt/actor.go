@@ -440,8 +440,16 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 
 // Explain says which path a Get of ref onto dst would take, and why the
 // other transports would not be used.
+// A destination Get would refuse (a device the actor may not use, a
+// malformed ref) makes a plan with nothing chosen and Err saying why.
 func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
-	return a.rt.planner.Plan(a.rt.remoteFor(ref).Endpoint, a.rt.endpoint(dst))
+	plan := a.rt.planner.Plan(a.rt.remoteFor(ref).Endpoint, a.rt.endpoint(dst))
+	if err := a.mayUse(dst); err != nil {
+		plan.Refuse(err)
+	} else if err := ref.Desc.Validate(); err != nil {
+		plan.Refuse(fmt.Errorf("%w: %v", ErrMalformedRef, err))
+	}
+	return plan
 }
 
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote {

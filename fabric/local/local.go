@@ -93,6 +93,9 @@ func (t *Transport) Close() error { return nil }
 
 func (t *P2P) Name() string { return fabric.P2P }
 
+// Variant tells this p2p from fabric/shm's cross-process one in plans.
+func (t *P2P) Variant() string { return "in-process" }
+
 // Reach serves pairs of distinct devices in this runtime that share a device
 // link in the topology.
 func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {

@@ -60,6 +60,15 @@ func (t *Transport) Client() *Client { return t.c }
 // Name returns "p2p" or "shm".
 func (t *Transport) Name() string { return t.name }
 
+// Variant tells this p2p from fabric/local's in-process one in plans
+// (shm has no namesake).
+func (t *Transport) Variant() string {
+	if t.name == fabric.P2P {
+		return "cross-process"
+	}
+	return ""
+}
+
 // Reach serves owners in another process of the same host. shm takes any
 // pair of devices; p2p only devices the topology joins with a device link,
 // the path a real accelerator would copy over (CUDA IPC over NVLink).
