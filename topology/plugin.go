@@ -2,6 +2,7 @@ package topology
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -35,6 +36,38 @@ func (m Maturity) String() string {
 		return fmt.Sprintf("Maturity(%d)", int(m))
 	}
 	return maturityNames[m]
+}
+
+// MarshalText writes the level's name, so JSON says "beta" as the CLI's
+// tables do; a level below Experimental (nothing verified) is "none".
+func (m Maturity) MarshalText() ([]byte, error) {
+	if m < 0 {
+		return []byte("none"), nil
+	}
+	return []byte(m.String()), nil
+}
+
+// UnmarshalJSON reads a level's name, or the number older output wrote.
+func (m *Maturity) UnmarshalJSON(p []byte) error {
+	var n int
+	if err := json.Unmarshal(p, &n); err == nil {
+		*m = Maturity(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(p, &s); err != nil {
+		return fmt.Errorf("topology: maturity %s: want a level name", p)
+	}
+	if s == "none" {
+		*m = -1
+		return nil
+	}
+	v, err := ParseMaturity(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
 }
 
 // ParseMaturity parses a level name as printed by String.

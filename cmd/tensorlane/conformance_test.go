@@ -20,6 +20,9 @@ func TestConformanceCommand(t *testing.T) {
 	require.Len(t, reps, 1)
 	assert.True(t, reps[0].OK())
 	assert.Equal(t, "nvidia", reps[0].Plugin)
+	// Levels by name, as the table prints them (issue 19.7).
+	assert.Regexp(t, `"declared": "(experimental|alpha|beta|stable)"`, out)
+	assert.Regexp(t, `"verified": "(none|experimental|alpha|beta|stable)"`, out)
 
 	out, err = execCmd(t, newConformanceCmd(), "--plugin", "gaudi", "-v", "--trees", trees)
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"runtime"
 	"runtime/debug"
@@ -35,6 +36,17 @@ ROCm, the Neuron and Gaudi drivers, libibverbs and NIC firmware. Everything is r
 (no tool is run); what is absent is left out. --json for machines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.root != "" {
+				// A mistyped root would read nothing and report an empty
+				// machine as if it were true.
+				st, err := os.Stat(o.root)
+				if err != nil {
+					return fmt.Errorf("env: --root: %w", err)
+				}
+				if !st.IsDir() {
+					return fmt.Errorf("env: --root %s is not a directory", o.root)
+				}
+			}
 			m := collectEnv(cmd.Context(), o.root)
 			if o.json {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -72,7 +84,9 @@ type envManifest struct {
 }
 
 type tensorlaneVersion struct {
-	Version  string `json:"version"`
+	Version string `json:"version"`
+	// Note says why Version is only "(devel)": nothing recorded one.
+	Note     string `json:"note,omitempty"`
 	Revision string `json:"revision,omitempty"`
 	Modified bool   `json:"modified,omitempty"`
 	Module   string `json:"module,omitempty"`
@@ -218,6 +232,9 @@ func buildVersion() tensorlaneVersion {
 			v.Modified = s.Value == "true"
 		}
 	}
+	if v.Version == "(devel)" && v.Revision == "" {
+		v.Note = "no version stamped: built by go run or go test, with -buildvcs=false, or outside a git checkout"
+	}
 	return v
 }
 
@@ -238,6 +255,9 @@ func writeEnv(w io.Writer, m envManifest) {
 		if m.Tensorlane.Modified {
 			tv += " (modified)"
 		}
+	}
+	if m.Tensorlane.Note != "" {
+		tv += " (" + m.Tensorlane.Note + ")"
 	}
 	line("tensorlane", tv)
 	line("cpu", m.CPU)

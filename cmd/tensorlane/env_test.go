@@ -48,3 +48,20 @@ func TestEnvLive(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, json.Valid([]byte(out)))
 }
+
+// A root that is not there fails clearly instead of reporting an empty
+// machine; a test binary has no version stamped and says why (issue 19.7).
+func TestEnvBadRootAndVersionNote(t *testing.T) {
+	_, err := execCmd(t, newEnvCmd(), "--root", "/nonexistent")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "/nonexistent")
+	_, err = execCmd(t, newEnvCmd(), "--root", "/etc/hostname")
+	assert.ErrorContains(t, err, "not a directory")
+
+	v := buildVersion()
+	if v.Version == "(devel)" && v.Revision == "" {
+		assert.Contains(t, v.Note, "no version stamped")
+	} else {
+		assert.Empty(t, v.Note)
+	}
+}

@@ -659,15 +659,22 @@ func nicNICPath(h *topology.Host, a, b topology.NIC) topology.Path {
 
 // ---- dot ----
 
+// dotQuote makes a Graphviz quoted string: quotes and backslashes escaped,
+// newlines as Graphviz's \n line break (Go's %q would double the
+// backslash and Graphviz would print a literal "\n").
+func dotQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
+}
+
 func writeDot(w io.Writer, c *topology.Cluster) error {
 	var b strings.Builder
-	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	q := dotQuote
 	fmt.Fprintf(&b, "graph %s {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n", q(c.Name))
 	for hi, h := range c.Hosts {
 		id := func(s string) string { return q(h.ID + "/" + s) }
 		fmt.Fprintf(&b, "  subgraph cluster_%d {\n    label=%s;\n", hi, q(h.ID))
 		for _, n := range h.NUMA {
-			fmt.Fprintf(&b, "    %s [label=%s, shape=ellipse];\n", id(fmt.Sprintf("numa%d", n.ID)), q(fmt.Sprintf("NUMA %d\\nCPUs %s", n.ID, n.CPUs)))
+			fmt.Fprintf(&b, "    %s [label=%s, shape=ellipse];\n", id(fmt.Sprintf("numa%d", n.ID)), q(fmt.Sprintf("NUMA %d\nCPUs %s", n.ID, n.CPUs)))
 		}
 		for _, s := range h.Switches {
 			fmt.Fprintf(&b, "    %s [label=%s, shape=diamond];\n", id(s.ID), q(s.ID))
@@ -679,7 +686,7 @@ func writeDot(w io.Writer, c *topology.Cluster) error {
 		}
 		for _, d := range h.Devices {
 			dn := id(fmt.Sprintf("dev%d", d.Index))
-			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#cde8c2\"];\n", dn, q(fmt.Sprintf("%s%d\\n%s", matrixPrefix(d.Kind), d.Index, d.Model)))
+			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#cde8c2\"];\n", dn, q(fmt.Sprintf("%s%d\n%s", matrixPrefix(d.Kind), d.Index, d.Model)))
 			parent := d.PCIeSwitch
 			if parent == "" {
 				parent = fmt.Sprintf("numa%d", d.NUMA)
@@ -688,7 +695,7 @@ func writeDot(w io.Writer, c *topology.Cluster) error {
 		}
 		for _, n := range h.NICs {
 			nn := id("nic-" + n.Name)
-			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#c2d8e8\"];\n", nn, q(fmt.Sprintf("%s\\n%g Gb/s", n.Name, n.SpeedGbps)))
+			fmt.Fprintf(&b, "    %s [label=%s, style=filled, fillcolor=\"#c2d8e8\"];\n", nn, q(fmt.Sprintf("%s\n%g Gb/s", n.Name, n.SpeedGbps)))
 			parent := n.PCIeSwitch
 			if parent == "" {
 				parent = fmt.Sprintf("numa%d", n.NUMA)

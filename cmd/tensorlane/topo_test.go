@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -179,4 +181,35 @@ func TestTopoRegistered(t *testing.T) {
 		assert.True(t, names[n], n)
 	}
 	assert.True(t, strings.Contains(newTopoCmd().Long, "gb200-nvl72"))
+}
+
+func TestDotQuote(t *testing.T) {
+	assert.Equal(t, `"a\nb"`, dotQuote("a\nb"))
+	assert.Equal(t, `"say \"hi\" \\ ok"`, dotQuote(`say "hi" \ ok`))
+}
+
+// The DOT output renders, and Graphviz shows two-line labels, not a literal
+// "\n" (issue 19.7). Needs Graphviz's dot: .ci/run installs it.
+func TestDotRendersWithGraphviz(t *testing.T) {
+	dot, err := exec.LookPath("dot")
+	if err != nil {
+		t.Skip("Graphviz dot is not installed (apt-get install graphviz); .ci/run installs it")
+	}
+	out, err := execCmd(t, newTopoCmd(), "--preset", "dgx-h100", "--dot")
+	require.NoError(t, err)
+	cmd := exec.Command(dot, "-Tsvg")
+	cmd.Stdin = strings.NewReader(out)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	svg, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	texts := regexp.MustCompile(`<text[^>]*>([^<]*)</text>`).FindAllStringSubmatch(string(svg), -1)
+	require.NotEmpty(t, texts)
+	var all []string
+	for _, m := range texts {
+		all = append(all, m[1])
+		assert.NotContains(t, m[1], `\n`, "a literal \\n in a rendered label")
+	}
+	assert.Contains(t, all, "NUMA 0", "the NUMA label's first line")
+	assert.Contains(t, all, "GPU0", "the device label's first line")
 }
