@@ -35,7 +35,7 @@ type GoalResult struct {
 func (g GoalResult) String() string {
 	verdict := "met"
 	if !g.Met {
-		verdict = "NOT MET"
+		verdict = "below the goal" // a target, not the regression check
 	}
 	return fmt.Sprintf("%s %s %s vs %s: %.2f (goal >= %.2f) %s", g.Path, g.Mode, SizeString(g.Size), g.Baseline, g.Ratio, g.Min, verdict)
 }

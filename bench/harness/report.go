@@ -40,7 +40,7 @@ func WriteTable(w io.Writer, recs []Record) error {
 		}
 	}
 	if goals := CheckGoals(recs); len(goals) > 0 {
-		fmt.Fprintln(w, "\nfabric goals (one in flight, bandwidth-bound sizes):")
+		fmt.Fprintln(w, "\nfabric goals (targets, one in flight, bandwidth-bound sizes; informational: --check compares with a baseline instead):")
 		for _, g := range goals {
 			fmt.Fprintf(w, "  %s\n", g)
 		}

@@ -210,10 +210,13 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 			}
 		}
 		if err := cr.Error(); err != nil {
+			fmt.Fprintf(out, "FAIL: %d of %d ratios against %s fell below tolerance (%.0f%%, or the cell's own where wider)\n",
+				len(cr.Regressions), cr.Compared, o.check, 100*o.tolerance)
 			return err
 		}
 		if !o.json {
-			fmt.Fprintf(out, "check: %d ratios within tolerance (%.0f%%, or the cell's own where wider) of %s\n", cr.Compared, 100*o.tolerance, o.check)
+			fmt.Fprintf(out, "PASS: %d ratios (each path against its same-run baseline) within tolerance (%.0f%%, or the cell's own where wider) of %s\n",
+				cr.Compared, 100*o.tolerance, o.check)
 		}
 	}
 	return nil

@@ -69,8 +69,9 @@ func TestBenchCommand(t *testing.T) {
 	f.Records = append(f.Records, harness.Record{Kind: harness.KindThroughput, Path: "p2p", Mode: harness.ModePull, Size: 1 << 30, Concurrency: 1, Baseline: harness.BaseMemcpy, Ratio: 1})
 	high := filepath.Join(dir, "high.json")
 	require.NoError(t, harness.WriteFile(high, f))
-	_, err = runBenchArgs(t, append([]string{"--check", high}, narrow...)...)
+	out, err = runBenchArgs(t, append([]string{"--check", high}, narrow...)...)
 	require.Error(t, err)
+	assert.Regexp(t, `(?m)^FAIL: \d+ of \d+ ratios against .*high.json`, out, "one final verdict")
 	assert.Contains(t, err.Error(), "throughput/p2p/pull/4KiB/c1/vs-memcpy")
 	assert.Contains(t, err.Error(), "throughput/p2p/pull/1GiB/c1/vs-memcpy: in the baseline")
 
@@ -82,7 +83,9 @@ func TestBenchCommand(t *testing.T) {
 	require.NoError(t, harness.WriteFile(low, f))
 	out, err = runBenchArgs(t, append([]string{"--check", low}, narrow...)...)
 	require.NoError(t, err)
-	assert.Contains(t, out, "check:")
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	assert.Regexp(t, `^PASS: \d+ ratios .* of .*low.json$`, lines[len(lines)-1], "ends with one verdict that says what was compared")
+	assert.NotContains(t, out, "NOT MET")
 	assert.Contains(t, out, "serialize", "every path is also measured against the object-store way")
 }
 

@@ -202,12 +202,20 @@ func runPlace(stdin io.Reader, out io.Writer, o placeOptions) error {
 	return nil
 }
 
+// count says "1 host", "2 hosts".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // errPlaceInfeasible makes the command exit non-zero after printing an
 // infeasible placement.
 var errPlaceInfeasible = errors.New("place: request is infeasible")
 
 func printPlacement(out io.Writer, c *topology.Cluster, p sched.Placement) {
-	fmt.Fprintf(out, "cluster %s (%d hosts)\n", c.Name, len(c.Hosts))
+	fmt.Fprintf(out, "cluster %s (%s)\n", c.Name, count(len(c.Hosts), "host"))
 	if !p.Feasible {
 		fmt.Fprintln(out, "infeasible:")
 		for _, r := range p.Reasons {

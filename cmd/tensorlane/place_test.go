@@ -74,6 +74,11 @@ func TestPlaceRayAndText(t *testing.T) {
 	out.Reset()
 	require.NoError(t, runPlace(nil, &out, placeOptions{preset: "dgx-h100", hosts: 2, request: req}))
 	require.Contains(t, out.String(), "bundle 1")
+	require.Contains(t, out.String(), "(2 hosts)")
+	out.Reset()
+	one := writeFile(t, "one.json", `{"bundles":[{"kind":"gpu","devices":2}]}`)
+	require.NoError(t, runPlace(nil, &out, placeOptions{preset: "dgx-h100", hosts: 1, request: one}))
+	require.Contains(t, out.String(), "(1 host)", "singular for one")
 }
 
 func TestPlaceBadInput(t *testing.T) {
