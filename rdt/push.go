@@ -299,12 +299,12 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
+	start, end := src.Desc.Span()
+	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token}.For(start, end-start))
 	if err != nil {
 		return Transfer{}, err
 	}
 	defer pin.Release()
-	start, end := src.Desc.Span()
 	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
 		return Transfer{}, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
 	}

@@ -189,7 +189,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	var pin tensor.Buffer
 	switch {
 	case req.op == opRead:
-		pin, err = s.cfg.Source.Open(ctx, req.claim)
+		pin, err = s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
 	case s.cfg.Sink == nil:
 		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
 	default:
