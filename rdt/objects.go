@@ -35,6 +35,7 @@ type objectTable struct {
 	closing   bool          // Shutdown began: no new pins or leases
 	onFree    func(id fabric.ObjectID, why string)
 	blocked   func(ctx context.Context) error // test hook: a hung owner
+	pinned    func(ctx context.Context)       // test hook: runs once a read holds its pin
 }
 
 type object struct {
@@ -91,19 +92,26 @@ func (t *objectTable) Open(ctx context.Context, c fabric.Claim) (tensor.Buffer, 
 		}
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closing {
+		t.mu.Unlock()
 		return nil, fabric.ErrOwnerClosed
 	}
 	o, err := t.check(c)
 	if err != nil {
+		t.mu.Unlock()
 		return nil, err
 	}
 	if c.Offset < o.start || c.Length < 0 || c.Offset > o.end || c.Length > o.end-c.Offset {
+		t.mu.Unlock()
 		return nil, fmt.Errorf("%w: range [%d,+%d) outside the published view [%d,%d) of object %v", fabric.ErrUnauthorized, c.Offset, c.Length, o.start, o.end, o.id)
 	}
 	o.pins++
 	t.pins++
+	hook := t.pinned
+	t.mu.Unlock()
+	if hook != nil {
+		hook(ctx)
+	}
 	return &pin{table: t, obj: o}, nil
 }
 

@@ -89,6 +89,14 @@ type sinkTable struct {
 	incarnation uint64
 	mu          sync.Mutex
 	slots       map[fabric.ObjectID]*Slot
+	closing     bool // Shutdown began: no new pushes
+}
+
+// close refuses new pushes from now on (Shutdown); those writing finish.
+func (t *sinkTable) close() {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
 }
 
 var _ fabric.Sink = (*sinkTable)(nil)
@@ -121,7 +129,11 @@ func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte)
 	}
 	t.mu.Lock()
 	s, ok := t.slots[id]
+	closing := t.closing
 	t.mu.Unlock()
+	if closing {
+		return nil, ErrOwnerClosed
+	}
 	if !ok {
 		return nil, ErrObjectNotFound
 	}
