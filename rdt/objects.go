@@ -39,17 +39,17 @@ type objectTable struct {
 }
 
 type object struct {
-	id    fabric.ObjectID
-	buf   tensor.Buffer
-	desc  tensor.Desc
+	id   fabric.ObjectID
+	buf  tensor.Buffer
+	desc tensor.Desc
 	// start, end: the published view's byte range in buf (desc.Span());
 	// a claim grants these bytes and no others of the parent buffer.
 	start, end int64
 	layout     layoutSum // digest of desc, which leases must match
-	owner string // actor name
-	token []byte
-	pins  int
-	freed bool
+	owner      string    // actor name
+	token      []byte
+	pins       int
+	freed      bool
 	// released: the owner asked to free the object once no reader holds
 	// it. holders: reader peers with a lease and when it expires.
 	released bool
