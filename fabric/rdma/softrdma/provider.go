@@ -47,6 +47,10 @@ type Config struct {
 	// HandshakeTimeout bounds authenticating an accepted queue pair;
 	// default 10 s.
 	HandshakeTimeout time.Duration
+	// StallTimeout bounds each frame write of a responder: a requester
+	// that stops reading is dropped rather than holding the responder (and
+	// the registrations of its queue pair); default 30 s.
+	StallTimeout time.Duration
 }
 
 // Provider is the software verbs provider: each NIC is a TCP listener, a
@@ -80,6 +84,9 @@ func New(cfg Config) (*Provider, error) {
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxPayload)
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = 30 * time.Second
 	}
 	return &Provider{cfg: cfg}, nil
 }

@@ -20,9 +20,6 @@ const maxHandlers = 64
 // buffer.
 const directWrite = 16 << 10
 
-// responderTimeout bounds each frame write of a responder: a requester
-// that stops reading is dropped rather than holding the responder.
-const responderTimeout = 30 * time.Second
 
 // responder is the passive side of one accepted queue pair.
 type responder struct {
@@ -173,7 +170,7 @@ func (r *responder) badKey() error {
 func (r *responder) send(f frame, payload []byte, corrupt bool) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
-	r.conn.SetWriteDeadline(time.Now().Add(responderTimeout))
+	r.conn.SetWriteDeadline(time.Now().Add(r.dev.p.cfg.StallTimeout))
 	if len(payload) >= directWrite {
 		// One writev straight from the chunk: no copy into the buffer.
 		if err := r.w.Flush(); err != nil {
