@@ -80,7 +80,7 @@ func Start(ln net.Listener, cfg Config, handle func(net.Conn)) *Loop {
 	if m := cfg.Metrics; m != nil {
 		m.Limit.WithLabelValues(cfg.Name, "total").Set(float64(cfg.Limits.MaxConns))
 		m.Limit.WithLabelValues(cfg.Name, "peer").Set(float64(cfg.Limits.MaxConnsPerPeer))
-		m.Conns.WithLabelValues(cfg.Name).Set(0)
+		m.Conns.WithLabelValues(cfg.Name) // the series exists from the start, at 0
 	}
 	l.wg.Add(1)
 	go l.accept()
@@ -158,10 +158,11 @@ func (l *Loop) accept() {
 			continue
 		}
 		l.conns[c] = ""
-		n := len(l.conns)
 		l.wg.Add(1)
 		l.mu.Unlock()
-		l.count(func(m *fabric.ListenerMetrics) { m.Conns.WithLabelValues(l.cfg.Name).Set(float64(n)) })
+		// Inc and Dec, not Set(len): updates made outside the lock may land
+		// in any order.
+		l.count(func(m *fabric.ListenerMetrics) { m.Conns.WithLabelValues(l.cfg.Name).Inc() })
 		go l.serve(c)
 	}
 }
@@ -188,10 +189,9 @@ func (l *Loop) serve(c net.Conn) {
 			}
 		}
 		delete(l.conns, c)
-		n := len(l.conns)
 		l.mu.Unlock()
 		c.Close()
-		l.count(func(m *fabric.ListenerMetrics) { m.Conns.WithLabelValues(l.cfg.Name).Set(float64(n)) })
+		l.count(func(m *fabric.ListenerMetrics) { m.Conns.WithLabelValues(l.cfg.Name).Dec() })
 	}()
 	l.handle(c)
 }
