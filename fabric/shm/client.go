@@ -101,7 +101,8 @@ type Client struct {
 	closed bool
 	done   chan struct{} // closed by Close: wakes transfers waiting for a connection
 
-	afterMap func() // test hook: runs between mapping and copying
+	afterMap func()       // test hook: runs between mapping and copying
+	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
 }
 
 type ownerPool struct {
@@ -446,6 +447,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	}
 	m := held
 	if len(fds) == 1 {
+		if c.onFD != nil {
+			c.onFD(fds[0])
+		}
 		data, base, err := mapRegion(fds[0], g.objOff, g.objLen, key.push)
 		unix.Close(fds[0])
 		if err != nil {
