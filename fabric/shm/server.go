@@ -266,8 +266,8 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		unix.Close(h.FD)
 		return grant{}, -1, fmt.Errorf("shm: stat exported allocation: %w", err)
 	}
-	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), arenaSize: h.Size, objOff: h.Offset, objLen: h.Length}
-	if h.Access != access || g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.arenaSize || g.arenaSize > st.Size {
+	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
+	if h.Access != access || g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.fileSize || g.fileSize > st.Size {
 		unix.Close(h.FD)
 		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) %v of a %d-byte allocation (file %d bytes) is inconsistent", h.Offset, h.Length, h.Access, h.Size, st.Size)
 	}
@@ -282,7 +282,7 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 	return g, h.FD, nil
 }
 
-// mappingID names one object's place in one arena file. It is salted per
+// mappingID names one object's place in one allocation file. It is salted per
 // server so ids mean nothing outside it.
 func (s *Server) mappingID(dev, ino uint64, off, n int64) uint64 {
 	h := fnv.New64a()
