@@ -34,8 +34,11 @@ type segment struct {
 // nobody can truncate it under the owner's mapping (a SIGBUS in the owner).
 func newSegment(name string, size int64, populate bool) (*segment, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		return nil, fmt.Errorf("memfd: %w (every live allocation holds one descriptor: raise RLIMIT_NOFILE)", err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("memfd: %w", err)
 	}
 	fail := func(what string, err error) (*segment, error) {
 		unix.Close(fd)
@@ -52,6 +55,8 @@ func newSegment(name string, size int64, populate bool) (*segment, error) {
 	}
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
+		// ENOMEM here may also be vm.max_map_count: one mapping per live
+		// allocation.
 		return fail("map memfd", err)
 	}
 	if populate {

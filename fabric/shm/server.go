@@ -99,7 +99,8 @@ type Server struct {
 
 	loop *acceptor.Loop
 
-	corrupt atomic.Bool // test hook: damage the next grant
+	corrupt      atomic.Bool // test hook: damage the next grant
+	exportWarned atomic.Bool
 }
 
 // Listen creates the socket and starts serving.
@@ -201,6 +202,15 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	fd := -1
 	if err == nil && req.length > 0 {
 		g, fd, err = s.export(pin, req)
+		if err != nil && !errors.Is(err, tensor.ErrReleased) {
+			// The reader falls back to a worse path (and says so); say here
+			// why the owner could not grant, loudly the first time.
+			level := slog.LevelDebug
+			if !s.exportWarned.Swap(true) {
+				level = slog.LevelWarn
+			}
+			s.cfg.Logger.Log(s.ctx, level, "shm: cannot grant the object, the reader must take another path", "object", req.claim.Object, "push", req.op == opPush, "err", err)
+		}
 	}
 	if err != nil {
 		if pin != nil {
