@@ -15,6 +15,7 @@ import (
 // one, so a handle never reaches another allocation's memory.
 type segment struct {
 	fd   int
+	ro   int    // a read-only open of fd, made at the first read-only export; -1 before
 	data []byte // the whole mapping (page-rounded)
 
 	mu       sync.Mutex
@@ -65,7 +66,7 @@ func newSegment(name string, size int64, populate bool) (*segment, error) {
 		// without MADV_POPULATE_WRITE (before 5.14) fault on first touch.
 		_ = unix.Madvise(data, unix.MADV_POPULATE_WRITE)
 	}
-	return &segment{fd: fd, data: data}, nil
+	return &segment{fd: fd, ro: -1, data: data}, nil
 }
 
 // export makes a handle of the segment for another process. n is the
@@ -81,13 +82,21 @@ func (s *segment) export(a Access, n int64) (Handle, error) {
 	var fd int
 	switch a {
 	case ReadOnly:
-		// A new open file description, read-only: the only way to turn our
-		// read-write memfd into a descriptor that cannot write. It needs
-		// /proc; without it there is no safe descriptor to give.
+		if s.ro < 0 {
+			// A new open file description, read-only: the only way to turn
+			// our read-write memfd into a descriptor that cannot write. It
+			// needs /proc; without it there is no safe descriptor to give.
+			// It is kept, so later exports (one per transfer) only dup it.
+			ro, err := unix.Open("/proc/self/fd/"+strconv.Itoa(s.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return Handle{}, fmt.Errorf("%w: no read-only descriptor of the allocation (is /proc mounted?): %v", ErrExportAccess, err)
+			}
+			s.ro = ro
+		}
 		var err error
-		fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(s.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err = unix.FcntlInt(uintptr(s.ro), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			return Handle{}, fmt.Errorf("%w: no read-only descriptor of the allocation (is /proc mounted?): %v", ErrExportAccess, err)
+			return Handle{}, fmt.Errorf("tensor: export allocation: %w", err)
 		}
 		if !s.sealed && !s.writable {
 			// From now on nobody, root included, can write the file or map
@@ -144,7 +153,10 @@ func (s *segment) free() error {
 	if cerr := unix.Close(s.fd); err == nil {
 		err = cerr
 	}
-	s.data, s.fd = nil, -1
+	if s.ro >= 0 {
+		unix.Close(s.ro)
+	}
+	s.data, s.fd, s.ro = nil, -1, -1
 	return err
 }
 
