@@ -167,7 +167,7 @@ func demoLoop(ctx context.Context, rig *demoRig, interval time.Duration, log *sl
 			return
 		case <-t.C:
 		}
-		ts, err := rig.step(ctx, step)
+		ts, err := rig.step(ctx, step, func(demoTransfer) {})
 		if err != nil {
 			if ctx.Err() != nil {
 				return

@@ -9,11 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/tensorlane/tensorlane/bench"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -68,14 +68,18 @@ type demoTransfer struct {
 	Seconds  float64 `json:"seconds"`
 	GBps     float64 `json:"gbps"`
 	Verified bool    `json:"verified"`
+	// VsMemcpy is GBps over the run's memcpy baseline.
+	VsMemcpy float64 `json:"vs_memcpy"`
 }
 
 type demoResult struct {
-	OK        bool           `json:"ok"`
-	Simulated bool           `json:"simulated"`
-	Preset    string         `json:"preset"`
-	Hosts     int            `json:"hosts"`
-	Transfers []demoTransfer `json:"transfers"`
+	OK        bool   `json:"ok"`
+	Simulated bool   `json:"simulated"`
+	Preset    string `json:"preset"`
+	Hosts     int    `json:"hosts"`
+	// MemcpyGBps is the baseline: one tensor copied in this process.
+	MemcpyGBps float64        `json:"memcpy_gbps"`
+	Transfers  []demoTransfer `json:"transfers"`
 }
 
 // pattern is the known content of tensor i: every 8-byte word encodes its
@@ -100,15 +104,36 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	}
 	defer rig.close()
 	res := demoResult{OK: true, Simulated: rig.simulated, Preset: o.preset, Hosts: o.hosts}
+	// The baseline: one in-process memcpy of a tensor, measured now, on
+	// this machine (absolute figures drift; ratios say where a path stands).
+	res.MemcpyGBps = rig.memcpyGBps()
+	// Rows are printed as they complete: a first step over a slow path
+	// must not look like a hang.
+	row := func(demoTransfer) {}
+	if !o.json {
+		fmt.Fprintf(out, "tensorlane demo: %d simulated %s host(s), %d bf16 tensors of %s, %d readers\n",
+			o.hosts, o.preset, o.tensors, o.size, o.readers)
+		fmt.Fprintln(out, "(simulated devices: memfd-backed arenas, real copies; hosts talk over loopback)")
+		fmt.Fprintf(out, "baseline: memcpy of one tensor in this process, %.2f GB/s\n", res.MemcpyGBps)
+		const head = "%4s  %-10s  %-4s  %-6s  %-5s  %10s  %8s  %7s  %9s  %s\n"
+		fmt.Fprintf(out, head, "step", "reader", "host", "device", "path", "bytes", "seconds", "GB/s", "vs memcpy", "verified")
+		row = func(t demoTransfer) {
+			fmt.Fprintf(out, "%4d  %-10s  %-4s  %-6s  %-5s  %10s  %8.3f  %7.2f  %8.2fx  %v\n",
+				t.Step, t.Reader, t.Host, t.Device, t.Path, humanBytes(t.Bytes), t.Seconds, t.GBps, t.VsMemcpy, t.Verified)
+		}
+	}
 	for step := 1; step <= o.steps; step++ {
-		ts, err := rig.step(ctx, step)
+		_, err := rig.step(ctx, step, func(t demoTransfer) {
+			if res.MemcpyGBps > 0 {
+				t.VsMemcpy = t.GBps / res.MemcpyGBps
+			}
+			res.OK = res.OK && t.Verified
+			res.Transfers = append(res.Transfers, t)
+			row(t)
+		})
 		if err != nil {
 			return err
 		}
-		for _, t := range ts {
-			res.OK = res.OK && t.Verified
-		}
-		res.Transfers = append(res.Transfers, ts...)
 	}
 
 	if o.json {
@@ -116,19 +141,8 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 		if err := enc.Encode(res); err != nil {
 			return err
 		}
-	} else {
-		fmt.Fprintf(out, "tensorlane demo: %d simulated %s hosts, %d bf16 tensors of %s, %d readers\n",
-			o.hosts, o.preset, o.tensors, o.size, o.readers)
-		fmt.Fprintln(out, "(simulated devices: memfd-backed arenas, real copies; hosts talk over loopback)")
-		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "step\treader\thost\tdevice\tpath\tbytes\tseconds\tGB/s\tverified\t")
-		for _, t := range res.Transfers {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%.3f\t%.2f\t%v\t\n", t.Step, t.Reader, t.Host, t.Device, t.Path, t.Bytes, t.Seconds, t.GBps, t.Verified)
-		}
-		tw.Flush()
-		if o.steps > 1 {
-			fmt.Fprintln(out, "step 1 includes the first touch of the readers' fresh simulated memory (page population); later steps reuse it")
-		}
+	} else if o.steps > 1 {
+		fmt.Fprintln(out, "step 1 includes the first touch of the readers' fresh simulated memory (page population); later steps reuse it")
 	}
 	if !res.OK {
 		return fmt.Errorf("verification failed")
@@ -230,7 +244,7 @@ func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *d
 
 // step sends the refs to every reader, as control messages, and has each
 // reader Get and verify every tensor.
-func (d *demoRig) step(ctx context.Context, step int) ([]demoTransfer, error) {
+func (d *demoRig) step(ctx context.Context, step int, done func(demoTransfer)) ([]demoTransfer, error) {
 	var out []demoTransfer
 	// The refs travel as control messages, as they would between Ray actors.
 	for _, rd := range d.readers {
@@ -265,8 +279,42 @@ func (d *demoRig) step(ctx context.Context, step int) ([]demoTransfer, error) {
 		t.Seconds = elapsed.Seconds()
 		t.GBps = float64(t.Bytes) / t.Seconds / 1e9
 		out = append(out, t)
+		done(t)
 	}
 	return out, nil
+}
+
+// memcpyGBps measures the baseline: the best of three single-threaded
+// copies of one tensor's bytes in this process.
+func (d *demoRig) memcpyGBps() float64 {
+	dst := make([]byte, len(d.want))
+	best := time.Duration(0)
+	for range 3 {
+		if t := bench.Memcpy(dst, d.want); best == 0 || t < best {
+			best = t
+		}
+	}
+	if best <= 0 {
+		return 0
+	}
+	return float64(len(d.want)) / best.Seconds() / 1e9
+}
+
+// humanBytes writes n in binary units: "512 MiB", "1.5 GiB".
+func humanBytes(n int64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, i := float64(n)/1024, 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	if f == float64(int64(f)) {
+		return fmt.Sprintf("%d %ciB", int64(f), units[i])
+	}
+	return fmt.Sprintf("%.1f %ciB", f, units[i])
 }
 
 // drain discards messages left in the readers' inboxes by a failed step.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,11 +29,36 @@ func TestDemoJSON(t *testing.T) {
 	assert.Equal(t, map[string]int{"p2p": 4, "rdma": 4}, paths, "same-host readers use the NVLink path, others rdma (simulated NICs)")
 }
 
+// writes records each Write, to see rows leave as they complete.
+type writes struct{ calls []string }
+
+func (w *writes) Write(p []byte) (int, error) { w.calls = append(w.calls, string(p)); return len(p), nil }
+
 func TestDemoTable(t *testing.T) {
-	var out bytes.Buffer
-	require.NoError(t, runDemo(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 1, readers: 2, tensors: 1, steps: 1, size: "64KiB"}))
-	assert.Contains(t, out.String(), "verified")
-	assert.Contains(t, out.String(), "simulated")
+	var w writes
+	require.NoError(t, runDemo(context.Background(), &w, demoOptions{preset: "dgx-h100", hosts: 2, readers: 2, tensors: 2, steps: 1, size: "64KiB"}))
+	out := strings.Join(w.calls, "")
+	t.Log("\n" + out)
+	assert.Contains(t, out, "verified")
+	assert.Contains(t, out, "simulated")
+	assert.Contains(t, out, "vs memcpy")
+	assert.Regexp(t, `baseline: memcpy .* [0-9.]+ GB/s`, out)
+	rows := 0
+	for _, c := range w.calls {
+		if strings.Contains(c, "reader-") {
+			rows++
+			assert.Equal(t, 1, strings.Count(c, "\n"), "one row per write, as it completes: %q", c)
+			assert.Contains(t, c, "128 KiB", "bytes in human units")
+			assert.Regexp(t, `[0-9.]+x  true`, c, "a ratio to the baseline")
+		}
+	}
+	assert.Equal(t, 2, rows)
+}
+
+func TestHumanBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1 KiB", 3 << 19: "1.5 MiB", 512 << 20: "512 MiB", 1 << 30: "1 GiB"} {
+		assert.Equal(t, want, humanBytes(n))
+	}
 }
 
 func TestDemoBadFlags(t *testing.T) {
