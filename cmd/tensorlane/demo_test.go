@@ -32,7 +32,10 @@ func TestDemoJSON(t *testing.T) {
 // writes records each Write, to see rows leave as they complete.
 type writes struct{ calls []string }
 
-func (w *writes) Write(p []byte) (int, error) { w.calls = append(w.calls, string(p)); return len(p), nil }
+func (w *writes) Write(p []byte) (int, error) {
+	w.calls = append(w.calls, string(p))
+	return len(p), nil
+}
 
 func TestDemoTable(t *testing.T) {
 	var w writes

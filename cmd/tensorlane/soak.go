@@ -102,10 +102,14 @@ type soakResult struct {
 	BytesCorrupted int64 `json:"bytes_corrupted"`
 	LeakedBytes    int64 `json:"leaked_bytes"`
 
-	OK               bool             `json:"ok"`
-	Seed             uint64           `json:"seed"`
-	Seconds          float64          `json:"seconds"`
-	Attempts         int64            `json:"attempts"`
+	OK       bool    `json:"ok"`
+	Seed     uint64  `json:"seed"`
+	Seconds  float64 `json:"seconds"`
+	Attempts int64   `json:"attempts"`
+	// Outcomes accounts for every attempt, exactly once: "transferred",
+	// "error" (typed), "error_untyped", "corrupted", "hung", or
+	// "skipped:<reason>". They sum to Attempts.
+	Outcomes         map[string]int64 `json:"outcomes"`
 	BytesMoved       int64            `json:"bytes_moved"`
 	Faults           map[string]int64 `json:"faults"`
 	Errors           map[string]int64 `json:"errors"` // by code (see errorCode)
@@ -155,6 +159,7 @@ type soak struct {
 	faultKinds     map[string]int64
 	errCodes       map[string]int64
 	paths          map[string]int64
+	outcomes       map[string]int64
 	untypedSamples []string
 	maxCall        time.Duration
 	maxKill        time.Duration
@@ -183,7 +188,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	s := &soak{o: o, grace: 5 * time.Second, cluster: cluster, log: logger, maxSize: maxSize,
-		faultKinds: map[string]int64{}, errCodes: map[string]int64{}, paths: map[string]int64{}}
+		faultKinds: map[string]int64{}, errCodes: map[string]int64{}, paths: map[string]int64{}, outcomes: map[string]int64{}}
 	res := &soakResult{Seed: o.seed, GoroutinesBefore: runtime.NumGoroutine()}
 	start := time.Now()
 
@@ -244,11 +249,12 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 	res.Attempts, res.BytesMoved, res.UntypedErrors, res.ForgedAccepted = s.attempts.Load(), s.moved.Load(), s.untyped.Load(), s.forgedOK.Load()
 	s.mu.Lock()
 	res.Faults, res.Errors, res.Paths, res.UntypedSamples = s.faultKinds, s.errCodes, s.paths, s.untypedSamples
+	res.Outcomes = s.outcomes
 	res.MaxCallSeconds, res.MaxKillSeconds = s.maxCall.Seconds(), s.maxKill.Seconds()
 	s.mu.Unlock()
 	res.Seconds = time.Since(start).Seconds()
 	res.OK = res.Hung == 0 && res.BytesCorrupted == 0 && res.LeakedBytes == 0 && res.LeakedObjects == 0 &&
-		res.UntypedErrors == 0 && res.ForgedAccepted == 0
+		res.UntypedErrors == 0 && res.ForgedAccepted == 0 && res.Unaccounted() == 0
 	return res, nil
 }
 
@@ -410,7 +416,8 @@ func (s *soak) bounded(what string, fn func()) {
 }
 
 // surfaced records an error a call returned: typed (the contract) or not.
-func (s *soak) surface(op string, err error) {
+// surface counts an error a call returned and reports whether it was typed.
+func (s *soak) surface(op string, err error) bool {
 	code := errorCode(err)
 	s.surfaced.Add(1)
 	s.count(&s.errCodes, op+":"+code)
@@ -421,7 +428,9 @@ func (s *soak) surface(op string, err error) {
 			s.untypedSamples = append(s.untypedSamples, op+": "+err.Error())
 		}
 		s.mu.Unlock()
+		return false
 	}
+	return true
 }
 
 // transfer puts a random tensor on a random owner, reads it from a random
@@ -480,6 +489,11 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 	}
 
 	s.attempts.Add(1)
+	// Every attempt ends in exactly one outcome: its own, or "hung" when
+	// the call was abandoned without coming back.
+	var once sync.Once
+	outcome := func(o string) { once.Do(func() { s.count(&s.outcomes, o) }) }
+	defer outcome("hung") // reached first only if the call never came back
 	s.bounded("get", func() {
 		// The reader may be killed while the Fetch is in flight: rdt must
 		// abort it and release the destination before its arenas go.
@@ -490,8 +504,14 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		defer cancel()
 		t, xfer, err := actor.Fetch(gctx, ref, readerDev)
 		if err != nil {
-			if ctx.Err() == nil {
-				s.surface("get", err)
+			if ctx.Err() != nil {
+				outcome("skipped:soak_ended")
+				return
+			}
+			if s.surface("get", err) {
+				outcome("error")
+			} else {
+				outcome("error_untyped")
 			}
 			return
 		}
@@ -502,6 +522,7 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		defer reader.mu.RUnlock()
 		if reader.actor != actor {
 			s.count(&s.errCodes, "get:reader_killed_after_success")
+			outcome("skipped:reader_killed_after_success")
 			return
 		}
 		if forged != "" {
@@ -510,14 +531,20 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		}
 		p, err := t.SpanBytes()
 		if err != nil {
-			s.surface("get", err)
+			if s.surface("get", err) {
+				outcome("error")
+			} else {
+				outcome("error_untyped")
+			}
 			return
 		}
 		if bad := countMismatches(p, seed); bad > 0 {
+			outcome("corrupted")
 			s.corrupted.Add(bad)
 			s.log.Error("transfer delivered wrong bytes", "ref", ref, "bad", bad, "path", xfer.Stats.Transport)
 			return
 		}
+		outcome("transferred")
 		s.transfers.Add(1)
 		s.moved.Add(int64(len(p)))
 		s.count(&s.paths, xfer.Stats.Transport)
@@ -652,6 +679,15 @@ func (s *soak) kill(ctx context.Context, sl *soakSlot) {
 	s.connect(ctx, sl) // takes the other slots' locks; only this goroutine takes write locks
 }
 
+// Unaccounted is how many attempts have no outcome: must be 0.
+func (r *soakResult) Unaccounted() int64 {
+	n := r.Attempts
+	for _, v := range r.Outcomes {
+		n -= v
+	}
+	return n
+}
+
 func printSoak(w io.Writer, r *soakResult) {
 	fmt.Fprintf(w, "tensorlane soak: %.1f s, seed %d (simulated hosts in one process, loopback)\n", r.Seconds, r.Seed)
 	fmt.Fprintf(w, "transfers %d verified of %d attempts (%d bytes), faults injected %d, errors surfaced %d\n",
@@ -661,7 +697,7 @@ func printSoak(w io.Writer, r *soakResult) {
 	for _, m := range []struct {
 		name string
 		m    map[string]int64
-	}{{"faults", r.Faults}, {"errors", r.Errors}, {"paths", r.Paths}} {
+	}{{"attempts", r.Outcomes}, {"faults", r.Faults}, {"errors", r.Errors}, {"paths", r.Paths}} {
 		keys := make([]string, 0, len(m.m))
 		for k := range m.m {
 			keys = append(keys, k)
@@ -675,6 +711,9 @@ func printSoak(w io.Writer, r *soakResult) {
 	}
 	for _, u := range r.UntypedSamples {
 		fmt.Fprintln(w, "untyped:", u)
+	}
+	if n := r.Unaccounted(); n != 0 {
+		fmt.Fprintf(w, "UNACCOUNTED attempts: %d (every attempt must end as a transfer, a typed error or a named skip)\n", n)
 	}
 	fmt.Fprintf(w, "longest call %.2f s, longest kill+restart %.2f s; ok=%v\n", r.MaxCallSeconds, r.MaxKillSeconds, r.OK)
 }

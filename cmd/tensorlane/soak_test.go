@@ -44,6 +44,13 @@ func TestSoakShort(t *testing.T) {
 	assert.Zero(t, res.ForgedAccepted)
 	assert.Positive(t, res.Transfers)
 	assert.Positive(t, res.ErrorsSurfaced)
+	// Every attempt is a transfer, a typed error or a named skip (issue 19.7).
+	assert.Zero(t, res.Unaccounted(), "attempts %d, outcomes %v", res.Attempts, res.Outcomes)
+	assert.Equal(t, res.Transfers, res.Outcomes["transferred"])
+	for k := range res.Outcomes {
+		assert.Regexp(t, `^(transferred|error|skipped:[a-z_]+)$`, k)
+	}
+	assert.Contains(t, out.String(), "attempts: ")
 	for _, kind := range []string{"kill", "cut", "blackhole", "delay", "forged_token", "forged_incarnation"} {
 		assert.Positive(t, res.Faults[kind], "fault %s was injected", kind)
 	}
