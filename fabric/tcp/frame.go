@@ -140,6 +140,9 @@ type link struct {
 
 	enc     *tcodec.Encoder
 	dec     *tcodec.Decoder
+	// encoded counts blocks run through the encoder and sampleSkips the
+	// transfers a sample sent raw (tests, and the sender's debug log).
+	encoded, sampleSkips int
 	scratch []byte // compressed payloads on the receiving side
 	req     []byte
 }
@@ -235,6 +238,13 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 	if compress && l.enc == nil {
 		l.enc = tcodec.NewEncoder()
 	}
+	if compress && !l.sampleShrinks(data, hint) {
+		// A few small slices did not shrink: the rest will not either
+		// (random or already-compressed bytes). Send raw blocks rather
+		// than pay the codec on every one to learn it.
+		compress = false
+		l.sampleSkips++
+	}
 	for off := 0; off < len(data); {
 		v := l.vec[:0]
 		if prefix != nil {
@@ -247,6 +257,7 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 			h, payload := tcodec.RawHeader(p), p
 			if compress {
 				var err error
+				l.encoded++
 				if h, payload, err = l.enc.Encode(p, hint); err != nil {
 					return wire, err
 				}
@@ -267,6 +278,35 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 		}
 	}
 	return wire, nil
+}
+
+// Sampling: before compressing a transfer of at least sampleMin bytes, the
+// sender encodes sampleSlices slices of sampleSize bytes spread over it
+// (about 5% of a 1 MiB transfer, 0.3% of 16 MiB); unless one shrinks, the
+// transfer goes raw.
+const (
+	sampleSize   = 16 << 10
+	sampleSlices = 3
+	sampleMin    = 4 * sampleSlices * sampleSize
+)
+
+// sampleShrinks reports whether data looks compressible from a sample; a
+// transfer too small to sample is given the benefit of the doubt.
+func (l *link) sampleShrinks(data []byte, hint tcodec.Hint) bool {
+	if len(data) < sampleMin {
+		return true
+	}
+	step := (len(data) - sampleSize) / (sampleSlices - 1)
+	for i := range sampleSlices {
+		off := i * step
+		off -= off % 8 // keep elements (and planes) aligned
+		p := data[off : off+sampleSize]
+		h, _, err := l.enc.Encode(p, hint)
+		if err == nil && h.EncLen > 0 && h.EncLen < h.RawLen {
+			return true
+		}
+	}
+	return false
 }
 
 // skipBlocks reads past the tcodec blocks of n raw bytes without decoding
