@@ -54,7 +54,13 @@ type ServerConfig struct {
 	// between the grant and its "done" (the copy); default 60 s. A client
 	// that takes longer loses the connection and its transfer fails.
 	HoldTimeout time.Duration
-	Logger      *slog.Logger
+	// Limits caps connections (in total and per peer) and closes
+	// authenticated connections idle for longer than Limits.IdleTimeout;
+	// zero values mean fabric's defaults (1024, 128, 5 min).
+	Limits fabric.ListenerLimits
+	// ListenerMetrics counts the listener (label "shm"); nil: not counted.
+	ListenerMetrics *fabric.ListenerMetrics
+	Logger          *slog.Logger
 }
 
 func (c *ServerConfig) defaults() error {
@@ -84,6 +90,7 @@ func (c *ServerConfig) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	c.Limits = c.Limits.WithDefaults()
 	return nil
 }
 
@@ -126,7 +133,8 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, ln: ln, salt: binary.LittleEndian.Uint64(salt[:])}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.loop = acceptor.Start(ln, func(c net.Conn) { s.serve(c.(*net.UnixConn)) })
+	s.loop = acceptor.Start(ln, acceptor.Config{Name: "shm", Limits: cfg.Limits, Metrics: cfg.ListenerMetrics, Logger: cfg.Logger},
+		func(c net.Conn) { s.serve(c.(*net.UnixConn)) })
 	return s, nil
 }
 
@@ -156,11 +164,21 @@ func (s *Server) serve(c *net.UnixConn) {
 		s.cfg.Logger.Warn("shm connection out of step after the handshake", "peer", who)
 		return
 	}
+	if err := s.loop.Admit(c, who.String()); err != nil {
+		return
+	}
 	c.SetDeadline(time.Time{})
 	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
 	for {
+		// An authenticated connection may wait for its next request at
+		// most IdleTimeout: each one pins a descriptor and a goroutine.
+		c.SetReadDeadline(time.Now().Add(s.cfg.Limits.IdleTimeout))
 		p, fds, err := recvPacket(c, buf, oob)
 		closeAll(fds) // clients send no descriptors
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			s.loop.Dropped("idle", who.String())
+			return
+		}
 		if err != nil {
 			if !errors.Is(err, errEOFPacket) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("shm connection ended", "peer", who, "err", err)
@@ -188,7 +206,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	var pin tensor.Buffer
 	switch {
 	case req.op == opRead:
-		pin, err = s.cfg.Source.Open(ctx, req.claim)
+		pin, err = s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
 	case s.cfg.Sink == nil:
 		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
 	default:
@@ -251,9 +269,9 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
 		return err
 	}
-	// Unpin (the deferred Release) and wait for the next request: the done
-	// is not acknowledged, so the client never waits for us in between.
-	c.SetReadDeadline(time.Time{})
+	// Unpin (the deferred Release) and wait for the next request (serve
+	// sets the idle deadline): the done is not acknowledged, so the client
+	// never waits for us in between.
 	return nil
 }
 

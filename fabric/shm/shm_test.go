@@ -668,3 +668,19 @@ func TestReadDescriptorIsReadOnly(t *testing.T) {
 	require.NoError(t, err)
 	unix.Munmap(rw)
 }
+
+// A pooled connection the server reaped as idle is replaced on the next
+// read, which succeeds.
+func TestPooledConnReapedAsIdle(t *testing.T) {
+	const n = 64 << 10
+	f := newFixture(t, n, func(s *ServerConfig, _ *Config) { s.Limits.IdleTimeout = 100 * time.Millisecond })
+	ctx := context.Background()
+	for i := range 2 {
+		dst, p := hostDst(t, n)
+		_, err := f.cli.SHM().Read(ctx, f.remote(n), dst)
+		require.NoError(t, err, "read %d", i)
+		require.Equal(t, f.data, p)
+		require.Eventually(t, func() bool { return f.srv.connCount() == 0 }, 20*time.Second, 5*time.Millisecond,
+			"the server reaps the idle pooled connection")
+	}
+}
