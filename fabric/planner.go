@@ -211,7 +211,7 @@ func (p *Planner) BestAllowed(src, dst Endpoint) (string, topology.Path) {
 	switch {
 	case sameProc && path.Class == topology.PathSELF:
 		return Local, path
-	case path.Class == topology.PathNV:
+	case path.PeerToPeer(): // a device link, or PCIe P2P under a switch
 		return P2P, path
 	case sameProc && path.Class.SameHost():
 		return Local, path

@@ -188,3 +188,12 @@ func CheckRange(off, n, size int64) error {
 	}
 	return nil
 }
+
+// PeerReason says why a peer-to-peer path serves a pair: "device link
+// NV18 (nvlink, 450 GB/s)" or "PCIe peer-to-peer PIX (50 GB/s)".
+func PeerReason(p topology.Path) string {
+	if p.Link == topology.LinkPCIe {
+		return fmt.Sprintf("PCIe peer-to-peer %v (%.0f GB/s)", p, p.GBps)
+	}
+	return fmt.Sprintf("device link %v (%s, %.0f GB/s)", p, p.Link, p.GBps)
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
 )
 
 // Explain names every candidate distinctly, stars exactly one, and refuses
@@ -43,4 +44,45 @@ func TestExplainReadable(t *testing.T) {
 	assert.NotContains(t, bad.String(), "\n  * ")
 	_, err = neighbour.Get(ctx, ref, tensor.GPUDevice(9))
 	assert.ErrorIs(t, err, ErrUnknownDevice, "Get and Explain agree")
+}
+
+// On a PCIe-only server the planner takes PCIe P2P under a switch and
+// stages through host memory across the host bridge (issue 19.11).
+func TestExplainPCIeOnlyServer(t *testing.T) {
+	ctx := context.Background()
+	cl, err := topology.Preset("rtx-pro-6000", 1)
+	require.NoError(t, err)
+	mk := func() *Runtime {
+		r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 16 << 20})
+		require.NoError(t, err)
+		t.Cleanup(func() { r.Shutdown(ctx) })
+		return r
+	}
+	a, b := mk(), mk() // two processes of one host, as far as the planner knows
+	owner, _ := a.Spawn("owner")
+	other, _ := b.Spawn("other")
+	x := fill(t, a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		actor  *Actor
+		dst    int
+		chosen string
+		why    string
+	}{
+		{other, 1, "p2p", "PCIe peer-to-peer PIX"},
+		{other, 2, "shm", ""},
+		{other, 7, "shm", ""},
+		{owner, 1, "p2p", "PCIe peer-to-peer PIX"},
+		{owner, 4, "local", ""},
+	} {
+		plan := tc.actor.Explain(ref, tensor.GPUDevice(tc.dst))
+		assert.Equal(t, tc.chosen, plan.Chosen, "gpu:0 -> gpu:%d\n%v", tc.dst, plan)
+		assert.False(t, plan.Degraded, "%v", plan)
+		assert.Contains(t, plan.String(), tc.why)
+		got, xfer, err := tc.actor.Fetch(ctx, ref, tensor.GPUDevice(tc.dst))
+		require.NoError(t, err)
+		assert.Equal(t, tc.chosen, xfer.Stats.Transport)
+		got.Release()
+	}
 }

@@ -76,8 +76,14 @@ const (
 	LabelBlock        = "topology.tensorlane.io/block"
 	LabelNVLinkDomain = "topology.tensorlane.io/nvlink-domain"
 	LabelSlice        = "topology.tensorlane.io/slice"
-	LabelZone         = "topology.kubernetes.io/zone"
-	LabelAccelerator  = "tensorlane.io/accelerator"
+	// LabelPCIeP2P marks a host whose accelerators copy to each other over
+	// PCIe (peer-to-peer through a switch, no host memory): the value is
+	// the farthest PCIe class that still does it and the throughput, e.g.
+	// "PXB:50" (PIX and PXB pairs, 50 GB/s each way). Pairs farther apart
+	// go through the host bridge and stage in host memory.
+	LabelPCIeP2P     = "topology.tensorlane.io/pcie-p2p"
+	LabelZone        = "topology.kubernetes.io/zone"
+	LabelAccelerator = "tensorlane.io/accelerator"
 )
 
 // NUMANode is one memory locality domain of a host.

@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -131,7 +132,40 @@ func (c *Cluster) PathBetween(a, b Endpoint) Path {
 			return Path{Class: PathNV, Link: l.Kind, Lanes: l.Lanes, GBps: l.GBps}
 		}
 	}
-	return Path{Class: ha.pcieClass(a.Device, b.Device)}
+	class := ha.pcieClass(a.Device, b.Device)
+	if a.Device != HostMemory && b.Device != HostMemory {
+		if limit, gbps, ok := ha.pcieP2P(); ok && class != PathSYS && class <= limit {
+			return Path{Class: class, Link: LinkPCIe, GBps: gbps}
+		}
+	}
+	return Path{Class: class}
+}
+
+// PeerToPeer reports whether the path is a device-to-device one a peer
+// copy can take without staging in host memory: a device link (NV#), or
+// PCIe peer-to-peer through a switch on hosts labelled LabelPCIeP2P.
+func (p Path) PeerToPeer() bool {
+	return p.Class == PathNV || p.Link == LinkPCIe
+}
+
+// pcieP2P parses the host's LabelPCIeP2P: the farthest class that does
+// peer-to-peer, and its throughput.
+func (h *Host) pcieP2P() (PathClass, float64, bool) {
+	v := h.Labels[LabelPCIeP2P]
+	if v == "" {
+		return 0, 0, false
+	}
+	name, rate, _ := strings.Cut(v, ":")
+	gbps, err := strconv.ParseFloat(rate, 64)
+	if err != nil || gbps <= 0 {
+		return 0, 0, false
+	}
+	for _, c := range []PathClass{PathPIX, PathPXB, PathPHB, PathNODE} {
+		if c.String() == name {
+			return c, gbps, true
+		}
+	}
+	return 0, 0, false
 }
 
 // pcieClass classifies two endpoints of one host by their PCIe placement.

@@ -30,13 +30,15 @@ type presetInfo struct {
 }
 
 var presetInfos = map[string]presetInfo{
-	"dgx-h100":    {build: dgxH100, doc: "NVIDIA DGX H100: 8 H100 80GB, NV18 all-to-all, 8x400Gb/s RDMA"},
-	"dgx-b200":    {build: dgxB200, doc: "NVIDIA DGX B200: 8 B200 180GB, NV18 (NVLink 5) all-to-all, 8x400Gb/s RDMA"},
-	"gb200-nvl72": {build: gb200Tray, hostsPerRack: 18, maxHostsPerRack: 18, nvlinkRack: true, doc: "NVIDIA GB200 NVL72 compute tray: 2 Grace + 4 B200; 18 trays per rack form one NVLink domain"},
-	"mi355x":      {build: mi355x, doc: "AMD Instinct MI355X platform: 8 MI355X 288GB, xGMI all-to-all, 8x400Gb/s RDMA"},
-	"tpu-v5p":     {build: tpuV5p, hostsPerRack: 16, tpuSlice: true, doc: "Google TPU v5p host: 4 chips (2x2x1), ICI; hosts grouped into slices (default 2x2x4)"},
-	"trn2":        {build: trn2, doc: "AWS trn2.48xlarge: 16 Trainium2, NeuronLink 4x4 torus, 16x200Gb/s EFA"},
-	"gaudi3":      {build: gaudi3, doc: "Intel Gaudi 3 HLS: 8 Gaudi3 128GB, 3x200GbE RoCE to each peer, 3x200GbE scale-out each"},
+	"dgx-h100":     {build: dgxH100, doc: "NVIDIA DGX H100: 8 H100 80GB, NV18 all-to-all, 8x400Gb/s RDMA"},
+	"dgx-b200":     {build: dgxB200, doc: "NVIDIA DGX B200: 8 B200 180GB, NV18 (NVLink 5) all-to-all, 8x400Gb/s RDMA"},
+	"gb200-nvl72":  {build: gb200Tray, hostsPerRack: 18, maxHostsPerRack: 18, nvlinkRack: true, doc: "NVIDIA GB200 NVL72 compute tray: 2 Grace + 4 B200; 18 trays per rack form one NVLink domain"},
+	"mi355x":       {build: mi355x, doc: "AMD Instinct MI355X platform: 8 MI355X 288GB, xGMI all-to-all, 8x400Gb/s RDMA"},
+	"tpu-v5p":      {build: tpuV5p, hostsPerRack: 16, tpuSlice: true, doc: "Google TPU v5p host: 4 chips (2x2x1), ICI; hosts grouped into slices (default 2x2x4)"},
+	"trn2":         {build: trn2, doc: "AWS trn2.48xlarge: 16 Trainium2, NeuronLink 4x4 torus, 16x200Gb/s EFA"},
+	"gaudi3":       {build: gaudi3, doc: "Intel Gaudi 3 HLS: 8 Gaudi3 128GB, 3x200GbE RoCE to each peer, 3x200GbE scale-out each"},
+	"rtx-pro-6000": {build: rtxPro6000, doc: "8x NVIDIA RTX PRO 6000 Blackwell Server Edition 96GB, PCIe Gen5 only (no NVLink): P2P under a switch, host memory across"},
+	"tpu-ironwood": {build: tpuIronwood, hostsPerRack: 16, tpuSlice: true, doc: "Google TPU7x (Ironwood) host: 4 chips (2x2x1) of 192 GiB, ICI; hosts grouped into slices (default 2x2x4)"},
 }
 
 // presets is kept for code that looked up builders directly.
@@ -495,5 +497,83 @@ func trn2(i int) *Host {
 		}
 		return h.Links[i].B < h.Links[j].B
 	})
+	return h
+}
+
+// rtxPro6000 models a PCIe-only server of 8 NVIDIA RTX PRO 6000 Blackwell
+// Server Edition GPUs (96 GB GDDR7, PCIe Gen5 x16, no NVLink), laid out like
+// NVIDIA's RTX PRO Server reference design: two sockets, two PCIe switches
+// per socket (the ConnectX-8 SuperNIC's, or a standalone Gen5 switch), each
+// with two GPUs and one 400 Gb/s RDMA NIC. GPUs under one switch copy to
+// each other over PCIe (P2P, about 50 GB/s each way on Gen5 x16); any other
+// pair goes through the host bridge, which the planner treats as staging in
+// host memory (shm, or a local copy in one process), as NCCL does by
+// default above PXB.
+func rtxPro6000(i int) *Host {
+	h := &Host{
+		ID: fmt.Sprintf("h%d", i),
+		Labels: map[string]string{
+			LabelAccelerator: "RTX-PRO-6000",
+			LabelPCIeP2P:     "PXB:50",
+		},
+		NUMA: []NUMANode{
+			{ID: 0, CPUs: "0-63,128-191", MemoryBytes: 1024 * gib, Distances: []int{10, 32}},
+			{ID: 1, CPUs: "64-127,192-255", MemoryBytes: 1024 * gib, Distances: []int{32, 10}},
+		},
+	}
+	for sw := 0; sw < 4; sw++ {
+		numa := sw / 2
+		rp, id := fmt.Sprintf("rp%d", sw), fmt.Sprintf("sw%d", sw)
+		h.Switches = append(h.Switches, PCIeSwitch{ID: rp, NUMA: numa}, PCIeSwitch{ID: id, NUMA: numa, Parent: rp})
+		for k := 0; k < 2; k++ {
+			g := 2*sw + k
+			h.Devices = append(h.Devices, Device{
+				Index: g, Kind: KindGPU, Vendor: "nvidia", Model: "RTX-PRO-6000-Blackwell-SE-96GB",
+				MemoryBytes: 96 * gib, NUMA: numa, PCIeSwitch: id,
+				BusID: fmt.Sprintf("0000:%02x:00.0", 0x18+g*0x10),
+			})
+		}
+		h.NICs = append(h.NICs, NIC{
+			Name: fmt.Sprintf("ibp%ds0", 0x20+sw*0x20), RDMADevice: mlx5Name(sw),
+			SpeedGbps: 400, NUMA: numa, PCIeSwitch: id,
+			BusID: fmt.Sprintf("0000:%02x:00.0", 0x20+sw*0x20),
+		})
+	}
+	return h
+}
+
+// tpuIronwood models one Google TPU7x (Ironwood) VM: 4 chips (192 GiB HBM
+// each) laid out 2x2, each joined to its x and y neighbour by ICI (the z
+// links leave the host towards the next worker of the slice), two NUMA
+// nodes with one data-centre NIC each (no RDMA). ICI per link, each way:
+// Google gives 1.2 TB/s bidirectional per chip over the six links of a 3D
+// torus, so 100 GB/s.
+func tpuIronwood(i int) *Host {
+	h := &Host{
+		ID:     fmt.Sprintf("h%d", i),
+		Labels: map[string]string{LabelAccelerator: "tpu7x"},
+		NUMA: []NUMANode{
+			{ID: 0, CPUs: "0-47,96-143", MemoryBytes: 480 * gib, Distances: []int{10, 20}},
+			{ID: 1, CPUs: "48-95,144-191", MemoryBytes: 480 * gib, Distances: []int{20, 10}},
+		},
+	}
+	for c := 0; c < tpuChipsPerHost; c++ {
+		numa := c / 2
+		rp := fmt.Sprintf("rp%d", c)
+		h.Switches = append(h.Switches, PCIeSwitch{ID: rp, NUMA: numa})
+		h.Devices = append(h.Devices, Device{
+			Index: c, Kind: KindTPU, Vendor: "google", Model: "TPU7x-Ironwood",
+			MemoryBytes: 192 * gib, NUMA: numa, PCIeSwitch: rp,
+			BusID: fmt.Sprintf("0000:%02x:00.0", 0x05+c),
+		})
+	}
+	for n := 0; n < 2; n++ {
+		rp := fmt.Sprintf("rp-nic%d", n)
+		h.Switches = append(h.Switches, PCIeSwitch{ID: rp, NUMA: n})
+		h.NICs = append(h.NICs, NIC{Name: fmt.Sprintf("ens%d", 8+n), SpeedGbps: 200, NUMA: n, PCIeSwitch: rp, BusID: fmt.Sprintf("0000:%02x:00.0", 0x08+n)})
+	}
+	for _, p := range [][2]int{{0, 1}, {2, 3}, {0, 2}, {1, 3}} {
+		h.Links = append(h.Links, Link{A: p[0], B: p[1], Kind: LinkICI, Lanes: 1, GBps: 100})
+	}
 	return h
 }

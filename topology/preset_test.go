@@ -25,6 +25,8 @@ func TestPresetsShape(t *testing.T) {
 		{"tpu-v5p", 4, KindTPU, 0, 4, [2]int{0, 1}, "ICI"},
 		{"trn2", 16, KindNeuron, 16, 32, [2]int{0, 1}, "NL"},
 		{"gaudi3", 8, KindHPU, 8, 28, [2]int{0, 1}, "ROCE3"},
+		{"rtx-pro-6000", 8, KindGPU, 4, 0, [2]int{0, 1}, "PIX"},
+		{"tpu-ironwood", 4, KindTPU, 0, 4, [2]int{0, 1}, "ICI"},
 	}
 	require.Len(t, Presets(), len(tests))
 	for _, tt := range tests {
@@ -209,4 +211,48 @@ func TestNilSafety(t *testing.T) {
 	assert.Nil(t, nc.HostIDs())
 	_, ok = nc.Host("a")
 	assert.False(t, ok)
+}
+
+// The PCIe-only server: pairs under one switch are peer-to-peer over PCIe,
+// the rest meet at the host bridge or across sockets (issue 19.11).
+func TestRTXPro6000Paths(t *testing.T) {
+	c, err := Preset("rtx-pro-6000", 1)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		a, b  int
+		class PathClass
+		p2p   bool
+	}{
+		{0, 1, PathPIX, true},   // one switch
+		{0, 2, PathNODE, false}, // two switches of one socket: host bridge
+		{0, 7, PathSYS, false},  // across sockets
+		{6, 7, PathPIX, true},
+	} {
+		p := c.PathBetween(Endpoint{"h0", tc.a}, Endpoint{"h0", tc.b})
+		assert.Equal(t, tc.class, p.Class, "gpu%d-gpu%d", tc.a, tc.b)
+		assert.Equal(t, tc.p2p, p.PeerToPeer(), "gpu%d-gpu%d", tc.a, tc.b)
+		if tc.p2p {
+			assert.Equal(t, 50.0, p.GBps)
+		}
+	}
+	assert.False(t, c.PathBetween(Endpoint{"h0", 0}, Endpoint{"h0", HostMemory}).PeerToPeer())
+	h, _ := c.Host("h0")
+	assert.Empty(t, h.Links, "no NVLink")
+	nics := h.NearestNICs(3)
+	require.NotEmpty(t, nics)
+	assert.Equal(t, "sw1", nics[0].PCIeSwitch, "each GPU pair's NIC is under its switch")
+}
+
+func TestIronwoodSlices(t *testing.T) {
+	c, err := NewCluster(ClusterSpec{Preset: "tpu-ironwood", Hosts: 8})
+	require.NoError(t, err)
+	require.Len(t, c.DomainsOf(DomainSlice), 2)
+	h0, _ := c.Host("h0")
+	assert.Equal(t, int64(192)<<30, h0.Devices[0].MemoryBytes)
+	assert.Len(t, h0.NICs, 2)
+	assert.Equal(t, "2x2x4", h0.Labels[LabelSliceShape])
+	p := c.PathBetween(Endpoint{"h0", 0}, Endpoint{"h3", 3})
+	assert.Equal(t, PathMNNVL, p.Class)
+	assert.Equal(t, LinkICI, p.Link)
+	assert.Equal(t, PathNET, c.PathBetween(Endpoint{"h3", 0}, Endpoint{"h4", 0}).Class)
 }

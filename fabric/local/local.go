@@ -109,10 +109,10 @@ func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 		return fabric.Cost{Reason: "no topology: device links unknown"}, false
 	}
 	path := t.cfg.Topology.PathBetween(src.TopologyEndpoint(), dst.TopologyEndpoint())
-	if path.Class != topology.PathNV {
+	if !path.PeerToPeer() {
 		return fabric.Cost{Path: path, Reason: fmt.Sprintf("devices not linked (path %v)", path)}, false
 	}
-	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fmt.Sprintf("device link %v (%s, %.0f GB/s)", path, path.Link, path.GBps)}, true
+	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fabric.PeerReason(path)}, true
 }
 
 // Read copies the object straight from the owner device's arena into dst.

@@ -92,10 +92,10 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	switch {
 	case t.c.cfg.Topology == nil:
 		return fabric.Cost{Reason: "no topology: device links unknown"}, false
-	case path.Class != topology.PathNV:
+	case !path.PeerToPeer():
 		return fabric.Cost{Path: path, Reason: fmt.Sprintf("devices not linked (path %v)", path)}, false
 	}
-	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fmt.Sprintf("device link %v (%s, %.0f GB/s) to another process: the object mapped by descriptor", path, path.Link, path.GBps)}, true
+	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fabric.PeerReason(path) + " to another process: the object mapped by descriptor"}, true
 }
 
 // Read copies src's bytes from the owner's object into dst. Every read asks
