@@ -10,10 +10,21 @@
 // Receive) or in any channel of the caller's (MarshalBinary).
 //
 // A reader calls Get(ctx, ref, dstDevice). The fabric planner compares owner
-// and reader in the topology and takes the best path: a zero-copy view on the
-// owner's own device, a device-to-device copy over a device link (p2p), or
-// the authenticated, checksummed tcp transport between hosts. Explain tells
-// which path a Get takes and why. Every blocking call honours its context
+// and reader in the topology and takes the best path: local (a zero-copy
+// view on the owner's own device, a copy within the process otherwise), p2p
+// (device to device over a device link or PCIe peer-to-peer, across
+// processes by passing the owner's memfd), shm (another process of the same
+// host, through shared memory), rdma (other hosts, one-sided reads through
+// the NIC nearest each device, striped over rails), or tcp (anything
+// reachable: authenticated, checksummed, multi-stream). Explain tells which
+// path a Get takes and why; a worse path than the topology allows is logged
+// and counted.
+//
+// Several processes may share a host, each claiming some of its devices
+// (Config.VisibleDevices, TENSORLANE_DEVICES); a device claimed by another
+// live process is refused with ErrDeviceClaimed. Actor addresses and refs
+// have text and binary forms (ParseActorAddr, ParseRef) for bootstrapping
+// over any channel. Every blocking call honours its context
 // and, without a deadline, Config.TransferTimeout.
 //
 // Lifecycle. References are counted with leases: a reader runtime that
@@ -46,5 +57,6 @@
 // Errors are typed: ErrMalformedRef, ErrObjectNotFound, ErrObjectFreed,
 // ErrStaleRef, ErrUnauthorized (a forged token, a peer not admitted),
 // ErrOwnerDied, ErrPeerUnreachable, ErrTransferStalled, ErrOutOfMemory,
-// ErrTooSmall, ErrClosed; test them with errors.Is.
+// ErrTooSmall, ErrClosed, ErrDeviceClaimed, ErrDeliveryUnknown,
+// ErrMalformedAddr; test them with errors.Is.
 package rdt
