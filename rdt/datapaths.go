@@ -141,7 +141,9 @@ func (r *Runtime) registerer() prometheus.Registerer {
 
 // Export shares a pinned object's memory with another process (the p2p and
 // shm paths map it) for as long as the pin is held.
-func (p *pin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.obj.buf) }
+func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
+	return tensor.ExportOf(p.obj.buf, a)
+}
 
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {

@@ -247,7 +247,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		access = AccessRemoteWrite
 		pin, err = s.cfg.Sink.OpenSink(octx, req.claim)
 	} else {
-		pin, err = s.cfg.Source.Open(octx, req.claim)
+		pin, err = s.cfg.Source.Open(octx, req.claim.For(req.offset, req.length))
 	}
 	if err != nil {
 		return nil, err

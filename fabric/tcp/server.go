@@ -187,7 +187,7 @@ func refuse(l *link, err error) error {
 
 // open resolves a claim with a bounded wait and checks the range.
 func (s *Server) open(claims *claimCtx, req request, resolve func(context.Context, fabric.Claim) (tensor.Buffer, error)) (tensor.Buffer, []byte, error) {
-	pin, err := resolve(claims.begin(), req.claim)
+	pin, err := resolve(claims.begin(), req.claim.For(req.offset, req.length))
 	claims.end()
 	if err != nil {
 		return nil, nil, err
