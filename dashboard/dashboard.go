@@ -64,6 +64,7 @@ type Handler struct {
 	log     *slog.Logger
 	process *prometheus.Registry
 	started time.Time
+	tput    throughputState // throughput.go
 }
 
 var _ http.Handler = (*Handler)(nil)
@@ -98,6 +99,7 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /api/topology", h.topology)
 	h.mux.HandleFunc("GET /api/topology.svg", h.topologySVG)
 	h.mux.HandleFunc("GET /api/transfers", h.transfers)
+	h.mux.HandleFunc("GET /api/throughput", h.throughput)
 	h.mux.HandleFunc("GET /api/objects", h.objects)
 	h.mux.HandleFunc("GET /api/memory", h.memory)
 	h.mux.HandleFunc("GET /api/placements", h.placements)

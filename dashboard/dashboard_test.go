@@ -118,6 +118,25 @@ func TestHandler(t *testing.T) {
 	assert.Contains(t, []string{"tcp", "rdma"}, paths["h1"], "other host: a network path")
 	assert.Empty(t, xf.Live)
 
+	// Throughput per path, per second, over the last minute: each transfer
+	// counted once however often the page polls.
+	var tp Throughput
+	for range 2 {
+		body, _ = get(t, srv, "/api/throughput")
+		tp = Throughput{}
+		require.NoError(t, json.Unmarshal([]byte(body), &tp))
+	}
+	assert.Equal(t, 60, tp.Seconds)
+	total := map[string]float64{}
+	for p, v := range tp.GBps {
+		require.Len(t, v, 60, p)
+		for _, x := range v {
+			total[p] += x
+		}
+	}
+	assert.InDelta(t, 4096/1e9, total["p2p"], 1e-12, "one 4 KiB p2p transfer, counted once: %v", tp.GBps)
+	assert.InDelta(t, 4096/1e9, total[paths["h1"]], 1e-12)
+
 	var objs []rdt.ObjectInfo
 	body, _ = get(t, srv, "/api/objects")
 	require.NoError(t, json.Unmarshal([]byte(body), &objs))

@@ -173,7 +173,7 @@ func TestDashboardBrowser(t *testing.T) {
 	url := startDashboard(t)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1500, 1100),
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000), // a common laptop width: the page must fit it
 		chromedp.Flag("disable-dev-shm-usage", true))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelAlloc()
@@ -205,7 +205,30 @@ func TestDashboardBrowser(t *testing.T) {
 	assert.Contains(t, recentText, "reader-")
 	assert.Contains(t, recentText, "h1/gpu:1", "a cross-host reader of the demo appears")
 	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelectorAll('#overlay path.xfer').length > 0`, chromedp.WithPollingTimeout(10*time.Second)))
-	require.NoError(t, err, "transfer arrows drawn on the picture")
+	if err != nil {
+		status, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#status`)))
+		t.Fatalf("no transfer arrows drawn on the picture (page status: %s): %v", status, err)
+	}
+	// What a person sees (issue 19.9): the page fits the window, the
+	// throughput chart draws a line per path that moved bytes, the flat
+	// transfer list stays short, and arrows mark the recent flows.
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelectorAll('#throughput polyline.series').length > 0`, chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "a throughput series")
+	peak, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`[...document.querySelectorAll('#throughput polyline.series')].some(p => p.getAttribute('points').split(' ').some(xy => +xy.split(',')[1] < 200))`))
+	require.NoError(t, err)
+	assert.True(t, peak, "some series rises above zero")
+	legend, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#tput-legend`)))
+	require.NoError(t, err)
+	assert.Regexp(t, `(p2p|rdma|tcp) [0-9.e-]+ GB/s \(5 s mean\)`, legend)
+	width, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, width, 1400, "no horizontal scrolling at 1400 px")
+	shown, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('#recent tbody tr').length`))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, shown, 10, "the recent list shows the newest few, the rest folded")
+	side, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const a = document.querySelector('#topology-section').getBoundingClientRect(), b = document.querySelector('#throughput-section').getBoundingClientRect(); return b.left >= a.right - 1 && b.top < a.bottom; })()`))
+	require.NoError(t, err)
+	assert.True(t, side, "the chart sits beside the picture at 1400 px")
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 

@@ -46,8 +46,10 @@ async function loadPicture() {
   if (old) old.replaceWith(fresh); else pic.insertBefore(fresh, $("#overlay"));
 }
 
-// Arrows for live transfers and those that ended in the last few seconds,
-// from the object's device to the reader's.
+// Arrows on the picture for live transfers and those that ended in the
+// last 30 s (fading with age), from the object's device to the reader's, so
+// a capture of the page shows where bytes flow even between bursts.
+const arrowWindow = 30000;
 function drawOverlay(live, recent) {
   const pic = $("#picture"), svg = pic.querySelector("svg#topology"), ov = $("#overlay");
   if (!svg) return;
@@ -61,8 +63,10 @@ function drawOverlay(live, recent) {
   };
   svg.querySelectorAll("g.device.active").forEach((g) => g.classList.remove("active"));
   const now = Date.now();
-  const shown = live.concat(recent.filter((t) => now - Date.parse(t.start) - t.duration_ns / 1e6 < 4000)).slice(0, 40);
-  let out = `<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse"><path d="M0 0L10 5L0 10z" fill="#d97706"/></marker></defs>`;
+  const age = (t) => t.live ? 0 : Math.max(0, now - Date.parse(t.start) - t.duration_ns / 1e6);
+  const shown = live.concat(recent.filter((t) => age(t) < arrowWindow)).slice(0, 60);
+  const marks = Object.entries(pathColors).concat([["error", "#c0392b"], ["other", "#d97706"]]);
+  let out = `<defs>${marks.map(([p, c]) => `<marker id="arrow-${p}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse"><path d="M0 0L10 5L0 10z" fill="${c}"/></marker>`).join("")}</defs>`;
   const seen = new Set();
   for (const t of shown) {
     const key = t.src + ">" + t.dst;
@@ -71,11 +75,47 @@ function drawOverlay(live, recent) {
     const a = centre(t.src), b = centre(t.dst);
     for (const ep of [t.src, t.dst]) { const g = svg.querySelector(`g[data-ep="${CSS.escape(ep)}"]`); if (g) g.classList.add("active"); }
     if (!a || !b || (a[0] === b[0] && a[1] === b[1])) continue;
-    const col = t.error ? "#c0392b" : t.live ? "#d97706" : "#f59e0b";
+    const col = t.error ? "#c0392b" : (pathColors[t.path] || "#d97706");
+    const op = t.live ? 0.95 : Math.max(0.25, 0.9 - 0.65 * age(t) / arrowWindow);
     const mx = (a[0] + b[0]) / 2, my = Math.min(a[1], b[1]) - 30 - Math.abs(a[1] - b[1]) / 4;
-    out += `<path class="xfer" d="M${a[0]} ${a[1]} Q${mx} ${my} ${b[0]} ${b[1]}" fill="none" stroke="${col}" stroke-width="3" opacity="0.85" marker-end="url(#arrow)"><title>${esc(t.path)} ${esc(bytes(t.bytes))}</title></path>`;
+    out += `<path class="xfer${t.live ? " live" : ""}" data-path="${esc(t.path)}" d="M${a[0]} ${a[1]} Q${mx} ${my} ${b[0]} ${b[1]}" fill="none" stroke="${col}" stroke-width="3" opacity="${op.toFixed(2)}" marker-end="url(#arrow-${t.error ? "error" : pathColors[t.path] ? esc(t.path) : "other"})"><title>${esc(t.path)} ${esc(bytes(t.bytes))} ${esc(t.src)} → ${esc(t.dst)}</title></path>`;
   }
   ov.innerHTML = out;
+}
+
+// Path colours, the same in the chart, the arrows and the tables.
+const pathColors = { local: "#52606d", p2p: "#4d8a00", shm: "#7c3aed", rdma: "#0071c5", tcp: "#b45309" };
+
+// A line chart of GB/s per path over the last minute, drawn as SVG.
+async function loadThroughput() {
+  const tp = await get("/api/throughput");
+  const W = 420, H = 220, L = 40, R = 8, T = 10, B = 24;
+  const series = Object.entries(tp.gbps || {});
+  let peak = 0;
+  for (const [, v] of series) for (const x of v) peak = Math.max(peak, x);
+  const top = peak > 0 ? niceCeil(peak) : 1;
+  const n = tp.seconds || 60;
+  const X = (i) => L + (W - L - R) * i / (n - 1), Y = (v) => T + (H - T - B) * (1 - v / top);
+  let out = "";
+  for (let k = 0; k <= 4; k++) {
+    const v = top * k / 4, y = Y(v);
+    out += `<line x1="${L}" x2="${W - R}" y1="${y}" y2="${y}" stroke="#e4e7eb"/><text x="${L - 4}" y="${y + 4}" text-anchor="end" font-size="10" fill="#7b8794">${v === 0 ? "0" : String(+v.toPrecision(2))}</text>`;
+  }
+  out += `<text x="${L}" y="${H - 6}" font-size="10" fill="#7b8794">−60 s</text><text x="${W - R}" y="${H - 6}" text-anchor="end" font-size="10" fill="#7b8794">now</text>`;
+  for (const [path, v] of series) {
+    const pts = v.map((x, i) => `${X(i).toFixed(1)},${Y(x).toFixed(1)}`).join(" ");
+    out += `<polyline class="series" data-path="${esc(path)}" points="${pts}" fill="none" stroke="${pathColors[path] || "#1f2933"}" stroke-width="2"/>`;
+  }
+  if (!series.length) out += `<text x="${W / 2}" y="${H / 2}" text-anchor="middle" fill="#9aa5b1">no transfers in the last minute</text>`;
+  $("#throughput").innerHTML = out;
+  // The legend gives each path's mean over the last 5 complete seconds (the
+  // current second is still filling).
+  const recentMean = (v) => v.slice(-6, -1).reduce((a, b) => a + b, 0) / 5;
+  $("#tput-legend").innerHTML = series.map(([p, v]) => `<span><i style="background:${pathColors[p] || "#1f2933"}"></i>${esc(p)} ${String(+recentMean(v).toPrecision(3))} GB/s (5 s mean)</span>`).join("");
+}
+function niceCeil(x) {
+  const e = Math.pow(10, Math.floor(Math.log10(x))), m = x / e;
+  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * e;
 }
 
 function notes(t) {
@@ -87,15 +127,22 @@ function notes(t) {
   return s;
 }
 
+// The newest transfers in the main table, the rest folded away: a long
+// flat list would push everything else off the screen.
+const shownRecent = 10;
+function recentRow(t) {
+  const cls = ["transfer", t.error ? "error" : "", t.fallback ? "fallback" : "", t.degraded ? "degraded" : ""].join(" ");
+  const rate = t.gbps ? t.gbps.toFixed(2) + " GB/s" : "";
+  return `<tr class="${cls}" data-path="${esc(t.path)}"><td>${new Date(t.start).toLocaleTimeString()}</td><td>${esc(t.reader)}</td><td>${esc(t.src)} → ${esc(t.dst)}</td><td class="path ${esc(t.path)}">${esc(t.path || "—")}</td><td>${esc(t.best)}</td><td class="num">${bytes(t.bytes)}</td><td class="num">${dur(t.duration_ns)}</td><td class="num">${rate}</td><td class="notes">${notes(t)}</td></tr>`;
+}
 async function loadTransfers() {
   const x = await get("/api/transfers?limit=60");
   $("#xfer-totals").textContent = `— last ${x.recent.length}: ${x.errors} errors, ${x.fallbacks} fallbacks, ${x.degraded} degraded`;
-  rows("#live", x.live.map((t) => `<tr class="live"><td>${esc(t.host)}</td><td>${esc(t.reader)}</td><td>${esc(t.object)}</td><td>${esc(t.src)}</td><td>${esc(t.dst)}</td><td class="num">${bytes(t.bytes)}</td><td class="num">${dur(t.duration_ns)}</td></tr>`));
-  rows("#recent", x.recent.map((t) => {
-    const cls = ["transfer", t.error ? "error" : "", t.fallback ? "fallback" : "", t.degraded ? "degraded" : ""].join(" ");
-    const rate = t.gbps ? t.gbps.toFixed(2) + " GB/s" : "";
-    return `<tr class="${cls}" data-path="${esc(t.path)}"><td>${new Date(t.start).toLocaleTimeString()}</td><td>${esc(t.reader)}</td><td>${esc(t.object)}</td><td>${esc(t.src)} → ${esc(t.dst)}</td><td class="path ${esc(t.path)}">${esc(t.path || "—")}</td><td>${esc(t.best)}</td><td class="num">${bytes(t.bytes)}</td><td class="num">${dur(t.duration_ns)}</td><td class="num">${rate}</td><td>${notes(t)}</td></tr>`;
-  }));
+  rows("#live", x.live.map((t) => `<tr class="live"><td>${esc(t.reader)}</td><td>${esc(t.src)} → ${esc(t.dst)}</td><td class="num">${bytes(t.bytes)}</td><td class="num">${dur(t.duration_ns)}</td></tr>`));
+  if (!x.live.length) rows("#live", [`<tr><td colspan="4" class="none">none right now</td></tr>`]);
+  rows("#recent", x.recent.slice(0, shownRecent).map(recentRow));
+  rows("#older", x.recent.slice(shownRecent).map(recentRow));
+  $("#more-recent summary").textContent = `${Math.max(0, x.recent.length - shownRecent)} older transfers`;
   drawOverlay(x.live, x.recent);
 }
 
@@ -121,6 +168,7 @@ async function refresh() {
   try {
     if (tick % 3 === 0) await loadPicture();
     await loadTransfers();
+    await loadThroughput();
     await loadTables();
     $("#status").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
