@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"image/png"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -118,6 +119,29 @@ func TestWritePlots(t *testing.T) {
 	b, err := os.ReadFile(files[0])
 	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Fatalf("not a PNG: %v", err)
+	}
+	// One panel (pull, one in flight) and the legend to its right, outside
+	// the plot area: something is drawn right of the panel.
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounds := img.Bounds()
+	panel := 326 // 3.4 inch panel width in pixels at vgimg's 96 dpi
+	if bounds.Dx() <= panel {
+		t.Fatalf("image %v has no room for a legend beside its one panel", bounds)
+	}
+	inked := false
+	for x := panel + 4; x < bounds.Max.X && !inked; x++ {
+		for y := bounds.Min.Y; y < bounds.Max.Y; y++ {
+			if r, g, bl, _ := img.At(x, y).RGBA(); r < 0x8000 || g < 0x8000 || bl < 0x8000 {
+				inked = true
+				break
+			}
+		}
+	}
+	if !inked {
+		t.Fatal("no legend right of the panel")
 	}
 }
 
