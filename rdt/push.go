@@ -160,7 +160,9 @@ func (p *slotPin) Bytes() []byte {
 	b, _ := tensor.BytesOf(p.slot.buf)
 	return b
 }
-func (p *slotPin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.slot.buf) }
+func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
+	return tensor.ExportOf(p.slot.buf, a)
+}
 func (p *slotPin) Release() error {
 	var err error
 	p.released.Do(func() {
@@ -353,8 +355,8 @@ func (w *window) Bytes() []byte {
 	}
 	return b[w.off : w.off+w.n]
 }
-func (w *window) Export() (tensor.Handle, error) {
-	h, err := tensor.ExportOf(w.Buffer)
+func (w *window) Export(a tensor.Access) (tensor.Handle, error) {
+	h, err := tensor.ExportOf(w.Buffer, a)
 	if err != nil {
 		return h, err
 	}

@@ -58,6 +58,7 @@ type Runtime struct {
 	tcpTr    *tcp.Transport
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
+	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
 	obs      observer // recent and live transfers, for dashboards (observe.go)
 
 	mu     sync.Mutex
@@ -160,11 +161,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
+	r.listen = fabric.NewListenerMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
-		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize})
+		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize, Limits: c.DataLimits, ListenerMetrics: r.listen})
 	if err != nil {
 		return nil, err
 	}

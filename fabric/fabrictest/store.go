@@ -218,11 +218,11 @@ func (p *pinnedBuffer) Bytes() []byte {
 	return b
 }
 
-func (p *pinnedBuffer) Export() (tensor.Handle, error) {
+func (p *pinnedBuffer) Export(a tensor.Access) (tensor.Handle, error) {
 	if p.done.Load() {
 		return tensor.Handle{}, tensor.ErrReleased
 	}
-	return tensor.ExportOf(p.Buffer)
+	return tensor.ExportOf(p.Buffer, a)
 }
 
 func (p *pinnedBuffer) Release() error {
