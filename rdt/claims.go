@@ -77,13 +77,22 @@ func parseVisible(s string) ([]int, error) {
 	return out, nil
 }
 
+// ProcessRuntimeDir is a claims directory private to this process, for a
+// program that simulates a whole cluster in one process (a demo, a
+// benchmark): its runtimes claim nothing another process could want, and
+// two such programs on one machine must not refuse each other. Set it as
+// Config.RuntimeDir. It is removed when its last claim goes.
+func ProcessRuntimeDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tensorlane-%d", os.Getuid()), fmt.Sprintf("pid-%d", os.Getpid()))
+}
+
 // defaultRuntimeDir is where claims live when neither Config nor the
 // environment says. A test binary gets a directory of its own: go test runs
 // packages in parallel processes that simulate the same hosts, and they
 // must not refuse each other (tests of the guard set RuntimeDir).
 func defaultRuntimeDir() string {
 	if testing.Testing() {
-		return filepath.Join(os.TempDir(), fmt.Sprintf("tensorlane-%d", os.Getuid()), fmt.Sprintf("test-%d", os.Getpid()))
+		return ProcessRuntimeDir()
 	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "tensorlane")
@@ -106,9 +115,6 @@ type claimLock struct {
 // shares the process's existing lock) and returns the function that drops
 // them. On error nothing stays claimed.
 func claimDevices(dir, cluster, host string, devs []tensor.DeviceID) (release func(), err error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("rdt: device claims: %w", err)
-	}
 	var paths []string
 	release = func() {
 		processClaims.Lock()
@@ -124,9 +130,16 @@ func claimDevices(dir, cluster, host string, devs []tensor.DeviceID) (release fu
 			}
 		}
 		paths = nil
+		if dir == ProcessRuntimeDir() {
+			os.Remove(dir) // only this process uses it; fails while claims remain
+		}
 	}
 	processClaims.Lock()
 	defer processClaims.Unlock()
+	// Under the lock: a release in this process may remove a private dir.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("rdt: device claims: %w", err)
+	}
 	for _, d := range devs {
 		if d.IsHost() {
 			continue // host memory is everyone's

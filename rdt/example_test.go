@@ -131,7 +131,7 @@ func ExampleParseRef() {
 	gpu0, _ := owner.Memory(tensor.GPUDevice(0))
 	w, _ := tensor.Alloc(ctx, gpu0, tensor.BFloat16, 1024, 1024)
 	ref, _ := trainer.Put(ctx, w)
-	wire, _ := ref.MarshalBinary()        // the owner's process writes these bytes...
+	wire, _ := ref.MarshalBinary()          // the owner's process writes these bytes...
 	addr, _ := trainer.Addr().MarshalText() // ...and where to find it
 
 	other, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, DeviceMemory: 64 << 20})

@@ -2,8 +2,8 @@ package harness
 
 import (
 	"bytes"
-	"image/png"
 	"encoding/json"
+	"image/png"
 	"os"
 	"path/filepath"
 	"slices"

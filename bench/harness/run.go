@@ -238,6 +238,7 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 		// at 8 in flight) must not get its owner declared dead; failure
 		// detection is tested elsewhere, not measured here.
 		c := rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: devMem, Compression: tcp.CompressOff,
+			RuntimeDir:        rdt.ProcessRuntimeDir(), // the whole cluster lives in this process
 			HeartbeatInterval: 5 * time.Second, HeartbeatMisses: 6}
 		if mutate != nil {
 			mutate(&c)

@@ -188,7 +188,8 @@ func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *d
 		}
 	}()
 	for _, h := range cluster.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger, LinkMonitor: o.linkMon})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger, LinkMonitor: o.linkMon,
+			RuntimeDir: rdt.ProcessRuntimeDir()})
 		if err != nil {
 			return nil, err
 		}

@@ -276,7 +276,8 @@ func settleGoroutines(before int, wait time.Duration) int {
 // reach the new incarnation and must be refused as stale.
 func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 	cfg := rdt.Config{
-		Cluster: s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data, RDMAAddrs: sl.rails,
+		RuntimeDir: rdt.ProcessRuntimeDir(), // every simulated host lives in this process
+		Cluster:    s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data, RDMAAddrs: sl.rails,
 		DeviceMemory: 256 << 20, TransferTimeout: s.o.bound, StallTimeout: s.o.stall, Logger: s.log, IgnoreEnv: true,
 	}
 	rt, err := rdt.New(ctx, cfg)

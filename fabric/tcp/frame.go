@@ -140,11 +140,12 @@ type link struct {
 
 	enc     *tcodec.Encoder
 	dec     *tcodec.Decoder
-	// encoded counts blocks run through the encoder and sampleSkips the
-	// transfers a sample sent raw (tests, and the sender's debug log).
-	encoded, sampleSkips int
 	scratch []byte // compressed payloads on the receiving side
 	req     []byte
+
+	// encoded counts blocks run through the encoder and sampleSkips the
+	// transfers a sample sent raw (for tests).
+	encoded, sampleSkips int
 }
 
 // readBuf is the link's read buffer: a status, a block header and a 4 KiB
