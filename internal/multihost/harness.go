@@ -237,9 +237,11 @@ func startWorker(ctx context.Context, h *Host, args []string) (*Worker, error) {
 	// Own process group, so Kill reaches anything the worker started, and
 	// death with the test process even if it crashes before its cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// The cluster's device claims live in its own directory: another test
-	// package's workers simulating the same host names are not a conflict.
-	cmd.Env = append(os.Environ(), "TENSORLANE_RUNTIME_DIR="+filepath.Join(h.c.dir, "claims"))
+	// Each namespace is a machine of its own, with its own device claims
+	// (a rogue or late joiner may reuse a topology host name; another test
+	// package's workers are no conflict either). Restarts in one namespace
+	// share them, as restarts on one machine do.
+	cmd.Env = append(os.Environ(), "TENSORLANE_RUNTIME_DIR="+filepath.Join(h.c.dir, "claims", h.NS.Name))
 	w := &Worker{Host: h, cmd: cmd, stderr: &tailBuffer{max: 16 << 10}, pending: map[int64]chan Reply{}, exited: make(chan struct{})}
 	cmd.Stderr = w.stderr
 	stdin, err := cmd.StdinPipe()
