@@ -260,7 +260,6 @@ func stats(h uint64, out []byte, n *int) error {
 	return outputJSON(r.Stats(), out, n)
 }
 
-
 func errNull(what string) error {
 	return fmt.Errorf("%w: NULL %s", capi.ErrInvalidArgument, what)
 }
