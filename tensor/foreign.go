@@ -28,6 +28,7 @@ type Foreign struct {
 
 	mu       sync.Mutex
 	staged   Buffer // the shareable copy, made on the first Export
+	copied   atomic.Bool
 	released atomic.Bool
 }
 
@@ -75,12 +76,9 @@ func (f *Foreign) Bytes() []byte {
 }
 
 // Staged reports whether the bytes were copied into shareable memory (an
-// Export happened). Only same-host readers in other processes cause it.
-func (f *Foreign) Staged() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.staged != nil
-}
+// Export happened), also after Release. Only same-host readers in other
+// processes cause it.
+func (f *Foreign) Staged() bool { return f.copied.Load() }
 
 // Export copies the bytes into shareable memory once and exports that copy.
 // The copy reflects the memory at the first Export: callers must not change
@@ -109,6 +107,7 @@ func (f *Foreign) Export() (Handle, error) {
 		}
 		copy(p, f.data)
 		f.staged = buf
+		f.copied.Store(true)
 	}
 	return ExportOf(f.staged)
 }

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -641,7 +642,7 @@ func (r *Runtime) Free(ctx context.Context, refBytes []byte, timeout time.Durati
 
 // Explanation is Explain's answer.
 type Explanation struct {
-	Plan fabric.Plan `json:"plan"`
+	Plan Plan `json:"plan"`
 	// Memory, for objects this runtime owns: "shareable" (published from
 	// tensorlane memory, no copy on any path), "foreign, not copied"
 	// (network paths read it in place; no same-host reader yet) or
@@ -658,7 +659,7 @@ func (r *Runtime) Explain(refBytes []byte) (Explanation, error) {
 	if err != nil {
 		return Explanation{}, err
 	}
-	e := Explanation{Plan: r.actor.Explain(ref, tensor.HostDevice)}
+	e := Explanation{Plan: planOf(r.actor.Explain(ref, tensor.HostDevice))}
 	r.mu.Lock()
 	p, ok := r.objects[ref.Object]
 	r.mu.Unlock()
@@ -715,10 +716,21 @@ type Stats struct {
 	GetBytes     int64            `json:"get_bytes"`
 	GetSeconds   float64          `json:"get_seconds"`
 	ByTransport  map[string]int64 `json:"gets_by_transport"`
-	Objects      int              `json:"objects"` // live objects owned
-	HostMemory   tensor.MemStats  `json:"host_memory"`
+	Objects      int              `json:"objects"`         // live objects owned
+	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
+	HostMemory   HostMemory       `json:"host_memory"`
 	Peer         string           `json:"peer"`
 	Host         string           `json:"host"`
+}
+
+// HostMemory is the runtime's tensorlane host memory: bytes in live
+// allocations (shareable arrays, staged copies, received tensors), the
+// peak, the allocation count, and released bytes kept for reuse.
+type HostMemory struct {
+	Used   int64 `json:"used"`
+	Peak   int64 `json:"peak"`
+	Allocs int   `json:"allocs"`
+	Cached int64 `json:"cached"`
 }
 
 // Stats returns the runtime's counters.
@@ -729,8 +741,13 @@ func (r *Runtime) Stats() Stats {
 		StagedCopies: r.stats.stagedCopies.Load(),
 		Gets:         r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
-		ByTransport: map[string]int64{}, Objects: r.rt.Objects(), HostMemory: r.host.Stats(),
+		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
 		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
+	}
+	ms := r.host.Stats()
+	s.HostMemory = HostMemory{Used: ms.Used, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	for _, o := range r.rt.ObjectTable() {
+		s.ReadsServing += o.Pins
 	}
 	r.stats.byTransportMu.Lock()
 	for k, v := range r.stats.byTransport {
@@ -738,4 +755,34 @@ func (r *Runtime) Stats() Stats {
 	}
 	r.stats.byTransportMu.Unlock()
 	return s
+}
+
+// Plan is fabric.Plan in JSON that any decoder reads: the path as text and
+// bandwidths that are numbers (an unbounded one, the local view's, is 0).
+type Plan struct {
+	Path       string      `json:"path"`
+	Best       string      `json:"best"`
+	Chosen     string      `json:"chosen"`
+	Degraded   bool        `json:"degraded"`
+	Candidates []Candidate `json:"candidates"`
+}
+
+// Candidate is one transport the planner considered.
+type Candidate struct {
+	Transport string  `json:"transport"`
+	Usable    bool    `json:"usable"`
+	GBps      float64 `json:"gbps"`
+	Reason    string  `json:"reason"`
+}
+
+func planOf(p fabric.Plan) Plan {
+	out := Plan{Path: p.Path.String(), Best: p.Best, Chosen: p.Chosen, Degraded: p.Degraded}
+	for _, c := range p.Candidates {
+		g := c.GBps
+		if math.IsInf(g, 0) || math.IsNaN(g) {
+			g = 0
+		}
+		out.Candidates = append(out.Candidates, Candidate{Transport: c.Transport, Usable: c.Usable, GBps: g, Reason: c.Reason})
+	}
+	return out
 }

@@ -95,6 +95,11 @@ func TestForeignPutEveryPath(t *testing.T) {
 			require.NoError(t, a.Free(ctx, ref, 5*time.Second), "twice is fine")
 			s := a.Stats()
 			assert.Equal(t, int64(1), s.ForeignPuts)
+			if tc.transport == "shm" {
+				assert.Equal(t, int64(1), s.StagedCopies)
+			} else {
+				assert.Equal(t, int64(0), s.StagedCopies)
+			}
 			assert.Equal(t, 0, s.Objects)
 			assert.Equal(t, int64(0), s.HostMemory.Used, "the staged copy went back")
 			assert.Equal(t, int64(1), b.Stats().ByTransport[tc.transport])
