@@ -34,10 +34,10 @@ class BuildGoLibrary(build_py):
                 "tensorlane: building the shared library needs the Go toolchain (go 1.26 or newer) "
                 "on PATH, and none was found. Install Go (https://go.dev/dl/) and retry."
             )
-        out = Path(self.build_lib) / "tensorlane" / "_lib" / "libtensorlane.so"
+        out = Path(self.build_lib).resolve() / "tensorlane" / "_lib" / "libtensorlane.so"
         out.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, CGO_ENABLED="1")
-        cmd = [go, "build", "-trimpath", "-buildmode=c-shared", "-o", str(out), "./cmd/libtensorlane"]
+        cmd = [go, "build", "-buildmode=c-shared", "-o", str(out), "./cmd/libtensorlane"]
         print("tensorlane: " + " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=src, env=env, check=True)
         header = out.with_suffix(".h")
