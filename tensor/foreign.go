@@ -80,10 +80,15 @@ func (f *Foreign) Bytes() []byte {
 // processes cause it.
 func (f *Foreign) Staged() bool { return f.copied.Load() }
 
-// Export copies the bytes into shareable memory once and exports that copy.
-// The copy reflects the memory at the first Export: callers must not change
-// the memory after publishing it (as with any object).
-func (f *Foreign) Export() (Handle, error) {
+// Export copies the bytes into shareable memory once and exports that copy
+// read-only. The copy reflects the memory at the first Export: callers must
+// not change the memory after publishing it (as with any object). Writable
+// exports are refused (ErrExportAccess): writes into a copy would never
+// reach the caller's memory.
+func (f *Foreign) Export(access Access) (Handle, error) {
+	if access != ReadOnly {
+		return Handle{}, fmt.Errorf("%w: foreign memory is shared as a read-only copy, not %v", ErrExportAccess, access)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.released.Load() {
@@ -109,7 +114,7 @@ func (f *Foreign) Export() (Handle, error) {
 		f.staged = buf
 		f.copied.Store(true)
 	}
-	return ExportOf(f.staged)
+	return ExportOf(f.staged, ReadOnly)
 }
 
 // Release drops the staged copy, if any, and calls OnRelease once.
@@ -206,12 +211,13 @@ func (w *window) Bytes() []byte {
 	return p[w.off : w.off+w.n : w.off+w.n]
 }
 
-// Export exports the shared buffer with the window's place in it.
-func (w *window) Export() (Handle, error) {
+// Export exports the shared buffer's allocation with the window's place in
+// it (the granularity of sharing is the allocation, as with CUDA's).
+func (w *window) Export(access Access) (Handle, error) {
 	if w.released.Load() {
 		return Handle{}, ErrReleased
 	}
-	h, err := ExportOf(w.s.buf)
+	h, err := ExportOf(w.s.buf, access)
 	if err != nil {
 		return Handle{}, err
 	}

@@ -25,26 +25,29 @@ func TestForeignInPlaceAndStagedOnce(t *testing.T) {
 	assert.Equal(t, HostDevice, f.Device())
 
 	// Another process on the host gets one copy, made on the first Export.
-	h1, err := f.Export()
+	h1, err := f.Export(ReadOnly)
 	require.NoError(t, err)
 	defer unix.Close(h1.FD)
 	assert.True(t, f.Staged())
 	assert.Equal(t, 1, host.Stats().Allocs)
-	h2, err := f.Export()
+	h2, err := f.Export(ReadOnly)
 	require.NoError(t, err)
 	defer unix.Close(h2.FD)
 	assert.Equal(t, 1, host.Stats().Allocs, "the second Export reuses the copy")
-	m, err := unix.Mmap(h1.FD, 0, int(h1.ArenaSize), unix.PROT_READ, unix.MAP_SHARED)
+	m, err := unix.Mmap(h1.FD, 0, int(h1.Size), unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	assert.Equal(t, data, m[h1.Offset:h1.Offset+h1.Length])
 	unix.Munmap(m)
+
+	_, err = f.Export(Writable)
+	assert.ErrorIs(t, err, ErrExportAccess, "a copy cannot take writes for the caller")
 
 	require.NoError(t, f.Release())
 	require.NoError(t, f.Release())
 	assert.Equal(t, 1, released, "OnRelease runs once")
 	assert.Equal(t, 0, host.Stats().Allocs, "the staged copy went back")
 	assert.Nil(t, f.Bytes())
-	_, err = f.Export()
+	_, err = f.Export(ReadOnly)
 	assert.ErrorIs(t, err, ErrReleased)
 }
 
@@ -57,12 +60,12 @@ func TestForeignExportErrors(t *testing.T) {
 		{"empty", NewForeign(nil, ForeignConfig{Stage: NewHostMemory(0)})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := tc.f.Export()
+			_, err := tc.f.Export(ReadOnly)
 			assert.ErrorIs(t, err, ErrNotExportable)
 		})
 	}
 	full := NewHostMemory(2)
-	_, err := NewForeign([]byte{1, 2, 3}, ForeignConfig{Stage: full}).Export()
+	_, err := NewForeign([]byte{1, 2, 3}, ForeignConfig{Stage: full}).Export(ReadOnly)
 	assert.ErrorIs(t, err, ErrOutOfMemory)
 }
 
@@ -81,7 +84,7 @@ func TestSharedWindows(t *testing.T) {
 	p, err := BytesOf(w)
 	require.NoError(t, err)
 	assert.Equal(t, all[100:150], p)
-	h, err := ExportOf(w)
+	h, err := ExportOf(w, ReadOnly)
 	require.NoError(t, err)
 	unix.Close(h.FD)
 	assert.Equal(t, int64(100), h.Offset)

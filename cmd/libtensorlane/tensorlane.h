@@ -48,6 +48,8 @@ enum {
 	TL_E_CLOSED = 18,
 	TL_E_TIMEOUT = 19,
 	TL_E_CANCELED = 20,
+	TL_E_OWNER_CLOSED = 21,    /* the owner is shutting down */
+	TL_E_LAYOUT_MISMATCH = 22, /* the ref's layout is not the one its owner published (forged or corrupted) */
 };
 
 /* The ABI version (1) and the kind names ("owner_died", ...). */

@@ -234,7 +234,8 @@ func TestDescribeRefAndKinds(t *testing.T) {
 	assert.Equal(t, "malformed_ref", Kinds[Code(err)])
 
 	// Every kind rdt names has a code here.
-	for _, err := range []error{rdt.ErrOwnerDied, rdt.ErrObjectFreed, rdt.ErrMalformedRef, rdt.ErrTooSmall, rdt.ErrClosed, context.DeadlineExceeded} {
+	for _, err := range []error{rdt.ErrOwnerDied, rdt.ErrObjectFreed, rdt.ErrMalformedRef, rdt.ErrTooSmall, rdt.ErrClosed,
+		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, context.DeadlineExceeded} {
 		assert.Equal(t, rdt.ErrorKind(err), Kinds[Code(err)])
 	}
 	assert.Equal(t, 0, Code(nil))

@@ -20,7 +20,7 @@ from ._runtime import Ref, Runtime, as_array, ref_info, runtime
 from .errors import (
     BadRequest, Canceled, Closed, Corrupt, Error, InvalidArgument, MalformedRef, NoPath,
     ObjectFreed, ObjectNotFound, Other, OutOfMemory, OwnerDied, PeerClosed, PeerUnreachable,
-    Stalled, StaleRef, Timeout, TooSmall, Unauthorized, UnknownDevice,
+    Stalled, StaleRef, Timeout, TooSmall, Unauthorized, UnknownDevice, OwnerClosed, LayoutMismatch,
 )
 
 __version__ = "0.1.0"
@@ -42,4 +42,5 @@ __all__ = [
     "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
     "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",
     "UnknownDevice", "Corrupt", "Stalled", "PeerClosed", "BadRequest", "Closed", "Timeout", "Canceled",
+    "OwnerClosed", "LayoutMismatch",
 ]

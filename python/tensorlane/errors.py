@@ -137,19 +137,33 @@ class Canceled(Error):
     kind = "canceled"
 
 
+class OwnerClosed(Error):
+    """The owner is shutting down and refuses new reads."""
+
+    kind = "owner_closed"
+
+
+class LayoutMismatch(MalformedRef):
+    """The ref's layout (dtype, shape, strides) is not the one its owner
+    published: a forged or corrupted ref. A kind of MalformedRef."""
+
+    kind = "layout_mismatch"
+
+
 #: The C ABI's kind codes, in order (tensorlane.h, TL_E_*); 0 is success.
 KINDS = [
     "ok", "other", "invalid_argument", "owner_died", "peer_unreachable", "object_not_found",
     "object_freed", "stale_ref", "unauthorized", "malformed_ref", "out_of_memory", "too_small",
     "no_path", "unknown_device", "corrupt", "stalled", "peer_closed", "bad_request", "closed",
-    "timeout", "canceled",
+    "timeout", "canceled", "owner_closed", "layout_mismatch",
 ]
 
 BY_KIND: Dict[str, Type[Error]] = {
     c.kind: c
     for c in (Other, InvalidArgument, OwnerDied, PeerUnreachable, ObjectNotFound, ObjectFreed,
               StaleRef, Unauthorized, MalformedRef, OutOfMemory, TooSmall, NoPath, UnknownDevice,
-              Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled)
+              Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled, OwnerClosed,
+              LayoutMismatch)
 }
 
 
