@@ -157,13 +157,24 @@ _metrics = _Metrics()
 
 
 def _available(_self=None) -> bool:
+    """Runs in the actor when Ray asks whether it has the transport (before
+    its first RDT call): loads the library, and starts the runtime in the
+    background so the first transfer does not wait for it."""
     try:
         from tensorlane import _lib
 
         _lib.lib()
-        return True
     except Exception:
         return False
+    threading.Thread(target=_warm, name="tensorlane-warm", daemon=True).start()
+    return True
+
+
+def _warm() -> None:
+    try:
+        runtime()
+    except Exception:
+        pass  # the first real use raises it
 
 
 class TensorlaneTransport(TensorTransportManager):
