@@ -579,7 +579,9 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	if err != nil {
 		return nil, 0, rdt.Transfer{}, err
 	}
-	x, err := r.GetInto(ctx, refBytes, unsafe.Slice((*byte)(p), n), op, timeout)
+	dst := unsafe.Slice((*byte)(p), n)
+	tensor.Populate(dst) // fresh pages in one call (a no-op for recycled ones)
+	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
 	if err != nil {
 		r.FreeMemory(p)
 		return nil, 0, x, err
