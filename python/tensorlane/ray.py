@@ -156,6 +156,31 @@ class _Metrics:
 _metrics = _Metrics()
 
 
+_releaser = None
+_releaser_lock = threading.Lock()
+
+
+def _release_later(rt: _runtime.Runtime, ref: bytes) -> None:
+    """Drops the reader's lease off the transfer's critical path: one control
+    round trip per tensor (a hundred for a state dict) that nobody waits for.
+    Leases of a reader that dies expire on the owner anyway."""
+    global _releaser
+    if _releaser is None:
+        with _releaser_lock:
+            if _releaser is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _releaser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorlane-release")
+
+    def release():
+        try:
+            rt.release(ref)
+        except errors.Error:
+            pass  # freed or owner gone: nothing left to release
+
+    _releaser.submit(release)
+
+
 def _available(_self=None) -> bool:
     """Runs in the actor when Ray asks whether it has the transport (before
     its first RDT call): loads the library, and starts the runtime in the
@@ -239,7 +264,7 @@ class TensorlaneTransport(TensorTransportManager):
                 target = target_buffers[i] if target_buffers else None
                 arr = rt.get(ref, out=_runtime.as_array(target) if target is not None else None, timeout=timeout, op=ops[i])
                 nbytes += arr.nbytes
-                rt.release(ref)  # this reader is done: its lease on the owner goes
+                _release_later(rt, ref)  # this reader is done: its lease on the owner goes
                 if target is not None:
                     out.append(target)
                 elif meta.torch:
