@@ -84,6 +84,11 @@ class Receiver:
     def first(self, a):
         return float(a[0])
 
+    def metrics_exported(self):
+        # The plug-in's counters were created through ray.util.metrics
+        # (they reach the dashboard through Ray's own exporter).
+        return tlr._metrics._ok
+
     def corrupted_ref(self):
         meta = tlr.TensorlaneTransportMetadata(tensor_meta=[((4,), np.dtype(np.float32))], tensor_device="cpu",
                                                refs=[b"TR\x01 definitely not a ref"])
@@ -100,6 +105,7 @@ def test_64mib_float32_between_two_actors():
     ok, transports = ray.get(r.check.remote(s.produce.remote(n, 1), n, 1))
     assert ok, "bytes differ"
     assert transports == {"shm": 1}, "two actors on one node take shared memory"
+    assert ray.get(r.metrics_exported.remote()), "transfer metrics go through ray.util.metrics"
 
 
 def test_forced_tcp_through_runtime_env():
