@@ -59,6 +59,9 @@ type Runtime struct {
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
 	obs      observer // recent and live transfers, for dashboards (observe.go)
+	bcasts   bcastState    // broadcasts this runtime owns, in flight (broadcast.go)
+	gens     genTable      // generations readers are done with (generation.go)
+	bmet     *bcastMetrics // broadcast outcomes (bcastmetrics.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -161,6 +164,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
+	r.bmet = newBcastMetrics(reg)
 	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
