@@ -263,24 +263,24 @@ type bnode struct {
 }
 
 type bcastEvent struct {
-	node    int
-	kind    byte // noteReport: gen/failedChild; 0: owner edge failed; 1: node died
-	failed  int  // child that failed, -1 when the node completed
-	gen     uint64
-	err     error
-	from    peer.ID
+	node   int
+	kind   byte // noteReport: gen/failedChild; 0: owner edge failed; 1: node died
+	failed int  // child that failed, -1 when the node completed
+	gen    uint64
+	err    error
+	from   peer.ID
 }
 
 type bcastRun struct {
-	r     *Runtime
-	id    bcastID
-	src   Ref
-	cfg   BroadcastConfig
-	pin   tensor.Buffer
-	start int64 // the object's first byte in its buffer
-	total int64
-	nodes []*bnode
-	plan  BroadcastPlan
+	r      *Runtime
+	id     bcastID
+	src    Ref
+	cfg    BroadcastConfig
+	pin    tensor.Buffer
+	start  int64 // the object's first byte in its buffer
+	total  int64
+	nodes  []*bnode
+	plan   BroadcastPlan
 	bySlot map[fabric.ObjectID]int
 
 	mu     sync.Mutex
@@ -669,4 +669,3 @@ func isReaderGone(err error) bool {
 func (b *bcastRun) progress() (done, total int64) {
 	return b.done.Load(), b.total * int64(len(b.nodes))
 }
-

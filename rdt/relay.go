@@ -286,4 +286,3 @@ func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp
 	}
 	return r.sendBcast(ctx, dst.Owner, bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n})
 }
-

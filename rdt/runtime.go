@@ -58,7 +58,7 @@ type Runtime struct {
 	tcpTr    *tcp.Transport
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer // recent and live transfers, for dashboards (observe.go)
+	obs      observer      // recent and live transfers, for dashboards (observe.go)
 	bcasts   bcastState    // broadcasts this runtime owns, in flight (broadcast.go)
 	gens     genTable      // generations readers are done with (generation.go)
 	bmet     *bcastMetrics // broadcast outcomes (bcastmetrics.go)
