@@ -34,3 +34,22 @@ func TestRunBroadcastSmall(t *testing.T) {
 	_, err = RunBroadcast(context.Background(), BroadcastConfig{Transports: []string{"carrier-pigeon"}}, nil)
 	assert.Error(t, err)
 }
+
+func TestStateDictShape(t *testing.T) {
+	s := StateDictShape(1)
+	var total, largest int64
+	for _, n := range s {
+		total += 2 * n
+		largest = max(largest, 2*n)
+	}
+	assert.Len(t, s, 200)
+	assert.InDelta(t, 2.05, float64(total)/(1<<30), 0.05)
+	assert.Equal(t, int64(250<<20), largest/(1<<20)<<20)
+}
+
+func TestRunStateDictSmall(t *testing.T) {
+	rec, err := RunStateDict(context.Background(), StateDictConfig{Scale: 256, Transport: "tcp", Rounds: 1})
+	require.NoError(t, err)
+	assert.Equal(t, 200, rec.Tensors)
+	assert.Positive(t, rec.Ratio)
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ type broadcastOptions struct {
 	rounds     int
 	naive      bool
 	chunk      string
+	scale      int
 }
 
 func (b *broadcastOptions) flags(f *pflag.FlagSet) {
@@ -28,13 +30,13 @@ func (b *broadcastOptions) flags(f *pflag.FlagSet) {
 	f.IntVar(&b.hosts, "hosts", 0, "with --paths broadcast: simulated hosts (default 4)")
 	f.IntVar(&b.rounds, "rounds", 0, "with --paths broadcast: timed rounds per cell, median kept (default 3)")
 	f.StringVar(&b.chunk, "chunk", "", "with --paths broadcast: the pipelining chunk (default rdt's, 4MiB)")
+	f.IntVar(&b.scale, "scale", 0, "with --paths statedict: divide every tensor of the 1B-parameter state dict by this (default 1: 2.05 GiB)")
 	f.BoolVar(&b.naive, "naive", false, "with --paths broadcast: also time N pushes one after another (today's way)")
 }
 
-// takeBroadcast removes the broadcast path from o.paths and reports whether
-// it was there.
-func takeBroadcast(o *benchOptions) bool {
-	i := slices.Index(o.paths, harness.PathBroadcast)
+// takePath removes path from o.paths and reports whether it was there.
+func takePath(o *benchOptions, path string) bool {
+	i := slices.Index(o.paths, path)
 	if i < 0 {
 		return false
 	}
@@ -106,6 +108,29 @@ func runBroadcastBench(cmd *cobra.Command, o benchOptions) error {
 		if !o.json {
 			fmt.Fprintf(out, "wrote %s, %s\n", filepath.Join(o.out, "broadcast.json"), png)
 		}
+	}
+	return nil
+}
+
+func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
+	out := cmd.OutOrStdout()
+	trs := o.bcast.transports
+	if trs == nil {
+		trs = []string{"rdma"}
+	}
+	for _, tr := range trs {
+		rec, err := harness.RunStateDict(cmd.Context(), harness.StateDictConfig{Scale: o.bcast.scale, Transport: tr, Rounds: o.bcast.rounds})
+		if err != nil {
+			return err
+		}
+		if o.json {
+			if err := json.NewEncoder(out).Encode(rec); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(out, "statedict over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",
+			tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.OneSeconds, rec.Ratio)
 	}
 	return nil
 }
