@@ -3,15 +3,15 @@ package shm
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/debug"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 )
 
 var pageSize = int64(os.Getpagesize())
@@ -49,30 +49,13 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 // and check too when it is not nil. The shared file can shrink under us (a
 // peer that truncates its arena); the resulting SIGBUS becomes an error
 // instead of killing the process.
-func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if re, ok := r.(runtime.Error); ok {
-				err = fmt.Errorf("%w: shared memory fault during copy (the peer shrank its arena?): %v", fabric.ErrCorrupt, re)
-				return
-			}
-			panic(r)
-		}
-	}()
-	for off := 0; off < len(from); off += chunk {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if check != nil {
-			if err := check(); err != nil {
-				return err
-			}
-		}
-		copy(to[off:], from[off:min(off+chunk, len(from))])
+func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) error {
+	// Large copies run on several cores (internal/pcopy), each guarded.
+	err := pcopy.Copy(ctx, to, from, pcopy.Options{Chunk: chunk, Check: check, GuardFaults: true})
+	if fe, ok := errors.AsType[*pcopy.FaultError](err); ok {
+		return fmt.Errorf("%w: shared memory fault during copy (the peer shrank its arena?): %v", fabric.ErrCorrupt, fe.Cause)
 	}
-	return nil
+	return err
 }
 
 // cacheKey names one claim's mapping: the owner (peer and socket), the
