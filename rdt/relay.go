@@ -93,9 +93,12 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 // is aborted (the owner died or said so, Shutdown, the transfer timeout).
 func (rl *relay) run() {
 	r := rl.r
-	unuse := r.peers.use(rl.origin)
-	defer unuse()
-	death := r.peers.deathOf(rl.origin, rl.originInc)
+	var death <-chan struct{} // nil: the owner is this runtime, which cannot outlive itself
+	if rl.origin != r.host.ID() {
+		unuse := r.peers.use(rl.origin)
+		defer unuse()
+		death = r.peers.deathOf(rl.origin, rl.originInc)
+	}
 	tctx, tcancel := context.WithTimeout(rl.ctx, r.cfg.TransferTimeout)
 	defer tcancel()
 	watch := func() {
