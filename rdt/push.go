@@ -290,7 +290,11 @@ func (s *Slot) Close() error {
 	s.closed = true
 	close(s.changed)
 	last := s.pins == 0
+	rl := s.relay
 	s.mu.Unlock()
+	if rl != nil { // a broadcast filling it stops forwarding and lets go
+		rl.cancel(fmt.Errorf("%w: the slot was closed", ErrObjectFreed))
+	}
 	if last {
 		return s.buf.Release()
 	}
