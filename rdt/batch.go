@@ -113,9 +113,8 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 			}
 			continue
 		}
-		if h, ok := r.holds[keyOf(ref)]; ok {
-			h.actors[actor] = struct{}{}
-			continue
+		if _, ok := r.holds[keyOf(ref)]; ok {
+			continue // held already: the Get's own hold checks and joins it
 		}
 		k := owner{ref.Owner, ref.Incarnation}
 		groups[k] = append(groups[k], i)
@@ -146,10 +145,12 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 	for start := 0; start < len(idx); start += maxClaims {
 		part := idx[start:min(start+maxClaims, len(idx))]
 		claims := make([]fabric.Claim, len(part))
+		layouts := make([]layoutSum, len(part))
 		for k, i := range part {
 			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
+			layouts[k] = layoutOf(refs[i].Desc)
 		}
-		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims)
+		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
 		for k, i := range part {
 			ref := refs[i]
 			switch {
@@ -168,7 +169,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 				} else {
 					h, ok := r.holds[keyOf(ref)]
 					if !ok {
-						h = &hold{ref: ref, actors: map[string]struct{}{}}
+						h = &hold{ref: ref, layout: layoutOf(ref.Desc), actors: map[string]struct{}{}}
 						r.holds[keyOf(ref)] = h
 					}
 					h.actors[actor] = struct{}{}
