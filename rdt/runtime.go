@@ -63,6 +63,7 @@ type Runtime struct {
 	bcasts   bcastState              // broadcasts this runtime owns, in flight (broadcast.go)
 	gens     genTable                // generations readers are done with (generation.go)
 	bmet     *bcastMetrics           // broadcast outcomes (bcastmetrics.go)
+	views    viewTable               // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor

@@ -23,6 +23,12 @@ var pageSize = int64(os.Getpagesize())
 // take one fault per 4 KiB page. It checks that the file really holds the
 // range: touching a mapping beyond the end of its file raises SIGBUS.
 func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, err error) {
+	return mapRegionFlags(fd, off, n, writable, unix.MAP_POPULATE)
+}
+
+// mapRegionFlags is mapRegion with extra mmap flags (views map lazily:
+// populating the page tables costs time in proportion to the size).
+func mapRegionFlags(fd int, off, n int64, writable bool, flags int) (data []byte, base int64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, 0, fmt.Errorf("%w: stat received descriptor: %v", fabric.ErrCorrupt, err)
@@ -39,7 +45,7 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 	if writable {
 		prot |= unix.PROT_WRITE
 	}
-	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
+	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|flags)
 	if err != nil {
 		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's allocation: %w", end-base, err)
 	}
