@@ -53,3 +53,13 @@ func TestRunStateDictSmall(t *testing.T) {
 	assert.Equal(t, 200, rec.Tensors)
 	assert.Positive(t, rec.Ratio)
 }
+
+func TestRunZeroCopySmall(t *testing.T) {
+	recs, err := RunZeroCopy(context.Background(), []int64{1 << 20, 4 << 20}, 1)
+	require.NoError(t, err)
+	require.Len(t, recs, 2)
+	for _, r := range recs {
+		assert.Positive(t, r.ViewSeconds)
+		assert.Positive(t, r.WarmSeconds)
+	}
+}

@@ -66,7 +66,7 @@ the cell's own, stored in the baseline) below it.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&o.quick, "quick", false, "small matrix (1MiB x1,x8 and 64MiB x1; pull on every path, push on p2p-ipc and rdma): well under a minute on 2 cores")
-	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\"; broadcast: one owner to --readers readers on --hosts simulated hosts; statedict: a 1B-parameter bf16 state dict as one GetBatch vs one tensor)")
+	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\"; broadcast: one owner to --readers readers on --hosts simulated hosts; statedict: a 1B-parameter bf16 state dict as one GetBatch vs one tensor; zerocopy: on-host View vs cold and warm Get vs memcpy)")
 	f.StringSliceVar(&o.push, "push", nil, "override the paths pushed (p2p,p2p-ipc,shm,rdma,tcp; none: \"\")")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
 	f.StringVar(&o.out, "out", "", "write results.json, report.md and throughput-<path>.png plots into this directory")
@@ -97,7 +97,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 			return err
 		}
 	}
-	if bc, sd := takePath(&o, harness.PathBroadcast), takePath(&o, harness.PathStateDict); bc || sd {
+	if bc, sd, zc := takePath(&o, harness.PathBroadcast), takePath(&o, harness.PathStateDict), takePath(&o, harness.PathZeroCopy); bc || sd || zc {
 		// These paths have harnesses of their own (bench_broadcast.go);
 		// other paths run only when named beside them.
 		if bc {
@@ -107,6 +107,11 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		}
 		if sd {
 			if err := runStateDictBench(cmd, o); err != nil {
+				return err
+			}
+		}
+		if zc {
+			if err := runZeroCopyBench(cmd, o); err != nil {
 				return err
 			}
 		}

@@ -134,3 +134,30 @@ func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
 	}
 	return nil
 }
+
+func runZeroCopyBench(cmd *cobra.Command, o benchOptions) error {
+	out := cmd.OutOrStdout()
+	var sizes []int64
+	for _, s := range o.sizes {
+		n, err := parseSize(s)
+		if err != nil {
+			return err
+		}
+		sizes = append(sizes, n)
+	}
+	recs, err := harness.RunZeroCopy(cmd.Context(), sizes, o.bcast.rounds)
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if o.json {
+			if err := json.NewEncoder(out).Encode(r); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(out, "zerocopy %s (two runtimes on one host): view first %.4f s, then %.5f s; get cold %.3f s, warm %.3f s (cold/warm %.2f, %s); memcpy 1 core %.3f s, %d cores %.3f s (%.2fx)\n",
+			harness.SizeString(r.Size), r.FirstViewSeconds, r.ViewSeconds, r.ColdSeconds, r.WarmSeconds, r.ColdOverWarm, r.Transport, r.Memcpy1, r.Cores, r.MemcpyN, r.Memcpy1/r.MemcpyN)
+	}
+	return nil
+}
