@@ -62,7 +62,13 @@ func TestBroadcastShaped(t *testing.T) {
 	if os.Getenv("TENSORLANE_BCAST_SHAPED") == "" {
 		t.Skip("a measurement: set TENSORLANE_BCAST_SHAPED=1 to run it")
 	}
-	c := New(t, Options{Hosts: 4})
+	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
+		t.Run(tc.name, func(t *testing.T) { broadcastShaped(t, tc) })
+	}
+}
+
+func broadcastShaped(t *testing.T, tc pathCase) {
+	c := New(t, Options{Hosts: 4, Args: tc.args})
 	ctx := testCtx(t, 5*time.Minute)
 	shapeAll(t, ctx, c, "1gbit")
 	const size = 64 << 20
@@ -95,7 +101,7 @@ func TestBroadcastShaped(t *testing.T) {
 		if n == 1 {
 			one = best
 		}
-		record(t, fmt.Sprintf("broadcast 64MiB to %d readers, 1gbit links", n), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one))
+		record(t, fmt.Sprintf("broadcast 64MiB to %2d readers, 1gbit links, %s", n, tc.name), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one))
 	}
 	// Today's way: every reader Gets at once, all through the owner's link.
 	for _, n := range []int{1, 8} {
@@ -108,7 +114,7 @@ func TestBroadcastShaped(t *testing.T) {
 			r := await(t, ch, 2*time.Minute)
 			require.True(t, r.OK, "get: %s", r.Error)
 		}
-		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links", n), time.Since(start), "")
+		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links, %s", n, tc.name), time.Since(start), "")
 	}
 }
 
