@@ -329,6 +329,12 @@ func WriteBroadcastTable(w io.Writer, recs []BroadcastRecord) error {
 // size (and the N-pushes way, dashed, where measured), into
 // dir/broadcast.png.
 func WriteBroadcastPlot(dir string, recs []BroadcastRecord) (string, error) {
+	f := filepath.Join(dir, "broadcast.png")
+	return f, WriteBroadcastPlotFile(f, "tensorlane broadcast: time against readers (4 simulated hosts in one process)", recs)
+}
+
+// WriteBroadcastPlotFile is WriteBroadcastPlot into file, with a title.
+func WriteBroadcastPlotFile(file, title string, recs []BroadcastRecord) error {
 	type key struct {
 		name   string
 		dashed bool
@@ -347,18 +353,18 @@ func WriteBroadcastPlot(dir string, recs []BroadcastRecord) (string, error) {
 		}
 		add(key{fmt.Sprintf("broadcast %s %s", r.Transport, SizeString(r.Size)), false}, r.Readers, r.Seconds)
 		if r.Naive > 0 {
-			add(key{fmt.Sprintf("N pushes %s %s", r.Transport, SizeString(r.Size)), true}, r.Readers, r.Naive)
+			add(key{fmt.Sprintf("N pushes / Gets %s %s", r.Transport, SizeString(r.Size)), true}, r.Readers, r.Naive)
 		}
 	}
 	p := plot.New()
-	p.Title.Text = "tensorlane broadcast: time against readers (4 simulated hosts)"
+	p.Title.Text = title
 	p.X.Label.Text = "readers"
 	p.Y.Label.Text = "seconds"
 	p.Legend.Top, p.Legend.Left = true, true
 	for i, k := range order {
 		l, pts, err := plotter.NewLinePoints(lines[k])
 		if err != nil {
-			return "", err
+			return err
 		}
 		l.Color = plotutil.Color(i)
 		pts.Color, pts.Shape = l.Color, plotutil.Shape(i)
@@ -368,6 +374,5 @@ func WriteBroadcastPlot(dir string, recs []BroadcastRecord) (string, error) {
 		p.Add(l, pts)
 		p.Legend.Add(k.name, l, pts)
 	}
-	f := filepath.Join(dir, "broadcast.png")
-	return f, p.Save(7*vg.Inch, 4.5*vg.Inch, f)
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, file)
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/bench/harness"
 	"github.com/tensorlane/tensorlane/internal/netns"
 )
 
@@ -62,12 +64,23 @@ func TestBroadcastShaped(t *testing.T) {
 	if os.Getenv("TENSORLANE_BCAST_SHAPED") == "" {
 		t.Skip("a measurement: set TENSORLANE_BCAST_SHAPED=1 to run it")
 	}
+	var recs []harness.BroadcastRecord
 	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
-		t.Run(tc.name, func(t *testing.T) { broadcastShaped(t, tc) })
+		t.Run(tc.name, func(t *testing.T) { recs = append(recs, broadcastShaped(t, tc)...) })
+	}
+	// TENSORLANE_BCAST_OUT=dir also writes the records and the plot there.
+	if dir := os.Getenv("TENSORLANE_BCAST_OUT"); dir != "" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		f, err := os.Create(filepath.Join(dir, "broadcast-shaped.json"))
+		require.NoError(t, err)
+		require.NoError(t, harness.WriteBroadcastJSON(f, recs))
+		require.NoError(t, f.Close())
+		require.NoError(t, harness.WriteBroadcastPlotFile(filepath.Join(dir, "broadcast-shaped.png"),
+			"tensorlane broadcast over 1 Gbit/s shaped netns links (4 hosts, 1 process each)", recs))
 	}
 }
 
-func broadcastShaped(t *testing.T, tc pathCase) {
+func broadcastShaped(t *testing.T, tc pathCase) (recs []harness.BroadcastRecord) {
 	c := New(t, Options{Hosts: 4, Args: tc.args})
 	ctx := testCtx(t, 5*time.Minute)
 	shapeAll(t, ctx, c, "1gbit")
@@ -101,6 +114,7 @@ func broadcastShaped(t *testing.T, tc pathCase) {
 		if n == 1 {
 			one = best
 		}
+		recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", 1gbit netns", Readers: n, Hosts: 4, Size: size, Seconds: best, RatioVsOne: best / one})
 		record(t, fmt.Sprintf("broadcast 64MiB to %2d readers, 1gbit links, %s", n, tc.name), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one))
 	}
 	// Today's way: every reader Gets at once, all through the owner's link.
@@ -114,8 +128,21 @@ func broadcastShaped(t *testing.T, tc pathCase) {
 			r := await(t, ch, 2*time.Minute)
 			require.True(t, r.OK, "get: %s", r.Error)
 		}
-		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links, %s", n, tc.name), time.Since(start), "")
+		d := time.Since(start)
+		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links, %s", n, tc.name), d, "")
+		for i := range recs {
+			if recs[i].Readers == n {
+				recs[i].Naive = d.Seconds() // N readers Get at once: all through the owner's link
+			}
+		}
 	}
+	for i := range recs {
+		recs[i].NaiveRatio = recs[i].Naive / recs[0].Naive
+		if recs[i].Naive == 0 {
+			recs[i].NaiveRatio = 0
+		}
+	}
+	return recs
 }
 
 // A reader host killed mid-broadcast is routed around: the other readers
