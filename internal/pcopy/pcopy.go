@@ -39,7 +39,9 @@ type Options struct {
 // FaultError is a memory fault met during a guarded copy.
 type FaultError struct{ Cause error }
 
-func (e *FaultError) Error() string { return fmt.Sprintf("pcopy: memory fault during copy: %v", e.Cause) }
+func (e *FaultError) Error() string {
+	return fmt.Sprintf("pcopy: memory fault during copy: %v", e.Cause)
+}
 func (e *FaultError) Unwrap() error { return e.Cause }
 
 func (o Options) withDefaults() Options {
