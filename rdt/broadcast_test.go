@@ -320,3 +320,23 @@ func FuzzBcastMsg(f *testing.F) {
 		assert.Equal(t, m.off, m2.off)
 	})
 }
+
+// A slot closed while a broadcast fills it: the broadcast stops, the slot's
+// memory comes back, nothing panics.
+func TestBroadcastSlotClosedMidway(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, 24<<20, 1)
+	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
+	waitRelay(t, f.slots[1])
+	require.NoError(t, f.slots[1].Close())
+	res, err := h.Await(ctx)
+	require.NoError(t, err)
+	assert.Error(t, res.Readers[1].Err)
+	for i, rr := range res.Readers {
+		if i != 1 {
+			require.NoError(t, rr.Err, "reader %d", i)
+			checkSlot(t, f.slots[i], 0, f.data)
+		}
+	}
+	assert.Eventually(t, func() bool { return used(t, f.rts[1], tensor.GPUDevice(0)) == 0 }, 10*time.Second, time.Millisecond)
+}

@@ -2,8 +2,10 @@ package rdt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -30,13 +32,14 @@ type relay struct {
 	ctx          context.Context
 	cancel       context.CancelCauseFunc
 
-	mu        sync.Mutex
-	have      []bool
-	got       int
-	fwd       []*forwarder
-	finishing bool          // forwarders may no longer be added
-	complete  chan struct{} // closed when every chunk landed
-	wg        sync.WaitGroup
+	mu         sync.Mutex
+	have       []bool
+	got        int
+	fwd        []*forwarder
+	finishing  bool          // forwarders may no longer be added
+	ownerEnded atomic.Bool   // the owner aborted it: no reports
+	complete   chan struct{} // closed when every chunk landed
+	wg         sync.WaitGroup
 }
 
 // forwarder sends the chunks a relay has to one child, in order of arrival.
@@ -133,7 +136,7 @@ func (rl *relay) run() {
 	s.mu.Lock()
 	if s.relay == rl {
 		s.relay = nil
-		if aborted != nil && !rl.isComplete() {
+		if aborted != nil && !rl.isComplete() && !s.closed { // Close closed changed for good
 			s.lastErr = aborted
 			close(s.changed)
 			s.changed = make(chan struct{})
@@ -237,6 +240,7 @@ func (r *Runtime) relayAbort(from peer.ID, m bcastMsg) error {
 	if from != rl.origin {
 		return ErrUnauthorized
 	}
+	rl.ownerEnded.Store(true)
 	rl.cancel(fmt.Errorf("%w: %s", ErrBroadcastAborted, m.text))
 	return nil
 }
@@ -263,6 +267,12 @@ func (rl *relay) forward(f *forwarder) {
 		select {
 		case i = <-f.q:
 		case <-rl.ctx.Done():
+			// Stopped before the child had everything: unless the owner
+			// ended it (or died, or this runtime is shutting down), the
+			// owner must feed the child itself.
+			if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
+				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
+			}
 			return
 		}
 		off := int64(i) * rl.chunk
