@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
 )
 
 // fleet is an owner on h0 and readers on four simulated hosts, two per host
@@ -339,4 +341,36 @@ func TestBroadcastSlotClosedMidway(t *testing.T) {
 		}
 	}
 	assert.Eventually(t, func() bool { return used(t, f.rts[1], tensor.GPUDevice(0)) == 0 }, 10*time.Second, time.Millisecond)
+}
+
+// The tree follows the topology: readers on the owner's host first (fed
+// by the owner over the device link), then hosts of the owner's rack, then
+// the rest; one leader per host, the others behind it.
+func TestBroadcastPlanOrder(t *testing.T) {
+	ctx := context.Background()
+	cl, err := topology.Preset("dgx-h100", 4)
+	require.NoError(t, err)
+	racks := map[string]string{"h0": "rackA", "h1": "rackB", "h2": "rackA", "h3": "rackB"}
+	for _, h := range cl.Hosts {
+		h.Labels[topology.LabelRack] = racks[h.ID]
+	}
+	r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 16 << 20})
+	require.NoError(t, err)
+	defer r.Shutdown(ctx)
+	src := Ref{Owner: r.host.ID(), Incarnation: r.incarnation, Host: "h0", Device: tensor.GPUDevice(0)}
+	slot := func(host string, dev int) Ref {
+		return Ref{Owner: peer.ID("other-" + host), Incarnation: 1, Host: host, Device: tensor.GPUDevice(dev)}
+	}
+	slots := []Ref{slot("h1", 0), slot("h3", 1), slot("h2", 0), slot("h3", 0), slot("h2", 1), {Owner: r.host.ID(), Incarnation: r.incarnation, Host: "h0", Device: tensor.GPUDevice(1)}}
+	plan := r.planBroadcast(src, slots)
+	t.Logf("\n%s", plan)
+	parent := func(i int) int { return plan.Nodes[i].Parent }
+	assert.Equal(t, -1, parent(5), "the owner's host reader hangs off the owner")
+	assert.Equal(t, -1, parent(2), "h2 (the owner's rack) is the first remote host")
+	assert.True(t, plan.Nodes[2].Leader)
+	assert.Equal(t, 2, parent(4), "h2's second reader behind its leader")
+	assert.Equal(t, 2, parent(0), "then h1 (rackB, by name before h3)")
+	assert.Equal(t, 0, parent(3), "then h3's leader (its GPU 0)")
+	assert.Equal(t, 3, parent(1))
+	assert.Equal(t, fabric.P2P, plan.Nodes[5].Path)
 }
