@@ -572,6 +572,7 @@ func errorCode(err error) string {
 		{rdt.ErrReaderDied, "reader_died"},
 		{rdt.ErrSlotBusy, "slot_busy"},
 		{rdt.ErrBroadcastAborted, "broadcast_aborted"},
+		{rdt.ErrNoZeroCopy, "no_zero_copy"},
 		{fabric.ErrCorrupt, "corrupt"},
 		{fabric.ErrStalled, "stalled"},
 		{fabric.ErrPeerClosed, "peer_closed"},
