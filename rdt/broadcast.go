@@ -399,6 +399,12 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 		delete(r.bcasts.runs, b.id)
 		r.bcasts.mu.Unlock()
 	}()
+	// Each reader is a live transfer to observers (the dashboard) while
+	// the broadcast runs.
+	observed := make([]func(Transfer, error), len(b.nodes))
+	for i, n := range b.nodes {
+		observed[i] = r.obs.begin(a.name+" (broadcast)", src, fabric.Endpoint{Host: n.ref.Host, Device: n.ref.Device})
+	}
 	began := time.Now()
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
@@ -411,6 +417,7 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 			rr.Err = fmt.Errorf("rdt: reader %d did not complete: %w", i, context.Cause(ctx))
 		}
 		res.Readers = append(res.Readers, rr)
+		observed[i](Transfer{Stats: fabric.Stats{Transport: b.plan.Nodes[i].Path, Bytes: b.total, Duration: res.Duration}}, rr.Err)
 	}
 	r.bcastMetrics(res)
 	return res, nil

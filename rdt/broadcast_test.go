@@ -374,3 +374,20 @@ func TestBroadcastPlanOrder(t *testing.T) {
 	assert.Equal(t, 3, parent(1))
 	assert.Equal(t, fabric.P2P, plan.Nodes[5].Path)
 }
+
+func TestBroadcastObserved(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, 1<<20, 1)
+	res, err := f.owner.Broadcast(ctx, f.src, f.refs(), BroadcastConfig{})
+	require.NoError(t, err)
+	require.NoError(t, res.Err())
+	n := 0
+	for _, rec := range f.rts[0].RecentTransfers() {
+		if rec.Reader == "trainer (broadcast)" {
+			n++
+			assert.Empty(t, rec.Error)
+			assert.Equal(t, int64(1<<20), rec.Bytes)
+		}
+	}
+	assert.Equal(t, len(f.slots), n, "one record per reader")
+}
