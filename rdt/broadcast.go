@@ -99,17 +99,26 @@ func (b *BroadcastResult) Err() error {
 
 // WaitConsumed waits until every reader that got this broadcast said Done
 // with its generation (the end of a step in flow-controlled weight sync).
+// A reader that dies meanwhile is not waited for: the error names each
+// reader that did not finish, and why (ErrReaderDied, or ctx's error).
 func (b *BroadcastResult) WaitConsumed(ctx context.Context) error {
 	a := &Actor{rt: b.rt}
-	for _, r := range b.Readers {
+	errs := make([]error, len(b.Readers))
+	var wg sync.WaitGroup
+	for i, r := range b.Readers {
 		if r.Err != nil {
 			continue
 		}
-		if err := a.WaitConsumed(ctx, r.Slot, r.Generation); err != nil {
-			return err
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.WaitConsumed(ctx, r.Slot, r.Generation); err != nil {
+				errs[i] = fmt.Errorf("reader %d (%s): %w", i, r.Slot.Host, err)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // BroadcastPlan is the tree a broadcast follows.

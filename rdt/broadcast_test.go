@@ -391,3 +391,28 @@ func TestBroadcastObserved(t *testing.T) {
 	}
 	assert.Equal(t, len(f.slots), n, "one record per reader")
 }
+
+// A reader that leaves after the step landed does not hold the step up:
+// WaitConsumed names it as dead instead of waiting for its Done.
+func TestWaitConsumedReaderLeaves(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, 1<<20, 1, WithGenerations())
+	res, err := f.owner.Broadcast(ctx, f.src, f.refs(), BroadcastConfig{})
+	require.NoError(t, err)
+	require.NoError(t, res.Err())
+	for i, s := range f.slots {
+		if s.rt != f.rts[2] {
+			require.NoError(t, s.Done(ctx, res.Readers[i].Generation))
+		}
+	}
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	f.rts[2].abandonHolds = true
+	require.NoError(t, f.rts[2].Shutdown(dead))
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	err = res.WaitConsumed(wctx)
+	require.ErrorIs(t, err, ErrReaderDied)
+	assert.Contains(t, err.Error(), "h2")
+	assert.NoError(t, wctx.Err(), "it did not wait for the deadline")
+}

@@ -112,11 +112,18 @@ func (t *genTable) forget(id peer.ID) {
 
 // WaitConsumed blocks until the reader of slot has said it is done with
 // generation gen (or a later one), or ctx is done (without a deadline, at
-// most Config.TransferTimeout).
+// most Config.TransferTimeout), or the reader's runtime is declared dead
+// (ErrReaderDied: a step never waits on a reader that left).
 func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
 	k := genKey{slot.Owner, slot.Object}
+	var death <-chan struct{}
+	if slot.Owner != a.rt.host.ID() {
+		unuse := a.rt.peers.use(slot.Owner)
+		defer unuse()
+		death = a.rt.peers.deathOf(slot.Owner, slot.Incarnation)
+	}
 	for {
 		got, ch := a.rt.gens.state(k)
 		if got >= gen {
@@ -124,6 +131,8 @@ func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 		}
 		select {
 		case <-ch:
+		case <-death:
+			return fmt.Errorf("%w: slot %v's reader %s, done with generation %d of %d", ErrReaderDied, slot.Object, shortID(slot.Owner), got, gen)
 		case <-ctx.Done():
 			return fmt.Errorf("rdt: waiting for slot %v to be done with generation %d (done: %d): %w", slot.Object, gen, got, ctx.Err())
 		case <-a.rt.done:
