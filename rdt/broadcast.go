@@ -384,6 +384,9 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 	if end > pin.Len() {
 		return nil, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
 	}
+	if (end-start+cfg.ChunkSize-1)/cfg.ChunkSize > maxChunks {
+		return nil, fmt.Errorf("%w: %d bytes in chunks of %d is over %d chunks", ErrMalformedRef, end-start, cfg.ChunkSize, maxChunks)
+	}
 	b := &bcastRun{r: r, src: src, cfg: cfg, pin: pin, start: start, total: end - start, kick: make(chan struct{}, 1),
 		bySlot: map[fabric.ObjectID]int{}}
 	rand.Read(b.id[:])

@@ -178,6 +178,8 @@ func TestBroadcastBadReaders(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotOwner)
 	_, err = f.owner.Broadcast(ctx, f.src, []Ref{refs[0], refs[0]}, BroadcastConfig{})
 	assert.ErrorIs(t, err, ErrMalformedRef)
+	_, err = f.owner.Broadcast(ctx, f.src, refs, BroadcastConfig{ChunkSize: 1})
+	assert.ErrorIs(t, err, ErrMalformedRef, "a million and more chunks")
 }
 
 // waitRelay waits until slot s has received some but not all chunks.
