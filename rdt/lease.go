@@ -122,6 +122,19 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	return nil
 }
 
+// keepGetHold adds a use to ref's lease while a Get holds one (a View
+// that outlives its Get); unget ends it. It reports whether the lease was
+// still there.
+func (r *Runtime) keepGetHold(ref Ref) bool {
+	r.holdMu.Lock()
+	defer r.holdMu.Unlock()
+	h, ok := r.holds[keyOf(ref)]
+	if ok {
+		h.gets++
+	}
+	return ok
+}
+
 // unget ends a Get's use of ref's lease; a lease nobody holds any more is
 // released by the life loop after linger.
 func (r *Runtime) unget(ref Ref) {
@@ -251,6 +264,7 @@ func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey,
 			if e != nil && isGone(e) {
 				r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
 				delete(r.holds, keys[start+i])
+				r.views.revoke(keys[start+i]) // view.go
 			}
 		}
 		r.holdMu.Unlock()
@@ -266,6 +280,7 @@ func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 	for k := range r.holds {
 		if k.owner == id && k.inc == inc {
 			delete(r.holds, k)
+			r.views.revoke(k) // view.go
 		}
 	}
 	r.holdMu.Unlock()

@@ -213,3 +213,11 @@ func TestDotRendersWithGraphviz(t *testing.T) {
 	assert.Contains(t, all, "NUMA 0", "the NUMA label's first line")
 	assert.Contains(t, all, "GPU0", "the device label's first line")
 }
+
+func TestTopoRayLabels(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := runTopo(t.Context(), &out, &errb, topoOptions{preset: "tpu-v5p", hosts: 2, rayLabels: true})
+	require.NoError(t, err)
+	assert.Contains(t, out.String(), `ray start --labels="ray.io/accelerator-type=tpu-v5p,ray.io/tpu-slice-name=slice0,tensorlane.io/host=h1,`)
+	assert.Contains(t, out.String(), "# h0 (simulated, preset)")
+}

@@ -4,6 +4,6 @@
 //
 // Snippets are fragments: each is compiled as the body of its own function,
 // with the names README snippets use without declaring them (ctx, trainer,
-// reader, rt, w, ref, slotRef) available as package variables, and every
-// variable a snippet declares marked used.
+// reader, engine, rt, w, ref, slotRef, slotRefs, stateDict) available as
+// package variables, and every variable a snippet declares marked used.
 package readme

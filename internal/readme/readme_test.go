@@ -33,9 +33,12 @@ import (
 var (
 	ctx             context.Context
 	trainer, reader *rdt.Actor
+	engine          *rdt.Actor
 	rt              *rdt.Runtime
 	w               tensor.Tensor
 	ref, slotRef    rdt.Ref
+	slotRefs        []rdt.Ref
+	stateDict       []rdt.Ref
 
 	_ = fmt.Sprint
 	_ = topology.Preset
