@@ -96,12 +96,15 @@ type HostVisible interface {
 }
 
 // Handle describes an exported buffer: a file descriptor for its arena and
-// the buffer's place in it. It is the analogue of a CUDA IPC handle.
+// the buffer's place in it. It is the analogue of a CUDA IPC handle, and
+// for real CUDA memory it is one (Kind says which; see Import).
 type Handle struct {
 	FD        int   // owned by the caller of Export, who must close it
-	ArenaSize int64 // size of the file behind FD
+	ArenaSize int64 // size of the file (or device allocation) behind FD
 	Offset    int64 // buffer start within the arena
 	Length    int64
+	Kind      HandleKind // zero: a memory file to map
+	Device    DeviceID   // the exporting device (informational for memfds)
 }
 
 // Exportable is the optional capability of buffers that can be shared with
