@@ -142,6 +142,10 @@ func (r *Runtime) registerer() prometheus.Registerer {
 // shm paths map it) for as long as the pin is held.
 func (p *pin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.obj.buf) }
 
+// Unwrap names the object's buffer, so copies reach device memory that is
+// not host visible (tensor.Copy).
+func (p *pin) Unwrap() (tensor.Buffer, int64) { return p.obj.buf, 0 }
+
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {
 	m := map[string]string{fabric.TCP: r.tcpSrv.Addr()}

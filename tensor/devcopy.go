@@ -26,6 +26,33 @@ type PeerCopier interface {
 	CopyFrom(ctx context.Context, off int64, src Buffer, srcOff, n int64) (bool, error)
 }
 
+// Wrapper is the optional capability of buffers that stand for all or part
+// of another (a pin that keeps an object alive, a window of a buffer):
+// Unwrap returns that buffer and this one's offset in it, so Copy and
+// importers reach the memory itself, whatever capabilities the wrapper
+// forwards.
+type Wrapper interface {
+	Unwrap() (Buffer, int64)
+}
+
+// Unwrap follows Wrappers down to the buffer that owns the memory and
+// returns it with b's offset in it.
+func Unwrap(b Buffer) (Buffer, int64) {
+	var off int64
+	for range 16 { // wrappers never nest deeper; a cycle must not hang
+		w, ok := b.(Wrapper)
+		if !ok {
+			break
+		}
+		u, o := w.Unwrap()
+		if u == nil {
+			break
+		}
+		b, off = u, off+o
+	}
+	return b, off
+}
+
 // bounceChunk is the host buffer a device-to-device Copy between two
 // devices that cannot reach each other moves through.
 const bounceChunk = 8 << 20
@@ -42,6 +69,10 @@ func Copy(ctx context.Context, dst Buffer, dstOff int64, src Buffer, srcOff, n i
 	if n == 0 {
 		return ctx.Err()
 	}
+	dst, o := Unwrap(dst)
+	dstOff += o
+	src, o = Unwrap(src)
+	srcOff += o
 	to, toErr := hostBytes(dst)
 	from, fromErr := hostBytes(src)
 	switch {

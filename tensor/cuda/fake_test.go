@@ -6,17 +6,16 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ebitengine/purego"
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
 )
 
 func TestMain(m *testing.M) {
@@ -26,67 +25,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// The fake driver (testdata/fakecuda.c) is built once per test binary with
-// gcc; tests that need it skip, saying why, where gcc is missing. Its
-// knobs are process-wide, so no test here runs in parallel.
-var (
-	fakeOnce sync.Once
-	fakePath string
-	fakeErr  error
-	fakeSet  func(key string, v int64) int32
-	fakeLive func(what string) int64
-)
+func fakeLib(t testing.TB) string { return cudatest.FakeLibrary(t) }
 
-func fakeLib(t testing.TB) string {
-	t.Helper()
-	fakeOnce.Do(func() {
-		gcc, err := exec.LookPath("gcc")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "fakecuda")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		// The directory stays for helper processes; the OS temp cleaner
-		// takes it (a few KiB).
-		p := filepath.Join(dir, "libcuda.so.1")
-		out, err := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-Wall", "-o", p, "testdata/fakecuda.c").CombinedOutput()
-		if err != nil {
-			fakeErr = errors.New(string(out))
-			return
-		}
-		lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		purego.RegisterLibFunc(&fakeSet, lib, "fakecuda_set")
-		purego.RegisterLibFunc(&fakeLive, lib, "fakecuda_live")
-		fakePath = p
-	})
-	if fakeErr != nil {
-		if errors.Is(fakeErr, exec.ErrNotFound) {
-			t.Skip("gcc not found: cannot build the fake CUDA driver (the GPU check covers the real one)")
-		}
-		t.Fatalf("build fake libcuda: %v", fakeErr)
-	}
-	return fakePath
-}
+func knob(t *testing.T, key string, v int64) { cudatest.Set(t, key, v) }
 
-// knob sets a fake-driver knob for the rest of the test.
-func knob(t *testing.T, key string, v int64) {
-	t.Helper()
-	if fakeSet(key, v) != 0 {
-		t.Fatalf("fake knob %s", key)
-	}
-	t.Cleanup(func() {
-		def := map[string]int64{"devices": 2, "memory": 1 << 30}[key]
-		fakeSet(key, def)
-	})
-}
+func noLeaks(t *testing.T) { cudatest.NoLeaks(t) }
 
 func newFake(t *testing.T, cfg Config) *Memory {
 	t.Helper()
@@ -101,23 +44,6 @@ func newFake(t *testing.T, cfg Config) *Memory {
 		}
 	})
 	return m
-}
-
-// noLeaks checks, once the test's cleanups ran, that the fake driver holds
-// no allocation, pinned buffer, stream or event.
-func noLeaks(t *testing.T) {
-	fakeLib(t)
-	base := map[string]int64{}
-	for _, w := range []string{"allocs", "host", "streams", "events"} {
-		base[w] = fakeLive(w)
-	}
-	t.Cleanup(func() {
-		for w, n := range base {
-			if got := fakeLive(w); got != n {
-				t.Errorf("fake driver: %d live %s after the test, %d before", got, w, n)
-			}
-		}
-	})
 }
 
 func pattern(n int, seed uint64) []byte {

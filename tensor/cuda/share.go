@@ -241,6 +241,9 @@ func unregisterImporters(m *Memory) {
 
 func importAny(ctx context.Context, h tensor.Handle, readOnly bool, near tensor.Buffer) (tensor.Buffer, error) {
 	var m *Memory
+	if near != nil {
+		near, _ = tensor.Unwrap(near)
+	}
 	if b, ok := near.(*Buffer); ok {
 		m = b.mem
 	} else {
