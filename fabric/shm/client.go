@@ -202,15 +202,14 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	if dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
-	to, err := tensor.BytesOf(dst)
+	to, dev, err := hostOrDevice(dst, src.Length)
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	to = to[:src.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to)
+		return c.transferOn(ctx, pc, key, src, to, dev)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -231,15 +230,14 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 	if src.Len() < dst.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of the %d bytes to push", tensor.ErrTooSmall, src.Len(), dst.Length)
 	}
-	from, err := tensor.BytesOf(src)
+	from, dev, err := hostOrDevice(src, dst.Length)
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	from = from[:dst.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, dst, from)
+		return c.transferOn(ctx, pc, key, dst, from, dev)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -417,7 +415,11 @@ func (c *Client) refused(key cacheKey, err error) {
 // fresh grant, and a refused claim drops it. A push maps the sink's own
 // pages writable (never the rest of the owner's arena); a read maps the
 // object's pages read-only.
-func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte) error {
+//
+// Our side is p when it is host visible, or dev (device memory, p nil).
+// A grant of device memory (flagDevice) is imported and copied by the
+// device (see deviceTransfer).
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, dev tensor.Buffer) error {
 	held := c.cache.acquire(key)
 	defer func() {
 		if held != nil {
@@ -440,9 +442,12 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		closeAll(fds)
 		return c.confirm(pc)
 	}
-	if int64(len(p)) != r.Length || r.Offset+r.Length > g.objLen {
+	if (dev == nil && int64(len(p)) != r.Length) || r.Offset+r.Length > g.objLen {
 		closeAll(fds)
 		return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
+	}
+	if g.flags&flagDevice != 0 {
+		return c.deviceTransfer(ctx, pc, key, r, g, fds[0], p, dev)
 	}
 	m := held
 	if len(fds) == 1 {
@@ -466,7 +471,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		c.afterMap()
 	}
 	obj := m.bytes()[r.Offset : r.Offset+r.Length]
-	if key.push {
+	if dev != nil {
+		err = hostToDevice(ctx, key.push, obj, dev)
+	} else if key.push {
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink
 		// right after, and the pages may then belong to something else).

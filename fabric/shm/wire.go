@@ -28,7 +28,9 @@ import (
 //	          crc32c of everything before it (4)
 //
 // with the arena's descriptor attached when flags has flagFD (the client
-// did not have mapping id mapped). The server keeps the object pinned until
+// did not have mapping id mapped). For device memory (flagDevice) the
+// descriptor is the allocation's own handle, of the kind in the flags'
+// high nibble, and is sent with every grant. The server keeps the object pinned until
 // the client has copied and says so:
 //
 //	done:     opDone (1) | result (1: 0 copied, 1 abandoned)
@@ -50,6 +52,12 @@ const (
 	version  byte = 2
 	flagFD   byte = 1
 	maxToken      = 64
+
+	// flagDevice: the descriptor is a device memory handle (CUDA), not a
+	// memory file; the flags' high nibble is its tensor.HandleKind. The
+	// reader imports it (tensor.Import) instead of mapping it.
+	flagDevice byte = 2
+	kindShift       = 4
 
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
 	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 4
@@ -160,7 +168,8 @@ func parseReply(p []byte) (grant, error) {
 	}
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
-	if g.flags&^flagFD != 0 || size > 1<<62 || off > size || n > size-off {
+	devFlags := g.flags&flagDevice != 0 && g.flags&flagFD != 0 && g.flags>>kindShift != 0
+	if g.flags&^(flagFD|flagDevice|0xf0) != 0 || (g.flags&^flagFD != 0 && !devFlags) || size > 1<<62 || off > size || n > size-off {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in an arena of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
 	}
 	g.arenaSize, g.objOff, g.objLen = int64(size), int64(off), int64(n)

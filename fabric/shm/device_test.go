@@ -1,0 +1,116 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/cuda"
+	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
+)
+
+// CUDA memory over the p2p path, on the fake driver (real purego calls,
+// real fd passing over the authenticated socket; "device memory" is host
+// memory there): the owner's buffer exports its per-allocation fd, the
+// reader imports it read-only and copies device to device, into host
+// memory, and pushes the other way through a writable import. Between two
+// processes on a real GPU scripts/gpu-check.sh runs the same path.
+func TestCUDAMemory(t *testing.T) {
+	for _, mode := range []cuda.Mode{cuda.ModeVMM} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cudatest.NoLeaks(t)
+			lib := cudatest.FakeLibrary(t)
+			ctx := context.Background()
+			owner, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 0, Mode: mode})
+			require.NoError(t, err)
+			defer owner.Close()
+			reader, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 1, Mode: mode})
+			require.NoError(t, err)
+			defer reader.Close()
+
+			const n = 3<<20 + 3
+			want := make([]byte, n)
+			fillPattern(want, 5)
+			obj, err := owner.Alloc(ctx, n)
+			require.NoError(t, err)
+			defer obj.Release()
+			require.NoError(t, obj.(*cuda.Buffer).CopyIn(ctx, 0, want))
+			sink, err := owner.Alloc(ctx, n)
+			require.NoError(t, err)
+			defer sink.Release()
+
+			claim := fabric.Claim{Object: fabric.ObjectID{9}, Incarnation: 1}
+			open := func(b tensor.Buffer) fabric.SourceFunc {
+				return func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+					if c.Object != claim.Object {
+						return nil, fabric.ErrObjectNotFound
+					}
+					return pinOf{b}, nil
+				}
+			}
+			ownerKey, ownerID := key(t)
+			srv, err := Listen(ServerConfig{Identity: ownerKey, Source: open(obj), Sink: sinkFunc(open(sink))})
+			require.NoError(t, err)
+			defer srv.Close()
+			readerKey, _ := key(t)
+			tr, err := NewP2P(Config{Identity: readerKey, Topology: dgx(t)})
+			require.NoError(t, err)
+			defer tr.Close()
+			remote := fabric.Remote{
+				Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
+				Peer:     ownerID.String(), Addrs: map[string]string{fabric.SHM: srv.Addr()},
+				Claim: claim, Length: n,
+			}
+
+			// Device to device (the owner's GPU 0 to the reader's GPU 1).
+			dst, err := reader.Alloc(ctx, n)
+			require.NoError(t, err)
+			defer dst.Release()
+			_, err = tr.Read(ctx, remote, dst)
+			require.NoError(t, err)
+			got := make([]byte, n)
+			require.NoError(t, dst.(*cuda.Buffer).CopyOut(ctx, 0, got))
+			require.True(t, bytes.Equal(got, want), "device-to-device read differs")
+
+			// Into host memory, a window of the object.
+			hb, hp := hostDst(t, 1000)
+			win := remote
+			win.Offset, win.Length = 12345, 1000
+			_, err = tr.Read(ctx, win, hb)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(hp, want[12345:13345]), "device-to-host read differs")
+
+			// Push from the reader's device into the owner's sink.
+			_, err = tr.Write(ctx, dst, remote)
+			require.NoError(t, err)
+			clear(got)
+			require.NoError(t, sink.(*cuda.Buffer).CopyOut(ctx, 0, got))
+			require.True(t, bytes.Equal(got, want), "pushed bytes differ")
+
+			// A simulated owner's memory file into device memory.
+			f := newFixture(t, 1<<20, nil)
+			d2, err := reader.Alloc(ctx, 1<<20)
+			require.NoError(t, err)
+			defer d2.Release()
+			_, err = f.cli.SHM().Read(ctx, f.remote(1<<20), d2)
+			require.NoError(t, err)
+			got = make([]byte, 1<<20)
+			require.NoError(t, d2.(*cuda.Buffer).CopyOut(ctx, 0, got))
+			require.True(t, bytes.Equal(got, f.data), "memory file to device differs")
+		})
+	}
+}
+
+// pinOf lends a device buffer as a pin: no Bytes (it is not host visible),
+// its own Export, and Unwrap so copies reach it.
+type pinOf struct{ b tensor.Buffer }
+
+func (p pinOf) Device() tensor.DeviceID        { return p.b.Device() }
+func (p pinOf) Len() int64                     { return p.b.Len() }
+func (p pinOf) Release() error                 { return nil }
+func (p pinOf) Export() (tensor.Handle, error) { return tensor.ExportOf(p.b) }
+func (p pinOf) Unwrap() (tensor.Buffer, int64) { return p.b, 0 }
