@@ -114,3 +114,76 @@ func (p pinOf) Len() int64                     { return p.b.Len() }
 func (p pinOf) Release() error                 { return nil }
 func (p pinOf) Export() (tensor.Handle, error) { return tensor.ExportOf(p.b) }
 func (p pinOf) Unwrap() (tensor.Buffer, int64) { return p.b, 0 }
+
+// helperCUDAEnv ("library,mode") makes the owner process keep its objects
+// in CUDA memory of that driver.
+const helperCUDAEnv = "TENSORLANE_SHM_HELPER_CUDA"
+
+// cudaAlloc returns an allocator of filled objects in CUDA device 0.
+func cudaAlloc(lib, mode string) (func(int64, uint64) (tensor.Buffer, error), error) {
+	cfg := cuda.Config{Library: lib, Mode: cuda.ModeVMM}
+	if mode == cuda.ModeLegacy.String() {
+		cfg.Mode = cuda.ModeLegacy
+	}
+	m, err := cuda.NewMemory(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(n int64, seed uint64) (tensor.Buffer, error) {
+		b, err := m.Alloc(context.Background(), n)
+		if err != nil {
+			return nil, err
+		}
+		p := make([]byte, n)
+		fillWords(p, seed)
+		return b, b.(*cuda.Buffer).CopyIn(context.Background(), 0, p)
+	}, nil
+}
+
+// TestCrossProcessCUDA reads from, and pushes into, CUDA memory of a real
+// second process over the p2p path: the allocation's handle (a VMM POSIX
+// fd, or a legacy IPC handle, which CUDA opens only in another process)
+// crosses the authenticated socket and is imported here. On the fake
+// driver; scripts/gpu-check.sh runs the same with the real one.
+func TestCrossProcessCUDA(t *testing.T) {
+	lib := cudatest.FakeLibrary(t)
+	for _, mode := range []cuda.Mode{cuda.ModeVMM, cuda.ModeLegacy} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cudatest.NoLeaks(t)
+			t.Setenv(helperCUDAEnv, lib+","+mode.String())
+			sizes := []int64{4095, 5<<20 + 1}
+			h := startHelper(t, sizes...)
+			k, _ := key(t)
+			cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+			require.NoError(t, err)
+			defer cli.Close()
+			mem, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 1, Mode: mode})
+			require.NoError(t, err)
+			defer mem.Close()
+			ctx := context.Background()
+			for i, n := range sizes {
+				dst, err := mem.Alloc(ctx, n)
+				require.NoError(t, err)
+				st, err := cli.P2P().Read(ctx, h.remote(i, 0, n), dst)
+				require.NoError(t, err)
+				require.Equal(t, n, st.Bytes)
+				got := make([]byte, n)
+				require.NoError(t, dst.(*cuda.Buffer).CopyOut(ctx, 0, got))
+				require.Equal(t, -1, checkWords(got, h.info.Objects[i].Seed, 0, n), "first wrong byte")
+				// Into host memory, a range that starts mid-word.
+				off, m := n/3+3, n/2
+				hb, hp := hostDst(t, m)
+				_, err = cli.P2P().Read(ctx, h.remote(i, off, m), hb)
+				require.NoError(t, err)
+				require.Equal(t, -1, checkWords(hp, h.info.Objects[i].Seed, off, n), "first wrong byte of the range")
+				// Push our device bytes back into the owner's object, then
+				// read them again: the same pattern, so it verifies.
+				_, err = cli.P2P().Write(ctx, dst, h.remote(i, 0, n))
+				require.NoError(t, err)
+				require.NoError(t, dst.Release())
+			}
+			// Device grants are imported, never mapped by the CPU.
+			require.Zero(t, cli.CacheStats().Mapped, "a device handle was mapped as a memory file")
+		})
+	}
+}
