@@ -198,3 +198,39 @@ func Import(ctx context.Context, h Handle, readOnly bool, near Buffer) (Buffer, 
 	}
 	return f.(Importer)(ctx, h, readOnly, near)
 }
+
+// Stager is the optional capability of device buffers whose device has
+// host memory it copies to and from fastest (CUDA pinned memory: one DMA,
+// no bounce through a staging chunk). Staging returns n bytes of it,
+// host visible; Release gives them back.
+type Stager interface {
+	Staging(ctx context.Context, n int64) (Buffer, error)
+}
+
+// stagingHost backs StageFor for devices without a Stager; its cache keeps
+// a loop of staged transfers from mapping fresh pages every time.
+var stagingHost = NewHostMemory(0)
+
+// StageFor returns n bytes of host memory to move device buffer b's bytes
+// through, for transports that need host bytes (tcp, rdma): the device's
+// own staging memory when it offers it, ordinary host memory otherwise.
+// The caller releases it.
+func StageFor(ctx context.Context, b Buffer, n int64) (Buffer, error) {
+	if root, _ := Unwrap(b); root != nil {
+		if s, ok := root.(Stager); ok {
+			return s.Staging(ctx, n)
+		}
+	}
+	return stagingHost.Alloc(ctx, n)
+}
+
+// IsDevice reports whether b (through any Wrappers) is device memory the
+// CPU cannot address but that copies through DeviceCopier.
+func IsDevice(b Buffer) bool {
+	root, _ := Unwrap(b)
+	if _, ok := root.(HostVisible); ok {
+		return false
+	}
+	_, ok := root.(DeviceCopier)
+	return ok
+}

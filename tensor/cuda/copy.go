@@ -183,6 +183,9 @@ func (b *Buffer) CopyIn(ctx context.Context, off int64, src []byte) error {
 	}
 	defer done()
 	m := b.mem
+	if m.isPinned(src) {
+		return b.direct(ctx, off, src, true)
+	}
 	return m.run(ctx, func(l *lane) error {
 		if err := m.staging(l); err != nil {
 			return err
@@ -240,6 +243,9 @@ func (b *Buffer) CopyOut(ctx context.Context, off int64, dst []byte) error {
 	}
 	defer done()
 	m := b.mem
+	if m.isPinned(dst) {
+		return b.direct(ctx, off, dst, false)
+	}
 	return m.run(ctx, func(l *lane) error {
 		if err := m.staging(l); err != nil {
 			return err

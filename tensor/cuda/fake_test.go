@@ -388,3 +388,58 @@ func TestFabricRefused(t *testing.T) {
 	}
 	closeFD(h.FD)
 }
+
+// Pinned staging (tensor.StageFor): a transport fills pinned host memory
+// and the device takes it in one DMA; released buffers are cached and
+// freed at Close.
+func TestPinnedStaging(t *testing.T) {
+	noLeaks(t)
+	m := newFake(t, Config{StagingChunk: 64 << 10})
+	ctx := context.Background()
+	const n = 1<<20 + 9
+	b, _ := m.Alloc(ctx, n)
+	defer b.Release()
+	st, err := tensor.StageFor(ctx, b, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.(*PinnedBuffer); !ok || st.Device() != tensor.HostDevice {
+		t.Fatalf("staging is %T on %v, want pinned host memory", st, st.Device())
+	}
+	p, _ := tensor.BytesOf(st)
+	copy(p, pattern(n, 11))
+	if !m.isPinned(p[5:100]) || m.isPinned(make([]byte, 10)) {
+		t.Fatal("isPinned")
+	}
+	if err := tensor.Copy(ctx, b, 0, st, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	clear(p)
+	if err := tensor.Copy(ctx, st, 0, b, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p, pattern(n, 11)) {
+		t.Fatal("bytes differ through pinned staging")
+	}
+	st.Release()
+	if st.(*PinnedBuffer).Bytes() != nil || st.Release() != nil {
+		t.Error("released pinned buffer")
+	}
+	again, _ := m.Pinned(ctx, n)
+	if again.p != st.(*PinnedBuffer).p {
+		t.Error("a released pinned buffer of the same size was not reused")
+	}
+	again.Release()
+	// Host memory elsewhere stages through the lanes' chunks.
+	if h, _ := tensor.StageFor(ctx, tensor.Buffer(fakeHost{}), 10); h == nil {
+		t.Error("no staging for a buffer without a Stager")
+	} else {
+		h.Release()
+	}
+}
+
+type fakeHost struct{}
+
+func (fakeHost) Device() tensor.DeviceID { return tensor.GPUDevice(9) }
+func (fakeHost) Len() int64              { return 10 }
+func (fakeHost) Release() error          { return nil }

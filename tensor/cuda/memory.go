@@ -106,7 +106,8 @@ type Memory struct {
 	gran        int64 // VMM allocation granularity
 	access      []memAccessDesc
 
-	lanes chan *lane
+	lanes  chan *lane
+	pinned pinnedPool
 
 	mu       sync.Mutex
 	used     int64
@@ -376,7 +377,7 @@ func (m *Memory) Close() error {
 	unregisterImporters(m)
 	// Idle lanes are freed now; a lane in use is freed by its copy when it
 	// ends (putLane).
-	var errs []error
+	errs := []error{m.freePinnedCache()}
 	for {
 		select {
 		case l := <-m.lanes:
@@ -396,8 +397,8 @@ type Buffer struct {
 	ptr  uint64 // device address of byte 0 of the buffer
 	base uint64 // start of the mapping (ptr - offset for imports)
 	n    int64
-	size int64  // bytes mapped at base (granularity-rounded for VMM)
-	vmm  bool   // VMM allocation (else legacy)
+	size int64 // bytes mapped at base (granularity-rounded for VMM)
+	vmm  bool  // VMM allocation (else legacy)
 	// handle is the VMM allocation handle (owned or imported).
 	handle   uint64
 	owned    bool // allocated here (else imported)
