@@ -171,12 +171,12 @@ func (k HandleKind) String() string {
 }
 
 // Importer opens a Handle another process exported as a Buffer of this
-// process: readOnly asks for a mapping the importer cannot write, and near,
-// when not nil, is the buffer the bytes will be copied to or from (the
-// importer maps the handle for that buffer's device). The buffer is
+// process, mapped with h.Access (ReadOnly: the importer cannot write it);
+// near, when not nil, is the buffer the bytes will be copied to or from
+// (the importer maps the handle for that buffer's device). The buffer is
 // released (and its mapping dropped) with Release; the caller still owns
 // and closes h.FD.
-type Importer func(ctx context.Context, h Handle, readOnly bool, near Buffer) (Buffer, error)
+type Importer func(ctx context.Context, h Handle, near Buffer) (Buffer, error)
 
 var importers sync.Map // HandleKind -> Importer
 
@@ -190,13 +190,13 @@ func RegisterImporter(k HandleKind, f Importer) { importers.Store(k, f) }
 var ErrNoImporter = errors.New("tensor: no importer for this handle kind")
 
 // Import opens h through the importer registered for its kind (see
-// Importer for readOnly and near).
-func Import(ctx context.Context, h Handle, readOnly bool, near Buffer) (Buffer, error) {
+// Importer).
+func Import(ctx context.Context, h Handle, near Buffer) (Buffer, error) {
 	f, ok := importers.Load(h.Kind)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", ErrNoImporter, h.Kind)
 	}
-	return f.(Importer)(ctx, h, readOnly, near)
+	return f.(Importer)(ctx, h, near)
 }
 
 // Stager is the optional capability of device buffers whose device has

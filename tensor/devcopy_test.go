@@ -73,7 +73,7 @@ func TestCopyHostAndSim(t *testing.T) {
 }
 
 func TestImportWithoutImporter(t *testing.T) {
-	_, err := Import(context.Background(), Handle{Kind: HandleKind(200)}, true, nil)
+	_, err := Import(context.Background(), Handle{Kind: HandleKind(200)}, nil)
 	if !errors.Is(err, ErrNoImporter) {
 		t.Fatalf("got %v", err)
 	}

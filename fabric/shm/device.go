@@ -10,24 +10,26 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// Device memory (tensor/cuda) rides the same socket, claim and pin as
-// memory files: the owner's buffer exports its own per-allocation handle
-// (a CUDA VMM allocation's POSIX fd, or a legacy IPC handle in a sealed
+// Device memory (tensor/cuda) rides the same socket, claim, pin and
+// per-allocation export as memory files: the owner's buffer exports its
+// own allocation's handle (tensor.Exportable with the grant's access: a
+// CUDA VMM allocation's POSIX fd, or a legacy IPC handle in a sealed
 // memfd), which travels by SCM_RIGHTS with every grant, and the reader
-// imports it (tensor.Import: read-only for reads, writable for pushes) and
-// lets the device copy, then drops the import before its done. Imports
-// are not cached across reads yet, so each read pays the import (tens of
-// microseconds on a GPU).
+// imports it (tensor.Import: mapped read-only for reads, writable for
+// pushes) and lets the device copy, then drops the import before its done.
+// Imports are not cached across reads yet, so each read pays the import
+// (tens of microseconds on a GPU). A CUDA fd does not enforce the access
+// itself as a read-only memory file does (see tensor/cuda's Export).
 
 // exportDevice describes a device handle as a grant; the handle's
 // descriptor always travels.
 func (s *Server) exportDevice(pin tensor.Buffer, h tensor.Handle) (grant, int, error) {
-	if h.Offset < 0 || h.Length < pin.Len() || h.Offset+h.Length > h.ArenaSize || h.Kind > 0x0f {
+	if h.Offset < 0 || h.Length < pin.Len() || h.Offset+h.Length > h.Size || h.Kind > 0x0f {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: device handle %v [%d,+%d) of %d bytes is inconsistent", h.Kind, h.Offset, h.Length, h.ArenaSize)
+		return grant{}, -1, fmt.Errorf("shm: device handle %v [%d,+%d) of %d bytes is inconsistent", h.Kind, h.Offset, h.Length, h.Size)
 	}
 	g := grant{flags: flagFD | flagDevice | byte(h.Kind)<<kindShift, mapID: s.mappingID(0, uint64(h.Kind), h.Offset, h.Length),
-		arenaSize: h.ArenaSize, objOff: h.Offset, objLen: h.Length}
+		fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
 	return g, h.FD, nil
 }
 
@@ -61,8 +63,11 @@ func hostToDevice(ctx context.Context, push bool, obj []byte, dev tensor.Buffer)
 // device buffer (device to device: same GPU or a peer) or host bytes p for
 // a read, the other way for a push. The import is released before done.
 func (c *Client) deviceTransfer(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, g grant, fd int, p []byte, dev tensor.Buffer) error {
-	h := tensor.Handle{FD: fd, Kind: tensor.HandleKind(g.flags >> kindShift), ArenaSize: g.arenaSize, Offset: g.objOff, Length: g.objLen}
-	imp, err := tensor.Import(ctx, h, !key.push, dev)
+	h := tensor.Handle{FD: fd, Kind: tensor.HandleKind(g.flags >> kindShift), Size: g.fileSize, Offset: g.objOff, Length: g.objLen, Access: tensor.ReadOnly}
+	if key.push {
+		h.Access = tensor.Writable
+	}
+	imp, err := tensor.Import(ctx, h, dev)
 	unix.Close(fd)
 	if err != nil {
 		// This process cannot open the owner's device memory (no CUDA

@@ -109,11 +109,11 @@ func TestCUDAMemory(t *testing.T) {
 // its own Export, and Unwrap so copies reach it.
 type pinOf struct{ b tensor.Buffer }
 
-func (p pinOf) Device() tensor.DeviceID        { return p.b.Device() }
-func (p pinOf) Len() int64                     { return p.b.Len() }
-func (p pinOf) Release() error                 { return nil }
-func (p pinOf) Export() (tensor.Handle, error) { return tensor.ExportOf(p.b) }
-func (p pinOf) Unwrap() (tensor.Buffer, int64) { return p.b, 0 }
+func (p pinOf) Device() tensor.DeviceID                       { return p.b.Device() }
+func (p pinOf) Len() int64                                    { return p.b.Len() }
+func (p pinOf) Release() error                                { return nil }
+func (p pinOf) Export(a tensor.Access) (tensor.Handle, error) { return tensor.ExportOf(p.b, a) }
+func (p pinOf) Unwrap() (tensor.Buffer, int64)                { return p.b, 0 }
 
 // helperCUDAEnv ("library,mode") makes the owner process keep its objects
 // in CUDA memory of that driver.

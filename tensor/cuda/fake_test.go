@@ -283,7 +283,7 @@ func TestBadInput(t *testing.T) {
 	if err != nil || z.Len() != 0 {
 		t.Fatalf("empty allocation: %v", err)
 	}
-	if _, err := z.(*Buffer).Export(); !errors.Is(err, tensor.ErrNotExportable) {
+	if _, err := z.(*Buffer).Export(tensor.ReadOnly); !errors.Is(err, tensor.ErrNotExportable) {
 		t.Errorf("export of an empty buffer: %v", err)
 	}
 	z.Release()
@@ -312,13 +312,13 @@ func TestBadInput(t *testing.T) {
 	if err := cb.CopyIn(ctx, 0, []byte{1}); !errors.Is(err, tensor.ErrReleased) {
 		t.Errorf("copy into a released buffer: %v", err)
 	}
-	if _, err := cb.Export(); !errors.Is(err, tensor.ErrReleased) {
+	if _, err := cb.Export(tensor.ReadOnly); !errors.Is(err, tensor.ErrReleased) {
 		t.Errorf("export of a released buffer: %v", err)
 	}
-	if _, err := m.Import(ctx, tensor.Handle{FD: -1, Kind: tensor.HandleCUDAFD, ArenaSize: 10, Length: 20}, true); !errors.Is(err, tensor.ErrNotExportable) {
+	if _, err := m.Import(ctx, tensor.Handle{FD: -1, Kind: tensor.HandleCUDAFD, Size: 10, Length: 20, Access: tensor.ReadOnly}); !errors.Is(err, tensor.ErrNotExportable) {
 		t.Errorf("import of a bad handle: %v", err)
 	}
-	if _, err := m.Import(ctx, tensor.Handle{FD: 0, Kind: tensor.HandleMemfd, ArenaSize: 10, Length: 10}, true); !errors.Is(err, tensor.ErrNotExportable) {
+	if _, err := m.Import(ctx, tensor.Handle{FD: 0, Kind: tensor.HandleMemfd, Size: 10, Length: 10, Access: tensor.ReadOnly}); !errors.Is(err, tensor.ErrNotExportable) {
 		t.Errorf("import of a memfd handle: %v", err)
 	}
 }
@@ -382,7 +382,7 @@ func TestFabricRefused(t *testing.T) {
 	if _, err := b.(*Buffer).ExportFabric(); !errors.Is(err, ErrNotSupported) {
 		t.Errorf("fabric export after refusal: %v", err)
 	}
-	h, err := b.(*Buffer).Export()
+	h, err := b.(*Buffer).Export(tensor.Writable)
 	if err != nil {
 		t.Fatal(err)
 	}

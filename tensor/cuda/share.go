@@ -11,14 +11,23 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// Export shares the buffer with another process, one handle per
-// allocation (never a whole pool): a VMM allocation as a POSIX fd from
-// cuMemExportToShareableHandle (tensor.HandleCUDAFD), which the receiver
-// imports with cuMemImportFromShareableHandle; a legacy allocation as its
-// 64-byte cuIpcGetMemHandle handle in a sealed memfd (tensor.HandleCUDAIPC),
-// so both travel the same way, as a descriptor over a Unix socket. The
-// caller owns and closes h.FD. Imports cannot be exported again.
-func (b *Buffer) Export() (tensor.Handle, error) {
+// Export shares the buffer's allocation with another process, one handle
+// per allocation (never a whole pool), as tensor.Exportable asks: a VMM
+// allocation as a POSIX fd from cuMemExportToShareableHandle
+// (tensor.HandleCUDAFD), which the receiver imports with
+// cuMemImportFromShareableHandle; a legacy allocation as its 64-byte
+// cuIpcGetMemHandle handle in a sealed read-only memfd
+// (tensor.HandleCUDAIPC). Both travel the same way, as a descriptor over a
+// Unix socket. The caller owns and closes h.FD.
+//
+// Access travels in the handle and Import maps with it (a ReadOnly import
+// has only CU_MEM_ACCESS_FLAGS_PROT_READ), but unlike a memory file the
+// driver's descriptor does not enforce it: a process that holds the fd
+// could import it writable (and a legacy IPC mapping is always writable).
+// Sharing device memory trusts the importer's process as CUDA IPC does;
+// the owner's pin and claim checks (fabric/shm) still bound when and
+// what it is handed. Imports cannot be exported again.
+func (b *Buffer) Export(access tensor.Access) (tensor.Handle, error) {
 	done, err := b.use(false)
 	if err != nil {
 		return tensor.Handle{}, err
@@ -31,7 +40,10 @@ func (b *Buffer) Export() (tensor.Handle, error) {
 		return tensor.Handle{}, fmt.Errorf("%w: an empty CUDA buffer has nothing to share", tensor.ErrNotExportable)
 	}
 	m := b.mem
-	h := tensor.Handle{FD: -1, ArenaSize: b.size, Offset: int64(b.ptr - b.base), Length: b.n, Device: m.dev}
+	if access != tensor.ReadOnly && access != tensor.Writable {
+		return tensor.Handle{}, fmt.Errorf("%w: %v", tensor.ErrExportAccess, access)
+	}
+	h := tensor.Handle{FD: -1, Size: b.size, Offset: int64(b.ptr - b.base), Length: b.n, Device: m.dev, Access: access}
 	err = m.drv.on(m.ctx, func() error {
 		if b.vmm {
 			var fd int32 = -1
@@ -99,17 +111,18 @@ func (b *Buffer) ExportFabric() (FabricHandle, error) {
 
 // Import maps an allocation another process exported (Export) into this
 // one, for this memory's device, as a Buffer over h's [Offset,
-// Offset+Length). readOnly maps a VMM allocation with read access only
-// (CU_MEM_ACCESS_FLAGS_PROT_READ): copies into it fail with ErrReadOnly
-// here and the device refuses writes. Legacy IPC mappings are always
-// read-write in CUDA; readOnly then only guards this package's copies.
-// The caller still owns h.FD. Release unmaps.
-func (m *Memory) Import(ctx context.Context, h tensor.Handle, readOnly bool) (*Buffer, error) {
+// Offset+Length). A tensor.ReadOnly handle maps a VMM allocation with read
+// access only (CU_MEM_ACCESS_FLAGS_PROT_READ): copies into it fail with
+// ErrReadOnly here and the device refuses writes. Legacy IPC mappings are
+// always read-write in CUDA; ReadOnly then only guards this package's
+// copies. The caller still owns h.FD. Release unmaps.
+func (m *Memory) Import(ctx context.Context, h tensor.Handle) (*Buffer, error) {
+	readOnly := h.Access != tensor.Writable
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if h.Offset < 0 || h.Length <= 0 || h.ArenaSize <= 0 || h.Offset+h.Length > h.ArenaSize || h.FD < 0 {
-		return nil, fmt.Errorf("%w: CUDA handle [%d,+%d) of %d bytes, fd %d", tensor.ErrNotExportable, h.Offset, h.Length, h.ArenaSize, h.FD)
+	if h.Offset < 0 || h.Length <= 0 || h.Size <= 0 || h.Offset+h.Length > h.Size || h.FD < 0 {
+		return nil, fmt.Errorf("%w: CUDA handle [%d,+%d) of %d bytes, fd %d", tensor.ErrNotExportable, h.Offset, h.Length, h.Size, h.FD)
 	}
 	b := &Buffer{mem: m, n: h.Length, readOnly: readOnly}
 	var err error
@@ -134,8 +147,8 @@ func (m *Memory) importVMM(b *Buffer, h tensor.Handle, readOnly bool) error {
 	if !m.drv.vmm || m.gran == 0 {
 		return fmt.Errorf("%w: this process allocates without VMM (device %d)", ErrNotSupported, m.info.Ordinal)
 	}
-	if h.ArenaSize%m.gran != 0 {
-		return fmt.Errorf("%w: allocation of %d bytes is not a multiple of the %d-byte granularity", tensor.ErrNotExportable, h.ArenaSize, m.gran)
+	if h.Size%m.gran != 0 {
+		return fmt.Errorf("%w: allocation of %d bytes is not a multiple of the %d-byte granularity", tensor.ErrNotExportable, h.Size, m.gran)
 	}
 	flags := int32(memAccessReadWrite)
 	if readOnly {
@@ -147,12 +160,12 @@ func (m *Memory) importVMM(b *Buffer, h tensor.Handle, readOnly bool) error {
 		if r := a.cuMemImportFromShareableHandle(&handle, uintptr(h.FD), handlePosixFD); r != Success {
 			return m.drv.err("cuMemImportFromShareableHandle", r)
 		}
-		ptr, err := m.mapHandle(handle, h.ArenaSize, flags)
+		ptr, err := m.mapHandle(handle, h.Size, flags)
 		if err != nil {
 			a.cuMemRelease(handle)
 			return err
 		}
-		b.vmm, b.handle, b.base, b.size, b.ptr = true, handle, ptr, h.ArenaSize, ptr+uint64(h.Offset)
+		b.vmm, b.handle, b.base, b.size, b.ptr = true, handle, ptr, h.Size, ptr+uint64(h.Offset)
 		return nil
 	})
 }
@@ -167,7 +180,7 @@ func (m *Memory) importIPC(b *Buffer, h tensor.Handle) error {
 		if r := m.drv.api.cuIpcOpenMemHandle(&p, ipc, ipcLazyEnablePeerAccess); r != Success {
 			return m.drv.err("cuIpcOpenMemHandle_v2", r)
 		}
-		b.base, b.size, b.ptr = p, h.ArenaSize, p+uint64(h.Offset)
+		b.base, b.size, b.ptr = p, h.Size, p+uint64(h.Offset)
 		return nil
 	})
 }
@@ -239,7 +252,7 @@ func unregisterImporters(m *Memory) {
 	}
 }
 
-func importAny(ctx context.Context, h tensor.Handle, readOnly bool, near tensor.Buffer) (tensor.Buffer, error) {
+func importAny(ctx context.Context, h tensor.Handle, near tensor.Buffer) (tensor.Buffer, error) {
 	var m *Memory
 	if near != nil {
 		near, _ = tensor.Unwrap(near)
@@ -256,7 +269,7 @@ func importAny(ctx context.Context, h tensor.Handle, readOnly bool, near tensor.
 	if m == nil {
 		return nil, fmt.Errorf("%w: %v handle, and no CUDA device is open in this process", tensor.ErrNoImporter, h.Kind)
 	}
-	b, err := m.Import(ctx, h, readOnly)
+	b, err := m.Import(ctx, h)
 	if err != nil {
 		return nil, err
 	}

@@ -39,9 +39,12 @@ func helperMain() int {
 		hex.Decode(h.Data[:], []byte(fh))
 		b, err = m.ImportFabric(ctx, h, atoi("SIZE"), os.Getenv("RO") == "1")
 	} else {
-		h := tensor.Handle{FD: 3, Kind: tensor.HandleKind(atoi("KIND")), ArenaSize: atoi("SIZE"), Offset: atoi("OFF"), Length: n}
+		h := tensor.Handle{FD: 3, Kind: tensor.HandleKind(atoi("KIND")), Size: atoi("SIZE"), Offset: atoi("OFF"), Length: n, Access: tensor.Writable}
+		if os.Getenv("RO") == "1" {
+			h.Access = tensor.ReadOnly
+		}
 		var tb tensor.Buffer
-		tb, err = tensor.Import(ctx, h, os.Getenv("RO") == "1", nil) // through the registered importer
+		tb, err = tensor.Import(ctx, h, nil) // through the registered importer
 		if err == nil {
 			b = tb.(*Buffer)
 		}
@@ -111,17 +114,21 @@ func TestExportImportAcrossProcesses(t *testing.T) {
 				}
 				cmd.Env = append(cmd.Env, "FABRIC="+hex.EncodeToString(fh.Data[:]), "SIZE="+strconv.FormatInt(cb.size, 10))
 			} else {
-				h, err := cb.Export()
+				access := tensor.Writable
+				if c.ro {
+					access = tensor.ReadOnly
+				}
+				h, err := cb.Export(access)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer closeFD(h.FD)
 				want := map[Mode]tensor.HandleKind{ModeVMM: tensor.HandleCUDAFD, ModeLegacy: tensor.HandleCUDAIPC}[c.mode]
-				if h.Kind != want || h.Length != n || h.ArenaSize < n || h.Device != tensor.GPUDevice(0) {
+				if h.Kind != want || h.Length != n || h.Size < n || h.Access != access || h.Device != tensor.GPUDevice(0) {
 					t.Fatalf("handle %+v", h)
 				}
 				cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(h.FD), "handle")}
-				cmd.Env = append(cmd.Env, "KIND="+strconv.Itoa(int(h.Kind)), "SIZE="+strconv.FormatInt(h.ArenaSize, 10), "OFF="+strconv.FormatInt(h.Offset, 10))
+				cmd.Env = append(cmd.Env, "KIND="+strconv.Itoa(int(h.Kind)), "SIZE="+strconv.FormatInt(h.Size, 10), "OFF="+strconv.FormatInt(h.Offset, 10))
 			}
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("importing process: %v\n%s", err, out)
@@ -148,7 +155,7 @@ func TestImportIPCInSameProcess(t *testing.T) {
 	m := newFake(t, Config{Mode: ModeLegacy})
 	b, _ := m.Alloc(context.Background(), 100)
 	defer b.Release()
-	h, err := b.(*Buffer).Export()
+	h, err := b.(*Buffer).Export(tensor.Writable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +164,7 @@ func TestImportIPCInSameProcess(t *testing.T) {
 	if _, err := unix.Pwrite(h.FD, []byte{1}, 0); err == nil {
 		t.Error("the IPC handle file is writable")
 	}
-	if _, err := m.Import(context.Background(), h, false); !errors.Is(err, tensor.ErrNotExportable) {
+	if _, err := m.Import(context.Background(), h); !errors.Is(err, tensor.ErrNotExportable) {
 		t.Errorf("same-process IPC import: %v", err)
 	}
 }
@@ -170,12 +177,12 @@ func TestImportVMMInSameProcess(t *testing.T) {
 	b, _ := m.Alloc(ctx, 4096)
 	defer b.Release()
 	b.(*Buffer).CopyIn(ctx, 0, pattern(4096, 9))
-	h, err := b.(*Buffer).Export()
+	h, err := b.(*Buffer).Export(tensor.ReadOnly)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeFD(h.FD)
-	imp, err := tensor.Import(ctx, h, true, b)
+	imp, err := tensor.Import(ctx, h, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +200,7 @@ func TestImportVMMInSameProcess(t *testing.T) {
 	if err := tensor.Copy(ctx, imp, 0, dst, 0, 10); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("device copy into a read-only import: %v", err)
 	}
-	if _, err := imp.(*Buffer).Export(); !errors.Is(err, tensor.ErrNotExportable) {
+	if _, err := imp.(*Buffer).Export(tensor.ReadOnly); !errors.Is(err, tensor.ErrNotExportable) {
 		t.Errorf("re-export of an import: %v", err)
 	}
 }

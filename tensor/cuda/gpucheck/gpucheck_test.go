@@ -253,11 +253,11 @@ func TestPeerGet(t *testing.T) {
 
 type pin struct{ b tensor.Buffer }
 
-func (p pin) Device() tensor.DeviceID        { return p.b.Device() }
-func (p pin) Len() int64                     { return p.b.Len() }
-func (p pin) Release() error                 { return nil }
-func (p pin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.b) }
-func (p pin) Unwrap() (tensor.Buffer, int64) { return p.b, 0 }
+func (p pin) Device() tensor.DeviceID                       { return p.b.Device() }
+func (p pin) Len() int64                                    { return p.b.Len() }
+func (p pin) Release() error                                { return nil }
+func (p pin) Export(a tensor.Access) (tensor.Handle, error) { return tensor.ExportOf(p.b, a) }
+func (p pin) Unwrap() (tensor.Buffer, int64)                { return p.b, 0 }
 
 type sinkFunc fabric.SourceFunc
 
