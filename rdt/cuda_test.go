@@ -56,9 +56,9 @@ func TestCUDADevices(t *testing.T) {
 	ref, err := owner.Put(ctx, x)
 	require.NoError(t, err)
 
-	// The other host: the rdma path needs host-visible memory on the
-	// owner, so the Get falls back, loudly, to tcp, which stages device
-	// memory through pinned host memory.
+	// The other host: the Get goes over tcp, which stages device memory
+	// through pinned host memory (the rdma path does not move device
+	// memory yet; the planner chose tcp here).
 	far, err := p.b.Spawn("far")
 	require.NoError(t, err)
 	got, xfer, err := far.Fetch(ctx, ref, tensor.GPUDevice(2))
