@@ -95,6 +95,11 @@ type Handle struct {
 	Kind HandleKind
 	// Device is the exporting device.
 	Device DeviceID
+	// ID names a device allocation for the lifetime of its process (a
+	// serial, never reused), so a receiver can tell a repeated grant of
+	// the allocation it imported already; 0 for memory files, which their
+	// file identity names.
+	ID uint64
 }
 
 // Exportable is the optional capability of buffers whose allocation can be

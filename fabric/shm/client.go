@@ -419,7 +419,7 @@ func (c *Client) refused(key cacheKey, err error) {
 //
 // Our side is p when it is host visible, or dev (device memory, p nil).
 // A grant of device memory (flagDevice) is imported and copied by the
-// device (see deviceTransfer).
+// device (see importDevice and deviceCopy).
 func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, dev tensor.Buffer) error {
 	held := c.cache.acquire(key)
 	defer func() {
@@ -447,11 +447,17 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		closeAll(fds)
 		return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
 	}
-	if g.flags&flagDevice != 0 {
-		return c.deviceTransfer(ctx, pc, key, r, g, fds[0], p, dev)
-	}
 	m := held
-	if len(fds) == 1 {
+	if len(fds) == 1 && g.flags&flagDevice != 0 {
+		if m, err = c.importDevice(ctx, key, g, fds[0], dev); err != nil {
+			return err
+		}
+		c.cache.insert(m)
+		if held != nil {
+			c.cache.release(held)
+		}
+		held = m
+	} else if len(fds) == 1 {
 		if c.onFD != nil {
 			c.onFD(fds[0])
 		}
@@ -466,13 +472,19 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 			c.cache.release(held)
 		}
 		held = m
-	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
+	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || (m.dev != nil) != (g.flags&flagDevice != 0) {
 		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
 	}
 	if c.afterMap != nil {
 		c.afterMap()
+	}
+	if m.dev != nil {
+		if err := deviceCopy(ctx, key.push, m.dev, r, p, dev); err != nil {
+			return err
+		}
+		return c.confirm(pc)
 	}
 	obj := m.bytes()[r.Offset : r.Offset+r.Length]
 	if dev != nil {

@@ -17,19 +17,27 @@ import (
 // memfd), which travels by SCM_RIGHTS with every grant, and the reader
 // imports it (tensor.Import: mapped read-only for reads, writable for
 // pushes) and lets the device copy, then drops the import before its done.
-// Imports are not cached across reads yet, so each read pays the import
-// (tens of microseconds on a GPU). A CUDA fd does not enforce the access
+// Imports are cached like mappings (per claim, direction and owner
+// allocation; dropped when the owner refuses the claim or goes away), so a
+// repeated read pays neither the import nor the descriptor. A CUDA fd does not enforce the access
 // itself as a read-only memory file does (see tensor/cuda's Export).
 
-// exportDevice describes a device handle as a grant; the handle's
-// descriptor always travels.
-func (s *Server) exportDevice(pin tensor.Buffer, h tensor.Handle) (grant, int, error) {
-	if h.Offset < 0 || h.Length < pin.Len() || h.Offset+h.Length > h.Size || h.Kind > 0x0f {
+// exportDevice describes a device handle as a grant. The mapping id names
+// the allocation (its serial, h.ID, never reused) and the object's place in
+// it, so a reader that imported it for an earlier grant gets no descriptor:
+// it copies through its cached import, under this grant's fresh pin.
+func (s *Server) exportDevice(pin tensor.Buffer, h tensor.Handle, req request) (grant, int, error) {
+	if h.Offset < 0 || h.Length < pin.Len() || h.Offset+h.Length > h.Size || h.Kind > 0x0f || h.ID == 0 {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: device handle %v [%d,+%d) of %d bytes is inconsistent", h.Kind, h.Offset, h.Length, h.Size)
+		return grant{}, -1, fmt.Errorf("shm: device handle %v #%d [%d,+%d) of %d bytes is inconsistent", h.Kind, h.ID, h.Offset, h.Length, h.Size)
 	}
-	g := grant{flags: flagFD | flagDevice | byte(h.Kind)<<kindShift, mapID: s.mappingID(0, uint64(h.Kind), h.Offset, h.Length),
+	g := grant{flags: flagDevice | byte(h.Kind)<<kindShift, mapID: s.mappingID(uint64(h.Kind), h.ID, h.Offset, h.Length),
 		fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
+	if req.have == g.mapID {
+		unix.Close(h.FD)
+		return g, -1, nil
+	}
+	g.flags |= flagFD
 	return g, h.FD, nil
 }
 
@@ -40,10 +48,8 @@ func hostOrDevice(b tensor.Buffer, n int64) ([]byte, tensor.Buffer, error) {
 	if err == nil {
 		return p[:n], nil, nil
 	}
-	if root, _ := tensor.Unwrap(b); root != nil {
-		if _, ok := root.(tensor.DeviceCopier); ok {
-			return nil, b, nil
-		}
+	if tensor.IsDevice(b) {
+		return nil, b, nil
 	}
 	return nil, nil, err
 }
@@ -59,10 +65,10 @@ func hostToDevice(ctx context.Context, push bool, obj []byte, dev tensor.Buffer)
 	return dc.CopyIn(ctx, off, obj)
 }
 
-// deviceTransfer imports the owner's device handle and copies: into our
-// device buffer (device to device: same GPU or a peer) or host bytes p for
-// a read, the other way for a push. The import is released before done.
-func (c *Client) deviceTransfer(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, g grant, fd int, p []byte, dev tensor.Buffer) error {
+// importDevice imports the owner's device handle (for our buffer's device
+// when it is device memory): mapped read-only for reads, writable for
+// pushes. The mapping it returns holds one reference, for the caller.
+func (c *Client) importDevice(ctx context.Context, key cacheKey, g grant, fd int, dev tensor.Buffer) (*mapping, error) {
 	h := tensor.Handle{FD: fd, Kind: tensor.HandleKind(g.flags >> kindShift), Size: g.fileSize, Offset: g.objOff, Length: g.objLen, Access: tensor.ReadOnly}
 	if key.push {
 		h.Access = tensor.Writable
@@ -72,27 +78,28 @@ func (c *Client) deviceTransfer(ctx context.Context, pc *pconn, key cacheKey, r 
 	if err != nil {
 		// This process cannot open the owner's device memory (no CUDA
 		// here): a path failure the planner falls back from, loudly.
-		return fmt.Errorf("%w: import the owner's %v handle: %v", fabric.ErrNoPath, h.Kind, err)
+		return nil, fmt.Errorf("%w: import the owner's %v handle: %v", fabric.ErrNoPath, h.Kind, err)
 	}
-	defer imp.Release()
+	return &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, dev: imp, devSize: g.fileSize, refs: 1}, nil
+}
+
+// deviceCopy copies between an imported device allocation (imp, whose
+// bytes are the object's) and our side: device memory dev, or host bytes
+// p; a read into ours, a push from ours.
+func deviceCopy(ctx context.Context, push bool, imp tensor.Buffer, r fabric.Remote, p []byte, dev tensor.Buffer) error {
 	switch {
-	case dev != nil && key.push:
-		err = tensor.Copy(ctx, imp, r.Offset, dev, 0, r.Length)
+	case dev != nil && push:
+		return tensor.Copy(ctx, imp, r.Offset, dev, 0, r.Length)
 	case dev != nil:
-		err = tensor.Copy(ctx, dev, 0, imp, r.Offset, r.Length)
+		return tensor.Copy(ctx, dev, 0, imp, r.Offset, r.Length)
+	}
+	dc, ok := imp.(tensor.DeviceCopier)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: imported device memory does not copy to the host", fabric.ErrNoPath)
+	case push:
+		return dc.CopyIn(ctx, r.Offset, p)
 	default:
-		dc, ok := imp.(tensor.DeviceCopier)
-		switch {
-		case !ok:
-			err = fmt.Errorf("%w: imported %v memory does not copy to the host", fabric.ErrNoPath, h.Kind)
-		case key.push:
-			err = dc.CopyIn(ctx, r.Offset, p)
-		default:
-			err = dc.CopyOut(ctx, r.Offset, p)
-		}
+		return dc.CopyOut(ctx, r.Offset, p)
 	}
-	if err != nil {
-		return err
-	}
-	return c.confirm(pc)
 }

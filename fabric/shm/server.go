@@ -290,7 +290,7 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
 	}
 	if h.Kind != tensor.HandleMemfd {
-		return s.exportDevice(pin, h)
+		return s.exportDevice(pin, h, req)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(h.FD, &st); err != nil {

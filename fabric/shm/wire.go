@@ -31,7 +31,8 @@ import (
 // nothing else) attached when flags has flagFD (the client
 // did not have mapping id mapped). For device memory (flagDevice) the
 // descriptor is the allocation's own handle, of the kind in the flags'
-// high nibble, which the client imports. The server keeps the object pinned until
+// high nibble, which the client imports (and, like a mapping, caches: the
+// descriptor is then left off). The server keeps the object pinned until
 // the client has copied and says so:
 //
 //	done:     opDone (1) | result (1: 0 copied, 1 abandoned)
@@ -169,7 +170,7 @@ func parseReply(p []byte) (grant, error) {
 	}
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
-	devFlags := g.flags&flagDevice != 0 && g.flags&flagFD != 0 && g.flags>>kindShift != 0
+	devFlags := g.flags&flagDevice != 0 && g.flags>>kindShift != 0
 	if g.flags&^(flagFD|flagDevice|0xf0) != 0 || (g.flags&^flagFD != 0 && !devFlags) || size > 1<<62 || off > size || n > size-off {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
 	}

@@ -85,6 +85,11 @@ func (c Config) withDefaults() (Config, error) {
 // Config.CopyTimeout (or the context's deadline and then that bound).
 var ErrCopyTimeout = errors.New("cuda: copy did not complete (device hung?)")
 
+// allocSerial numbers this process's allocations for their handles: never
+// reused, so an importer never mistakes a new allocation at a recycled
+// address for one it imported before.
+var allocSerial atomic.Uint64
+
 // ErrReadOnly is returned when a copy would write into a buffer imported
 // read-only.
 var ErrReadOnly = errors.New("cuda: buffer is mapped read-only")
@@ -249,7 +254,7 @@ func (m *Memory) Alloc(ctx context.Context, n int64) (tensor.Buffer, error) {
 	if closed {
 		return nil, fmt.Errorf("cuda: %v: %w", m.dev, tensor.ErrClosed)
 	}
-	b := &Buffer{mem: m, n: n, owned: true, vmm: m.vmm}
+	b := &Buffer{mem: m, n: n, owned: true, vmm: m.vmm, id: allocSerial.Add(1)}
 	if n > 0 {
 		var err error
 		if m.vmm {
@@ -401,7 +406,8 @@ type Buffer struct {
 	vmm  bool  // VMM allocation (else legacy)
 	// handle is the VMM allocation handle (owned or imported).
 	handle   uint64
-	owned    bool // allocated here (else imported)
+	owned    bool   // allocated here (else imported)
+	id       uint64 // serial of an owned allocation (tensor.Handle.ID)
 	readOnly bool
 
 	// mu is held shared by every copy and exclusively by Release, so

@@ -43,7 +43,7 @@ func (b *Buffer) Export(access tensor.Access) (tensor.Handle, error) {
 	if access != tensor.ReadOnly && access != tensor.Writable {
 		return tensor.Handle{}, fmt.Errorf("%w: %v", tensor.ErrExportAccess, access)
 	}
-	h := tensor.Handle{FD: -1, Size: b.size, Offset: int64(b.ptr - b.base), Length: b.n, Device: m.dev, Access: access}
+	h := tensor.Handle{FD: -1, Size: b.size, Offset: int64(b.ptr - b.base), Length: b.n, Device: m.dev, Access: access, ID: b.id}
 	err = m.drv.on(m.ctx, func() error {
 		if b.vmm {
 			var fd int32 = -1
