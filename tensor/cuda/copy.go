@@ -195,35 +195,40 @@ func (b *Buffer) CopyIn(ctx context.Context, off int64, src []byte) error {
 		for i, pos := 0, int64(0); pos < int64(len(src)); i, pos = i^1, pos+m.cfg.StagingChunk {
 			if issued[i] {
 				if err := m.wait(ctx, l.ev[i]); err != nil {
-					return err
+					return m.drain(ctx, l, issued, err)
 				}
 			}
 			if err := ctx.Err(); err != nil {
-				return m.drain(l, issued, err)
+				return m.drain(ctx, l, issued, err)
 			}
 			n := min(m.cfg.StagingChunk, int64(len(src))-pos)
 			copy(m.chunk(l, i, n), src[pos:pos+n])
 			if r := a.cuMemcpyHtoDAsync(b.ptr+uint64(off+pos), l.stage[i], uint64(n), l.stream); r != Success {
-				return m.drain(l, issued, m.drv.err("cuMemcpyHtoDAsync_v2", r))
+				return m.drain(ctx, l, issued, m.drv.err("cuMemcpyHtoDAsync_v2", r))
 			}
 			if r := a.cuEventRecord(l.ev[i], l.stream); r != Success {
-				return m.drain(l, issued, m.drv.err("cuEventRecord", r))
+				return m.drain(ctx, l, issued, m.drv.err("cuEventRecord", r))
 			}
 			issued[i] = true
 		}
-		return m.drain(l, issued, nil)
+		return m.drain(ctx, l, issued, nil)
 	})
 }
 
-// drain waits for every chunk still in flight on the lane, then returns
-// err (or the wait's error).
-func (m *Memory) drain(l *lane, issued [2]bool, err error) error {
+// drain waits for every chunk still in flight on the lane, so its staging
+// chunks are idle before it is reused (wait goes on past a cancelled ctx
+// until the device is done), and returns err or the first wait's error.
+func (m *Memory) drain(ctx context.Context, l *lane, issued [2]bool, err error) error {
 	for i := range issued {
-		if issued[i] {
-			// The context may be done: drain with a fresh one so the
-			// staging chunks are idle before the lane is reused.
-			if werr := m.wait(context.Background(), l.ev[i]); werr != nil {
+		if !issued[i] {
+			continue
+		}
+		if werr := m.wait(ctx, l.ev[i]); werr != nil {
+			if errors.Is(werr, errHung) {
 				return werr
+			}
+			if err == nil {
+				err = werr
 			}
 		}
 	}
@@ -265,16 +270,16 @@ func (b *Buffer) CopyOut(ctx context.Context, off int64, dst []byte) error {
 			return nil
 		}
 		if err := issue(0, 0); err != nil {
-			return m.drain(l, issued, err)
+			return m.drain(ctx, l, issued, err)
 		}
 		for i, pos := 0, int64(0); pos < total; i, pos = i^1, pos+step {
 			if next := pos + step; next < total {
 				if err := issue(i^1, next); err != nil {
-					return m.drain(l, issued, err)
+					return m.drain(ctx, l, issued, err)
 				}
 			}
 			if err := m.wait(ctx, l.ev[i]); err != nil {
-				return m.drain(l, issued, err)
+				return m.drain(ctx, l, issued, err)
 			}
 			issued[i] = false
 			n := min(step, total-pos)

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ebitengine/purego"
 	"go.uber.org/goleak"
@@ -443,3 +444,51 @@ type fakeHost struct{}
 func (fakeHost) Device() tensor.DeviceID { return tensor.GPUDevice(9) }
 func (fakeHost) Len() int64              { return 10 }
 func (fakeHost) Release() error          { return nil }
+
+// A copy whose context ends while the device is still copying returns the
+// context's error, but only once the device is done with the memory (a
+// DMA cannot be aborted, and the caller may reuse its buffer at once).
+func TestCancelWaitsForDevice(t *testing.T) {
+	noLeaks(t)
+	m := newFake(t, Config{})
+	b, _ := m.Alloc(context.Background(), 1000)
+	defer b.Release()
+	knob(t, "notready", 300) // several hundred polls, some sleeping
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	err := b.(*Buffer).CopyIn(ctx, 0, make([]byte, 1000))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the context's error", err)
+	}
+	knob(t, "notready", 0)
+	if err := b.(*Buffer).CopyIn(context.Background(), 0, make([]byte, 1000)); err != nil {
+		t.Fatalf("the lane is unusable after a cancelled copy: %v", err)
+	}
+}
+
+// A device that never finishes a copy: ErrCopyTimeout within CopyTimeout,
+// and the lane is abandoned (its staging may still be written), not
+// reused; the memory keeps working on its other lanes.
+func TestCopyTimeout(t *testing.T) {
+	lib := fakeLib(t)
+	m, err := NewMemory(Config{Library: lib, CopyTimeout: 30 * time.Millisecond, Lanes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b, _ := m.Alloc(context.Background(), 1000)
+	defer b.Release()
+	knob(t, "notready", 1<<30)
+	start := time.Now()
+	err = b.(*Buffer).CopyIn(context.Background(), 0, make([]byte, 1000))
+	if !errors.Is(err, ErrCopyTimeout) {
+		t.Fatalf("got %v, want ErrCopyTimeout", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("gave up after %v", d)
+	}
+	knob(t, "notready", 0)
+	if err := b.(*Buffer).CopyIn(context.Background(), 0, make([]byte, 1000)); err != nil {
+		t.Fatalf("the other lane: %v", err)
+	}
+}
