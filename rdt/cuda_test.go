@@ -56,14 +56,14 @@ func TestCUDADevices(t *testing.T) {
 	ref, err := owner.Put(ctx, x)
 	require.NoError(t, err)
 
-	// The other host: the Get goes over tcp, which stages device memory
-	// through pinned host memory (the rdma path does not move device
-	// memory yet; the planner chose tcp here).
+	// The other host: over rdma, both ends staging device memory through
+	// pinned host memory (the NICs read the owner's staged copy).
 	far, err := p.b.Spawn("far")
 	require.NoError(t, err)
 	got, xfer, err := far.Fetch(ctx, ref, tensor.GPUDevice(2))
 	require.NoError(t, err)
-	assert.Equal(t, fabric.TCP, xfer.Stats.Transport, "plan %+v", xfer.Plan)
+	assert.Equal(t, fabric.RDMA, xfer.Stats.Transport, "plan %+v", xfer.Plan)
+	assert.False(t, xfer.Plan.Degraded)
 	pb, err := got.SpanBytes()
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(pb, want), "bytes differ on the other host")
