@@ -191,3 +191,29 @@ func TestCrossProcessCUDA(t *testing.T) {
 		})
 	}
 }
+
+// Device grants on the wire: the kind rides in the flags' high nibble,
+// with or without a descriptor; device bits without a kind, or unknown
+// bits, are corrupt.
+func TestDeviceGrantWire(t *testing.T) {
+	for _, c := range []struct {
+		flags byte
+		ok    bool
+	}{
+		{flagFD | flagDevice | byte(tensor.HandleCUDAFD)<<kindShift, true},
+		{flagDevice | byte(tensor.HandleCUDAIPC)<<kindShift, true}, // cached import: no descriptor
+		{flagFD, true},
+		{flagFD | flagDevice, false},         // no kind
+		{flagFD | byte(1)<<kindShift, false}, // a kind without flagDevice
+		{flagFD | 0x04, false},               // unknown bit
+	} {
+		g := grant{flags: c.flags, mapID: 7, fileSize: 4 << 20, objOff: 0, objLen: 100}
+		got, err := parseReply(g.marshal())
+		if c.ok {
+			require.NoError(t, err, "flags %#x", c.flags)
+			require.Equal(t, g, got)
+		} else {
+			require.ErrorIs(t, err, fabric.ErrCorrupt, "flags %#x", c.flags)
+		}
+	}
+}
