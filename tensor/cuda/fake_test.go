@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -453,11 +455,30 @@ func TestCancelWaitsForDevice(t *testing.T) {
 	m := newFake(t, Config{})
 	b, _ := m.Alloc(context.Background(), 1000)
 	defer b.Release()
-	knob(t, "notready", 300) // several hundred polls, some sleeping
-	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	knob(t, "notready", 1<<30) // the device is busy until "release"
+	knob(t, "release", 0)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	released := make(chan struct{})
+	var finishing atomic.Bool
+	go func() {
+		defer close(released)
+		// Cancel once the copy is waiting on the device, then let the
+		// device finish a while later.
+		for base := cudatest.Live("busy"); cudatest.Live("busy") == base; {
+			runtime.Gosched()
+		}
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+		finishing.Store(true) // before the device finishes, never after
+		cudatest.SetNow("release", 1)
+	}()
 	err := b.(*Buffer).CopyIn(ctx, 0, make([]byte, 1000))
-	if !errors.Is(err, context.DeadlineExceeded) {
+	if !finishing.Load() {
+		t.Fatalf("the copy returned (%v) while the device was still copying", err)
+	}
+	<-released
+	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want the context's error", err)
 	}
 	knob(t, "notready", 0)

@@ -84,7 +84,7 @@ var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 // knobs are process-wide: tests that set them must not run in parallel):
 // devices (2), memory per device (1 GiB), novmm, nofabric, notready (how
 // many times an event reports CUDA_ERROR_NOT_READY first), failcreate,
-// noinit.
+// noinit, release (events report done at once, whatever notready said).
 func Set(t *testing.T, key string, v int64) {
 	t.Helper()
 	FakeLibrary(t)
@@ -111,4 +111,22 @@ func NoLeaks(t *testing.T) {
 			}
 		}
 	})
+}
+
+// SetNow changes a knob at once, from any goroutine, with no cleanup (pair
+// it with a Set of the same knob, whose cleanup restores the default): a
+// test's stand-in for the device finishing ("release") while a copy waits.
+func SetNow(key string, v int64) {
+	if set != nil {
+		set(key, v)
+	}
+}
+
+// Live returns one of the fake driver's counters: allocs, host, streams,
+// events (live objects), busy (CUDA_ERROR_NOT_READY answers so far).
+func Live(what string) int64 {
+	if live == nil {
+		return -1
+	}
+	return live(what)
 }

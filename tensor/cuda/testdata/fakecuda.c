@@ -52,9 +52,10 @@ enum {
 static int ndev = 2;
 static long long devmem = 1ll << 30;
 static int novmm, nofabric, notready, failcreate, noinit;
+static volatile int release_all; // events report done at once
 static int inited;
 static long long used[MAXDEV];
-static long long live_allocs, live_host, live_events, live_streams, live_ctx;
+static long long live_allocs, live_host, live_events, live_streams, live_ctx, busy_replies;
 static __thread int cur = -1;
 
 int fakecuda_set(const char *key, long long v) {
@@ -65,6 +66,7 @@ int fakecuda_set(const char *key, long long v) {
 	else if (!strcmp(key, "notready")) notready = (int)v;
 	else if (!strcmp(key, "failcreate")) failcreate = (int)v;
 	else if (!strcmp(key, "noinit")) noinit = (int)v;
+	else if (!strcmp(key, "release")) release_all = (int)v;
 	else return -1;
 	return 0;
 }
@@ -76,6 +78,7 @@ long long fakecuda_live(const char *what) {
 	if (!strcmp(what, "events")) return live_events;
 	if (!strcmp(what, "streams")) return live_streams;
 	if (!strcmp(what, "ctx")) return live_ctx;
+	if (!strcmp(what, "busy")) return busy_replies;
 	if (!strcmp(what, "used0")) return used[0];
 	if (!strcmp(what, "used1")) return used[1];
 	return -1;
@@ -334,7 +337,7 @@ CUresult cuEventDestroy_v2(CUevent e) { NEED_INIT(); free(e); __sync_fetch_and_s
 CUresult cuEventRecord(CUevent e, CUstream s) { NEED_CTX(); ((struct event *)e)->pending = notready; return OK; }
 CUresult cuEventQuery(CUevent e) {
 	NEED_CTX(); struct event *x = e;
-	if (x->pending > 0) { x->pending--; return NOT_READY; }
+	if (x->pending > 0 && !release_all) { x->pending--; __sync_fetch_and_add(&busy_replies, 1); return NOT_READY; }
 	return OK;
 }
 CUresult cuEventSynchronize(CUevent e) { NEED_CTX(); ((struct event *)e)->pending = 0; return OK; }
