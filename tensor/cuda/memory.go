@@ -90,6 +90,9 @@ var ErrCopyTimeout = errors.New("cuda: copy did not complete (device hung?)")
 // address for one it imported before.
 var allocSerial atomic.Uint64
 
+// readOnlyWarned is set once the driver refused a read-only mapping.
+var readOnlyWarned atomic.Bool
+
 // ErrReadOnly is returned when a copy would write into a buffer imported
 // read-only.
 var ErrReadOnly = errors.New("cuda: buffer is mapped read-only")
@@ -179,15 +182,17 @@ func NewMemory(cfg Config) (*Memory, error) {
 // allocations: this device, and every peer the driver says can reach it
 // (so cuMemcpyPeer runs over NVLink/PCIe P2P instead of staging).
 func (m *Memory) setupVMM() error {
-	types := int32(handlePosixFD)
-	if m.info.Fabric {
-		types |= handleFabric
-	}
-	m.handleTypes.Store(types)
+	// The granularity is asked for POSIX-fd allocations, which every VMM
+	// device makes; fabric handles are requested on top where the device
+	// says it has them (and dropped if cuMemCreate refuses them).
+	m.handleTypes.Store(handlePosixFD)
 	prop := m.prop()
 	var g uint64
 	if r := m.drv.api.cuMemGetAllocationGranularity(&g, &prop, granularityMinimum); r != Success {
 		return m.drv.err("cuMemGetAllocationGranularity", r)
+	}
+	if m.info.Fabric {
+		m.handleTypes.Store(handlePosixFD | handleFabric)
 	}
 	if g == 0 || g&(g-1) != 0 {
 		return fmt.Errorf("cuda: driver reports allocation granularity %d", g)
@@ -326,7 +331,19 @@ func (m *Memory) mapHandle(h uint64, size int64, flags int32) (uint64, error) {
 	if flags != memAccessReadWrite {
 		access = []memAccessDesc{{Location: m.access[0].Location, Flags: flags}}
 	}
-	if r := a.cuMemSetAccess(ptr, uint64(size), &access[0], uint64(len(access))); r != Success {
+	r := a.cuMemSetAccess(ptr, uint64(size), &access[0], uint64(len(access)))
+	if flags == memAccessRead && (r == ErrorNotSupported || r == ErrorInvalidValue) {
+		// A driver without read-only device mappings: map read-write and
+		// keep only this package's guard (the buffer stays ReadOnly, so
+		// its copies refuse to write). Say so once.
+		if !readOnlyWarned.Swap(true) {
+			m.cfg.Logger.Warn("cuda: the driver refuses read-only mappings; read-only imports are guarded by tensorlane only",
+				"device", m.info.Ordinal, "err", m.drv.err("cuMemSetAccess", r))
+		}
+		access = m.access
+		r = a.cuMemSetAccess(ptr, uint64(size), &access[0], uint64(len(access)))
+	}
+	if r != Success {
 		a.cuMemUnmap(ptr, uint64(size))
 		a.cuMemAddressFree(ptr, uint64(size))
 		return 0, m.drv.err("cuMemSetAccess", r)

@@ -204,3 +204,33 @@ func TestImportVMMInSameProcess(t *testing.T) {
 		t.Errorf("re-export of an import: %v", err)
 	}
 }
+
+// A driver that refuses read-only mappings: the import is mapped
+// read-write and this package's guard keeps it read-only.
+func TestReadOnlyRefused(t *testing.T) {
+	noLeaks(t)
+	knob(t, "noreadonly", 1)
+	m := newFake(t, Config{})
+	ctx := context.Background()
+	b, _ := m.Alloc(ctx, 4096)
+	defer b.Release()
+	h, err := b.(*Buffer).Export(tensor.ReadOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFD(h.FD)
+	imp, err := m.Import(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imp.Release()
+	if !imp.ReadOnly() {
+		t.Fatal("the import is not read-only")
+	}
+	if err := imp.CopyIn(ctx, 0, []byte{1}); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("write into a read-only import: %v", err)
+	}
+	if err := imp.CopyOut(ctx, 0, make([]byte, 10)); err != nil {
+		t.Fatal(err)
+	}
+}

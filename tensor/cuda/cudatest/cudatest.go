@@ -84,7 +84,8 @@ var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 // knobs are process-wide: tests that set them must not run in parallel):
 // devices (2), memory per device (1 GiB), novmm, nofabric, notready (how
 // many times an event reports CUDA_ERROR_NOT_READY first), failcreate,
-// noinit, release (events report done at once, whatever notready said).
+// noinit, release (events report done at once, whatever notready said),
+// noreadonly (cuMemSetAccess refuses read-only access).
 func Set(t *testing.T, key string, v int64) {
 	t.Helper()
 	FakeLibrary(t)

@@ -53,6 +53,7 @@ static int ndev = 2;
 static long long devmem = 1ll << 30;
 static int novmm, nofabric, notready, failcreate, noinit;
 static volatile int release_all; // events report done at once
+static int noreadonly;            // cuMemSetAccess refuses read-only
 static int inited;
 static long long used[MAXDEV];
 static long long live_allocs, live_host, live_events, live_streams, live_ctx, busy_replies;
@@ -67,6 +68,7 @@ int fakecuda_set(const char *key, long long v) {
 	else if (!strcmp(key, "failcreate")) failcreate = (int)v;
 	else if (!strcmp(key, "noinit")) noinit = (int)v;
 	else if (!strcmp(key, "release")) release_all = (int)v;
+	else if (!strcmp(key, "noreadonly")) noreadonly = (int)v;
 	else return -1;
 	return 0;
 }
@@ -224,6 +226,7 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_
 	int prot = PROT_NONE;
 	for (size_t i = 0; i < count; i++) {
 		if (d[i].location.type != 1 || d[i].location.id < 0 || d[i].location.id >= ndev) return INVALID_DEVICE;
+		if (d[i].flags == 1 && noreadonly) return NOT_SUPPORTED;
 		if (d[i].flags == 3) prot = PROT_READ | PROT_WRITE;
 		else if (d[i].flags == 1 && prot == PROT_NONE) prot = PROT_READ;
 		else if (d[i].flags != 1 && d[i].flags != 0) return INVALID_VALUE;
