@@ -19,27 +19,26 @@ import (
 // protocol does not tell it yet); the planner then takes tcp. GPUDirect
 // RDMA (registering device memory with the NIC itself) is the real fix.
 
-// readDevice reads into host staging, then copies into dst.
+// readDevice reads through host staging into dst, a segment at a time
+// (fabric.StagedRead: the device takes one segment in while the next
+// crosses the wire).
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	stage, err := tensor.StageFor(ctx, dst, max(src.Length, 1))
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	defer stage.Release()
-	p, err := tensor.BytesOf(stage)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
 	start := time.Now()
-	st, err := t.transfer(ctx, src, dst.Device(), p[:src.Length], false)
+	total := fabric.Stats{Transport: fabric.RDMA}
+	err := fabric.StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
+		r := src
+		r.Offset, r.Length = src.Offset+off, int64(len(p))
+		st, err := t.transfer(ctx, r, dst.Device(), p, false)
+		total.Transport = st.Transport
+		total.Bytes += st.Bytes
+		total.Streams = max(total.Streams, st.Streams)
+		return err
+	})
 	if err != nil {
-		return st, err
+		return fabric.Stats{}, err
 	}
-	if err := tensor.Copy(ctx, dst, 0, stage, 0, src.Length); err != nil {
-		return fabric.Stats{}, fmt.Errorf("rdma: copy %d staged bytes into %v: %w", src.Length, dst.Device(), err)
-	}
-	st.Duration = time.Since(start)
-	return st, nil
+	total.Duration = time.Since(start)
+	return total, nil
 }
 
 // writeDevice copies src's bytes out to host staging, then pushes them.

@@ -12,34 +12,35 @@ import (
 // Device memory the CPU cannot address (tensor/cuda) crosses tcp through
 // host staging: the device's pinned memory where it has some
 // (tensor.StageFor), so the socket reads into or writes from memory the
-// device copies by one DMA. The staging copy is whole-transfer, not
-// overlapped with the socket, and counts in the transfer's time.
+// device copies by one DMA. A reader's device copies overlap the wire
+// (segments, fabric.StagedRead); an owner stages each request's range
+// before sending it, and a pusher stages its source whole before sending;
+// those copies count in the transfer's time.
 
 // stageTimeout bounds the device copy an owner makes for a request (the
 // device's own bound, CopyTimeout, is longer).
 const stageTimeout = 30 * time.Second
 
-// readDevice reads into host staging, then copies into dst.
+// readDevice reads through host staging into dst, a segment at a time
+// (fabric.StagedRead: the device takes one segment in while the next
+// crosses the wire).
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	stage, err := tensor.StageFor(ctx, dst, max(src.Length, 1))
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	defer stage.Release()
-	p, err := tensor.BytesOf(stage)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
 	start := time.Now()
-	st, err := t.run(ctx, opRead, src, p[:src.Length])
+	total := fabric.Stats{Transport: fabric.TCP}
+	err := fabric.StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
+		r := src
+		r.Offset, r.Length = src.Offset+off, int64(len(p))
+		st, err := t.run(ctx, opRead, r, p)
+		total.Transport = st.Transport
+		total.Bytes += st.Bytes
+		total.Streams = max(total.Streams, st.Streams)
+		return err
+	})
 	if err != nil {
-		return st, err
+		return fabric.Stats{}, err
 	}
-	if err := tensor.Copy(ctx, dst, 0, stage, 0, src.Length); err != nil {
-		return fabric.Stats{}, fmt.Errorf("tcp: copy %d staged bytes into %v: %w", src.Length, dst.Device(), err)
-	}
-	st.Duration = time.Since(start)
-	return st, nil
+	total.Duration = time.Since(start)
+	return total, nil
 }
 
 // writeDevice copies src's bytes out to host staging, then pushes them.

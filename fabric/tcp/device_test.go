@@ -43,7 +43,7 @@ func TestDeviceMemory(t *testing.T) {
 	require.NoError(t, err)
 	defer reader.Close()
 
-	const n = 6<<20 + 5
+	const n = fabric.StageSegment + 6<<20 + 5 // two segments on the reader
 	want := make([]byte, n)
 	for i := range want {
 		want[i] = byte(i*7 + i>>13)
