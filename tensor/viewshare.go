@@ -145,3 +145,6 @@ func (v *ViewShare) Release() error {
 	}
 	return nil
 }
+
+// Src returns the buffer the view is of.
+func (v *ViewShare) Src() Buffer { return v.src }

@@ -441,9 +441,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		closeAll(fds)
 		return c.confirm(pc)
 	}
-	if int64(len(p)) != r.Length || r.Offset+r.Length > g.objLen {
+	if int64(len(p)) != r.Length || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
-		return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
+		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
 	m := held
 	if len(fds) == 1 {
@@ -455,13 +455,13 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		if err != nil {
 			return err
 		}
-		m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
+		m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, viewOff: g.viewOff, base: base, data: data, refs: 1}
 		c.cache.insert(m)
 		if held != nil {
 			c.cache.release(held)
 		}
 		held = m
-	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
+	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || m.viewOff != g.viewOff {
 		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
@@ -469,7 +469,7 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if c.afterMap != nil {
 		c.afterMap()
 	}
-	obj := m.bytes()[r.Offset : r.Offset+r.Length]
+	obj := m.bytes()[r.Offset-m.viewOff : r.Offset-m.viewOff+r.Length]
 	if key.push {
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink
