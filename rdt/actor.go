@@ -115,7 +115,11 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 	if err := a.mayUse(t.Device()); err != nil {
 		return Ref{}, err
 	}
-	o := a.rt.objects.add(t.Buffer(), t.Desc(), a.name)
+	mem, err := a.rt.Memory(t.Device())
+	if err != nil {
+		return Ref{}, err
+	}
+	o := a.rt.objects.add(mem, t.Buffer(), t.Desc(), a.name)
 	return a.rt.refFor(o), nil
 }
 
