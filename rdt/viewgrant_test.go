@@ -120,3 +120,41 @@ func pageUp(n int64) int64 {
 	ps := int64(unix.Getpagesize())
 	return (n + ps - 1) &^ (ps - 1)
 }
+
+// TestViewCopyOutOfMemoryFallsBack: when the owner's device cannot hold
+// the private copy of a view, the on-host grant is refused (counted and
+// logged by the owner), nothing of the parent is granted instead, and the
+// reader falls back to a path that needs no descriptor and still gets the
+// view's bytes.
+func TestViewCopyOutOfMemoryFallsBack(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, nil)
+	c := sameHostRuntime(t, p, nil)
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := c.Spawn("reader")
+	mem, _ := p.a.Memory(tensor.GPUDevice(0))
+
+	const size, start, n = 4 << 20, 1<<20 + 8, 2 << 20
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, size)
+	view, err := x.Slice(0, start, start+n)
+	require.NoError(t, err)
+	want, _ := view.SpanBytes()
+	want = append([]byte(nil), want...)
+	ref, err := owner.Put(ctx, view)
+	require.NoError(t, err)
+	hog, err := mem.Alloc(ctx, mem.Stats().LargestFree-n/2) // the copy no longer fits
+	require.NoError(t, err)
+	defer hog.Release()
+
+	got, tr, err := reader.Fetch(ctx, ref, tensor.HostDevice)
+	require.NoError(t, err)
+	defer got.Release()
+	t.Logf("served over %s after the on-host grant was refused", tr.Stats.Transport)
+	assert.NotEqual(t, fabric.SHM, tr.Stats.Transport, "served on-host without a copy")
+	assert.NotEqual(t, fabric.P2P, tr.Stats.Transport, "served on-host without a copy")
+	b, _ := got.SpanBytes()
+	assert.Equal(t, want, b)
+	assert.GreaterOrEqual(t, testutil.ToFloat64(p.a.obs.viewCopyFailures), 1.0)
+	assert.Zero(t, testutil.ToFloat64(p.a.obs.viewCopies))
+	assert.Zero(t, p.a.ObjectTable()[0].StagedBytes)
+}
