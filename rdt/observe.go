@@ -33,8 +33,11 @@ type TransferRecord struct {
 	Degraded bool      `json:"degraded"`
 	// Fallback is set when the transport that moved the bytes is not the
 	// one the plan chose first (the first path failed).
-	Fallback  bool          `json:"fallback"`
-	ZeroCopy  bool          `json:"zero_copy,omitempty"`
+	Fallback bool `json:"fallback"`
+	ZeroCopy bool `json:"zero_copy,omitempty"`
+	// ViewCopy: the owner served a private copy of the object's view (an
+	// on-host grant of a view that is only part of its allocation).
+	ViewCopy  bool          `json:"view_copy,omitempty"`
 	Bytes     int64         `json:"bytes"`
 	Duration  time.Duration `json:"duration_ns"`
 	GBps      float64       `json:"gbps"`
@@ -162,6 +165,7 @@ func (o *observer) end(rec *TransferRecord, x Transfer, err error) {
 	r.Path = x.Stats.Transport
 	r.Fallback = r.Path != "" && x.Plan.Chosen != "" && r.Path != x.Plan.Chosen
 	r.ZeroCopy = x.Stats.ZeroCopy
+	r.ViewCopy = x.Stats.ViewCopy
 	if err != nil {
 		r.Error, r.ErrorKind = err.Error(), ErrorKind(err)
 		if r.Path == "" {

@@ -92,6 +92,10 @@ type Handle struct {
 	// in which case the file holds bytes [Start, Start+Length) of the
 	// buffer and none of the others.
 	Start int64
+	// Copy is set when the file is a private copy of the buffer's bytes
+	// (a view's, see ViewShare), not the buffer's own memory: writes to
+	// the buffer after the copy was made do not show in it.
+	Copy bool
 	// Access is what FD allows.
 	Access Access
 }

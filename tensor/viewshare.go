@@ -89,7 +89,7 @@ func (v *ViewShare) Export(a Access) (h Handle, staged int64, err error) {
 	if err != nil {
 		return h, 0, err
 	}
-	h.Start = v.start
+	h.Start, h.Copy = v.start, true
 	h.Length = v.end - v.start
 	return h, staged, nil
 }

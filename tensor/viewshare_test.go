@@ -44,7 +44,7 @@ func TestViewShareReachesOnlyTheView(t *testing.T) {
 			require.NoError(t, err)
 			defer unix.Close(h.FD)
 			assert.Equal(t, int64(n), staged)
-			assert.Equal(t, Handle{FD: h.FD, Size: pageRound(n), Offset: 0, Length: n, Start: start, Access: ReadOnly}, h)
+			assert.Equal(t, Handle{FD: h.FD, Size: pageRound(n), Offset: 0, Length: n, Start: start, Access: ReadOnly, Copy: true}, h)
 			assert.Equal(t, int64(n), v.Staged())
 			assert.GreaterOrEqual(t, m.Stats().Used-used, int64(n), "the copy is accounted on the device")
 

@@ -210,13 +210,14 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	to = to[:src.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to)
+		return c.transferOn(ctx, pc, key, src, to, &copied)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1, ViewCopy: copied}, nil
 }
 
 // write pushes src's first dst.Length bytes into the sink dst names.
@@ -240,7 +241,7 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, dst, from)
+		return c.transferOn(ctx, pc, key, dst, from, nil)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -418,7 +419,10 @@ func (c *Client) refused(key cacheKey, err error) {
 // fresh grant, and a refused claim drops it. A push maps the sink's own
 // pages writable (its descriptor reaches the sink alone); a read maps the
 // object's pages read-only.
-func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte) error {
+//
+// copied, when not nil, is set to whether the owner granted a private copy
+// of its object's view rather than the object's own memory.
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, copied *bool) error {
 	held := c.cache.acquire(key)
 	defer func() {
 		if held != nil {
@@ -436,6 +440,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if err != nil {
 		c.refused(key, err)
 		return err
+	}
+	if copied != nil {
+		*copied = g.flags&flagCopy != 0
 	}
 	if r.Length == 0 {
 		closeAll(fds)

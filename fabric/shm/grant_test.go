@@ -338,9 +338,10 @@ func TestViewGrantReachesOnlyTheView(t *testing.T) {
 			if tr == fabric.P2P {
 				transport = cli.P2P()
 			}
-			_, err = transport.Read(context.Background(), r, dst)
+			stats, err := transport.Read(context.Background(), r, dst)
 			require.NoError(t, err)
 			require.Equal(t, want, p)
+			assert.True(t, stats.ViewCopy, "the stats say the owner served a copy of the view")
 
 			fd := got.only(t)
 			var st unix.Stat_t

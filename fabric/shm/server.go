@@ -306,6 +306,9 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) (view start %d) %v of a %d-byte allocation (file %d bytes) does not hold [%d,+%d) or is inconsistent",
 			h.Offset, h.Length, h.Start, h.Access, h.Size, st.Size, req.offset, req.length)
 	}
+	if h.Copy {
+		g.flags |= flagCopy
+	}
 	if req.have == g.mapID {
 		// The client maps this region already (read-only for a read,
 		// writable for a push: it keeps the two apart), and this grant

@@ -54,6 +54,7 @@ const (
 
 	version  byte = 3 // 3: grants carry the view start
 	flagFD   byte = 1
+	flagCopy byte = 2 // the file is a private copy of the object's view (tensor.Handle.Copy)
 	maxToken      = 64
 
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
@@ -168,7 +169,7 @@ func parseReply(p []byte) (grant, error) {
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
 	view := binary.BigEndian.Uint64(p[35:43])
-	if g.flags&^flagFD != 0 || size > 1<<62 || off > size || n > size-off || view > 1<<62 {
+	if g.flags&^(flagFD|flagCopy) != 0 || size > 1<<62 || off > size || n > size-off || view > 1<<62 {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) (view start %d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, view, size, g.flags)
 	}
 	g.fileSize, g.objOff, g.objLen, g.viewOff = int64(size), int64(off), int64(n), int64(view)

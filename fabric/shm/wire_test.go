@@ -53,7 +53,7 @@ func TestParseRequestErrors(t *testing.T) {
 }
 
 func TestParseReply(t *testing.T) {
-	g := grant{flags: flagFD, mapID: 42, fileSize: 1 << 30, objOff: 4096, objLen: 1000, viewOff: 5000}
+	g := grant{flags: flagFD | flagCopy, mapID: 42, fileSize: 1 << 30, objOff: 4096, objLen: 1000, viewOff: 5000}
 	got, err := parseReply(g.marshal())
 	require.NoError(t, err)
 	assert.Equal(t, g, got)
