@@ -359,3 +359,42 @@ func TestViewGrantReachesOnlyTheView(t *testing.T) {
 	}
 	assert.Equal(t, int64(n), share.Staged(), "staged once for both readers")
 }
+
+// TestCrossProcessViewGrant: the owner is a second process that publishes
+// a 16 KiB view in the middle of a 1 MiB allocation. The descriptor this
+// process receives over p2p (mapped whole, or read with pread) holds the
+// view's bytes alone, none of the parent's around it.
+func TestCrossProcessViewGrant(t *testing.T) {
+	const size, start, n = 1 << 20, 512<<10 + 100, 16 << 10
+	t.Setenv(helperViewEnv, strconv.Itoa(start)+","+strconv.Itoa(start+n))
+	h := startHelper(t, size)
+	k, _ := key(t)
+	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	require.NoError(t, err)
+	defer cli.Close()
+	got := receive(t, cli)
+	parent := make([]byte, size)
+	fillWords(parent, h.info.Objects[0].Seed)
+	dst, p := hostDst(t, n)
+	stats, err := cli.P2P().Read(context.Background(), h.remote(0, start, n), dst)
+	require.NoError(t, err)
+	require.Equal(t, parent[start:start+n], p)
+	assert.True(t, stats.ViewCopy)
+	_, err = cli.P2P().Read(context.Background(), h.remote(0, 0, n), dst)
+	require.ErrorIs(t, err, fabric.ErrUnauthorized, "a range outside the view")
+
+	fd := got.only(t)
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	mapped, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(mapped)
+	for how, file := range map[string][]byte{"pread": wholeFile(t, fd), "mmap": mapped} {
+		require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "%s: the descriptor reaches more than the view's pages", how)
+		assert.Equal(t, parent[start:start+n], file[:n], how)
+		assert.Equal(t, make([]byte, len(file)-n), file[n:], "%s: the page tail past the view is zero", how)
+		for _, at := range []int{0, start - 4096, start + n, size - 4096} {
+			assert.False(t, bytes.Contains(file, parent[at:at+4096]), "%s: the parent's bytes at %d are reachable", how, at)
+		}
+	}
+}
