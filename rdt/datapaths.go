@@ -148,11 +148,11 @@ func (r *Runtime) registerer() prometheus.Registerer {
 // exactly the view (tensor.ViewShare), staged at the first grant and kept
 // until the object's memory is released. Staging is reported (metrics,
 // debug log, ObjectInfo.StagedBytes); a copy that does not fit on the
-// device fails the grant with an error matching tensor.ErrNotExportable,
+// device fails the grant with tensor.ErrViewCopy (a tensor.ErrNotExportable),
 // and the reader falls back, loudly, to a path that needs no descriptor.
 func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
 	h, staged, err := p.obj.share.Export(a)
-	if (staged > 0 || err != nil && !errors.Is(err, tensor.ErrReleased)) && p.table.onStage != nil {
+	if (staged > 0 || errors.Is(err, tensor.ErrViewCopy)) && p.table.onStage != nil {
 		p.table.onStage(p.obj, staged, err)
 	}
 	return h, err

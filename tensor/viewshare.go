@@ -14,6 +14,12 @@ import (
 // memory's Alloc must not outlive a stuck caller either).
 const stageTimeout = 10 * time.Second
 
+// ErrViewCopy is returned when a view's private copy cannot be made (no
+// memory for it on the device, or memory the CPU cannot copy). It matches
+// ErrNotExportable, so callers fall back to a path that needs no handle;
+// an out-of-memory cause also matches ErrOutOfMemory.
+var ErrViewCopy = fmt.Errorf("%w: no private copy of the view could be made", ErrNotExportable)
+
 // ViewShare shares bytes [start, end) of a buffer (a view of it) with
 // other processes without exposing the rest of the buffer's allocation.
 //
@@ -50,9 +56,10 @@ func NewViewShare(mem Memory, src Buffer, start, end int64) *ViewShare {
 // of src's allocation. staged is the number of bytes this call copied (0
 // unless it staged the private copy). A partial view can only be shared
 // ReadOnly (writes into a copy would go nowhere): Writable returns an error
-// matching ErrExportAccess. When the copy cannot be allocated the error
-// matches both ErrNotExportable (callers fall back to a path that needs no
-// handle) and ErrOutOfMemory.
+// matching ErrExportAccess. When the copy cannot be made the error matches
+// ErrViewCopy (and so ErrNotExportable: callers fall back to a path that
+// needs no handle), and ErrOutOfMemory when the device is full; a later
+// Export tries again.
 func (v *ViewShare) Export(a Access) (h Handle, staged int64, err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -99,18 +106,18 @@ func (v *ViewShare) stage() (int64, error) {
 	n := v.end - v.start
 	src, err := BytesOf(v.src)
 	if err != nil {
-		return 0, fmt.Errorf("%w: staging a copy of the view: %v", ErrNotExportable, err)
+		return 0, fmt.Errorf("%w: %v", ErrViewCopy, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stageTimeout)
 	defer cancel()
 	b, err := v.mem.Alloc(ctx, n)
 	if err != nil {
-		return 0, fmt.Errorf("%w: no memory for a private copy of a %d-byte view: %w", ErrNotExportable, n, err)
+		return 0, fmt.Errorf("%w: %d bytes: %w", ErrViewCopy, n, err)
 	}
 	dst, err := BytesOf(b)
 	if err != nil || int64(len(dst)) < n {
 		b.Release()
-		return 0, fmt.Errorf("%w: the copy of a view is not host visible: %v", ErrNotExportable, err)
+		return 0, fmt.Errorf("%w: the copy is not host visible: %v", ErrViewCopy, err)
 	}
 	copy(dst, src[v.start:v.end])
 	v.copy = b

@@ -123,6 +123,7 @@ func TestViewShareOutOfMemory(t *testing.T) {
 	v := NewViewShare(m, parent, 4096, 4096+64<<10)
 	defer v.Release()
 	_, _, err = v.Export(ReadOnly)
+	require.ErrorIs(t, err, ErrViewCopy)
 	require.ErrorIs(t, err, ErrNotExportable)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	assert.Zero(t, v.Staged())
