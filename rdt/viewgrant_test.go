@@ -48,6 +48,11 @@ func TestViewGrantIsPrivateCopy(t *testing.T) {
 	ref, err := owner.Put(ctx, view)
 	require.NoError(t, err)
 	require.Zero(t, p.a.ObjectTable()[0].StagedBytes, "nothing is staged before an on-host grant")
+	for _, cand := range reader.Explain(ref, tensor.HostDevice).Candidates {
+		if cand.Transport == fabric.SHM {
+			assert.Contains(t, cand.Reason, "private copy of this view", "Explain says the view is copied")
+		}
+	}
 
 	for _, path := range []struct {
 		name string
