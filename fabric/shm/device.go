@@ -27,11 +27,15 @@ import (
 // it, so a reader that imported it for an earlier grant gets no descriptor:
 // it copies through its cached import, under this grant's fresh pin.
 func (s *Server) exportDevice(pin tensor.Buffer, h tensor.Handle, req request) (grant, int, error) {
-	if h.Offset < 0 || h.Length < pin.Len() || h.Offset+h.Length > h.Size || h.Kind > 0x0f || h.ID == 0 {
+	// A device handle is the allocation itself (never a private copy):
+	// the object's bytes start at Offset, and the request must fall in them.
+	if h.Offset < 0 || h.Length < 0 || h.Offset+h.Length > h.Size || h.Kind > 0x0f || h.ID == 0 || h.Start != 0 || h.Copy ||
+		req.offset < 0 || req.offset+req.length > h.Length {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: device handle %v #%d [%d,+%d) of %d bytes is inconsistent", h.Kind, h.ID, h.Offset, h.Length, h.Size)
+		return grant{}, -1, fmt.Errorf("shm: device handle %v #%d [%d,+%d) of %d bytes does not hold [%d,+%d) or is inconsistent",
+			h.Kind, h.ID, h.Offset, h.Length, h.Size, req.offset, req.length)
 	}
-	g := grant{flags: flagDevice | byte(h.Kind)<<kindShift, mapID: s.mappingID(uint64(h.Kind), h.ID, h.Offset, h.Length),
+	g := grant{flags: flagDevice | byte(h.Kind)<<kindShift, mapID: s.mappingID(uint64(h.Kind), h.ID, h.Offset, h.Length, 0),
 		fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
 	if req.have == g.mapID {
 		unix.Close(h.FD)
@@ -83,23 +87,24 @@ func (c *Client) importDevice(ctx context.Context, key cacheKey, g grant, fd int
 	return &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, dev: imp, devSize: g.fileSize, refs: 1}, nil
 }
 
-// deviceCopy copies between an imported device allocation (imp, whose
-// bytes are the object's) and our side: device memory dev, or host bytes
-// p; a read into ours, a push from ours.
-func deviceCopy(ctx context.Context, push bool, imp tensor.Buffer, r fabric.Remote, p []byte, dev tensor.Buffer) error {
+// deviceCopy copies n bytes between an imported device allocation (imp,
+// whose byte 0 is the object's first granted byte; off is in imp) and our
+// side: device memory dev, or host bytes p; a read into ours, a push from
+// ours.
+func deviceCopy(ctx context.Context, push bool, imp tensor.Buffer, off, n int64, p []byte, dev tensor.Buffer) error {
 	switch {
 	case dev != nil && push:
-		return tensor.Copy(ctx, imp, r.Offset, dev, 0, r.Length)
+		return tensor.Copy(ctx, imp, off, dev, 0, n)
 	case dev != nil:
-		return tensor.Copy(ctx, dev, 0, imp, r.Offset, r.Length)
+		return tensor.Copy(ctx, dev, 0, imp, off, n)
 	}
 	dc, ok := imp.(tensor.DeviceCopier)
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: imported device memory does not copy to the host", fabric.ErrNoPath)
 	case push:
-		return dc.CopyIn(ctx, r.Offset, p)
+		return dc.CopyIn(ctx, off, p)
 	default:
-		return dc.CopyOut(ctx, r.Offset, p)
+		return dc.CopyOut(ctx, off, p)
 	}
 }
