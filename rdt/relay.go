@@ -60,7 +60,7 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	if total != s.buf.Len() {
 		return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, total, s.buf.Len())
 	}
-	if chunk <= 0 || (total+chunk-1)/chunk > maxChunks {
+	if chunk <= 0 || (chunk < minChunk && total > chunk) || (total+chunk-1)/chunk > maxChunks {
 		return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, total)
 	}
 	n := int((total + chunk - 1) / chunk)
