@@ -251,6 +251,13 @@ func (rl *relay) report(m bcastMsg) {
 	m.id, m.slot, m.inc = rl.id, rl.s.id, rl.r.incarnation
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), controlTimeout)
 	defer cancel()
+	go func() { // not past Shutdown
+		select {
+		case <-rl.r.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if err := rl.r.sendBcast(ctx, rl.origin, m); err != nil {
 		rl.r.log.Debug("broadcast report not delivered", "slot", rl.s.id, "err", err)
 	}
@@ -271,7 +278,9 @@ func (rl *relay) forward(f *forwarder) {
 			// ended it (or died, or this runtime is shutting down), the
 			// owner must feed the child itself.
 			if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
-				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
+				// Told from a goroutine of its own, so the slot's pin
+				// (held until the forwarders end) does not wait on it.
+				go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
 			}
 			return
 		}
