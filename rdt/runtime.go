@@ -115,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
 	}
 	r.objects.blocked = r.blockedRead
+	r.objects.onStage = r.viewStaged
 
 	ok := false
 	defer func() {
@@ -337,8 +338,9 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
-		r.objects.close()
+		inFlight := r.objects.close()
 		r.sinks.close()
+		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)
 		}
