@@ -33,6 +33,11 @@ import (
 // TestHelperProcess an owner process serving objects of the listed sizes.
 const helperEnv = "TENSORLANE_SHM_HELPER_SIZES"
 
+// helperViewEnv ("start,end"), when set too, makes the helper publish only
+// bytes [start, end) of its first object, shared as rdt shares a view: a
+// private copy of the view (tensor.ViewShare).
+const helperViewEnv = "TENSORLANE_SHM_HELPER_VIEW"
+
 // helperInfo is what the owner process prints on stdout once it serves.
 type helperInfo struct {
 	Addr    string         `json:"addr"`
@@ -121,14 +126,26 @@ func helperMain() int {
 	token := []byte("helper-capability")
 	objs := map[fabric.ObjectID]tensor.Buffer{}
 	info := helperInfo{Peer: id.String(), Token: hex.EncodeToString(token)}
-	for i, n := range sizes {
+	alloc := func(n int64, seed uint64) (tensor.Buffer, error) {
 		b, err := mem.Alloc(context.Background(), n)
+		if err == nil {
+			p, _ := tensor.BytesOf(b)
+			fillWords(p, seed)
+		}
+		return b, err
+	}
+	if lib, mode, ok := strings.Cut(os.Getenv(helperCUDAEnv), ","); ok {
+		alloc, err = cudaAlloc(lib, mode)
 		if err != nil {
 			return fail(err)
 		}
-		p, _ := tensor.BytesOf(b)
+	}
+	for i, n := range sizes {
 		seed := uint64(i + 1)
-		fillWords(p, seed)
+		b, err := alloc(n, seed)
+		if err != nil {
+			return fail(err)
+		}
 		oid := fabric.ObjectID{byte(i + 1), 0xaa}
 		objs[oid] = b
 		info.Objects = append(info.Objects, helperObject{ID: hex.EncodeToString(oid[:]), Size: n, Seed: seed})
@@ -143,9 +160,29 @@ func helperMain() int {
 		}
 		return nopRelease{b}, nil
 	}
+	read := open
+	if v := os.Getenv(helperViewEnv); v != "" {
+		var start, end int64
+		if _, err := fmt.Sscanf(v, "%d,%d", &start, &end); err != nil {
+			return fail(err)
+		}
+		first := fabric.ObjectID{1, 0xaa}
+		share := tensor.NewViewShare(mem, objs[first], start, end)
+		defer share.Release()
+		read = func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			b, err := open(ctx, c)
+			if err != nil || c.Object != first {
+				return b, err
+			}
+			if c.Offset < start || c.Length < 0 || c.Offset+c.Length > end {
+				return nil, fabric.ErrUnauthorized
+			}
+			return viewPin{Buffer: objs[first], share: share, end: end}, nil
+		}
+	}
 	// Every object is also a push destination, so a pusher can read back
 	// what it wrote.
-	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(open), Sink: sinkFunc(open)})
+	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(read), Sink: sinkFunc(open)})
 	if err != nil {
 		return fail(err)
 	}
