@@ -59,15 +59,12 @@ func TestConformance(t *testing.T) {
 		ctx := context.Background()
 		ownerKey, ownerID := key(t)
 		readerKey, _ := key(t)
-		ownerProv, err := softrdma.New(softrdma.Config{NICs: loopbackNICs("nic0", "nic1")})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ownerProv := newTestProvider(t, "nic0", "nic1")
 		srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey, Source: src, Sink: sink})
 		if err != nil {
 			t.Fatal(err)
 		}
-		readerProv, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs("nic0", "nic1")})
+		readerProv := newTestProvider(t, "nic0", "nic1")
 		tr, err := rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, AllowLoopback: true,
 			PauseBase: 50 * time.Millisecond})
 		if err != nil {
@@ -95,7 +92,7 @@ func TestConformance(t *testing.T) {
 type fixture struct {
 	srv     *rdma.Server
 	tr      *rdma.Transport
-	prov    *softrdma.Provider
+	prov    testProvider
 	ownerID peer.ID
 	data    []byte
 	mem     *tensor.SimMemory
@@ -130,7 +127,7 @@ func newFixtureNamed(t testing.TB, size int64, names []string, mutate func(*rdma
 	}
 	ownerKey, ownerID := key(t)
 	f.ownerID = ownerID
-	f.prov, _ = softrdma.New(softrdma.Config{NICs: loopbackNICs(names...)})
+	f.prov = newTestProvider(t, names...)
 	f.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: f.prov, Identity: ownerKey,
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if c.Object != (fabric.ObjectID{1}) {
@@ -145,7 +142,7 @@ func newFixtureNamed(t testing.TB, size int64, names []string, mutate func(*rdma
 		t.Fatal(err)
 	}
 	readerKey, _ := key(t)
-	rp, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs(names...)})
+	rp := newTestProvider(t, names...)
 	f.metrics = rdma.NewMetrics(prometheus.NewRegistry())
 	cfg := rdma.Config{Provider: rp, Identity: readerKey, AllowLoopback: true, Metrics: f.metrics}
 	if mutate != nil {
@@ -340,7 +337,7 @@ func TestPush(t *testing.T) {
 	defer mem.Close()
 	sinkBuf, _ := mem.Alloc(ctx, 8<<20)
 	sinkBytes, _ := tensor.BytesOf(sinkBuf)
-	prov, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs("a", "b")})
+	prov := newTestProvider(t, "a", "b")
 	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Identity: ownerKey,
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
 		Sink: sinkFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
@@ -351,7 +348,7 @@ func TestPush(t *testing.T) {
 	}
 	defer srv.Close()
 	rk, _ := key(t)
-	rp, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs("a", "b")})
+	rp := newTestProvider(t, "a", "b")
 	tr, _ := rdma.New(ctx, rdma.Config{Provider: rp, Identity: rk, AllowLoopback: true})
 	defer tr.Close()
 	src, _ := mem.Alloc(ctx, 8<<20)

@@ -1,0 +1,293 @@
+//go:build ofi
+
+package ofi
+
+/*
+#include "cfi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+)
+
+// op is one posted work request. Its C context (fi_context2 plus our id)
+// is freed only when libfabric returns it in a completion, or with the
+// CQ, so its address is never reused while libfabric may still report it.
+type op struct {
+	id   uint64 // the context's id
+	wr   rdma.WorkRequest
+	opc  rdma.Opcode
+	qp   *qp
+	mr   *mr
+	ctx  unsafe.Pointer
+	done bool // completed or flushed: a late completion is dropped
+}
+
+// cq is a libfabric completion queue shared by the queue pairs created
+// on it. Completions read from libfabric (by Wait or Poll) go to stash.
+type cq struct {
+	dev  *device
+	c    *C.struct_fid_cq
+	wait bool
+
+	readMu sync.Mutex // one reader of the C queue at a time
+	buf    unsafe.Pointer
+	errb   unsafe.Pointer
+
+	mu     sync.Mutex
+	stash  []rdma.Completion
+	ops    map[uint64]*op // by context id, until libfabric returns the context
+	nextID uint64
+	qps    map[*qp]struct{}
+	closed bool
+	notify chan struct{}
+}
+
+const cqBatch = 64
+
+func newCQ(d *device, c *C.struct_fid_cq, wait bool) *cq {
+	return &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
+		buf: C.malloc(C.tl_entry_size() * cqBatch), errb: C.malloc(C.size_t(unsafe.Sizeof(C.struct_fi_cq_err_entry{}))),
+		notify: make(chan struct{}, 1)}
+}
+
+// Poll moves ready completions into wc; it reads libfabric without
+// waiting (which also drives manual progress).
+func (q *cq) Poll(wc []rdma.Completion) int {
+	q.mu.Lock()
+	short := len(q.stash) < len(wc)
+	q.mu.Unlock()
+	if short {
+		q.read(-1)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := copy(wc, q.stash)
+	q.stash = q.stash[n:]
+	if len(q.stash) == 0 {
+		q.stash = nil
+	}
+	return n
+}
+
+// Wait blocks until a completion is ready or ctx ends. It sleeps in
+// fi_cq_sread (woken by fi_cq_signal when ctx ends or a queue pair
+// flushes), or polls with backoff on a CQ without a wait object; every
+// round it also breaks queue pairs whose work made no progress within
+// their timeout.
+func (q *cq) Wait(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, q.signal)
+	defer stop()
+	idle := 0
+	for {
+		q.mu.Lock()
+		ready, closed := len(q.stash) > 0, q.closed
+		q.mu.Unlock()
+		if ready {
+			return nil
+		}
+		if closed {
+			return fabric.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		select {
+		case <-q.notify:
+			continue
+		default:
+		}
+		timeout := -1
+		if q.wait {
+			timeout = 50
+		}
+		n := q.read(timeout)
+		q.checkTimeouts()
+		if !q.wait {
+			idle = backoff(idle, n == 0)
+		}
+	}
+}
+
+func (q *cq) signal() {
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+	q.mu.Lock()
+	if !q.closed && q.wait {
+		C.tl_cq_signal(q.c)
+	}
+	q.mu.Unlock()
+}
+
+// progress reads the queue once without waiting, unless another
+// goroutine is reading it (which progresses it as well). It reports
+// whether it read.
+func (q *cq) progress() bool {
+	if !q.readMu.TryLock() {
+		return false
+	}
+	q.readMu.Unlock()
+	q.read(-1)
+	return true
+}
+
+// read reads one batch from libfabric (timeout in ms, < 0: do not wait)
+// and turns it into completions. It returns how many entries it read.
+func (q *cq) read(timeout int) int {
+	q.readMu.Lock()
+	defer q.readMu.Unlock()
+	q.mu.Lock()
+	closed := q.closed
+	q.mu.Unlock()
+	if closed {
+		return 0
+	}
+	n := C.tl_cq_read(q.c, (*C.struct_fi_cq_data_entry)(q.buf), cqBatch, C.int(timeout), (*C.struct_fi_cq_err_entry)(q.errb))
+	switch {
+	case n > 0:
+		entries := (*C.struct_fi_cq_data_entry)(q.buf)
+		q.mu.Lock()
+		for i := range C.size_t(n) {
+			q.completeLocked(C.tl_entry_ctx(entries, i), rdma.StatusSuccess, nil)
+		}
+		q.mu.Unlock()
+		return int(n)
+	case n == -C.FI_EAVAIL:
+		e := (*C.struct_fi_cq_err_entry)(q.errb)
+		status, err := mapError(int(C.tl_err_errno(e)), int(C.tl_err_prov(e)), C.GoString(C.tl_cq_strerror(q.c, e)))
+		q.mu.Lock()
+		o := q.completeLocked(C.tl_err_ctx(e), status, err)
+		q.mu.Unlock()
+		// A queue pair whose request failed for its connection is broken:
+		// its other requests are flushed and its endpoint closed.
+		if o != nil && status != rdma.StatusSuccess && status != rdma.StatusRemoteAccess && status != rdma.StatusLocalProtection {
+			o.qp.fail(err, rdma.StatusFlushed)
+		}
+		return 1
+	case n < 0:
+		q.dev.log.Debug("ofi cq read", "err", fiErr("fi_cq_read", C.int(n)))
+	}
+	return 0
+}
+
+// completeLocked finishes the operation whose context libfabric
+// returned: its completion goes to the stash unless it was flushed
+// already; the context is freed.
+func (q *cq) completeLocked(ctx unsafe.Pointer, st rdma.Status, err error) *op {
+	if ctx == nil {
+		return nil
+	}
+	id := uint64(C.tl_ctx_id(ctx))
+	o := q.ops[id]
+	delete(q.ops, id)
+	C.tl_ctx_free(ctx)
+	if o == nil || o.done {
+		return nil
+	}
+	q.finishLocked(o, st, err)
+	return o
+}
+
+// finishLocked ends o with a completion (its context stays with libfabric
+// when it was flushed).
+func (q *cq) finishLocked(o *op, st rdma.Status, err error) {
+	o.done = true
+	wc := rdma.Completion{ID: o.wr.ID, Op: o.opc, Status: st, Err: err}
+	if st == rdma.StatusSuccess {
+		wc.Bytes = int(o.wr.Length)
+	}
+	q.stash = append(q.stash, wc)
+	qp := o.qp
+	delete(qp.ops, o)
+	qp.lastProgress = time.Now()
+	o.mr.mu.Lock()
+	delete(o.mr.inflight, o)
+	if len(o.mr.inflight) == 0 {
+		o.mr.idle.Broadcast()
+	}
+	o.mr.mu.Unlock()
+}
+
+// checkTimeouts breaks queue pairs with work outstanding and no
+// completion within their timeout (the retry limit of RC).
+func (q *cq) checkTimeouts() {
+	now := time.Now()
+	var stale []*qp
+	q.mu.Lock()
+	for p := range q.qps {
+		if len(p.ops) > 0 && now.Sub(p.lastProgress) > p.cfg.Timeout {
+			stale = append(stale, p)
+		}
+	}
+	q.mu.Unlock()
+	for _, p := range stale {
+		p.fail(fmt.Errorf("%w: ofi: no progress from the remote in %v", fabric.ErrStalled, p.cfg.Timeout), rdma.StatusRetryExceeded)
+	}
+}
+
+// Close closes the libfabric queue and frees the contexts it still
+// held. The queue pairs on it must be closed first (the device does).
+func (q *cq) Close() error {
+	q.readMu.Lock()
+	defer q.readMu.Unlock()
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	qps := make([]*qp, 0, len(q.qps))
+	for p := range q.qps {
+		qps = append(qps, p)
+	}
+	q.mu.Unlock()
+	for _, p := range qps {
+		p.Close()
+	}
+	C.tl_cq_close(q.c)
+	q.mu.Lock()
+	for id, o := range q.ops {
+		C.tl_ctx_free(o.ctx)
+		delete(q.ops, id)
+	}
+	q.mu.Unlock()
+	C.free(q.buf)
+	C.free(q.errb)
+	q.dev.mu.Lock()
+	delete(q.dev.cqs, q)
+	q.dev.mu.Unlock()
+	return nil
+}
+
+// mapError turns a libfabric completion error into a work completion
+// status.
+// The tcp provider reports a key its target does not know as a
+// cancelled request whose provider error is ENOENT (EACCES for a range
+// or access the key does not allow).
+func mapError(code, prov int, detail string) (rdma.Status, error) {
+	err := fmt.Errorf("ofi: %s (%d): %s", C.GoString(C.fi_strerror(C.int(code))), code, detail)
+	if syscall.Errno(code) == syscall.ECANCELED && (syscall.Errno(prov) == syscall.ENOENT || syscall.Errno(prov) == syscall.EACCES) {
+		return rdma.StatusRemoteAccess, err
+	}
+	switch syscall.Errno(code) {
+	case syscall.EACCES, syscall.EPERM, syscall.ENOKEY, syscall.EKEYREJECTED, syscall.EINVAL, syscall.EFAULT:
+		return rdma.StatusRemoteAccess, err
+	case syscall.ECANCELED:
+		return rdma.StatusFlushed, err
+	case syscall.ETIMEDOUT:
+		return rdma.StatusRetryExceeded, errors.Join(fabric.ErrStalled, err)
+	}
+	return rdma.StatusFlushed, errors.Join(fabric.ErrPeerClosed, err)
+}

@@ -1,0 +1,389 @@
+//go:build ofi
+
+package ofi
+
+/*
+#include "cfi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
+)
+
+// device is an opened NIC: a libfabric fabric and domain, and when it
+// listens a target endpoint with its progress loop and the bootstrap
+// listener.
+type device struct {
+	p   *Provider
+	nic NIC
+	cfg rdma.OpenConfig
+	log *slog.Logger
+	dom *C.tl_dom
+
+	mrMode  uint64
+	keySize int
+	noWait  bool
+
+	// The target endpoint (listening devices): remote peers read and
+	// write its registrations. Its data progress is manual on most
+	// providers, so a goroutine drives it; progMu is held around each
+	// progress call so Deregister can wait for one in progress.
+	target   *C.tl_ep
+	tcq      *C.struct_fid_cq
+	tcqWait  bool
+	progMu   sync.Mutex
+	ln       net.Listener
+	addrName []byte // the target's fi_getname
+
+	mu       sync.Mutex
+	closed   bool
+	mrs      map[uint32]*mr // by lkey
+	nextLKey uint32
+	qps      map[*qp]struct{}
+	cqs      map[*cq]struct{}
+	sessions map[net.Conn]struct{}
+	nextQP   uint64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) (*device, error) {
+	host, _, _ := net.SplitHostPort(nic.Addr)
+	node := ""
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && p.isTCP() {
+		node = host // the endpoints' source address: traffic leaves through this NIC
+	}
+	if p.msg {
+		return nil, fmt.Errorf("%w: provider %s offers only connected (FI_EP_MSG) endpoints, which this version does not drive yet", ErrUnavailable, p.prov)
+	}
+	info, err := getinfo(p.prov, nic.Domain, node, p.msg)
+	if err != nil {
+		return nil, fmt.Errorf("ofi: NIC %s (domain %s): %w", nic.Name, nic.Domain, err)
+	}
+	defer C.fi_freeinfo(info)
+	d := &device{p: p, nic: nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name, "ofi", p.prov),
+		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait,
+		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{}, sessions: map[net.Conn]struct{}{},
+		stop: make(chan struct{})}
+	if rc := C.tl_dom_open(info, &d.dom); rc != 0 {
+		return nil, fmt.Errorf("ofi: NIC %s: open domain %s: %w", nic.Name, nic.Domain, fiErr("fi_domain", rc))
+	}
+	if !cfg.Listen {
+		return d, nil
+	}
+	if err := d.listen(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// openCQ opens a completion queue, with a wait object unless NoWait (or
+// the provider has none).
+func (d *device) openCQ() (*C.struct_fid_cq, bool, error) {
+	var c *C.struct_fid_cq
+	if !d.noWait {
+		if rc := C.tl_cq_open(d.dom, 1, &c); rc == 0 {
+			return c, true, nil
+		}
+	}
+	if rc := C.tl_cq_open(d.dom, 0, &c); rc != 0 {
+		return nil, false, fiErr("fi_cq_open", rc)
+	}
+	return c, false, nil
+}
+
+func (d *device) listen(ctx context.Context) error {
+	var err error
+	d.tcq, d.tcqWait, err = d.openCQ()
+	if err != nil {
+		return fmt.Errorf("ofi: NIC %s: %w", d.nic.Name, err)
+	}
+	if rc := C.tl_ep_open(d.dom, d.tcq, &d.target); rc != 0 {
+		return fmt.Errorf("ofi: NIC %s: target endpoint: %w", d.nic.Name, fiErr("fi_endpoint", rc))
+	}
+	d.addrName = C.GoBytes(unsafe.Pointer(&d.target.name[0]), C.int(d.target.namelen))
+	d.ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", d.nic.Addr)
+	if err != nil {
+		return fmt.Errorf("ofi: NIC %s: bootstrap listen on %s: %w", d.nic.Name, d.nic.Addr, err)
+	}
+	d.wg.Add(2)
+	go d.progress()
+	go d.accept()
+	return nil
+}
+
+// progress drives the target endpoint: on manual-progress providers
+// (tcp, verbs via rxm) remote reads and writes are served only while
+// someone reads its completion queue. fi_cq_sread sleeps on the wait
+// object between requests; without one the loop backs off to 1 ms.
+func (d *device) progress() {
+	defer d.wg.Done()
+	buf := C.malloc(C.tl_entry_size() * 16)
+	errb := C.malloc(C.size_t(unsafe.Sizeof(C.struct_fi_cq_err_entry{})))
+	defer C.free(buf)
+	defer C.free(errb)
+	var idle int
+	for {
+		select {
+		case <-d.stop:
+			return
+		default:
+		}
+		timeout := C.int(-1)
+		if d.tcqWait {
+			timeout = 100
+		}
+		d.progMu.Lock()
+		n := C.tl_cq_read(d.tcq, (*C.struct_fi_cq_data_entry)(buf), 16, timeout, (*C.struct_fi_cq_err_entry)(errb))
+		d.progMu.Unlock()
+		switch {
+		case n == -C.FI_EAVAIL:
+			d.log.Debug("ofi target completion error", "err", fiErr("target", C.tl_err_errno((*C.struct_fi_cq_err_entry)(errb))))
+		case n < 0:
+			d.log.Debug("ofi target progress", "err", fiErr("fi_cq_read", C.int(n)))
+		}
+		if d.tcqWait {
+			continue
+		}
+		idle = backoff(idle, n == 0)
+	}
+}
+
+// backoff sleeps for a polling loop that found nothing: a few passes
+// without sleeping, then 10 µs doubling to 1 ms. It returns the new idle
+// count (0 when work came).
+func backoff(idle int, empty bool) int {
+	if !empty {
+		return 0
+	}
+	idle++
+	if idle > 16 {
+		time.Sleep(min(10*time.Microsecond<<min(idle-16, 7), time.Millisecond))
+	}
+	return idle
+}
+
+func (d *device) accept() {
+	defer d.wg.Done()
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			return
+		}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		d.sessions[c] = struct{}{}
+		d.nextQP++
+		id := d.nextQP
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.serve(c, id)
+	}
+}
+
+// maxHandlers bounds the control messages one bootstrap connection has
+// in its handler at once.
+const maxHandlers = 16
+
+// serve is the passive side of one queue pair: authenticate, send the
+// target endpoint's address, answer control messages until the
+// connection ends, then tell the handler the queue pair is gone.
+func (d *device) serve(c net.Conn, id uint64) {
+	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.sessions, c)
+		d.mu.Unlock()
+		c.Close()
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	c.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
+	res, err := peerauth.ServerWith(c, d.cfg.Identity, d.cfg.Authorize, peerauth.Options{PSK: d.cfg.PSK})
+	if err != nil {
+		d.log.Warn("rdma queue pair refused", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	if err := peerauth.WriteField(c, d.addrName); err != nil {
+		return
+	}
+	c.SetDeadline(time.Time{})
+	from := rdma.RemoteQP{ID: id, Peer: res.Peer}
+	ctx, cancel := context.WithCancel(context.Background())
+	var handlers sync.WaitGroup
+	var wmu sync.Mutex
+	sem := make(chan struct{}, maxHandlers)
+	defer func() {
+		c.Close()
+		cancel()
+		handlers.Wait()
+		if d.cfg.Handler != nil {
+			d.cfg.Handler.QPClosed(from)
+		}
+	}()
+	for {
+		f, err := readFrame(c)
+		if err != nil {
+			d.log.Debug("rdma queue pair ended", "peer", res.Peer, "err", err)
+			return
+		}
+		if f.kind != kindCall {
+			d.log.Warn("rdma queue pair dropped: unexpected frame", "peer", res.Peer, "kind", f.kind)
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		handlers.Add(1)
+		go func() {
+			defer handlers.Done()
+			defer func() { <-sem }()
+			out := d.answer(ctx, from, f)
+			if out.kind == kindReply && len(out.payload) > 0 && d.p.corrupt.CompareAndSwap(true, false) {
+				out.payload = out.payload[:len(out.payload)-1]
+			}
+			wmu.Lock()
+			c.SetWriteDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
+			_, err := c.Write(appendFrame(nil, out))
+			wmu.Unlock()
+			if err != nil {
+				c.Close()
+			}
+		}()
+	}
+}
+
+// answer runs the handler for one message; an error travels as a
+// peerauth status code and message.
+func (d *device) answer(ctx context.Context, from rdma.RemoteQP, f bootFrame) bootFrame {
+	h := d.cfg.Handler
+	var resp []byte
+	var err error
+	if h == nil {
+		err = fmt.Errorf("%w: ofi: this device takes no messages", fabric.ErrBadRequest)
+	} else {
+		resp, err = h.HandleMessage(ctx, from, f.payload)
+	}
+	if err == nil && len(resp) > MaxMessage {
+		err = fmt.Errorf("ofi: answer of %d bytes (max %d)", len(resp), MaxMessage)
+	}
+	if err != nil {
+		text := err.Error()
+		if len(text) > peerauth.MaxMessage {
+			text = text[:peerauth.MaxMessage]
+		}
+		return bootFrame{kind: kindError, id: f.id, payload: append([]byte{peerauth.StatusFor(err)}, text...)}
+	}
+	return bootFrame{kind: kindReply, id: f.id, payload: resp}
+}
+
+func (d *device) Device() rdma.Device { return rdma.Device{Name: d.nic.Name, Addr: d.Addr()} }
+
+func (d *device) Addr() string {
+	if d.ln == nil {
+		return ""
+	}
+	return d.ln.Addr().String()
+}
+
+func (d *device) AllocPD() (rdma.ProtectionDomain, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fabric.ErrClosed
+	}
+	return &pd{dev: d}, nil
+}
+
+func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fabric.ErrClosed
+	}
+	c, wait, err := d.openCQ()
+	if err != nil {
+		return nil, fmt.Errorf("ofi: NIC %s: %w", d.nic.Name, err)
+	}
+	q := newCQ(d, c, wait)
+	d.cqs[q] = struct{}{}
+	return q, nil
+}
+
+// Close stops the listener and the progress loop, breaks every queue
+// pair and bootstrap connection, deregisters all memory and closes the
+// libfabric objects. Idempotent.
+func (d *device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	close(d.stop)
+	if d.ln != nil {
+		d.ln.Close()
+	}
+	for c := range d.sessions {
+		c.Close()
+	}
+	qps := make([]*qp, 0, len(d.qps))
+	for q := range d.qps {
+		qps = append(qps, q)
+	}
+	d.mu.Unlock()
+	for _, q := range qps {
+		q.Close()
+	}
+	if d.tcq != nil && d.tcqWait {
+		C.tl_cq_signal(d.tcq)
+	}
+	d.wg.Wait()
+	d.mu.Lock()
+	mrs := make([]*mr, 0, len(d.mrs))
+	for _, m := range d.mrs {
+		mrs = append(mrs, m)
+	}
+	cqs := make([]*cq, 0, len(d.cqs))
+	for c := range d.cqs {
+		cqs = append(cqs, c)
+	}
+	d.mu.Unlock()
+	for _, m := range mrs {
+		m.Deregister()
+	}
+	for _, c := range cqs {
+		c.Close()
+	}
+	if d.target != nil {
+		C.tl_ep_close(d.target)
+	}
+	if d.tcq != nil {
+		C.tl_cq_close(d.tcq)
+	}
+	C.tl_dom_close(d.dom)
+	return nil
+}
+
+type pd struct{ dev *device }
+
+func (p *pd) Close() error { return nil }
