@@ -40,7 +40,12 @@ type cq struct {
 	c    *C.struct_fid_cq
 	wait bool
 
-	readMu sync.Mutex // one reader of the C queue at a time
+	// fiMu serializes every libfabric call on this queue and the
+	// endpoints bound to it (reads, posts, closes): the rxm provider
+	// crashed under concurrent posting and reading despite
+	// FI_THREAD_SAFE. A sleeping reader is woken (fi_cq_signal) by
+	// whoever needs the lock.
+	fiMu sync.Mutex
 	buf    unsafe.Pointer
 	errb   unsafe.Pointer
 
@@ -135,10 +140,10 @@ func (q *cq) signal() {
 // goroutine is reading it (which progresses it as well). It reports
 // whether it read.
 func (q *cq) progress() bool {
-	if !q.readMu.TryLock() {
+	if !q.fiMu.TryLock() {
 		return false
 	}
-	q.readMu.Unlock()
+	q.fiMu.Unlock()
 	q.read(-1)
 	return true
 }
@@ -146,13 +151,24 @@ func (q *cq) progress() bool {
 // read reads one batch from libfabric (timeout in ms, < 0: do not wait)
 // and turns it into completions. It returns how many entries it read.
 func (q *cq) read(timeout int) int {
-	q.readMu.Lock()
-	defer q.readMu.Unlock()
+	n, broken, err := q.readC(timeout)
+	// A queue pair whose request failed for its connection is broken: its
+	// other requests are flushed and its endpoint closed (which needs
+	// fiMu, so after readC let it go).
+	if broken != nil {
+		broken.fail(err, rdma.StatusFlushed)
+	}
+	return n
+}
+
+func (q *cq) readC(timeout int) (int, *qp, error) {
+	q.fiMu.Lock()
+	defer q.fiMu.Unlock()
 	q.mu.Lock()
 	closed := q.closed
 	q.mu.Unlock()
 	if closed {
-		return 0
+		return 0, nil, nil
 	}
 	n := C.tl_cq_read(q.c, (*C.struct_fi_cq_data_entry)(q.buf), cqBatch, C.int(timeout), (*C.struct_fi_cq_err_entry)(q.errb))
 	switch {
@@ -163,23 +179,41 @@ func (q *cq) read(timeout int) int {
 			q.completeLocked(C.tl_entry_ctx(entries, i), rdma.StatusSuccess, nil)
 		}
 		q.mu.Unlock()
-		return int(n)
+		return int(n), nil, nil
 	case n == -C.FI_EAVAIL:
 		e := (*C.struct_fi_cq_err_entry)(q.errb)
 		status, err := mapError(int(C.tl_err_errno(e)), int(C.tl_err_prov(e)), C.GoString(C.tl_cq_strerror(q.c, e)))
 		q.mu.Lock()
 		o := q.completeLocked(C.tl_err_ctx(e), status, err)
 		q.mu.Unlock()
-		// A queue pair whose request failed for its connection is broken:
-		// its other requests are flushed and its endpoint closed.
 		if o != nil && status != rdma.StatusSuccess && status != rdma.StatusRemoteAccess && status != rdma.StatusLocalProtection {
-			o.qp.fail(err, rdma.StatusFlushed)
+			return 1, o.qp, err
 		}
-		return 1
+		return 1, nil, nil
 	case n < 0:
 		q.dev.log.Debug("ofi cq read", "err", fiErr("fi_cq_read", C.int(n)))
 	}
-	return 0
+	return 0, nil, nil
+}
+
+// lock takes fiMu, waking a reader asleep in fi_cq_sread first.
+func (q *cq) lock() {
+	if q.fiMu.TryLock() {
+		return
+	}
+	q.mu.Lock()
+	if q.wait && !q.closed {
+		C.tl_cq_signal(q.c)
+	}
+	q.mu.Unlock()
+	q.fiMu.Lock()
+}
+
+// closeEP closes an endpoint bound to this queue.
+func (q *cq) closeEP(ep *C.tl_ep) {
+	q.lock()
+	C.tl_ep_close(ep)
+	q.fiMu.Unlock()
 }
 
 // completeLocked finishes the operation whose context libfabric
@@ -240,14 +274,11 @@ func (q *cq) checkTimeouts() {
 // Close closes the libfabric queue and frees the contexts it still
 // held. The queue pairs on it must be closed first (the device does).
 func (q *cq) Close() error {
-	q.readMu.Lock()
-	defer q.readMu.Unlock()
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return nil
 	}
-	q.closed = true
 	qps := make([]*qp, 0, len(q.qps))
 	for p := range q.qps {
 		qps = append(qps, p)
@@ -256,6 +287,11 @@ func (q *cq) Close() error {
 	for _, p := range qps {
 		p.Close()
 	}
+	q.fiMu.Lock()
+	defer q.fiMu.Unlock()
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
 	C.tl_cq_close(q.c)
 	q.mu.Lock()
 	for id, o := range q.ops {

@@ -249,7 +249,9 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	// queue (the caller retries).
 	var rc C.ssize_t
 	for start := time.Now(); ; {
+		c.lock()
 		rc = C.tl_post(q.ep, write, C.uint64_t(local), C.size_t(wr.Length), m.desc, C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
+		c.fiMu.Unlock()
 		if rc != -C.FI_EAGAIN || time.Since(start) > postRetry {
 			break
 		}
@@ -384,7 +386,7 @@ func (q *qp) fail(err error, status rdma.Status) {
 	conn := q.conn
 	q.mu.Unlock()
 	if ep != nil {
-		C.tl_ep_close(ep)
+		q.cq.closeEP(ep)
 	}
 	if conn != nil {
 		conn.Close()
