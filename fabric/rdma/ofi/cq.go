@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -30,7 +31,8 @@ type op struct {
 	qp   *qp
 	mr   *mr
 	ctx  unsafe.Pointer
-	done bool // completed or flushed: a late completion is dropped
+	done bool // reported (completed or flushed): a late completion is dropped
+	live bool // libfabric holds its context and may touch its memory
 }
 
 // cq is a libfabric completion queue shared by the queue pairs created
@@ -40,12 +42,6 @@ type cq struct {
 	c    *C.struct_fid_cq
 	wait bool
 
-	// fiMu serializes every libfabric call on this queue and the
-	// endpoints bound to it (reads, posts, closes): the rxm provider
-	// crashed under concurrent posting and reading despite
-	// FI_THREAD_SAFE. A sleeping reader is woken (fi_cq_signal) by
-	// whoever needs the lock.
-	fiMu sync.Mutex
 	buf    unsafe.Pointer
 	errb   unsafe.Pointer
 
@@ -118,6 +114,9 @@ func (q *cq) Wait(ctx context.Context) error {
 		}
 		n := q.read(timeout)
 		q.checkTimeouts()
+		if q.dev.wanted.Load() > 0 {
+			runtime.Gosched()
+		}
 		if !q.wait {
 			idle = backoff(idle, n == 0)
 		}
@@ -140,10 +139,10 @@ func (q *cq) signal() {
 // goroutine is reading it (which progresses it as well). It reports
 // whether it read.
 func (q *cq) progress() bool {
-	if !q.fiMu.TryLock() {
+	if !q.dev.fiMu.TryLock() {
 		return false
 	}
-	q.fiMu.Unlock()
+	q.dev.fiMu.Unlock()
 	q.read(-1)
 	return true
 }
@@ -162,13 +161,16 @@ func (q *cq) read(timeout int) int {
 }
 
 func (q *cq) readC(timeout int) (int, *qp, error) {
-	q.fiMu.Lock()
-	defer q.fiMu.Unlock()
+	q.dev.fiMu.Lock()
+	defer q.dev.fiMu.Unlock()
 	q.mu.Lock()
 	closed := q.closed
 	q.mu.Unlock()
 	if closed {
 		return 0, nil, nil
+	}
+	if q.dev.wanted.Load() > 0 {
+		timeout = -1 // someone waits for fiMu: do not sleep holding it
 	}
 	n := C.tl_cq_read(q.c, (*C.struct_fi_cq_data_entry)(q.buf), cqBatch, C.int(timeout), (*C.struct_fi_cq_err_entry)(q.errb))
 	switch {
@@ -196,29 +198,20 @@ func (q *cq) readC(timeout int) (int, *qp, error) {
 	return 0, nil, nil
 }
 
-// lock takes fiMu, waking a reader asleep in fi_cq_sread first.
-func (q *cq) lock() {
-	if q.fiMu.TryLock() {
-		return
-	}
-	q.mu.Lock()
-	if q.wait && !q.closed {
-		C.tl_cq_signal(q.c)
-	}
-	q.mu.Unlock()
-	q.fiMu.Lock()
-}
+// lock takes the device's fiMu (see device.fiMu).
+func (q *cq) lock() { q.dev.lockFI() }
 
 // closeEP closes an endpoint bound to this queue.
 func (q *cq) closeEP(ep *C.tl_ep) {
 	q.lock()
 	C.tl_ep_close(ep)
-	q.fiMu.Unlock()
+	q.dev.fiMu.Unlock()
 }
 
-// completeLocked finishes the operation whose context libfabric
-// returned: its completion goes to the stash unless it was flushed
-// already; the context is freed.
+// completeLocked handles a context libfabric returned (fiMu and mu
+// held): the context is freed, the region no longer in use by it, and the
+// operation reported unless it was flushed already. A broken queue pair
+// whose last operation came back closes its endpoint now.
 func (q *cq) completeLocked(ctx unsafe.Pointer, st rdma.Status, err error) *op {
 	if ctx == nil {
 		return nil
@@ -227,15 +220,39 @@ func (q *cq) completeLocked(ctx unsafe.Pointer, st rdma.Status, err error) *op {
 	o := q.ops[id]
 	delete(q.ops, id)
 	C.tl_ctx_free(ctx)
-	if o == nil || o.done {
+	if o == nil {
+		return nil
+	}
+	q.releaseLocked(o)
+	p := o.qp
+	if p.draining && p.live == 0 && p.ep != nil {
+		C.tl_ep_close(p.ep)
+		p.ep = nil
+		delete(q.qps, p)
+	}
+	if o.done {
 		return nil
 	}
 	q.finishLocked(o, st, err)
 	return o
 }
 
-// finishLocked ends o with a completion (its context stays with libfabric
-// when it was flushed).
+// releaseLocked records that libfabric no longer touches o's memory.
+func (q *cq) releaseLocked(o *op) {
+	if !o.live {
+		return
+	}
+	o.live = false
+	o.qp.live--
+	o.mr.mu.Lock()
+	delete(o.mr.inflight, o)
+	if len(o.mr.inflight) == 0 {
+		o.mr.idle.Broadcast()
+	}
+	o.mr.mu.Unlock()
+}
+
+// finishLocked reports o's completion (once).
 func (q *cq) finishLocked(o *op, st rdma.Status, err error) {
 	o.done = true
 	wc := rdma.Completion{ID: o.wr.ID, Op: o.opc, Status: st, Err: err}
@@ -243,15 +260,68 @@ func (q *cq) finishLocked(o *op, st rdma.Status, err error) {
 		wc.Bytes = int(o.wr.Length)
 	}
 	q.stash = append(q.stash, wc)
-	qp := o.qp
-	delete(qp.ops, o)
-	qp.lastProgress = time.Now()
-	o.mr.mu.Lock()
-	delete(o.mr.inflight, o)
-	if len(o.mr.inflight) == 0 {
-		o.mr.idle.Broadcast()
+	delete(o.qp.ops, o)
+	o.qp.lastProgress = time.Now()
+}
+
+// reset is the last resort when requests do not come back (a hung
+// peer) or the queue closes: every queue pair on it is broken and its
+// endpoint closed, then the libfabric queue itself is closed, so nothing
+// touches the requests' memory any more. libfabric 1.17's rxm crashed
+// reading a queue after one of its endpoints was closed with requests in
+// flight, so the queue is never read again: unless closing, a fresh one
+// takes its place (the transport reconnects its rails).
+func (q *cq) reset(closing bool, cause error) {
+	q.mu.Lock()
+	qps := make([]*qp, 0, len(q.qps))
+	for p := range q.qps {
+		qps = append(qps, p)
 	}
-	o.mr.mu.Unlock()
+	q.mu.Unlock()
+	for _, p := range qps {
+		p.fail(cause, rdma.StatusFlushed)
+	}
+	d := q.dev
+	q.lock()
+	defer d.fiMu.Unlock()
+	d.mu.Lock() // lockFI signals d.cqs' queues under d.mu: swap it under d.mu too
+	defer d.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
+	for p := range q.qps {
+		if p.ep != nil {
+			C.tl_ep_close(p.ep)
+			p.ep = nil
+		}
+	}
+	q.qps = map[*qp]struct{}{}
+	C.tl_cq_close(q.c)
+	for id, o := range q.ops {
+		q.releaseLocked(o)
+		if !o.done {
+			q.finishLocked(o, rdma.StatusFlushed, cause)
+		}
+		C.tl_ctx_free(o.ctx)
+		delete(q.ops, id)
+	}
+	if !closing {
+		if rc := C.tl_cq_open(d.dom, boolInt(q.wait), &q.c); rc == 0 {
+			return
+		}
+		d.log.Warn("ofi: could not reopen a completion queue; the NIC's transfers fail from now on")
+	}
+	q.closed = true
+	delete(d.cqs, q)
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // checkTimeouts breaks queue pairs with work outstanding and no
@@ -287,23 +357,31 @@ func (q *cq) Close() error {
 	for _, p := range qps {
 		p.Close()
 	}
-	q.fiMu.Lock()
-	defer q.fiMu.Unlock()
+	// Let the broken queue pairs' requests come back, bounded, before
+	// their endpoints are closed under them.
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		q.mu.Lock()
+		live := 0
+		for _, p := range qps {
+			live += p.live
+		}
+		q.mu.Unlock()
+		if live == 0 {
+			break
+		}
+		if q.read(-1) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	q.reset(true, fmt.Errorf("%w: ofi: completion queue closed", fabric.ErrClosed))
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
-	C.tl_cq_close(q.c)
-	q.mu.Lock()
-	for id, o := range q.ops {
-		C.tl_ctx_free(o.ctx)
-		delete(q.ops, id)
-	}
-	q.mu.Unlock()
-	C.free(q.buf)
-	C.free(q.errb)
 	q.dev.mu.Lock()
 	delete(q.dev.cqs, q)
 	q.dev.mu.Unlock()
+	C.free(q.buf)
+	C.free(q.errb)
 	return nil
 }
 

@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -35,14 +37,22 @@ type device struct {
 	keySize int
 	noWait  bool
 
+	// fiMu serializes every libfabric call on the domain: the rxm
+	// provider crashed (1.17, tcp) when a queue was read while another
+	// thread posted, closed an endpoint or a registration, despite
+	// FI_THREAD_SAFE. A holder asleep in fi_cq_sread is woken
+	// (fi_cq_signal) by whoever needs the lock (lockFI).
+	fiMu sync.Mutex
+	// wanted counts lockFI callers waiting: a reader does not go back to
+	// sleep in fi_cq_sread while someone waits for the lock.
+	wanted atomic.Int32
+
 	// The target endpoint (listening devices): remote peers read and
 	// write its registrations. Its data progress is manual on most
-	// providers, so a goroutine drives it; progMu is held around each
-	// progress call so Deregister can wait for one in progress.
+	// providers, so a goroutine drives it.
 	target   *C.tl_ep
 	tcq      *C.struct_fid_cq
 	tcqWait  bool
-	progMu   sync.Mutex
 	ln       net.Listener
 	addrName []byte // the target's fi_getname
 
@@ -142,23 +152,47 @@ func (d *device) progress() {
 		default:
 		}
 		timeout := C.int(-1)
-		if d.tcqWait {
+		if d.tcqWait && d.wanted.Load() == 0 {
 			timeout = 100
 		}
-		d.progMu.Lock()
+		d.fiMu.Lock()
 		n := C.tl_cq_read(d.tcq, (*C.struct_fi_cq_data_entry)(buf), 16, timeout, (*C.struct_fi_cq_err_entry)(errb))
-		d.progMu.Unlock()
+		d.fiMu.Unlock()
 		switch {
 		case n == -C.FI_EAVAIL:
 			d.log.Debug("ofi target completion error", "err", fiErr("target", C.tl_err_errno((*C.struct_fi_cq_err_entry)(errb))))
 		case n < 0:
 			d.log.Debug("ofi target progress", "err", fiErr("fi_cq_read", C.int(n)))
 		}
+		if d.wanted.Load() > 0 {
+			runtime.Gosched()
+		}
 		if d.tcqWait {
 			continue
 		}
 		idle = backoff(idle, n == 0)
 	}
+}
+
+// lockFI takes fiMu, waking the device's queues asleep in fi_cq_sread
+// first. The caller must not hold d.mu.
+func (d *device) lockFI() {
+	if d.fiMu.TryLock() {
+		return
+	}
+	d.wanted.Add(1)
+	defer d.wanted.Add(-1)
+	d.mu.Lock()
+	for q := range d.cqs {
+		if q.wait {
+			C.tl_cq_signal(q.c)
+		}
+	}
+	if d.tcq != nil && d.tcqWait {
+		C.tl_cq_signal(d.tcq)
+	}
+	d.mu.Unlock()
+	d.fiMu.Lock()
 }
 
 // backoff sleeps for a polling loop that found nothing: a few passes
@@ -315,6 +349,8 @@ func (d *device) AllocPD() (rdma.ProtectionDomain, error) {
 }
 
 func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
+	d.lockFI()
+	defer d.fiMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -354,9 +390,11 @@ func (d *device) Close() error {
 	for _, q := range qps {
 		q.Close()
 	}
+	d.mu.Lock()
 	if d.tcq != nil && d.tcqWait {
 		C.tl_cq_signal(d.tcq)
 	}
+	d.mu.Unlock()
 	d.wg.Wait()
 	d.mu.Lock()
 	mrs := make([]*mr, 0, len(d.mrs))
@@ -374,11 +412,17 @@ func (d *device) Close() error {
 	for _, c := range cqs {
 		c.Close()
 	}
+	d.mu.Lock()
+	tcq := d.tcq
+	d.tcq = nil
+	d.mu.Unlock()
+	d.fiMu.Lock()
+	defer d.fiMu.Unlock()
 	if d.target != nil {
 		C.tl_ep_close(d.target)
 	}
-	if d.tcq != nil {
-		C.tl_cq_close(d.tcq)
+	if tcq != nil {
+		C.tl_cq_close(tcq)
 	}
 	C.tl_dom_close(d.dom)
 	return nil

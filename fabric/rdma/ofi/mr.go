@@ -105,7 +105,9 @@ func (m *mr) register(acc C.uint64_t) error {
 			rand.Read(b[:])
 			key = binary.LittleEndian.Uint32(b[:]) | 1
 		}
+		d.lockFI()
 		rc := C.tl_mr_reg(d.dom, C.uint64_t(m.base), C.size_t(m.n), acc, C.uint64_t(key), &m.cmr)
+		d.fiMu.Unlock()
 		if rc == -C.FI_ENOKEY && !provKey && attempt < 8 {
 			continue // a key in use: draw another
 		}
@@ -114,7 +116,9 @@ func (m *mr) register(acc C.uint64_t) error {
 		}
 		k := uint64(C.tl_mr_key(m.cmr))
 		if k > math.MaxUint32 {
+			d.lockFI()
 			C.tl_mr_close(m.cmr)
+			d.fiMu.Unlock()
 			return fmt.Errorf("ofi: NIC %s: provider key %#x is wider than 32 bits", d.nic.Name, k)
 		}
 		m.rkey = uint32(k)
@@ -157,13 +161,19 @@ func (m *mr) Deregister() error {
 	for len(m.inflight) > 0 && time.Now().Before(deadline) {
 		waitCond(m.idle, time.Until(deadline))
 	}
-	var stuck []*qp
+	stuck := map[*qp]bool{}
 	for o := range m.inflight {
-		stuck = append(stuck, o.qp)
+		stuck[o.qp] = true
 	}
 	m.mu.Unlock()
-	for _, q := range stuck {
-		q.fail(fmt.Errorf("%w: ofi: a region was deregistered with requests in flight", fabric.ErrClosed), rdma.StatusFlushed)
+	cqs := map[*cq]bool{}
+	for q := range stuck {
+		cqs[q.cq] = true
+	}
+	for c := range cqs {
+		d := c.dev
+		d.log.Warn("ofi: requests on a deregistered region did not come back; resetting the NIC's completion queue", "nic", d.nic.Name)
+		c.reset(false, fmt.Errorf("%w: ofi: a region was deregistered with requests in flight", fabric.ErrClosed))
 	}
 	d := m.dev
 	d.mu.Lock()
@@ -175,19 +185,12 @@ func (m *mr) Deregister() error {
 
 func (m *mr) release() {
 	if m.cmr != nil {
+		// No progress call runs meanwhile, so no remote access is being
+		// served from the region while its key goes.
 		d := m.dev
-		if m.remote && d.tcq != nil {
-			// Out of the progress loop's sleep, then hold it off while the
-			// key goes: no remote access is being served meanwhile.
-			if d.tcqWait {
-				C.tl_cq_signal(d.tcq)
-			}
-			d.progMu.Lock()
-			C.tl_mr_close(m.cmr)
-			d.progMu.Unlock()
-		} else {
-			C.tl_mr_close(m.cmr)
-		}
+		d.lockFI()
+		C.tl_mr_close(m.cmr)
+		d.fiMu.Unlock()
 		m.cmr = nil
 	}
 	m.pin.Unpin()

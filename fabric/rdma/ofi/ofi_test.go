@@ -134,3 +134,116 @@ func TestReadWrite(t *testing.T) {
 	t.Logf("after: %d %+v in %v", n, wc[:n], time.Since(t0))
 	qp.Close()
 }
+
+// pair is an owner device with one registered region and a reader with
+// a connected queue pair.
+type pair struct {
+	od, rd   rdma.Context
+	src, dst []byte
+	om, lm   rdma.MemoryRegion
+	cq       rdma.CompletionQueue
+	qp       rdma.QueuePair
+}
+
+func newPair(t *testing.T, size int) *pair {
+	t.Helper()
+	ctx := context.Background()
+	p := &pair{}
+	var err error
+	if p.od, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t), Listen: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.od.Close() })
+	if p.rd, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.rd.Close() })
+	p.src, p.dst = make([]byte, size), make([]byte, size)
+	for i := range p.src {
+		p.src[i] = byte(i*7 + i>>12)
+	}
+	opd, _ := p.od.AllocPD()
+	if p.om, err = opd.RegisterMemory(p.src, rdma.AccessRemoteRead|rdma.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	rpd, _ := p.rd.AllocPD()
+	if p.lm, err = rpd.RegisterMemory(p.dst, rdma.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	p.cq, _ = p.rd.CreateCQ()
+	if p.qp, err = rpd.CreateQP(p.cq, rdma.QPConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.qp.Connect(ctx, p.od.Addr(), ""); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// move reads (or writes) the whole region in slices with inflight
+// outstanding at once.
+func (p *pair) move(t testing.TB, slice, inflight int, write bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	next, done, out := 0, 0, 0
+	total := (len(p.dst) + slice - 1) / slice
+	wc := make([]rdma.Completion, 16)
+	for done < total {
+		for out < inflight && next < total {
+			off := next * slice
+			n := min(slice, len(p.dst)-off)
+			wr := rdma.WorkRequest{ID: uint64(next), LKey: p.lm.LKey(), LocalAddr: p.lm.Addr() + uint64(off), Length: uint32(n),
+				RKey: p.om.RKey(), RemoteAddr: p.om.Addr() + uint64(off)}
+			var err error
+			if write {
+				err = p.qp.PostWrite(wr)
+			} else {
+				err = p.qp.PostRead(wr)
+			}
+			if err == rdma.ErrQueueFull {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			next++
+			out++
+		}
+		if err := p.cq.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		k := p.cq.Poll(wc)
+		for _, c := range wc[:k] {
+			if c.Status != rdma.StatusSuccess {
+				t.Fatalf("completion %+v", c)
+			}
+		}
+		done += k
+		out -= k
+	}
+}
+
+func TestManyInFlight(t *testing.T) {
+	p := newPair(t, 256<<20)
+	for range 4 {
+		p.move(t, 8<<20, 8, false)
+	}
+	if !bytes.Equal(p.src, p.dst) {
+		t.Fatal("bytes differ")
+	}
+}
+
+func TestTwoRailsInParallel(t *testing.T) {
+	a, b := newPair(t, 128<<20), newPair(t, 128<<20)
+	errs := make(chan error, 2)
+	for _, p := range []*pair{a, b} {
+		go func() {
+			for range 8 {
+				p.move(t, 8<<20, 4, false)
+			}
+			errs <- nil
+		}()
+	}
+	<-errs
+	<-errs
+}

@@ -199,7 +199,12 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-func (p *Provider) isTCP() bool { return provMatches(p.prov, "tcp") }
+// isTCP says whether the provider runs over IP sockets (tcp, and net, its
+// successor with native reliable datagrams), whose domains are network
+// interfaces with IP source addresses.
+func (p *Provider) isTCP() bool {
+	return provMatches(p.prov, "tcp") || provMatches(p.prov, "net") || provMatches(p.prov, "sockets")
+}
 
 func hasDomain(ds []domainInfo, name string) bool {
 	for _, d := range ds {

@@ -44,8 +44,11 @@ type qp struct {
 	// brokenCh is closed when the queue pair breaks (made on demand).
 	brokenCh chan struct{}
 
-	// Guarded by cq.mu.
-	ops          map[*op]struct{}
+	// Guarded by cq.mu; ep is closed and cleared only with dev.fiMu held
+	// as well, so a holder of either may use it.
+	ops          map[*op]struct{} // not reported yet
+	live         int              // contexts libfabric holds
+	draining     bool             // broken: close ep when live drops to 0
 	lastProgress time.Time
 }
 
@@ -62,6 +65,8 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 	}
 	d := p.dev
 	qp := &qp{dev: d, cq: q, cfg: cfg, calls: map[uint64]chan bootFrame{}, ops: map[*op]struct{}{}}
+	d.lockFI()
+	defer d.fiMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -141,7 +146,14 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	// The address's length is the provider's (fi_getname of a domain of
 	// the same provider); C copies what it needs.
 	cname := C.CBytes(padAddr(name))
-	rc := C.tl_ep_insert(q.ep, cname)
+	d.lockFI()
+	rc := C.int(-C.FI_ECANCELED)
+	q.cq.mu.Lock()
+	if q.ep != nil {
+		rc = C.tl_ep_insert(q.ep, cname)
+	}
+	q.cq.mu.Unlock()
+	d.fiMu.Unlock()
 	C.free(cname)
 	if rc != 0 {
 		q.mu.Unlock()
@@ -224,21 +236,11 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	}
 	c.nextID++
 	o := &op{id: c.nextID, wr: wr, opc: opc, qp: q, mr: m}
+	c.mu.Unlock()
 	o.ctx = unsafe.Pointer(C.tl_ctx_new(C.uint64_t(o.id)))
 	if o.ctx == nil {
-		c.mu.Unlock()
 		return fmt.Errorf("ofi: out of C memory for a request context")
 	}
-	if len(q.ops) == 0 {
-		q.lastProgress = time.Now()
-	}
-	c.ops[o.id] = o
-	q.ops[o] = struct{}{}
-	m.mu.Lock()
-	m.inflight[o] = struct{}{}
-	m.mu.Unlock()
-	c.mu.Unlock()
-
 	write := C.int(0)
 	if opc == rdma.OpWrite {
 		write = 1
@@ -247,37 +249,61 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	// the peer is still being set up; both move only with progress, so
 	// drive it and try again for a short while before reporting a full
 	// queue (the caller retries).
-	var rc C.ssize_t
 	for start := time.Now(); ; {
 		c.lock()
-		rc = C.tl_post(q.ep, write, C.uint64_t(local), C.size_t(wr.Length), m.desc, C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
-		c.fiMu.Unlock()
-		if rc != -C.FI_EAGAIN || time.Since(start) > postRetry {
-			break
+		c.mu.Lock()
+		ep := q.ep
+		if ep == nil {
+			c.mu.Unlock()
+			c.dev.fiMu.Unlock()
+			C.tl_ctx_free(o.ctx)
+			return q.errOr(fabric.ErrClosed)
+		}
+		// Recorded before the post: its completion may be read by the
+		// next fi_cq_read, which waits for fiMu.
+		if len(q.ops) == 0 {
+			q.lastProgress = time.Now()
+		}
+		o.live = true
+		q.live++
+		c.ops[o.id] = o
+		q.ops[o] = struct{}{}
+		m.mu.Lock()
+		m.inflight[o] = struct{}{}
+		m.mu.Unlock()
+		c.mu.Unlock()
+		rc := C.tl_post(ep, write, C.uint64_t(local), C.size_t(wr.Length), m.desc, C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
+		if rc != 0 {
+			// Not posted: libfabric holds no reference to the context.
+			c.mu.Lock()
+			delete(c.ops, o.id)
+			delete(q.ops, o)
+			c.releaseLocked(o)
+			c.mu.Unlock()
+		}
+		c.dev.fiMu.Unlock()
+		if rc == 0 {
+			return nil
+		}
+		if rc != -C.FI_EAGAIN {
+			C.tl_ctx_free(o.ctx)
+			return fmt.Errorf("ofi: post %v: %w", opc, fiErr("fi_read/fi_write", C.int(rc)))
+		}
+		if time.Since(start) > postRetry {
+			C.tl_ctx_free(o.ctx)
+			return rdma.ErrQueueFull
 		}
 		if !c.progress() {
 			runtime.Gosched()
 		}
 	}
-	if rc == 0 {
-		return nil
+}
+
+func (q *qp) errOr(def error) error {
+	if err := q.Err(); err != nil {
+		return err
 	}
-	// Not posted: libfabric holds no reference to the context.
-	c.mu.Lock()
-	delete(c.ops, o.id)
-	delete(q.ops, o)
-	c.mu.Unlock()
-	m.mu.Lock()
-	delete(m.inflight, o)
-	if len(m.inflight) == 0 {
-		m.idle.Broadcast()
-	}
-	m.mu.Unlock()
-	C.tl_ctx_free(o.ctx)
-	if rc == -C.FI_EAGAIN {
-		return rdma.ErrQueueFull
-	}
-	return fmt.Errorf("ofi: post %v: %w", opc, fiErr("fi_read/fi_write", C.int(rc)))
+	return def
 }
 
 // postRetry bounds how long a post drives progress while the provider
@@ -365,9 +391,12 @@ func (q *qp) Close() error {
 	return nil
 }
 
-// fail breaks the queue pair once: its endpoint is closed first (so
-// libfabric touches none of its buffers any more), then its outstanding
-// requests complete with status, and the bootstrap connection closes.
+// fail breaks the queue pair once: its outstanding requests are
+// reported with status and the bootstrap connection closes. Its endpoint
+// closes once libfabric returned every request's context (closing it
+// under requests in flight crashed the rxm provider); a request that
+// never comes back is cut off by the region's Deregister or the queue's
+// Close.
 func (q *qp) fail(err error, status rdma.Status) {
 	q.mu.Lock()
 	if q.err != nil {
@@ -381,23 +410,25 @@ func (q *qp) fail(err error, status rdma.Status) {
 	} else {
 		q.brokenCh = closedCh
 	}
-	ep := q.ep
-	q.ep = nil
 	conn := q.conn
 	q.mu.Unlock()
-	if ep != nil {
-		q.cq.closeEP(ep)
-	}
 	if conn != nil {
 		conn.Close()
 	}
 	c := q.cq
+	c.lock()
 	c.mu.Lock()
 	for o := range q.ops {
 		c.finishLocked(o, status, err)
 	}
-	delete(c.qps, q)
+	q.draining = true
+	if q.live == 0 && q.ep != nil {
+		C.tl_ep_close(q.ep)
+		q.ep = nil
+		delete(c.qps, q)
+	}
 	c.mu.Unlock()
+	c.dev.fiMu.Unlock()
 	c.signal()
 	d := q.dev
 	d.mu.Lock()
