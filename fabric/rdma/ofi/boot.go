@@ -13,7 +13,7 @@ import (
 //	server -> client: endpoint address (peerauth field, at most MaxAddr bytes)
 //	then frames both ways: kind (1) | id (8) | length (4) | payload
 //
-// A call frame carries a control message to the server's handler; the
+// A ping is answered with an empty reply by the connection's reader. A call frame carries a control message to the server's handler; the
 // reply frame with the same id carries its answer, an error frame a
 // peerauth status code (1 byte) and message. This is where rdma's control
 // exchange (resolve, done) travels; the data never does.
@@ -21,6 +21,7 @@ const (
 	kindCall  = 1
 	kindReply = 2
 	kindError = 3
+	kindPing  = 4 // answered at once with an empty reply: is the owner alive?
 
 	frameHeader = 13
 	// MaxMessage is the largest control message or answer.
@@ -51,7 +52,7 @@ func readFrame(r io.Reader) (bootFrame, error) {
 		return bootFrame{}, err
 	}
 	f := bootFrame{kind: h[0], id: binary.BigEndian.Uint64(h[1:9])}
-	if f.kind < kindCall || f.kind > kindError {
+	if f.kind < kindCall || f.kind > kindPing {
 		return bootFrame{}, fmt.Errorf("%w: ofi bootstrap: frame kind %d", fabric.ErrBadRequest, f.kind)
 	}
 	n := binary.BigEndian.Uint32(h[9:13])

@@ -26,6 +26,7 @@ func TestFrameErrors(t *testing.T) {
 	}{
 		{"short header", []byte{1, 0, 0}, io.ErrUnexpectedEOF},
 		{"bad kind", appendFrame(nil, bootFrame{kind: 9}), fabric.ErrBadRequest},
+		{"kind zero", appendFrame(nil, bootFrame{kind: 0}), fabric.ErrBadRequest},
 		{"too long", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}, fabric.ErrBadRequest},
 		{"short payload", appendFrame(nil, bootFrame{kind: 1, payload: []byte("abc")})[:15], io.ErrUnexpectedEOF},
 	} {
@@ -53,7 +54,7 @@ func FuzzReadFrame(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(fr.payload) > MaxMessage || fr.kind < kindCall || fr.kind > kindError {
+		if len(fr.payload) > MaxMessage || fr.kind < kindCall || fr.kind > kindPing {
 			t.Fatalf("accepted %+v", fr)
 		}
 		if again, err := readFrame(bytes.NewReader(appendFrame(nil, fr))); err != nil || again.id != fr.id || !bytes.Equal(again.payload, fr.payload) {

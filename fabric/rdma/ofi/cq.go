@@ -42,8 +42,8 @@ type cq struct {
 	c    *C.struct_fid_cq
 	wait bool
 
-	buf    unsafe.Pointer
-	errb   unsafe.Pointer
+	buf  unsafe.Pointer
+	errb unsafe.Pointer
 
 	mu     sync.Mutex
 	stash  []rdma.Completion
@@ -52,9 +52,13 @@ type cq struct {
 	qps    map[*qp]struct{}
 	closed bool
 	notify chan struct{}
+	probes sync.WaitGroup // classify goroutines
 }
 
 const cqBatch = 64
+
+// statusAmbiguous marks a cancelled request that classify resolves.
+const statusAmbiguous rdma.Status = 255
 
 func newCQ(d *device, c *C.struct_fid_cq, wait bool) *cq {
 	return &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
@@ -186,6 +190,16 @@ func (q *cq) readC(timeout int) (int, *qp, error) {
 		e := (*C.struct_fi_cq_err_entry)(q.errb)
 		status, err := mapError(int(C.tl_err_errno(e)), int(C.tl_err_prov(e)), C.GoString(C.tl_cq_strerror(q.c, e)))
 		q.mu.Lock()
+		if status == statusAmbiguous {
+			// Report it once we know whether the owner is alive.
+			o := q.takeLocked(C.tl_err_ctx(e))
+			if o != nil && !q.closed {
+				q.probes.Add(1)
+				go q.classify(o, err)
+			}
+			q.mu.Unlock()
+			return 1, nil, nil
+		}
 		o := q.completeLocked(C.tl_err_ctx(e), status, err)
 		q.mu.Unlock()
 		if o != nil && status != rdma.StatusSuccess && status != rdma.StatusRemoteAccess && status != rdma.StatusLocalProtection {
@@ -236,6 +250,62 @@ func (q *cq) completeLocked(ctx unsafe.Pointer, st rdma.Status, err error) *op {
 	q.finishLocked(o, st, err)
 	return o
 }
+
+// takeLocked is completeLocked without reporting: the context is freed,
+// the memory released, and the operation returned (nil when it was
+// reported already).
+func (q *cq) takeLocked(ctx unsafe.Pointer) *op {
+	if ctx == nil {
+		return nil
+	}
+	id := uint64(C.tl_ctx_id(ctx))
+	o := q.ops[id]
+	delete(q.ops, id)
+	C.tl_ctx_free(ctx)
+	if o == nil {
+		return nil
+	}
+	q.releaseLocked(o)
+	p := o.qp
+	if p.draining && p.live == 0 && p.ep != nil {
+		C.tl_ep_close(p.ep)
+		p.ep = nil
+		delete(q.qps, p)
+	}
+	if o.done {
+		return nil
+	}
+	return o
+}
+
+// classify reports a request the provider cancelled: the net and tcp
+// providers drop the data connection when a request names a key the
+// target does not know (revoked by Deregister), the same way they report
+// a peer that went away. The bootstrap connection tells them apart: if
+// the owner still answers a ping, the key was refused (remote access
+// error, the queue pair stays usable); if not, the queue pair is broken.
+func (q *cq) classify(o *op, err error) {
+	defer q.probes.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	status := rdma.StatusRemoteAccess
+	if perr := o.qp.ping(ctx); perr != nil {
+		status = rdma.StatusFlushed
+		err = errors.Join(fabric.ErrPeerClosed, err)
+	}
+	q.mu.Lock()
+	if !o.done {
+		q.finishLocked(o, status, err)
+	}
+	q.mu.Unlock()
+	if status == rdma.StatusFlushed {
+		o.qp.fail(err, rdma.StatusFlushed)
+	}
+	q.signal()
+}
+
+// probeTimeout bounds the ping that classifies a cancelled request.
+const probeTimeout = 2 * time.Second
 
 // releaseLocked records that libfabric no longer touches o's memory.
 func (q *cq) releaseLocked(o *op) {
@@ -374,6 +444,7 @@ func (q *cq) Close() error {
 		}
 	}
 	q.reset(true, fmt.Errorf("%w: ofi: completion queue closed", fabric.ErrClosed))
+	q.probes.Wait()
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
@@ -390,10 +461,17 @@ func (q *cq) Close() error {
 // The tcp provider reports a key its target does not know as a
 // cancelled request whose provider error is ENOENT (EACCES for a range
 // or access the key does not allow).
+//
+// The net provider instead drops the connection (ECANCELED with
+// EINPROGRESS), which looks like a peer that died: statusAmbiguous sends
+// it to classify.
 func mapError(code, prov int, detail string) (rdma.Status, error) {
 	err := fmt.Errorf("ofi: %s (%d): %s", C.GoString(C.fi_strerror(C.int(code))), code, detail)
 	if syscall.Errno(code) == syscall.ECANCELED && (syscall.Errno(prov) == syscall.ENOENT || syscall.Errno(prov) == syscall.EACCES) {
 		return rdma.StatusRemoteAccess, err
+	}
+	if syscall.Errno(code) == syscall.ECANCELED {
+		return statusAmbiguous, err
 	}
 	switch syscall.Errno(code) {
 	case syscall.EACCES, syscall.EPERM, syscall.ENOKEY, syscall.EKEYREJECTED, syscall.EINVAL, syscall.EFAULT:

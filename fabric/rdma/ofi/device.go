@@ -278,6 +278,16 @@ func (d *device) serve(c net.Conn, id uint64) {
 			d.log.Debug("rdma queue pair ended", "peer", res.Peer, "err", err)
 			return
 		}
+		if f.kind == kindPing {
+			wmu.Lock()
+			c.SetWriteDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
+			_, err := c.Write(appendFrame(nil, bootFrame{kind: kindReply, id: f.id}))
+			wmu.Unlock()
+			if err != nil {
+				return
+			}
+			continue
+		}
 		if f.kind != kindCall {
 			d.log.Warn("rdma queue pair dropped: unexpected frame", "peer", res.Peer, "kind", f.kind)
 			return

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"os"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func testKey(t testing.TB) crypto.PrivKey {
 
 func loopback(t testing.TB, names ...string) *Provider {
 	t.Helper()
-	cfg := Config{Provider: "tcp"}
+	cfg := Config{Provider: testProv()}
 	for _, n := range names {
 		cfg.NICs = append(cfg.NICs, NIC{Name: n, Domain: "lo", Addr: "127.0.0.1:0"})
 	}
@@ -246,4 +247,13 @@ func TestTwoRailsInParallel(t *testing.T) {
 	}
 	<-errs
 	<-errs
+}
+
+// testProv is the libfabric provider the tests use: TENSORLANE_OFI_PROVIDER,
+// default "net" (see docs/rdma-ofi.md for why not tcp;ofi_rxm).
+func testProv() string {
+	if p := os.Getenv(EnvProvider); p != "" {
+		return p
+	}
+	return "net"
 }

@@ -182,7 +182,7 @@ func (q *qp) receive() {
 	defer q.wg.Done()
 	for {
 		f, err := readFrame(q.conn)
-		if err == nil && f.kind == kindCall {
+		if err == nil && (f.kind == kindCall || f.kind == kindPing) {
 			err = fmt.Errorf("%w: ofi: the owner sent a call", fabric.ErrBadRequest)
 		}
 		if err != nil {
@@ -313,6 +313,17 @@ const postRetry = 20 * time.Millisecond
 // Call sends a control message over the bootstrap connection and waits
 // for the answer, ctx, or the queue pair's end.
 func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
+	return q.roundTrip(ctx, kindCall, msg)
+}
+
+// ping asks the owner's side of the bootstrap connection for an empty
+// answer.
+func (q *qp) ping(ctx context.Context) error {
+	_, err := q.roundTrip(ctx, kindPing, nil)
+	return err
+}
+
+func (q *qp) roundTrip(ctx context.Context, kind byte, msg []byte) ([]byte, error) {
 	if len(msg) > MaxMessage {
 		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
 	}
@@ -343,7 +354,7 @@ func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
 		dl = time.Now().Add(q.dev.p.cfg.HandshakeTimeout) // a bounded write, whatever ctx says
 	}
 	conn.SetWriteDeadline(dl)
-	_, err := conn.Write(appendFrame(nil, bootFrame{kind: kindCall, id: id, payload: msg}))
+	_, err := conn.Write(appendFrame(nil, bootFrame{kind: kind, id: id, payload: msg}))
 	q.wmu.Unlock()
 	if err != nil {
 		q.fail(fmt.Errorf("%w: ofi: send control message: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)

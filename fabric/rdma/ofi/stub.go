@@ -23,7 +23,7 @@ func Probe(cfg Config) Availability {
 	return Availability{Reason: ErrNotBuiltIn.Error()}
 }
 
-func (*Provider) Name() string          { return "ofi" }
+func (*Provider) Name() string           { return "ofi" }
 func (*Provider) Devices() []rdma.Device { return nil }
 func (*Provider) Open(context.Context, string, rdma.OpenConfig) (rdma.Context, error) {
 	return nil, fmt.Errorf("%w", ErrNotBuiltIn)
