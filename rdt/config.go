@@ -114,6 +114,12 @@ type Config struct {
 	RDMAProvider rdma.Provider
 	RDMAAddrs    map[string]string
 	DisableRDMA  bool
+	// RDMAProviderKind picks the provider when RDMAProvider is nil: "soft"
+	// (the default above) or "ofi" (libfabric, fabric/rdma/ofi; needs a
+	// binary built with -tags ofi; TENSORLANE_OFI_PROVIDER names the
+	// libfabric provider). Default: TENSORLANE_RDMA_PROVIDER, else "soft".
+	// An "ofi" that cannot start fails New rather than fall back silently.
+	RDMAProviderKind string
 
 	// LinkMonitor, if set, measures the runtime's data connections (tcp
 	// streams and the software provider's rdma rails) and feeds path

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -106,6 +107,29 @@ func provMatches(full, want string) bool {
 // default choice for a path between hosts.
 var hostOnly = map[string]bool{"shm": true, "sm2": true, "udp": true, "sockets": true}
 
+// preferred orders the domains for the default choice: fi_getinfo's
+// order (hardware first), except that the socket providers come last and
+// net (libfabric's newer tcp, with native reliable datagrams) before
+// tcp;ofi_rxm, which crashed in libfabric 1.17 when a peer went away with
+// RMA requests in flight (docs/rdma-ofi.md).
+func preferred(ds []domainInfo) []domainInfo {
+	rank := func(d domainInfo) int {
+		switch strings.SplitN(d.prov, ";", 2)[0] {
+		case "net":
+			if d.prov == "net" {
+				return 1
+			}
+			return 2
+		case "tcp", "sockets":
+			return 3
+		}
+		return 0
+	}
+	out := append([]domainInfo(nil), ds...)
+	sort.SliceStable(out, func(i, j int) bool { return rank(out[i]) < rank(out[j]) })
+	return out
+}
+
 // Provider drives libfabric domains as RDMA NICs.
 type Provider struct {
 	cfg  Config
@@ -135,6 +159,9 @@ func New(cfg Config) (*Provider, error) {
 	doms, err := discover()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if cfg.Provider == "" {
+		doms = preferred(doms)
 	}
 	var pick []domainInfo
 	for _, d := range doms {

@@ -28,3 +28,12 @@ func (*Provider) Devices() []rdma.Device { return nil }
 func (*Provider) Open(context.Context, string, rdma.OpenConfig) (rdma.Context, error) {
 	return nil, fmt.Errorf("%w", ErrNotBuiltIn)
 }
+
+// Fabric is empty: no libfabric provider in this build.
+func (*Provider) Fabric() string { return "" }
+
+// NICs is empty in this build.
+func (*Provider) NICs() []NIC { return nil }
+
+// InjectCorruption does nothing in this build.
+func (*Provider) InjectCorruption() {}
