@@ -22,6 +22,9 @@ var (
 	ErrPeerClosed     = errors.New("fabric: peer closed the connection")
 	ErrStalled        = errors.New("fabric: transfer stalled")
 	ErrClosed         = fmt.Errorf("fabric: transport closed: %w", net.ErrClosed)
+	// ErrOwnerClosed: the owner is shutting down and takes no new reads,
+	// leases or pushes (those in flight finish within its grace period).
+	ErrOwnerClosed = fmt.Errorf("fabric: owner is shutting down: %w", net.ErrClosed)
 )
 
 // Terminal reports whether err would fail on any path, so falling back to
@@ -29,7 +32,7 @@ var (
 // the caller gave up, or the destination cannot hold it.
 func Terminal(err error) bool {
 	for _, t := range []error{ErrObjectNotFound, ErrObjectFreed, ErrStaleRef, ErrUnauthorized,
-		ErrBadRequest, tensor.ErrOutOfMemory, tensor.ErrTooSmall, context.Canceled, context.DeadlineExceeded} {
+		ErrBadRequest, ErrOwnerClosed, tensor.ErrOutOfMemory, tensor.ErrTooSmall, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, t) {
 			return true
 		}

@@ -47,11 +47,24 @@ type ObjectID [16]byte
 func (id ObjectID) String() string { return hex.EncodeToString(id[:8]) }
 
 // Claim is what a reader presents to an owner to read an object: its ID, the
-// owner incarnation it was issued by, and the capability token from the ref.
+// owner incarnation it was issued by, the capability token from the ref, and
+// the byte range of the object's buffer it asks for.
 type Claim struct {
 	Object      ObjectID
 	Incarnation uint64
 	Token       []byte
+	// Offset and Length are the range the read touches, in bytes from the
+	// start of the object's buffer. A Source grants only ranges inside
+	// what the owner published (a view grants its own bytes, not its
+	// parent's), so every server passes the range it is about to serve:
+	// use For. Leases and sinks ignore it.
+	Offset, Length int64
+}
+
+// For returns the claim asking for [off, off+n) of the object's buffer.
+func (c Claim) For(off, n int64) Claim {
+	c.Offset, c.Length = off, n
+	return c
 }
 
 // Remote tells a transport where to read from: the owner's endpoint and peer
@@ -143,6 +156,11 @@ type Sink interface {
 // Source is the owner side of every transport: it resolves a claim to the
 // object's memory. The returned buffer pins the object for the duration of
 // the read; releasing it unpins (it never frees memory another holder uses).
+// A Source refuses (ErrUnauthorized) a claim whose range (Claim.Offset,
+// Claim.Length) leaves what the owner published, and the buffer it returns
+// is no longer than the published range's end, so a server's CheckRange
+// against its Len is a second fence. A Source that is shutting down refuses
+// new claims with ErrOwnerClosed.
 type Source interface {
 	Open(ctx context.Context, c Claim) (tensor.Buffer, error)
 }

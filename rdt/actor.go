@@ -276,11 +276,15 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 
 // guard prepares a Get of a ref owned by another runtime: it takes the
 // actor's hold on the ref (a lease with the owner, which also checks the
-// ref: freed, stale or forged refs fail here), watches the owner, and
-// returns a context cancelled with ErrOwnerDied if the owner incarnation is
-// declared dead while the Get runs.
+// ref and its layout: freed, stale or forged refs fail here, before the
+// reader allocates), watches the owner, and returns a context cancelled
+// with ErrOwnerDied if the owner incarnation is declared dead while the Get
+// runs. A ref this runtime owns is checked against its own object table.
 func (r *Runtime) guard(ctx context.Context, actor string, ref Ref) (context.Context, func(), error) {
 	if ref.Owner == r.host.ID() {
+		if err := r.objects.confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, layoutOf(ref.Desc)); err != nil {
+			return nil, nil, fmt.Errorf("%v: %w", ref, err)
+		}
 		return ctx, func() {}, nil
 	}
 	unuse := r.peers.use(ref.Owner)

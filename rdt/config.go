@@ -82,6 +82,12 @@ type Config struct {
 	// control channel is always encrypted (Noise). An owner with
 	// EncryptData refuses unencrypted readers.
 	EncryptData bool
+	// DataLimits caps the connections each data listener (tcp, shm, each
+	// rdma rail) holds, in total and per peer, and closes authenticated
+	// data connections idle for longer than DataLimits.IdleTimeout. Zero
+	// values mean fabric's defaults (1024 in total, 128 per peer, 5 min);
+	// the caps and every rejection are in the tensorlane_listener_* metrics.
+	DataLimits fabric.ListenerLimits
 	// Streams is the most tcp connections one large read is striped over.
 	// Default 4.
 	Streams int

@@ -40,7 +40,7 @@ func (r *Runtime) startDataPaths(ctx context.Context) []fabric.Transport {
 		var err error
 		r.paths.shmSrv, err = shm.Listen(shm.ServerConfig{
 			Identity: c.Identity, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, PSK: c.ClusterKey,
-			Dir: c.SHMDir, StallTimeout: c.StallTimeout, Logger: r.log,
+			Dir: c.SHMDir, StallTimeout: c.StallTimeout, Logger: r.log, Limits: c.DataLimits, ListenerMetrics: r.listen,
 		})
 		if err == nil {
 			r.paths.shmCli, err = shm.NewClient(shm.Config{
@@ -136,6 +136,7 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 	var err error
 	r.paths.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
 		Provider: prov, Identity: c.Identity, PSK: c.ClusterKey, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, Logger: r.log,
+		Limits: c.DataLimits, ListenerMetrics: r.listen,
 	})
 	if err != nil {
 		return err
@@ -160,7 +161,9 @@ func (r *Runtime) registerer() prometheus.Registerer {
 
 // Export shares a pinned object's memory with another process (the p2p and
 // shm paths map it) for as long as the pin is held.
-func (p *pin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.obj.buf) }
+func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
+	return tensor.ExportOf(p.obj.buf, a)
+}
 
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {

@@ -12,7 +12,16 @@ import (
 // Conditions callers test with errors.Is. Those shared with the transports
 // are the same values as in fabric, so either name matches.
 var (
-	ErrMalformedRef   = errors.New("rdt: malformed ref")
+	ErrMalformedRef = errors.New("rdt: malformed ref")
+	// ErrLayoutMismatch: the ref's desc (shape, strides, dtype, offset) is
+	// not the one its owner published, as a forged or corrupted ref's. The
+	// reader learns it from the owner before it allocates anything. It
+	// matches ErrMalformedRef too.
+	ErrLayoutMismatch = fmt.Errorf("%w: layout differs from the one its owner published", ErrMalformedRef)
+	// ErrOwnerClosed: the owner is shutting down; it takes no new reads,
+	// leases or pushes. The same value as fabric.ErrOwnerClosed; it wraps
+	// net.ErrClosed.
+	ErrOwnerClosed    = fabric.ErrOwnerClosed
 	ErrObjectNotFound = fabric.ErrObjectNotFound
 	ErrObjectFreed    = fabric.ErrObjectFreed
 	ErrStaleRef       = fabric.ErrStaleRef

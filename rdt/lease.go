@@ -2,6 +2,7 @@ package rdt
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"sync"
@@ -27,6 +28,7 @@ type holdKey struct {
 
 type hold struct {
 	ref    Ref
+	layout layoutSum // of ref.Desc, which the owner confirmed
 	actors map[string]struct{}
 }
 
@@ -42,10 +44,24 @@ func (r *Runtime) holdCount() int {
 // when this runtime did not hold one yet. Errors say why the object cannot
 // be held: ErrObjectFreed, ErrStaleRef, ErrUnauthorized, ErrObjectNotFound,
 // ErrPeerUnreachable or ErrOwnerDied.
+//
+// The lease also confirms the ref's layout with the owner (ErrLayoutMismatch
+// if it is not the published one), so a Get allocates only for a layout its
+// owner vouched for. A ref matching a hold already taken must carry the same
+// token and layout as the ref the owner confirmed then.
 func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	k := keyOf(ref)
+	layout := layoutOf(ref.Desc)
 	r.holdMu.Lock()
 	if h, ok := r.holds[k]; ok {
+		if subtle.ConstantTimeCompare(h.ref.Token, ref.Token) != 1 {
+			r.holdMu.Unlock()
+			return fmt.Errorf("%v: %w: token differs from the held ref's", ref, ErrUnauthorized)
+		}
+		if h.layout != layout {
+			r.holdMu.Unlock()
+			return fmt.Errorf("%v: %w", ref, ErrLayoutMismatch)
+		}
 		h.actors[actor] = struct{}{}
 		r.holdMu.Unlock()
 		return nil
@@ -58,7 +74,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 		r.learnAddrs(ref)
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl})
+	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl}, []layoutSum{layout})
 	if err != nil {
 		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
 			return r.ownerDiedErr(ref, err)
@@ -78,7 +94,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	}
 	h, ok := r.holds[k]
 	if !ok {
-		h = &hold{ref: ref, actors: map[string]struct{}{}}
+		h = &hold{ref: ref, layout: layout, actors: map[string]struct{}{}}
 		r.holds[k] = h
 	}
 	h.actors[actor] = struct{}{}
@@ -105,7 +121,7 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl})
+	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl}, []layoutSum{h.layout})
 	if err != nil {
 		// The owner will expire the lease; say so rather than fail: the
 		// reader is done with the ref either way.
@@ -123,10 +139,12 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 func (r *Runtime) renewLeases(ctx context.Context) {
 	byOwner := map[peer.ID][]holdKey{}
 	claims := map[peer.ID][]fabric.Claim{}
+	layouts := map[peer.ID][]layoutSum{}
 	r.holdMu.Lock()
 	for k, h := range r.holds {
 		byOwner[k.owner] = append(byOwner[k.owner], k)
 		claims[k.owner] = append(claims[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
+		layouts[k.owner] = append(layouts[k.owner], h.layout)
 	}
 	r.holdMu.Unlock()
 	// Owners are renewed concurrently (a few at a time) so one that hangs
@@ -138,17 +156,17 @@ func (r *Runtime) renewLeases(ctx context.Context) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			r.renewOwner(ctx, owner, keys, claims[owner])
+			r.renewOwner(ctx, owner, keys, claims[owner], layouts[owner])
 		}()
 	}
 	wg.Wait()
 }
 
-func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim) {
+func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim, layouts []layoutSum) {
 	for start := 0; start < len(keys); start += maxClaims {
 		end := min(start+maxClaims, len(keys))
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
-		_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[start:end])
+		_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[start:end], layouts[start:end])
 		cancel()
 		if err != nil {
 			r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)
@@ -223,9 +241,11 @@ func (r *Runtime) expireLeases() {
 // Shutdown), bounded by ctx; undelivered ones expire on their owners.
 func (r *Runtime) releaseAllHolds(ctx context.Context) {
 	byOwner := map[peer.ID][]fabric.Claim{}
+	layouts := map[peer.ID][]layoutSum{}
 	r.holdMu.Lock()
 	for k, h := range r.holds {
 		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
+		layouts[k.owner] = append(layouts[k.owner], h.layout)
 	}
 	r.holds = nil
 	r.holdMu.Unlock()
@@ -235,7 +255,8 @@ func (r *Runtime) releaseAllHolds(ctx context.Context) {
 		}
 		for start := 0; start < len(cl); start += maxClaims {
 			cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
-			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:min(start+maxClaims, len(cl))])
+			end := min(start+maxClaims, len(cl))
+			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[owner][start:end])
 			cancel()
 			if err != nil {
 				r.log.Info("lease release at shutdown not delivered; it will expire", "owner", shortID(owner), "err", err)

@@ -24,15 +24,19 @@ import (
 //	ping:    (empty)                     -> pong: (empty)
 //	lease:   count | claims              -> leased: ttl ms | count | status per claim
 //	release: count | claims              -> leased: 0 | count | status per claim
-//	claim:   object (16) | incarnation (8) | token (len-prefixed, <= 64)
+//	claim:   object (16) | incarnation (8) | token (len-prefixed, <= 64) | layout (16)
 //
 // Every reply carries the responder's incarnation, so a restarted peer is
-// recognised on its first answer.
+// recognised on its first answer. A claim's layout is a digest of the desc
+// the reader's ref carries (layoutOf): the owner grants the lease only if it
+// is the desc it published, so a reader learns of a forged shape before it
+// allocates for it.
 const (
-	lifeProtocol = protocol.ID("/tensorlane/life/1.0.0")
-	lifeVersion  = 1
+	lifeProtocol = protocol.ID("/tensorlane/life/2.0.0")
+	lifeVersion  = 2
 	maxClaims    = 4096
-	maxLifeMsg   = 16 + maxClaims*(16+8+1+maxTokenLen+2)
+	minClaimLen  = 16 + 8 + 1 + len(layoutSum{})
+	maxLifeMsg   = 16 + maxClaims*(minClaimLen+maxTokenLen+2)
 )
 
 const (
@@ -47,6 +51,7 @@ type lifeMsg struct {
 	kind        byte
 	incarnation uint64
 	claims      []fabric.Claim
+	layouts     []layoutSum // one per claim (lease, release)
 	statuses    []byte
 	ttl         time.Duration
 }
@@ -59,10 +64,15 @@ func (m lifeMsg) marshal() []byte {
 	switch m.kind {
 	case kindLease, kindRelease:
 		e.Uvarint(uint64(len(m.claims)))
-		for _, c := range m.claims {
+		for i, c := range m.claims {
 			e.Fixed(c.Object[:])
 			e.Uint64(c.Incarnation)
 			e.Bytes(c.Token)
+			var l layoutSum
+			if i < len(m.layouts) {
+				l = m.layouts[i]
+			}
+			e.Fixed(l[:])
 		}
 	case kindLeased:
 		e.Uvarint(uint64(m.ttl / time.Millisecond))
@@ -83,15 +93,19 @@ func parseLifeMsg(p []byte) (lifeMsg, error) {
 	case kindPing, kindPong:
 	case kindLease, kindRelease:
 		n := d.Count(maxClaims)
-		// A claim takes at least 25 bytes: never allocate for more claims
-		// than the message can hold.
-		m.claims = make([]fabric.Claim, 0, min(n, d.Remaining()/25))
+		// A claim takes at least minClaimLen bytes: never allocate for
+		// more claims than the message can hold.
+		m.claims = make([]fabric.Claim, 0, min(n, d.Remaining()/minClaimLen))
+		m.layouts = make([]layoutSum, 0, cap(m.claims))
 		for ; n > 0 && d.Err() == nil; n-- {
 			var c fabric.Claim
+			var l layoutSum
 			d.Fixed(c.Object[:])
 			c.Incarnation = d.Uint64()
 			c.Token = d.Bytes(maxTokenLen)
+			d.Fixed(l[:])
 			m.claims = append(m.claims, c)
+			m.layouts = append(m.layouts, l)
 		}
 	case kindLeased:
 		m.ttl = time.Duration(min(d.Uvarint(), uint64(24*time.Hour/time.Millisecond))) * time.Millisecond
@@ -156,7 +170,7 @@ func (r *Runtime) handleLife(s network.Stream) {
 		reply.kind = kindPong
 	case kindLease, kindRelease:
 		reply.kind = kindLeased
-		reply.statuses = r.leaseClaims(who, m.kind, m.claims)
+		reply.statuses = r.leaseClaims(who, m.kind, m.claims, m.layouts)
 		if m.kind == kindLease {
 			reply.ttl = r.cfg.LeaseExpiry
 		}
@@ -169,7 +183,7 @@ func (r *Runtime) handleLife(s network.Stream) {
 
 // leaseClaims applies a lease or release request from who to this
 // runtime's objects and returns a status per claim.
-func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim) []byte {
+func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) []byte {
 	out := make([]byte, len(claims))
 	expires := time.Now().Add(r.cfg.LeaseExpiry)
 	if who == r.host.ID() {
@@ -178,7 +192,11 @@ func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim) []b
 	for i, c := range claims {
 		var err error
 		if kind == kindLease {
-			err = r.objects.lease(who, c, expires)
+			var l layoutSum
+			if i < len(layouts) {
+				l = layouts[i]
+			}
+			err = r.objects.lease(who, c, l, expires)
 		} else {
 			err = r.objects.unlease(who, c)
 		}
@@ -240,12 +258,12 @@ func (r *Runtime) callError(ctx context.Context, id peer.ID, err error) error {
 
 // leaseRemote sends a lease or release for claims to their owner and turns
 // the statuses into errors (nil for granted).
-func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim) (uint64, []error, error) {
+func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) (uint64, []error, error) {
 	if owner == r.host.ID() {
-		st := r.leaseClaims(owner, kind, claims)
+		st := r.leaseClaims(owner, kind, claims, layouts)
 		return r.incarnation, statusErrors(st), nil
 	}
-	reply, err := r.call(ctx, owner, lifeMsg{kind: kind, claims: claims})
+	reply, err := r.call(ctx, owner, lifeMsg{kind: kind, claims: claims, layouts: layouts})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -271,9 +289,12 @@ const (
 	leaseStale
 	leaseUnauthorized
 	leaseFailed
+	leaseLayout  // the claim's layout is not the published one
+	leaseClosing // the owner is shutting down
 )
 
-var leaseErrs = map[byte]error{leaseNotFound: ErrObjectNotFound, leaseFreed: ErrObjectFreed, leaseStale: ErrStaleRef, leaseUnauthorized: ErrUnauthorized}
+var leaseErrs = map[byte]error{leaseNotFound: ErrObjectNotFound, leaseFreed: ErrObjectFreed, leaseStale: ErrStaleRef, leaseUnauthorized: ErrUnauthorized,
+	leaseLayout: ErrLayoutMismatch, leaseClosing: ErrOwnerClosed}
 
 func leaseStatus(err error) byte {
 	for code, e := range leaseErrs {
@@ -294,5 +315,6 @@ func leaseError(code byte) error {
 // isGone reports whether a lease error means the object will never be
 // readable again.
 func isGone(err error) bool {
-	return errors.Is(err, ErrObjectFreed) || errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrStaleRef) || errors.Is(err, ErrUnauthorized)
+	return errors.Is(err, ErrObjectFreed) || errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrStaleRef) || errors.Is(err, ErrUnauthorized) ||
+		errors.Is(err, ErrOwnerClosed)
 }

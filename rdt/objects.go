@@ -3,13 +3,16 @@ package rdt
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -29,18 +32,24 @@ type objectTable struct {
 	freedRing []fabric.ObjectID
 	pins      int           // over all objects, for Shutdown to drain reads
 	unpinned  chan struct{} // closed and replaced whenever pins drops to 0
+	closing   bool          // Shutdown began: no new pins or leases
 	onFree    func(id fabric.ObjectID, why string)
 	blocked   func(ctx context.Context) error // test hook: a hung owner
+	pinned    func(ctx context.Context)       // test hook: runs once a read holds its pin
 }
 
 type object struct {
-	id    fabric.ObjectID
-	buf   tensor.Buffer
-	desc  tensor.Desc
-	owner string // actor name
-	token []byte
-	pins  int
-	freed bool
+	id   fabric.ObjectID
+	buf  tensor.Buffer
+	desc tensor.Desc
+	// start, end: the published view's byte range in buf (desc.Span());
+	// a claim grants these bytes and no others of the parent buffer.
+	start, end int64
+	layout     layoutSum // digest of desc, which leases must match
+	owner      string    // actor name
+	token      []byte
+	pins       int
+	freed      bool
 	// released: the owner asked to free the object once no reader holds
 	// it. holders: reader peers with a lease and when it expires.
 	released bool
@@ -59,7 +68,9 @@ func newObjectTable(incarnation uint64) *objectTable {
 }
 
 func (t *objectTable) add(buf tensor.Buffer, desc tensor.Desc, owner string) *object {
-	o := &object{buf: buf, desc: desc, owner: owner, token: make([]byte, 16), holders: map[peer.ID]time.Time{}, done: make(chan struct{})}
+	o := &object{buf: buf, desc: desc, owner: owner, token: make([]byte, 16), holders: map[peer.ID]time.Time{}, done: make(chan struct{}),
+		layout: layoutOf(desc)}
+	o.start, o.end = desc.Span()
 	rand.Read(o.id[:])
 	rand.Read(o.token)
 	t.mu.Lock()
@@ -68,7 +79,9 @@ func (t *objectTable) add(buf tensor.Buffer, desc tensor.Desc, owner string) *ob
 	return o
 }
 
-// Open checks the claim and pins the object.
+// Open checks the claim, including that its range lies inside the published
+// view, and pins the object. It is the one place every data path (local,
+// p2p, shm, rdma, tcp) resolves a claim, so the range check holds on all.
 func (t *objectTable) Open(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -79,13 +92,26 @@ func (t *objectTable) Open(ctx context.Context, c fabric.Claim) (tensor.Buffer, 
 		}
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	if t.closing {
+		t.mu.Unlock()
+		return nil, fabric.ErrOwnerClosed
+	}
 	o, err := t.check(c)
 	if err != nil {
+		t.mu.Unlock()
 		return nil, err
+	}
+	if c.Offset < o.start || c.Length < 0 || c.Offset > o.end || c.Length > o.end-c.Offset {
+		t.mu.Unlock()
+		return nil, fmt.Errorf("%w: range [%d,+%d) outside the published view [%d,%d) of object %v", fabric.ErrUnauthorized, c.Offset, c.Length, o.start, o.end, o.id)
 	}
 	o.pins++
 	t.pins++
+	hook := t.pinned
+	t.mu.Unlock()
+	if hook != nil {
+		hook(ctx)
+	}
 	return &pin{table: t, obj: o}, nil
 }
 
@@ -108,16 +134,49 @@ func (t *objectTable) check(c fabric.Claim) (*object, error) {
 }
 
 // lease registers or renews who's lease on the claimed object until
-// expires.
-func (t *objectTable) lease(who peer.ID, c fabric.Claim, expires time.Time) error {
+// expires, once the claim and the layout the reader was given (a digest of
+// the ref's desc) match what the owner published: a reader allocates only
+// after this confirmation, so a forged shape costs it nothing.
+func (t *objectTable) lease(who peer.ID, c fabric.Claim, layout layoutSum, expires time.Time) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o, err := t.check(c)
+	if t.closing {
+		return fabric.ErrOwnerClosed
+	}
+	o, err := t.confirmLocked(c, layout)
 	if err != nil {
 		return err
 	}
 	o.holders[who] = expires
 	return nil
+}
+
+// confirm checks a claim and its layout without leasing: the same check a
+// reader in the owner's own runtime needs before it allocates.
+func (t *objectTable) confirm(c fabric.Claim, layout layoutSum) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, err := t.confirmLocked(c, layout)
+	return err
+}
+
+func (t *objectTable) confirmLocked(c fabric.Claim, layout layoutSum) (*object, error) {
+	o, err := t.check(c)
+	if err != nil {
+		return nil, err
+	}
+	if layout != o.layout {
+		return nil, fmt.Errorf("%w: object %v", ErrLayoutMismatch, o.id)
+	}
+	return o, nil
+}
+
+// close refuses new pins and leases from now on (Shutdown); reads that hold
+// a pin finish.
+func (t *objectTable) close() {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
 }
 
 // unlease drops who's lease; an object its owner released goes with its
@@ -312,15 +371,22 @@ type pin struct {
 }
 
 func (p *pin) Device() tensor.DeviceID { return p.obj.buf.Device() }
-func (p *pin) Len() int64              { return p.obj.buf.Len() }
 
-// Bytes exposes the object's memory while pinned.
+// Len ends at the published view's end: a server that checks a range
+// against it cannot serve the parent's bytes past the view.
+func (p *pin) Len() int64 { return p.obj.end }
+
+// Bytes exposes the object's memory, up to the view's end, while pinned.
 func (p *pin) Bytes() []byte {
 	hv, ok := p.obj.buf.(tensor.HostVisible)
 	if !ok {
 		return nil
 	}
-	return hv.Bytes()
+	b := hv.Bytes()
+	if b == nil {
+		return nil
+	}
+	return b[:p.obj.end]
 }
 
 // Release drops the pin; the last pin of a freed object releases its memory.
@@ -343,4 +409,23 @@ func (p *pin) Release() error {
 		return p.obj.releaseMemory()
 	}
 	return nil
+}
+
+// layoutSum is a digest of a tensor layout (dtype, shape, effective
+// strides, offset): what a reader shows its owner to confirm the ref's desc
+// before it allocates, in 16 bytes whatever the rank.
+type layoutSum [16]byte
+
+func layoutOf(d tensor.Desc) layoutSum {
+	r := d.Rebased() // effective strides; Rebased zeroes the offset, kept below
+	e := wire.Encoder{Buf: make([]byte, 0, 64)}
+	e.Byte(byte(d.DType))
+	e.Uvarint(uint64(d.Offset))
+	e.Uvarint(uint64(len(r.Shape)))
+	for i := range r.Shape {
+		e.Varint(r.Shape[i])
+		e.Varint(r.Strides[i])
+	}
+	sum := sha256.Sum256(e.Buf)
+	return layoutSum(sum[:16])
 }

@@ -78,10 +78,10 @@ var errorKinds = []struct {
 }{
 	{ErrOwnerDied, "owner_died"}, {ErrPeerUnreachable, "peer_unreachable"},
 	{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
-	{ErrUnauthorized, "unauthorized"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
+	{ErrUnauthorized, "unauthorized"}, {ErrLayoutMismatch, "layout_mismatch"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
 	{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
 	{fabric.ErrCorrupt, "corrupt"}, {fabric.ErrStalled, "stalled"}, {fabric.ErrPeerClosed, "peer_closed"},
-	{fabric.ErrBadRequest, "bad_request"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
+	{fabric.ErrBadRequest, "bad_request"}, {ErrOwnerClosed, "owner_closed"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
 	{context.DeadlineExceeded, "timeout"}, {context.Canceled, "canceled"},
 }
 

@@ -115,6 +115,9 @@ func TestErrorKind(t *testing.T) {
 		{&fabric.PathError{Transport: "tcp", Err: fabric.ErrPeerClosed}, "peer_closed"},
 		{context.DeadlineExceeded, "timeout"},
 		{ErrClosed, "closed"},
+		{fmt.Errorf("owner refused the lease: %w", ErrOwnerClosed), "owner_closed"},
+		{ErrLayoutMismatch, "layout_mismatch"},
+		{ErrMalformedRef, "malformed_ref"},
 		{errors.New("boom"), "other"},
 	} {
 		assert.Equal(t, c.want, ErrorKind(c.err), "%v", c.err)

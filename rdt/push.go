@@ -89,6 +89,14 @@ type sinkTable struct {
 	incarnation uint64
 	mu          sync.Mutex
 	slots       map[fabric.ObjectID]*Slot
+	closing     bool // Shutdown began: no new pushes
+}
+
+// close refuses new pushes from now on (Shutdown); those writing finish.
+func (t *sinkTable) close() {
+	t.mu.Lock()
+	t.closing = true
+	t.mu.Unlock()
 }
 
 var _ fabric.Sink = (*sinkTable)(nil)
@@ -121,7 +129,11 @@ func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte)
 	}
 	t.mu.Lock()
 	s, ok := t.slots[id]
+	closing := t.closing
 	t.mu.Unlock()
+	if closing {
+		return nil, ErrOwnerClosed
+	}
 	if !ok {
 		return nil, ErrObjectNotFound
 	}
@@ -144,7 +156,9 @@ func (p *slotPin) Bytes() []byte {
 	b, _ := tensor.BytesOf(p.slot.buf)
 	return b
 }
-func (p *slotPin) Export() (tensor.Handle, error) { return tensor.ExportOf(p.slot.buf) }
+func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
+	return tensor.ExportOf(p.slot.buf, a)
+}
 func (p *slotPin) Release() error {
 	var err error
 	p.released.Do(func() {
@@ -299,12 +313,12 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
+	start, end := src.Desc.Span()
+	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token}.For(start, end-start))
 	if err != nil {
 		return Transfer{}, err
 	}
 	defer pin.Release()
-	start, end := src.Desc.Span()
 	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
 		return Transfer{}, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
 	}
@@ -337,8 +351,8 @@ func (w *window) Bytes() []byte {
 	}
 	return b[w.off : w.off+w.n]
 }
-func (w *window) Export() (tensor.Handle, error) {
-	h, err := tensor.ExportOf(w.Buffer)
+func (w *window) Export(a tensor.Access) (tensor.Handle, error) {
+	h, err := tensor.ExportOf(w.Buffer, a)
 	if err != nil {
 		return h, err
 	}

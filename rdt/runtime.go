@@ -58,6 +58,7 @@ type Runtime struct {
 	tcpTr    *tcp.Transport
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
+	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
 	obs      observer // recent and live transfers, for dashboards (observe.go)
 
 	mu     sync.Mutex
@@ -160,11 +161,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
+	r.listen = fabric.NewListenerMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
-		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize})
+		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize, Limits: c.DataLimits, ListenerMetrics: r.listen})
 	if err != nil {
 		return nil, err
 	}
@@ -313,18 +315,25 @@ func (r *Runtime) isClosed() bool {
 // when its context has no deadline.
 const ShutdownGrace = 10 * time.Second
 
-// Shutdown stops the runtime: it refuses new work at once, lets Gets and
-// reads it serves finish until ctx is done (ShutdownGrace without a
-// deadline), then aborts the rest, releases the leases it holds on others'
-// objects, stops heartbeats and watchers, frees every object it owns,
-// closes connections and listeners and returns device memory. No goroutine
-// of the runtime survives it. Later calls return the first call's result.
+// Shutdown stops the runtime: it refuses new work at once, on both sides
+// (its own Gets, Puts and Sends fail with ErrClosed; other runtimes' new
+// leases, reads on every data path and pushes into its slots fail with
+// ErrOwnerClosed), lets Gets and reads in flight finish until ctx is done
+// (ShutdownGrace without a deadline) and goes on as soon as they have, then
+// aborts the rest, releases the leases it holds on others' objects, stops
+// heartbeats and watchers, frees every object it owns, closes connections
+// and listeners and returns device memory. No goroutine of the runtime
+// survives it. Later calls return the first call's result.
 func (r *Runtime) Shutdown(ctx context.Context) error {
 	r.shutdownOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
 		close(r.done)
 		r.mu.Unlock()
+		// Owner side: no new pins, leases or pushes from here on, so the
+		// reads in flight are all there is to drain.
+		r.objects.close()
+		r.sinks.close()
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)
 		}

@@ -4,12 +4,16 @@
 // elements); a Tensor is a Desc over a Buffer of some device's Memory. Views
 // made with Slice share memory. Two kinds of memory exist today:
 //
-//   - HostMemory: the host's DRAM, one anonymous mapping per allocation.
-//   - SimMemory: a simulated accelerator, one memfd-backed arena per device
-//     with the device's capacity, a first-fit allocator that returns an
-//     *OutOfMemoryError (errors.Is ErrOutOfMemory) when full, and Export for
-//     sharing the arena with other processes. Simulated devices copy real
-//     bytes; nothing about them is a sleep.
+//   - HostMemory: the host's DRAM, one memfd mapping per allocation.
+//   - SimMemory: a simulated accelerator: a device address space of the
+//     device's capacity handed out first-fit (an *OutOfMemoryError, errors.Is
+//     ErrOutOfMemory, when full), each allocation backed by a memfd of its
+//     own. Simulated devices copy real bytes; nothing about them is a sleep.
+//
+// Both share one allocation at a time with other processes (Exportable, see
+// share.go), as CUDA's VMM exports one allocation per shareable handle: a
+// ReadOnly handle cannot write, a Writable one reaches only its slot, and
+// exported memory is never recycled into another allocation.
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // HostVisible for memory the CPU can address, Exportable for memory another

@@ -15,9 +15,10 @@ import (
 var ErrClosed = fmt.Errorf("tensor: memory closed: %w", net.ErrClosed)
 
 // HostMemory is the host's own memory. Each allocation is its own mapping
-// of its own memfd, so a buffer can be shared with another process
-// (Export), which the shm path maps, and Release gives the pages back at
-// once instead of waiting for the garbage collector.
+// of its own memfd (a segment), so a buffer can be shared with another
+// process (Export) without sharing anything else, which the shm path maps,
+// and Release gives the pages back at once instead of waiting for the
+// garbage collector.
 //
 // Populating fresh pages costs more than copying into them, so, like the
 // caching host allocators of the frameworks (pinned host memory is dear to
@@ -36,17 +37,7 @@ type HostMemory struct {
 	peak   int64
 	allocs int
 	closed bool
-	// cache holds released, never-exported mappings by size; cached is
-	// their total, at most limit.
-	cache  map[int64][]hostMapping
-	cached int64
-	limit  int64
-}
-
-// hostMapping is one memfd and its mapping.
-type hostMapping struct {
-	fd   int
-	data []byte // the whole mapping (page-rounded)
+	cache  segmentCache // released, never-exported segments
 }
 
 // DefaultHostCache is the most released host memory kept for reuse.
@@ -62,44 +53,17 @@ func NewHostMemory(capacity int64) *HostMemory {
 	if capacity > 0 {
 		limit = min(limit, capacity/4)
 	}
-	return &HostMemory{dev: HostDevice, capacity: capacity, limit: limit}
+	return &HostMemory{dev: HostDevice, capacity: capacity, cache: segmentCache{limit: limit}}
 }
 
 // SetCacheLimit changes how many bytes of released buffers are kept for
 // reuse; 0 turns the cache off. Buffers over the new limit are unmapped.
 func (m *HostMemory) SetCacheLimit(n int64) {
 	m.mu.Lock()
-	m.limit = max(n, 0)
-	drop := m.trimLocked()
+	m.cache.limit = max(n, 0)
+	drop := m.cache.trim()
 	m.mu.Unlock()
-	unmapAll(drop)
-}
-
-// trimLocked takes mappings out of the cache until it fits its limit and
-// returns them for unmapping outside the lock.
-func (m *HostMemory) trimLocked() []hostMapping {
-	var drop []hostMapping
-	for size, list := range m.cache {
-		for len(list) > 0 && m.cached > m.limit {
-			drop = append(drop, list[len(list)-1])
-			list = list[:len(list)-1]
-			m.cached -= size
-		}
-		if len(list) == 0 {
-			delete(m.cache, size)
-		} else {
-			m.cache[size] = list
-		}
-	}
-	return drop
-}
-
-func unmapAll(ms []hostMapping) error {
-	var errs []error
-	for _, hm := range ms {
-		errs = append(errs, unix.Munmap(hm.data), unix.Close(hm.fd))
-	}
-	return errors.Join(errs...)
+	freeAll(drop)
 }
 
 // Close unmaps the cached buffers; later allocations fail with ErrClosed.
@@ -107,16 +71,16 @@ func unmapAll(ms []hostMapping) error {
 func (m *HostMemory) Close() error {
 	m.mu.Lock()
 	m.closed = true
-	m.limit = 0
-	drop := m.trimLocked()
+	m.cache.limit = 0
+	drop := m.cache.trim()
 	m.mu.Unlock()
-	return unmapAll(drop)
+	return freeAll(drop)
 }
 
 // Device returns HostDevice.
 func (m *HostMemory) Device() DeviceID { return m.dev }
 
-// Alloc maps n bytes of a new memfd.
+// Alloc maps n bytes of a new memfd (or of a cached one of the same size).
 func (m *HostMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -139,46 +103,24 @@ func (m *HostMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	if m.used > m.peak {
 		m.peak = m.used
 	}
-	b := &hostBuffer{mem: m, n: n, fd: -1}
+	b := &hostBuffer{mem: m, n: n}
 	size := pageRound(n)
-	if list := m.cache[size]; n > 0 && len(list) > 0 {
-		hm := list[len(list)-1]
-		m.cache[size] = list[:len(list)-1]
-		m.cached -= size
-		m.mu.Unlock()
-		b.fd, b.data = hm.fd, hm.data[:n]
-		return b, nil
+	if n > 0 {
+		b.seg = m.cache.take(size)
 	}
 	m.mu.Unlock()
-	if n > 0 {
-		if err := b.mapNew(size); err != nil {
+	if n > 0 && b.seg == nil {
+		seg, err := newSegment("tensorlane-host", size, false)
+		if err != nil {
 			m.account(-n)
 			if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
 				return nil, &OutOfMemoryError{Device: m.dev, Requested: n}
 			}
 			return nil, fmt.Errorf("tensor: host alloc %d: %w", n, err)
 		}
+		b.seg = seg
 	}
 	return b, nil
-}
-
-// mapNew maps size bytes (n page-rounded) of a new memfd.
-func (b *hostBuffer) mapNew(size int64) error {
-	fd, err := unix.MemfdCreate("tensorlane-host", unix.MFD_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		unix.Close(fd)
-		return err
-	}
-	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		unix.Close(fd)
-		return err
-	}
-	b.fd, b.data = fd, data[:b.n]
-	return nil
 }
 
 var pageSize = int64(unix.Getpagesize())
@@ -196,7 +138,7 @@ func (m *HostMemory) account(n int64) {
 func (m *HostMemory) Stats() MemStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := MemStats{Device: m.dev, Capacity: m.capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.cached}
+	s := MemStats{Device: m.dev, Capacity: m.capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.cache.bytes}
 	if m.capacity > 0 {
 		s.Free = m.capacity - m.used
 		s.LargestFree = s.Free
@@ -207,28 +149,25 @@ func (m *HostMemory) Stats() MemStats {
 type hostBuffer struct {
 	mem      *HostMemory
 	n        int64
-	fd       int    // the memfd behind data; -1 for an empty buffer
-	data     []byte // the first n bytes of a page-rounded mapping
-	exported atomic.Bool
+	seg      *segment // nil for an empty buffer
 	released atomic.Bool
 }
 
 var _ Exportable = (*hostBuffer)(nil)
 
-// Export returns a duplicate of the buffer's memfd; the buffer fills it.
-func (b *hostBuffer) Export() (Handle, error) {
+// Export shares the buffer's own memfd (see Exportable).
+func (b *hostBuffer) Export(a Access) (Handle, error) {
 	if b.released.Load() {
 		return Handle{}, ErrReleased
 	}
-	if b.fd < 0 {
-		return Handle{}, fmt.Errorf("tensor: an empty host buffer has nothing to share")
+	if b.seg == nil {
+		return Handle{}, fmt.Errorf("%w: an empty host buffer has nothing to share", ErrNotExportable)
 	}
-	b.exported.Store(true) // another process may map it: never reuse it
-	fd, err := unix.FcntlInt(uintptr(b.fd), unix.F_DUPFD_CLOEXEC, 0)
+	h, err := b.seg.export(a, b.n)
 	if err != nil {
 		return Handle{}, fmt.Errorf("tensor: export host buffer: %w", err)
 	}
-	return Handle{FD: fd, ArenaSize: pageRound(b.n), Offset: 0, Length: b.n}, nil
+	return h, nil
 }
 
 func (b *hostBuffer) Device() DeviceID { return b.mem.dev }
@@ -238,10 +177,10 @@ func (b *hostBuffer) Bytes() []byte {
 	if b.released.Load() {
 		return nil
 	}
-	if b.data == nil {
+	if b.seg == nil {
 		return []byte{}
 	}
-	return b.data
+	return b.seg.data[:b.n:b.n]
 }
 
 func (b *hostBuffer) Release() error {
@@ -249,23 +188,13 @@ func (b *hostBuffer) Release() error {
 		return nil
 	}
 	m := b.mem
-	size := pageRound(b.n)
-	hm := hostMapping{fd: b.fd, data: b.data[:size:size]}
 	m.mu.Lock()
 	m.used -= b.n
 	m.allocs--
-	if b.fd >= 0 && !b.exported.Load() && !m.closed && m.cached+size <= m.limit {
-		if m.cache == nil {
-			m.cache = map[int64][]hostMapping{}
-		}
-		m.cache[size] = append(m.cache[size], hm)
-		m.cached += size
-		m.mu.Unlock()
-		return nil
-	}
+	kept := b.seg != nil && !m.closed && m.cache.put(b.seg)
 	m.mu.Unlock()
-	if b.fd < 0 {
+	if b.seg == nil || kept {
 		return nil
 	}
-	return unmapAll([]hostMapping{hm})
+	return b.seg.free()
 }

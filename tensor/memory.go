@@ -95,21 +95,6 @@ type HostVisible interface {
 	Bytes() []byte
 }
 
-// Handle describes an exported buffer: a file descriptor for its arena and
-// the buffer's place in it. It is the analogue of a CUDA IPC handle.
-type Handle struct {
-	FD        int   // owned by the caller of Export, who must close it
-	ArenaSize int64 // size of the file behind FD
-	Offset    int64 // buffer start within the arena
-	Length    int64
-}
-
-// Exportable is the optional capability of buffers that can be shared with
-// other processes.
-type Exportable interface {
-	Export() (Handle, error)
-}
-
 // MemStats is a snapshot of a device's memory.
 type MemStats struct {
 	Device      DeviceID
@@ -145,20 +130,6 @@ func (e *OutOfMemoryError) Error() string {
 
 // Is makes errors.Is(err, ErrOutOfMemory) true.
 func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemory }
-
-// ErrNotExportable is returned by ExportOf for memory that cannot be
-// shared with another process.
-var ErrNotExportable = errors.New("tensor: memory cannot be shared with another process")
-
-// ExportOf exports b (see Exportable), or returns an error matching
-// ErrNotExportable when its memory cannot be shared.
-func ExportOf(b Buffer) (Handle, error) {
-	e, ok := b.(Exportable)
-	if !ok {
-		return Handle{}, fmt.Errorf("%w: buffer on %v", ErrNotExportable, b.Device())
-	}
-	return e.Export()
-}
 
 // BytesOf returns the host-visible bytes of b, or an error if b is not host
 // visible or was released.

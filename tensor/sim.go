@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -9,25 +10,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SimMemory is a simulated accelerator's memory: one arena per device,
-// backed by a Linux memfd of the device's full capacity. The file is sparse,
-// so an 80 GB device costs only the pages that are written. Copies in and out
-// of it are real memory copies. Because the arena is a file, it can be shared
-// with other processes (Export), as CUDA IPC shares device memory.
+// SimMemory is a simulated accelerator's memory. Its capacity is a device
+// address space that a first-fit allocator hands out (so fragmentation and
+// out-of-memory behave as on a device), and each allocation is backed by
+// its own memfd (a segment), as CUDA's VMM backs each cuMemCreate
+// allocation with its own physical memory: sharing one allocation with
+// another process (Export) shares that allocation and nothing else. An 80 GB
+// device costs only the memory of its live allocations. Copies in and out of
+// it are real memory copies.
+//
+// Allocations are populated at once, as device memory is resident once
+// allocated. Released allocations that were never exported are kept (up to
+// a quarter of the capacity, at most DefaultHostCache bytes) and reused by
+// later allocations of the same page-rounded size, so a loop of Gets into
+// one device touches new pages once; exported ones are never reused (see
+// Exportable). Reused memory is not zeroed, as on a device.
 type SimMemory struct {
-	dev  DeviceID
-	fd   int
-	data []byte
+	dev DeviceID
 
-	mu        sync.Mutex
-	alloc     *rangeAllocator
-	populated int64 // pages below this offset are resident
-	closed    bool
+	mu     sync.Mutex
+	alloc  *rangeAllocator
+	live   map[*segment]struct{} // segments of live allocations: Close unmaps them
+	cache  segmentCache
+	closed bool
 }
 
 var (
-	_ Memory = (*SimMemory)(nil)
-	_ Buffer = (*simBuffer)(nil)
+	_ Memory     = (*SimMemory)(nil)
+	_ Buffer     = (*simBuffer)(nil)
+	_ Exportable = (*simBuffer)(nil)
 )
 
 // NewSimMemory creates a simulated device with the given capacity in bytes.
@@ -36,26 +47,16 @@ func NewSimMemory(dev DeviceID, capacity int64) (*SimMemory, error) {
 		return nil, fmt.Errorf("tensor: simulated device %v needs a positive capacity, got %d", dev, capacity)
 	}
 	capacity = alignUp(capacity)
-	fd, err := unix.MemfdCreate("tensorlane-sim-"+dev.String(), unix.MFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("tensor: memfd for %v: %w", dev, err)
-	}
-	if err := unix.Ftruncate(fd, capacity); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("tensor: size arena of %v to %d bytes: %w", dev, capacity, err)
-	}
-	data, err := unix.Mmap(fd, 0, int(capacity), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("tensor: map arena of %v: %w", dev, err)
-	}
-	return &SimMemory{dev: dev, fd: fd, data: data, alloc: newRangeAllocator(capacity)}, nil
+	return &SimMemory{
+		dev: dev, alloc: newRangeAllocator(capacity), live: map[*segment]struct{}{},
+		cache: segmentCache{limit: min(capacity/4, DefaultHostCache)},
+	}, nil
 }
 
 // Device returns the simulated device's ID.
 func (m *SimMemory) Device() DeviceID { return m.dev }
 
-// Alloc reserves n bytes in the arena. Zero-byte allocations succeed and
+// Alloc reserves n bytes of the device. Zero-byte allocations succeed and
 // take no space.
 func (m *SimMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	if err := ctx.Err(); err != nil {
@@ -65,39 +66,49 @@ func (m *SimMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 		return nil, fmt.Errorf("tensor: negative allocation %d on %v", n, m.dev)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return nil, fmt.Errorf("tensor: %v: %w", m.dev, ErrClosed)
 	}
 	if n == 0 {
 		m.alloc.allocs++
+		m.mu.Unlock()
 		return &simBuffer{mem: m}, nil
 	}
 	size := alignUp(n)
 	off, ok := m.alloc.alloc(size)
 	if !ok {
-		return nil, &OutOfMemoryError{Device: m.dev, Requested: n, Free: m.alloc.capacity - m.alloc.used, LargestFree: m.alloc.largestFree()}
+		err := &OutOfMemoryError{Device: m.dev, Requested: n, Free: m.alloc.capacity - m.alloc.used, LargestFree: m.alloc.largestFree()}
+		m.mu.Unlock()
+		return nil, err
 	}
-	m.populate(off, size)
-	return &simBuffer{mem: m, off: off, n: n, size: size}, nil
-}
-
-// populate makes the block's pages resident now, as device memory is once
-// allocated, so that transfers measure copies rather than page faults on a
-// sparse file. Pages stay resident after Release, and first-fit only hands
-// out space below the high-water mark that was allocated (so populated)
-// before, so only the part above the mark needs it. Kernels without
-// MADV_POPULATE_WRITE (before 5.14) fault on first touch instead. Called
-// with m.mu held.
-func (m *SimMemory) populate(off, size int64) {
-	const page = 4096
-	end := min((off+size+page-1)&^(page-1), int64(len(m.data)))
-	start := max(off&^(page-1), m.populated)
-	if start >= end {
-		return
+	seg := m.cache.take(pageRound(n))
+	m.mu.Unlock()
+	if seg == nil {
+		// Outside the lock: creating and populating a large segment takes a
+		// while, and other allocations need not wait for it.
+		var err error
+		seg, err = newSegment("tensorlane-sim-"+m.dev.String(), pageRound(n), true)
+		if err != nil {
+			m.mu.Lock()
+			m.alloc.release(off, size)
+			m.mu.Unlock()
+			if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
+				return nil, &OutOfMemoryError{Device: m.dev, Requested: n}
+			}
+			return nil, fmt.Errorf("tensor: allocate %d bytes on %v: %w", n, m.dev, err)
+		}
 	}
-	_ = unix.Madvise(m.data[start:end], unix.MADV_POPULATE_WRITE)
-	m.populated = end
+	m.mu.Lock()
+	if m.closed {
+		m.alloc.release(off, size)
+		m.mu.Unlock()
+		seg.free()
+		return nil, fmt.Errorf("tensor: %v: %w", m.dev, ErrClosed)
+	}
+	m.live[seg] = struct{}{}
+	m.mu.Unlock()
+	return &simBuffer{mem: m, seg: seg, off: off, n: n, size: size}, nil
 }
 
 // Stats reports capacity and use.
@@ -107,42 +118,52 @@ func (m *SimMemory) Stats() MemStats {
 	return MemStats{
 		Device: m.dev, Simulated: true, Capacity: m.alloc.capacity, Used: m.alloc.used,
 		Free: m.alloc.capacity - m.alloc.used, LargestFree: m.alloc.largestFree(),
-		Allocs: m.alloc.allocs, Peak: m.alloc.peak,
+		Allocs: m.alloc.allocs, Peak: m.alloc.peak, Cached: m.cache.bytes,
 	}
 }
 
-// FD returns the arena's file descriptor, for sharing with other processes.
-// It stays owned by the SimMemory.
-func (m *SimMemory) FD() int { return m.fd }
+// SetCacheLimit changes how many bytes of released, never-exported
+// allocations are kept for reuse; 0 turns the cache off.
+func (m *SimMemory) SetCacheLimit(n int64) {
+	m.mu.Lock()
+	m.cache.limit = max(n, 0)
+	drop := m.cache.trim()
+	m.mu.Unlock()
+	freeAll(drop)
+}
 
-// Close unmaps the arena. Buffers still live become unusable (Bytes returns
-// nil). Close is idempotent.
+// Close unmaps the device's memory. Buffers still live become unusable
+// (Bytes returns nil); handles exported before keep their allocation's
+// memory alive until their holders let go. Close is idempotent.
 func (m *SimMemory) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return nil
 	}
 	m.closed = true
-	err := unix.Munmap(m.data)
-	if cerr := unix.Close(m.fd); err == nil {
-		err = cerr
+	m.cache.limit = 0
+	drop := m.cache.trim()
+	for s := range m.live {
+		drop = append(drop, s)
 	}
-	m.data = nil
-	return err
+	m.live = nil
+	m.mu.Unlock()
+	return freeAll(drop)
 }
 
 type simBuffer struct {
 	mem      *SimMemory
-	off, n   int64
-	size     int64 // aligned size actually reserved
+	seg      *segment // nil for an empty buffer
+	off, n   int64    // off: the allocation's place in the device address space
+	size     int64    // aligned size reserved in the address space
 	released atomic.Bool
 }
 
 func (b *simBuffer) Device() DeviceID { return b.mem.dev }
 func (b *simBuffer) Len() int64       { return b.n }
 
-// Bytes returns the buffer's bytes in the arena mapping.
+// Bytes returns the buffer's bytes.
 func (b *simBuffer) Bytes() []byte {
 	if b.released.Load() {
 		return nil
@@ -152,33 +173,51 @@ func (b *simBuffer) Bytes() []byte {
 	if b.mem.closed {
 		return nil
 	}
-	return b.mem.data[b.off : b.off+b.n : b.off+b.n]
+	if b.seg == nil {
+		return []byte{}
+	}
+	return b.seg.data[:b.n:b.n]
 }
 
-// Release returns the block to the arena; later calls do nothing.
+// Release returns the allocation to the device; later calls do nothing.
+// An exported allocation's memory is never reused (see Exportable).
 func (b *simBuffer) Release() error {
 	if b.released.Swap(true) {
 		return nil
 	}
-	b.mem.mu.Lock()
-	defer b.mem.mu.Unlock()
-	if b.size == 0 {
-		b.mem.alloc.allocs--
+	m := b.mem
+	m.mu.Lock()
+	if b.seg == nil {
+		m.alloc.allocs--
+		m.mu.Unlock()
 		return nil
 	}
-	b.mem.alloc.release(b.off, b.size)
-	return nil
+	m.alloc.release(b.off, b.size)
+	if m.closed {
+		m.mu.Unlock()
+		return nil // Close freed the segment
+	}
+	delete(m.live, b.seg)
+	kept := m.cache.put(b.seg)
+	m.mu.Unlock()
+	if kept {
+		return nil
+	}
+	return b.seg.free()
 }
 
-// Export returns a duplicate of the arena's descriptor and the buffer's
-// place in it.
-func (b *simBuffer) Export() (Handle, error) {
+// Export shares this allocation, and only it, with another process (see
+// Exportable).
+func (b *simBuffer) Export(a Access) (Handle, error) {
 	if b.released.Load() {
 		return Handle{}, ErrReleased
 	}
-	fd, err := unix.FcntlInt(uintptr(b.mem.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return Handle{}, fmt.Errorf("tensor: export %v buffer: %w", b.mem.dev, err)
+	if b.seg == nil {
+		return Handle{}, fmt.Errorf("%w: an empty allocation has nothing to share", ErrNotExportable)
 	}
-	return Handle{FD: fd, ArenaSize: b.mem.alloc.capacity, Offset: b.off, Length: b.n}, nil
+	h, err := b.seg.export(a, b.n)
+	if err != nil {
+		return Handle{}, fmt.Errorf("tensor: export %v allocation: %w", b.mem.dev, err)
+	}
+	return h, nil
 }

@@ -204,10 +204,13 @@ func TestSimMemorySparseLargeDevice(t *testing.T) {
 	p, err := BytesOf(b)
 	require.NoError(t, err)
 	p[0], p[len(p)-1] = 1, 2
+	h, err := ExportOf(b, ReadOnly)
+	require.NoError(t, err)
+	defer unix.Close(h.FD)
 	var st unix.Stat_t
-	require.NoError(t, unix.Fstat(m.FD(), &st))
-	assert.Less(t, st.Blocks*512, int64(64<<20), "only touched pages are backed")
-	assert.Equal(t, int64(80<<30), st.Size)
+	require.NoError(t, unix.Fstat(h.FD, &st))
+	assert.Less(t, st.Blocks*512, int64(64<<20), "only the allocation is backed")
+	assert.Equal(t, int64(1<<20), st.Size)
 }
 
 func TestSimMemoryExportSharesBytes(t *testing.T) {
@@ -218,16 +221,16 @@ func TestSimMemoryExportSharesBytes(t *testing.T) {
 	require.NoError(t, err)
 	p, _ := BytesOf(b)
 	copy(p, "hello arena")
-	h, err := b.(Exportable).Export()
+	h, err := b.(Exportable).Export(ReadOnly)
 	require.NoError(t, err)
 	defer unix.Close(h.FD)
-	other, err := unix.Mmap(h.FD, 0, int(h.ArenaSize), unix.PROT_READ, unix.MAP_SHARED)
+	other, err := unix.Mmap(h.FD, 0, int(h.Size), unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	defer unix.Munmap(other)
 	assert.Equal(t, "hello arena", string(other[h.Offset:h.Offset+11]))
 	require.NoError(t, b.Release())
 	assert.Nil(t, b.(HostVisible).Bytes())
-	_, err = b.(Exportable).Export()
+	_, err = b.(Exportable).Export(ReadOnly)
 	assert.ErrorIs(t, err, ErrReleased)
 }
 
@@ -237,29 +240,29 @@ func TestHostMemoryExportSharesBytes(t *testing.T) {
 	require.NoError(t, err)
 	p, _ := BytesOf(b)
 	copy(p[4096:], "hello host")
-	h, err := b.(Exportable).Export()
+	h, err := b.(Exportable).Export(ReadOnly)
 	require.NoError(t, err)
 	defer unix.Close(h.FD)
 	assert.Equal(t, int64(8192), h.Length)
-	other, err := unix.Mmap(h.FD, 0, int(h.ArenaSize), unix.PROT_READ, unix.MAP_SHARED)
+	other, err := unix.Mmap(h.FD, 0, int(h.Size), unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	defer unix.Munmap(other)
 	assert.Equal(t, "hello host", string(other[4096:4106]))
 	require.NoError(t, b.Release())
-	_, err = b.(Exportable).Export()
+	_, err = b.(Exportable).Export(ReadOnly)
 	assert.ErrorIs(t, err, ErrReleased)
 	type plain struct{ Buffer } // hides Export
 	live, err := m.Alloc(context.Background(), 16)
 	require.NoError(t, err)
 	defer live.Release()
-	_, err = ExportOf(plain{live})
+	_, err = ExportOf(plain{live}, ReadOnly)
 	assert.ErrorIs(t, err, ErrNotExportable)
-	h2, err := ExportOf(live)
+	h2, err := ExportOf(live, Writable)
 	require.NoError(t, err)
 	unix.Close(h2.FD)
 	empty, err := m.Alloc(context.Background(), 0)
 	require.NoError(t, err)
-	_, err = empty.(Exportable).Export()
+	_, err = empty.(Exportable).Export(ReadOnly)
 	assert.Error(t, err)
 }
 
@@ -330,7 +333,7 @@ func TestHostMemoryReusesReleasedBuffers(t *testing.T) {
 	assert.Equal(t, byte(0), marked(c))
 
 	// Exported, then released: gone for good.
-	h, err := b.(Exportable).Export()
+	h, err := b.(Exportable).Export(ReadOnly)
 	require.NoError(t, err)
 	unix.Close(h.FD)
 	mark(b, 2)

@@ -17,6 +17,11 @@
 // a typed error (errors.Is against the fabric sentinels) within a bounded
 // time, with every pin the owner handed out released and no goroutine left
 // behind once the harness has cleaned up.
+//
+// A transport that listens for data connections also runs RunAbuse with an
+// AbuseHarness: garbage, oversized length fields, half handshakes, idle
+// authenticated connections, floods past the connection caps and past the
+// fd limit, and a peer that reads nothing (see docs/listeners.md).
 package fabrictest
 
 import (

@@ -37,6 +37,11 @@ type object struct {
 	token []byte
 	buf   tensor.Buffer
 	sink  bool
+	// viewStart, viewEnd: the bytes the owner published, when it published
+	// a view of buf (viewEnd 0: all of buf). Claims outside are refused, as
+	// rdt's object table refuses them, so a server that does not pass the
+	// range it serves (Claim.For) fails the suite.
+	viewStart, viewEnd int64
 	// refs is 1 for the table plus one per pin: the arena block is released
 	// by whichever of free and the last pin comes second.
 	refs atomic.Int64
@@ -151,9 +156,19 @@ func (s *store) open(ctx context.Context, c fabric.Claim, sink bool) (tensor.Buf
 	case subtle.ConstantTimeCompare(o.token, c.Token) != 1:
 		return nil, fmt.Errorf("%w: wrong capability token for %v", fabric.ErrUnauthorized, c.Object)
 	}
+	if !sink && o.viewEnd > 0 && (c.Offset < o.viewStart || c.Length < 0 || c.Offset > o.viewEnd || c.Length > o.viewEnd-c.Offset) {
+		return nil, fmt.Errorf("%w: range [%d,+%d) outside the published view [%d,%d)", fabric.ErrUnauthorized, c.Offset, c.Length, o.viewStart, o.viewEnd)
+	}
 	o.refs.Add(1)
 	s.pins.Add(1)
 	return &pinnedBuffer{Buffer: o.buf, store: s, obj: o}, nil
+}
+
+// publishView makes the object a view: only [start, end) of it is granted.
+func (s *store) publishView(o *object, start, end int64) {
+	s.mu.Lock()
+	o.viewStart, o.viewEnd = start, end
+	s.mu.Unlock()
 }
 
 // nextOpen runs f when the owner next opens a claim: the transfer has then
@@ -203,11 +218,11 @@ func (p *pinnedBuffer) Bytes() []byte {
 	return b
 }
 
-func (p *pinnedBuffer) Export() (tensor.Handle, error) {
+func (p *pinnedBuffer) Export(a tensor.Access) (tensor.Handle, error) {
 	if p.done.Load() {
 		return tensor.Handle{}, tensor.ErrReleased
 	}
-	return tensor.ExportOf(p.Buffer)
+	return tensor.ExportOf(p.Buffer, a)
 }
 
 func (p *pinnedBuffer) Release() error {

@@ -66,6 +66,7 @@ func Run(t *testing.T, h Harness) {
 		{"Concurrent64", (*suite).concurrent},
 		{"UnknownObject", (*suite).unknown},
 		{"ForgedToken", (*suite).forged},
+		{"ViewOnly", (*suite).viewOnly},
 		{"StaleIncarnation", (*suite).stale},
 		{"FreedBetweenReads", (*suite).freedBetweenReads},
 		{"CancelMidTransfer", (*suite).cancelMid},
@@ -345,6 +346,23 @@ func (s *suite) forged(t *testing.T, env Env) {
 	s.expectRefused(t, env, r, fabric.ErrUnauthorized)
 	r.Claim.Token = nil
 	s.expectRefused(t, env, r, fabric.ErrUnauthorized)
+}
+
+// viewOnly: an owner that published a 16-byte view of a buffer grants those
+// bytes and no others. The Source enforces it, from the range the server
+// passes with the claim (Claim.For), so this checks that the server does.
+func (s *suite) viewOnly(t *testing.T, env Env) {
+	const n, start = 64 << 10, 4096
+	o := s.object(t, n)
+	s.owner.publishView(o, start, start+16)
+	dst := s.dst(t, env, 16)
+	if _, err := s.read(t, env, context.Background(), o, start, 16, dst, faultBound); err != nil {
+		t.Fatalf("read of the published view: %v", err)
+	}
+	verify(t, o, start, 16, dst)
+	for _, r := range [][2]int64{{0, n}, {start, 32}, {start - 16, 16}, {start + 16, 16}} {
+		s.expectRefused(t, env, s.remote(env, o, r[0], r[1]), fabric.ErrUnauthorized)
+	}
 }
 
 func (s *suite) stale(t *testing.T, env Env) {

@@ -61,7 +61,7 @@ func (d *direct) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer)
 	if dst.Len() < src.Length {
 		return fabric.Stats{}, tensor.ErrTooSmall
 	}
-	pin, err := d.src.Open(ctx, src.Claim)
+	pin, err := d.src.Open(ctx, src.Claim.For(src.Offset, src.Length))
 	if err != nil {
 		return fabric.Stats{}, err
 	}

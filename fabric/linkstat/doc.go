@@ -7,8 +7,12 @@
 // Two modes give the same figures:
 //
 //   - eBPF (ModeEBPF): a sock_ops program, written with cilium/ebpf's
-//     assembler (no clang), attached to a cgroup v2 (this process's own by
-//     default). On connection establishment it asks the kernel for RTT,
+//     assembler (no clang), attached to a cgroup v2 that holds this process
+//     alone: its own, when no other process shares it (a container, a
+//     systemd unit), else a child cgroup made for it, into which the
+//     process moves. A cgroup shared with other processes (the root
+//     cgroup of a host above all) is never used: the program would hook
+//     their sockets too. On connection establishment it asks the kernel for RTT,
 //     retransmission, state and segment-sent callbacks, and on each it files
 //     the socket's counters in an LRU map keyed by the socket cookie, which
 //     Track reads with SO_COOKIE. The figures are those of the socket's last
@@ -22,7 +26,9 @@
 //     Config.ForceTCPInfo is set) the monitor polls getsockopt(TCP_INFO) on
 //     each tracked connection at every refresh.
 //
-// New says in a log line which mode it runs in and why eBPF was not used;
+// New says in a log line which mode it runs in, which cgroup and why, and
+// why eBPF was not used (a warning, as is moving the process into a child
+// cgroup);
 // tensorlane_linkstat_mode says it in the metrics. In eBPF mode a
 // connection with no sample in the map (established before the program was
 // attached, or outside its cgroup) is read with TCP_INFO, and a log line

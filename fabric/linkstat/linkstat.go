@@ -8,6 +8,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,9 +40,14 @@ type Config struct {
 	// ForceTCPInfo skips eBPF and polls TCP_INFO.
 	ForceTCPInfo bool
 	// Cgroup is the cgroup v2 directory the sock_ops program attaches to.
-	// Default: this process's own cgroup v2. Every TCP socket created in
-	// that cgroup (and below) is sampled, so a worker in its own cgroup
-	// (a container, a systemd unit) keeps the cost to itself.
+	// Every TCP socket created in that cgroup (and below) gets its
+	// callbacks, so it must hold this process alone: a configured cgroup
+	// that holds others is refused (TCP_INFO polling, and a warning).
+	// Default: this process's own cgroup v2 when it holds the process
+	// alone (a container, a systemd unit); else a child cgroup
+	// <own>/tensorlane-<pid> made for it, into which the process moves
+	// (with a warning; it moves back, and the child goes, when the last
+	// monitor closes); else TCP_INFO polling.
 	Cgroup string
 	// MountCgroup2, if set, is where to mount a cgroup v2 hierarchy when
 	// the system mounts none (cgroup v1 only). Default: do not mount.
@@ -135,12 +141,14 @@ type LinkStats struct {
 // Monitor collects per-connection link telemetry for the connections it
 // tracks and reports their health.
 type Monitor struct {
-	cfg    Config
-	log    *slog.Logger
-	mode   Mode
-	cgroup string
-	bpf    *bpfCollector
-	health prometheus.Counter
+	cfg     Config
+	log     *slog.Logger
+	mode    Mode
+	cgroup  string
+	how     string // how the cgroup was chosen
+	release func() // gives back the cgroup (soleCgroup)
+	bpf     *bpfCollector
+	health  prometheus.Counter
 
 	mu      sync.Mutex
 	links   map[uint64]*Link
@@ -186,8 +194,11 @@ func New(cfg Config) (*Monitor, error) {
 		m.log.Info("linkstat: polling TCP_INFO (eBPF disabled by configuration)", "mode", ModeTCPInfo, "interval", c.Interval)
 	} else if err := m.tryBPF(); err != nil {
 		m.log.Warn("linkstat: eBPF sock_ops not available, falling back to polling TCP_INFO", "mode", ModeTCPInfo, "err", err, "interval", c.Interval)
+	} else if m.how != "" && strings.HasPrefix(m.how, "child") {
+		m.log.Warn("linkstat: eBPF sock_ops attached to a child cgroup this process moved into, so that it hooks this process's sockets alone",
+			"mode", ModeEBPF, "cgroup", m.cgroup, "why", m.how, "interval", c.Interval)
 	} else {
-		m.log.Info("linkstat: eBPF sock_ops attached", "mode", ModeEBPF, "cgroup", m.cgroup, "interval", c.Interval)
+		m.log.Info("linkstat: eBPF sock_ops attached", "mode", ModeEBPF, "cgroup", m.cgroup, "why", m.how, "interval", c.Interval)
 	}
 	if c.Registerer != nil {
 		if err := c.Registerer.Register(collector{m}); err != nil {
@@ -205,15 +216,16 @@ func New(cfg Config) (*Monitor, error) {
 }
 
 func (m *Monitor) tryBPF() error {
-	cg, err := resolveCgroup(m.cfg.Cgroup, m.cfg.MountCgroup2)
+	cg, how, release, err := soleCgroup(m.cfg.Cgroup, m.cfg.MountCgroup2)
 	if err != nil {
 		return err
 	}
 	b, err := attachBPF(cg, m.cfg.MapEntries)
 	if err != nil {
+		release()
 		return err
 	}
-	m.bpf, m.cgroup, m.mode = b, cg, ModeEBPF
+	m.bpf, m.cgroup, m.how, m.release, m.mode = b, cg, how, sync.OnceFunc(release), ModeEBPF
 	return nil
 }
 
@@ -478,6 +490,7 @@ func (m *Monitor) closeBPF() error {
 	if err != nil {
 		err = errors.Join(errors.New("linkstat: detach eBPF"), err)
 	}
+	m.release()
 	return err
 }
 

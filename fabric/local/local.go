@@ -75,7 +75,7 @@ func (t *Transport) View(ctx context.Context, src fabric.Remote) (tensor.Buffer,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return t.cfg.Source.Open(ctx, src.Claim)
+	return t.cfg.Source.Open(ctx, src.Claim.For(src.Offset, src.Length))
 }
 
 // Read copies the object into dst.
@@ -127,7 +127,7 @@ func (t *P2P) Close() error { return nil }
 
 func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	start := time.Now()
-	pin, err := source.Open(ctx, src.Claim)
+	pin, err := source.Open(ctx, src.Claim.For(src.Offset, src.Length))
 	if err != nil {
 		return fabric.Stats{}, err
 	}

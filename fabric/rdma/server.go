@@ -32,7 +32,14 @@ type ServerConfig struct {
 	Authorize func(peer.ID) error
 	// OpenTimeout bounds resolving a claim (Source.Open); default 5 s.
 	OpenTimeout time.Duration
-	Logger      *slog.Logger
+	// Limits caps the queue pairs each rail accepts (in total and per
+	// peer) and closes those idle for longer than Limits.IdleTimeout; zero
+	// values mean fabric's defaults (1024, 128, 5 min).
+	Limits fabric.ListenerLimits
+	// ListenerMetrics counts each rail's listener ("rdma/<nic>"); nil: not
+	// counted.
+	ListenerMetrics *fabric.ListenerMetrics
+	Logger          *slog.Logger
 }
 
 // Server is the owner side: one listening device per NIC. A reader's
@@ -105,7 +112,8 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{}}
 	for _, name := range names {
 		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Listen: true,
-			Authorize: cfg.Authorize, Handler: &nicHandler{s: s, nic: name}, Logger: cfg.Logger})
+			Authorize: cfg.Authorize, Handler: &nicHandler{s: s, nic: name}, Logger: cfg.Logger,
+			Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -239,7 +247,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		access = AccessRemoteWrite
 		pin, err = s.cfg.Sink.OpenSink(octx, req.claim)
 	} else {
-		pin, err = s.cfg.Source.Open(octx, req.claim)
+		pin, err = s.cfg.Source.Open(octx, req.claim.For(req.offset, req.length))
 	}
 	if err != nil {
 		return nil, err
@@ -256,7 +264,15 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 	data = data[req.offset : req.offset+req.length]
 	resp := resolveResp{length: req.length}
 	for _, n := range s.nics {
-		m, err := n.pd.RegisterMemory(data, access)
+		// Bound to the reader where the provider can: keys that leak or
+		// are guessed are useless to any other peer.
+		var m MemoryRegion
+		var err error
+		if b, ok := n.pd.(PeerBinder); ok {
+			m, err = b.RegisterMemoryFor(data, access, who)
+		} else {
+			m, err = n.pd.RegisterMemory(data, access)
+		}
 		if err != nil {
 			reg.release()
 			return nil, fmt.Errorf("rdma: register on %s: %w", n.name, err)

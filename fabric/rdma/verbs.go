@@ -9,6 +9,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
 )
 
 // The verbs-shaped provider interface. It follows ibverbs closely enough
@@ -61,7 +63,15 @@ type OpenConfig struct {
 	// Handler answers messages (two-sided SEND/RECV, used for the control
 	// exchange) that arrive on accepted queue pairs. nil refuses them.
 	Handler MessageHandler
-	Logger  *slog.Logger
+	// Limits caps the accepted queue pairs (in total and per peer) and
+	// closes those idle for longer than Limits.IdleTimeout; zero values
+	// mean fabric's defaults.
+	Limits fabric.ListenerLimits
+	// ListenerMetrics counts the device's listener (label "rdma/<nic>"),
+	// and remote accesses with keys never issued to the peer; nil: not
+	// counted.
+	ListenerMetrics *fabric.ListenerMetrics
+	Logger          *slog.Logger
 }
 
 // MessageHandler is the passive side's answer to messages sent with
@@ -111,6 +121,15 @@ type ProtectionDomain interface {
 	// completions go to cq.
 	CreateQP(cq CompletionQueue, cfg QPConfig) (QueuePair, error)
 	Close() error
+}
+
+// PeerBinder is an optional capability of a ProtectionDomain: it registers
+// memory that only queue pairs authenticated as one peer may access
+// remotely. A queue pair of any other peer that presents the keys gets a
+// remote access error, as for a wrong key. (ibverbs gets the same effect
+// with a protection domain, or a type 2 memory window, per remote peer.)
+type PeerBinder interface {
+	RegisterMemoryFor(buf []byte, access Access, remote peer.ID) (MemoryRegion, error)
 }
 
 // MemoryRegion is a registration (ibv_mr).

@@ -44,7 +44,7 @@ type Config struct {
 	MaxIdle int
 	// MaxMappings and MaxMappedBytes bound the mapping cache; defaults
 	// 1024 mappings and 64 GiB of mapped address space. A cached mapping
-	// keeps the owner's arena file alive, so the cache also drops an
+	// keeps the owner's object's memory alive, so the cache also drops an
 	// owner's mappings as soon as it goes away.
 	MaxMappings    int
 	MaxMappedBytes int64
@@ -101,7 +101,8 @@ type Client struct {
 	closed bool
 	done   chan struct{} // closed by Close: wakes transfers waiting for a connection
 
-	afterMap func() // test hook: runs between mapping and copying
+	afterMap func()       // test hook: runs between mapping and copying
+	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
 }
 
 type ownerPool struct {
@@ -189,7 +190,7 @@ func (c *Client) target(name string, r fabric.Remote) (peer.ID, string, error) {
 	return want, addr, nil
 }
 
-// read pulls src into dst through the owner's shared arena.
+// read pulls src into dst through the owner's object, mapped read-only.
 func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
@@ -394,7 +395,7 @@ func peerOpen(c *net.UnixConn) error {
 // owner refuses itself (freed, unknown, forged) loses its mapping, and a
 // stale one takes every mapping of its owner incarnation with it. Nothing
 // depends on this for safety (every transfer is re-validated): it frees
-// the address space, and the arena pages, early.
+// the address space, and the owner's pages, early.
 func (c *Client) refused(key cacheKey, err error) {
 	var re *peerauth.RemoteError
 	if !errors.As(err, &re) {
@@ -412,10 +413,10 @@ func (c *Client) refused(key cacheKey, err error) {
 // object into p) or push (p into r's bytes of the owner's sink) on pc.
 //
 // Both reuse a cached mapping of the claim when the owner's grant names
-// the same region of the same arena file: the owner still opens (and pins)
+// the same region of the same allocation file: the owner still opens (and pins)
 // the claim for every transfer, so a mapping is only ever used under a
 // fresh grant, and a refused claim drops it. A push maps the sink's own
-// pages writable (never the rest of the owner's arena); a read maps the
+// pages writable (its descriptor reaches the sink alone); a read maps the
 // object's pages read-only.
 func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte) error {
 	held := c.cache.acquire(key)
@@ -446,6 +447,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	}
 	m := held
 	if len(fds) == 1 {
+		if c.onFD != nil {
+			c.onFD(fds[0])
+		}
 		data, base, err := mapRegion(fds[0], g.objOff, g.objLen, key.push)
 		unix.Close(fds[0])
 		if err != nil {

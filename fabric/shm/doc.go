@@ -2,9 +2,11 @@
 // (devices the topology joins with a device link, as CUDA IPC over NVLink)
 // and "shm" (any two devices, a copy through shared host memory, as NCCL
 // SHM). On this library's simulated accelerators both are the same real
-// mechanism: the owner passes the descriptor of the memfd behind its device
-// arena, and the reader maps the object's pages and copies them straight
-// into its destination buffer. No byte crosses a socket.
+// mechanism: the owner passes the descriptor of the memfd behind the
+// object's own allocation (tensor.Exportable: one allocation per handle,
+// as CUDA's cuMemExportToShareableHandle), and the reader maps the object's
+// pages and copies them straight into its destination buffer. No byte
+// crosses a socket.
 //
 // # Owner side
 //
@@ -22,9 +24,9 @@
 // and SHM methods return the two transport views (New and NewP2P make a
 // view with a client of its own). A read sends the claim and byte range;
 // the owner resolves it through its fabric.Source (which pins the object),
-// and answers with the object's place in its arena and, unless the reader
-// already has it mapped, the arena's descriptor (SCM_RIGHTS), reopened
-// read-only. The reader maps only the object's pages, PROT_READ,
+// and answers with the object's place in its allocation and, unless the
+// reader already has it mapped, the allocation's descriptor (SCM_RIGHTS),
+// opened read-only. The reader maps only the object's pages, PROT_READ,
 // MAP_SHARED|MAP_POPULATE, copies in chunks that check the context, and
 // then sends "done"; the owner unpins. A read therefore costs one round
 // trip with the owner (done needs no answer), plus the copy.
@@ -47,14 +49,18 @@
 // died or dropped the connection mid-copy the read fails with
 // fabric.ErrPeerClosed and the destination must not be used.
 // An owner that becomes unreachable has all its mappings dropped, since
-// they keep its arena's memory alive.
+// they keep its memory alive. The owner's memory never recycles an
+// allocation it exported, so even a mapping kept after a Free (by this
+// cache, or by a hostile reader) shows the freed object, never the next
+// one.
 //
 // # Push
 //
 // Transport also implements fabric.Writer: the writer asks the reader's
 // server to open its fabric.Sink (ServerConfig.Sink) for the claim, maps
-// the sink's pages writable (only the sink's own pages, never the rest of
-// the arena), copies in and sends "done"; the server then unpins the sink.
+// the sink's pages writable (the descriptor is the sink's own allocation,
+// nothing else of the owner's memory), copies in and sends "done"; the
+// server then unpins the sink.
 // Push mappings are cached like read mappings, apart from them (a read
 // mapping is never writable), so the broadcast pattern, one reserved slot
 // pushed into over and over, maps its pages once: every later push still
@@ -68,15 +74,30 @@
 //
 // # Trust model
 //
-// Shared memory is shared by the same user only. A received descriptor
-// grants the authenticated peer access to the whole arena behind it, not
-// just the object it asked for, as a CUDA IPC handle does for its
-// allocation: a reader could map other objects of that arena (read-only:
-// the owner passes a read-only descriptor for reads when /proc is mounted,
-// and says so in its log when it cannot), and a pusher gets a writable
-// descriptor of the sink's arena. An owner can also shrink its arena file
-// under a reader's mapping; the reader's copy turns the resulting fault
-// into fabric.ErrCorrupt instead of crashing.
+// Shared memory is shared by the same user only (SO_PEERCRED), after the
+// peerauth handshake. A grant reaches the granted object's allocation and
+// nothing else (see tensor.Exportable):
+//
+//   - a reader gets a read-only descriptor of the object's own memfd: it
+//     cannot see other objects of the owner's device, objects allocated
+//     later, or memory reused after a Free (exported memory is never
+//     recycled); the file has mode 0400 and is sealed with
+//     F_SEAL_FUTURE_WRITE, so reopening it (or the owner's own descriptor,
+//     through /proc/PID/fd) for writing is refused to a process without
+//     CAP_DAC_OVERRIDE, and writing through a reopened descriptor is
+//     refused to everyone;
+//   - a pusher gets a writable descriptor of the sink's own memfd: it can
+//     write (and read) that slot and nothing else;
+//   - no holder can resize the file (F_SEAL_SHRINK, F_SEAL_GROW), so none
+//     can fault the owner by truncating memory under its mapping.
+//
+// An object shared read-only is sealed, so it cannot be pushed into
+// afterwards (the push is refused, and the planner takes another path).
+// A view of a larger allocation is granted as that allocation, with the
+// view's range inside it, the granularity CUDA's handles have too.
+// What a process running as root, or as our user with ptrace rights over
+// the owner, can still do is in docs/security-shm-grants.md: such a
+// process can read and write the owner's memory without any grant.
 //
 // # Failures
 //

@@ -62,6 +62,6 @@ func Example() {
 // pin lends the object without giving up ownership.
 type pin struct{ tensor.Buffer }
 
-func (p pin) Bytes() []byte                  { b, _ := tensor.BytesOf(p.Buffer); return b }
-func (p pin) Export() (tensor.Handle, error) { return p.Buffer.(tensor.Exportable).Export() }
-func (p pin) Release() error                 { return nil }
+func (p pin) Bytes() []byte                                 { b, _ := tensor.BytesOf(p.Buffer); return b }
+func (p pin) Export(a tensor.Access) (tensor.Handle, error) { return tensor.ExportOf(p.Buffer, a) }
+func (p pin) Release() error                                { return nil }

@@ -16,8 +16,9 @@ import (
 
 var pageSize = int64(os.Getpagesize())
 
-// mapRegion maps [off, off+n) of the arena behind fd, widened to whole
-// pages: only the object's pages, never the whole (possibly 80 GB) arena.
+// mapRegion maps [off, off+n) of the allocation file behind fd, widened to
+// whole pages: only the object's pages (the file may be a larger
+// allocation the object is a view of).
 // MAP_POPULATE builds the page tables at once, so the first copy does not
 // take one fault per 4 KiB page. It checks that the file really holds the
 // range: touching a mapping beyond the end of its file raises SIGBUS.
@@ -30,7 +31,7 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 		return nil, 0, fmt.Errorf("%w: received descriptor is not a memory file (mode %#o)", fabric.ErrCorrupt, st.Mode)
 	}
 	if off < 0 || n <= 0 || off+n > st.Size {
-		return nil, 0, fmt.Errorf("%w: range [%d,+%d) beyond the %d-byte arena file", fabric.ErrCorrupt, off, n, st.Size)
+		return nil, 0, fmt.Errorf("%w: range [%d,+%d) beyond the %d-byte allocation file", fabric.ErrCorrupt, off, n, st.Size)
 	}
 	base = off &^ (pageSize - 1)
 	end := (off + n + pageSize - 1) &^ (pageSize - 1)
@@ -40,14 +41,15 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 	}
 	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
-		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's arena: %w", end-base, err)
+		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's allocation: %w", end-base, err)
 	}
 	return data, base, nil
 }
 
 // guardedCopy copies from into to in chunks, checking ctx between them,
 // and check too when it is not nil. The shared file can shrink under us (a
-// peer that truncates its arena); the resulting SIGBUS becomes an error
+// peer that truncates it: our own owners seal their files against that,
+// but a client must not trust a peer's); the resulting SIGBUS becomes an error
 // instead of killing the process.
 func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) (err error) {
 	old := debug.SetPanicOnFault(true)
@@ -55,7 +57,7 @@ func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() e
 		debug.SetPanicOnFault(old)
 		if r := recover(); r != nil {
 			if re, ok := r.(runtime.Error); ok {
-				err = fmt.Errorf("%w: shared memory fault during copy (the peer shrank its arena?): %v", fabric.ErrCorrupt, re)
+				err = fmt.Errorf("%w: shared memory fault during copy (the peer shrank the file?): %v", fabric.ErrCorrupt, re)
 				return
 			}
 			panic(r)
@@ -101,14 +103,14 @@ const (
 	dirPush
 )
 
-// mapping is one object's pages of an owner's arena: read-only for reads,
+// mapping is one object's pages of an owner's allocation: read-only for reads,
 // writable (a sink's own pages only) for pushes.
 type mapping struct {
 	key    cacheKey
 	id     uint64 // the owner's mapping id
-	objOff int64  // object start in the arena
+	objOff int64  // object start in the allocation file
 	objLen int64
-	base   int64 // arena offset of data[0]
+	base   int64 // file offset of data[0]
 	data   []byte
 
 	refs int  // readers copying from it, and the cache's own reference
@@ -247,8 +249,8 @@ func (c *cache) revokeIncarnation(owner string, incarnation uint64) {
 	}
 }
 
-// purge drops every mapping of owner: it went away, and its arenas stay
-// alive (memory the host cannot reclaim) for as long as we map them.
+// purge drops every mapping of owner: it went away, and its memory stays
+// alive (memory the host cannot reclaim) for as long as we map it.
 func (c *cache) purge(owner string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

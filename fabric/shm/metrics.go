@@ -8,8 +8,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type collector struct{ c *Client }
 
 var (
-	mappingsDesc = prometheus.NewDesc("tensorlane_shm_mappings", "Owner arena regions mapped by the shm/p2p mapping cache.", nil, nil)
-	mappedDesc   = prometheus.NewDesc("tensorlane_shm_mapped_bytes", "Bytes of owner arenas mapped by the shm/p2p mapping cache.", nil, nil)
+	mappingsDesc = prometheus.NewDesc("tensorlane_shm_mappings", "Owner object regions mapped by the shm/p2p mapping cache.", nil, nil)
+	mappedDesc   = prometheus.NewDesc("tensorlane_shm_mapped_bytes", "Bytes of owner objects mapped by the shm/p2p mapping cache.", nil, nil)
 	eventsDesc   = prometheus.NewDesc("tensorlane_shm_mapping_events_total",
 		"Mapping cache events by direction (pull: reads, object pages mapped read-only; push: writes, a sink's pages mapped writable): "+
 			"mapped (a miss: descriptor received and mapped), hit (served by a cached mapping), revoked (owner refused the claim), evicted, purged (owner went away).",

@@ -83,7 +83,7 @@ func TestPushReusesMapping(t *testing.T) {
 	assert.EqualValues(t, 4, s.Push.Hits)
 	assert.Zero(t, s.Pull.Mapped)
 	assert.Equal(t, 1, s.Live)
-	h, err := tensor.ExportOf(f.obj)
+	h, err := tensor.ExportOf(f.obj, tensor.Writable)
 	require.NoError(t, err)
 	closeAll([]int{h.FD})
 	pages := (h.Offset+h.Length+pageSize-1)&^(pageSize-1) - h.Offset&^(pageSize-1)

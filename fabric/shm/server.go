@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -55,7 +54,13 @@ type ServerConfig struct {
 	// between the grant and its "done" (the copy); default 60 s. A client
 	// that takes longer loses the connection and its transfer fails.
 	HoldTimeout time.Duration
-	Logger      *slog.Logger
+	// Limits caps connections (in total and per peer) and closes
+	// authenticated connections idle for longer than Limits.IdleTimeout;
+	// zero values mean fabric's defaults (1024, 128, 5 min).
+	Limits fabric.ListenerLimits
+	// ListenerMetrics counts the listener (label "shm"); nil: not counted.
+	ListenerMetrics *fabric.ListenerMetrics
+	Logger          *slog.Logger
 }
 
 func (c *ServerConfig) defaults() error {
@@ -85,12 +90,13 @@ func (c *ServerConfig) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	c.Limits = c.Limits.WithDefaults()
 	return nil
 }
 
 // Server serves reads (and pushes) of one runtime's objects to other
-// processes of the same user on this host, by passing the descriptor of the
-// arena that holds them.
+// processes of the same user on this host, by passing the descriptor of
+// each object's own allocation (read-only for reads).
 type Server struct {
 	cfg    ServerConfig
 	ln     *net.UnixListener
@@ -100,8 +106,8 @@ type Server struct {
 
 	loop *acceptor.Loop
 
-	corrupt    atomic.Bool // test hook: damage the next grant
-	procWarned atomic.Bool
+	corrupt      atomic.Bool // test hook: damage the next grant
+	exportWarned atomic.Bool
 }
 
 // Listen creates the socket and starts serving.
@@ -127,7 +133,8 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, ln: ln, salt: binary.LittleEndian.Uint64(salt[:])}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.loop = acceptor.Start(ln, func(c net.Conn) { s.serve(c.(*net.UnixConn)) })
+	s.loop = acceptor.Start(ln, acceptor.Config{Name: "shm", Limits: cfg.Limits, Metrics: cfg.ListenerMetrics, Logger: cfg.Logger},
+		func(c net.Conn) { s.serve(c.(*net.UnixConn)) })
 	return s, nil
 }
 
@@ -157,11 +164,21 @@ func (s *Server) serve(c *net.UnixConn) {
 		s.cfg.Logger.Warn("shm connection out of step after the handshake", "peer", who)
 		return
 	}
+	if err := s.loop.Admit(c, who.String()); err != nil {
+		return
+	}
 	c.SetDeadline(time.Time{})
 	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
 	for {
+		// An authenticated connection may wait for its next request at
+		// most IdleTimeout: each one pins a descriptor and a goroutine.
+		c.SetReadDeadline(time.Now().Add(s.cfg.Limits.IdleTimeout))
 		p, fds, err := recvPacket(c, buf, oob)
 		closeAll(fds) // clients send no descriptors
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			s.loop.Dropped("idle", who.String())
+			return
+		}
 		if err != nil {
 			if !errors.Is(err, errEOFPacket) && !errors.Is(err, net.ErrClosed) {
 				s.cfg.Logger.Debug("shm connection ended", "peer", who, "err", err)
@@ -189,7 +206,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	var pin tensor.Buffer
 	switch {
 	case req.op == opRead:
-		pin, err = s.cfg.Source.Open(ctx, req.claim)
+		pin, err = s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
 	case s.cfg.Sink == nil:
 		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
 	default:
@@ -203,6 +220,15 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	fd := -1
 	if err == nil && req.length > 0 {
 		g, fd, err = s.export(pin, req)
+		if err != nil && !errors.Is(err, tensor.ErrReleased) {
+			// The reader falls back to a worse path (and says so); say here
+			// why the owner could not grant, loudly the first time.
+			level := slog.LevelDebug
+			if !s.exportWarned.Swap(true) {
+				level = slog.LevelWarn
+			}
+			s.cfg.Logger.Log(s.ctx, level, "shm: cannot grant the object, the reader must take another path", "object", req.claim.Object, "push", req.op == opPush, "err", err)
+		}
 	}
 	if err != nil {
 		if pin != nil {
@@ -243,29 +269,35 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
 		return err
 	}
-	// Unpin (the deferred Release) and wait for the next request: the done
-	// is not acknowledged, so the client never waits for us in between.
-	c.SetReadDeadline(time.Time{})
+	// Unpin (the deferred Release) and wait for the next request (serve
+	// sets the idle deadline): the done is not acknowledged, so the client
+	// never waits for us in between.
 	return nil
 }
 
-// export describes pin's place in its arena and, unless the client already
-// has it mapped, returns a descriptor to pass: read-only for reads, so a
-// reader cannot write into the owner's arena even if it wanted to.
+// export describes pin's place in its allocation's file and, unless the
+// client already has it mapped, returns a descriptor to pass. The
+// descriptor reaches the pinned object's allocation and nothing else
+// (tensor.Exportable): read-only (and sealed against writes) for reads,
+// writable for pushes into the sink.
 func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
-	h, err := tensor.ExportOf(pin)
+	access := tensor.ReadOnly
+	if req.op == opPush {
+		access = tensor.Writable
+	}
+	h, err := tensor.ExportOf(pin, access)
 	if err != nil {
 		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(h.FD, &st); err != nil {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: stat exported arena: %w", err)
+		return grant{}, -1, fmt.Errorf("shm: stat exported allocation: %w", err)
 	}
-	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), arenaSize: h.ArenaSize, objOff: h.Offset, objLen: h.Length}
-	if g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.arenaSize || g.arenaSize > st.Size {
+	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
+	if h.Access != access || g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.fileSize || g.fileSize > st.Size {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) of a %d-byte arena (file %d bytes) is inconsistent", h.Offset, h.Length, h.ArenaSize, st.Size)
+		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) %v of a %d-byte allocation (file %d bytes) is inconsistent", h.Offset, h.Length, h.Access, h.Size, st.Size)
 	}
 	if req.have == g.mapID {
 		// The client maps this region already (read-only for a read,
@@ -275,23 +307,10 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		return g, -1, nil
 	}
 	g.flags |= flagFD
-	if req.op == opPush {
-		return g, h.FD, nil
-	}
-	ro, err := unix.Open("/proc/self/fd/"+strconv.Itoa(h.FD), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		// Without /proc the reader gets the arena's own (writable)
-		// descriptor; it still maps it read-only. Say so once.
-		if !s.procWarned.Swap(true) {
-			s.cfg.Logger.Warn("shm: cannot reopen arena read-only, passing a writable descriptor", "err", err)
-		}
-		return g, h.FD, nil
-	}
-	unix.Close(h.FD)
-	return g, ro, nil
+	return g, h.FD, nil
 }
 
-// mappingID names one object's place in one arena file. It is salted per
+// mappingID names one object's place in one allocation file. It is salted per
 // server so ids mean nothing outside it.
 func (s *Server) mappingID(dev, ino uint64, off, n int64) uint64 {
 	h := fnv.New64a()

@@ -149,9 +149,11 @@ func (f *fixture) remote(n int64) fabric.Remote {
 // exportable), with a Release that keeps it.
 type nopRelease struct{ tensor.Buffer }
 
-func (n nopRelease) Bytes() []byte                  { b, _ := tensor.BytesOf(n.Buffer); return b }
-func (n nopRelease) Export() (tensor.Handle, error) { return n.Buffer.(tensor.Exportable).Export() }
-func (n nopRelease) Release() error                 { return nil }
+func (n nopRelease) Bytes() []byte { b, _ := tensor.BytesOf(n.Buffer); return b }
+func (n nopRelease) Export(a tensor.Access) (tensor.Handle, error) {
+	return tensor.ExportOf(n.Buffer, a)
+}
+func (n nopRelease) Release() error { return nil }
 
 // fillPattern writes bytes that differ between positions and seeds.
 func fillPattern(p []byte, seed byte) {
@@ -633,7 +635,8 @@ func TestCacheLimits(t *testing.T) {
 }
 
 // TestReadDescriptorIsReadOnly: the descriptor a reader gets cannot be
-// mapped writable, while a pusher's can.
+// mapped writable, and once an object was shared read-only (and sealed) a
+// push into it is refused; a pusher's descriptor of a sink is writable.
 func TestReadDescriptorIsReadOnly(t *testing.T) {
 	f := newFixture(t, 8192, nil)
 	pin := nopRelease{f.obj}
@@ -646,17 +649,38 @@ func TestReadDescriptorIsReadOnly(t *testing.T) {
 	ro, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	unix.Munmap(ro)
-
-	_, pfd, err := f.srv.export(pin, request{op: opPush, length: 8192})
-	require.NoError(t, err)
-	defer unix.Close(pfd)
-	rw, err := unix.Mmap(pfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	require.NoError(t, err)
-	unix.Munmap(rw)
+	_, _, err = f.srv.export(pin, request{op: opPush, length: 8192})
+	require.ErrorIs(t, err, tensor.ErrExportAccess, "a push into an object shared read-only")
 
 	// A reader that already maps the object gets no descriptor at all.
 	g2, fd2, err := f.srv.export(pin, request{op: opRead, length: 8192, have: g.mapID})
 	require.NoError(t, err)
 	assert.Equal(t, -1, fd2)
 	assert.Zero(t, g2.flags&flagFD)
+
+	sink, err := f.mem.Alloc(context.Background(), 8192)
+	require.NoError(t, err)
+	defer sink.Release()
+	_, pfd, err := f.srv.export(nopRelease{sink}, request{op: opPush, length: 8192})
+	require.NoError(t, err)
+	defer unix.Close(pfd)
+	rw, err := unix.Mmap(pfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	unix.Munmap(rw)
+}
+
+// A pooled connection the server reaped as idle is replaced on the next
+// read, which succeeds.
+func TestPooledConnReapedAsIdle(t *testing.T) {
+	const n = 64 << 10
+	f := newFixture(t, n, func(s *ServerConfig, _ *Config) { s.Limits.IdleTimeout = 100 * time.Millisecond })
+	ctx := context.Background()
+	for i := range 2 {
+		dst, p := hostDst(t, n)
+		_, err := f.cli.SHM().Read(ctx, f.remote(n), dst)
+		require.NoError(t, err, "read %d", i)
+		require.Equal(t, f.data, p)
+		require.Eventually(t, func() bool { return f.srv.connCount() == 0 }, 20*time.Second, 5*time.Millisecond,
+			"the server reaps the idle pooled connection")
+	}
 }

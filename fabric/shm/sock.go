@@ -110,8 +110,10 @@ func peerUID(c *net.UnixConn) (int, error) {
 	return int(cred.Uid), nil
 }
 
-// sameUser refuses a peer that runs as another user: a received descriptor
-// grants access to a whole device arena, so only our own user may hold one.
+// sameUser refuses a peer that runs as another user: shared memory is
+// shared within one user (a grant reaches one object, but the file modes
+// and seals that keep it to that are per user), so only our own user may
+// hold one.
 func sameUser(c *net.UnixConn) error {
 	uid, err := peerUID(c)
 	if err != nil {

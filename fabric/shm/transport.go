@@ -15,7 +15,7 @@ import (
 const shmGBps = 15
 
 // Transport is one view of a Client: "p2p" or "shm". Both move bytes the
-// same way (the owner's arena mapped into this process, one copy into the
+// same way (the owner's object mapped into this process, one copy into the
 // destination); they differ in which pairs of endpoints they claim.
 type Transport struct {
 	c       *Client
@@ -78,7 +78,7 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 		if t.c.cfg.Topology == nil {
 			path = topology.Path{Class: topology.PathSYS} // unknown: assume the worst same-host path
 		}
-		return fabric.Cost{Path: path, GBps: shmGBps, Reason: "same host, another process: copy through the owner's arena mapped read-only"}, true
+		return fabric.Cost{Path: path, GBps: shmGBps, Reason: "same host, another process: copy through the owner's object mapped read-only"}, true
 	}
 	switch {
 	case t.c.cfg.Topology == nil:
@@ -86,10 +86,10 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	case path.Class != topology.PathNV:
 		return fabric.Cost{Path: path, Reason: fmt.Sprintf("devices not linked (path %v)", path)}, false
 	}
-	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fmt.Sprintf("device link %v (%s, %.0f GB/s) to another process: its arena mapped by descriptor", path, path.Link, path.GBps)}, true
+	return fabric.Cost{Path: path, GBps: path.GBps, Reason: fmt.Sprintf("device link %v (%s, %.0f GB/s) to another process: the object mapped by descriptor", path, path.Link, path.GBps)}, true
 }
 
-// Read copies src's bytes from the owner's arena into dst. Every read asks
+// Read copies src's bytes from the owner's object into dst. Every read asks
 // the owner to re-validate the claim and to pin the object until the copy
 // is acknowledged, so a freed or reused object is never read as valid data
 // even when its mapping is cached.

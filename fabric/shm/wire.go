@@ -24,10 +24,11 @@ import (
 //
 //	refused:  status (1, not StatusOK) | message
 //	granted:  status (1, StatusOK) | version (1) | flags (1) | mapping id (8) |
-//	          arena size (8) | object offset in arena (8) | object length (8) |
+//	          file size (8) | object offset in file (8) | object length (8) |
 //	          crc32c of everything before it (4)
 //
-// with the arena's descriptor attached when flags has flagFD (the client
+// with the descriptor of the object's allocation (a file holding it and
+// nothing else) attached when flags has flagFD (the client
 // did not have mapping id mapped). The server keeps the object pinned until
 // the client has copied and says so:
 //
@@ -117,18 +118,18 @@ func parseRequest(p []byte) (request, error) {
 
 // grant is the server's answer to an admitted request.
 type grant struct {
-	flags     byte
-	mapID     uint64
-	arenaSize int64
-	objOff    int64 // the object's first byte in the arena
-	objLen    int64
+	flags    byte
+	mapID    uint64
+	fileSize int64
+	objOff   int64 // the object's first byte in the file
+	objLen   int64
 }
 
 func (g grant) marshal() []byte {
 	b := make([]byte, 0, grantLen)
 	b = append(b, peerauth.StatusOK, version, g.flags)
 	b = binary.BigEndian.AppendUint64(b, g.mapID)
-	b = binary.BigEndian.AppendUint64(b, uint64(g.arenaSize))
+	b = binary.BigEndian.AppendUint64(b, uint64(g.fileSize))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objOff))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objLen))
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
@@ -161,9 +162,9 @@ func parseReply(p []byte) (grant, error) {
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
 	if g.flags&^flagFD != 0 || size > 1<<62 || off > size || n > size-off {
-		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in an arena of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
+		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
 	}
-	g.arenaSize, g.objOff, g.objLen = int64(size), int64(off), int64(n)
+	g.fileSize, g.objOff, g.objLen = int64(size), int64(off), int64(n)
 	return g, nil
 }
 

@@ -53,7 +53,7 @@ func TestParseRequestErrors(t *testing.T) {
 }
 
 func TestParseReply(t *testing.T) {
-	g := grant{flags: flagFD, mapID: 42, arenaSize: 1 << 30, objOff: 4096, objLen: 1000}
+	g := grant{flags: flagFD, mapID: 42, fileSize: 1 << 30, objOff: 4096, objLen: 1000}
 	got, err := parseReply(g.marshal())
 	require.NoError(t, err)
 	assert.Equal(t, g, got)
@@ -66,7 +66,7 @@ func TestParseReply(t *testing.T) {
 		{"empty", nil, fabric.ErrCorrupt},
 		{"short grant", g.marshal()[:grantLen-1], fabric.ErrCorrupt},
 		{"flipped byte", flip(g.marshal(), 20), fabric.ErrCorrupt},
-		{"object outside arena", grant{arenaSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
+		{"object outside arena", grant{fileSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
 		{"unknown flags", grant{flags: 0x80}.marshal(), fabric.ErrCorrupt},
 		// Version 1 servers acknowledged done; a client of version 2 sends
 		// its next request without reading an ack, so it must refuse them.
@@ -121,7 +121,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 func FuzzParseReply(f *testing.F) {
-	f.Add(grant{flags: flagFD, mapID: 1, arenaSize: 1 << 20, objOff: 4096, objLen: 100}.marshal(), true)
+	f.Add(grant{flags: flagFD, mapID: 1, fileSize: 1 << 20, objOff: 4096, objLen: 100}.marshal(), true)
 	f.Add(refusal(fabric.ErrObjectFreed), false)
 	f.Add([]byte{peerauth.StatusOK}, false)
 	f.Fuzz(func(t *testing.T, p []byte, fixCRC bool) {
@@ -135,7 +135,7 @@ func FuzzParseReply(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if g.objOff < 0 || g.objLen < 0 || g.objOff+g.objLen > g.arenaSize || g.flags&^flagFD != 0 {
+		if g.objOff < 0 || g.objLen < 0 || g.objOff+g.objLen > g.fileSize || g.flags&^flagFD != 0 {
 			t.Fatalf("accepted an inconsistent grant %+v", g)
 		}
 		if !bytes.Equal(g.marshal(), p) {

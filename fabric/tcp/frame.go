@@ -173,15 +173,19 @@ func (l *link) armWrite() {
 	}
 }
 
-// awaitRequest waits for the first byte of the next request. The read
-// deadline a request armed stays armed after it (clearing and re-arming
-// it per request would cost a timer each); when it passes while the
-// connection waits, it is cleared: an idle connection may wait for ever.
+// awaitRequest waits for the first byte of the next request, at most idle
+// (then it returns errIdle). The read deadline a request armed stays armed
+// after it (clearing and re-arming it per request would cost a timer each);
+// when it passes while the connection waits, the wait's own idle deadline
+// takes its place.
 //
-// strictIdle clears the deadline before waiting instead.
-func (l *link) awaitRequest() error {
-	if l.strictIdle && !l.rArmed.IsZero() {
-		l.SetReadDeadline(time.Time{})
+// strictIdle sets the idle deadline before waiting instead: a record layer
+// could lose its place if the stall deadline interrupted a record half read.
+func (l *link) awaitRequest(idle time.Duration) error {
+	since := time.Now()
+	// Keep the armed stall deadline only when it passes before the idle one.
+	if l.strictIdle || l.rArmed.IsZero() || idle < l.stall+l.stall/8 {
+		l.SetReadDeadline(since.Add(idle))
 		l.rArmed = time.Time{}
 	}
 	for {
@@ -193,10 +197,20 @@ func (l *link) awaitRequest() error {
 		if !errors.As(err, &ne) || !ne.Timeout() {
 			return err
 		}
-		l.SetReadDeadline(time.Time{})
+		if l.r.Buffered() == 0 && time.Since(since) >= idle {
+			return errIdle
+		}
+		if l.strictIdle {
+			return err // a record half read when the deadline hit: out of step
+		}
+		l.SetReadDeadline(since.Add(idle))
 		l.rArmed = time.Time{}
 	}
 }
+
+// errIdle ends a connection that sent no request for the server's
+// IdleTimeout.
+var errIdle = errors.New("tcp: connection idle for too long")
 
 func (l *link) writev(bufs [][]byte) error {
 	l.armWrite()

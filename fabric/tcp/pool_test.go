@@ -159,3 +159,18 @@ func TestPoolKeepsConcurrentConnections(t *testing.T) {
 	assert.Equal(t, 1, p.open)
 	assert.Len(t, tr2.all, 1)
 }
+
+// A pooled connection the server reaped as idle (ServerConfig.Limits) is
+// replaced on the next transfer, which succeeds: the idle timeout costs
+// readers a handshake, never a failed transfer.
+func TestPooledConnReapedAsIdle(t *testing.T) {
+	f := newFixture(t, 64<<10, func(c *ServerConfig) { c.Limits.IdleTimeout = 100 * time.Millisecond })
+	var dials atomic.Int64
+	tr := f.transport(t, Config{Compression: CompressOff, Dial: counting(&dials)})
+	ctx := context.Background()
+	require.NoError(t, <-f.readAsync(t, ctx, tr, 64<<10))
+	require.Eventually(t, func() bool { return f.srv.loop.Len() == 0 }, 20*time.Second, 5*time.Millisecond,
+		"the server reaps the idle pooled connection")
+	require.NoError(t, <-f.readAsync(t, ctx, tr, 64<<10))
+	assert.Equal(t, int64(2), dials.Load(), "one fresh connection replaced the reaped one")
+}

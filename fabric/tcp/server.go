@@ -49,7 +49,13 @@ type ServerConfig struct {
 	// reader that stopped reading, a pusher that stopped sending); default
 	// 30 s.
 	StallTimeout time.Duration
-	Logger       *slog.Logger
+	// Limits caps connections (in total and per peer) and closes
+	// authenticated connections idle for longer than Limits.IdleTimeout;
+	// zero values mean fabric's defaults (1024, 128, 5 min).
+	Limits fabric.ListenerLimits
+	// ListenerMetrics counts the listener (label "tcp"); nil: not counted.
+	ListenerMetrics *fabric.ListenerMetrics
+	Logger          *slog.Logger
 }
 
 func (c *ServerConfig) defaults() error {
@@ -74,6 +80,7 @@ func (c *ServerConfig) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	c.Limits = c.Limits.WithDefaults()
 	return nil
 }
 
@@ -103,7 +110,7 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		}
 	}
 	s := &Server{cfg: cfg, ln: ln}
-	s.loop = acceptor.Start(ln, s.serve)
+	s.loop = acceptor.Start(ln, acceptor.Config{Name: "tcp", Limits: cfg.Limits, Metrics: cfg.ListenerMetrics, Logger: cfg.Logger}, s.serve)
 	return s, nil
 }
 
@@ -112,6 +119,7 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // serve runs one connection; the accept loop closes it afterwards.
 func (s *Server) serve(c net.Conn) {
+	raw := c // the accept loop's; c may become the encrypted one
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -125,21 +133,28 @@ func (s *Server) serve(c net.Conn) {
 		s.cfg.Logger.Warn("data connection refused", "remote", c.RemoteAddr(), "err", err)
 		return
 	}
+	if err := s.loop.Admit(raw, who.String()); err != nil {
+		return
+	}
 	l := newLink(c, s.cfg.StallTimeout)
 	// A record layer may lose its place if a deadline interrupts a
-	// record half read, so encrypted connections wait for requests with
-	// no deadline at all.
+	// record half read, so encrypted connections wait for requests under
+	// the idle deadline alone (see awaitRequest).
 	l.strictIdle = res.Keys != nil
 	l.SetDeadline(time.Time{}) // the handshake's
 	claims := claimCtx{timeout: s.cfg.HandshakeTimeout}
 	defer claims.stop()
 	for {
-		err := l.awaitRequest()
+		err := l.awaitRequest(s.cfg.Limits.IdleTimeout)
 		var req request
 		if err == nil {
 			// A request that starts arriving must arrive in time.
 			l.armRead()
 			req, err = readRequest(l.r, &l.reqb)
+		}
+		if errors.Is(err, errIdle) {
+			s.loop.Dropped("idle", who.String())
+			return
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -172,7 +187,7 @@ func refuse(l *link, err error) error {
 
 // open resolves a claim with a bounded wait and checks the range.
 func (s *Server) open(claims *claimCtx, req request, resolve func(context.Context, fabric.Claim) (tensor.Buffer, error)) (tensor.Buffer, []byte, error) {
-	pin, err := resolve(claims.begin(), req.claim)
+	pin, err := resolve(claims.begin(), req.claim.For(req.offset, req.length))
 	claims.end()
 	if err != nil {
 		return nil, nil, err

@@ -95,6 +95,7 @@ const (
 	StatusUnauthorized
 	StatusBadRequest
 	StatusInternal
+	StatusClosing // the owner is shutting down (fabric.ErrOwnerClosed)
 )
 
 // StatusFor maps an error to the status code that carries it over the wire.
@@ -110,6 +111,8 @@ func StatusFor(err error) byte {
 		return StatusUnauthorized
 	case errors.Is(err, fabric.ErrBadRequest):
 		return StatusBadRequest
+	case errors.Is(err, fabric.ErrOwnerClosed):
+		return StatusClosing
 	}
 	return StatusInternal
 }
@@ -130,7 +133,7 @@ func StatusError(code byte, msg string) error {
 	kind := map[byte]error{
 		StatusNotFound: fabric.ErrObjectNotFound, StatusFreed: fabric.ErrObjectFreed,
 		StatusStale: fabric.ErrStaleRef, StatusUnauthorized: fabric.ErrUnauthorized,
-		StatusBadRequest: fabric.ErrBadRequest,
+		StatusBadRequest: fabric.ErrBadRequest, StatusClosing: fabric.ErrOwnerClosed,
 	}[code]
 	if kind == nil {
 		kind = errors.New("fabric: owner internal error")

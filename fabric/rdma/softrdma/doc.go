@@ -18,6 +18,14 @@
 // their own CRC-32 once in: a corrupt payload fails its work request and
 // breaks the queue pair.
 //
+// Keys resist guessing: rkeys are random, I/O addresses are random, a
+// region registered with RegisterMemoryFor answers only queue pairs of the
+// peer it was registered for, and a queue pair that presents 8 keys never
+// issued to its peer is dropped (counted in fabric.ListenerMetrics). Each
+// NIC's listener runs fabric/internal/acceptor: accept errors such as
+// EMFILE are retried with backoff, queue pairs are capped in total and per
+// peer, and an idle one is closed (rdma.OpenConfig.Limits).
+//
 // What is emulated is the NIC, on the host CPU. No staging copies: a
 // deregistration waits for the socket transfers in progress on its region
 // (each at most one chunk, Config.ChunkSize) and aborts those that take

@@ -13,7 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
 
@@ -44,6 +47,10 @@ type Config struct {
 	// HandshakeTimeout bounds authenticating an accepted queue pair;
 	// default 10 s.
 	HandshakeTimeout time.Duration
+	// StallTimeout bounds each frame write of a responder: a requester
+	// that stops reading is dropped rather than holding the responder (and
+	// the registrations of its queue pair); default 30 s.
+	StallTimeout time.Duration
 }
 
 // Provider is the software verbs provider: each NIC is a TCP listener, a
@@ -77,6 +84,9 @@ func New(cfg Config) (*Provider, error) {
 	cfg.ChunkSize = min(cfg.ChunkSize, MaxPayload)
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = 30 * time.Second
 	}
 	return &Provider{cfg: cfg}, nil
 }
@@ -115,9 +125,10 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	cfg.Limits = cfg.Limits.WithDefaults()
 	d := &device{p: p, nic: *nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name),
-		mrs: map[uint32]*mr{}, lkeys: map[uint32]*mr{}, qps: map[*qp]struct{}{}, conns: map[*responder]struct{}{},
-		nextAddr: 1 << 40}
+		mrs: map[uint32]*mr{}, lkeys: map[uint32]*mr{}, qps: map[*qp]struct{}{},
+		dead: map[uint32]peer.ID{}, listener: "rdma/" + nic.Name}
 	if cfg.Listen {
 		listen := nic.Listen
 		if listen == nil {
@@ -128,8 +139,8 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 			return nil, fmt.Errorf("softrdma: NIC %s: listen on %s: %w", nic.Name, nic.Addr, err)
 		}
 		d.ln = ln
-		d.wg.Add(1)
-		go d.accept()
+		d.loop = acceptor.Start(ln, acceptor.Config{Name: d.listener, Limits: cfg.Limits,
+			Metrics: cfg.ListenerMetrics, Logger: cfg.Logger}, d.serve)
 	}
 	return d, nil
 }
@@ -141,16 +152,22 @@ type device struct {
 	cfg rdma.OpenConfig
 	log *slog.Logger
 	ln  net.Listener
+	// loop accepts and tracks the responders' connections (nil when the
+	// device does not listen).
+	loop     *acceptor.Loop
+	listener string // metrics label: "rdma/<nic>"
 
-	mu       sync.Mutex
-	mrs      map[uint32]*mr // by rkey
-	lkeys    map[uint32]*mr
-	nextAddr uint64
-	qps      map[*qp]struct{}
-	conns    map[*responder]struct{}
-	closed   bool
-	nextQP   uint64
-	wg       sync.WaitGroup
+	mu     sync.Mutex
+	mrs    map[uint32]*mr // by rkey
+	lkeys  map[uint32]*mr
+	qps    map[*qp]struct{}
+	closed bool
+	nextQP uint64
+	// dead remembers the rkeys of recent deregistrations (and whom they
+	// were bound to): a reader that still uses one raced a revocation, it
+	// did not guess. Bounded by deadOrder.
+	dead      map[uint32]peer.ID
+	deadOrder []uint32
 }
 
 func (d *device) Device() rdma.Device { return rdma.Device{Name: d.nic.Name, Addr: d.Addr()} }
@@ -184,12 +201,8 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
-	var err error
-	if d.ln != nil {
-		err = d.ln.Close()
-	}
-	qps, conns := d.qps, d.conns
-	d.qps, d.conns = map[*qp]struct{}{}, map[*responder]struct{}{}
+	qps := d.qps
+	d.qps = map[*qp]struct{}{}
 	// A copy: Deregister, also called by other devices' goroutines (a
 	// registration spans NICs), deletes from d.mrs under d.mu.
 	mrs := make([]*mr, 0, len(d.mrs))
@@ -200,10 +213,12 @@ func (d *device) Close() error {
 	for q := range qps {
 		q.Close()
 	}
-	for c := range conns {
-		c.conn.Close()
+	var err error
+	if d.loop != nil {
+		// Closes the listener and every responder's connection, and waits
+		// for the responders.
+		err = d.loop.Close()
 	}
-	d.wg.Wait()
 	for _, m := range mrs {
 		m.Deregister()
 	}
@@ -218,32 +233,52 @@ func randKey() uint32 {
 
 // pd is a protection domain. Remote queue pairs are not bound to a
 // protection domain in this provider: an accepted queue pair may reach any
-// remotely accessible region of its device (ibverbs would also check that
-// the region's PD is the QP's).
+// remotely accessible region of its device that is not bound to another
+// peer (RegisterMemoryFor; ibverbs would check that the region's PD is the
+// QP's).
 type pd struct {
 	dev *device
 }
 
 func (p *pd) RegisterMemory(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
+	return p.RegisterMemoryFor(buf, access, "")
+}
+
+var _ rdma.PeerBinder = (*pd)(nil)
+
+// RegisterMemoryFor registers buf for remote access by queue pairs
+// authenticated as remote only ("" : any peer). A remote access names a
+// region by (rkey, address): the 32-bit rkey (fresh, random, never one in
+// use or recently revoked) and a random 4 KiB-aligned I/O address in a
+// 2^58-byte space make a guess succeed once in about 2^78 tries, and a
+// queue pair is dropped after maxBadKeys wrong ones.
+func (p *pd) RegisterMemoryFor(buf []byte, access rdma.Access, remote peer.ID) (rdma.MemoryRegion, error) {
 	d := p.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, fabric.ErrClosed
 	}
-	m := &mr{pd: p, buf: buf, access: access}
-	for m.rkey == 0 || d.mrs[m.rkey] != nil {
+	m := &mr{pd: p, buf: buf, access: access, peer: remote}
+	for m.rkey == 0 || d.mrs[m.rkey] != nil || d.dead[m.rkey] != "" {
 		m.rkey = randKey()
 	}
 	for m.lkey == 0 || d.lkeys[m.lkey] != nil {
 		m.lkey = randKey()
 	}
-	// Fresh I/O addresses for every registration, with a gap, so a revoked
-	// (key, address) pair never names a later region.
-	m.addr = d.nextAddr
-	d.nextAddr += (uint64(len(buf)) + 2<<20) &^ (1<<20 - 1)
+	// Random I/O addresses: predictable ones would leave the rkey alone
+	// to guess.
+	m.addr = randAddr()
 	d.mrs[m.rkey], d.lkeys[m.lkey] = m, m
 	return m, nil
+}
+
+// randAddr returns a random 4 KiB-aligned address in [2^40, 2^40+2^58):
+// far from 0 and from the top, so that addr+len never wraps.
+func randAddr() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return 1<<40 + binary.BigEndian.Uint64(b[:])&(1<<58-1)&^(4<<10-1)
 }
 
 func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair, error) {
@@ -294,6 +329,7 @@ type mr struct {
 	lkey, rkey uint32
 	addr       uint64
 	access     rdma.Access
+	peer       peer.ID // the only peer that may access it remotely; "": any
 
 	mu   sync.RWMutex
 	dead bool
@@ -332,6 +368,9 @@ func (m *mr) Deregister() error {
 	d.mu.Lock()
 	if d.mrs[m.rkey] == m {
 		delete(d.mrs, m.rkey)
+		if m.access&(rdma.AccessRemoteRead|rdma.AccessRemoteWrite) != 0 {
+			d.buryLocked(m.rkey, m.peer)
+		}
 	}
 	if d.lkeys[m.lkey] == m {
 		delete(d.lkeys, m.lkey)
@@ -387,11 +426,45 @@ func (m *mr) io(addr uint64, n int, abort *func(), fn func(p []byte) error) (boo
 	return true, err
 }
 
-func (d *device) remoteMR(rkey uint32, need rdma.Access) (*mr, bool) {
+// maxDead bounds the revoked rkeys a device remembers.
+const maxDead = 1 << 14
+
+// anyPeer stands for "bound to no peer" among the dead keys (whose zero
+// value means "not dead").
+const anyPeer = peer.ID("*")
+
+func (d *device) buryLocked(rkey uint32, bound peer.ID) {
+	if bound == "" {
+		bound = anyPeer
+	}
+	if len(d.deadOrder) >= maxDead {
+		delete(d.dead, d.deadOrder[0])
+		d.deadOrder = d.deadOrder[1:]
+	}
+	d.dead[rkey] = bound
+	d.deadOrder = append(d.deadOrder, rkey)
+}
+
+// remoteMR returns the region rkey names for a remote access by who that
+// needs need. When there is none, guess says whether the key was never
+// issued to who (nor revoked lately): a wrong guess, not a lost race with a
+// revocation.
+func (d *device) remoteMR(rkey uint32, need rdma.Access, who peer.ID) (m *mr, ok, guess bool) {
 	d.mu.Lock()
-	m := d.mrs[rkey]
-	d.mu.Unlock()
-	return m, m != nil && m.access&need != 0
+	defer d.mu.Unlock()
+	m = d.mrs[rkey]
+	switch {
+	case m != nil && (m.peer == "" || m.peer == who):
+		if m.access&need != 0 {
+			return m, true, false
+		}
+		return nil, false, true // a region's key, asking for what it does not allow
+	case m == nil:
+		if b := d.dead[rkey]; b == anyPeer || (b != "" && b == who) {
+			return nil, false, false
+		}
+	}
+	return nil, false, true
 }
 
 func (d *device) localMR(p *pd, lkey uint32) *mr {

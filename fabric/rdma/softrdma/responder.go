@@ -20,9 +20,6 @@ const maxHandlers = 64
 // buffer.
 const directWrite = 16 << 10
 
-// responderTimeout bounds each frame write of a responder: a requester
-// that stops reading is dropped rather than holding the responder.
-const responderTimeout = 30 * time.Second
 
 // responder is the passive side of one accepted queue pair.
 type responder struct {
@@ -35,41 +32,34 @@ type responder struct {
 	writes map[uint64]rdma.Status // WRITE requests in progress: first failure
 	// abort drops the queue pair: Deregister calls it when a region it
 	// revokes is held by a transfer that does not finish.
-	abort func()
+	abort   func()
+	badKeys int // accesses with keys never issued to this peer
 }
 
-func (d *device) accept() {
-	defer d.wg.Done()
-	for {
-		c, err := d.ln.Accept()
-		if err != nil {
-			return
-		}
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
-			c.Close()
-			return
-		}
-		d.nextQP++
-		r := &responder{dev: d, conn: c, id: rdma.RemoteQP{ID: d.nextQP}, writes: map[uint64]rdma.Status{}}
-		r.abort = func() { r.conn.Close() }
-		d.conns[r] = struct{}{}
-		d.wg.Add(1)
+// maxBadKeys is how many remote accesses with keys never issued to its
+// peer (or with an issued key outside its region or rights) a queue pair
+// may make before it is dropped: a correct requester makes none, and a
+// handful (8) leaves room for a buggy reader to be told why; a guesser must pay a new
+// connection and handshake per maxBadKeys tries.
+const maxBadKeys = 8
+
+// serve runs one accepted queue pair; the accept loop closes the
+// connection afterwards.
+func (d *device) serve(c net.Conn) {
+	d.mu.Lock()
+	if d.closed {
 		d.mu.Unlock()
-		go r.serve()
+		return
 	}
+	d.nextQP++
+	r := &responder{dev: d, conn: c, id: rdma.RemoteQP{ID: d.nextQP}, writes: map[uint64]rdma.Status{}}
+	d.mu.Unlock()
+	r.abort = func() { r.conn.Close() }
+	r.serve()
 }
 
 func (r *responder) serve() {
 	d := r.dev
-	defer d.wg.Done()
-	defer func() {
-		d.mu.Lock()
-		delete(d.conns, r)
-		d.mu.Unlock()
-		r.conn.Close()
-	}()
 	if tc, ok := r.conn.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -78,6 +68,9 @@ func (r *responder) serve() {
 	who := res.Peer
 	if err != nil {
 		d.log.Warn("rdma queue pair refused", "remote", r.conn.RemoteAddr(), "err", err)
+		return
+	}
+	if err := d.loop.Admit(r.conn, who.String()); err != nil {
 		return
 	}
 	r.conn.SetDeadline(time.Time{})
@@ -99,10 +92,24 @@ func (r *responder) serve() {
 	br := bufio.NewReaderSize(r.conn, 32<<10)
 	buf := make([]byte, MaxPayload)
 	var h [headerLen]byte
+	// A queue pair that sends no frame for IdleTimeout is dropped: each
+	// one pins a descriptor, a goroutine and its buffers. The deadline is
+	// re-armed at most every idle/8, idle+idle/8 ahead, so it costs no
+	// timer per frame and bites between idle and 9/8 of it.
+	idle := d.cfg.Limits.IdleTimeout
+	var armed time.Time
 	for {
+		if now := time.Now(); now.Sub(armed) > idle/8 {
+			r.conn.SetReadDeadline(now.Add(idle + idle/8))
+			armed = now
+		}
 		f, err := readHeader(br, &h)
 		if err == nil && f.op != opWriteReq {
 			err = readPayload(br, &h, f, buf[:f.payloadLen])
+		}
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			d.loop.Dropped("idle", who.String())
+			return
 		}
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
@@ -132,6 +139,11 @@ func (r *responder) serve() {
 			d.log.Warn("rdma queue pair sent an unexpected op", "peer", who, "op", f.op)
 			return
 		}
+		if errors.Is(err, errBadKeys) {
+			d.log.Warn("rdma queue pair dropped: too many bad memory keys", "peer", who, "bad_keys", r.badKeys)
+			d.loop.Dropped("bad_keys", who.String())
+			return
+		}
 		if err != nil {
 			d.log.Debug("rdma queue pair failed", "peer", who, "err", err)
 			return
@@ -139,11 +151,26 @@ func (r *responder) serve() {
 	}
 }
 
+var errBadKeys = errors.New("softrdma: too many bad memory keys")
+
+// badKey counts one access with a key that was never the peer's to use;
+// past maxBadKeys it returns errBadKeys, which drops the queue pair.
+func (r *responder) badKey() error {
+	r.badKeys++
+	if m := r.dev.cfg.ListenerMetrics; m != nil {
+		m.BadKeys.WithLabelValues(r.dev.listener).Inc()
+	}
+	if r.badKeys >= maxBadKeys {
+		return errBadKeys
+	}
+	return nil
+}
+
 // send writes one frame and flushes it.
 func (r *responder) send(f frame, payload []byte, corrupt bool) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
-	r.conn.SetWriteDeadline(time.Now().Add(responderTimeout))
+	r.conn.SetWriteDeadline(time.Now().Add(r.dev.p.cfg.StallTimeout))
 	if len(payload) >= directWrite {
 		// One writev straight from the chunk: no copy into the buffer.
 		if err := r.w.Flush(); err != nil {
@@ -162,11 +189,17 @@ func (r *responder) send(f frame, payload []byte, corrupt bool) error {
 // while the region is held, so a deregistration stops the stream with a
 // remote access error and never exposes later bytes.
 func (r *responder) serveRead(f frame) error {
-	m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteRead)
+	m, ok, guess := r.dev.remoteMR(f.rkey, rdma.AccessRemoteRead, r.id.Peer)
 	if ok {
 		_, ok = m.span(f.addr, uint64(f.length))
+		guess = !ok
 	}
 	if !ok {
+		if guess {
+			if err := r.badKey(); err != nil {
+				return err
+			}
+		}
 		return r.send(frame{op: opReadResp, id: f.id, status: uint8(rdma.StatusRemoteAccess), flags: flagLast}, nil, false)
 	}
 	chunkSize := uint32(r.dev.p.cfg.ChunkSize)
@@ -203,7 +236,17 @@ func (r *responder) serveWrite(br *bufio.Reader, h *[headerLen]byte, f frame, bu
 	st := r.writes[f.id]
 	landed := false
 	if st == rdma.StatusSuccess {
-		m, ok := r.dev.remoteMR(f.rkey, rdma.AccessRemoteWrite)
+		m, ok, guess := r.dev.remoteMR(f.rkey, rdma.AccessRemoteWrite, r.id.Peer)
+		if ok {
+			_, ok = m.span(f.addr, uint64(f.payloadLen))
+			guess = !ok
+		}
+		if guess {
+			// Once per request: its other chunks carry the same key.
+			if err := r.badKey(); err != nil {
+				return err
+			}
+		}
 		if ok {
 			var err error
 			ok, err = m.io(f.addr, int(f.payloadLen), &r.abort, func(dst []byte) error {

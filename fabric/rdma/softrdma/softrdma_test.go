@@ -63,19 +63,31 @@ type pair struct {
 	qp        rdma.QueuePair
 	cq        rdma.CompletionQueue
 	handler   *echoHandler
+	clientID  peer.ID
 }
 
 func newPair(t *testing.T, size int, timeout time.Duration) *pair {
+	t.Helper()
+	return newPairWith(t, size, timeout, nil)
+}
+
+// newPairWith is newPair with the server device's OpenConfig adjusted by
+// server (when not nil).
+func newPairWith(t *testing.T, size int, timeout time.Duration, server func(*rdma.OpenConfig)) *pair {
 	t.Helper()
 	prov, err := New(Config{NICs: []NIC{{Name: "s0", Addr: "127.0.0.1:0"}, {Name: "c0", Addr: "127.0.0.1:0"}}, ChunkSize: 64 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sk, sid := newKey(t)
-	ck, _ := newKey(t)
-	p := &pair{prov: prov, handler: &echoHandler{closed: make(chan rdma.RemoteQP, 4)}}
+	ck, cid := newKey(t)
+	p := &pair{prov: prov, handler: &echoHandler{closed: make(chan rdma.RemoteQP, 4)}, clientID: cid}
 	ctx := context.Background()
-	p.server, err = prov.Open(ctx, "s0", rdma.OpenConfig{Identity: sk, Listen: true, Handler: p.handler})
+	scfg := rdma.OpenConfig{Identity: sk, Listen: true, Handler: p.handler}
+	if server != nil {
+		server(&scfg)
+	}
+	p.server, err = prov.Open(ctx, "s0", scfg)
 	if err != nil {
 		t.Fatal(err)
 	}

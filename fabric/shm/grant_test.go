@@ -1,0 +1,279 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// The tests below are the reader's (or pusher's) view of a grant: they keep
+// a duplicate of the descriptor the owner passed and try, as a hostile peer
+// would, to reach more than the granted object through it. Before grants
+// were per allocation, the descriptor was the owner's whole device arena:
+// every one of them failed.
+
+// received collects duplicates of the descriptors c receives.
+type received struct {
+	mu  sync.Mutex
+	fds []int
+}
+
+func receive(t *testing.T, c *Client) *received {
+	r := &received{}
+	c.onFD = func(fd int) {
+		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		r.mu.Lock()
+		r.fds = append(r.fds, d)
+		r.mu.Unlock()
+	}
+	t.Cleanup(func() { closeAll(r.fds) })
+	return r
+}
+
+func (r *received) only(t *testing.T) int {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Len(t, r.fds, 1, "descriptors received")
+	return r.fds[0]
+}
+
+// wholeFile reads everything the descriptor reaches.
+func wholeFile(t *testing.T, fd int) []byte {
+	t.Helper()
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	p := make([]byte, st.Size)
+	n, err := unix.Pread(fd, p, 0)
+	require.NoError(t, err)
+	return p[:n]
+}
+
+// withoutDACOverride runs f on a thread without CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH in its effective set, as an unprivileged process of
+// our user would (the tests may run as root).
+func withoutDACOverride(t *testing.T, f func()) {
+	runtime.LockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var saved, data [2]unix.CapUserData
+	require.NoError(t, unix.Capget(&hdr, &saved[0]))
+	data = saved
+	data[0].Effective &^= 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH
+	require.NoError(t, unix.Capset(&hdr, &data[0]))
+	f()
+	if unix.Capset(&hdr, &saved[0]) == nil {
+		runtime.UnlockOSThread() // else the thread dies with the goroutine
+	}
+}
+
+func secretAlloc(t *testing.T, m *tensor.SimMemory, n int64, b byte) []byte {
+	t.Helper()
+	buf, err := m.Alloc(context.Background(), n)
+	require.NoError(t, err)
+	t.Cleanup(func() { buf.Release() })
+	p, _ := tensor.BytesOf(buf)
+	for i := range p {
+		p[i] = b
+	}
+	return p
+}
+
+// TestGrantReachesOnlyTheObject: a reader granted object A gets a
+// descriptor of A's allocation alone: not another actor's object B of the
+// same device, not an object C allocated after the grant.
+func TestGrantReachesOnlyTheObject(t *testing.T) {
+	const n = 64<<10 + 3
+	f := newFixture(t, n, nil)
+	secretAlloc(t, f.mem, 256<<10, 0xB5) // B: never shared
+	got := receive(t, f.cli)
+	dst, p := hostDst(t, n)
+	_, err := f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	require.Equal(t, f.data, p[:n])
+	secretAlloc(t, f.mem, 256<<10, 0xC5) // C: allocated after the grant
+
+	fd := got.only(t)
+	file := wholeFile(t, fd)
+	require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "the descriptor reaches more than the object's pages")
+	assert.Equal(t, f.data, file[:n])
+	assert.Equal(t, make([]byte, len(file)-n), file[n:], "the page tail past the object is zero")
+	for _, secret := range []byte{0xB5, 0xC5} {
+		assert.False(t, bytes.Contains(file, bytes.Repeat([]byte{secret}, 256)), "secret %#x visible through the grant", secret)
+	}
+}
+
+// TestGrantRefusesWrite: the reader cannot write the owner's object
+// through its grant: not through the descriptor (read-only), not by
+// reopening it for writing through /proc (refused to an unprivileged
+// process of our user; a privileged one that may reopen it still cannot
+// write, map it writable, truncate it or punch holes in it). Nor can it
+// reopen the owner's own read-write descriptors through /proc/PID/fd.
+func TestGrantRefusesWrite(t *testing.T) {
+	const n = 1 << 20
+	f := newFixture(t, n, nil)
+	got := receive(t, f.cli)
+	dst, _ := hostDst(t, n)
+	_, err := f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	fd := got.only(t)
+
+	_, err = unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	assert.ErrorIs(t, err, unix.EACCES, "the grant maps writable")
+	_, err = unix.Pwrite(fd, []byte{1}, 0)
+	assert.ErrorIs(t, err, unix.EBADF, "the grant is writable")
+
+	reopen := "/proc/self/fd/" + strconv.Itoa(fd)
+	owned := ownerMemfds(t, "/proc/self/fd", "tensorlane-sim")
+	require.NotEmpty(t, owned, "the owner's own descriptors")
+	withoutDACOverride(t, func() {
+		for _, path := range append([]string{reopen}, owned...) {
+			w, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(w)
+			}
+			assert.ErrorIs(t, err, unix.EACCES, "%s reopened for writing", path)
+		}
+	})
+	if w, err := unix.Open(reopen, unix.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+		// Privileged: reopening is allowed, writing is not (sealed).
+		defer unix.Close(w)
+		_, err = unix.Pwrite(w, []byte{1}, 0)
+		assert.ErrorIs(t, err, unix.EPERM, "write through the reopened grant")
+		_, err = unix.Mmap(w, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		assert.ErrorIs(t, err, unix.EPERM, "writable mapping of the reopened grant")
+		assert.ErrorIs(t, unix.Ftruncate(w, 0), unix.EPERM, "truncate the owner's object")
+		assert.ErrorIs(t, unix.Fallocate(w, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, n), unix.EPERM)
+	}
+	file := wholeFile(t, fd)
+	require.Equal(t, n, len(file), "the object's file was resized")
+	assert.Equal(t, f.data, file, "the object is unchanged")
+}
+
+// TestCrossProcessGrant: the same, against an owner in another process:
+// the reader's descriptor is the object's allocation alone, and neither it
+// nor the owner's own descriptors (/proc/PID/fd/N) can be reopened for
+// writing by an unprivileged process of the same user.
+func TestCrossProcessGrant(t *testing.T) {
+	sizes := []int64{3<<20 + 5, 1 << 20}
+	h := startHelper(t, sizes...)
+	k, _ := key(t)
+	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	require.NoError(t, err)
+	defer cli.Close()
+	got := receive(t, cli)
+	dst, p := hostDst(t, sizes[0])
+	_, err = cli.SHM().Read(context.Background(), h.remote(0, 0, sizes[0]), dst)
+	require.NoError(t, err)
+	require.Equal(t, -1, checkWords(p, h.info.Objects[0].Seed, 0, sizes[0]))
+
+	fd := got.only(t)
+	file := wholeFile(t, fd)
+	require.Equal(t, int((sizes[0]+pageSize-1)&^(pageSize-1)), len(file), "the descriptor reaches more than the object")
+	assert.Equal(t, p, file[:sizes[0]])
+	other := make([]byte, sizes[1])
+	fillWords(other, h.info.Objects[1].Seed)
+	assert.False(t, bytes.Contains(file, other[:4096]), "the other object is visible through the grant")
+
+	owned := ownerMemfds(t, "/proc/"+strconv.Itoa(h.cmd.Process.Pid)+"/fd", "tensorlane-sim")
+	require.Len(t, owned, len(sizes), "one memfd per allocation in the owner")
+	withoutDACOverride(t, func() {
+		for _, path := range append([]string{"/proc/self/fd/" + strconv.Itoa(fd)}, owned...) {
+			w, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(w)
+			}
+			assert.ErrorIs(t, err, unix.EACCES, "%s reopened for writing", path)
+		}
+	})
+}
+
+// ownerMemfds lists the memfds named prefix* among the descriptors in dir
+// (a /proc/PID/fd), as paths another process would open.
+func ownerMemfds(t *testing.T, dir, prefix string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err == nil && strings.HasPrefix(target, "/memfd:"+prefix) {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+// TestGrantRevokedAfterFree: after the owner frees the object and reuses
+// the memory for new objects of the same size, the reader's mapping of its
+// old grant never shows the new owner's bytes, and the next read is
+// refused.
+func TestGrantRevokedAfterFree(t *testing.T) {
+	const n = 256 << 10
+	f := newFixture(t, n, nil)
+	got := receive(t, f.cli)
+	dst, _ := hostDst(t, n)
+	_, err := f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.NoError(t, err)
+	fd := got.only(t)
+	view, err := unix.Mmap(fd, 0, n, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(view)
+	want := bytes.Clone(f.data)
+
+	f.freed.Store(true)
+	require.NoError(t, f.obj.Release())
+	for i := range 4 {
+		secretAlloc(t, f.mem, n, byte(0xD0+i)) // the next owners of the memory
+	}
+	assert.Equal(t, want, view, "a freed grant shows memory reused for another object")
+	assert.Equal(t, want, wholeFile(t, fd)[:n])
+	_, err = f.cli.SHM().Read(context.Background(), f.remote(n), dst)
+	require.Error(t, err)
+	assert.Zero(t, f.cli.CacheStats().Live, "the cached mapping was dropped")
+}
+
+// TestPushGrantReachesOnlySlot: a pusher given one slot gets a descriptor
+// of that slot alone: it can write the slot, cannot reach the other
+// objects of the slot runtime's device, and cannot resize the slot's file.
+func TestPushGrantReachesOnlySlot(t *testing.T) {
+	const n = 32<<10 + 7
+	f := newSinkFixture(t, n)
+	other := secretAlloc(t, f.mem, 128<<10, 0xE5) // another object of the device
+	got := receive(t, f.cli)
+	src, p := hostDst(t, n)
+	fillPattern(p, 0x42)
+	_, err := f.cli.SHM().Write(context.Background(), src, f.remote(n))
+	require.NoError(t, err)
+	require.Equal(t, p[:n], f.data)
+
+	fd := got.only(t)
+	file := wholeFile(t, fd)
+	require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "the pusher's descriptor reaches more than the slot's pages")
+	assert.Equal(t, p[:n], file[:n])
+	assert.False(t, bytes.Contains(file, bytes.Repeat([]byte{0xE5}, 256)), "another object visible through the push grant")
+	w, err := unix.Mmap(fd, 0, len(file), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	for i := range w {
+		w[i] = 0x99 // the whole file: the slot, and nothing else
+	}
+	require.NoError(t, unix.Munmap(w))
+	assert.Equal(t, bytes.Repeat([]byte{0x99}, n), f.data)
+	assert.Equal(t, bytes.Repeat([]byte{0xE5}, 128<<10), other, "a push grant wrote outside its slot")
+	assert.ErrorIs(t, unix.Ftruncate(fd, 1<<30), unix.EPERM, "the pusher grew the slot's file")
+	assert.ErrorIs(t, unix.Ftruncate(fd, 0), unix.EPERM, "the pusher shrank the slot's file under its owner")
+}

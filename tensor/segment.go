@@ -1,0 +1,225 @@
+package tensor
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// segment is one allocation's own memory file (a memfd) and this process's
+// writable mapping of it: the unit an Exportable buffer exports (see
+// share.go). HostMemory and SimMemory back every non-empty allocation with
+// one, so a handle never reaches another allocation's memory.
+type segment struct {
+	fd   int
+	ro   int    // a read-only open of fd, made at the first read-only export; -1 before
+	data []byte // the whole mapping (page-rounded)
+
+	mu       sync.Mutex
+	exported bool // a handle was made: never recycle, another process may map it
+	sealed   bool // F_SEAL_FUTURE_WRITE is set (shared read-only)
+	writable bool // a writable handle was made: it cannot be sealed read-only
+}
+
+// newSegment creates a memfd of size bytes (page-rounded by the caller),
+// maps it writable and, when populate is set, makes its pages resident.
+//
+// The file refuses what a holder of an exported descriptor should never
+// do: its mode is 0400, so a process of our user without CAP_DAC_OVERRIDE
+// cannot reopen it for writing through /proc/.../fd (the owner keeps the
+// read-write descriptor it created it with, and a read-only reopen is
+// still allowed); and it is sealed against shrinking and growing, so
+// nobody can truncate it under the owner's mapping (a SIGBUS in the owner).
+func newSegment(name string, size int64, populate bool) (*segment, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		return nil, fmt.Errorf("memfd: %w (every live allocation holds one descriptor: raise RLIMIT_NOFILE)", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	fail := func(what string, err error) (*segment, error) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return fail("size memfd", err)
+	}
+	if err := unix.Fchmod(fd, 0o400); err != nil {
+		return fail("make memfd read-only to reopeners", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		return fail("seal memfd size", err)
+	}
+	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		// ENOMEM here may also be vm.max_map_count: one mapping per live
+		// allocation.
+		return fail("map memfd", err)
+	}
+	if populate {
+		// Device memory is resident once allocated; populating now keeps
+		// page faults out of the transfers that measure copies. Kernels
+		// without MADV_POPULATE_WRITE (before 5.14) fault on first touch.
+		_ = unix.Madvise(data, unix.MADV_POPULATE_WRITE)
+	}
+	return &segment{fd: fd, ro: -1, data: data}, nil
+}
+
+// export makes a handle of the segment for another process. n is the
+// buffer's length: on the first export the page tail past it, which a
+// recycled segment may still hold from an earlier allocation, is zeroed,
+// since the holder maps whole pages.
+func (s *segment) export(a Access, n int64) (Handle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.data == nil {
+		return Handle{}, ErrReleased
+	}
+	var fd int
+	switch a {
+	case ReadOnly:
+		if s.ro < 0 {
+			// A new open file description, read-only: the only way to turn
+			// our read-write memfd into a descriptor that cannot write. It
+			// needs /proc; without it there is no safe descriptor to give.
+			// It is kept, so later exports (one per transfer) only dup it.
+			ro, err := unix.Open("/proc/self/fd/"+strconv.Itoa(s.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return Handle{}, fmt.Errorf("%w: no read-only descriptor of the allocation (is /proc mounted?): %v", ErrExportAccess, err)
+			}
+			s.ro = ro
+		}
+		var err error
+		fd, err = unix.FcntlInt(uintptr(s.ro), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return Handle{}, fmt.Errorf("tensor: export allocation: %w", err)
+		}
+		if !s.sealed && !s.writable {
+			// From now on nobody, root included, can write the file or map
+			// it writable; our own mapping, made before, stays writable.
+			_, err := unix.FcntlInt(uintptr(s.fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE)
+			switch {
+			case err == nil:
+				s.sealed = true
+			case errors.Is(err, unix.EINVAL):
+				// A kernel before 5.1: the read-only descriptor and the
+				// file mode still refuse writes to everyone but root.
+			default:
+				unix.Close(fd)
+				return Handle{}, fmt.Errorf("tensor: seal shared allocation read-only: %w", err)
+			}
+		}
+	case Writable:
+		if s.sealed {
+			return Handle{}, fmt.Errorf("%w: the allocation was shared read-only and is sealed against writes", ErrExportAccess)
+		}
+		var err error
+		fd, err = unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return Handle{}, fmt.Errorf("tensor: export allocation: %w", err)
+		}
+		s.writable = true
+	default:
+		return Handle{}, fmt.Errorf("%w: unknown %v", ErrExportAccess, a)
+	}
+	if !s.exported {
+		clear(s.data[min(n, int64(len(s.data))):])
+		s.exported = true
+	}
+	return Handle{FD: fd, Size: int64(len(s.data)), Offset: 0, Length: n, Access: a}, nil
+}
+
+// wasExported reports whether a handle was ever made (so the segment must
+// not be recycled).
+func (s *segment) wasExported() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exported
+}
+
+// free unmaps the segment and closes our descriptor. Holders of handles
+// keep the memory (and only it) alive until they close and unmap.
+func (s *segment) free() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.data == nil {
+		return nil
+	}
+	err := unix.Munmap(s.data)
+	if cerr := unix.Close(s.fd); err == nil {
+		err = cerr
+	}
+	if s.ro >= 0 {
+		unix.Close(s.ro)
+	}
+	s.data, s.fd, s.ro = nil, -1, -1
+	return err
+}
+
+// segmentCache keeps released, never-exported segments by size for reuse:
+// populating fresh pages costs more than copying into them, so a loop of
+// allocations of one size touches new pages once. It is not safe for
+// concurrent use; the owning memory locks around it.
+type segmentCache struct {
+	bySize map[int64][]*segment
+	bytes  int64
+	limit  int64
+}
+
+// take returns a cached segment of size bytes, or nil.
+func (c *segmentCache) take(size int64) *segment {
+	list := c.bySize[size]
+	if len(list) == 0 {
+		return nil
+	}
+	s := list[len(list)-1]
+	c.bySize[size] = list[:len(list)-1]
+	c.bytes -= size
+	return s
+}
+
+// put keeps s if it was never exported and fits the limit, and reports
+// whether it did.
+func (c *segmentCache) put(s *segment) bool {
+	size := int64(len(s.data))
+	if s.wasExported() || c.bytes+size > c.limit {
+		return false
+	}
+	if c.bySize == nil {
+		c.bySize = map[int64][]*segment{}
+	}
+	c.bySize[size] = append(c.bySize[size], s)
+	c.bytes += size
+	return true
+}
+
+// trim takes segments out until the cache fits its limit and returns them
+// for freeing outside the lock.
+func (c *segmentCache) trim() []*segment {
+	var drop []*segment
+	for size, list := range c.bySize {
+		for len(list) > 0 && c.bytes > c.limit {
+			drop = append(drop, list[len(list)-1])
+			list = list[:len(list)-1]
+			c.bytes -= size
+		}
+		if len(list) == 0 {
+			delete(c.bySize, size)
+		} else {
+			c.bySize[size] = list
+		}
+	}
+	return drop
+}
+
+func freeAll(segs []*segment) error {
+	var errs []error
+	for _, s := range segs {
+		errs = append(errs, s.free())
+	}
+	return errors.Join(errs...)
+}
