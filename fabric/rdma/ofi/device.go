@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
@@ -54,7 +56,8 @@ type device struct {
 	tcq      *C.struct_fid_cq
 	tcqWait  bool
 	ln       net.Listener
-	addrName []byte // the target's fi_getname
+	loop     *acceptor.Loop // accepts and tracks bootstrap connections
+	addrName []byte         // the target's fi_getname
 
 	mu       sync.Mutex
 	closed   bool
@@ -62,7 +65,6 @@ type device struct {
 	nextLKey uint32
 	qps      map[*qp]struct{}
 	cqs      map[*cq]struct{}
-	sessions map[net.Conn]struct{}
 	nextQP   uint64
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -82,9 +84,10 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 		return nil, fmt.Errorf("ofi: NIC %s (domain %s): %w", nic.Name, nic.Domain, err)
 	}
 	defer C.fi_freeinfo(info)
+	cfg.Limits = cfg.Limits.WithDefaults()
 	d := &device{p: p, nic: nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name, "ofi", p.prov),
 		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait,
-		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{}, sessions: map[net.Conn]struct{}{},
+		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{},
 		stop: make(chan struct{})}
 	if rc := C.tl_dom_open(info, &d.dom); rc != 0 {
 		return nil, fmt.Errorf("ofi: NIC %s: open domain %s: %w", nic.Name, nic.Domain, fiErr("fi_domain", rc))
@@ -128,9 +131,10 @@ func (d *device) listen(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ofi: NIC %s: bootstrap listen on %s: %w", d.nic.Name, d.nic.Addr, err)
 	}
-	d.wg.Add(2)
+	d.wg.Add(1)
 	go d.progress()
-	go d.accept()
+	d.loop = acceptor.Start(d.ln, acceptor.Config{Name: "rdma/" + d.nic.Name, Limits: d.cfg.Limits,
+		Metrics: d.cfg.ListenerMetrics, Logger: d.cfg.Logger}, d.serve)
 	return nil
 }
 
@@ -209,28 +213,6 @@ func backoff(idle int, empty bool) int {
 	return idle
 }
 
-func (d *device) accept() {
-	defer d.wg.Done()
-	for {
-		c, err := d.ln.Accept()
-		if err != nil {
-			return
-		}
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
-			c.Close()
-			return
-		}
-		d.sessions[c] = struct{}{}
-		d.nextQP++
-		id := d.nextQP
-		d.wg.Add(1)
-		d.mu.Unlock()
-		go d.serve(c, id)
-	}
-}
-
 // maxHandlers bounds the control messages one bootstrap connection has
 // in its handler at once.
 const maxHandlers = 16
@@ -238,14 +220,15 @@ const maxHandlers = 16
 // serve is the passive side of one queue pair: authenticate, send the
 // target endpoint's address, answer control messages until the
 // connection ends, then tell the handler the queue pair is gone.
-func (d *device) serve(c net.Conn, id uint64) {
-	defer d.wg.Done()
-	defer func() {
-		d.mu.Lock()
-		delete(d.sessions, c)
+func (d *device) serve(c net.Conn) {
+	d.mu.Lock()
+	if d.closed {
 		d.mu.Unlock()
-		c.Close()
-	}()
+		return
+	}
+	d.nextQP++
+	id := d.nextQP
+	d.mu.Unlock()
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -253,6 +236,9 @@ func (d *device) serve(c net.Conn, id uint64) {
 	res, err := peerauth.ServerWith(c, d.cfg.Identity, d.cfg.Authorize, peerauth.Options{PSK: d.cfg.PSK})
 	if err != nil {
 		d.log.Warn("rdma queue pair refused", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	if err := d.loop.Admit(c, res.Peer.String()); err != nil {
 		return
 	}
 	if err := peerauth.WriteField(c, d.addrName); err != nil {
@@ -272,8 +258,21 @@ func (d *device) serve(c net.Conn, id uint64) {
 			d.cfg.Handler.QPClosed(from)
 		}
 	}()
+	// A queue pair that sends nothing for IdleTimeout is dropped (readers
+	// ping while they have requests in flight, see qp.keepalive). The
+	// deadline is re-armed at most every idle/8, idle+idle/8 ahead.
+	idle := d.cfg.Limits.IdleTimeout
+	var armed time.Time
 	for {
+		if now := time.Now(); now.Sub(armed) > idle/8 {
+			c.SetReadDeadline(now.Add(idle + idle/8))
+			armed = now
+		}
 		f, err := readFrame(c)
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			d.loop.Dropped("idle", res.Peer.String())
+			return
+		}
 		if err != nil {
 			d.log.Debug("rdma queue pair ended", "peer", res.Peer, "err", err)
 			return
@@ -386,12 +385,6 @@ func (d *device) Close() error {
 	}
 	d.closed = true
 	close(d.stop)
-	if d.ln != nil {
-		d.ln.Close()
-	}
-	for c := range d.sessions {
-		c.Close()
-	}
 	qps := make([]*qp, 0, len(d.qps))
 	for q := range d.qps {
 		qps = append(qps, q)
@@ -399,6 +392,11 @@ func (d *device) Close() error {
 	d.mu.Unlock()
 	for _, q := range qps {
 		q.Close()
+	}
+	if d.loop != nil {
+		d.loop.Close() // stops accepting, aborts every connection, waits for their handlers
+	} else if d.ln != nil {
+		d.ln.Close()
 	}
 	d.mu.Lock()
 	if d.tcq != nil && d.tcqWait {

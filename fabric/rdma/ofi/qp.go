@@ -161,10 +161,42 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 		return fmt.Errorf("%w: ofi: insert %s's endpoint address: %v", fabric.ErrBadRequest, addr, fiErr("fi_av_insert", rc))
 	}
 	q.conn = conn
-	q.wg.Add(1)
+	q.wg.Add(2)
 	q.mu.Unlock()
 	go q.receive()
+	go q.keepalive()
 	return nil
+}
+
+// keepEvery is how often a queue pair with requests in flight pings the
+// owner: the data moves outside the bootstrap connection, which would
+// otherwise look idle to the owner's listener (fabric.ListenerLimits's
+// IdleTimeout, 5 minutes by default) during a long transfer.
+const keepEvery = 30 * time.Second
+
+func (q *qp) keepalive() {
+	defer q.wg.Done()
+	t := time.NewTicker(keepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.broken():
+			return
+		case <-t.C:
+		}
+		q.cq.mu.Lock()
+		busy := q.live > 0 || len(q.ops) > 0
+		q.cq.mu.Unlock()
+		if !busy {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), q.dev.p.cfg.HandshakeTimeout)
+		err := q.ping(ctx)
+		cancel()
+		if err != nil && q.Err() == nil {
+			q.fail(fmt.Errorf("%w: ofi: owner did not answer a keepalive: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
+		}
+	}
 }
 
 // padAddr pads a received address to MaxAddr bytes: fi_av_insert reads
