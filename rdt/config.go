@@ -123,7 +123,8 @@ type Config struct {
 	// RDMAProviderKind picks the provider when RDMAProvider is nil: "soft"
 	// (the default above) or "ofi" (libfabric, fabric/rdma/ofi; needs a
 	// binary built with -tags ofi; TENSORLANE_OFI_PROVIDER names the
-	// libfabric provider). Default: TENSORLANE_RDMA_PROVIDER, else "soft".
+	// libfabric provider, unless IgnoreEnv). Default: TENSORLANE_RDMA_PROVIDER
+	// (unless IgnoreEnv), else "soft".
 	// An "ofi" that cannot start fails New rather than fall back silently.
 	RDMAProviderKind string
 

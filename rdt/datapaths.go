@@ -78,14 +78,18 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 	}
 	prov := c.RDMAProvider
 	kind := c.RDMAProviderKind
-	if kind == "" {
+	if kind == "" && !c.IgnoreEnv {
 		kind = os.Getenv("TENSORLANE_RDMA_PROVIDER")
 	}
 	switch kind {
 	case "", "soft", "softrdma":
 	case "ofi":
 		if prov == nil {
-			p, err := ofi.New(ofi.FromEnv())
+			ocfg := ofi.Config{}
+			if !c.IgnoreEnv {
+				ocfg = ofi.FromEnv()
+			}
+			p, err := ofi.New(ocfg)
 			if err != nil {
 				return fmt.Errorf("rdt: rdma provider ofi: %w", err)
 			}
