@@ -77,13 +77,14 @@ void tl_dom_close(tl_dom *d) {
 }
 
 // tl_cq_open opens a completion queue; with wait set it has a wait object
-// so fi_cq_sread sleeps instead of spinning.
+// (2: a file descriptor, 1: whatever the provider likes) so fi_cq_sread
+// sleeps instead of spinning.
 int tl_cq_open(tl_dom *d, int wait, struct fid_cq **out) {
 	struct fi_cq_attr attr;
 	memset(&attr, 0, sizeof(attr));
 	attr.format = FI_CQ_FORMAT_DATA;
 	attr.size = 4096;
-	attr.wait_obj = wait ? FI_WAIT_UNSPEC : FI_WAIT_NONE;
+	attr.wait_obj = wait == 2 ? FI_WAIT_FD : (wait ? FI_WAIT_UNSPEC : FI_WAIT_NONE);
 	return fi_cq_open(d->domain, &attr, out, NULL);
 }
 
@@ -178,3 +179,18 @@ uint64_t tl_entry_len(struct fi_cq_data_entry *e, size_t i) { return e[i].len; }
 void *tl_err_ctx(struct fi_cq_err_entry *e) { return e->op_context; }
 int tl_err_errno(struct fi_cq_err_entry *e) { return e->err; }
 int tl_err_prov(struct fi_cq_err_entry *e) { return e->prov_errno; }
+
+// tl_cq_waitfd returns the file descriptor a CQ's wait object signals on
+// (FI_GETWAIT), or -1 when it has none.
+int tl_cq_waitfd(struct fid_cq *cq) {
+	int fd = -1;
+	if (fi_control(&cq->fid, FI_GETWAIT, &fd)) return -1;
+	return fd;
+}
+
+// tl_trywait returns 0 when the caller may sleep on the CQ's fd (nothing
+// is pending), -FI_EAGAIN when it must read the CQ first.
+int tl_trywait(tl_dom *d, struct fid_cq *cq) {
+	struct fid *f = &cq->fid;
+	return fi_trywait(d->fabric, &f, 1);
+}

@@ -64,5 +64,7 @@ int tl_err_errno(struct fi_cq_err_entry *e);
 int tl_err_prov(struct fi_cq_err_entry *e);
 ssize_t tl_cq_read(struct fid_cq *cq, struct fi_cq_data_entry *buf, size_t n, int timeout_ms, struct fi_cq_err_entry *err);
 ssize_t tl_post(tl_ep *e, int write, uint64_t local, size_t len, void *desc, uint64_t raddr, uint64_t key, void *ctx);
+int tl_cq_waitfd(struct fid_cq *cq);
+int tl_trywait(tl_dom *d, struct fid_cq *cq);
 #endif
 

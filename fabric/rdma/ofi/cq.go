@@ -53,6 +53,8 @@ type cq struct {
 	closed bool
 	notify chan struct{}
 	probes sync.WaitGroup // classify goroutines
+	fd     int            // the wait object's fd (FI_GETWAIT), -1 when none
+	kick   chan struct{}  // a post wakes Wait's backoff
 }
 
 const cqBatch = 64
@@ -60,10 +62,11 @@ const cqBatch = 64
 // statusAmbiguous marks a cancelled request that classify resolves.
 const statusAmbiguous rdma.Status = 255
 
-func newCQ(d *device, c *C.struct_fid_cq, wait bool) *cq {
-	return &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
+func newCQ(d *device, c *C.struct_fid_cq, wait bool, fd int) *cq {
+	q := &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
 		buf: C.malloc(C.tl_entry_size() * cqBatch), errb: C.malloc(C.size_t(unsafe.Sizeof(C.struct_fi_cq_err_entry{}))),
-		notify: make(chan struct{}, 1)}
+		notify: make(chan struct{}, 1), fd: fd, kick: make(chan struct{}, 1)}
+	return q
 }
 
 // Poll moves ready completions into wc; it reads libfabric without
@@ -113,7 +116,20 @@ func (q *cq) Wait(ctx context.Context) error {
 		default:
 		}
 		timeout := -1
-		if q.wait {
+		q.mu.Lock()
+		fd := q.fd
+		q.mu.Unlock()
+		slept := false
+		if fd >= 0 {
+			// Sleep on the wait fd without holding fiMu when fi_trywait
+			// says nothing is pending (fi_cq_signal wakes it too).
+			q.dev.fiMu.Lock()
+			slept = C.tl_trywait(q.dev.dom, q.c) == 0
+			q.dev.fiMu.Unlock()
+			if slept {
+				pollFD(fd, 50)
+			}
+		} else if q.wait {
 			timeout = 50
 		}
 		n := q.read(timeout)
@@ -121,9 +137,11 @@ func (q *cq) Wait(ctx context.Context) error {
 		if q.dev.wanted.Load() > 0 {
 			runtime.Gosched()
 		}
-		if !q.wait {
-			idle = backoff(idle, n == 0)
-		}
+		// Without a wait object, when fi_trywait refuses to let us sleep,
+		// or when the wait fd stays readable with nothing to read (the net
+		// provider does both while it has connections), back off: an idle
+		// queue must not burn a core.
+		idle = backoff(idle, n == 0, q.kick)
 	}
 }
 
@@ -175,6 +193,10 @@ func (q *cq) readC(timeout int) (int, *qp, error) {
 	}
 	if q.dev.wanted.Load() > 0 {
 		timeout = -1 // someone waits for fiMu: do not sleep holding it
+	}
+	if timeout >= 0 {
+		q.dev.sleeping.Add(1)
+		defer q.dev.sleeping.Add(-1)
 	}
 	n := C.tl_cq_read(q.c, (*C.struct_fi_cq_data_entry)(q.buf), cqBatch, C.int(timeout), (*C.struct_fi_cq_err_entry)(q.errb))
 	switch {
@@ -378,7 +400,8 @@ func (q *cq) reset(closing bool, cause error) {
 		delete(q.ops, id)
 	}
 	if !closing {
-		if rc := C.tl_cq_open(d.dom, boolInt(q.wait), &q.c); rc == 0 {
+		if c, wait, fd, err := d.openCQ(); err == nil {
+			q.c, q.wait, q.fd = c, wait, fd
 			return
 		}
 		d.log.Warn("ofi: could not reopen a completion queue; the NIC's transfers fail from now on")

@@ -19,6 +19,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
@@ -48,6 +50,9 @@ type device struct {
 	// wanted counts lockFI callers waiting: a reader does not go back to
 	// sleep in fi_cq_sread while someone waits for the lock.
 	wanted atomic.Int32
+	// sleeping counts readers asleep in fi_cq_sread holding fiMu (queues
+	// without a wait fd); lockFI wakes them only then.
+	sleeping atomic.Int32
 
 	// The target endpoint (listening devices): remote peers read and
 	// write its registrations. Its data progress is manual on most
@@ -55,6 +60,8 @@ type device struct {
 	target   *C.tl_ep
 	tcq      *C.struct_fid_cq
 	tcqWait  bool
+	tfd      int           // tcq's wait fd, -1 when none
+	kick     chan struct{} // wakes the progress loop's backoff
 	ln       net.Listener
 	loop     *acceptor.Loop // accepts and tracks bootstrap connections
 	addrName []byte         // the target's fi_getname
@@ -88,7 +95,7 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 	d := &device{p: p, nic: nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name, "ofi", p.prov),
 		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait,
 		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{},
-		stop: make(chan struct{})}
+		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if rc := C.tl_dom_open(info, &d.dom); rc != 0 {
 		return nil, fmt.Errorf("ofi: NIC %s: open domain %s: %w", nic.Name, nic.Domain, fiErr("fi_domain", rc))
 	}
@@ -102,24 +109,28 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 	return d, nil
 }
 
-// openCQ opens a completion queue, with a wait object unless NoWait (or
-// the provider has none).
-func (d *device) openCQ() (*C.struct_fid_cq, bool, error) {
-	var c *C.struct_fid_cq
+// openCQ opens a completion queue: with a wait fd where the provider
+// offers one (waited on with fi_trywait and poll, without holding fiMu),
+// else with a wait object (fi_cq_sread), unless NoWait (or neither works):
+// then reads poll with backoff. fd is -1 without a wait fd.
+func (d *device) openCQ() (c *C.struct_fid_cq, wait bool, fd int, err error) {
 	if !d.noWait {
+		if rc := C.tl_cq_open(d.dom, 2, &c); rc == 0 {
+			return c, true, int(C.tl_cq_waitfd(c)), nil
+		}
 		if rc := C.tl_cq_open(d.dom, 1, &c); rc == 0 {
-			return c, true, nil
+			return c, true, -1, nil
 		}
 	}
 	if rc := C.tl_cq_open(d.dom, 0, &c); rc != 0 {
-		return nil, false, fiErr("fi_cq_open", rc)
+		return nil, false, -1, fiErr("fi_cq_open", rc)
 	}
-	return c, false, nil
+	return c, false, -1, nil
 }
 
 func (d *device) listen(ctx context.Context) error {
 	var err error
-	d.tcq, d.tcqWait, err = d.openCQ()
+	d.tcq, d.tcqWait, d.tfd, err = d.openCQ()
 	if err != nil {
 		return fmt.Errorf("ofi: NIC %s: %w", d.nic.Name, err)
 	}
@@ -149,19 +160,35 @@ func (d *device) progress() {
 	defer C.free(buf)
 	defer C.free(errb)
 	var idle int
+	fd := d.tfd
 	for {
 		select {
 		case <-d.stop:
 			return
 		default:
 		}
+		slept := false
+		if fd >= 0 {
+			// Sleep on the wait fd without holding fiMu (fi_trywait says
+			// whether nothing is pending); a read comes after every wake.
+			d.fiMu.Lock()
+			slept = C.tl_trywait(d.dom, d.tcq) == 0
+			d.fiMu.Unlock()
+			if slept {
+				pollFD(fd, 100)
+			}
+		}
 		timeout := C.int(-1)
-		if d.tcqWait && d.wanted.Load() == 0 {
+		if fd < 0 && d.tcqWait && d.wanted.Load() == 0 {
 			timeout = 100
+			d.sleeping.Add(1)
 		}
 		d.fiMu.Lock()
 		n := C.tl_cq_read(d.tcq, (*C.struct_fi_cq_data_entry)(buf), 16, timeout, (*C.struct_fi_cq_err_entry)(errb))
 		d.fiMu.Unlock()
+		if timeout >= 0 {
+			d.sleeping.Add(-1)
+		}
 		switch {
 		case n == -C.FI_EAVAIL:
 			d.log.Debug("ofi target completion error", "err", fiErr("target", C.tl_err_errno((*C.struct_fi_cq_err_entry)(errb))))
@@ -171,10 +198,8 @@ func (d *device) progress() {
 		if d.wanted.Load() > 0 {
 			runtime.Gosched()
 		}
-		if d.tcqWait {
-			continue
-		}
-		idle = backoff(idle, n == 0)
+		_ = slept
+		idle = backoff(idle, n == 0, d.kick) // as in cq.Wait: never spin while idle
 	}
 }
 
@@ -186,6 +211,10 @@ func (d *device) lockFI() {
 	}
 	d.wanted.Add(1)
 	defer d.wanted.Add(-1)
+	if d.sleeping.Load() == 0 {
+		d.fiMu.Lock()
+		return
+	}
 	d.mu.Lock()
 	for q := range d.cqs {
 		if q.wait {
@@ -199,18 +228,39 @@ func (d *device) lockFI() {
 	d.fiMu.Lock()
 }
 
+// pollFD waits up to ms milliseconds for fd to become readable.
+func pollFD(fd, ms int) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	unix.Poll(fds, ms)
+}
+
 // backoff sleeps for a polling loop that found nothing: a few passes
-// without sleeping, then 10 µs doubling to 1 ms. It returns the new idle
-// count (0 when work came).
-func backoff(idle int, empty bool) int {
+// without sleeping, then 10 µs doubling to 1 ms, cut short by kick. It
+// returns the new idle count (0 when work came).
+func backoff(idle int, empty bool, kick <-chan struct{}) int {
 	if !empty {
 		return 0
 	}
 	idle++
 	if idle > 16 {
-		time.Sleep(min(10*time.Microsecond<<min(idle-16, 7), time.Millisecond))
+		t := time.NewTimer(min(10*time.Microsecond<<min(idle-16, 7), time.Millisecond))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-kick:
+			return 0 // work is coming: poll eagerly again
+		}
 	}
 	return idle
+}
+
+// kickOf wakes a loop in backoff (see backoff): a post on the reader's
+// queue, a registration on the owner's target, which announce requests.
+func kickOf(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // maxHandlers bounds the control messages one bootstrap connection has
@@ -365,11 +415,11 @@ func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
 	if d.closed {
 		return nil, fabric.ErrClosed
 	}
-	c, wait, err := d.openCQ()
+	c, wait, fd, err := d.openCQ()
 	if err != nil {
 		return nil, fmt.Errorf("ofi: NIC %s: %w", d.nic.Name, err)
 	}
-	q := newCQ(d, c, wait)
+	q := newCQ(d, c, wait, fd)
 	d.cqs[q] = struct{}{}
 	return q, nil
 }

@@ -88,6 +88,9 @@ func (p *pd) RegisterMemory(buf []byte, access rdma.Access) (rdma.MemoryRegion, 
 	}
 	d.mrs[m.lkey] = m
 	d.mu.Unlock()
+	if m.remote {
+		kickOf(d.kick) // the reader's requests follow its resolve
+	}
 	return m, nil
 }
 

@@ -315,6 +315,7 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 		}
 		c.dev.fiMu.Unlock()
 		if rc == 0 {
+			kickOf(c.kick)
 			return nil
 		}
 		if rc != -C.FI_EAGAIN {
