@@ -125,7 +125,9 @@ type Config struct {
 	// binary built with -tags ofi; TENSORLANE_OFI_PROVIDER names the
 	// libfabric provider, unless IgnoreEnv). Default: TENSORLANE_RDMA_PROVIDER
 	// (unless IgnoreEnv), else "soft".
-	// An "ofi" that cannot start fails New rather than fall back silently.
+	// An "ofi" (or unknown kind) that cannot start leaves the rdma path off
+	// with a warning naming why, as any rdma failure does: tcp serves the
+	// other hosts.
 	RDMAProviderKind string
 
 	// LinkMonitor, if set, measures the runtime's data connections (tcp
