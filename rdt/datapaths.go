@@ -165,8 +165,17 @@ func (r *Runtime) registerer() prometheus.Registerer {
 
 // Export shares a pinned object's memory with another process (the p2p and
 // shm paths map it) for as long as the pin is held.
+//
+// The descriptor reaches the object's whole allocation (the granularity of
+// tensor.Exportable, as of CUDA's handles); the handle's range ends where
+// the published view ends, as Len does, so the reader maps no page past it.
 func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
-	return tensor.ExportOf(p.obj.buf, a)
+	h, err := tensor.ExportOf(p.obj.buf, a)
+	if err != nil {
+		return h, err
+	}
+	h.Length = min(h.Length, p.obj.end)
+	return h, nil
 }
 
 // dataAddrs are the addresses refs carry, by transport name.

@@ -59,7 +59,7 @@ type Runtime struct {
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
 	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
-	obs      observer // recent and live transfers, for dashboards (observe.go)
+	obs      observer                // recent and live transfers, for dashboards (observe.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor

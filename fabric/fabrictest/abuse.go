@@ -505,4 +505,3 @@ func (a *abuse) fdFloodChild(t *testing.T) {
 	noConns(t, tg)
 	fmt.Printf("fd flood: served after EMFILE (%d connections, %v temporary accept errors, nofile %d)\n", conns, errs, lim)
 }
-

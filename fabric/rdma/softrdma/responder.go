@@ -20,7 +20,6 @@ const maxHandlers = 64
 // buffer.
 const directWrite = 16 << 10
 
-
 // responder is the passive side of one accepted queue pair.
 type responder struct {
 	dev  *device
