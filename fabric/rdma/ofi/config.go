@@ -32,6 +32,11 @@ type NIC struct {
 	// address (tcp, verbs over IPoIB/RoCE) with port 0; a domain without
 	// one (efa) needs it set.
 	Addr string
+	// Fabric and SpeedGbps are what fi_getinfo says of the domain (its
+	// fabric name, e.g. an IP subnet or an InfiniBand subnet, and its link
+	// speed, 0 when the provider does not give it); filled in by New.
+	Fabric    string
+	SpeedGbps float64
 }
 
 // Config configures the provider. The zero value discovers every domain

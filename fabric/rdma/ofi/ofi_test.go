@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -256,4 +257,34 @@ func testProv() string {
 		return p
 	}
 	return "net"
+}
+
+// TestDiscovery: the default NIC list is every domain of the provider,
+// named as the topology would name it, with a bootstrap address and
+// what fi_getinfo says of it.
+func TestDiscovery(t *testing.T) {
+	p, err := New(Config{Provider: testProv()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lo *NIC
+	for _, n := range p.NICs() {
+		t.Logf("%+v", n)
+		if n.Domain == "lo" {
+			lo = &n
+		}
+	}
+	if lo == nil || lo.Name != "lo" || lo.Addr != "127.0.0.1:0" || lo.Fabric == "" {
+		t.Fatalf("loopback domain: %+v", lo)
+	}
+	if _, err := New(Config{Provider: "no-such-provider"}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("unknown provider: got %v, want ErrUnavailable", err)
+	}
+	if _, err := New(Config{Provider: testProv(), NICs: []NIC{{Domain: "no-such-domain"}}}); !errors.Is(err, rdma.ErrNoDevice) {
+		t.Fatalf("unknown domain: got %v, want rdma.ErrNoDevice", err)
+	}
+	a := Probe(Config{Provider: testProv()})
+	if !a.BuiltIn || a.Reason != "" || len(a.Providers) == 0 {
+		t.Fatalf("Probe: %+v", a)
+	}
 }

@@ -209,6 +209,7 @@ func New(cfg Config) (*Provider, error) {
 			if n.Addr == "" {
 				n.Addr = defaultAddr(pick, n.Domain)
 			}
+			n.Fabric, n.SpeedGbps = describe(pick, n.Domain)
 			p.nics = append(p.nics, n)
 		}
 		return p, nil
@@ -221,7 +222,9 @@ func New(cfg Config) (*Provider, error) {
 			continue
 		}
 		seen[d.domain] = true
-		p.nics = append(p.nics, NIC{Name: topoName(d.domain), Domain: d.domain, Addr: defaultAddr(pick, d.domain)})
+		n := NIC{Name: topoName(d.domain), Domain: d.domain, Addr: defaultAddr(pick, d.domain)}
+		n.Fabric, n.SpeedGbps = describe(pick, d.domain)
+		p.nics = append(p.nics, n)
 	}
 	return p, nil
 }
@@ -240,6 +243,24 @@ func hasDomain(ds []domainInfo, name string) bool {
 		}
 	}
 	return false
+}
+
+// describe is a domain's fabric name and link speed (Gbit/s, 0 when not
+// given), from its IPv4 entry when it has one.
+func describe(ds []domainInfo, name string) (string, float64) {
+	fabric, speed := "", 0.0
+	for _, d := range ds {
+		if d.domain != name {
+			continue
+		}
+		if fabric == "" || d.ip != nil {
+			fabric = d.fabric
+		}
+		if d.speed > 0 {
+			speed = float64(d.speed) / 1e9
+		}
+	}
+	return fabric, speed
 }
 
 // defaultAddr is the bootstrap address of a domain: its IPv4 address,
