@@ -21,7 +21,9 @@ int tl_getinfo(const char *prov, const char *domain, const char *node, int msg, 
 	// need FI_MR_ENDPOINT (cxi) or FI_MR_HMEM are left out for now.
 	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->domain_attr->threading = FI_THREAD_SAFE;
-	hints->tx_attr->op_flags = FI_COMPLETION;
+	// A WRITE's completion must mean the bytes are in the target's memory
+	// (the reader then tells the owner "done"), not only that they left.
+	hints->tx_attr->op_flags = FI_COMPLETION | FI_DELIVERY_COMPLETE;
 	if (prov) hints->fabric_attr->prov_name = strdup(prov);
 	if (domain) hints->domain_attr->name = strdup(domain);
 	int rc = fi_getinfo(TL_FI_VERSION, node, node ? "0" : NULL, node ? FI_SOURCE : 0, hints, out);
@@ -156,7 +158,16 @@ void tl_ep_close(tl_ep *e) {
 // close). Returns 0, -FI_EAGAIN when the queue is full, or an error.
 ssize_t tl_post(tl_ep *e, int write, uint64_t local, size_t len, void *desc,
 		uint64_t raddr, uint64_t key, void *ctx) {
-	if (write) return fi_write(e->ep, (void *)(uintptr_t)local, len, desc, e->peer, raddr, key, ctx);
+	if (write) {
+		// FI_DELIVERY_COMPLETE: the completion means the bytes are in the
+		// target's memory (the reader tells the owner "done" next), not
+		// only that they left.
+		struct iovec iov = { .iov_base = (void *)(uintptr_t)local, .iov_len = len };
+		struct fi_rma_iov rma = { .addr = raddr, .len = len, .key = key };
+		struct fi_msg_rma msg = { .msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = e->peer,
+			.rma_iov = &rma, .rma_iov_count = 1, .context = ctx };
+		return fi_writemsg(e->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+	}
 	return fi_read(e->ep, (void *)(uintptr_t)local, len, desc, e->peer, raddr, key, ctx);
 }
 
