@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -184,7 +185,7 @@ func newPair(t *testing.T, size int) *pair {
 
 // move reads (or writes) the whole region in slices with inflight
 // outstanding at once.
-func (p *pair) move(t testing.TB, slice, inflight int, write bool) {
+func (p *pair) move(slice, inflight int, write bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	next, done, out := 0, 0, 0
@@ -206,29 +207,42 @@ func (p *pair) move(t testing.TB, slice, inflight int, write bool) {
 				break
 			}
 			if err != nil {
-				t.Fatal(err)
+				return fmt.Errorf("post %d: %w", next, err)
 			}
 			next++
 			out++
 		}
+		if out == 0 {
+			// The queue was full before anything was posted (the first
+			// post waits for the connection, 20 ms at most): retry, as the
+			// rdma transport does.
+			if ctx.Err() != nil {
+				return fmt.Errorf("post: queue full until the deadline: %w", ctx.Err())
+			}
+			time.Sleep(time.Millisecond)
+			continue
+		}
 		if err := p.cq.Wait(ctx); err != nil {
-			t.Fatal(err)
+			return fmt.Errorf("wait (%d of %d done, %d out): %w", done, total, out, err)
 		}
 		k := p.cq.Poll(wc)
 		for _, c := range wc[:k] {
 			if c.Status != rdma.StatusSuccess {
-				t.Fatalf("completion %+v", c)
+				return fmt.Errorf("completion %+v", c)
 			}
 		}
 		done += k
 		out -= k
 	}
+	return nil
 }
 
 func TestManyInFlight(t *testing.T) {
 	p := newPair(t, 256<<20)
 	for range 4 {
-		p.move(t, 8<<20, 8, false)
+		if err := p.move(8<<20, 8, false); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !bytes.Equal(p.src, p.dst) {
 		t.Fatal("bytes differ")
@@ -241,13 +255,19 @@ func TestTwoRailsInParallel(t *testing.T) {
 	for _, p := range []*pair{a, b} {
 		go func() {
 			for range 8 {
-				p.move(t, 8<<20, 4, false)
+				if err := p.move(8<<20, 4, false); err != nil {
+					errs <- err
+					return
+				}
 			}
 			errs <- nil
 		}()
 	}
-	<-errs
-	<-errs
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // testProv is the libfabric provider the tests use: TENSORLANE_OFI_PROVIDER,
