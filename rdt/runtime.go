@@ -60,6 +60,10 @@ type Runtime struct {
 	metrics  *fabric.Metrics
 	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
 	obs      observer                // recent and live transfers, for dashboards (observe.go)
+	bcasts   bcastState              // broadcasts this runtime owns, in flight (broadcast.go)
+	gens     genTable                // generations readers are done with (generation.go)
+	bmet     *bcastMetrics           // broadcast outcomes (bcastmetrics.go)
+	views    viewTable               // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -111,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
 	}
 	r.objects.blocked = r.blockedRead
+	r.objects.onStage = r.viewStaged
 
 	ok := false
 	defer func() {
@@ -163,6 +168,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.metrics = fabric.NewMetrics(reg)
 	r.listen = fabric.NewListenerMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
+	r.bmet = newBcastMetrics(reg)
 	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
@@ -332,8 +338,9 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
-		r.objects.close()
+		inFlight := r.objects.close()
 		r.sinks.close()
+		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)
 		}

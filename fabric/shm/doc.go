@@ -54,6 +54,20 @@
 // cache, or by a hostile reader) shows the freed object, never the next
 // one.
 //
+// # Views (zero copy)
+//
+// Transport also implements fabric.Viewer: View runs the same exchange as
+// a read (the claim re-validated, a read-only grant of the object's
+// allocation) but copies nothing; it maps the object's pages without
+// MAP_POPULATE, so its cost does not grow with the object, and returns
+// them as a read-only host-visible buffer that holds the mapping until
+// Release. The owner unpins at once ("done"); what keeps the memory alive
+// is the caller's lease (rdt.Actor.View), and what keeps a view safe after
+// a Free is, as above, that exported memory is never recycled.
+//
+// Large copies (reads, pushes) run on several cores (internal/pcopy),
+// each worker guarded against SIGBUS.
+//
 // # Push
 //
 // Transport also implements fabric.Writer: the writer asks the reader's
@@ -93,8 +107,11 @@
 //
 // An object shared read-only is sealed, so it cannot be pushed into
 // afterwards (the push is refused, and the planner takes another path).
-// A view of a larger allocation is granted as that allocation, with the
-// view's range inside it, the granularity CUDA's handles have too.
+// A handle reaches a whole allocation (CUDA's granularity too), so an
+// owner whose object is a view of part of an allocation exports a private
+// copy of the view (tensor.ViewShare, as rdt does); the grant then says
+// which object byte the file starts with, the reader maps only the copy,
+// and its transfer stats say so (fabric.Stats.ViewCopy).
 // What a process running as root, or as our user with ptrace rights over
 // the owner, can still do is in docs/security-shm-grants.md: such a
 // process can read and write the owner's memory without any grant.

@@ -149,8 +149,9 @@ func (l *Loop) accept() {
 				l.lastWarn = time.Now()
 			}
 			l.mu.Unlock()
-			c.Close()
+			// Counted before the close, so whoever sees the close sees the count.
 			l.count(func(m *fabric.ListenerMetrics) { m.Rejected.WithLabelValues(l.cfg.Name, "total_cap").Inc() })
+			c.Close()
 			if warn {
 				l.cfg.Logger.Warn("data listener full: closing new connections", "listener", l.cfg.Name,
 					"max_conns", l.cfg.Limits.MaxConns, "remote", c.RemoteAddr())
