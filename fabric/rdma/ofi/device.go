@@ -350,7 +350,14 @@ func (d *device) serve(c net.Conn) {
 		go func() {
 			defer handlers.Done()
 			defer func() { <-sem }()
-			out := d.answer(ctx, from, f)
+			out, closing := d.answer(ctx, from, f)
+			if closing {
+				// The device is closing under the handler: the queue pair
+				// ends (the reader sees its owner go away, a typed error),
+				// rather than carry an internal error back.
+				c.Close()
+				return
+			}
 			if out.kind == kindReply && len(out.payload) > 0 && d.p.corrupt.CompareAndSwap(true, false) {
 				out.payload = out.payload[:len(out.payload)-1]
 			}
@@ -367,7 +374,7 @@ func (d *device) serve(c net.Conn) {
 
 // answer runs the handler for one message; an error travels as a
 // peerauth status code and message.
-func (d *device) answer(ctx context.Context, from rdma.RemoteQP, f bootFrame) bootFrame {
+func (d *device) answer(ctx context.Context, from rdma.RemoteQP, f bootFrame) (bootFrame, bool) {
 	h := d.cfg.Handler
 	var resp []byte
 	var err error
@@ -380,13 +387,19 @@ func (d *device) answer(ctx context.Context, from rdma.RemoteQP, f bootFrame) bo
 		err = fmt.Errorf("ofi: answer of %d bytes (max %d)", len(resp), MaxMessage)
 	}
 	if err != nil {
+		d.mu.Lock()
+		closed := d.closed
+		d.mu.Unlock()
+		if closed || errors.Is(err, fabric.ErrClosed) {
+			return bootFrame{}, true
+		}
 		text := err.Error()
 		if len(text) > peerauth.MaxMessage {
 			text = text[:peerauth.MaxMessage]
 		}
-		return bootFrame{kind: kindError, id: f.id, payload: append([]byte{peerauth.StatusFor(err)}, text...)}
+		return bootFrame{kind: kindError, id: f.id, payload: append([]byte{peerauth.StatusFor(err)}, text...)}, false
 	}
-	return bootFrame{kind: kindReply, id: f.id, payload: resp}
+	return bootFrame{kind: kindReply, id: f.id, payload: resp}, false
 }
 
 func (d *device) Device() rdma.Device { return rdma.Device{Name: d.nic.Name, Addr: d.Addr()} }
