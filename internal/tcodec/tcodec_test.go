@@ -5,14 +5,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -203,18 +202,12 @@ func FuzzDecodeBlock(f *testing.F) {
 // spent, which, unlike wall-clock MB/s, holds still when other processes
 // load the machine (the benchmark is single-threaded).
 func cpuRate(b *testing.B, perOp int) func() {
-	t0 := cpuTime()
+	t0 := testhelp.CPUTime()
 	return func() {
-		if d := cpuTime() - t0; d > 0 {
+		if d := testhelp.CPUTime() - t0; d > 0 {
 			b.ReportMetric(float64(perOp)*float64(b.N)/d.Seconds()/1e6, "cpu-MB/s")
 		}
 	}
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkCodec measures single-core encode and decode throughput (of raw
