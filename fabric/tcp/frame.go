@@ -269,6 +269,15 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 	return wire, nil
 }
 
+// asCorrupt makes a codec error match fabric.ErrCorrupt, as callers of a
+// transport test for: tcodec sits below fabric and cannot name it.
+func asCorrupt(err error) error {
+	if errors.Is(err, tcodec.ErrCorrupt) && !errors.Is(err, fabric.ErrCorrupt) {
+		return fmt.Errorf("%w: %w", fabric.ErrCorrupt, err)
+	}
+	return err
+}
+
 // skipBlocks reads past the tcodec blocks of n raw bytes without decoding
 // them: the data of a write that was refused after it was sent.
 func (l *link) skipBlocks(n int64) error {
@@ -279,7 +288,7 @@ func (l *link) skipBlocks(n int64) error {
 		}
 		h, err := tcodec.ParseHeader(l.in[:])
 		if err != nil {
-			return err
+			return asCorrupt(err)
 		}
 		if h.RawLen == 0 || int64(h.RawLen) > n {
 			return fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, n)
@@ -305,7 +314,7 @@ func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
 		}
 		h, err := tcodec.ParseHeader(hb)
 		if err != nil {
-			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), asCorrupt(err))
 		}
 		if h.RawLen == 0 || h.RawLen > len(dst)-pos {
 			return wire, fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, len(dst)-pos)
@@ -330,7 +339,7 @@ func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
 			err = l.dec.Decode(out, h, in)
 		}
 		if err != nil {
-			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), asCorrupt(err))
 		}
 		wire += int64(headerSize + h.EncLen)
 		pos += h.RawLen

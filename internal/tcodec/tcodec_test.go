@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -115,12 +114,12 @@ func TestCorruptDetected(t *testing.T) {
 				assert.True(t, bytes.Equal(got, src), "%s: flip at %d delivered wrong bytes", c.kind, at)
 				continue
 			}
-			assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: flip at %d", c.kind, at)
+			assert.ErrorIs(t, err, ErrCorrupt, "%s: flip at %d", c.kind, at)
 		}
 		_, _, err = dec.DecodeBlock(nil, block[:len(block)-1])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: truncated", c.kind)
+		assert.ErrorIs(t, err, ErrCorrupt, "%s: truncated", c.kind)
 		_, _, err = dec.DecodeBlock(nil, block[:7])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: short header", c.kind)
+		assert.ErrorIs(t, err, ErrCorrupt, "%s: short header", c.kind)
 	}
 }
 
@@ -137,7 +136,7 @@ func TestHeaderLimits(t *testing.T) {
 	} {
 		h.Put(b[:])
 		_, err := ParseHeader(b[:])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, name)
+		assert.ErrorIs(t, err, ErrCorrupt, name)
 	}
 	h := Header{Codec: Raw, RawLen: 5, EncLen: 5, Sum: 7}
 	h.Put(b[:])
@@ -186,7 +185,7 @@ func FuzzDecodeBlock(f *testing.F) {
 			before := len(out)
 			out, in, err = dec.DecodeBlock(out, in)
 			if err != nil {
-				if !errors.Is(err, fabric.ErrCorrupt) {
+				if !errors.Is(err, ErrCorrupt) {
 					t.Fatalf("untyped error %v", err)
 				}
 				return
