@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -653,6 +654,8 @@ func FuzzLifeMsg(f *testing.F) {
 	var obj fabric.ObjectID
 	f.Add(lifeMsg{kind: kindPing, incarnation: 1}.marshal())
 	f.Add(lifeMsg{kind: kindLease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}}}.marshal())
+	f.Add(lifeMsg{kind: kindRelease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}},
+		layouts: []layoutSum{layoutOf(tensor.NewDesc(tensor.Float32, 2, 3))}}.marshal())
 	f.Add(lifeMsg{kind: kindLeased, incarnation: 1, statuses: []byte{0, 2}, ttl: time.Second}.marshal())
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, p []byte) {
@@ -664,7 +667,7 @@ func FuzzLifeMsg(f *testing.F) {
 			return
 		}
 		back, err := parseLifeMsg(m.marshal())
-		if err != nil || back.kind != m.kind || len(back.claims) != len(m.claims) {
+		if err != nil || back.kind != m.kind || len(back.claims) != len(m.claims) || !slices.Equal(back.layouts, m.layouts) {
 			t.Fatalf("re-encoding changed the message: %v", err)
 		}
 	})

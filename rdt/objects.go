@@ -172,11 +172,12 @@ func (t *objectTable) confirmLocked(c fabric.Claim, layout layoutSum) (*object, 
 }
 
 // close refuses new pins and leases from now on (Shutdown); reads that hold
-// a pin finish.
-func (t *objectTable) close() {
+// a pin finish. It returns how many do.
+func (t *objectTable) close() (inFlight int) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.closing = true
-	t.mu.Unlock()
+	return t.pins
 }
 
 // unlease drops who's lease; an object its owner released goes with its

@@ -110,6 +110,14 @@ func (t *sinkTable) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// A push that began writing finishes (its notice is still taken);
+	// none begins once Shutdown has.
+	t.mu.Lock()
+	closing := t.closing
+	t.mu.Unlock()
+	if closing {
+		return nil, ErrOwnerClosed
+	}
 	s, err := t.lookup(c.Object, c.Incarnation, c.Token)
 	if err != nil {
 		return nil, err
@@ -129,11 +137,7 @@ func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte)
 	}
 	t.mu.Lock()
 	s, ok := t.slots[id]
-	closing := t.closing
 	t.mu.Unlock()
-	if closing {
-		return nil, ErrOwnerClosed
-	}
 	if !ok {
 		return nil, ErrObjectNotFound
 	}

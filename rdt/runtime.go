@@ -332,8 +332,9 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
-		r.objects.close()
+		inFlight := r.objects.close()
 		r.sinks.close()
+		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)
 		}
