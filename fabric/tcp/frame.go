@@ -269,15 +269,6 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 	return wire, nil
 }
 
-// asCorrupt makes a codec error match fabric.ErrCorrupt, as callers of a
-// transport test for: tcodec sits below fabric and cannot name it.
-func asCorrupt(err error) error {
-	if errors.Is(err, tcodec.ErrCorrupt) && !errors.Is(err, fabric.ErrCorrupt) {
-		return fmt.Errorf("%w: %w", fabric.ErrCorrupt, err)
-	}
-	return err
-}
-
 // skipBlocks reads past the tcodec blocks of n raw bytes without decoding
 // them: the data of a write that was refused after it was sent.
 func (l *link) skipBlocks(n int64) error {
@@ -345,4 +336,13 @@ func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
 		pos += h.RawLen
 	}
 	return wire, nil
+}
+
+// asCorrupt makes a codec error match fabric.ErrCorrupt, as callers of a
+// transport test for: tcodec sits below fabric and cannot name it.
+func asCorrupt(err error) error {
+	if errors.Is(err, tcodec.ErrCorrupt) && !errors.Is(err, fabric.ErrCorrupt) {
+		return fmt.Errorf("%w: %w", fabric.ErrCorrupt, err)
+	}
+	return err
 }
