@@ -34,6 +34,19 @@
 // ErrOwnerDied with its destination memory released. A transfer with no
 // progress for Config.StallTimeout fails with ErrTransferStalled.
 //
+// Weight sync at scale. Push writes an owner's object into a Slot a reader
+// reserved. Broadcast writes one object into many readers' slots along a
+// pipelined, topology-aware tree (ExplainBroadcast draws it): the owner
+// feeds one reader per host along a chain of hosts, each host's first
+// reader feeds the others there, chunks are forwarded as they land, so the
+// owner's egress carries each byte about once; a reader that dies is routed
+// around and the result says, per reader, who has the data. Slots reserved
+// WithGenerations take no write while their reader has not said Done with
+// the generation it holds; WaitConsumed waits for a step's readers.
+// GetBatch, PushBatch and BroadcastBatch move a state dict with one lease
+// round trip per owner; GetAsync, GetBatchAsync and StartBroadcast return
+// a Handle to Await or Cancel, with Progress in bytes.
+//
 // Security. Config.ClusterKey makes the control channel a libp2p private
 // network and adds proof of the key to the data handshake, so non-members
 // can open neither; Config.AllowPeers admits only the listed peers on both;
@@ -44,5 +57,6 @@
 // Errors are typed: ErrMalformedRef, ErrObjectNotFound, ErrObjectFreed,
 // ErrStaleRef, ErrUnauthorized (a forged token, a peer not admitted),
 // ErrOwnerDied, ErrPeerUnreachable, ErrTransferStalled, ErrOutOfMemory,
-// ErrTooSmall, ErrClosed; test them with errors.Is.
+// ErrTooSmall, ErrClosed, and for broadcasts ErrSlotBusy, ErrReaderDied,
+// ErrBroadcastAborted; test them with errors.Is.
 package rdt

@@ -45,3 +45,15 @@ var (
 	// opened (not running, not a member of the cluster, or not admitted).
 	ErrPeerUnreachable = errors.New("rdt: peer unreachable on the control channel")
 )
+
+// Broadcast and flow-control conditions.
+var (
+	// ErrSlotBusy: the slot's reader has not said Done with the
+	// generation it holds, so the slot takes no writes yet.
+	ErrSlotBusy = fmt.Errorf("rdt: slot busy: its reader is still consuming a generation")
+	// ErrReaderDied: a broadcast reader's runtime was declared dead.
+	ErrReaderDied = errors.New("rdt: reader died")
+	// ErrBroadcastAborted: the broadcast filling a slot ended without
+	// completing it (its owner gave up, or a newer one replaced it).
+	ErrBroadcastAborted = errors.New("rdt: broadcast aborted")
+)

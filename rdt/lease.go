@@ -177,6 +177,7 @@ func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey,
 			if e != nil && isGone(e) {
 				r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
 				delete(r.holds, keys[start+i])
+				r.views.revoke(keys[start+i]) // view.go
 			}
 		}
 		r.holdMu.Unlock()
@@ -192,6 +193,7 @@ func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 	for k := range r.holds {
 		if k.owner == id && k.inc == inc {
 			delete(r.holds, k)
+			r.views.revoke(k) // view.go
 		}
 	}
 	r.holdMu.Unlock()

@@ -80,6 +80,7 @@ var errorKinds = []struct {
 	{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
 	{ErrUnauthorized, "unauthorized"}, {ErrLayoutMismatch, "layout_mismatch"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
 	{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
+	{ErrReaderDied, "reader_died"}, {ErrSlotBusy, "slot_busy"}, {ErrBroadcastAborted, "broadcast_aborted"}, {ErrNoZeroCopy, "no_zero_copy"},
 	{fabric.ErrCorrupt, "corrupt"}, {fabric.ErrStalled, "stalled"}, {fabric.ErrPeerClosed, "peer_closed"},
 	{fabric.ErrBadRequest, "bad_request"}, {ErrOwnerClosed, "owner_closed"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
 	{context.DeadlineExceeded, "timeout"}, {context.Canceled, "canceled"},

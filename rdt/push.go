@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -78,10 +79,17 @@ type Slot struct {
 	token []byte
 
 	mu      sync.Mutex
-	pushes  uint64        // completed pushes
+	pushes  uint64        // completed pushes: the slot's generation
 	changed chan struct{} // closed and replaced on each completed push and on Close
 	pins    int
 	closed  bool
+
+	// Generations and broadcasts (generation.go, relay.go).
+	flow     bool    // refuse writes while a completed generation is not Done
+	consumed uint64  // the last generation the reader said it is done with
+	writer   peer.ID // who wrote the last generation: told when it is done
+	relay    *relay  // the broadcast filling the slot, if any
+	lastErr  error   // why the last broadcast into the slot failed
 }
 
 // sinkTable is the runtime's fabric.Sink: it resolves push claims to slots.
@@ -127,6 +135,9 @@ func (t *sinkTable) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer
 	if s.closed {
 		return nil, ErrObjectFreed
 	}
+	if s.flow && s.pushes > s.consumed {
+		return nil, fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
+	}
 	s.pins++
 	return &slotPin{slot: s}, nil
 }
@@ -165,22 +176,25 @@ func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
 }
 func (p *slotPin) Release() error {
 	var err error
-	p.released.Do(func() {
-		s := p.slot
-		s.mu.Lock()
-		s.pins--
-		last := s.closed && s.pins == 0
-		s.mu.Unlock()
-		if last {
-			err = s.buf.Release()
-		}
-	})
+	p.released.Do(func() { err = p.slot.unpin() })
 	return err
+}
+
+// unpin drops a pin; the last one of a closed slot returns its memory.
+func (s *Slot) unpin() error {
+	s.mu.Lock()
+	s.pins--
+	last := s.closed && s.pins == 0
+	s.mu.Unlock()
+	if last {
+		return s.buf.Release()
+	}
+	return nil
 }
 
 // Reserve allocates a slot for a tensor of layout desc on dev, one of the
 // actor's devices, for owners to push into. Send slot.Ref() to the owner.
-func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.DeviceID) (*Slot, error) {
+func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.DeviceID, opts ...SlotOption) (*Slot, error) {
 	if a.rt.isClosed() {
 		return nil, ErrClosed
 	}
@@ -199,6 +213,9 @@ func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.Device
 		return nil, err
 	}
 	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
+	for _, o := range opts {
+		o(s)
+	}
 	rand.Read(s.id[:])
 	rand.Read(s.token)
 	t := a.rt.sinks
@@ -238,10 +255,13 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	defer cancel()
 	for {
 		s.mu.Lock()
-		n, ch, closed := s.pushes, s.changed, s.closed
+		n, ch, closed, lastErr := s.pushes, s.changed, s.closed, s.lastErr
 		s.mu.Unlock()
 		if closed {
 			return n, tensor.Tensor{}, ErrObjectFreed
+		}
+		if lastErr != nil && n <= after {
+			return n, tensor.Tensor{}, lastErr // the broadcast filling it failed
 		}
 		if n > after {
 			t, err := tensor.New(nopRelease{s.buf}, s.desc)
@@ -257,16 +277,19 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	}
 }
 
-// completed records a finished push and wakes waiters.
-func (s *Slot) completed() {
+// completedBy records a finished push or broadcast by writer, wakes
+// waiters and returns the slot's new generation.
+func (s *Slot) completedBy(writer peer.ID) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return s.pushes
 	}
 	s.pushes++
+	s.writer = writer
 	close(s.changed)
 	s.changed = make(chan struct{})
+	return s.pushes
 }
 
 // Close unregisters the slot: later pushes get ErrObjectFreed, and its
@@ -285,7 +308,11 @@ func (s *Slot) Close() error {
 	s.closed = true
 	close(s.changed)
 	last := s.pins == 0
+	rl := s.relay
 	s.mu.Unlock()
+	if rl != nil { // a broadcast filling it stops forwarding and lets go
+		rl.cancel(fmt.Errorf("%w: the slot was closed", ErrObjectFreed))
+	}
 	if last {
 		return s.buf.Release()
 	}
@@ -370,7 +397,7 @@ func (w *window) Release() error { return nil } // the pin is released by Push
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	note := pushNotice{slot: dst.Object, incarnation: dst.Incarnation, token: dst.Token, bytes: n}
 	if dst.Owner == r.host.ID() {
-		return r.pushed(note)
+		return r.pushed(r.host.ID(), note)
 	}
 	r.learnAddrs(dst)
 	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
@@ -390,7 +417,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	return fmt.Errorf("%w: push notice refused (status %d)", ErrMalformedRef, status)
 }
 
-func (r *Runtime) pushed(n pushNotice) error {
+func (r *Runtime) pushed(from peer.ID, n pushNotice) error {
 	s, err := r.sinks.lookup(n.slot, n.incarnation, n.token)
 	if err != nil {
 		return err
@@ -398,7 +425,7 @@ func (r *Runtime) pushed(n pushNotice) error {
 	if n.bytes != s.buf.Len() {
 		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.bytes, s.buf.Len())
 	}
-	s.completed()
+	s.completedBy(from)
 	return nil
 }
 
@@ -408,29 +435,26 @@ func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
 	for {
 		s.SetDeadline(time.Now().Add(noticeIdle))
-		p, err := readMsg(s, 1024)
+		p, err := readMsg(s, maxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
 				s.Write([]byte{4}) // the framing is lost: answer and hang up
 			}
 			return // closed, reset, quiet for noticeIdle, or malformed
 		}
-		var n pushNotice
-		if n, err = parsePushNotice(p); err == nil {
-			err = r.pushed(n)
+		from := s.Conn().RemotePeer()
+		if len(p) > 0 && p[0] != 1 { // a broadcast notice (bcastwire.go)
+			var m bcastMsg
+			if m, err = parseBcastMsg(p); err == nil {
+				err = r.onBcast(from, m)
+			}
+		} else {
+			var n pushNotice
+			if n, err = parsePushNotice(p); err == nil {
+				err = r.pushed(from, n)
+			}
 		}
-		status := byte(0)
-		switch {
-		case err == nil:
-		case errors.Is(err, ErrObjectNotFound):
-			status = 1
-		case errors.Is(err, ErrUnauthorized):
-			status = 2
-		case errors.Is(err, ErrStaleRef):
-			status = 3
-		default:
-			status = 4
-		}
+		status := noticeStatus(err)
 		if err != nil {
 			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
 		}

@@ -60,6 +60,10 @@ type Runtime struct {
 	metrics  *fabric.Metrics
 	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
 	obs      observer                // recent and live transfers, for dashboards (observe.go)
+	bcasts   bcastState              // broadcasts this runtime owns, in flight (broadcast.go)
+	gens     genTable                // generations readers are done with (generation.go)
+	bmet     *bcastMetrics           // broadcast outcomes (bcastmetrics.go)
+	views    viewTable               // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -163,6 +167,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.metrics = fabric.NewMetrics(reg)
 	r.listen = fabric.NewListenerMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
+	r.bmet = newBcastMetrics(reg)
 	r.obs.init(r, reg)
 
 	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,

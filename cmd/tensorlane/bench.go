@@ -29,6 +29,7 @@ type benchOptions struct {
 	retries        int
 	baselineRuns   int
 	paths, push    []string
+	bcast          broadcastOptions // bench_broadcast.go
 }
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }
@@ -65,7 +66,7 @@ the cell's own, stored in the baseline) below it.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&o.quick, "quick", false, "small matrix (1MiB x1,x8 and 64MiB x1; pull on every path, push on p2p-ipc and rdma): well under a minute on 2 cores")
-	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\")")
+	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\"; broadcast: one owner to --readers readers on --hosts simulated hosts; statedict: a 1B-parameter bf16 state dict as one GetBatch vs one tensor; zerocopy: on-host View vs cold and warm Get vs memcpy)")
 	f.StringSliceVar(&o.push, "push", nil, "override the paths pushed (p2p,p2p-ipc,shm,rdma,tcp; none: \"\")")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
 	f.StringVar(&o.out, "out", "", "write results.json, report.md and throughput-<path>.png plots into this directory")
@@ -80,6 +81,7 @@ the cell's own, stored in the baseline) below it.`,
 	f.DurationVar(&o.minTime, "min-time", 0, "override the least time per cell (default 1s, 150ms with --quick)")
 	f.IntVar(&o.minRounds, "min-rounds", 0, "override the least interleaved rounds per cell (default 9, 5 with --quick)")
 	f.IntVar(&o.latencySamples, "latency-samples", 0, "override the samples per latency size (default 2000, 500 with --quick)")
+	o.bcast.flags(f)
 	return cmd
 }
 
@@ -93,6 +95,28 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		var err error
 		if base, err = harness.ReadFile(o.check); err != nil {
 			return err
+		}
+	}
+	if bc, sd, zc := takePath(&o, harness.PathBroadcast), takePath(&o, harness.PathStateDict), takePath(&o, harness.PathZeroCopy); bc || sd || zc {
+		// These paths have harnesses of their own (bench_broadcast.go);
+		// other paths run only when named beside them.
+		if bc {
+			if err := runBroadcastBench(cmd, o); err != nil {
+				return err
+			}
+		}
+		if sd {
+			if err := runStateDictBench(cmd, o); err != nil {
+				return err
+			}
+		}
+		if zc {
+			if err := runZeroCopyBench(cmd, o); err != nil {
+				return err
+			}
+		}
+		if len(o.paths) == 0 {
+			return nil
 		}
 	}
 	cfg := harness.Config{Quick: o.quick, NoLatency: o.noLatency, Concurrency: o.concurrency,

@@ -29,6 +29,7 @@ type demoOptions struct {
 	size    string
 	json    bool
 	verbose bool
+	bcast   bool // --broadcast: demo_broadcast.go
 	// linkMon, if set (the dashboard), measures every runtime's data
 	// connections and feeds rail health (rdt.Config.LinkMonitor).
 	linkMon *linkstat.Monitor
@@ -43,8 +44,18 @@ func init() {
 talking over loopback), puts bf16 weight tensors with a known pattern on the trainer's
 simulated GPU, and has reader actors on other GPUs and on the other host Get them.
 Devices are simulated: memfd-backed arenas, with real copies. Exits non-zero if any
-transfer fails verification.`,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), cmd.OutOrStdout(), o) },
+transfer fails verification.
+
+--broadcast runs the fleet way instead: each reader reserves a flow-controlled slot per
+tensor and sends the slot refs to the trainer, which broadcasts every step's weights to all
+readers at once along a topology-aware pipelined tree (ExplainBroadcast's tree is printed);
+readers verify every byte and say Done, and the trainer waits for all before the next step.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.bcast {
+				return runDemoBroadcast(cmd.Context(), cmd.OutOrStdout(), o)
+			}
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), o)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.preset, "preset", "dgx-h100", "topology preset of every host")
@@ -54,6 +65,7 @@ transfer fails verification.`,
 	f.IntVar(&o.steps, "steps", 2, "weight-sync steps (step 1 also touches the readers' fresh simulated memory)")
 	f.StringVar(&o.size, "size", "64MiB", "size of each tensor (KiB, MiB, GiB suffixes)")
 	f.BoolVar(&o.json, "json", false, "print the result as JSON")
+	f.BoolVar(&o.bcast, "broadcast", false, "RL weight sync by broadcast: readers reserve flow-controlled slots, the trainer broadcasts each step's weights to all of them along a pipelined tree, readers verify and say Done")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "log runtime events to stderr")
 	rootCmd.AddCommand(cmd)
 }
@@ -143,6 +155,7 @@ type demoRig struct {
 	runtimes  []*rdt.Runtime
 	trainer   *rdt.Actor
 	refs      []rdt.Ref
+	tensors   []tensor.Tensor // the trainer's weights behind refs
 	readers   []demoReader
 	size      int64
 	simulated bool
@@ -208,6 +221,7 @@ func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *d
 			return nil, err
 		}
 		d.refs = append(d.refs, ref)
+		d.tensors = append(d.tensors, w)
 	}
 
 	// Readers: alternate between the trainer's host (other GPUs) and the

@@ -47,7 +47,8 @@ func init() {
 		Use:   "soak",
 		Short: "Random verified transfers between runtimes while injecting faults",
 		Long: `soak runs several runtimes in this process (simulated dgx-h100 hosts talking over
-loopback) and moves random tensors between them for --duration, checking every byte,
+loopback) and moves random tensors between them for --duration (one in eight a broadcast
+to slots two to four readers reserved), checking every byte,
 while a fault injector kills and restarts runtimes (same identity and addresses, so old
 refs meet a new incarnation), cuts data connections, blackholes and delays them (through
 TCP proxies the readers are routed over) and presents forged refs.
@@ -212,6 +213,10 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
+				if rng.IntN(8) == 0 { // soak_broadcast.go
+					s.broadcast(runCtx, rng)
+					continue
+				}
 				s.transfer(runCtx, rng)
 			}
 		}()

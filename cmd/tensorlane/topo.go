@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -27,6 +28,7 @@ type topoOptions struct {
 	json         bool
 	dot          bool
 	dump         bool
+	rayLabels    bool
 	verbose      bool
 }
 
@@ -66,6 +68,7 @@ Presets: ` + strings.Join(topology.Presets(), ", ") + `.`,
 	f.BoolVar(&o.json, "json", false, "print JSON: hosts (devices with nearest NIC, NICs, NUMA) and domains")
 	f.BoolVar(&o.dot, "dot", false, "print a Graphviz graph")
 	f.BoolVar(&o.dump, "dump", false, "print the topology file (JSON that --file loads back unchanged)")
+	f.BoolVar(&o.rayLabels, "ray-labels", false, "print the ray start --labels each host's Ray node should carry (the vocabulary of place --ray's label selectors)")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "log discovery warnings to stderr as they are found")
 	return cmd
 }
@@ -133,6 +136,9 @@ func runTopo(ctx context.Context, w, stderr io.Writer, o topoOptions) error {
 		c = &topology.Cluster{Name: c.Name, Hosts: []*topology.Host{h}}
 	}
 	switch {
+	case o.rayLabels:
+		writeRayLabels(w, c, src)
+		return nil
 	case o.dump:
 		return topology.Dump(w, c)
 	case o.json:
@@ -153,6 +159,23 @@ func runTopo(ctx context.Context, w, stderr io.Writer, o topoOptions) error {
 	}
 	writeTree(w, c, src)
 	return nil
+}
+
+// writeRayLabels prints one ray start line per host, so Ray's label
+// selectors (and the placement groups place --ray exports) find the nodes.
+func writeRayLabels(w io.Writer, c *topology.Cluster, src *topoSource) {
+	for _, h := range c.Hosts {
+		labels, skipped := sched.RayNodeLabels(h)
+		what := src.kind
+		if h.Simulated {
+			what = "simulated, " + what
+		}
+		fmt.Fprintf(w, "# %s (%s): start its Ray node with\n", h.ID, what)
+		fmt.Fprintf(w, "ray start --labels=%q\n", sched.RayStartLabels(labels))
+		for _, s := range skipped {
+			fmt.Fprintf(w, "# skipped %s: not a valid Ray label\n", s)
+		}
+	}
 }
 
 // ---- JSON ----

@@ -161,3 +161,11 @@ func TestTopoRegistered(t *testing.T) {
 	}
 	assert.True(t, strings.Contains(newTopoCmd().Long, "gb200-nvl72"))
 }
+
+func TestTopoRayLabels(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := runTopo(t.Context(), &out, &errb, topoOptions{preset: "tpu-v5p", hosts: 2, rayLabels: true})
+	require.NoError(t, err)
+	assert.Contains(t, out.String(), `ray start --labels="ray.io/accelerator-type=tpu-v5p,ray.io/tpu-slice-name=slice0,tensorlane.io/host=h1,`)
+	assert.Contains(t, out.String(), "# h0 (simulated, preset)")
+}

@@ -183,6 +183,7 @@ type worker struct {
 
 	mu      sync.Mutex
 	objects map[string]tensor.Tensor // object id -> the tensor Put, until freed
+	bslots  workerSlots              // slots reserved for broadcasts (worker_bcast.go)
 }
 
 func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o workerOptions) error {
@@ -355,7 +356,10 @@ func (w *worker) handle(ctx context.Context, req workerRequest) workerReply {
 	case "free":
 		return w.result(req.ID, workerReply{}, w.free(ctx, req))
 	}
-	return w.result(req.ID, workerReply{}, fmt.Errorf("%w: unknown op %q (info, connect, put, get, free, exit)", errBadWorkerRequest, req.Op))
+	if r, ok := w.handleBroadcast(ctx, req); ok { // worker_bcast.go
+		return r
+	}
+	return w.result(req.ID, workerReply{}, fmt.Errorf("%w: unknown op %q (info, connect, put, get, free, reserve, wait, broadcast, close-slot, exit)", errBadWorkerRequest, req.Op))
 }
 
 var errBadWorkerRequest = errors.New("bad request")
@@ -565,6 +569,10 @@ func errorCode(err error) string {
 		{rdt.ErrUnknownDevice, "unknown_device"},
 		{rdt.ErrOwnerClosed, "owner_closed"},
 		{rdt.ErrClosed, "closed"},
+		{rdt.ErrReaderDied, "reader_died"},
+		{rdt.ErrSlotBusy, "slot_busy"},
+		{rdt.ErrBroadcastAborted, "broadcast_aborted"},
+		{rdt.ErrNoZeroCopy, "no_zero_copy"},
 		{fabric.ErrCorrupt, "corrupt"},
 		{fabric.ErrStalled, "stalled"},
 		{fabric.ErrPeerClosed, "peer_closed"},

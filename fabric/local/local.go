@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -214,11 +215,7 @@ func copyInto(ctx context.Context, sink fabric.Sink, name string, src tensor.Buf
 
 // chunkedCopy copies in chunks so a cancelled context stops a long copy.
 func chunkedCopy(ctx context.Context, to, from []byte) error {
-	for off := 0; off < len(from); off += chunk {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		copy(to[off:], from[off:min(off+chunk, len(from))])
-	}
-	return nil
+	// Large copies run on several cores: one cannot fill the memory
+	// bandwidth (internal/pcopy).
+	return pcopy.Copy(ctx, to, from, pcopy.Options{Chunk: chunk})
 }

@@ -54,6 +54,20 @@
 // cache, or by a hostile reader) shows the freed object, never the next
 // one.
 //
+// # Views (zero copy)
+//
+// Transport also implements fabric.Viewer: View runs the same exchange as
+// a read (the claim re-validated, a read-only grant of the object's
+// allocation) but copies nothing; it maps the object's pages without
+// MAP_POPULATE, so its cost does not grow with the object, and returns
+// them as a read-only host-visible buffer that holds the mapping until
+// Release. The owner unpins at once ("done"); what keeps the memory alive
+// is the caller's lease (rdt.Actor.View), and what keeps a view safe after
+// a Free is, as above, that exported memory is never recycled.
+//
+// Large copies (reads, pushes) run on several cores (internal/pcopy),
+// each worker guarded against SIGBUS.
+//
 // # Push
 //
 // Transport also implements fabric.Writer: the writer asks the reader's

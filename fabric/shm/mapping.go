@@ -3,15 +3,15 @@ package shm
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/debug"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 )
 
 var pageSize = int64(os.Getpagesize())
@@ -23,6 +23,12 @@ var pageSize = int64(os.Getpagesize())
 // take one fault per 4 KiB page. It checks that the file really holds the
 // range: touching a mapping beyond the end of its file raises SIGBUS.
 func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, err error) {
+	return mapRegionFlags(fd, off, n, writable, unix.MAP_POPULATE)
+}
+
+// mapRegionFlags is mapRegion with extra mmap flags (views map lazily:
+// populating the page tables costs time in proportion to the size).
+func mapRegionFlags(fd int, off, n int64, writable bool, flags int) (data []byte, base int64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, 0, fmt.Errorf("%w: stat received descriptor: %v", fabric.ErrCorrupt, err)
@@ -39,7 +45,7 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 	if writable {
 		prot |= unix.PROT_WRITE
 	}
-	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
+	data, err = unix.Mmap(fd, base, int(end-base), prot, unix.MAP_SHARED|flags)
 	if err != nil {
 		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's allocation: %w", end-base, err)
 	}
@@ -51,30 +57,13 @@ func mapRegion(fd int, off, n int64, writable bool) (data []byte, base int64, er
 // peer that truncates it: our own owners seal their files against that,
 // but a client must not trust a peer's); the resulting SIGBUS becomes an error
 // instead of killing the process.
-func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if re, ok := r.(runtime.Error); ok {
-				err = fmt.Errorf("%w: shared memory fault during copy (the peer shrank the file?): %v", fabric.ErrCorrupt, re)
-				return
-			}
-			panic(r)
-		}
-	}()
-	for off := 0; off < len(from); off += chunk {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if check != nil {
-			if err := check(); err != nil {
-				return err
-			}
-		}
-		copy(to[off:], from[off:min(off+chunk, len(from))])
+func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() error) error {
+	// Large copies run on several cores (internal/pcopy), each guarded.
+	err := pcopy.Copy(ctx, to, from, pcopy.Options{Chunk: chunk, Check: check, GuardFaults: true})
+	if fe, ok := errors.AsType[*pcopy.FaultError](err); ok {
+		return fmt.Errorf("%w: shared memory fault during copy (the peer shrank the file?): %v", fabric.ErrCorrupt, fe.Cause)
 	}
-	return nil
+	return err
 }
 
 // cacheKey names one claim's mapping: the owner (peer and socket), the

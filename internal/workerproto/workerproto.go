@@ -20,6 +20,20 @@ type Request struct {
 	Addrs     []string `json:"addrs,omitempty"`
 	// NoVerify skips the byte-for-byte check of a get (for throughput runs).
 	NoVerify bool `json:"no_verify,omitempty"`
+	// Broadcast: the slots' refs, the chunk size; wait: the generation
+	// to wait past.
+	Refs      []string `json:"refs,omitempty"`
+	ChunkSize int64    `json:"chunk_size,omitempty"`
+	After     uint64   `json:"after,omitempty"`
+}
+
+// ReaderOutcome is one reader's result of a broadcast.
+type ReaderOutcome struct {
+	OK         bool   `json:"ok"`
+	Fed        string `json:"fed,omitempty"`
+	Generation uint64 `json:"generation,omitempty"`
+	Code       string `json:"code,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // Reply is a worker's answer, or an event ("ready") it volunteers. Code
@@ -37,6 +51,9 @@ type Reply struct {
 	Path     string  `json:"path,omitempty"`
 	Verified bool    `json:"verified,omitempty"`
 	Info     *Info   `json:"info,omitempty"`
+	// Broadcast: one outcome per reader; wait: the slot's generation.
+	Readers    []ReaderOutcome `json:"readers,omitempty"`
+	Generation uint64          `json:"generation,omitempty"`
 }
 
 // Info is a worker's identity and device memory.

@@ -1,0 +1,177 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// PathStateDict measures a state dict fetched as one batch against one
+// tensor of the same total size, over the path between two hosts.
+const PathStateDict = "statedict"
+
+// StateDictShape returns the bf16 tensor sizes (elements) of a transformer
+// of about 1B parameters (TinyLlama-like: hidden 2048, 22 layers, MLP 5632,
+// grouped-query k/v of 256, a 64000-token embedding tied with the head):
+// 200 tensors, 2.05 GiB, the largest 250 MiB. scale divides every size
+// (1: full), so a smaller machine can run the same shape.
+func StateDictShape(scale int) []int64 {
+	if scale < 1 {
+		scale = 1
+	}
+	const hidden, inter, kv, layers, vocab = 2048, 5632, 256, 22, 64000
+	out := []int64{vocab * hidden}
+	for range layers {
+		out = append(out,
+			hidden*hidden, kv*hidden, kv*hidden, hidden*hidden, // q k v o
+			inter*hidden, inter*hidden, hidden*inter, // gate up down
+			hidden, hidden) // two norms
+	}
+	out = append(out, hidden) // final norm
+	for i := range out {
+		out[i] = max(4, out[i]/int64(scale)/4*4)
+	}
+	return out
+}
+
+// StateDictConfig selects the measurement; zero values mean the defaults.
+type StateDictConfig struct {
+	Scale     int    // divides every tensor size; default 1 (2.05 GiB)
+	Transport string // between the two hosts: rdma (default) or tcp
+	Rounds    int    // interleaved rounds, median kept; default 3
+	Parallel  int    // GetBatch's transfers at once (0: rdt's default)
+}
+
+// StateDictRecord is the result.
+type StateDictRecord struct {
+	Path         string  `json:"path"` // "statedict"
+	Transport    string  `json:"transport"`
+	Tensors      int     `json:"tensors"`
+	Size         int64   `json:"size"` // total bytes
+	Largest      int64   `json:"largest"`
+	BatchSeconds float64 `json:"batch_seconds"`
+	OneSeconds   float64 `json:"one_seconds"` // one tensor of the same total size
+	Ratio        float64 `json:"ratio"`       // batch throughput over one tensor's
+}
+
+// RunStateDict measures a state dict Get as one batch (GetBatch) against
+// a Get of one tensor of the same total size, interleaved round by round,
+// on two simulated dgx-h100 hosts in this process.
+func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord, err error) {
+	if cfg.Scale <= 0 {
+		cfg.Scale = 1
+	}
+	if cfg.Transport == "" {
+		cfg.Transport = "rdma"
+	}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 3
+	}
+	shape := StateDictShape(cfg.Scale)
+	var total, largest int64
+	for _, n := range shape {
+		total += 2 * n
+		largest = max(largest, 2*n)
+	}
+	rec = StateDictRecord{Path: PathStateDict, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
+	cl, err := topology.Preset("dgx-h100", 2)
+	if err != nil {
+		return rec, err
+	}
+	var rts []*rdt.Runtime
+	defer func() {
+		for _, r := range rts {
+			if cerr := r.Shutdown(context.Background()); err == nil {
+				err = cerr
+			}
+		}
+	}()
+	for i := range 2 {
+		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 2*total + 64<<20}
+		switch cfg.Transport {
+		case "tcp":
+			c.Deny = []string{"rdma"}
+		case "rdma":
+		default:
+			return rec, fmt.Errorf("harness: statedict transport %q (want rdma or tcp)", cfg.Transport)
+		}
+		r, err := rdt.New(ctx, c)
+		if err != nil {
+			return rec, err
+		}
+		rts = append(rts, r)
+	}
+	if err := rts[1].Connect(ctx, rts[0].AddrInfo()); err != nil {
+		return rec, err
+	}
+	owner, err := rts[0].Spawn("trainer")
+	if err != nil {
+		return rec, err
+	}
+	reader, err := rts[1].Spawn("worker")
+	if err != nil {
+		return rec, err
+	}
+	mem, err := rts[0].Memory(srcDev)
+	if err != nil {
+		return rec, err
+	}
+	put := func(elems int64) (rdt.Ref, error) {
+		x, err := tensor.Alloc(ctx, mem, tensor.BFloat16, elems)
+		if err != nil {
+			return rdt.Ref{}, err
+		}
+		p, _ := x.SpanBytes()
+		fillPattern(p)
+		ref, err := owner.Put(ctx, x)
+		if err != nil {
+			x.Release()
+		}
+		return ref, err
+	}
+	var refs []rdt.Ref
+	for _, n := range shape {
+		ref, err := put(n)
+		if err != nil {
+			return rec, err
+		}
+		refs = append(refs, ref)
+	}
+	one, err := put(total / 2)
+	if err != nil {
+		return rec, err
+	}
+	var bt, ot []float64
+	for round := range cfg.Rounds + 1 {
+		start := time.Now()
+		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel})
+		if err != nil {
+			return rec, err
+		}
+		d := time.Since(start).Seconds()
+		for i, it := range items {
+			if it.Err != nil {
+				rdt.ReleaseBatch(items)
+				return rec, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
+			}
+		}
+		rdt.ReleaseBatch(items)
+		start = time.Now()
+		x, err := reader.Get(ctx, one, srcDev)
+		if err != nil {
+			return rec, err
+		}
+		d1 := time.Since(start).Seconds()
+		x.Release()
+		if round > 0 { // round 0 warms both (page population of the arenas)
+			bt, ot = append(bt, d), append(ot, d1)
+		}
+	}
+	rec.BatchSeconds, rec.OneSeconds = median(bt), median(ot)
+	rec.Ratio = rec.OneSeconds / rec.BatchSeconds
+	return rec, nil
+}

@@ -1,0 +1,213 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/tensorlane/tensorlane/internal/capi"
+)
+
+// The exported functions convert C values to Go ones and back, nothing
+// more; lib.go does the work under protect (no panic crosses into C). The
+// declarations C callers use are in tensorlane.h.
+
+var kindNames = func() []*C.char {
+	out := make([]*C.char, len(capi.Kinds))
+	for i, k := range capi.Kinds {
+		out[i] = C.CString(k) // once per process, never freed
+	}
+	return out
+}()
+
+func bytesIn(p *C.uint8_t, n C.size_t) []byte {
+	if p == nil || n == 0 {
+		return nil
+	}
+	return C.GoBytes(unsafe.Pointer(p), C.int(n)) // a copy: Go keeps no C pointer
+}
+
+func bytesOut(p *C.char, n C.size_t) []byte {
+	if p == nil || n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n))
+}
+
+func setLen(dst *C.size_t, n int) {
+	if dst != nil {
+		*dst = C.size_t(n)
+	}
+}
+
+func int64s(p *C.int64_t, n C.int32_t) []int64 {
+	if p == nil || n <= 0 {
+		return nil
+	}
+	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n))...)
+}
+
+//export tl_abi_version
+func tl_abi_version() C.int { return abiVersion }
+
+//export tl_kind_name
+func tl_kind_name(kind C.int) *C.char {
+	if kind < 0 || int(kind) >= len(kindNames) {
+		return kindNames[1]
+	}
+	return kindNames[kind]
+}
+
+//export tl_last_error
+func tl_last_error(msg *C.char, capacity C.size_t, n *C.size_t) C.int {
+	e := lastErrorOfThread()
+	var written int
+	if err := output([]byte(e.msg), bytesOut(msg, capacity), &written); err != nil && capacity > 0 {
+		// Truncate rather than fail: a message is for people.
+		out := bytesOut(msg, capacity)
+		copy(out, e.msg)
+		out[len(out)-1] = 0
+	}
+	setLen(n, written)
+	return C.int(e.kind)
+}
+
+//export tl_runtime_new
+func tl_runtime_new(config *C.char, rt *C.uint64_t) C.int {
+	return C.int(protect(func() error {
+		if rt == nil {
+			return errNull("rt")
+		}
+		cfg := ""
+		if config != nil {
+			cfg = C.GoString(config)
+		}
+		h, err := runtimeNew(cfg)
+		if err != nil {
+			return err
+		}
+		*rt = C.uint64_t(h)
+		return nil
+	}))
+}
+
+//export tl_runtime_close
+func tl_runtime_close(rt C.uint64_t) C.int {
+	return C.int(protect(func() error { return runtimeClose(uint64(rt)) }))
+}
+
+//export tl_shutdown_all
+func tl_shutdown_all() C.int {
+	return C.int(protect(shutdownAll))
+}
+
+//export tl_alloc
+func tl_alloc(rt C.uint64_t, nbytes C.int64_t, ptr *unsafe.Pointer) C.int {
+	return C.int(protect(func() error {
+		if ptr == nil {
+			return errNull("ptr")
+		}
+		p, err := alloc(uint64(rt), int64(nbytes))
+		if err != nil {
+			return err
+		}
+		*ptr = p
+		return nil
+	}))
+}
+
+//export tl_free_memory
+func tl_free_memory(rt C.uint64_t, ptr unsafe.Pointer) C.int {
+	return C.int(protect(func() error { return freeMemory(uint64(rt), ptr) }))
+}
+
+//export tl_put
+func tl_put(rt C.uint64_t, ptr unsafe.Pointer, nbytes C.int64_t, dtype *C.char, ndim C.int32_t,
+	shape, strides *C.int64_t, refOut *C.uint8_t, refCap C.size_t, refLen *C.size_t) C.int {
+	return C.int(protect(func() error {
+		if dtype == nil {
+			return errNull("dtype")
+		}
+		if ndim < 0 || ndim > 16 || (ndim > 0 && shape == nil) {
+			return errArg("ndim %d with shape %p", ndim, shape)
+		}
+		var n int
+		err := put(uint64(rt), ptr, int64(nbytes), C.GoString(dtype), int64s(shape, ndim), int64s(strides, ndim),
+			bytesOut((*C.char)(unsafe.Pointer(refOut)), refCap), &n)
+		setLen(refLen, n)
+		return err
+	}))
+}
+
+//export tl_get_into
+func tl_get_into(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, dst unsafe.Pointer, dstLen C.int64_t, op C.uint64_t, timeoutMS C.int64_t) C.int {
+	return C.int(protect(func() error {
+		return getInto(uint64(rt), bytesIn(ref, refLen), dst, int64(dstLen), uint64(op), int64(timeoutMS))
+	}))
+}
+
+//export tl_get
+func tl_get(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, op C.uint64_t, timeoutMS C.int64_t, ptr *unsafe.Pointer, nbytes *C.int64_t) C.int {
+	return C.int(protect(func() error {
+		if ptr == nil || nbytes == nil {
+			return errNull("ptr or nbytes")
+		}
+		p, n, err := get(uint64(rt), bytesIn(ref, refLen), uint64(op), int64(timeoutMS))
+		if err != nil {
+			return err
+		}
+		*ptr, *nbytes = p, C.int64_t(n)
+		return nil
+	}))
+}
+
+//export tl_cancel
+func tl_cancel(rt C.uint64_t, op C.uint64_t) C.int {
+	return C.int(protect(func() error { return cancelOp(uint64(rt), uint64(op)) }))
+}
+
+//export tl_release
+func tl_release(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t) C.int {
+	return C.int(protect(func() error { return release(uint64(rt), bytesIn(ref, refLen)) }))
+}
+
+//export tl_free
+func tl_free(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, timeoutMS C.int64_t) C.int {
+	return C.int(protect(func() error { return free(uint64(rt), bytesIn(ref, refLen), int64(timeoutMS)) }))
+}
+
+//export tl_explain
+func tl_explain(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, out *C.char, capacity C.size_t, n *C.size_t) C.int {
+	return C.int(protect(func() error {
+		var w int
+		err := explain(uint64(rt), bytesIn(ref, refLen), bytesOut(out, capacity), &w)
+		setLen(n, w)
+		return err
+	}))
+}
+
+//export tl_ref_info
+func tl_ref_info(ref *C.uint8_t, refLen C.size_t, out *C.char, capacity C.size_t, n *C.size_t) C.int {
+	return C.int(protect(func() error {
+		var w int
+		err := refInfo(bytesIn(ref, refLen), bytesOut(out, capacity), &w)
+		setLen(n, w)
+		return err
+	}))
+}
+
+//export tl_stats
+func tl_stats(rt C.uint64_t, out *C.char, capacity C.size_t, n *C.size_t) C.int {
+	return C.int(protect(func() error {
+		var w int
+		err := stats(uint64(rt), bytesOut(out, capacity), &w)
+		setLen(n, w)
+		return err
+	}))
+}
+
+func main() {} // a c-shared library needs a main package; it never runs

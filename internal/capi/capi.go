@@ -1,0 +1,791 @@
+// Package capi is the Go side of tensorlane's C ABI (cmd/libtensorlane):
+// runtimes behind integer handles, configuration as JSON, memory as
+// (address, length) pairs, refs as marshalled bytes, and errors as a kind
+// (the names of rdt.ErrorKind, plus invalid_argument) and a message. No Go
+// type crosses the boundary, so the C layer is a thin shell of conversions
+// and this package is tested like any other.
+//
+// Memory comes in two kinds. Shareable memory (Alloc) is tensorlane's own
+// memfd-backed host memory: a Put of a region inside it publishes a window
+// of it with no copy, and other processes on the host map it. Any other
+// memory is foreign (a numpy array, a C buffer): network paths read it in
+// place, and the first same-host reader in another process makes the owner
+// copy it once into shareable memory (tensor.Foreign). Explain says which.
+//
+// Every method is safe for concurrent use.
+package capi
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// ErrInvalidArgument is a caller's mistake: an unknown handle, a bad
+// dtype, a region that does not hold the tensor, malformed JSON.
+var ErrInvalidArgument = errors.New("invalid argument")
+
+// Kinds are the error kinds the C ABI returns, in their stable numbering:
+// the index is the code (0 is success). They are rdt.ErrorKind's names plus
+// invalid_argument; "other" is everything else.
+var Kinds = []string{
+	"ok", "other", "invalid_argument",
+	"owner_died", "peer_unreachable", "object_not_found", "object_freed", "stale_ref",
+	"unauthorized", "malformed_ref", "out_of_memory", "too_small", "no_path", "unknown_device",
+	"corrupt", "stalled", "peer_closed", "bad_request", "closed", "timeout", "canceled",
+	"owner_closed", "layout_mismatch", // new kinds go at the end: codes never change
+}
+
+// Code returns err's kind as its number in Kinds (0 for nil).
+func Code(err error) int {
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, ErrInvalidArgument) || errors.Is(err, tensor.ErrBadDesc) {
+		return 2
+	}
+	k := rdt.ErrorKind(err)
+	for i, name := range Kinds {
+		if name == k {
+			return i
+		}
+	}
+	return 1
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// Config is a runtime's configuration as JSON. Its zero value means: the
+// simulated dgx-h100 preset with one host, claiming h0, host memory only (no
+// simulated accelerators), loopback listeners, the environment's
+// TENSORLANE_TRANSPORTS and TENSORLANE_CLUSTER_KEY, rdt's default timeouts,
+// and no logging.
+type Config struct {
+	// Preset names a topology preset; Hosts its host count (default 1).
+	Preset string `json:"preset,omitempty"`
+	Hosts  int    `json:"hosts,omitempty"`
+	// Discover builds the topology of this machine from sysfs instead
+	// (its host ID is the host name unless Host is set).
+	Discover bool `json:"discover,omitempty"`
+	// Host is the topology host this runtime claims. Runtimes that claim
+	// the same host use the same-host paths (shm, p2p) between them.
+	Host string `json:"host,omitempty"`
+	// Listen are libp2p multiaddrs; DataAddr the tcp data listener.
+	Listen   []string `json:"listen,omitempty"`
+	DataAddr string   `json:"data_addr,omitempty"`
+	// ClusterKey is 64 hex digits (32 bytes); default TENSORLANE_CLUSTER_KEY.
+	ClusterKey string `json:"cluster_key,omitempty"`
+	// Allow and Deny narrow the transports; TENSORLANE_TRANSPORTS applies
+	// on top.
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+	// TransferTimeoutMS bounds a Get with no timeout of its own.
+	TransferTimeoutMS int64 `json:"transfer_timeout_ms,omitempty"`
+	// SimDevices gives the runtime the host's simulated accelerators
+	// (memfd arenas) besides host memory.
+	SimDevices bool `json:"sim_devices,omitempty"`
+	// HostMemory caps host memory allocations (bytes); 0 = unbounded.
+	HostMemory int64 `json:"host_memory,omitempty"`
+	// LogLevel: "" (off), debug, info, warn, error; logs go to stderr.
+	LogLevel string `json:"log_level,omitempty"`
+}
+
+// EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
+// config has none.
+const EnvClusterKey = "TENSORLANE_CLUSTER_KEY"
+
+// ParseConfig decodes JSON (empty means the zero Config), refusing unknown
+// fields so a misspelled option is an error, not a silent default.
+func ParseConfig(p []byte) (Config, error) {
+	var c Config
+	if len(strings.TrimSpace(string(p))) == 0 {
+		return c, nil
+	}
+	dec := json.NewDecoder(strings.NewReader(string(p)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, invalid("config: %v", err)
+	}
+	return c, nil
+}
+
+func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory, error) {
+	var out rdt.Config
+	switch {
+	case c.Discover:
+		d, err := topology.Discover(ctx, topology.DiscoverConfig{HostID: c.Host})
+		if err != nil {
+			return out, nil, fmt.Errorf("discover topology: %w", err)
+		}
+		out.Cluster = d.Cluster()
+		out.Host = d.Host.ID
+	default:
+		preset, hosts := c.Preset, c.Hosts
+		if preset == "" {
+			preset = "dgx-h100"
+		}
+		if hosts == 0 {
+			hosts = 1
+		}
+		cl, err := topology.Preset(preset, hosts)
+		if err != nil {
+			return out, nil, invalid("config: %v", err)
+		}
+		out.Cluster, out.Host = cl, c.Host
+	}
+	out.ListenAddrs, out.DataAddr = c.Listen, c.DataAddr
+	out.Allow, out.Deny = c.Allow, c.Deny
+	key := c.ClusterKey
+	if key == "" {
+		key = os.Getenv(EnvClusterKey)
+	}
+	if key != "" {
+		k, err := hex.DecodeString(strings.TrimSpace(key))
+		if err != nil || len(k) != 32 {
+			return out, nil, invalid("cluster key must be 64 hex digits (32 bytes)")
+		}
+		out.ClusterKey = k
+	}
+	if c.TransferTimeoutMS < 0 {
+		return out, nil, invalid("transfer_timeout_ms must not be negative")
+	}
+	out.TransferTimeout = time.Duration(c.TransferTimeoutMS) * time.Millisecond
+	out.HostMemory = c.HostMemory
+	var owned []*tensor.HostMemory
+	if !c.SimDevices {
+		hm := tensor.NewHostMemory(c.HostMemory)
+		out.Devices = []tensor.Memory{hm}
+		owned = append(owned, hm)
+	}
+	var level slog.Level
+	switch strings.ToLower(c.LogLevel) {
+	case "":
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		return out, nil, invalid("log_level %q (want debug, info, warn or error)", c.LogLevel)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	}
+	return out, owned, nil
+}
+
+// Library holds the runtimes of a process behind handles.
+type Library struct {
+	mu       sync.Mutex
+	next     uint64
+	runtimes map[uint64]*Runtime
+}
+
+// New returns an empty Library.
+func New() *Library { return &Library{runtimes: map[uint64]*Runtime{}} }
+
+// NewRuntime starts a runtime from a JSON config and returns its handle.
+func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, error) {
+	c, err := ParseConfig(configJSON)
+	if err != nil {
+		return 0, err
+	}
+	rc, owned, err := c.rdtConfig(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rt, err := rdt.New(ctx, rc)
+	if err != nil {
+		for _, m := range owned {
+			m.Close()
+		}
+		if strings.Contains(err.Error(), "not in cluster") || strings.Contains(err.Error(), "ClusterKey") {
+			err = fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		}
+		return 0, err
+	}
+	actor, err := rt.Spawn("main")
+	if err != nil {
+		rt.Shutdown(ctx)
+		return 0, err
+	}
+	mem, err := rt.Memory(tensor.HostDevice)
+	if err != nil {
+		rt.Shutdown(ctx)
+		return 0, err
+	}
+	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{},
+		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}}
+	l.mu.Lock()
+	l.next++
+	h := l.next
+	l.runtimes[h] = r
+	l.mu.Unlock()
+	return h, nil
+}
+
+// Runtime returns the runtime behind a handle.
+func (l *Library) Runtime(h uint64) (*Runtime, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.runtimes[h]
+	if !ok {
+		return nil, invalid("no runtime with handle %d (closed, or never opened)", h)
+	}
+	return r, nil
+}
+
+// Close shuts a runtime down and forgets its handle. Closing a handle
+// twice is not an error.
+func (l *Library) Close(ctx context.Context, h uint64) error {
+	l.mu.Lock()
+	r, ok := l.runtimes[h]
+	delete(l.runtimes, h)
+	l.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return r.shutdown(ctx)
+}
+
+// CloseAll shuts every runtime down (at process exit).
+func (l *Library) CloseAll(ctx context.Context) error {
+	l.mu.Lock()
+	hs := make([]uint64, 0, len(l.runtimes))
+	for h := range l.runtimes {
+		hs = append(hs, h)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, h := range hs {
+		errs = append(errs, l.Close(ctx, h))
+	}
+	return errors.Join(errs...)
+}
+
+// Runtime is one rdt runtime with one actor, the memory it handed out, the
+// objects it published and the Gets in flight.
+type Runtime struct {
+	rt    *rdt.Runtime
+	actor *rdt.Actor
+	host  tensor.Memory
+	owned []*tensor.HostMemory
+
+	mu      sync.Mutex
+	allocs  map[uintptr]*allocation
+	objects map[fabric.ObjectID]*published
+	ops     map[uint64]context.CancelFunc
+
+	stats counters
+}
+
+type allocation struct {
+	shared *tensor.Shared
+	base   uintptr
+	n      int64
+}
+
+// published is an object this runtime owns, and how its memory is held.
+type published struct {
+	ref     rdt.Ref
+	foreign *tensor.Foreign // nil: a window of shareable memory
+}
+
+type counters struct {
+	puts, putBytes, zeroCopyPuts, foreignPuts         atomic.Int64
+	gets, getBytes, getErrors, getNanos, stagedCopies atomic.Int64
+	byTransportMu                                     sync.Mutex
+	byTransport                                       map[string]int64
+}
+
+func (r *Runtime) shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	for _, cancel := range r.ops {
+		cancel()
+	}
+	r.mu.Unlock()
+	err := r.rt.Shutdown(ctx)
+	r.mu.Lock()
+	allocs := r.allocs
+	r.allocs = map[uintptr]*allocation{}
+	r.mu.Unlock()
+	for _, a := range allocs {
+		a.shared.Release()
+	}
+	for _, m := range r.owned {
+		m.Close()
+	}
+	return err
+}
+
+// Rdt returns the runtime itself (for Go code in the same process).
+func (r *Runtime) Rdt() *rdt.Runtime { return r.rt }
+
+// Alloc allocates n bytes of shareable host memory and returns its address.
+// The memory stays valid until FreeMemory, and after it for as long as a
+// published object holds part of it.
+func (r *Runtime) Alloc(ctx context.Context, n int64) (unsafe.Pointer, error) {
+	if n <= 0 {
+		return nil, invalid("allocation of %d bytes", n)
+	}
+	buf, err := r.host.Alloc(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	p, err := tensor.BytesOf(buf)
+	if err != nil {
+		buf.Release()
+		return nil, err
+	}
+	// The memory is a mapping, not Go's heap: its address is stable.
+	a := &allocation{shared: tensor.NewShared(buf), base: uintptr(unsafe.Pointer(&p[0])), n: n}
+	r.mu.Lock()
+	r.allocs[a.base] = a
+	r.mu.Unlock()
+	return unsafe.Pointer(&p[0]), nil
+}
+
+// FreeMemory gives back memory from Alloc or Get. Objects published from it
+// keep their part until they are freed.
+func (r *Runtime) FreeMemory(p unsafe.Pointer) error {
+	addr := uintptr(p)
+	r.mu.Lock()
+	a, ok := r.allocs[addr]
+	delete(r.allocs, addr)
+	r.mu.Unlock()
+	if !ok {
+		return invalid("address %#x is not the start of memory this runtime allocated", addr)
+	}
+	return a.shared.Release()
+}
+
+// owning returns the allocation that holds [addr, addr+n), if any.
+func (r *Runtime) owning(addr uintptr, n int64) *allocation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a, ok := r.allocs[addr]; ok && n <= a.n {
+		return a
+	}
+	for _, a := range r.allocs { // a region inside an allocation (a slice of an array)
+		if addr >= a.base && uint64(addr-a.base)+uint64(n) <= uint64(a.n) {
+			return a
+		}
+	}
+	return nil
+}
+
+// Region is a tensor in the caller's memory: mem covers its span from the
+// first byte; shape and strides are in elements (DLPack), strides nil for
+// row-major.
+type Region struct {
+	Mem     []byte
+	DType   string
+	Shape   []int64
+	Strides []int64
+}
+
+func (g Region) desc() (tensor.Desc, error) {
+	dt, err := tensor.ParseDType(g.DType)
+	if err != nil {
+		return tensor.Desc{}, invalid("unsupported dtype %q (supported: bool, int8..int64, uint8, float16, bfloat16, float32, float64, float8)", g.DType)
+	}
+	d := tensor.Desc{DType: dt, Shape: g.Shape, Strides: g.Strides}
+	if d.Strides == nil {
+		d.Strides = tensor.ContiguousStrides(g.Shape)
+	}
+	if err := d.Validate(); err != nil {
+		return d, err
+	}
+	if _, end := d.Span(); end > int64(len(g.Mem)) {
+		return d, invalid("%v spans %d bytes, the region has %d", d, end, len(g.Mem))
+	}
+	return d, nil
+}
+
+// Put publishes a region and returns its marshalled Ref. A region inside
+// shareable memory is published without a copy; other memory is read in
+// place by network paths and copied once for a same-host reader in another
+// process. The caller keeps foreign memory alive and unchanged until Free.
+func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
+	d, err := g.desc()
+	if err != nil {
+		return nil, err
+	}
+	if len(g.Mem) == 0 {
+		return nil, invalid("empty region: nothing to publish")
+	}
+	_, end := d.Span()
+	mem := g.Mem[:end]
+	addr := uintptr(unsafe.Pointer(&mem[0]))
+	var buf tensor.Buffer
+	var foreign *tensor.Foreign
+	if a := r.owning(addr, end); a != nil {
+		buf, err = a.shared.Window(int64(addr-a.base), end)
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.host})
+		buf = foreign
+	}
+	t, err := tensor.New(buf, d)
+	if err != nil {
+		buf.Release()
+		return nil, err
+	}
+	ref, err := r.actor.Put(ctx, t)
+	if err != nil {
+		buf.Release()
+		return nil, err
+	}
+	p, err := ref.MarshalBinary()
+	if err != nil {
+		r.actor.Free(ctx, ref)
+		return nil, err
+	}
+	r.mu.Lock()
+	r.objects[ref.Object] = &published{ref: ref, foreign: foreign}
+	r.mu.Unlock()
+	r.stats.puts.Add(1)
+	r.stats.putBytes.Add(end)
+	if foreign != nil {
+		r.stats.foreignPuts.Add(1)
+	} else {
+		r.stats.zeroCopyPuts.Add(1)
+	}
+	return p, nil
+}
+
+func parseRef(p []byte) (rdt.Ref, error) {
+	ref, err := rdt.ParseRef(p)
+	if err != nil {
+		return ref, err
+	}
+	return ref, nil
+}
+
+// begin registers a cancellable operation under op (0: not cancellable
+// from outside) with a timeout (0: the runtime's transfer timeout).
+func (r *Runtime) begin(ctx context.Context, op uint64, timeout time.Duration) (context.Context, func()) {
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	if op == 0 {
+		return ctx, cancel
+	}
+	r.mu.Lock()
+	r.ops[op] = cancel
+	r.mu.Unlock()
+	return ctx, func() {
+		r.mu.Lock()
+		delete(r.ops, op)
+		r.mu.Unlock()
+		cancel()
+	}
+}
+
+// Cancel cancels the Get registered under op; it reports whether one was
+// in flight.
+func (r *Runtime) Cancel(op uint64) bool {
+	r.mu.Lock()
+	cancel, ok := r.ops[op]
+	r.mu.Unlock()
+	if ok {
+		cancel()
+	}
+	return ok
+}
+
+func (r *Runtime) count(x rdt.Transfer, start time.Time, err error) {
+	r.stats.gets.Add(1)
+	if err != nil {
+		r.stats.getErrors.Add(1)
+		return
+	}
+	r.stats.getBytes.Add(x.Stats.Bytes)
+	r.stats.getNanos.Add(int64(time.Since(start)))
+	r.stats.byTransportMu.Lock()
+	if r.stats.byTransport == nil {
+		r.stats.byTransport = map[string]int64{}
+	}
+	r.stats.byTransport[x.Stats.Transport]++
+	r.stats.byTransportMu.Unlock()
+}
+
+// GetInto reads the ref's tensor into dst, which must hold its span. op,
+// when not 0, names the Get for Cancel.
+func (r *Runtime) GetInto(ctx context.Context, refBytes, dst []byte, op uint64, timeout time.Duration) (rdt.Transfer, error) {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return rdt.Transfer{}, err
+	}
+	_, n := spanOf(ref.Desc)
+	if int64(len(dst)) < n {
+		return rdt.Transfer{}, fmt.Errorf("%w: destination holds %d bytes, the object has %d", rdt.ErrTooSmall, len(dst), n)
+	}
+	if n == 0 {
+		return rdt.Transfer{}, invalid("the object is empty")
+	}
+	t, err := tensor.New(tensor.NewForeign(dst[:n], tensor.ForeignConfig{}), tensor.NewDesc(tensor.Uint8, n))
+	if err != nil {
+		return rdt.Transfer{}, err
+	}
+	ctx, done := r.begin(ctx, op, timeout)
+	defer done()
+	start := time.Now()
+	x, err := r.actor.GetInto(ctx, ref, t)
+	r.count(x, start, err)
+	return x, err
+}
+
+// Get reads the ref's tensor into new shareable memory and returns its
+// address and length (give it back with FreeMemory; Put of it costs no
+// copy).
+func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout time.Duration) (unsafe.Pointer, int64, rdt.Transfer, error) {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return nil, 0, rdt.Transfer{}, err
+	}
+	_, n := spanOf(ref.Desc)
+	if n == 0 {
+		return nil, 0, rdt.Transfer{}, invalid("the object is empty")
+	}
+	p, err := r.Alloc(ctx, n)
+	if err != nil {
+		return nil, 0, rdt.Transfer{}, err
+	}
+	dst := unsafe.Slice((*byte)(p), n)
+	tensor.Populate(dst) // fresh pages in one call (a no-op for recycled ones)
+	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
+	if err != nil {
+		r.FreeMemory(p)
+		return nil, 0, x, err
+	}
+	return p, n, x, nil
+}
+
+func spanOf(d tensor.Desc) (int64, int64) {
+	if d.Validate() != nil {
+		return 0, 0
+	}
+	start, end := d.Span()
+	return start, end - start
+}
+
+// Release says this runtime is done with a ref: a reader drops its hold;
+// the owner frees the object once no reader holds it.
+func (r *Runtime) Release(ctx context.Context, refBytes []byte) error {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return err
+	}
+	if err := r.actor.Release(ctx, ref); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Free revokes an object this runtime owns and waits (up to timeout, 0 =
+// the transfer timeout) until no read uses its memory any more, so the
+// caller may then let go of foreign memory. Freeing twice is not an error.
+func (r *Runtime) Free(ctx context.Context, refBytes []byte, timeout time.Duration) error {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return err
+	}
+	if err := r.actor.Free(ctx, ref); err != nil && !errors.Is(err, rdt.ErrObjectFreed) && !errors.Is(err, rdt.ErrObjectNotFound) {
+		return err
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	err = r.actor.WaitFreed(ctx, ref)
+	if errors.Is(err, rdt.ErrObjectNotFound) {
+		err = nil // freed long ago
+	}
+	if err == nil {
+		r.mu.Lock()
+		if p, ok := r.objects[ref.Object]; ok {
+			if p.foreign != nil && p.foreign.Staged() {
+				r.stats.stagedCopies.Add(1)
+			}
+			delete(r.objects, ref.Object)
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// Explanation is Explain's answer.
+type Explanation struct {
+	Plan Plan `json:"plan"`
+	// Memory, for objects this runtime owns: "shareable" (published from
+	// tensorlane memory, no copy on any path), "foreign, not copied"
+	// (network paths read it in place; no same-host reader yet) or
+	// "foreign, copied once into shareable memory" (a reader in another
+	// process on this host asked).
+	Memory string `json:"memory,omitempty"`
+}
+
+// Explain says which path a Get of the ref into host memory here would
+// take and why, and, for an object this runtime owns, how its memory is
+// shared.
+func (r *Runtime) Explain(refBytes []byte) (Explanation, error) {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return Explanation{}, err
+	}
+	e := Explanation{Plan: planOf(r.actor.Explain(ref, tensor.HostDevice))}
+	r.mu.Lock()
+	p, ok := r.objects[ref.Object]
+	r.mu.Unlock()
+	switch {
+	case !ok || ref.Owner != r.rt.ID():
+	case p.foreign == nil:
+		e.Memory = "shareable"
+	case p.foreign.Staged():
+		e.Memory = "foreign, copied once into shareable memory"
+	default:
+		e.Memory = "foreign, not copied"
+	}
+	return e, nil
+}
+
+// RefInfo describes a marshalled ref without a runtime.
+type RefInfo struct {
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Strides []int64 `json:"strides"`
+	Offset  int64   `json:"offset"`
+	NBytes  int64   `json:"nbytes"` // the span a Get delivers
+	Host    string  `json:"host"`
+	Device  string  `json:"device"`
+	Owner   string  `json:"owner"`
+	Object  string  `json:"object"`
+}
+
+// DescribeRef decodes a ref's description.
+func DescribeRef(refBytes []byte) (RefInfo, error) {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return RefInfo{}, err
+	}
+	d := ref.Desc.Rebased()
+	_, n := spanOf(ref.Desc)
+	st := d.Strides
+	if st == nil {
+		st = tensor.ContiguousStrides(d.Shape)
+	}
+	return RefInfo{DType: d.DType.String(), Shape: d.Shape, Strides: st, Offset: d.Offset, NBytes: n,
+		Host: ref.Host, Device: ref.Device.String(), Owner: ref.Owner.String(), Object: fmt.Sprint(ref.Object)}, nil
+}
+
+// Stats is a runtime's counters, for metrics exporters (Ray's among them).
+type Stats struct {
+	Puts         int64            `json:"puts"`
+	PutBytes     int64            `json:"put_bytes"`
+	ZeroCopyPuts int64            `json:"zero_copy_puts"` // published from shareable memory
+	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory
+	StagedCopies int64            `json:"staged_copies"`  // foreign objects copied once for a same-host reader (counted when freed)
+	Gets         int64            `json:"gets"`
+	GetErrors    int64            `json:"get_errors"`
+	GetBytes     int64            `json:"get_bytes"`
+	GetSeconds   float64          `json:"get_seconds"`
+	ByTransport  map[string]int64 `json:"gets_by_transport"`
+	Objects      int              `json:"objects"`         // live objects owned
+	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
+	HostMemory   HostMemory       `json:"host_memory"`
+	Peer         string           `json:"peer"`
+	Host         string           `json:"host"`
+}
+
+// HostMemory is the runtime's tensorlane host memory: bytes in live
+// allocations (shareable arrays, staged copies, received tensors), the
+// peak, the allocation count, and released bytes kept for reuse.
+type HostMemory struct {
+	Used   int64 `json:"used"`
+	Peak   int64 `json:"peak"`
+	Allocs int   `json:"allocs"`
+	Cached int64 `json:"cached"`
+}
+
+// Stats returns the runtime's counters.
+func (r *Runtime) Stats() Stats {
+	s := Stats{
+		Puts: r.stats.puts.Load(), PutBytes: r.stats.putBytes.Load(),
+		ZeroCopyPuts: r.stats.zeroCopyPuts.Load(), ForeignPuts: r.stats.foreignPuts.Load(),
+		StagedCopies: r.stats.stagedCopies.Load(),
+		Gets:         r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
+		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
+		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
+		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
+	}
+	ms := r.host.Stats()
+	s.HostMemory = HostMemory{Used: ms.Used, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	for _, o := range r.rt.ObjectTable() {
+		s.ReadsServing += o.Pins
+	}
+	r.stats.byTransportMu.Lock()
+	for k, v := range r.stats.byTransport {
+		s.ByTransport[k] = v
+	}
+	r.stats.byTransportMu.Unlock()
+	return s
+}
+
+// Plan is fabric.Plan in JSON that any decoder reads: the path as text and
+// bandwidths that are numbers (an unbounded one, the local view's, is 0).
+type Plan struct {
+	Path       string      `json:"path"`
+	Best       string      `json:"best"`
+	Chosen     string      `json:"chosen"`
+	Degraded   bool        `json:"degraded"`
+	Candidates []Candidate `json:"candidates"`
+}
+
+// Candidate is one transport the planner considered.
+type Candidate struct {
+	Transport string  `json:"transport"`
+	Usable    bool    `json:"usable"`
+	GBps      float64 `json:"gbps"`
+	Reason    string  `json:"reason"`
+}
+
+func planOf(p fabric.Plan) Plan {
+	out := Plan{Path: p.Path.String(), Best: p.Best, Chosen: p.Chosen, Degraded: p.Degraded}
+	for _, c := range p.Candidates {
+		g := c.GBps
+		if math.IsInf(g, 0) || math.IsNaN(g) {
+			g = 0
+		}
+		out.Candidates = append(out.Candidates, Candidate{Transport: c.Transport, Usable: c.Usable, GBps: g, Reason: c.Reason})
+	}
+	return out
+}

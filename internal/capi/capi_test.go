@@ -1,0 +1,283 @@
+package capi
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
+		goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
+		goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
+	)
+}
+
+// pair starts two runtimes on one simulated host (as two Ray actors on a
+// node are) from the same JSON config.
+func pair(t *testing.T, config string) (*Library, *Runtime, *Runtime) {
+	t.Helper()
+	t.Setenv(fabric.EnvTransports, "")
+	t.Setenv(EnvClusterKey, "")
+	ctx := context.Background()
+	lib := New()
+	ha, err := lib.NewRuntime(ctx, []byte(config))
+	require.NoError(t, err)
+	hb, err := lib.NewRuntime(ctx, []byte(config))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, lib.CloseAll(context.Background())) })
+	a, err := lib.Runtime(ha)
+	require.NoError(t, err)
+	b, err := lib.Runtime(hb)
+	require.NoError(t, err)
+	return lib, a, b
+}
+
+func pattern(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(i*7 + i>>8)
+	}
+	return p
+}
+
+func TestForeignPutEveryPath(t *testing.T) {
+	for _, tc := range []struct {
+		name, config, transport, memory string
+	}{
+		{"same host, another process: one staged copy", `{"allow":["shm"]}`, "shm", "foreign, copied once into shareable memory"},
+		{"tcp: read in place", `{"allow":["tcp"]}`, "tcp", "foreign, not copied"},
+		{"rdma: read in place", `{"preset":"dgx-h100","hosts":2,"allow":["rdma"]}`, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			config := tc.config
+			_, a, b := pair(t, config)
+			ctx := context.Background()
+			src := pattern(3 << 20)
+			ref, err := a.Put(ctx, Region{Mem: src, DType: "float32", Shape: []int64{3 << 18}})
+			require.NoError(t, err)
+			e, err := a.Explain(ref)
+			require.NoError(t, err)
+			assert.Equal(t, "foreign, not copied", e.Memory)
+
+			dst := make([]byte, len(src))
+			x, err := b.GetInto(ctx, ref, dst, 0, 0)
+			if tc.transport == "" {
+				// Two runtimes claiming the same host of a 2-host cluster
+				// and only rdma allowed: rdma needs different hosts.
+				require.Error(t, err)
+				assert.Equal(t, "no_path", Kinds[Code(err)], "%v", err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, src, dst)
+			assert.Equal(t, tc.transport, x.Stats.Transport)
+			e, err = a.Explain(ref)
+			require.NoError(t, err)
+			assert.Equal(t, tc.memory, e.Memory)
+			eb, err := b.Explain(ref) // the reader's view of the path
+			require.NoError(t, err)
+			assert.Equal(t, tc.transport, eb.Plan.Chosen)
+			assert.Empty(t, eb.Memory, "only the owner knows how its memory is held")
+
+			require.NoError(t, b.Release(ctx, ref))
+			require.NoError(t, a.Free(ctx, ref, 5*time.Second))
+			require.NoError(t, a.Free(ctx, ref, 5*time.Second), "twice is fine")
+			s := a.Stats()
+			assert.Equal(t, int64(1), s.ForeignPuts)
+			if tc.transport == "shm" {
+				assert.Equal(t, int64(1), s.StagedCopies)
+			} else {
+				assert.Equal(t, int64(0), s.StagedCopies)
+			}
+			assert.Equal(t, 0, s.Objects)
+			assert.Equal(t, int64(0), s.HostMemory.Used, "the staged copy went back")
+			assert.Equal(t, int64(1), b.Stats().ByTransport[tc.transport])
+		})
+	}
+}
+
+func TestRDMABetweenHosts(t *testing.T) {
+	t.Setenv(fabric.EnvTransports, "")
+	ctx := context.Background()
+	lib := New()
+	defer lib.CloseAll(ctx)
+	ha, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h0"}`))
+	require.NoError(t, err)
+	hb, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h1"}`))
+	require.NoError(t, err)
+	a, _ := lib.Runtime(ha)
+	b, _ := lib.Runtime(hb)
+	src := pattern(1 << 20)
+	ref, err := a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{1 << 20}})
+	require.NoError(t, err)
+	addr, n, x, err := b.Get(ctx, ref, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "rdma", x.Stats.Transport)
+	got := unsafe.Slice((*byte)(addr), n)
+	assert.Equal(t, src, got)
+	e, _ := a.Explain(ref)
+	assert.Equal(t, "foreign, not copied", e.Memory, "network paths read the caller's memory in place")
+	require.NoError(t, b.FreeMemory(addr))
+}
+
+func TestSharePutZeroCopy(t *testing.T) {
+	_, a, b := pair(t, `{"allow":["shm"]}`) // in one process local would serve; force the cross-process path
+	ctx := context.Background()
+	addr, err := a.Alloc(ctx, 1<<20)
+	require.NoError(t, err)
+	mem := unsafe.Slice((*byte)(addr), 1<<20)
+	copy(mem, pattern(1<<20))
+	// A slice of the array (its second half) is published with no copy.
+	ref, err := a.Put(ctx, Region{Mem: mem[1<<19:], DType: "int32", Shape: []int64{1 << 17}})
+	require.NoError(t, err)
+	require.NoError(t, a.FreeMemory(addr), "the caller lets go first; the object keeps its window")
+	got, n, x, err := b.Get(ctx, ref, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "shm", x.Stats.Transport)
+	assert.Equal(t, pattern(1 << 20)[1<<19:], unsafe.Slice((*byte)(got), n))
+	e, _ := a.Explain(ref)
+	assert.Equal(t, "shareable", e.Memory)
+	assert.Equal(t, int64(1), a.Stats().ZeroCopyPuts)
+	require.NoError(t, a.Free(ctx, ref, time.Second))
+	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
+	require.NoError(t, b.FreeMemory(got))
+	assert.Equal(t, "invalid_argument", Kinds[Code(b.FreeMemory(got))])
+}
+
+func TestBadInput(t *testing.T) {
+	lib, a, _ := pair(t, `{}`)
+	ctx := context.Background()
+	ref, err := a.Put(ctx, Region{Mem: pattern(64), DType: "float32", Shape: []int64{16}})
+	require.NoError(t, err)
+	bad := append([]byte(nil), ref...)
+	bad[0] ^= 0xff
+	for _, tc := range []struct {
+		name string
+		err  error
+		kind string
+	}{
+		{"unknown dtype", func() error {
+			_, err := a.Put(ctx, Region{Mem: pattern(64), DType: "complex64", Shape: []int64{8}})
+			return err
+		}(), "invalid_argument"},
+		{"region too small", func() error {
+			_, err := a.Put(ctx, Region{Mem: pattern(60), DType: "float32", Shape: []int64{16}})
+			return err
+		}(), "invalid_argument"},
+		{"empty region", func() error {
+			_, err := a.Put(ctx, Region{DType: "float32", Shape: []int64{0}})
+			return err
+		}(), "invalid_argument"},
+		{"negative dim", func() error {
+			_, err := a.Put(ctx, Region{Mem: pattern(64), DType: "float32", Shape: []int64{-1}})
+			return err
+		}(), "invalid_argument"},
+		{"corrupted ref", func() error { _, err := a.GetInto(ctx, bad, make([]byte, 64), 0, 0); return err }(), "malformed_ref"},
+		{"truncated ref", func() error { _, err := a.GetInto(ctx, ref[:20], make([]byte, 64), 0, 0); return err }(), "malformed_ref"},
+		{"destination too small", func() error { _, err := a.GetInto(ctx, ref, make([]byte, 8), 0, 0); return err }(), "too_small"},
+		{"unknown config field", func() error { _, err := lib.NewRuntime(ctx, []byte(`{"presett":"x"}`)); return err }(), "invalid_argument"},
+		{"unknown preset", func() error { _, err := lib.NewRuntime(ctx, []byte(`{"preset":"nope"}`)); return err }(), "invalid_argument"},
+		{"bad cluster key", func() error { _, err := lib.NewRuntime(ctx, []byte(`{"cluster_key":"abc"}`)); return err }(), "invalid_argument"},
+		{"unknown host", func() error { _, err := lib.NewRuntime(ctx, []byte(`{"host":"h9"}`)); return err }(), "invalid_argument"},
+		{"unknown handle", func() error { _, err := lib.Runtime(999); return err }(), "invalid_argument"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Error(t, tc.err)
+			assert.Equal(t, tc.kind, Kinds[Code(tc.err)], "%v", tc.err)
+		})
+	}
+}
+
+func TestFreedRefAndCancel(t *testing.T) {
+	_, a, b := pair(t, `{}`)
+	ctx := context.Background()
+	ref, err := a.Put(ctx, Region{Mem: pattern(4096), DType: "uint8", Shape: []int64{4096}})
+	require.NoError(t, err)
+	require.NoError(t, a.Free(ctx, ref, time.Second))
+	_, err = b.GetInto(ctx, ref, make([]byte, 4096), 0, 0)
+	assert.Equal(t, "object_freed", Kinds[Code(err)], "%v", err)
+
+	// A cancelled operation reports canceled; cancelling an unknown one
+	// reports false.
+	assert.False(t, b.Cancel(42))
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	ref2, err := a.Put(ctx, Region{Mem: pattern(4096), DType: "uint8", Shape: []int64{4096}})
+	require.NoError(t, err)
+	_, err = b.GetInto(cctx, ref2, make([]byte, 4096), 7, 0)
+	assert.Equal(t, "canceled", Kinds[Code(err)], "%v", err)
+}
+
+func TestDescribeRefAndKinds(t *testing.T) {
+	_, a, _ := pair(t, `{}`)
+	ref, err := a.Put(context.Background(), Region{Mem: pattern(24), DType: "float16", Shape: []int64{3, 4}})
+	require.NoError(t, err)
+	info, err := DescribeRef(ref)
+	require.NoError(t, err)
+	assert.Equal(t, "float16", info.DType)
+	assert.Equal(t, []int64{3, 4}, info.Shape)
+	assert.Equal(t, []int64{4, 1}, info.Strides)
+	assert.Equal(t, int64(24), info.NBytes)
+	assert.Equal(t, "cpu:0", info.Device)
+	_, err = DescribeRef([]byte("not a ref"))
+	assert.Equal(t, "malformed_ref", Kinds[Code(err)])
+
+	// Every kind rdt names has a code here.
+	for _, err := range []error{rdt.ErrOwnerDied, rdt.ErrObjectFreed, rdt.ErrMalformedRef, rdt.ErrTooSmall, rdt.ErrClosed,
+		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, context.DeadlineExceeded} {
+		assert.Equal(t, rdt.ErrorKind(err), Kinds[Code(err)])
+	}
+	assert.Equal(t, 0, Code(nil))
+	st, err := json.Marshal(a.Stats())
+	require.NoError(t, err)
+	assert.Contains(t, string(st), `"puts":1`)
+}
+
+// Cancel (Ray's abort_transport) stops a read in flight: the caller gets
+// canceled, and the runtime stays usable.
+func TestCancelInFlight(t *testing.T) {
+	_, a, b := pair(t, `{"allow":["tcp"]}`)
+	ctx := context.Background()
+	src := pattern(64 << 20)
+	ref, err := a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	dst := make([]byte, len(src))
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.GetInto(ctx, ref, dst, 7, 0)
+		done <- err
+	}()
+	cancelled := false
+	var getErr error
+wait:
+	for {
+		select {
+		case getErr = <-done:
+			break wait
+		default:
+			if !cancelled {
+				cancelled = b.Cancel(7)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	if !cancelled {
+		t.Skip("the read finished before it could be cancelled (nothing to check)")
+	}
+	assert.Equal(t, "canceled", Kinds[Code(getErr)], "%v", getErr)
+	assert.False(t, b.Cancel(7), "the op is gone once the read returned")
+	_, err = b.GetInto(ctx, ref, dst, 8, 0)
+	require.NoError(t, err)
+	assert.Equal(t, src, dst)
+}

@@ -1,0 +1,219 @@
+package multihost
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/bench/harness"
+	"github.com/tensorlane/tensorlane/internal/netns"
+)
+
+// bcastSlot is a slot reserved on a host's worker.
+type bcastSlot struct {
+	h   *Host
+	ref string
+}
+
+// reserveSpread reserves n slots of size bytes on hosts, one per host in
+// turn (GPU 0 on each, then GPU 1...), so the first readers span the hosts.
+func reserveSpread(t *testing.T, ctx context.Context, hosts []*Host, n int, size int64) []bcastSlot {
+	t.Helper()
+	var out []bcastSlot
+	for k := range n {
+		h := hosts[k%len(hosts)]
+		r, err := h.W.Call(ctx, Request{Op: "reserve", Size: size, Device: fmt.Sprintf("gpu:%d", k/len(hosts))})
+		require.NoError(t, err)
+		require.True(t, r.OK, "reserve: %s", r.Error)
+		out = append(out, bcastSlot{h, r.Ref})
+	}
+	return out
+}
+
+func refsOf(s []bcastSlot) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = x.ref
+	}
+	return out
+}
+
+// shapeAll limits every host's link, both directions (the host's side and
+// the bridge's side of its cable).
+func shapeAll(t *testing.T, ctx context.Context, c *Cluster, rate string) {
+	t.Helper()
+	for _, h := range c.Hosts {
+		require.NoError(t, h.NS.Shape(ctx, h.Dev, netns.Shape{Rate: rate}))
+		require.NoError(t, c.Bridge.NS.Shape(ctx, h.Port, netns.Shape{Rate: rate}))
+	}
+}
+
+// TestBroadcastShaped measures broadcast over real network namespaces with
+// each host's link shaped to 1 Gbit/s, where the owner's link is the
+// bottleneck: the time for N readers over the time for 1, against N
+// readers that each Get the object at once. It is a measurement, not a
+// check (no timing threshold): run it with TENSORLANE_BCAST_SHAPED=1
+// (figures in docs/benchmarks.md).
+func TestBroadcastShaped(t *testing.T) {
+	if os.Getenv("TENSORLANE_BCAST_SHAPED") == "" {
+		t.Skip("a measurement: set TENSORLANE_BCAST_SHAPED=1 to run it")
+	}
+	var recs []harness.BroadcastRecord
+	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
+		t.Run(tc.name, func(t *testing.T) { recs = append(recs, broadcastShaped(t, tc)...) })
+	}
+	// TENSORLANE_BCAST_OUT=dir also writes the records and the plot there.
+	if dir := os.Getenv("TENSORLANE_BCAST_OUT"); dir != "" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		f, err := os.Create(filepath.Join(dir, "broadcast-shaped.json"))
+		require.NoError(t, err)
+		require.NoError(t, harness.WriteBroadcastJSON(f, recs))
+		require.NoError(t, f.Close())
+		require.NoError(t, harness.WriteBroadcastPlotFile(filepath.Join(dir, "broadcast-shaped.png"),
+			"tensorlane broadcast over 1 Gbit/s shaped netns links (4 hosts, 1 process each)", recs))
+	}
+}
+
+func broadcastShaped(t *testing.T, tc pathCase) (recs []harness.BroadcastRecord) {
+	c := New(t, Options{Hosts: 4, Args: tc.args})
+	ctx := testCtx(t, 5*time.Minute)
+	shapeAll(t, ctx, c, "1gbit")
+	const size = 64 << 20
+	src := put(t, ctx, c.Hosts[0].W, size, 7)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 16, size)
+	gen := map[string]uint64{}
+	var one float64
+	for _, n := range []int{1, 2, 4, 8, 16} {
+		best := 0.0
+		for range 2 {
+			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), TimeoutMS: 120_000})
+			require.NoError(t, err)
+			require.True(t, r.OK, "broadcast: %s", r.Error)
+			for i, o := range r.Readers {
+				require.True(t, o.OK, "reader %d: %s", i, o.Error)
+			}
+			for _, s := range slots[:n] {
+				w, err := s.h.W.Call(ctx, Request{Op: "wait", Ref: s.ref, Seed: 7, After: gen[s.ref], TimeoutMS: 30_000})
+				require.NoError(t, err)
+				require.True(t, w.OK && w.Verified, "wait: %s", w.Error)
+				gen[s.ref] = w.Generation
+			}
+			if best == 0 || r.Seconds < best {
+				best = r.Seconds
+			}
+			if n == 16 {
+				t.Logf("tree:\n%s", r.Path)
+			}
+		}
+		if n == 1 {
+			one = best
+		}
+		recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", 1gbit netns", Readers: n, Hosts: 4, Size: size, Seconds: best, RatioVsOne: best / one})
+		record(t, fmt.Sprintf("broadcast 64MiB to %2d readers, 1gbit links, %s", n, tc.name), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one))
+	}
+	// Today's way: every reader Gets at once, all through the owner's link.
+	for _, n := range []int{1, 8} {
+		start := time.Now()
+		var res []<-chan Result
+		for k, s := range slots[:n] {
+			res = append(res, s.h.W.Go(Request{Op: "get", Ref: src, Seed: 7, Device: fmt.Sprintf("gpu:%d", 4+k/3), TimeoutMS: 120_000}))
+		}
+		for _, ch := range res {
+			r := await(t, ch, 2*time.Minute)
+			require.True(t, r.OK, "get: %s", r.Error)
+		}
+		d := time.Since(start)
+		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links, %s", n, tc.name), d, "")
+		for i := range recs {
+			if recs[i].Readers == n {
+				recs[i].Naive = d.Seconds() // N readers Get at once: all through the owner's link
+			}
+		}
+	}
+	for i := range recs {
+		recs[i].NaiveRatio = recs[i].Naive / recs[0].Naive
+		if recs[i].Naive == 0 {
+			recs[i].NaiveRatio = 0
+		}
+	}
+	return recs
+}
+
+// A reader host killed mid-broadcast is routed around: the other readers
+// complete with verified bytes and the result names the dead ones.
+func TestBroadcastReaderKilled(t *testing.T) {
+	c := New(t, Options{Hosts: 4})
+	ctx := testCtx(t, 3*time.Minute)
+	shapeAll(t, ctx, c, "400mbit")
+	const size = 48 << 20
+	src := put(t, ctx, c.Hosts[0].W, size, 3)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 6, size)
+	victim := c.Hosts[1] // the first host leader: it feeds h2, which feeds h3
+	tx := txBytes(t, ctx, victim)
+	res := c.Hosts[0].W.Go(Request{Op: "broadcast", Ref: src, Refs: refsOf(slots), ChunkSize: 1 << 20, TimeoutMS: 120_000})
+	inFlight(t, ctx, victim, tx, 4<<20, res) // it is forwarding
+	killed := time.Now()
+	victim.W.Kill()
+	r := await(t, res, time.Minute)
+	require.True(t, r.OK, "broadcast: %s", r.Error)
+	record(t, "broadcast, reader host killed mid-broadcast", time.Since(killed), fmt.Sprintf("%d readers", len(r.Readers)))
+	for i, o := range r.Readers {
+		s := slots[i]
+		if s.h == victim {
+			assert.False(t, o.OK && o.Generation == 0, "reader %d", i)
+			continue
+		}
+		require.True(t, o.OK, "reader %d on %s routed around the dead host: %s", i, s.h.ID, o.Error)
+		w, err := s.h.W.Call(ctx, Request{Op: "wait", Ref: s.ref, Seed: 3, TimeoutMS: 10_000})
+		require.NoError(t, err)
+		assert.True(t, w.OK && w.Verified, "reader %d: %s", i, w.Error)
+	}
+}
+
+// An owner killed mid-broadcast: every reader's wait ends with owner_died
+// (none hangs), and once the slots close every reserved byte is back.
+func TestBroadcastOwnerKilled(t *testing.T) {
+	c := New(t, Options{Hosts: 4})
+	ctx := testCtx(t, 3*time.Minute)
+	shapeAll(t, ctx, c, "400mbit")
+	const size = 48 << 20
+	readers := c.Hosts[1:]
+	base := map[*Host]int64{}
+	for _, h := range readers {
+		base[h] = info(t, ctx, h.W).Used
+	}
+	src := put(t, ctx, c.Hosts[0].W, size, 5)
+	slots := reserveSpread(t, ctx, readers, 6, size)
+	owner := c.Hosts[0]
+	tx := txBytes(t, ctx, owner)
+	res := owner.W.Go(Request{Op: "broadcast", Ref: src, Refs: refsOf(slots), ChunkSize: 1 << 20, TimeoutMS: 120_000})
+	var waits []<-chan Result
+	for _, s := range slots {
+		waits = append(waits, s.h.W.Go(Request{Op: "wait", Ref: s.ref, Seed: 5, TimeoutMS: 60_000}))
+	}
+	inFlight(t, ctx, owner, tx, 8<<20, res)
+	killed := time.Now()
+	owner.W.Kill()
+	for i, ch := range waits {
+		r := await(t, ch, 30*time.Second)
+		if r.OK {
+			continue // it completed before the owner died
+		}
+		assert.Equal(t, "owner_died", r.Code, "reader %d: %s", i, r.Error)
+	}
+	record(t, "broadcast, owner killed mid-broadcast", time.Since(killed), "every reader: owner_died")
+	for _, s := range slots {
+		r, err := s.h.W.Call(ctx, Request{Op: "close-slot", Ref: s.ref})
+		require.NoError(t, err)
+		require.True(t, r.OK, r.Error)
+	}
+	for _, h := range readers {
+		backToBaseline(t, ctx, h.W, base[h], 10*time.Second)
+	}
+}

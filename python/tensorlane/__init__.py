@@ -1,0 +1,46 @@
+"""tensorlane: direct tensor transport between actors, from Python.
+
+Arrays stay where they are; a small :class:`Ref` travels instead, and a
+reader's :meth:`Runtime.get` moves the bytes straight from the owner's
+memory over the best path the topology allows (shared memory on one host,
+rdma or tcp between hosts). ``tensorlane.ray.register()`` makes it a Ray
+Direct Transport (``tensor_transport="TENSORLANE"``).
+
+Importing the package does no work: the Go library (libtensorlane.so) loads
+on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._runtime import Ref, Runtime, as_array, ref_info, runtime
+from .errors import (
+    BadRequest, Canceled, Closed, Corrupt, Error, InvalidArgument, MalformedRef, NoPath,
+    ObjectFreed, ObjectNotFound, Other, OutOfMemory, OwnerDied, PeerClosed, PeerUnreachable,
+    Stalled, StaleRef, Timeout, TooSmall, Unauthorized, UnknownDevice, OwnerClosed, LayoutMismatch,
+)
+
+__version__ = "0.1.0"
+
+
+def empty(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
+    """A numpy array over the default runtime's shareable memory: publishing
+    it costs no copy, also to readers in other processes on this host."""
+    return runtime().empty(shape, dtype)
+
+
+def from_dlpack(x: Any) -> np.ndarray:
+    """A numpy view of any DLPack producer (torch, jax, cupy on CPU...)."""
+    return np.from_dlpack(x)
+
+
+__all__ = [
+    "Ref", "Runtime", "runtime", "empty", "ref_info", "as_array", "from_dlpack",
+    "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
+    "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",
+    "UnknownDevice", "Corrupt", "Stalled", "PeerClosed", "BadRequest", "Closed", "Timeout", "Canceled",
+    "OwnerClosed", "LayoutMismatch",
+]

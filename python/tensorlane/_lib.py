@@ -1,0 +1,101 @@
+"""Loads libtensorlane (the Go library built -buildmode=c-shared) with ctypes
+and declares its functions. Nothing happens at import: the library loads on
+first use."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Optional
+
+from . import errors
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+#: Environment variable naming the shared library to load instead of the
+#: one built into the package (for development builds).
+ENV_LIB = "TENSORLANE_LIB"
+
+u64, i64, i32, sz = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_size_t
+vp, cp, u8p = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint8)
+_PROTOS = {
+    "tl_abi_version": ([], ctypes.c_int),
+    "tl_kind_name": ([ctypes.c_int], cp),
+    "tl_last_error": ([cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_runtime_new": ([cp, ctypes.POINTER(u64)], ctypes.c_int),
+    "tl_runtime_close": ([u64], ctypes.c_int),
+    "tl_shutdown_all": ([], ctypes.c_int),
+    "tl_alloc": ([u64, i64, ctypes.POINTER(vp)], ctypes.c_int),
+    "tl_free_memory": ([u64, vp], ctypes.c_int),
+    "tl_put": ([u64, vp, i64, cp, i32, ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_get_into": ([u64, cp, sz, vp, i64, u64, i64], ctypes.c_int),
+    "tl_get": ([u64, cp, sz, u64, i64, ctypes.POINTER(vp), ctypes.POINTER(i64)], ctypes.c_int),
+    "tl_cancel": ([u64, u64], ctypes.c_int),
+    "tl_release": ([u64, cp, sz], ctypes.c_int),
+    "tl_free": ([u64, cp, sz, i64], ctypes.c_int),
+    "tl_explain": ([u64, cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_ref_info": ([cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_stats": ([u64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+}
+
+
+def path() -> Path:
+    """Where the shared library is loaded from."""
+    override = os.environ.get(ENV_LIB)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent / "_lib" / "libtensorlane.so"
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (loaded once, on first use)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            p = path()
+            if not p.exists():
+                raise errors.Other(
+                    f"tensorlane: shared library not found at {p}; install the package with "
+                    f"`pip install ./python` (needs Go on PATH) or set {ENV_LIB}"
+                )
+            # CDLL releases the GIL during each call: transfers run while
+            # other Python threads (Ray's) keep going.
+            l = ctypes.CDLL(str(p))
+            for name, (args, res) in _PROTOS.items():
+                f = getattr(l, name)
+                f.argtypes, f.restype = args, res
+            if l.tl_abi_version() != 1:
+                raise errors.Other(f"tensorlane: {p} has ABI version {l.tl_abi_version()}, want 1")
+            _lib = l
+            # Leave cleanly at interpreter exit: peers see the runtimes go.
+            atexit.register(l.tl_shutdown_all)
+    return _lib
+
+
+def check(code: int) -> None:
+    """Raises the exception for a non-zero return code of the calling thread."""
+    if code == 0:
+        return
+    buf = ctypes.create_string_buffer(2048)
+    lib().tl_last_error(buf, len(buf), None)
+    raise errors.from_code(code, buf.value.decode("utf-8", "replace"))
+
+
+def call_json(fn, *args) -> str:
+    """Calls a function that writes JSON into a buffer, growing it as needed."""
+    size = 4096
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = sz(0)
+        code = fn(*args, buf, size, ctypes.byref(n))
+        if code == 11 and n.value > size:  # too_small: retry with the size it asked for
+            size = n.value
+            continue
+        check(code)
+        return buf.value.decode("utf-8")

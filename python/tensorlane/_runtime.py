@@ -1,0 +1,312 @@
+"""The binding: runtimes, refs, shareable arrays."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import threading
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lib, errors
+
+# numpy dtype -> tensorlane dtype name. Others (uint16..uint64, complex,
+# object, strings) have no tensorlane dtype and are refused by name.
+_TO_TL = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "int8",
+    np.dtype(np.int16): "int16",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
+_FROM_TL = {v: k for k, v in _TO_TL.items()}
+
+
+def _bfloat16() -> Optional[np.dtype]:
+    try:  # ml_dtypes (installed with jax and tensorflow) gives numpy a bfloat16
+        import ml_dtypes  # type: ignore
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        return None
+
+
+def tl_dtype(dt: Any) -> str:
+    """The tensorlane dtype name of a numpy dtype, or InvalidArgument."""
+    dt = np.dtype(dt)
+    name = _TO_TL.get(dt) if dt.isnative else None
+    if name is None and dt.name == "bfloat16":
+        name = "bfloat16"
+    if name is None:
+        supported = ", ".join(sorted(set(_TO_TL.values()) | {"bfloat16"}))
+        raise errors.InvalidArgument(f"unsupported dtype {dt.str} ({dt}); supported: {supported}, in native byte order")
+    return name
+
+
+def np_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a tensorlane dtype name."""
+    if name in _FROM_TL:
+        return _FROM_TL[name]
+    if name == "bfloat16":
+        bf = _bfloat16()
+        if bf is not None:
+            return bf
+    # float8 and bfloat16 without ml_dtypes: raw bytes of the right width.
+    widths = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+    if name in widths:
+        return np.dtype(widths[name])
+    raise errors.InvalidArgument(f"tensorlane dtype {name!r} has no numpy equivalent")
+
+
+def as_array(x: Any) -> np.ndarray:
+    """A numpy view of x without copying: numpy arrays as they are, torch
+    tensors (CPU) and anything with ``__dlpack__`` through DLPack, other
+    objects through the buffer protocol."""
+    if isinstance(x, np.ndarray):
+        return x
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise errors.InvalidArgument(f"tensor on {x.device}: tensorlane's Python binding moves CPU memory")
+        return x.detach().numpy()
+    if hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x)
+    try:
+        return np.asarray(memoryview(x))
+    except TypeError:
+        raise errors.InvalidArgument(
+            f"cannot publish {type(x).__name__}: want a numpy array, a torch tensor, "
+            "an object with __dlpack__, or one with the buffer protocol"
+        ) from None
+
+
+class Ref(bytes):
+    """A marshalled tensorlane reference: a few hundred bytes that travel on
+    any channel (a Ray task argument, a socket, a file)."""
+
+    def info(self) -> Dict[str, Any]:
+        """dtype, shape, strides (elements), nbytes, owner, host, device."""
+        return ref_info(self)
+
+    def __repr__(self) -> str:
+        try:
+            i = self.info()
+            return f"Ref({i['dtype']}{i['shape']} on {i['host']}/{i['device']}, {len(self)} bytes)"
+        except errors.Error:
+            return f"Ref(<malformed, {len(self)} bytes>)"
+
+
+def ref_info(ref: bytes) -> Dict[str, Any]:
+    """Decodes a ref's description; raises MalformedRef for bad bytes."""
+    l = _lib.lib()
+    return json.loads(_lib.call_json(l.tl_ref_info, bytes(ref), len(ref)))
+
+
+class _Block:
+    """Owns one block of shareable memory; numpy arrays over it keep it
+    (their base) alive, and it is given back when the last one goes."""
+
+    __slots__ = ("_rt", "_ptr", "_n", "__array_interface__", "__weakref__")
+
+    def __init__(self, rt: "Runtime", ptr: int, n: int):
+        self._rt, self._ptr, self._n = rt, ptr, n
+        self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+    def __del__(self):
+        rt, self._rt = self._rt, None
+        if rt is not None and rt._handle:
+            try:
+                _lib.lib().tl_free_memory(rt._handle, self._ptr)
+            except Exception:
+                pass
+
+
+def _shape_array(values: Sequence[int]):
+    arr = (ctypes.c_int64 * max(len(values), 1))(*values)
+    return arr
+
+
+class Runtime:
+    """One tensorlane runtime in this process: it publishes arrays (Put) and
+    reads others' (Get). Many may exist; :func:`tensorlane.runtime` returns
+    the process's default one.
+
+    config is the JSON config of the C ABI as a dict: ``preset``, ``hosts``,
+    ``discover``, ``host``, ``listen``, ``data_addr``, ``cluster_key``,
+    ``allow``, ``deny``, ``transfer_timeout_ms``, ``sim_devices``,
+    ``host_memory``, ``log_level``. TENSORLANE_TRANSPORTS and
+    TENSORLANE_CLUSTER_KEY apply from the environment.
+    """
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None):
+        l = _lib.lib()
+        h = ctypes.c_uint64(0)
+        _lib.check(l.tl_runtime_new(json.dumps(config or {}).encode(), ctypes.byref(h)))
+        self._handle = h.value
+        self._lock = threading.Lock()
+        self._held: Dict[bytes, Any] = {}  # published foreign arrays, alive until free
+        self._ops = itertools.count(1)
+
+    # Lifecycle
+
+    def close(self) -> None:
+        """Shuts the runtime down (idempotent). Objects it owns are gone."""
+        h, self._handle = self._handle, 0
+        if h:
+            _lib.check(_lib.lib().tl_runtime_close(h))
+        self._held.clear()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _h(self) -> int:
+        if not self._handle:
+            raise errors.Closed("tensorlane: runtime closed")
+        return self._handle
+
+    # Memory
+
+    def empty(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array over shareable memory: putting it (or a contiguous
+        slice of it) costs no copy on any path, also to readers in other
+        processes on this host. Contents are uninitialised."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        dt = np.dtype(dtype)
+        tl_dtype(dt)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return self._block(max(n, 1))[:n].view(dt).reshape(shape)
+
+    def _block(self, n: int) -> np.ndarray:
+        p = ctypes.c_void_p(0)
+        _lib.check(_lib.lib().tl_alloc(self._h(), n, ctypes.byref(p)))
+        return np.asarray(_Block(self, p.value, n))
+
+    # Objects
+
+    def put(self, x: Any) -> Ref:
+        """Publishes an array and returns its Ref. numpy arrays, CPU torch
+        tensors, DLPack and buffer-protocol objects are accepted without a
+        copy; they must be C-contiguous. The runtime keeps the array alive,
+        and it must not change, until :meth:`free`."""
+        a = as_array(x)
+        if not a.flags.c_contiguous:
+            raise errors.InvalidArgument(
+                f"non-contiguous array (shape {a.shape}, strides {a.strides}): "
+                "pass numpy.ascontiguousarray(a) (one copy) or publish a contiguous array"
+            )
+        name = tl_dtype(a.dtype)
+        if a.nbytes == 0:
+            raise errors.InvalidArgument(f"empty array (shape {a.shape}): nothing to publish")
+        shape = _shape_array(a.shape)
+        out = ctypes.create_string_buffer(4096)
+        n = ctypes.c_size_t(0)
+        ptr = a.__array_interface__["data"][0]
+        _lib.check(_lib.lib().tl_put(self._h(), ptr, a.nbytes, name.encode(), a.ndim, shape, None, out, len(out), ctypes.byref(n)))
+        ref = Ref(out.raw[: n.value])
+        with self._lock:
+            self._held[bytes(ref)] = x if x is not a else a
+        return ref
+
+    def get(self, ref: bytes, out: Optional[np.ndarray] = None, *, timeout: Optional[float] = None,
+            op: Optional[int] = None) -> np.ndarray:
+        """Reads a ref's tensor. Into ``out`` (a writable C-contiguous array
+        of the same byte size) when given, else into a new array over
+        shareable memory (which :meth:`put` can republish with no copy).
+        ``timeout`` in seconds (default: the runtime's transfer timeout);
+        ``op`` names the read for :meth:`cancel`."""
+        info = ref_info(ref)
+        nbytes = int(info["nbytes"])
+        dt = np_dtype(info["dtype"])
+        shape = tuple(info["shape"])
+        if out is None:
+            buf = self._block(max(nbytes, 1))[:nbytes]
+            target = buf
+        else:
+            target = as_array(out)
+            if not target.flags.c_contiguous or not target.flags.writeable:
+                raise errors.InvalidArgument("out must be a writable C-contiguous array")
+            if target.nbytes != nbytes:
+                raise errors.TooSmall(f"out holds {target.nbytes} bytes, the tensor has {nbytes}")
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        ptr = target.__array_interface__["data"][0]
+        _lib.check(_lib.lib().tl_get_into(self._h(), bytes(ref), len(ref), ptr, nbytes, op or 0, ms))
+        if out is not None:
+            return out
+        strides = tuple(int(s) * dt.itemsize for s in info["strides"])
+        arr = buf.view(dt) if nbytes else np.empty(0, dt)
+        if strides == _c_strides(shape, dt.itemsize):
+            return arr.reshape(shape)
+        return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides)
+
+    def next_op(self) -> int:
+        """A fresh operation id for :meth:`get` and :meth:`cancel`."""
+        return next(self._ops)
+
+    def cancel(self, op: int) -> bool:
+        """Cancels the read named op; False if none is in flight."""
+        code = _lib.lib().tl_cancel(self._h(), op)
+        if code == 5:  # object_not_found: nothing in flight under op
+            return False
+        _lib.check(code)
+        return True
+
+    def release(self, ref: bytes) -> None:
+        """A reader is done with a ref (drops its lease on the owner)."""
+        _lib.check(_lib.lib().tl_release(self._h(), bytes(ref), len(ref)))
+
+    def free(self, ref: bytes, timeout: float = 30.0) -> None:
+        """The owner revokes an object; returns once no read uses its memory,
+        and only then lets go of the array it was published from."""
+        _lib.check(_lib.lib().tl_free(self._h(), bytes(ref), len(ref), max(1, int(timeout * 1000))))
+        with self._lock:
+            self._held.pop(bytes(ref), None)
+
+    def explain(self, ref: bytes) -> Dict[str, Any]:
+        """Which path a read of ref here would take and why; for the owner,
+        also how the memory is shared (``memory``: shareable, or foreign and
+        whether it was copied once for a same-host reader)."""
+        return json.loads(_lib.call_json(_lib.lib().tl_explain, self._h(), bytes(ref), len(ref)))
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: puts (zero-copy and foreign), gets by transport, bytes,
+        errors, live objects, host memory."""
+        return json.loads(_lib.call_json(_lib.lib().tl_stats, self._h()))
+
+
+def _c_strides(shape: Tuple[int, ...], itemsize: int) -> Tuple[int, ...]:
+    out, acc = [], itemsize
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+_default: Optional[Runtime] = None
+_default_lock = threading.Lock()
+
+#: Environment: a JSON config for the default runtime.
+ENV_CONFIG = "TENSORLANE_CONFIG"
+
+
+def runtime() -> Runtime:
+    """The process's default runtime, started on first use from
+    TENSORLANE_CONFIG (JSON; default ``{}``: the simulated dgx-h100 host h0,
+    so every process on a machine shares one simulated host and same-host
+    transfers take shm)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Runtime(json.loads(os.environ.get(ENV_CONFIG) or "{}"))
+    return _default

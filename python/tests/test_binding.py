@@ -1,0 +1,168 @@
+"""Unit tests of the binding, without Ray: two runtimes in this process
+(allowed only the cross-process paths, which they would take from two
+processes), the memory kinds, interop, and every error kind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import tensorlane as tl
+from tensorlane import errors
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def pair(request):
+    cfg = {"allow": [request.param]}
+    a, b = tl.Runtime(cfg), tl.Runtime(cfg)
+    yield request.param, a, b
+    a.close()
+    b.close()
+
+
+def test_roundtrip_foreign(pair):
+    path, a, b = pair
+    x = np.random.default_rng(1).standard_normal((256, 1024)).astype(np.float32)
+    ref = a.put(x)
+    assert ref.info()["shape"] == [256, 1024]
+    y = b.get(ref)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_array_equal(x, y)
+    assert b.explain(ref)["plan"]["chosen"] == path
+    # Network paths read the caller's array in place; a same-host reader in
+    # another process gets one copy into shareable memory.
+    want = "foreign, copied once into shareable memory" if path == "shm" else "foreign, not copied"
+    assert a.explain(ref)["memory"] == want
+    b.release(ref)
+    a.free(ref)
+    assert a.stats()["objects"] == 0
+
+
+def test_shareable_zero_copy(pair):
+    path, a, b = pair
+    x = a.empty((64, 64), np.int64)
+    x[:] = np.arange(64 * 64).reshape(64, 64)
+    ref = a.put(x[16:32])  # a contiguous slice is still shareable memory
+    assert a.explain(ref)["memory"] == "shareable"
+    out = np.zeros((16, 64), np.int64)
+    assert b.get(ref, out=out) is out
+    np.testing.assert_array_equal(out, x[16:32])
+    del x  # the object keeps its window of the memory
+    a.free(ref)
+    assert a.stats()["host_memory"]["used"] == 0
+
+
+def test_get_result_is_shareable_and_dlpack(pair):
+    _, a, b = pair
+    ref = a.put(bytearray(b"tensorlane" * 100))  # buffer protocol: uint8
+    y = b.get(ref)
+    assert bytes(y) == b"tensorlane" * 100
+    again = b.put(y)  # received memory is shareable: republished with no copy
+    assert b.explain(again)["memory"] == "shareable"
+    z = np.from_dlpack(y)  # numpy results speak DLPack (torch.from_dlpack too)
+    assert z.ctypes.data == y.ctypes.data
+    b.free(again)
+    a.free(ref)
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (np.zeros((8, 8), np.float32)[:, ::2], tl.InvalidArgument, "non-contiguous"),
+    (np.zeros(8, np.complex64), tl.InvalidArgument, "unsupported dtype"),
+    (np.zeros(8, np.uint32), tl.InvalidArgument, "unsupported dtype"),
+    (np.zeros(8, ">f4"), tl.InvalidArgument, "unsupported dtype"),
+    (np.zeros(0, np.float32), tl.InvalidArgument, "empty"),
+    (object(), tl.InvalidArgument, "cannot publish"),
+])
+def test_put_bad_input(pair, bad, exc, match):
+    _, a, _ = pair
+    with pytest.raises(exc, match=match):
+        a.put(bad)
+
+
+def test_get_bad_input(pair):
+    _, a, b = pair
+    ref = a.put(np.ones(16, np.float32))
+    corrupt = bytes([ref[0] ^ 0xFF]) + ref[1:]
+    with pytest.raises(tl.MalformedRef):
+        b.get(corrupt)
+    with pytest.raises(ValueError):  # MalformedRef is a ValueError too
+        b.get(ref[: len(ref) // 2])
+    with pytest.raises(tl.TooSmall):
+        b.get(ref, out=np.zeros(4, np.float32))
+    with pytest.raises(tl.InvalidArgument, match="writable"):
+        b.get(ref, out=np.zeros(32, np.float32)[::2])
+    a.free(ref)
+    with pytest.raises(tl.ObjectFreed):
+        b.get(ref)
+    assert not b.cancel(b.next_op())
+
+
+def test_errors_one_class_per_kind():
+    assert set(errors.KINDS[1:]) == set(errors.BY_KIND)
+    for code, kind in enumerate(errors.KINDS[1:], start=1):
+        e = errors.from_code(code, "m")
+        assert isinstance(e, tl.Error) and e.kind == kind and str(e) == "m"
+    assert issubclass(tl.Timeout, TimeoutError) and issubclass(tl.InvalidArgument, ValueError)
+
+
+def test_closed_runtime_and_bad_config():
+    rt = tl.Runtime({"allow": ["tcp"]})
+    rt.close()
+    rt.close()  # idempotent
+    with pytest.raises(tl.Closed):
+        rt.put(np.ones(4, np.float32))
+    with pytest.raises(tl.InvalidArgument, match="unknown field"):
+        tl.Runtime({"nope": 1})
+    with pytest.raises(tl.InvalidArgument, match="cluster key"):
+        tl.Runtime({"cluster_key": "short"})
+
+
+def test_concurrent_gets_from_threads(pair):
+    _, a, b = pair
+    xs = [np.full(1 << 16, i, np.int32) for i in range(8)]
+    refs = [a.put(x) for x in xs]
+    got = [None] * 8
+
+    def read(i):
+        got[i] = b.get(refs[i])
+
+    ts = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for x, y in zip(xs, got):
+        np.testing.assert_array_equal(x, y)
+    for r in refs:
+        a.free(r)
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_import_does_no_work():
+    p = run_python("""
+        import tensorlane, tensorlane.errors, tensorlane._lib as l
+        assert l._lib is None, "the library loaded at import"
+        print("ok")
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "ok" in p.stdout
+
+
+def test_go_library_in_python_process():
+    """Item 5: the Go library built -buildmode=c-shared, loaded into Python as
+    GoRay loads Go actors: it works, leaves SIGINT to Python, and the process
+    exits cleanly at interpreter exit with runtimes still open."""
+    here = os.path.dirname(__file__)
+    p = subprocess.run([sys.executable, os.path.join(here, "..", "examples", "go_in_python.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "bytes verified" in p.stdout
+    assert "KeyboardInterrupt raised" in p.stdout

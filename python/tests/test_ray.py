@@ -1,0 +1,170 @@
+"""tensorlane as a Ray Direct Transport, on a real local Ray (one cluster for
+the module; nodes pinned to loopback)."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import tensorlane as tl  # noqa: E402
+import tensorlane.ray as tlr  # noqa: E402
+
+MiB = 1 << 20
+
+# Workers import this module (the actor classes) from here.
+PATH = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+
+# Before any class uses the name (Ray checks it in @ray.method).
+tlr.register()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    tlr.register()  # again: a no-op
+    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False,
+             runtime_env={"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="")})
+    yield
+    ray.shutdown()
+
+
+def expected(n, seed):
+    return np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+
+
+@ray.remote(enable_tensor_transport=True)
+class Sender:
+    @ray.method(tensor_transport="TENSORLANE")
+    def produce(self, n, seed=0):
+        return expected(n, seed)
+
+    @ray.method(tensor_transport="TENSORLANE")
+    def state_dict(self, count):
+        return {f"layer{i}.weight": np.full((i + 1, 7), i, np.float32) for i in range(count)}
+
+    @ray.method(tensor_transport="TENSORLANE")
+    def non_contiguous(self):
+        return np.zeros((64, 64), np.float32)[:, ::2]
+
+    @ray.method(tensor_transport="TENSORLANE")
+    def complex_values(self):
+        return np.zeros(16, np.complex64)
+
+    @ray.method(tensor_transport="TENSORLANE")
+    def produce_then_die_when_read(self, n):
+        # Dies, as a crash would, as soon as a reader's transfer has begun.
+        import threading
+
+        rt = tlr.runtime()
+
+        def watch():
+            while rt.stats()["reads_in_flight"] == 0:
+                time.sleep(0.0005)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+        return np.ones(n, np.float32)
+
+    def stats(self):
+        return tlr.runtime().stats()
+
+
+@ray.remote(enable_tensor_transport=True)
+class Receiver:
+    def check(self, a, n, seed=0):
+        assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (n,)
+        return bool(np.array_equal(a, expected(n, seed))), tlr.runtime().stats()["gets_by_transport"]
+
+    def check_state_dict(self, sd):
+        ok = all(np.array_equal(v, np.full((i + 1, 7), i, np.float32)) for i, v in enumerate(sd.values()))
+        return len(sd), ok
+
+    def first(self, a):
+        return float(a[0])
+
+    def metrics_exported(self):
+        # The plug-in's counters were created through ray.util.metrics
+        # (they reach the dashboard through Ray's own exporter).
+        return tlr._metrics._ok
+
+    def corrupted_ref(self):
+        meta = tlr.TensorlaneTransportMetadata(tensor_meta=[((4,), np.dtype(np.float32))], tensor_device="cpu",
+                                               refs=[b"TR\x01 definitely not a ref"])
+        try:
+            tlr.TensorlaneTransport().recv_multiple_tensors("x", meta, tlr.TensorlaneCommunicatorMetadata())
+        except tl.Error as e:
+            return type(e).__name__, str(e)
+        return "no error", ""
+
+
+def test_64mib_float32_between_two_actors():
+    s, r = Sender.remote(), Receiver.remote()
+    n = 64 * MiB // 4
+    ok, transports = ray.get(r.check.remote(s.produce.remote(n, 1), n, 1))
+    assert ok, "bytes differ"
+    assert transports == {"shm": 1}, "two actors on one node take shared memory"
+    assert ray.get(r.metrics_exported.remote()), "transfer metrics go through ray.util.metrics"
+
+
+def test_forced_tcp_through_runtime_env():
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="tcp")}
+    s = Sender.options(runtime_env=env).remote()
+    r = Receiver.options(runtime_env=env).remote()
+    n = 8 * MiB // 4
+    ok, transports = ray.get(r.check.remote(s.produce.remote(n, 2), n, 2))
+    assert ok
+    assert transports == {"tcp": 1}
+
+
+def test_state_dict_of_100_arrays():
+    s, r = Sender.remote(), Receiver.remote()
+    assert ray.get(r.check_state_dict.remote(s.state_dict.remote(100))) == (100, True)
+
+
+def test_sender_killed_mid_transfer_fails_within_timeout():
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="tcp")}  # a streamed read, so there is a "mid"
+    s = Sender.options(runtime_env=env, max_restarts=0).remote()
+    r = Receiver.options(runtime_env=env).remote()
+    ref = s.produce_then_die_when_read.remote(256 * MiB // 4)
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayError) as info:
+        ray.get(r.first.remote(ref), timeout=50)
+    took = time.monotonic() - start
+    assert took < 50, f"the failure took {took:.1f}s"
+    assert not isinstance(info.value, ray.exceptions.GetTimeoutError), "a hang, not an error"
+
+
+def test_owner_memory_returns_after_objectref_dies():
+    s, r = Sender.remote(), Receiver.remote()
+    base = ray.get(s.stats.remote())
+    ref = s.produce.remote(64 * MiB // 4, 3)
+    assert ray.get(r.check.remote(ref, 64 * MiB // 4, 3))[0]
+    during = ray.get(s.stats.remote())
+    assert during["objects"] == base["objects"] + 1
+    assert during["host_memory"]["used"] >= 64 * MiB, "the staged copy for the same-host reader"
+    del ref
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = ray.get(s.stats.remote())
+        if now["objects"] == base["objects"] and now["host_memory"]["used"] == base["host_memory"]["used"]:
+            break
+        time.sleep(0.2)
+    assert now["objects"] == base["objects"], now
+    assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+
+
+@pytest.mark.parametrize("method, match", [
+    ("non_contiguous", "non-contiguous"),
+    ("complex_values", "unsupported dtype"),
+])
+def test_bad_input_gives_clear_error(method, match):
+    s, r = Sender.remote(), Receiver.remote()
+    with pytest.raises(Exception, match=match):
+        ray.get(r.first.remote(getattr(s, method).remote()), timeout=60)
+
+
+def test_corrupted_ref_is_malformed_ref():
+    name, msg = ray.get(Receiver.remote().corrupted_ref.remote())
+    assert name == "MalformedRef", msg

@@ -1,0 +1,235 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Batches: a state dict is hundreds of tensors. GetBatch takes the holds on
+// all of them with one lease round trip per owner (not one per tensor), then
+// moves them a few at a time, largest first, so small tensors fill the gaps
+// of large ones; the runtime renews all the leases in one request per owner
+// as it does every lease. Each item reports its own outcome: a batch that
+// mixes valid and freed refs gets the valid tensors and, for the others, why.
+
+// BatchConfig tunes a batch; the zero value means the defaults.
+type BatchConfig struct {
+	// Parallel is how many transfers run at once. Default 4.
+	Parallel int
+
+	onItem func(bytes int64) // progress (async.go)
+}
+
+// BatchItem is one ref's outcome in a batch.
+type BatchItem struct {
+	Tensor   tensor.Tensor // valid when Err is nil; release it when done
+	Transfer Transfer
+	Err      error
+}
+
+// GetBatch fetches every ref onto dst. The error is non-nil only when the
+// batch as a whole could not run (runtime closed, device not the actor's,
+// ctx done before it began); per-ref failures are in the items.
+func (a *Actor) GetBatch(ctx context.Context, refs []Ref, dst tensor.DeviceID, cfg BatchConfig) ([]BatchItem, error) {
+	if a.rt.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := a.mayUse(dst); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 4
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	items := make([]BatchItem, len(refs))
+	held := a.rt.holdBatch(ctx, a.name, refs)
+	order := make([]int, 0, len(refs))
+	for i, err := range held {
+		if err != nil {
+			items[i].Err = err
+			continue
+		}
+		order = append(order, i)
+	}
+	sort.SliceStable(order, func(x, y int) bool { return spanBytes(refs[order[x]].Desc) > spanBytes(refs[order[y]].Desc) })
+	sem := make(chan struct{}, cfg.Parallel)
+	var wg sync.WaitGroup
+	for _, i := range order {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			t, x, err := a.Fetch(ctx, refs[i], dst)
+			items[i] = BatchItem{Tensor: t, Transfer: x, Err: err}
+			if err == nil && cfg.onItem != nil {
+				cfg.onItem(spanBytes(refs[i].Desc))
+			}
+		}()
+	}
+	wg.Wait()
+	return items, nil
+}
+
+// ReleaseBatch releases the tensors of a batch's items that have one.
+func ReleaseBatch(items []BatchItem) {
+	for _, it := range items {
+		if it.Err == nil && it.Tensor.Valid() {
+			it.Tensor.Release()
+		}
+	}
+}
+
+// holdBatch makes actor a holder of every ref, with one lease request per
+// owner (per maxClaims refs) for those this runtime does not hold yet. It
+// returns each ref's error.
+func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []error {
+	errs := make([]error, len(refs))
+	type owner struct {
+		id  peer.ID
+		inc uint64
+	}
+	groups := map[owner][]int{}
+	r.holdMu.Lock()
+	for i, ref := range refs {
+		if err := ref.Desc.Validate(); err != nil {
+			errs[i] = fmt.Errorf("%w: %v", ErrMalformedRef, err)
+			continue
+		}
+		if ref.Owner == r.host.ID() {
+			if ref.Incarnation != r.incarnation {
+				errs[i] = ErrStaleRef
+			}
+			continue
+		}
+		if _, ok := r.holds[keyOf(ref)]; ok {
+			continue // held already: the Get's own hold checks and joins it
+		}
+		k := owner{ref.Owner, ref.Incarnation}
+		groups[k] = append(groups[k], i)
+	}
+	r.holdMu.Unlock()
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.holdGroup(ctx, actor, refs, idx, errs)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// holdGroup leases refs[idx...], all of one owner incarnation.
+func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx []int, errs []error) {
+	first := refs[idx[0]]
+	if r.peers.isDead(first.Owner, first.Incarnation) {
+		for _, i := range idx {
+			errs[i] = r.deadErr(refs[i], errors.New("declared dead earlier"))
+		}
+		return
+	}
+	r.learnAddrs(first)
+	for start := 0; start < len(idx); start += maxClaims {
+		part := idx[start:min(start+maxClaims, len(idx))]
+		claims := make([]fabric.Claim, len(part))
+		layouts := make([]layoutSum, len(part))
+		for k, i := range part {
+			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
+			layouts[k] = layoutOf(refs[i].Desc)
+		}
+		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
+		for k, i := range part {
+			ref := refs[i]
+			switch {
+			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation):
+				errs[i] = r.ownerDiedErr(ref, err)
+			case err != nil:
+				errs[i] = err
+			case inc != ref.Incarnation:
+				errs[i] = fmt.Errorf("%w: %v: owner restarted (incarnation %x, ref names %x)", ErrStaleRef, ref, inc, ref.Incarnation)
+			case es[k] != nil:
+				errs[i] = fmt.Errorf("%v: %w", ref, es[k])
+			default:
+				r.holdMu.Lock()
+				if r.holds == nil {
+					errs[i] = ErrClosed
+				} else {
+					h, ok := r.holds[keyOf(ref)]
+					if !ok {
+						h = &hold{ref: ref, layout: layoutOf(ref.Desc), actors: map[string]struct{}{}}
+						r.holds[keyOf(ref)] = h
+					}
+					h.actors[actor] = struct{}{}
+				}
+				r.holdMu.Unlock()
+			}
+		}
+	}
+}
+
+// PushBatch pushes srcs[i] into dsts[i] for every i, Parallel at a time,
+// and returns each push's outcome.
+func (a *Actor) PushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig) ([]Transfer, []error) {
+	xs := make([]Transfer, len(srcs))
+	errs := make([]error, len(srcs))
+	if len(srcs) != len(dsts) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %d sources for %d slots", ErrMalformedRef, len(srcs), len(dsts))
+		}
+		return xs, errs
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 4
+	}
+	sem := make(chan struct{}, cfg.Parallel)
+	var wg sync.WaitGroup
+	for i := range srcs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			xs[i], errs[i] = a.Push(ctx, srcs[i], dsts[i])
+		}()
+	}
+	wg.Wait()
+	return xs, errs
+}
+
+// BroadcastBatch broadcasts srcs[i] to slots[i] for every i (a state dict
+// to a fleet: slots[i] holds each reader's slot for tensor i), two
+// broadcasts at a time so one's tail overlaps the next one's head.
+func (a *Actor) BroadcastBatch(ctx context.Context, srcs []Ref, slots [][]Ref, cfg BroadcastConfig) ([]*BroadcastResult, []error) {
+	res := make([]*BroadcastResult, len(srcs))
+	errs := make([]error, len(srcs))
+	if len(srcs) != len(slots) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %d sources for %d slot lists", ErrMalformedRef, len(srcs), len(slots))
+		}
+		return res, errs
+	}
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for i := range srcs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			res[i], errs[i] = a.Broadcast(ctx, srcs[i], slots[i], cfg)
+		}()
+	}
+	wg.Wait()
+	return res, errs
+}

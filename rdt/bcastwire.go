@@ -1,0 +1,179 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/wire"
+)
+
+// The broadcast's control messages ride the push-notice streams
+// (notices.go): the first byte of a notice says its kind, 1 being the plain
+// push notice of push.go. They are small (a few refs at most) and answered
+// with one status byte like push notices.
+const (
+	noteChunk    byte = 2 // parent → reader: bytes [off, off+n) of broadcast id landed in your slot
+	notePrepare  byte = 3 // owner → reader: broadcast id of n bytes in chunks of chunk is coming
+	noteChildren byte = 4 // owner → reader: forward what lands to these slots
+	noteReport   byte = 5 // reader → owner: slot complete (gen), or a child failed (failed, text)
+	noteConsumed byte = 6 // reader → writer: done with generation gen of slot
+	noteAbort    byte = 7 // owner → reader: broadcast id ends without you
+)
+
+// Status bytes of notice replies beyond push.go's 0..4.
+const statusBusy byte = 5
+
+// maxNotice bounds a notice: a children message carries a few refs.
+const maxNotice = 64 << 10
+
+// maxChildren bounds the children one reader forwards to.
+const maxChildren = 8
+
+// bcastID names one broadcast on its owner.
+type bcastID [16]byte
+
+// bcastMsg is every broadcast notice; fields a kind does not use are zero.
+type bcastMsg struct {
+	kind      byte
+	id        bcastID
+	slot      fabric.ObjectID // the slot the message is about (the sender's, for reports)
+	inc       uint64          // slot runtime's incarnation
+	token     []byte          // slot capability (messages to the slot's runtime)
+	off, n    int64           // chunk: the range; prepare: n = total bytes, off = chunk size
+	gen       uint64          // report, consumed: the slot's generation
+	originInc uint64          // prepare: the owner's incarnation (watched for death)
+	failed    fabric.ObjectID // report: the child slot a forward to failed (zero: complete)
+	text      string          // report: why
+	children  []Ref           // children
+}
+
+func (m bcastMsg) marshal() ([]byte, error) {
+	e := wire.Encoder{Buf: make([]byte, 0, 96+len(m.text))}
+	e.Byte(m.kind)
+	e.Fixed(m.id[:])
+	e.Fixed(m.slot[:])
+	e.Uvarint(m.inc)
+	e.Bytes(m.token)
+	e.Uvarint(uint64(m.off))
+	e.Uvarint(uint64(m.n))
+	e.Uvarint(m.gen)
+	e.Uvarint(m.originInc)
+	e.Fixed(m.failed[:])
+	e.String(m.text)
+	e.Uvarint(uint64(len(m.children)))
+	for _, c := range m.children {
+		b, err := c.MarshalBinary()
+		if err != nil {
+			return nil, err
+		}
+		e.Bytes(b)
+	}
+	return e.Buf, nil
+}
+
+func parseBcastMsg(p []byte) (bcastMsg, error) {
+	d := wire.NewDecoder(p)
+	var m bcastMsg
+	m.kind = d.Byte()
+	if d.Err() == nil && (m.kind < noteChunk || m.kind > noteAbort) {
+		return m, fmt.Errorf("%w: broadcast notice kind %d", ErrMalformedRef, m.kind)
+	}
+	d.Fixed(m.id[:])
+	d.Fixed(m.slot[:])
+	m.inc = d.Uvarint()
+	m.token = d.Bytes(maxTokenLen)
+	off, n := d.Uvarint(), d.Uvarint()
+	m.gen = d.Uvarint()
+	m.originInc = d.Uvarint()
+	d.Fixed(m.failed[:])
+	m.text = d.String(maxRefString)
+	for c := d.Count(maxChildren); c > 0 && d.Err() == nil; c-- {
+		ref, err := ParseRef(d.Bytes(maxRefBytes))
+		if err != nil && d.Err() == nil {
+			return m, err
+		}
+		m.children = append(m.children, ref)
+	}
+	if err := d.Finish(); err != nil {
+		return m, fmt.Errorf("%w: broadcast notice: %v", ErrMalformedRef, err)
+	}
+	if off > 1<<62 || n > 1<<62 {
+		return m, fmt.Errorf("%w: broadcast notice range %d+%d", ErrMalformedRef, off, n)
+	}
+	m.off, m.n = int64(off), int64(n)
+	return m, nil
+}
+
+// noticeStatus is the status byte a refused notice is answered with.
+func noticeStatus(err error) byte {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrObjectNotFound):
+		return 1
+	case errors.Is(err, ErrUnauthorized):
+		return 2
+	case errors.Is(err, ErrStaleRef):
+		return 3
+	case errors.Is(err, ErrSlotBusy):
+		return statusBusy
+	}
+	return 4
+}
+
+func noticeError(status byte) error {
+	switch status {
+	case 0:
+		return nil
+	case 1:
+		return ErrObjectNotFound
+	case 2:
+		return ErrUnauthorized
+	case 3:
+		return ErrStaleRef
+	case statusBusy:
+		return ErrSlotBusy
+	}
+	return fmt.Errorf("%w: notice refused (status %d)", ErrMalformedRef, status)
+}
+
+// sendBcast delivers a broadcast notice to runtime to (this one included)
+// and returns the condition it was answered with.
+func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
+	if to == r.host.ID() {
+		return r.onBcast(to, m)
+	}
+	p, err := m.marshal()
+	if err != nil {
+		return err
+	}
+	status, err := r.sendNotice(ctx, to, p)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err)
+	}
+	return noticeError(status)
+}
+
+// onBcast handles a broadcast notice from peer from.
+func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
+	switch m.kind {
+	case notePrepare:
+		return r.relayPrepare(from, m)
+	case noteChildren:
+		return r.relayChildren(from, m)
+	case noteChunk:
+		return r.relayChunk(m)
+	case noteAbort:
+		return r.relayAbort(from, m)
+	case noteReport:
+		return r.bcastReport(from, m)
+	case noteConsumed:
+		r.gens.consumed(from, m.slot, m.gen)
+		return nil
+	}
+	return fmt.Errorf("%w: broadcast notice kind %d", ErrMalformedRef, m.kind)
+}

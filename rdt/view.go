@@ -1,0 +1,176 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Zero-copy on one host. A reader on the owner's host (another runtime,
+// another process) can map the object read-only and use it in place
+// instead of copying it: the CUDA IPC analogue, and what Ray's zero-copy
+// object store does for numpy arrays. The reader allocates nothing, so the
+// first read costs no page population and the time does not depend on the
+// size. The reader's lease keeps the object alive for as long as the view
+// is held; when the owner Frees it (or dies), the view is revoked: Revoked
+// is closed once the reader's runtime learns it (at the next lease renewal
+// or death detection), and the memory is never handed to another
+// allocation meanwhile (tensor.Exportable), so a view never shows another
+// object's bytes.
+
+// ErrNoZeroCopy: no path can map the object into this runtime (another
+// host, or memory that cannot be shared); Get copies it instead.
+var ErrNoZeroCopy = errors.New("rdt: no zero-copy path to the object")
+
+// View is a read-only, zero-copy view of an object on this host.
+type View struct {
+	// Tensor is the object's tensor, mapped read-only: writing to its
+	// bytes faults. Valid until Release.
+	Tensor   tensor.Tensor
+	Transfer Transfer
+
+	rt      *Runtime
+	key     holdKey
+	revoked chan struct{}
+	once    sync.Once
+}
+
+// Revoked is closed when the object behind the view was freed or its owner
+// died: the bytes are no longer the object's and the view should be
+// released.
+func (v *View) Revoked() <-chan struct{} { return v.revoked }
+
+// Release unmaps the view. The actor's hold on the ref stays until it
+// Releases the ref (as after a Get). Idempotent.
+func (v *View) Release() error {
+	var err error
+	v.once.Do(func() {
+		v.rt.views.remove(v)
+		err = v.Tensor.Release()
+	})
+	return err
+}
+
+// View maps the ref's object read-only into this runtime, with a lease
+// that keeps it alive, or fails with ErrNoZeroCopy when no path can map it
+// (another host): use Get then.
+func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
+	r := a.rt
+	if r.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := ref.Desc.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformedRef, err)
+	}
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	remote := r.remoteFor(ref)
+	plan := r.planner.Plan(remote.Endpoint, r.endpoint(ref.Device))
+	var viewers []fabric.Viewer
+	var names []string
+	for _, c := range plan.Candidates {
+		if !c.Usable {
+			continue
+		}
+		for _, t := range r.planner.Transports(c.Transport) {
+			v, ok := t.(fabric.Viewer)
+			if _, reach := t.Reach(remote.Endpoint, r.endpoint(ref.Device)); ok && reach {
+				viewers, names = append(viewers, v), append(names, c.Transport)
+			}
+		}
+	}
+	if len(viewers) == 0 {
+		return nil, fmt.Errorf("%w: %v from %s (%s)", ErrNoZeroCopy, ref, r.cfg.Host, plan.Chosen)
+	}
+	ctx, unguard, err := r.guard(ctx, a.name, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unguard()
+	start := time.Now()
+	var buf tensor.Buffer
+	var used string
+	for i, v := range viewers {
+		if buf, err = v.View(ctx, remote); err == nil {
+			used = names[i]
+			break
+		}
+		if fabric.Terminal(err) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, r.why(ctx, ref, err)
+	}
+	desc := ref.Desc
+	if ref.Owner != r.host.ID() {
+		desc = desc.Rebased() // the shared view starts at the tensor's first byte
+	}
+	t, err := tensor.New(buf, desc)
+	if err != nil {
+		buf.Release()
+		return nil, err
+	}
+	v := &View{Tensor: t, rt: r, key: keyOf(ref), revoked: make(chan struct{}),
+		Transfer: Transfer{Plan: plan, Stats: fabric.Stats{Transport: used, Bytes: remote.Length, Duration: time.Since(start), Streams: 1, ZeroCopy: true}}}
+	if ref.Owner != r.host.ID() {
+		r.views.add(v)
+		if !r.holding(v.key) { // freed or dead between the lease and now
+			r.views.revoke(v.key)
+		}
+	}
+	return v, nil
+}
+
+// holding reports whether this runtime still holds a lease for k.
+func (r *Runtime) holding(k holdKey) bool {
+	r.holdMu.Lock()
+	defer r.holdMu.Unlock()
+	_, ok := r.holds[k]
+	return ok
+}
+
+// viewTable tracks live views by the lease that keeps their object alive.
+type viewTable struct {
+	mu sync.Mutex
+	m  map[holdKey]map[*View]struct{}
+}
+
+func (t *viewTable) add(v *View) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[holdKey]map[*View]struct{}{}
+	}
+	if t.m[v.key] == nil {
+		t.m[v.key] = map[*View]struct{}{}
+	}
+	t.m[v.key][v] = struct{}{}
+}
+
+func (t *viewTable) remove(v *View) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.m[v.key], v)
+	if len(t.m[v.key]) == 0 {
+		delete(t.m, v.key)
+	}
+}
+
+// revoke closes Revoked of every view of k: its lease is gone.
+func (t *viewTable) revoke(k holdKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for v := range t.m[k] {
+		select {
+		case <-v.revoked:
+		default:
+			close(v.revoked)
+		}
+	}
+}
