@@ -35,8 +35,10 @@ var Rules = []Rule{
 		Why: "the runtime does not decide placement; rdt/placement joins the two"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
-	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
-		Why: "codecs, wire formats and test harnesses are leaves the layers share"},
+	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"}, Except: []string{"internal/capi"},
+		Why: "codecs, copies, wire formats and test harnesses are leaves the layers share"},
+	{Tree: "internal/capi", MustNot: []string{"sched", "bench", "dashboard"},
+		Why: "the C ABI's Go side is a shell over rdt for cmd/libtensorlane, as cmd/tensorlane is for the CLI"},
 	{Tree: "dashboard", MustNot: []string{"bench"},
 		Why: "the dashboard shows a running runtime, not benchmark runs"},
 }
