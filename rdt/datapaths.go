@@ -158,6 +158,10 @@ func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
 	return h, err
 }
 
+// Unwrap names the object's buffer, so copies reach device memory that is
+// not host visible (tensor.Copy).
+func (p *pin) Unwrap() (tensor.Buffer, int64) { return p.obj.buf, 0 }
+
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {
 	m := map[string]string{fabric.TCP: r.tcpSrv.Addr()}

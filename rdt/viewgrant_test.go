@@ -67,6 +67,13 @@ func TestViewGrantIsPrivateCopy(t *testing.T) {
 		assert.Equal(t, want, b, path.name)
 		require.NoError(t, got.Release())
 	}
+	// A zero-copy View of the same ref maps the private copy: the view's
+	// bytes, at the view's offset in the grant.
+	v, err := reader.View(ctx, ref)
+	require.NoError(t, err)
+	vb, _ := v.Tensor.SpanBytes()
+	assert.Equal(t, want, vb, "zero-copy view of a partial view")
+	require.NoError(t, v.Release())
 	assert.Equal(t, int64(n), p.a.ObjectTable()[0].StagedBytes)
 	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.viewCopies), "staged once for both paths")
 	assert.Equal(t, float64(n), testutil.ToFloat64(p.a.obs.viewCopyBytes))

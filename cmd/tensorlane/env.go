@@ -69,6 +69,8 @@ type envManifest struct {
 	// NICFirmware maps RDMA devices to their firmware version.
 	NICFirmware map[string]string `json:"nic_firmware,omitempty"`
 	Warnings    int               `json:"discovery_warnings"`
+	// CUDA is what the CUDA driver API says (live machine only).
+	CUDA *cudaReport `json:"cuda_driver_api,omitempty"`
 }
 
 type tensorlaneVersion struct {
@@ -105,7 +107,17 @@ func collectEnv(ctx context.Context, root string) envManifest {
 			}
 		}
 	}
+	if live {
+		r := probeCUDA()
+		m.CUDA = &r
+		if r.Version != "" {
+			m.Components["cuda-driver-api"] = r.Version
+		}
+	}
 	if d, err := topology.Discover(ctx, topology.DiscoverConfig{Root: root}); err == nil {
+		if m.CUDA != nil {
+			applyCUDA(d, *m.CUDA)
+		}
 		m.NUMANodes = len(d.Host.NUMA)
 		m.CPUs = cpuCount(d.Host)
 		for _, dev := range d.Host.Devices {
@@ -256,6 +268,14 @@ func writeEnv(w io.Writer, m envManifest) {
 	}
 	if len(m.Components) == 0 {
 		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")
+	}
+	if m.CUDA != nil {
+		if m.CUDA.Unavailable != "" {
+			line("cuda driver api", "not usable: "+m.CUDA.Unavailable)
+		}
+		for _, d := range m.CUDA.Devices {
+			line("cuda device", d)
+		}
 	}
 	if m.Warnings > 0 {
 		line("discovery warnings", fmt.Sprintf("%d (tensorlane topo lists them)", m.Warnings))

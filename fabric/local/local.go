@@ -168,15 +168,15 @@ func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric
 	if dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
-	from, err := tensor.BytesOf(pin)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	to, err := tensor.BytesOf(dst)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	if err := chunkedCopy(ctx, to, from[src.Offset:src.Offset+src.Length]); err != nil {
+	from, ferr := tensor.BytesOf(pin)
+	to, terr := tensor.BytesOf(dst)
+	if ferr != nil || terr != nil {
+		// Device memory the CPU cannot address (CUDA): its copy engines
+		// move the bytes, device to device where they reach each other.
+		if err := tensor.Copy(ctx, dst, 0, pin, src.Offset, src.Length); err != nil {
+			return fabric.Stats{}, err
+		}
+	} else if err := chunkedCopy(ctx, to, from[src.Offset:src.Offset+src.Length]); err != nil {
 		return fabric.Stats{}, err
 	}
 	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
@@ -199,15 +199,13 @@ func copyInto(ctx context.Context, sink fabric.Sink, name string, src tensor.Buf
 	if err := fabric.CheckRange(dst.Offset, dst.Length, pin.Len()); err != nil {
 		return fabric.Stats{}, err
 	}
-	from, err := tensor.BytesOf(src)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	to, err := tensor.BytesOf(pin)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	if err := chunkedCopy(ctx, to[dst.Offset:dst.Offset+dst.Length], from[:dst.Length]); err != nil {
+	from, ferr := tensor.BytesOf(src)
+	to, terr := tensor.BytesOf(pin)
+	if ferr != nil || terr != nil {
+		if err := tensor.Copy(ctx, pin, dst.Offset, src, 0, dst.Length); err != nil {
+			return fabric.Stats{}, err
+		}
+	} else if err := chunkedCopy(ctx, to[dst.Offset:dst.Offset+dst.Length], from[:dst.Length]); err != nil {
 		return fabric.Stats{}, err
 	}
 	return fabric.Stats{Transport: name, Bytes: dst.Length, Duration: time.Since(start), Streams: 1}, nil
