@@ -3,14 +3,12 @@ package rdma_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -20,21 +18,15 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/fabrictest"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func key(t testing.TB) (crypto.PrivKey, peer.ID) {
-	t.Helper()
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := peer.IDFromPrivateKey(k)
-	return k, id
-}
+// key is the shared helper under the short name this package's tests use.
+var key = testhelp.Key
 
 func loopbackNICs(names ...string) []softrdma.NIC {
 	out := make([]softrdma.NIC, len(names))
