@@ -80,7 +80,10 @@ type envManifest struct {
 	Components map[string]string `json:"components"`
 	// NICFirmware maps RDMA devices to their firmware version.
 	NICFirmware map[string]string `json:"nic_firmware,omitempty"`
-	Warnings    int               `json:"discovery_warnings"`
+	// RDMAProviders says, on a live system, which rdma providers can run
+	// ("soft", "ofi") and why not, and which one is selected.
+	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
+	Warnings      int               `json:"discovery_warnings"`
 	// CUDA is what the CUDA driver API says (live machine only).
 	CUDA *cudaReport `json:"cuda_driver_api,omitempty"`
 }
@@ -193,6 +196,9 @@ func collectEnv(ctx context.Context, root string) envManifest {
 			m.Components[lib.name] = v
 		}
 	}
+	if live {
+		m.RDMAProviders = rdmaProviders()
+	}
 	return m
 }
 
@@ -285,6 +291,9 @@ func writeEnv(w io.Writer, m envManifest) {
 	}
 	for _, k := range sortedKeys(m.NICFirmware) {
 		line("firmware "+k, m.NICFirmware[k])
+	}
+	for _, k := range sortedKeys(m.RDMAProviders) {
+		line("rdma provider "+k, m.RDMAProviders[k])
 	}
 	if len(m.Components) == 0 {
 		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/tensor/cuda"
 	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
@@ -59,7 +60,7 @@ func TestDeviceMemory(t *testing.T) {
 	open := func(b tensor.Buffer) fabric.SourceFunc {
 		return func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return devPin{b}, nil }
 	}
-	ownerKey, ownerID := key(t)
+	ownerKey, ownerID := testhelp.Key(t)
 	srv, err := Listen(ServerConfig{Identity: ownerKey, Source: open(obj), Sink: sinkOf(open(sink))})
 	require.NoError(t, err)
 	defer srv.Close()
@@ -70,7 +71,7 @@ func TestDeviceMemory(t *testing.T) {
 	}
 	for _, mode := range []Compression{CompressOff, CompressAlways} {
 		t.Run(mode.String(), func(t *testing.T) {
-			readerKey, _ := key(t)
+			readerKey, _ := testhelp.Key(t)
 			tr, err := New(Config{Identity: readerKey, Compression: mode})
 			require.NoError(t, err)
 			defer tr.Close()
