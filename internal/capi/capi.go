@@ -237,7 +237,7 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		return 0, err
 	}
 	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{},
-		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}}
+		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++
 	h := l.next
@@ -297,8 +297,10 @@ type Runtime struct {
 	allocs  map[uintptr]*allocation
 	objects map[fabric.ObjectID]*published
 	ops     map[uint64]context.CancelFunc
+	views   map[uint64]*heldView
 
-	stats counters
+	nextView uint64
+	stats    counters
 }
 
 type allocation struct {
@@ -316,6 +318,7 @@ type published struct {
 type counters struct {
 	puts, putBytes, zeroCopyPuts, foreignPuts         atomic.Int64
 	gets, getBytes, getErrors, getNanos, stagedCopies atomic.Int64
+	views                                             atomic.Int64
 	byTransportMu                                     sync.Mutex
 	byTransport                                       map[string]int64
 }
@@ -330,6 +333,8 @@ func (r *Runtime) shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	allocs := r.allocs
 	r.allocs = map[uintptr]*allocation{}
+	// Views stay mapped: arrays over them may outlive the runtime (at
+	// interpreter exit), and unmapping under them would crash the process.
 	r.mu.Unlock()
 	for _, a := range allocs {
 		a.shared.Release()
@@ -714,7 +719,9 @@ type Stats struct {
 	ZeroCopyPuts int64            `json:"zero_copy_puts"` // published from shareable memory
 	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory
 	StagedCopies int64            `json:"staged_copies"`  // foreign objects copied once for a same-host reader (counted when freed)
-	Gets         int64            `json:"gets"`
+	Gets         int64            `json:"gets"`           // reads, copying or zero-copy
+	Views        int64            `json:"views"`          // zero-copy reads (View)
+	LiveViews    int              `json:"live_views"`
 	GetErrors    int64            `json:"get_errors"`
 	GetBytes     int64            `json:"get_bytes"`
 	GetSeconds   float64          `json:"get_seconds"`
@@ -742,7 +749,8 @@ func (r *Runtime) Stats() Stats {
 		Puts: r.stats.puts.Load(), PutBytes: r.stats.putBytes.Load(),
 		ZeroCopyPuts: r.stats.zeroCopyPuts.Load(), ForeignPuts: r.stats.foreignPuts.Load(),
 		StagedCopies: r.stats.stagedCopies.Load(),
-		Gets:         r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
+		Views:        r.stats.views.Load(), LiveViews: r.Views(),
+		Gets: r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
 		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
 		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
