@@ -49,7 +49,7 @@ var Kinds = []string{
 	"owner_died", "peer_unreachable", "object_not_found", "object_freed", "stale_ref",
 	"unauthorized", "malformed_ref", "out_of_memory", "too_small", "no_path", "unknown_device",
 	"corrupt", "stalled", "peer_closed", "bad_request", "closed", "timeout", "canceled",
-	"owner_closed", "layout_mismatch", // new kinds go at the end: codes never change
+	"owner_closed", "layout_mismatch", "no_zero_copy", // new kinds go at the end: codes never change
 }
 
 // Code returns err's kind as its number in Kinds (0 for nil).

@@ -235,7 +235,7 @@ func TestDescribeRefAndKinds(t *testing.T) {
 
 	// Every kind rdt names has a code here.
 	for _, err := range []error{rdt.ErrOwnerDied, rdt.ErrObjectFreed, rdt.ErrMalformedRef, rdt.ErrTooSmall, rdt.ErrClosed,
-		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, context.DeadlineExceeded} {
+		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, rdt.ErrNoZeroCopy, context.DeadlineExceeded} {
 		assert.Equal(t, rdt.ErrorKind(err), Kinds[Code(err)])
 	}
 	assert.Equal(t, 0, Code(nil))
