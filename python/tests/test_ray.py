@@ -89,6 +89,21 @@ class Receiver:
         # (they reach the dashboard through Ray's own exporter).
         return tlr._metrics._ok
 
+    def keep(self, a, n, seed=0):
+        """Holds on to the received array (a zero-copy view on one node)."""
+        self.kept = a
+        return bool(np.array_equal(a, expected(n, seed))), bool(a.flags.writeable), tlr.runtime().stats()
+
+    def check_kept(self, n, seed=0):
+        return bool(np.array_equal(self.kept, expected(n, seed)))
+
+    def drop_kept(self):
+        del self.kept
+        import gc
+
+        gc.collect()
+        return tlr.runtime().stats()
+
     def corrupted_ref(self):
         meta = tlr.TensorlaneTransportMetadata(tensor_meta=[((4,), np.dtype(np.float32))], tensor_device="cpu",
                                                refs=[b"TR\x01 definitely not a ref"])
@@ -153,6 +168,41 @@ def test_owner_memory_returns_after_objectref_dies():
         time.sleep(0.2)
     assert now["objects"] == base["objects"], now
     assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+
+
+def test_zero_copy_receive_outlives_the_objectref():
+    s, r = Sender.remote(), Receiver.remote()
+    n = 16 * MiB // 4
+    base = ray.get(s.stats.remote())
+    ref = s.produce.remote(n, 4)
+    ok, writable, rstats = ray.get(r.keep.remote(ref, n, 4))
+    assert ok, "bytes differ"
+    assert not writable, "same-node arrays are read-only views, as Ray's object store hands out"
+    assert rstats["views"] >= 1 and rstats["live_views"] == 1
+    assert rstats["host_memory"]["used"] == 0, "the receiver allocated nothing"
+    # The ObjectRef dies: the sender frees the object (garbage_collect) and
+    # its memory accounting returns to the baseline, while the receiver's
+    # array stays valid with the same bytes.
+    del ref
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = ray.get(s.stats.remote())
+        if now["objects"] == base["objects"] and now["host_memory"]["used"] == base["host_memory"]["used"]:
+            break
+        time.sleep(0.2)
+    assert now["objects"] == base["objects"], now
+    assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+    assert ray.get(r.check_kept.remote(n, 4)), "the view changed after the sender freed the object"
+    assert ray.get(r.drop_kept.remote())["live_views"] == 0, "the mapping goes with the array"
+
+
+def test_forced_copy_gives_writable_arrays():
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="", TENSORLANE_RECV="copy")}
+    s, r = Sender.remote(), Receiver.options(runtime_env=env).remote()
+    n = MiB // 4
+    ok, writable, rstats = ray.get(r.keep.remote(s.produce.remote(n, 5), n, 5))
+    assert ok and writable
+    assert rstats["views"] == 0 and rstats["gets_by_transport"] == {"shm": 1}
 
 
 @pytest.mark.parametrize("method, match", [
