@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,13 @@ type Config struct {
 	HostMemory int64 `json:"host_memory,omitempty"`
 	// LogLevel: "" (off), debug, info, warn, error; logs go to stderr.
 	LogLevel string `json:"log_level,omitempty"`
+	// LazyStaging makes the owner copy a foreign Put into shareable memory
+	// only when the first same-host reader asks (which then waits for the
+	// copy). By default, when the runtime serves shm, the copy starts in
+	// the background at Put, so a same-host reader finds it made or under
+	// way; the cost is that copy's memory also for objects that only
+	// network readers read.
+	LazyStaging bool `json:"lazy_staging,omitempty"`
 }
 
 // EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
@@ -196,6 +204,20 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory
 	return out, owned, nil
 }
 
+// shmSelected reports whether the transports selected by allow and deny,
+// with TENSORLANE_TRANSPORTS on top (as rdt applies them), include shm: only
+// then can a same-host reader want a foreign Put's staged copy.
+func shmSelected(allow, deny []string) bool {
+	envAllow, envDeny, err := fabric.ParseSelection(os.Getenv(fabric.EnvTransports))
+	if err == nil {
+		if envAllow != nil {
+			allow = envAllow
+		}
+		deny = append(slices.Clone(deny), envDeny...)
+	}
+	return (len(allow) == 0 || slices.Contains(allow, fabric.SHM)) && !slices.Contains(deny, fabric.SHM)
+}
+
 // Library holds the runtimes of a process behind handles.
 type Library struct {
 	mu       sync.Mutex
@@ -236,7 +258,7 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		rt.Shutdown(ctx)
 		return 0, err
 	}
-	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{},
+	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
 		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++
@@ -301,6 +323,9 @@ type Runtime struct {
 
 	nextView uint64
 	stats    counters
+
+	lazyStaging bool
+	staging     sync.WaitGroup // background staging copies (Put)
 }
 
 type allocation struct {
@@ -330,6 +355,7 @@ func (r *Runtime) shutdown(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	err := r.rt.Shutdown(ctx)
+	r.staging.Wait() // each ends with its copy; the objects are gone
 	r.mu.Lock()
 	allocs := r.allocs
 	r.allocs = map[uintptr]*allocation{}
@@ -473,6 +499,11 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 	r.mu.Lock()
 	r.objects[ref.Object] = &published{ref: ref, foreign: foreign}
 	r.mu.Unlock()
+	if foreign != nil && !r.lazyStaging && slices.Contains(ref.Transports, fabric.SHM) {
+		// A same-host reader (another Ray actor on the node) would
+		// otherwise wait for this copy; a Free meanwhile waits for it.
+		r.staging.Go(func() { foreign.Stage() })
+	}
 	r.stats.puts.Add(1)
 	r.stats.putBytes.Add(end)
 	if foreign != nil {
