@@ -114,6 +114,11 @@ type Config struct {
 	// way; the cost is that copy's memory also for objects that only
 	// network readers read.
 	LazyStaging bool `json:"lazy_staging,omitempty"`
+	// StagePoolBytes bounds the staging pool: allocations with their pages
+	// populated ahead, for foreign Puts' staging copies (see stagepool.go).
+	// 0 means DefaultStagePool (256 MiB, filled only with sizes actually
+	// staged); negative turns the pool off.
+	StagePoolBytes int64 `json:"stage_pool_bytes,omitempty"`
 }
 
 // EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
@@ -258,7 +263,11 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		rt.Shutdown(ctx)
 		return 0, err
 	}
-	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
+	limit := c.StagePoolBytes
+	if limit == 0 {
+		limit = DefaultStagePool
+	}
+	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
 		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++
@@ -313,6 +322,7 @@ type Runtime struct {
 	rt    *rdt.Runtime
 	actor *rdt.Actor
 	host  tensor.Memory
+	pool  *stagePool // where foreign Puts stage
 	owned []*tensor.HostMemory
 
 	mu      sync.Mutex
@@ -356,6 +366,7 @@ func (r *Runtime) shutdown(ctx context.Context) error {
 	r.mu.Unlock()
 	err := r.rt.Shutdown(ctx)
 	r.staging.Wait() // each ends with its copy; the objects are gone
+	r.pool.close()
 	r.mu.Lock()
 	allocs := r.allocs
 	r.allocs = map[uintptr]*allocation{}
@@ -478,7 +489,7 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 			return nil, err
 		}
 	} else {
-		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.host})
+		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.pool})
 		buf = foreign
 	}
 	t, err := tensor.New(buf, d)
@@ -760,13 +771,24 @@ type Stats struct {
 	Objects      int              `json:"objects"`         // live objects owned
 	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
 	HostMemory   HostMemory       `json:"host_memory"`
+	StagePool    StagePool        `json:"stage_pool"`
 	Peer         string           `json:"peer"`
 	Host         string           `json:"host"`
 }
 
+// StagePool is the staging pool's state: bytes held ready (populated,
+// never shared; not counted in HostMemory.Used) and how often a staging
+// copy found an allocation ready.
+type StagePool struct {
+	Ready  int64 `json:"ready"`
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+}
+
 // HostMemory is the runtime's tensorlane host memory: bytes in live
-// allocations (shareable arrays, staged copies, received tensors), the
-// peak, the allocation count, and released bytes kept for reuse.
+// allocations (shareable arrays, staged copies, received tensors; not the
+// staging pool's ready ones), the peak, the allocation count, and released
+// bytes kept for reuse.
 type HostMemory struct {
 	Used   int64 `json:"used"`
 	Peak   int64 `json:"peak"`
@@ -787,7 +809,9 @@ func (r *Runtime) Stats() Stats {
 		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
 	}
 	ms := r.host.Stats()
-	s.HostMemory = HostMemory{Used: ms.Used, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	ready := r.pool.held.Load()
+	s.HostMemory = HostMemory{Used: ms.Used - ready, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	s.StagePool = StagePool{Ready: ready, Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
 	for _, o := range r.rt.ObjectTable() {
 		s.ReadsServing += o.Pins
 	}

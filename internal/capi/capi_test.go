@@ -125,6 +125,7 @@ func TestForeignStagedAtPut(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "never staged: %s", e.Memory)
 		time.Sleep(time.Millisecond)
 	}
+	a.pool.fills.Wait()
 	assert.Equal(t, int64(len(src)), a.Stats().HostMemory.Used, "one copy, made without a reader")
 	h, p, n, _, err := b.View(ctx, ref, ViewConfig{}, 0, 0)
 	require.NoError(t, err)
@@ -133,6 +134,23 @@ func TestForeignStagedAtPut(t *testing.T) {
 	require.NoError(t, b.ReleaseView(h))
 	require.NoError(t, b.Release(ctx, ref))
 	require.NoError(t, a.Free(ctx, ref, 0))
+	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
+
+	// The staging pool refilled itself with an allocation of that size,
+	// populated ahead: the next Put of the same size stages into it.
+	a.pool.fills.Wait()
+	assert.Equal(t, int64(len(src)), a.Stats().StagePool.Ready)
+	assert.Equal(t, int64(1), a.Stats().StagePool.Misses)
+	ref, err = a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	h, p, n, _, err = b.View(ctx, ref, ViewConfig{}, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, src, unsafe.Slice((*byte)(p), n))
+	assert.Equal(t, int64(1), a.Stats().StagePool.Hits)
+	require.NoError(t, b.ReleaseView(h))
+	require.NoError(t, b.Release(ctx, ref))
+	require.NoError(t, a.Free(ctx, ref, 0))
+	a.pool.fills.Wait()
 	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
 
 	// A Free racing the background copy waits for it, and a runtime that
