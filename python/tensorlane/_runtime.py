@@ -6,6 +6,7 @@ import ctypes
 import itertools
 import json
 import os
+import sys
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -357,14 +358,37 @@ _default_lock = threading.Lock()
 ENV_CONFIG = "TENSORLANE_CONFIG"
 
 
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (an actor or a task)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        from ray._private.worker import WORKER_MODE, global_worker
+
+        return global_worker.mode == WORKER_MODE
+    except Exception:
+        return False
+
+
+def default_config() -> Dict[str, Any]:
+    """TENSORLANE_CONFIG (JSON) if set; else, in a Ray worker, ``{"discover":
+    true}`` (this machine's topology, as the Ray transport uses); else ``{}``
+    (the simulated dgx-h100 host h0)."""
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return json.loads(env)
+    return {"discover": True} if in_ray_worker() else {}
+
+
 def runtime() -> Runtime:
     """The process's default runtime, started on first use from
-    TENSORLANE_CONFIG (JSON; default ``{}``: the simulated dgx-h100 host h0,
-    so every process on a machine shares one simulated host and same-host
-    transfers take shm)."""
+    :func:`default_config`. In a Ray worker it is also the Ray transport's
+    runtime, so arrays from :func:`tensorlane.empty` are published by the
+    runtime that allocated them, with no copy."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                _default = Runtime(json.loads(os.environ.get(ENV_CONFIG) or "{}"))
+                _default = Runtime(default_config())
     return _default

@@ -98,13 +98,19 @@ _rt: Optional[_runtime.Runtime] = None
 
 
 def runtime() -> _runtime.Runtime:
-    """The actor process's runtime, started on first use (see module doc)."""
+    """The actor process's runtime, started on first use (see module doc).
+    In a Ray worker it is the process's default runtime
+    (:func:`tensorlane.runtime`), the one :func:`tensorlane.empty` allocates
+    from, so such arrays are published with no copy."""
     global _rt
     if _rt is None:
         with _runtime_lock:
             if _rt is None:
-                config = json.loads(os.environ.get(_runtime.ENV_CONFIG) or '{"discover": true}')
-                _rt = _runtime.Runtime(config)
+                if _runtime.in_ray_worker():
+                    _rt = _runtime.runtime()
+                else:
+                    config = json.loads(os.environ.get(_runtime.ENV_CONFIG) or '{"discover": true}')
+                    _rt = _runtime.Runtime(config)
     return _rt
 
 

@@ -41,6 +41,12 @@ class Sender:
         return expected(n, seed)
 
     @ray.method(tensor_transport="TENSORLANE")
+    def produce_shareable(self, n, seed=0):
+        a = tl.empty(n, np.float32)  # the process's runtime: the transport's
+        a[:] = expected(n, seed)
+        return a
+
+    @ray.method(tensor_transport="TENSORLANE")
     def state_dict(self, count):
         return {f"layer{i}.weight": np.full((i + 1, 7), i, np.float32) for i in range(count)}
 
@@ -194,6 +200,18 @@ def test_zero_copy_receive_outlives_the_objectref():
     assert now["host_memory"]["used"] == base["host_memory"]["used"], now
     assert ray.get(r.check_kept.remote(n, 4)), "the view changed after the sender freed the object"
     assert ray.get(r.drop_kept.remote())["live_views"] == 0, "the mapping goes with the array"
+
+
+def test_tensorlane_empty_is_zero_copy_end_to_end():
+    s, r = Sender.remote(), Receiver.remote()
+    n = 8 * MiB // 4
+    ok, writable, rstats = ray.get(r.keep.remote(s.produce_shareable.remote(n, 6), n, 6))
+    assert ok and not writable
+    st = ray.get(s.stats.remote())
+    assert st["zero_copy_puts"] == 1 and st["foreign_puts"] == 0, "published by the runtime that allocated it"
+    assert st["stage_pool"]["hits"] + st["stage_pool"]["misses"] == 0, "no staged copy"
+    assert rstats["host_memory"]["used"] == 0, "and no copy on the reader"
+    ray.get(r.drop_kept.remote())
 
 
 def test_forced_copy_gives_writable_arrays():
