@@ -96,6 +96,10 @@ type Stats struct {
 	Duration  time.Duration
 	Streams   int  // parallel connections or rails used
 	ZeroCopy  bool // nothing was copied: the reader got a view
+	// ViewCopy: the owner served a private copy of the published view,
+	// because the view is only part of its allocation and the path hands
+	// the reader a descriptor (shm, p2p between processes).
+	ViewCopy bool
 }
 
 // GBps is the achieved throughput.

@@ -115,7 +115,11 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 	if err := a.mayUse(t.Device()); err != nil {
 		return Ref{}, err
 	}
-	o := a.rt.objects.add(t.Buffer(), t.Desc(), a.name)
+	mem, err := a.rt.Memory(t.Device())
+	if err != nil {
+		return Ref{}, err
+	}
+	o := a.rt.objects.add(mem, t.Buffer(), t.Desc(), a.name)
 	return a.rt.refFor(o), nil
 }
 
@@ -439,7 +443,25 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 // Explain says which path a Get of ref onto dst would take, and why the
 // other transports would not be used.
 func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
-	return a.rt.planner.Plan(a.rt.remoteFor(ref).Endpoint, a.rt.endpoint(dst))
+	plan := a.rt.planner.Plan(a.rt.remoteFor(ref).Endpoint, a.rt.endpoint(dst))
+	noteViewCopy(&plan, ref)
+	return plan
+}
+
+// noteViewCopy says on the on-host candidates that pass a descriptor to
+// another process (p2p, shm) that the owner serves a private copy of the
+// ref's view, when the ref shows the view is only part of its buffer (it
+// starts past the buffer's start; a view that starts at 0 but ends short
+// of its buffer is staged too, which the ref does not show).
+func noteViewCopy(plan *fabric.Plan, ref Ref) {
+	if start, _ := ref.Desc.Span(); start == 0 || plan.Src.Process == plan.Dst.Process {
+		return
+	}
+	for i, c := range plan.Candidates {
+		if c.Usable && (c.Transport == fabric.P2P || c.Transport == fabric.SHM) {
+			plan.Candidates[i].Reason += "; the owner grants a private copy of this view (part of a larger allocation), staged once at the first on-host grant"
+		}
+	}
 }
 
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote {

@@ -34,7 +34,8 @@ import (
 
 // BroadcastConfig tunes a broadcast; the zero value means the defaults.
 type BroadcastConfig struct {
-	// ChunkSize is the pipelining unit. Default 4 MiB.
+	// ChunkSize is the pipelining unit. Default 4 MiB; at least 64 KiB
+	// (each chunk costs a notice round trip per edge).
 	ChunkSize int64
 	// BusyWait is how long a flow-controlled slot whose reader has not said
 	// Done with its generation is waited for before it is skipped with
@@ -247,6 +248,9 @@ func (r *Runtime) hostDistance(a, b string) int {
 	return 2
 }
 
+// minChunk is the smallest ChunkSize a broadcast accepts.
+const minChunk = 64 << 10
+
 // bcastState is the owner's table of broadcasts in flight, for reports.
 type bcastState struct {
 	mu   sync.Mutex
@@ -384,8 +388,8 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 	if end > pin.Len() {
 		return nil, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
 	}
-	if (end-start+cfg.ChunkSize-1)/cfg.ChunkSize > maxChunks {
-		return nil, fmt.Errorf("%w: %d bytes in chunks of %d is over %d chunks", ErrMalformedRef, end-start, cfg.ChunkSize, maxChunks)
+	if cfg.ChunkSize < minChunk || (end-start+cfg.ChunkSize-1)/cfg.ChunkSize > maxChunks {
+		return nil, fmt.Errorf("%w: chunks of %d bytes for %d (at least %d, at most %d chunks)", ErrMalformedRef, cfg.ChunkSize, end-start, minChunk, maxChunks)
 	}
 	b := &bcastRun{r: r, src: src, cfg: cfg, pin: pin, start: start, total: end - start, kick: make(chan struct{}, 1),
 		bySlot: map[fabric.ObjectID]int{}}

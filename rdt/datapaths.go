@@ -139,19 +139,23 @@ func (r *Runtime) registerer() prometheus.Registerer {
 	return r.registry
 }
 
-// Export shares a pinned object's memory with another process (the p2p and
-// shm paths map it) for as long as the pin is held.
+// Export shares a pinned object's published view with another process
+// (the p2p and shm paths map it) for as long as the pin is held.
 //
-// The descriptor reaches the object's whole allocation (the granularity of
-// tensor.Exportable, as of CUDA's handles); the handle's range ends where
-// the published view ends, as Len does, so the reader maps no page past it.
+// A descriptor reaches a whole allocation (tensor.Exportable, as CUDA's
+// handles do), so an object that is all of its allocation is shared as it
+// is, and a view of part of one is shared as a private, sealed copy of
+// exactly the view (tensor.ViewShare), staged at the first grant and kept
+// until the object's memory is released. Staging is reported (metrics,
+// debug log, ObjectInfo.StagedBytes); a copy that does not fit on the
+// device fails the grant with tensor.ErrViewCopy (a tensor.ErrNotExportable),
+// and the reader falls back, loudly, to a path that needs no descriptor.
 func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
-	h, err := tensor.ExportOf(p.obj.buf, a)
-	if err != nil {
-		return h, err
+	h, staged, err := p.obj.share.Export(a)
+	if (staged > 0 || errors.Is(err, tensor.ErrViewCopy)) && p.table.onStage != nil {
+		p.table.onStage(p.obj, staged, err)
 	}
-	h.Length = min(h.Length, p.obj.end)
-	return h, nil
+	return h, err
 }
 
 // dataAddrs are the addresses refs carry, by transport name.

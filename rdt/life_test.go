@@ -187,7 +187,7 @@ func waitPinned(t *testing.T, r *Runtime) {
 		r.objects.mu.Lock()
 		defer r.objects.mu.Unlock()
 		return r.objects.pins > 0
-	}, 10*time.Second, 100*time.Microsecond, "the owner never started serving")
+	}, 30*time.Second, 100*time.Microsecond, "the owner never started serving")
 }
 
 func TestOwnerDiesMidTransfer(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -34,8 +35,11 @@ type objectTable struct {
 	unpinned  chan struct{} // closed and replaced whenever pins drops to 0
 	closing   bool          // Shutdown began: no new pins or leases
 	onFree    func(id fabric.ObjectID, why string)
-	blocked   func(ctx context.Context) error // test hook: a hung owner
-	pinned    func(ctx context.Context)       // test hook: runs once a read holds its pin
+	// onStage reports a view staged as a private copy for on-host grants
+	// (n bytes copied), or why it could not be (err).
+	onStage func(o *object, n int64, err error)
+	blocked func(ctx context.Context) error // test hook: a hung owner
+	pinned  func(ctx context.Context)       // test hook: runs once a read holds its pin
 }
 
 type object struct {
@@ -46,10 +50,15 @@ type object struct {
 	// a claim grants these bytes and no others of the parent buffer.
 	start, end int64
 	layout     layoutSum // digest of desc, which leases must match
-	owner      string    // actor name
-	token      []byte
-	pins       int
-	freed      bool
+	// share hands out the on-host grants (shm, p2p between processes):
+	// the allocation itself when the view is all of it, else a private
+	// copy of the view staged at the first grant, so no reader is given a
+	// descriptor of the rest of the parent allocation.
+	share *tensor.ViewShare
+	owner string // actor name
+	token []byte
+	pins  int
+	freed bool
 	// released: the owner asked to free the object once no reader holds
 	// it. holders: reader peers with a lease and when it expires.
 	released bool
@@ -67,10 +76,13 @@ func newObjectTable(incarnation uint64) *objectTable {
 		unpinned: make(chan struct{}), onFree: func(fabric.ObjectID, string) {}}
 }
 
-func (t *objectTable) add(buf tensor.Buffer, desc tensor.Desc, owner string) *object {
+// add publishes desc's view of buf, which lives in mem (where a private
+// copy of the view is staged if an on-host grant needs one).
+func (t *objectTable) add(mem tensor.Memory, buf tensor.Buffer, desc tensor.Desc, owner string) *object {
 	o := &object{buf: buf, desc: desc, owner: owner, token: make([]byte, 16), holders: map[peer.ID]time.Time{}, done: make(chan struct{}),
 		layout: layoutOf(desc)}
 	o.start, o.end = desc.Span()
+	o.share = tensor.NewViewShare(mem, buf, o.start, o.end)
 	rand.Read(o.id[:])
 	rand.Read(o.token)
 	t.mu.Lock()
@@ -335,8 +347,10 @@ func (t *objectTable) freeLocked(o *object, why string) error {
 	return nil
 }
 
+// releaseMemory returns the object's memory, and the private copy of its
+// view if one was staged, to the device.
 func (o *object) releaseMemory() error {
-	err := o.buf.Release()
+	err := errors.Join(o.share.Release(), o.buf.Release())
 	close(o.done)
 	return err
 }

@@ -3,6 +3,7 @@ package rdt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -32,8 +33,11 @@ type TransferRecord struct {
 	Degraded bool      `json:"degraded"`
 	// Fallback is set when the transport that moved the bytes is not the
 	// one the plan chose first (the first path failed).
-	Fallback  bool          `json:"fallback"`
-	ZeroCopy  bool          `json:"zero_copy,omitempty"`
+	Fallback bool `json:"fallback"`
+	ZeroCopy bool `json:"zero_copy,omitempty"`
+	// ViewCopy: the owner served a private copy of the object's view (an
+	// on-host grant of a view that is only part of its allocation).
+	ViewCopy  bool          `json:"view_copy,omitempty"`
 	Bytes     int64         `json:"bytes"`
 	Duration  time.Duration `json:"duration_ns"`
 	GBps      float64       `json:"gbps"`
@@ -53,6 +57,10 @@ type ObjectInfo struct {
 	Bytes  int64   `json:"bytes"`
 	// Pins counts reads in flight that hold the object's memory.
 	Pins int `json:"pins"`
+	// StagedBytes is the size of the private copy of the object's view
+	// made for on-host grants (shm, p2p between processes) because the
+	// view is only part of its allocation; 0 when none was needed (yet).
+	StagedBytes int64 `json:"staged_bytes,omitempty"`
 }
 
 // ErrorKind names the condition behind a transfer error for metrics and
@@ -92,6 +100,9 @@ var errorKinds = []struct {
 type observer struct {
 	rt     *Runtime
 	errors *prometheus.CounterVec
+	// viewCopies, viewCopyBytes: views staged as private copies for
+	// on-host grants; viewCopyFailures: stagings refused (no memory).
+	viewCopies, viewCopyBytes, viewCopyFailures prometheus.Counter
 
 	mu   sync.Mutex
 	seq  uint64
@@ -114,8 +125,19 @@ func (o *observer) init(r *Runtime, reg prometheus.Registerer) {
 		o.errors.WithLabelValues(k.kind)
 	}
 	o.errors.WithLabelValues("other")
+	o.viewCopies = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tensorlane_view_copies_total",
+		Help: "Published views of part of an allocation staged as a private copy for on-host grants (shm, p2p), so no reader gets the rest of the allocation.",
+	})
+	o.viewCopyBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tensorlane_view_copy_bytes_total", Help: "Bytes copied staging views for on-host grants.",
+	})
+	o.viewCopyFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tensorlane_view_copy_failures_total",
+		Help: "On-host grants refused because a view's private copy could not be made (out of device memory); the reader falls back to another path.",
+	})
 	if reg != nil {
-		reg.MustRegister(o.errors, memCollector{r})
+		reg.MustRegister(o.errors, memCollector{r}, o.viewCopies, o.viewCopyBytes, o.viewCopyFailures)
 	}
 }
 
@@ -144,6 +166,7 @@ func (o *observer) end(rec *TransferRecord, x Transfer, err error) {
 	r.Path = x.Stats.Transport
 	r.Fallback = r.Path != "" && x.Plan.Chosen != "" && r.Path != x.Plan.Chosen
 	r.ZeroCopy = x.Stats.ZeroCopy
+	r.ViewCopy = x.Stats.ViewCopy
 	if err != nil {
 		r.Error, r.ErrorKind = err.Error(), ErrorKind(err)
 		if r.Path == "" {
@@ -211,6 +234,7 @@ func (r *Runtime) ObjectTable() []ObjectInfo {
 		out = append(out, ObjectInfo{
 			ID: o.id.String(), Host: r.cfg.Host, Owner: o.owner, Device: o.buf.Device().String(),
 			DType: o.desc.DType.String(), Shape: append([]int64(nil), o.desc.Shape...), Bytes: o.desc.NBytes(), Pins: o.pins,
+			StagedBytes: o.share.Staged(),
 		})
 	}
 	t.mu.Unlock()
@@ -263,4 +287,19 @@ func (c memCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(memCapDesc, prometheus.GaugeValue, float64(s.Capacity), host, s.Device.String(), sim)
 	}
 	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.r.objects.len()), host)
+}
+
+// viewStaged reports an object's view staged as a private copy for an
+// on-host grant (n bytes), or a staging that failed.
+func (r *Runtime) viewStaged(o *object, n int64, err error) {
+	if err != nil {
+		r.obs.viewCopyFailures.Inc()
+		r.log.Warn("cannot stage a private copy of a view for an on-host grant: the reader falls back to another path",
+			"object", o.id, "bytes", o.end-o.start, "device", o.buf.Device(), "err", err)
+		return
+	}
+	r.obs.viewCopies.Inc()
+	r.obs.viewCopyBytes.Add(float64(n))
+	r.log.Debug("view staged as a private copy for on-host grants", "object", o.id, "bytes", n,
+		"view", fmt.Sprintf("[%d,%d)", o.start, o.end), "parent_bytes", o.buf.Len(), "device", o.buf.Device())
 }

@@ -60,7 +60,7 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	if total != s.buf.Len() {
 		return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, total, s.buf.Len())
 	}
-	if chunk <= 0 || (total+chunk-1)/chunk > maxChunks {
+	if chunk <= 0 || (chunk < minChunk && total > chunk) || (total+chunk-1)/chunk > maxChunks {
 		return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, total)
 	}
 	n := int((total + chunk - 1) / chunk)
@@ -251,6 +251,13 @@ func (rl *relay) report(m bcastMsg) {
 	m.id, m.slot, m.inc = rl.id, rl.s.id, rl.r.incarnation
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), controlTimeout)
 	defer cancel()
+	go func() { // not past Shutdown
+		select {
+		case <-rl.r.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if err := rl.r.sendBcast(ctx, rl.origin, m); err != nil {
 		rl.r.log.Debug("broadcast report not delivered", "slot", rl.s.id, "err", err)
 	}
@@ -271,7 +278,9 @@ func (rl *relay) forward(f *forwarder) {
 			// ended it (or died, or this runtime is shutting down), the
 			// owner must feed the child itself.
 			if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
-				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
+				// Told from a goroutine of its own, so the slot's pin
+				// (held until the forwarders end) does not wait on it.
+				go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
 			}
 			return
 		}

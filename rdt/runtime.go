@@ -115,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
 	}
 	r.objects.blocked = r.blockedRead
+	r.objects.onStage = r.viewStaged
 
 	ok := false
 	defer func() {

@@ -21,7 +21,9 @@ import (
 //     allocation, past or future: mapping the whole file, or reading it
 //     with pread, shows only this allocation. A buffer that is a view of a
 //     larger allocation exports that allocation, with Offset and Length
-//     naming the view inside it (the granularity CUDA has too).
+//     naming the view inside it (the granularity CUDA has too); an owner
+//     that must not expose the rest of the allocation shares a private
+//     copy of the view instead (ViewShare).
 //   - ReadOnly means read-only. The descriptor is opened read-only, so it
 //     cannot be mapped writable, written or truncated; the file refuses to
 //     be reopened for writing (through /proc/self/fd/N or /proc/PID/fd/N)
@@ -85,6 +87,15 @@ type Handle struct {
 	// buffer's length unless the buffer is a view of a larger allocation.
 	Offset int64
 	Length int64
+	// Start is the buffer byte found at Offset: 0, unless the file holds
+	// only part of the buffer (a private copy of a view, see ViewShare),
+	// in which case the file holds bytes [Start, Start+Length) of the
+	// buffer and none of the others.
+	Start int64
+	// Copy is set when the file is a private copy of the buffer's bytes
+	// (a view's, see ViewShare), not the buffer's own memory: writes to
+	// the buffer after the copy was made do not show in it.
+	Copy bool
 	// Access is what FD allows.
 	Access Access
 }

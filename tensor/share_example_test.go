@@ -46,3 +46,36 @@ func ExampleExportOf() {
 	// writable mapping: permission denied
 	// writable export refused: true
 }
+
+// ExampleViewShare shares a 16 KiB slice of a 1 MiB buffer with another
+// process without the rest of the buffer: the first export stages a
+// private copy of the slice on the same device, and the handle's file is
+// that copy (Start says which buffer byte it begins with).
+func ExampleViewShare() {
+	mem, _ := tensor.NewSimMemory(tensor.GPUDevice(0), 1<<30)
+	defer mem.Close()
+	buf, _ := mem.Alloc(context.Background(), 1<<20)
+	defer buf.Release()
+	p, _ := tensor.BytesOf(buf)
+	copy(p[512<<10:], "the view")
+
+	share := tensor.NewViewShare(mem, buf, 512<<10, 512<<10+16<<10)
+	defer share.Release()
+	h, staged, err := share.Export(tensor.ReadOnly)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer unix.Close(h.FD)
+	fmt.Println("staged:", staged, "file size:", h.Size, "buffer bytes from:", h.Start, "copy:", h.Copy)
+	file := make([]byte, h.Size)
+	unix.Pread(h.FD, file, 0)
+	fmt.Printf("file starts with %q\n", file[:8])
+	again, staged, _ := share.Export(tensor.ReadOnly)
+	unix.Close(again.FD)
+	fmt.Println("staged again:", staged)
+	// Output:
+	// staged: 16384 file size: 16384 buffer bytes from: 524288 copy: true
+	// file starts with "the view"
+	// staged again: 0
+}

@@ -140,7 +140,7 @@ func (w *worker) broadcast(ctx context.Context, req workerRequest) (workerReply,
 		r.Readers = append(r.Readers, o)
 	}
 	r.Bytes = res.Bytes * int64(res.OK())
-	r.Path = res.Plan.String()
+	r.Tree = res.Plan.String()
 	return r, nil
 }
 

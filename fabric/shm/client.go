@@ -210,13 +210,14 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	to = to[:src.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to)
+		return c.transferOn(ctx, pc, key, src, to, &copied)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
+	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1, ViewCopy: copied}, nil
 }
 
 // write pushes src's first dst.Length bytes into the sink dst names.
@@ -240,7 +241,7 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, dst, from)
+		return c.transferOn(ctx, pc, key, dst, from, nil)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -418,7 +419,10 @@ func (c *Client) refused(key cacheKey, err error) {
 // fresh grant, and a refused claim drops it. A push maps the sink's own
 // pages writable (its descriptor reaches the sink alone); a read maps the
 // object's pages read-only.
-func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte) error {
+//
+// copied, when not nil, is set to whether the owner granted a private copy
+// of its object's view rather than the object's own memory.
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, copied *bool) error {
 	held := c.cache.acquire(key)
 	defer func() {
 		if held != nil {
@@ -437,13 +441,16 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		c.refused(key, err)
 		return err
 	}
+	if copied != nil {
+		*copied = g.flags&flagCopy != 0
+	}
 	if r.Length == 0 {
 		closeAll(fds)
 		return c.confirm(pc)
 	}
-	if int64(len(p)) != r.Length || r.Offset+r.Length > g.objLen {
+	if int64(len(p)) != r.Length || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
-		return fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
+		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
 	m := held
 	if len(fds) == 1 {
@@ -455,13 +462,13 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		if err != nil {
 			return err
 		}
-		m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
+		m = &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, viewOff: g.viewOff, base: base, data: data, refs: 1}
 		c.cache.insert(m)
 		if held != nil {
 			c.cache.release(held)
 		}
 		held = m
-	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen {
+	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || m.viewOff != g.viewOff {
 		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
@@ -469,7 +476,7 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if c.afterMap != nil {
 		c.afterMap()
 	}
-	obj := m.bytes()[r.Offset : r.Offset+r.Length]
+	obj := m.bytes()[r.Offset-m.viewOff : r.Offset-m.viewOff+r.Length]
 	if key.push {
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink

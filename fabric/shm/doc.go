@@ -107,8 +107,11 @@
 //
 // An object shared read-only is sealed, so it cannot be pushed into
 // afterwards (the push is refused, and the planner takes another path).
-// A view of a larger allocation is granted as that allocation, with the
-// view's range inside it, the granularity CUDA's handles have too.
+// A handle reaches a whole allocation (CUDA's granularity too), so an
+// owner whose object is a view of part of an allocation exports a private
+// copy of the view (tensor.ViewShare, as rdt does); the grant then says
+// which object byte the file starts with, the reader maps only the copy,
+// and its transfer stats say so (fabric.Stats.ViewCopy).
 // What a process running as root, or as our user with ptrace rights over
 // the owner, can still do is in docs/security-shm-grants.md: such a
 // process can read and write the owner's memory without any grant.

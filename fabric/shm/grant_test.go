@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -278,4 +279,122 @@ func TestPushGrantReachesOnlySlot(t *testing.T) {
 	assert.Equal(t, bytes.Repeat([]byte{0xE5}, 128<<10), other, "a push grant wrote outside its slot")
 	assert.ErrorIs(t, unix.Ftruncate(fd, 1<<30), unix.EPERM, "the pusher grew the slot's file")
 	assert.ErrorIs(t, unix.Ftruncate(fd, 0), unix.EPERM, "the pusher shrank the slot's file under its owner")
+}
+
+// viewPin is an owner's pin of a published view [start, end) of a larger
+// allocation, shared as rdt shares one: through a tensor.ViewShare.
+type viewPin struct {
+	tensor.Buffer
+	share *tensor.ViewShare
+	end   int64
+}
+
+func (v viewPin) Len() int64 { return v.end }
+func (v viewPin) Bytes() []byte {
+	b, _ := tensor.BytesOf(v.Buffer)
+	return b[:v.end]
+}
+func (v viewPin) Export(a tensor.Access) (tensor.Handle, error) {
+	h, _, err := v.share.Export(a)
+	return h, err
+}
+func (v viewPin) Release() error { return nil }
+
+// TestViewGrantReachesOnlyTheView: the object is a 16 KiB view in the
+// middle of a 1 MiB allocation that holds a secret. Readers over shm and
+// p2p get the view's bytes, and the descriptor each received (mapped whole,
+// or read with pread) holds the view and zeros, never the secret around it.
+// Before views were staged, the descriptor was the whole parent allocation.
+func TestViewGrantReachesOnlyTheView(t *testing.T) {
+	const size, start, n = 1 << 20, 512<<10 + 100, 16 << 10
+	var share *tensor.ViewShare
+	f := newFixture(t, size, func(s *ServerConfig, _ *Config) {
+		s.Source = fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			if c.Offset < start || c.Offset+c.Length > start+n {
+				return nil, fabric.ErrUnauthorized
+			}
+			return viewPin{Buffer: share.Src(), share: share, end: start + n}, nil
+		})
+	})
+	share = tensor.NewViewShare(f.mem, f.obj, start, start+n)
+	defer share.Release()
+	for i := range f.data {
+		f.data[i] = 0x5E
+	}
+	fillPattern(f.data[start:start+n], 9)
+	want := append([]byte(nil), f.data[start:start+n]...)
+	r := f.remote(n)
+	r.Offset = start
+
+	for _, tr := range []string{fabric.SHM, fabric.P2P} {
+		t.Run(tr, func(t *testing.T) {
+			k, _ := key(t)
+			cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+			require.NoError(t, err)
+			defer cli.Close()
+			got := receive(t, cli)
+			dst, p := hostDst(t, n)
+			transport := cli.SHM()
+			if tr == fabric.P2P {
+				transport = cli.P2P()
+			}
+			stats, err := transport.Read(context.Background(), r, dst)
+			require.NoError(t, err)
+			require.Equal(t, want, p)
+			assert.True(t, stats.ViewCopy, "the stats say the owner served a copy of the view")
+
+			fd := got.only(t)
+			var st unix.Stat_t
+			require.NoError(t, unix.Fstat(fd, &st))
+			mapped, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+			require.NoError(t, err)
+			defer unix.Munmap(mapped)
+			for how, file := range map[string][]byte{"pread": wholeFile(t, fd), "mmap": mapped} {
+				require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "%s: the descriptor reaches more than the view's pages", how)
+				assert.Equal(t, want, file[:n], how)
+				assert.Equal(t, make([]byte, len(file)-n), file[n:], "%s: the page tail past the view is zero", how)
+				assert.False(t, bytes.Contains(file, bytes.Repeat([]byte{0x5E}, 64)), "%s: the parent's secret is reachable", how)
+			}
+		})
+	}
+	assert.Equal(t, int64(n), share.Staged(), "staged once for both readers")
+}
+
+// TestCrossProcessViewGrant: the owner is a second process that publishes
+// a 16 KiB view in the middle of a 1 MiB allocation. The descriptor this
+// process receives over p2p (mapped whole, or read with pread) holds the
+// view's bytes alone, none of the parent's around it.
+func TestCrossProcessViewGrant(t *testing.T) {
+	const size, start, n = 1 << 20, 512<<10 + 100, 16 << 10
+	t.Setenv(helperViewEnv, strconv.Itoa(start)+","+strconv.Itoa(start+n))
+	h := startHelper(t, size)
+	k, _ := key(t)
+	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	require.NoError(t, err)
+	defer cli.Close()
+	got := receive(t, cli)
+	parent := make([]byte, size)
+	fillWords(parent, h.info.Objects[0].Seed)
+	dst, p := hostDst(t, n)
+	stats, err := cli.P2P().Read(context.Background(), h.remote(0, start, n), dst)
+	require.NoError(t, err)
+	require.Equal(t, parent[start:start+n], p)
+	assert.True(t, stats.ViewCopy)
+	_, err = cli.P2P().Read(context.Background(), h.remote(0, 0, n), dst)
+	require.ErrorIs(t, err, fabric.ErrUnauthorized, "a range outside the view")
+
+	fd := got.only(t)
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	mapped, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(mapped)
+	for how, file := range map[string][]byte{"pread": wholeFile(t, fd), "mmap": mapped} {
+		require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "%s: the descriptor reaches more than the view's pages", how)
+		assert.Equal(t, parent[start:start+n], file[:n], how)
+		assert.Equal(t, make([]byte, len(file)-n), file[n:], "%s: the page tail past the view is zero", how)
+		for _, at := range []int{0, start - 4096, start + n, size - 4096} {
+			assert.False(t, bytes.Contains(file, parent[at:at+4096]), "%s: the parent's bytes at %d are reachable", how, at)
+		}
+	}
 }

@@ -95,19 +95,21 @@ const (
 // mapping is one object's pages of an owner's allocation: read-only for reads,
 // writable (a sink's own pages only) for pushes.
 type mapping struct {
-	key    cacheKey
-	id     uint64 // the owner's mapping id
-	objOff int64  // object start in the allocation file
-	objLen int64
-	base   int64 // file offset of data[0]
-	data   []byte
+	key     cacheKey
+	id      uint64 // the owner's mapping id
+	objOff  int64  // file offset of the first granted byte
+	objLen  int64
+	viewOff int64 // the object byte at objOff (the view's start in a copy of a view)
+	base    int64 // file offset of data[0]
+	data    []byte
 
 	refs int  // readers copying from it, and the cache's own reference
 	gone bool // no longer in the cache: unmapped when refs drops to 0
 	elem *list.Element
 }
 
-// bytes returns the object's bytes in the mapping.
+// bytes returns the granted bytes in the mapping: object bytes
+// [viewOff, viewOff+objLen).
 func (m *mapping) bytes() []byte {
 	start := m.objOff - m.base
 	return m.data[start : start+m.objLen]

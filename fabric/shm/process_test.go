@@ -33,6 +33,11 @@ import (
 // TestHelperProcess an owner process serving objects of the listed sizes.
 const helperEnv = "TENSORLANE_SHM_HELPER_SIZES"
 
+// helperViewEnv ("start,end"), when set too, makes the helper publish only
+// bytes [start, end) of its first object, shared as rdt shares a view: a
+// private copy of the view (tensor.ViewShare).
+const helperViewEnv = "TENSORLANE_SHM_HELPER_VIEW"
+
 // helperInfo is what the owner process prints on stdout once it serves.
 type helperInfo struct {
 	Addr    string         `json:"addr"`
@@ -143,9 +148,29 @@ func helperMain() int {
 		}
 		return nopRelease{b}, nil
 	}
+	read := open
+	if v := os.Getenv(helperViewEnv); v != "" {
+		var start, end int64
+		if _, err := fmt.Sscanf(v, "%d,%d", &start, &end); err != nil {
+			return fail(err)
+		}
+		first := fabric.ObjectID{1, 0xaa}
+		share := tensor.NewViewShare(mem, objs[first], start, end)
+		defer share.Release()
+		read = func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			b, err := open(ctx, c)
+			if err != nil || c.Object != first {
+				return b, err
+			}
+			if c.Offset < start || c.Length < 0 || c.Offset+c.Length > end {
+				return nil, fabric.ErrUnauthorized
+			}
+			return viewPin{Buffer: objs[first], share: share, end: end}, nil
+		}
+	}
 	// Every object is also a push destination, so a pusher can read back
 	// what it wrote.
-	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(open), Sink: sinkFunc(open)})
+	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(read), Sink: sinkFunc(open)})
 	if err != nil {
 		return fail(err)
 	}

@@ -278,8 +278,10 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 // export describes pin's place in its allocation's file and, unless the
 // client already has it mapped, returns a descriptor to pass. The
 // descriptor reaches the pinned object's allocation and nothing else
-// (tensor.Exportable): read-only (and sealed against writes) for reads,
-// writable for pushes into the sink.
+// (tensor.Exportable), or a private copy of the object's published view
+// when the object is part of a larger allocation (tensor.ViewShare):
+// read-only (and sealed against writes) for reads, writable for pushes
+// into the sink.
 func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 	access := tensor.ReadOnly
 	if req.op == opPush {
@@ -294,10 +296,18 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 		unix.Close(h.FD)
 		return grant{}, -1, fmt.Errorf("shm: stat exported allocation: %w", err)
 	}
-	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length), fileSize: h.Size, objOff: h.Offset, objLen: h.Length}
-	if h.Access != access || g.objOff < 0 || g.objLen < pin.Len() || g.objOff+g.objLen > g.fileSize || g.fileSize > st.Size {
+	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length, h.Start), fileSize: h.Size, objOff: h.Offset, objLen: h.Length, viewOff: h.Start}
+	// The handle must hold the requested range (the claim's range was
+	// checked against the published view by Open); a view's private copy
+	// holds the view alone, so it starts at the view's start.
+	if h.Access != access || g.objOff < 0 || g.objLen < 0 || g.viewOff < 0 || g.objOff+g.objLen > g.fileSize || g.fileSize > st.Size ||
+		req.offset < g.viewOff || req.offset+req.length > g.viewOff+g.objLen || g.viewOff+g.objLen > pin.Len() {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) %v of a %d-byte allocation (file %d bytes) is inconsistent", h.Offset, h.Length, h.Access, h.Size, st.Size)
+		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) (view start %d) %v of a %d-byte allocation (file %d bytes) does not hold [%d,+%d) or is inconsistent",
+			h.Offset, h.Length, h.Start, h.Access, h.Size, st.Size, req.offset, req.length)
+	}
+	if h.Copy {
+		g.flags |= flagCopy
 	}
 	if req.have == g.mapID {
 		// The client maps this region already (read-only for a read,
@@ -312,14 +322,15 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 
 // mappingID names one object's place in one allocation file. It is salted per
 // server so ids mean nothing outside it.
-func (s *Server) mappingID(dev, ino uint64, off, n int64) uint64 {
+func (s *Server) mappingID(dev, ino uint64, off, n, view int64) uint64 {
 	h := fnv.New64a()
-	var b [40]byte
+	var b [48]byte
 	binary.LittleEndian.PutUint64(b[0:], s.salt)
 	binary.LittleEndian.PutUint64(b[8:], dev)
 	binary.LittleEndian.PutUint64(b[16:], ino)
 	binary.LittleEndian.PutUint64(b[24:], uint64(off))
 	binary.LittleEndian.PutUint64(b[32:], uint64(n))
+	binary.LittleEndian.PutUint64(b[40:], uint64(view))
 	h.Write(b[:])
 	if id := h.Sum64(); id != 0 {
 		return id

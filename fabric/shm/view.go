@@ -79,9 +79,11 @@ func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, err
 		c.refused(key, err)
 		return nil, err
 	}
-	if r.Offset+r.Length > g.objLen {
+	// A view's private copy starts at viewOff in the object (see
+	// tensor.ViewShare): the grant holds [viewOff, viewOff+objLen).
+	if r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
-		return nil, fmt.Errorf("%w: grant for a %d-byte object does not hold [%d,+%d)", fabric.ErrCorrupt, g.objLen, r.Offset, r.Length)
+		return nil, fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
 	if len(fds) == 1 {
 		data, base, err := mapRegionFlags(fds[0], g.objOff, g.objLen, false, 0)
@@ -89,13 +91,13 @@ func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, err
 		if err != nil {
 			return nil, err
 		}
-		m := &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, base: base, data: data, refs: 1}
+		m := &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, viewOff: g.viewOff, base: base, data: data, refs: 1}
 		c.cache.insert(m)
 		if held != nil {
 			c.cache.release(held)
 		}
 		held = m
-	} else if held == nil || held.id != g.mapID || held.objOff != g.objOff || held.objLen != g.objLen {
+	} else if held == nil || held.id != g.mapID || held.objOff != g.objOff || held.objLen != g.objLen || held.viewOff != g.viewOff {
 		return nil, fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
@@ -129,7 +131,7 @@ func (v *viewBuffer) Bytes() []byte {
 	if v.done {
 		return nil
 	}
-	return v.m.bytes()[v.off : v.off+v.n]
+	return v.m.bytes()[v.off-v.m.viewOff : v.off-v.m.viewOff+v.n]
 }
 
 // Release drops the view's reference on the mapping. Idempotent.

@@ -24,11 +24,15 @@ import (
 //
 //	refused:  status (1, not StatusOK) | message
 //	granted:  status (1, StatusOK) | version (1) | flags (1) | mapping id (8) |
-//	          file size (8) | object offset in file (8) | object length (8) |
+//	          file size (8) | offset in file (8) | length (8) | view start (8) |
 //	          crc32c of everything before it (4)
 //
-// with the descriptor of the object's allocation (a file holding it and
-// nothing else) attached when flags has flagFD (the client
+// meaning that the file's bytes [offset, offset+length) hold the object's
+// bytes [view start, view start+length): the object's own allocation
+// (view start 0), or a private copy of the published view when the object
+// is a view of a larger allocation (tensor.ViewShare), so the file holds
+// the granted bytes and nothing else of the owner's. The descriptor of that
+// file is attached when flags has flagFD (the client
 // did not have mapping id mapped). The server keeps the object pinned until
 // the client has copied and says so:
 //
@@ -48,12 +52,13 @@ const (
 	opPush byte = 2
 	opDone byte = 3
 
-	version  byte = 2
+	version  byte = 3 // 3: grants carry the view start
 	flagFD   byte = 1
+	flagCopy byte = 2 // the file is a private copy of the object's view (tensor.Handle.Copy)
 	maxToken      = 64
 
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
-	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 4
+	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 4
 	doneLen      = 2
 
 	// maxPacket bounds every packet either side reads; the longest is a
@@ -121,8 +126,9 @@ type grant struct {
 	flags    byte
 	mapID    uint64
 	fileSize int64
-	objOff   int64 // the object's first byte in the file
-	objLen   int64
+	objOff   int64 // the first granted byte's offset in the file
+	objLen   int64 // how many bytes are granted
+	viewOff  int64 // the object byte at objOff: the published view's start when the file is a copy of it
 }
 
 func (g grant) marshal() []byte {
@@ -132,6 +138,7 @@ func (g grant) marshal() []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(g.fileSize))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objOff))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objLen))
+	b = binary.BigEndian.AppendUint64(b, uint64(g.viewOff))
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
@@ -161,10 +168,11 @@ func parseReply(p []byte) (grant, error) {
 	}
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
-	if g.flags&^flagFD != 0 || size > 1<<62 || off > size || n > size-off {
-		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, size, g.flags)
+	view := binary.BigEndian.Uint64(p[35:43])
+	if g.flags&^(flagFD|flagCopy) != 0 || size > 1<<62 || off > size || n > size-off || view > 1<<62 {
+		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) (view start %d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, view, size, g.flags)
 	}
-	g.fileSize, g.objOff, g.objLen = int64(size), int64(off), int64(n)
+	g.fileSize, g.objOff, g.objLen, g.viewOff = int64(size), int64(off), int64(n), int64(view)
 	return g, nil
 }
 

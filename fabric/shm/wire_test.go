@@ -53,7 +53,7 @@ func TestParseRequestErrors(t *testing.T) {
 }
 
 func TestParseReply(t *testing.T) {
-	g := grant{flags: flagFD, mapID: 42, fileSize: 1 << 30, objOff: 4096, objLen: 1000}
+	g := grant{flags: flagFD | flagCopy, mapID: 42, fileSize: 1 << 30, objOff: 4096, objLen: 1000, viewOff: 5000}
 	got, err := parseReply(g.marshal())
 	require.NoError(t, err)
 	assert.Equal(t, g, got)
@@ -68,6 +68,10 @@ func TestParseReply(t *testing.T) {
 		{"flipped byte", flip(g.marshal(), 20), fabric.ErrCorrupt},
 		{"object outside arena", grant{fileSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
 		{"unknown flags", grant{flags: 0x80}.marshal(), fabric.ErrCorrupt},
+		{"view start past 2^62", grant{fileSize: 10, viewOff: -1}.marshal(), fabric.ErrCorrupt},
+		// Version 2 grants have no view start: a view's copy would be
+		// read at the wrong place.
+		{"version 2 server", withVersion(g.marshal(), 2), fabric.ErrBadRequest},
 		// Version 1 servers acknowledged done; a client of version 2 sends
 		// its next request without reading an ack, so it must refuse them.
 		{"version 1 server", withVersion(g.marshal(), 1), fabric.ErrBadRequest},

@@ -108,7 +108,7 @@ func broadcastShaped(t *testing.T, tc pathCase) (recs []harness.BroadcastRecord)
 				best = r.Seconds
 			}
 			if n == 16 {
-				t.Logf("tree:\n%s", r.Path)
+				t.Logf("tree:\n%s", r.Tree)
 			}
 		}
 		if n == 1 {

@@ -54,6 +54,7 @@ type Reply struct {
 	// Broadcast: one outcome per reader; wait: the slot's generation.
 	Readers    []ReaderOutcome `json:"readers,omitempty"`
 	Generation uint64          `json:"generation,omitempty"`
+	Tree       string          `json:"tree,omitempty"` // broadcast: the tree it followed (rdt.BroadcastPlan)
 }
 
 // Info is a worker's identity and device memory.
