@@ -10,7 +10,10 @@
 // of it with no copy, and other processes on the host map it. Any other
 // memory is foreign (a numpy array, a C buffer): network paths read it in
 // place, and the first same-host reader in another process makes the owner
-// copy it once into shareable memory (tensor.Foreign). Explain says which.
+// copy it once into shareable memory (tensor.Foreign; made in the
+// background at Put, into pre-populated memory from a small pool). Explain
+// says which. A same-host reader can also skip its own copy: View maps the
+// object read-only into its process (view.go).
 //
 // Every method is safe for concurrent use.
 package capi
