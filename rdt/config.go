@@ -120,6 +120,15 @@ type Config struct {
 	RDMAProvider rdma.Provider
 	RDMAAddrs    map[string]string
 	DisableRDMA  bool
+	// RDMAProviderKind picks the provider when RDMAProvider is nil: "soft"
+	// (the default above) or "ofi" (libfabric, fabric/rdma/ofi; needs a
+	// binary built with -tags ofi; TENSORLANE_OFI_PROVIDER names the
+	// libfabric provider, unless IgnoreEnv). Default: TENSORLANE_RDMA_PROVIDER
+	// (unless IgnoreEnv), else "soft".
+	// An "ofi" (or unknown kind) that cannot start leaves the rdma path off
+	// with a warning naming why, as any rdma failure does: tcp serves the
+	// other hosts.
+	RDMAProviderKind string
 
 	// LinkMonitor, if set, measures the runtime's data connections (tcp
 	// streams and the software provider's rdma rails) and feeds path

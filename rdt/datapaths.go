@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/ofi"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabric/shm"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -75,6 +77,28 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 		return nil
 	}
 	prov := c.RDMAProvider
+	kind := c.RDMAProviderKind
+	if kind == "" && !c.IgnoreEnv {
+		kind = os.Getenv("TENSORLANE_RDMA_PROVIDER")
+	}
+	switch kind {
+	case "", "soft", "softrdma":
+	case "ofi":
+		if prov == nil {
+			ocfg := ofi.Config{}
+			if !c.IgnoreEnv {
+				ocfg = ofi.FromEnv()
+			}
+			p, err := ofi.New(ocfg)
+			if err != nil {
+				return fmt.Errorf("rdt: rdma provider ofi: %w", err)
+			}
+			prov = p
+			r.log.Info("rdma served by libfabric", "provider", p.Fabric(), "nics", len(p.Devices()))
+		}
+	default:
+		return fmt.Errorf("rdt: unknown rdma provider %q (soft or ofi)", kind)
+	}
 	if prov == nil {
 		if r.topoHost == nil {
 			return nil
@@ -157,6 +181,10 @@ func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
 	}
 	return h, err
 }
+
+// Unwrap names the object's buffer, so copies reach device memory that is
+// not host visible (tensor.Copy).
+func (p *pin) Unwrap() (tensor.Buffer, int64) { return p.obj.buf, 0 }
 
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string {

@@ -10,6 +10,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 )
 
 // linkHealth joins link telemetry (fabric/linkstat) to the data paths: the
@@ -151,24 +152,14 @@ func (h *linkHealth) tcpDial() func(ctx context.Context, network, addr string) (
 	}
 }
 
-// nicDial is a software RDMA NIC's Dial: dial (nil: a net.Dialer bound to
-// laddr, as softrdma does by default), and track the rail's connection.
+// nicDial is a software RDMA NIC's Dial: dial (nil: softrdma.DialFrom, the
+// NIC's default), and track the rail's connection.
 func (h *linkHealth) nicDial(nic string, dial func(ctx context.Context, network, laddr, raddr string) (net.Conn, error)) func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
 	if h == nil {
 		return dial
 	}
 	if dial == nil {
-		dial = func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
-			var nd net.Dialer
-			if laddr != "" {
-				a, err := net.ResolveTCPAddr(network, laddr)
-				if err != nil {
-					return nil, err
-				}
-				nd.LocalAddr = a
-			}
-			return nd.DialContext(ctx, network, raddr)
-		}
+		dial = softrdma.DialFrom
 	}
 	return func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
 		c, err := dial(ctx, network, laddr, raddr)

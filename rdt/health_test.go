@@ -165,16 +165,8 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	dialIn := func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
 		var c net.Conn
 		err := h.b.Do(func() error {
-			d := net.Dialer{}
-			if laddr != "" {
-				a, err := net.ResolveTCPAddr(network, laddr)
-				if err != nil {
-					return err
-				}
-				d.LocalAddr = a
-			}
 			var err error
-			c, err = d.DialContext(ctx, network, raddr)
+			c, err = softrdma.DialFrom(ctx, network, laddr, raddr)
 			return err
 		})
 		return c, err

@@ -174,6 +174,7 @@ func (p *slotPin) Bytes() []byte {
 func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
 	return tensor.ExportOf(p.slot.buf, a)
 }
+func (p *slotPin) Unwrap() (tensor.Buffer, int64) { return p.slot.buf, 0 }
 func (p *slotPin) Release() error {
 	var err error
 	p.released.Do(func() { err = p.slot.unpin() })
@@ -324,6 +325,9 @@ type nopRelease struct{ tensor.Buffer }
 
 func (nopRelease) Release() error { return nil }
 
+// Unwrap names the lent buffer (tensor.Copy reaches device memory so).
+func (n nopRelease) Unwrap() (tensor.Buffer, int64) { return n.Buffer, 0 }
+
 // Bytes exposes the lent buffer's memory.
 func (n nopRelease) Bytes() []byte {
 	b, _ := tensor.BytesOf(n.Buffer)
@@ -391,7 +395,8 @@ func (w *window) Export(a tensor.Access) (tensor.Handle, error) {
 	h.Length = w.n
 	return h, nil
 }
-func (w *window) Release() error { return nil } // the pin is released by Push
+func (w *window) Release() error                 { return nil } // the pin is released by Push
+func (w *window) Unwrap() (tensor.Buffer, int64) { return w.Buffer, w.off }
 
 // notifyPush tells the slot's runtime that a push completed.
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -48,28 +49,12 @@ func newPair(t *testing.T, mutate func(*Config)) pair {
 	return pair{cluster: cl, a: mk("h0"), b: mk("h1")}
 }
 
-func fill(t *testing.T, r *Runtime, dev tensor.DeviceID, dt tensor.DType, shape ...int64) tensor.Tensor {
-	t.Helper()
-	mem, err := r.Memory(dev)
-	require.NoError(t, err)
-	x, err := tensor.Alloc(context.Background(), mem, dt, shape...)
-	require.NoError(t, err)
-	p, err := x.SpanBytes()
-	require.NoError(t, err)
-	for i := range p {
-		p[i] = byte(i*31 + i>>11)
-	}
-	return x
-}
-
-func sameBytes(t *testing.T, a, b tensor.Tensor) {
-	t.Helper()
-	pa, err := a.SpanBytes()
-	require.NoError(t, err)
-	pb, err := b.SpanBytes()
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(pa, pb), "bytes differ")
-}
+// fill and sameBytes are the shared helpers, under the short names this
+// package's tests use everywhere.
+var (
+	fill      = testhelp.Fill
+	sameBytes = testhelp.SameBytes
+)
 
 func TestGetPaths(t *testing.T) {
 	ctx := context.Background()

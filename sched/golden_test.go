@@ -2,7 +2,6 @@ package sched
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,10 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/topology"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // A golden scenario file has three sections:
 //
@@ -38,7 +36,7 @@ func TestGolden(t *testing.T) {
 			c, err := buildTopology(sec["topology"])
 			require.NoError(t, err)
 			got := runScript(t, c, sec["script"])
-			if *update {
+			if testhelp.Updating() {
 				out := sec["_head"] + "-- topology --\n" + sec["topology"] + "-- script --\n" + sec["script"] + "-- want --\n" + got
 				require.NoError(t, os.WriteFile(f, []byte(out), 0o644))
 				return

@@ -17,6 +17,9 @@
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // HostVisible for memory the CPU can address, Exportable for memory another
-// process can map. A CUDA or ROCm backend implements Memory and Buffer behind
-// a build tag and callers do not change.
+// process can map. Real device memory (tensor/cuda: NVIDIA GPUs through the
+// CUDA driver API, loaded at run time without cgo) implements Memory and
+// Buffer too; its buffers are not HostVisible but DeviceCopier and
+// PeerCopier, and Copy moves bytes between any two buffers, whatever memory
+// they live in.
 package tensor

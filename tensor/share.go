@@ -98,6 +98,19 @@ type Handle struct {
 	Copy bool
 	// Access is what FD allows.
 	Access Access
+	// Kind says what FD is: a memory file (the zero value), or a device
+	// allocation's own handle (CUDA), which the receiver imports
+	// (Import) instead of mapping. For a CUDA handle Access is what the
+	// importer is asked to map: the driver's descriptor itself does not
+	// enforce it (see tensor/cuda).
+	Kind HandleKind
+	// Device is the exporting device.
+	Device DeviceID
+	// ID names a device allocation for the lifetime of its process (a
+	// serial, never reused), so a receiver can tell a repeated grant of
+	// the allocation it imported already; 0 for memory files, which their
+	// file identity names.
+	ID uint64
 }
 
 // Exportable is the optional capability of buffers whose allocation can be

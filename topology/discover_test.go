@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/topology"
 	"github.com/tensorlane/tensorlane/topology/topotest"
 )
@@ -98,12 +99,12 @@ func TestDiscoverGolden(t *testing.T) {
 
 			b, err := topology.Marshal(d.Cluster())
 			require.NoError(t, err)
-			golden(t, "discover-"+fx.Name+".topo.json", b)
+			testhelp.Golden(t, "testdata/golden/discover-"+fx.Name+".topo.json", b)
 			var ws []string
 			for _, w := range d.Warnings {
 				ws = append(ws, w.String())
 			}
-			golden(t, "discover-"+fx.Name+".warnings", []byte(strings.Join(ws, "\n")+"\n"))
+			testhelp.Golden(t, "testdata/golden/discover-"+fx.Name+".warnings", []byte(strings.Join(ws, "\n")+"\n"))
 
 			back, err := topology.Unmarshal(b)
 			require.NoError(t, err)
@@ -322,25 +323,6 @@ func BenchmarkDiscover(b *testing.B) {
 			}
 		}
 	})
-}
-
-// updating reports the -update flag, defined by the package's internal tests.
-func updating() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name)
-	if updating() {
-		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-		require.NoError(t, os.WriteFile(path, got, 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./topology -update to create it")
-	assert.Equal(t, string(want), string(got))
 }
 
 func TestDiscoverSmallTrees(t *testing.T) {

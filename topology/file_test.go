@@ -3,7 +3,6 @@ package topology
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,23 +10,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 )
 
-var update = flag.Bool("update", false, "rewrite golden files")
-
-// golden compares got with testdata/golden/<name>, rewriting it with -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name)
-	if *update {
-		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-		require.NoError(t, os.WriteFile(path, got, 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./topology -update to create it")
-	assert.Equal(t, string(want), string(got))
-}
+// goldenDir holds this package's golden files (go test ./topology -update
+// rewrites them).
+const goldenDir = "testdata/golden/"
 
 func TestFileRoundTrip(t *testing.T) {
 	for _, name := range Presets() {
@@ -52,7 +41,7 @@ func TestFileGolden(t *testing.T) {
 	require.NoError(t, err)
 	b, err := Marshal(c)
 	require.NoError(t, err)
-	golden(t, "dgx-h100.topo.json", b)
+	testhelp.Golden(t, goldenDir+"dgx-h100.topo.json", b)
 	back, err := LoadFile(filepath.Join("testdata", "golden", "dgx-h100.topo.json"))
 	require.NoError(t, err)
 	assert.Equal(t, c, back)

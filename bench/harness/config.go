@@ -19,6 +19,10 @@ const (
 	PathRDMA   = "rdma"    // GPU of a runtime on the other host (software verbs over TCP)
 	PathTCP    = "tcp"     // GPU of a runtime on the other host with rdma off, no compression
 	PathTCPZ   = "tcp-z"   // as tcp, compression always, on bf16 weights with normal values
+	// PathRDMAOFI is rdma through libfabric (fabric/rdma/ofi) between an
+	// owner and a reader runtime that both use it: opt-in (a binary built
+	// with -tags ofi), never in the defaults.
+	PathRDMAOFI = "rdma-ofi"
 )
 
 // AllPaths lists every path in matrix order; PushPaths the ones measured in
@@ -29,6 +33,8 @@ var (
 	// quickPush is the push slice of --quick: the two push paths with
 	// their own mechanism (an rdma WRITE and a cross-process copy).
 	quickPush = []string{PathP2PIPC, PathRDMA}
+	// OptInPaths are measurable when asked for (Config.Paths, Push) only.
+	OptInPaths = []string{PathRDMAOFI}
 )
 
 // Transport is the fabric transport a transfer of path must report.
@@ -40,7 +46,7 @@ func Transport(path string) string {
 		return fabric.P2P
 	case PathSHM:
 		return fabric.SHM
-	case PathRDMA:
+	case PathRDMA, PathRDMAOFI:
 		return fabric.RDMA
 	case PathTCP, PathTCPZ:
 		return fabric.TCP
@@ -170,12 +176,12 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	for _, p := range out.Paths {
-		if !slices.Contains(AllPaths, p) {
-			return out, fmt.Errorf("harness: unknown path %q (measurable: %v)", p, AllPaths)
+		if !slices.Contains(AllPaths, p) && !slices.Contains(OptInPaths, p) {
+			return out, fmt.Errorf("harness: unknown path %q (measurable: %v, opt-in: %v)", p, AllPaths, OptInPaths)
 		}
 	}
 	for _, p := range out.Push {
-		if !slices.Contains(PushPaths, p) {
+		if !slices.Contains(PushPaths, p) && !slices.Contains(OptInPaths, p) {
 			return out, fmt.Errorf("harness: path %q has no push mode (push paths: %v)", p, PushPaths)
 		}
 	}

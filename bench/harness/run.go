@@ -51,7 +51,7 @@ type cellSpec struct{ path, mode string }
 
 func cells(cfg Config) []cellSpec {
 	var out []cellSpec
-	for _, p := range AllPaths {
+	for _, p := range slices.Concat(AllPaths, OptInPaths) {
 		if slices.Contains(cfg.Paths, p) {
 			out = append(out, cellSpec{p, ModePull})
 		}
@@ -97,7 +97,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// runtime's arena keeps the pages its largest cell touched until the
 	// runtime closes, so sharing one cluster across paths would hold the
 	// largest in-flight bytes once per reader at the same time.
-	for _, path := range AllPaths {
+	for _, path := range slices.Concat(AllPaths, OptInPaths) {
 		var pspecs []cellSpec
 		for _, sp := range specs {
 			if sp.path == path {
@@ -198,6 +198,10 @@ type env struct {
 	rt    *rdt.Runtime // h1, rdma off, compression off: tcp
 	rz    *rdt.Runtime // h1, rdma off, compression always: tcp-z
 	owner *rdt.Actor
+	// The rdma-ofi pair: an owner on h0 and a reader on h1 whose rdma
+	// provider is libfabric (started only for that path).
+	ro, rof *rdt.Runtime
+	oowner  *rdt.Actor
 	// readers and their destination device per path.
 	readers map[string]*rdt.Actor
 	devs    map[string]tensor.DeviceID
@@ -292,6 +296,21 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 				return err
 			}
 		}
+		if need[PathRDMAOFI] {
+			ofi := func(c *rdt.Config) { c.RDMAProviderKind = "ofi" }
+			if e.ro, err = start("h0", ofi); err != nil {
+				return err
+			}
+			if e.oowner, err = e.ro.Spawn("bench-ofi-owner"); err != nil {
+				return err
+			}
+			if e.rof, err = start("h1", ofi); err != nil {
+				return err
+			}
+			if err := reader(e.rof, PathRDMAOFI, "bench-rdma-ofi", nearDev); err != nil {
+				return err
+			}
+		}
 		if need[PathTCP] {
 			if e.rt, err = start("h1", func(c *rdt.Config) { c.DisableRDMA = true }); err != nil {
 				return err
@@ -336,7 +355,11 @@ func (e *env) close() error {
 // put places a size-byte tensor on the owner's GPU: a byte pattern, or for
 // bf16 weights normally distributed values (what the tcp codec is for).
 func (e *env) put(ctx context.Context, size int64, bf16 bool) (rdt.Ref, []byte, error) {
-	mem, err := e.ra.Memory(srcDev)
+	return e.putOn(ctx, e.ra, e.owner, size, bf16)
+}
+
+func (e *env) putOn(ctx context.Context, rt *rdt.Runtime, owner *rdt.Actor, size int64, bf16 bool) (rdt.Ref, []byte, error) {
+	mem, err := rt.Memory(srcDev)
 	if err != nil {
 		return rdt.Ref{}, nil, err
 	}
@@ -360,7 +383,7 @@ func (e *env) put(ctx context.Context, size int64, bf16 bool) (rdt.Ref, []byte, 
 			p[i] = byte(i*7 + i>>8)
 		}
 	}
-	ref, err := e.owner.Put(ctx, x)
+	ref, err := owner.Put(ctx, x)
 	if err != nil {
 		x.Release()
 		return rdt.Ref{}, nil, err
@@ -389,6 +412,8 @@ type sized struct {
 	zref    rdt.Ref // bf16 normal weights, for tcp-z
 	zsrc    []byte
 	hasZ    bool
+	oref    rdt.Ref // the byte pattern again, on the rdma-ofi owner
+	hasO    bool
 	heapDst [][]byte
 	hser    []*bench.Serializer // on-host paths
 	net     sockets             // network paths, from src
@@ -457,6 +482,13 @@ func (e *env) prepare(ctx context.Context, size int64, specs []cellSpec) (*sized
 		}
 		s.hasZ = true
 	}
+	if s.e.oowner != nil {
+		if s.oref, _, err = e.putOn(ctx, e.ro, e.oowner, size, false); err != nil {
+			s.close()
+			return nil, err
+		}
+		s.hasO = true
+	}
 	return s, nil
 }
 
@@ -468,12 +500,18 @@ func (s *sized) close() error {
 	if s.hasZ {
 		errs = append(errs, s.e.owner.Free(context.Background(), s.zref))
 	}
+	if s.hasO {
+		errs = append(errs, s.e.oowner.Free(context.Background(), s.oref))
+		s.hasO = false
+	}
 	s.hser, s.heapDst, s.src, s.zsrc, s.hasZ = nil, nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
 // network reports whether path crosses hosts (its baselines are sockets).
-func network(path string) bool { return path == PathRDMA || path == PathTCP || path == PathTCPZ }
+func network(path string) bool {
+	return path == PathRDMA || path == PathRDMAOFI || path == PathTCP || path == PathTCPZ
+}
 
 // baselines grows what the baselines of spec need for c workers.
 func (s *sized) baselines(ctx context.Context, spec cellSpec, c int) error {
@@ -510,6 +548,9 @@ func (s *sized) group(ctx context.Context, spec cellSpec, c int) (*group, error)
 	g := &group{s: s, spec: spec, ref: s.ref}
 	if spec.path == PathTCPZ {
 		g.ref = s.zref
+	}
+	if spec.path == PathRDMAOFI {
+		g.ref = s.oref
 	}
 	if spec.path == PathLocal {
 		return g, nil
@@ -578,7 +619,11 @@ func (g *group) measure() op {
 		}
 	case spec.mode == ModePush:
 		return func(ctx context.Context, w int) error {
-			x, err := e.owner.Push(ctx, g.ref, g.sref[w])
+			owner := e.owner
+			if spec.path == PathRDMAOFI {
+				owner = e.oowner
+			}
+			x, err := owner.Push(ctx, g.ref, g.sref[w])
 			if err != nil {
 				return err
 			}

@@ -68,7 +68,12 @@ type envManifest struct {
 	Components map[string]string `json:"components"`
 	// NICFirmware maps RDMA devices to their firmware version.
 	NICFirmware map[string]string `json:"nic_firmware,omitempty"`
-	Warnings    int               `json:"discovery_warnings"`
+	// RDMAProviders says, on a live system, which rdma providers can run
+	// ("soft", "ofi") and why not, and which one is selected.
+	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
+	Warnings      int               `json:"discovery_warnings"`
+	// CUDA is what the CUDA driver API says (live machine only).
+	CUDA *cudaReport `json:"cuda_driver_api,omitempty"`
 }
 
 type tensorlaneVersion struct {
@@ -105,7 +110,17 @@ func collectEnv(ctx context.Context, root string) envManifest {
 			}
 		}
 	}
+	if live {
+		r := probeCUDA()
+		m.CUDA = &r
+		if r.Version != "" {
+			m.Components["cuda-driver-api"] = r.Version
+		}
+	}
 	if d, err := topology.Discover(ctx, topology.DiscoverConfig{Root: root}); err == nil {
+		if m.CUDA != nil {
+			applyCUDA(d, *m.CUDA)
+		}
 		m.NUMANodes = len(d.Host.NUMA)
 		m.CPUs = cpuCount(d.Host)
 		for _, dev := range d.Host.Devices {
@@ -166,6 +181,9 @@ func collectEnv(ctx context.Context, root string) envManifest {
 		if v := libVersion(fs, lib.prefix); v != "" {
 			m.Components[lib.name] = v
 		}
+	}
+	if live {
+		m.RDMAProviders = rdmaProviders()
 	}
 	return m
 }
@@ -254,8 +272,19 @@ func writeEnv(w io.Writer, m envManifest) {
 	for _, k := range sortedKeys(m.NICFirmware) {
 		line("firmware "+k, m.NICFirmware[k])
 	}
+	for _, k := range sortedKeys(m.RDMAProviders) {
+		line("rdma provider "+k, m.RDMAProviders[k])
+	}
 	if len(m.Components) == 0 {
 		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")
+	}
+	if m.CUDA != nil {
+		if m.CUDA.Unavailable != "" {
+			line("cuda driver api", "not usable: "+m.CUDA.Unavailable)
+		}
+		for _, d := range m.CUDA.Devices {
+			line("cuda device", d)
+		}
 	}
 	if m.Warnings > 0 {
 		line("discovery warnings", fmt.Sprintf("%d (tensorlane topo lists them)", m.Warnings))

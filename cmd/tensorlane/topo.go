@@ -116,6 +116,10 @@ func loadTopo(ctx context.Context, stderr io.Writer, o topoOptions) (*topoSource
 	if err != nil {
 		return nil, err
 	}
+	if o.sysfsRoot == "" {
+		// This machine: the CUDA driver's GPUs, with their real memory.
+		applyCUDA(d, probeCUDA())
+	}
 	return &topoSource{cluster: d.Cluster(), kind: "discovered", warnings: d.Warnings, plugins: d.Plugins}, nil
 }
 

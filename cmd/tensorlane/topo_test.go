@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,32 +12,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/topology"
 )
-
-func init() {
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files")
-	}
-}
-
-func updatingGolden() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
 
 // goldenFile compares got with testdata/<name>, rewriting it with -update.
 func goldenFile(t *testing.T, name, got string) {
 	t.Helper()
-	p := filepath.Join("testdata", name)
-	if updatingGolden() {
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(got), 0o644))
-		return
-	}
-	want, err := os.ReadFile(p)
-	require.NoError(t, err, "run go test ./cmd/tensorlane -update")
-	assert.Equal(t, string(want), got)
+	testhelp.Golden(t, filepath.Join("testdata", name), []byte(got))
 }
 
 func execCmd(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {

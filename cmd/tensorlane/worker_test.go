@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/rdt/rdttest"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -137,16 +138,8 @@ func TestWorkerProtocol(t *testing.T) {
 	assert.True(t, r.OK, r.Error)
 }
 
-func forge(t *testing.T, ref string, f func(*rdt.Ref)) string {
-	t.Helper()
-	r, err := decodeRef(ref)
-	require.NoError(t, err)
-	r.Token = append([]byte(nil), r.Token...)
-	f(&r)
-	b, err := r.MarshalBinary()
-	require.NoError(t, err)
-	return base64.StdEncoding.EncodeToString(b)
-}
+// forge is the shared helper under the short name this package's tests use.
+var forge = rdttest.Forge
 
 func TestPatternCheck(t *testing.T) {
 	for _, n := range []int{0, 1, 7, 8, 9, 4096 + 3} {

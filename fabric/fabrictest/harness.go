@@ -44,6 +44,11 @@ type Harness struct {
 	// MaxSize is the largest transfer the suite tries; default 1 GiB. Lower
 	// it only for transports whose medium cannot carry that much, and say why.
 	MaxSize int64
+	// InProcess says the reader copies straight out of the owner's memory
+	// in one process (fabric/local): no frame or mapping lies between them
+	// that could be corrupted, so Env.Corrupt may be nil and the suite then
+	// skips CorruptFrame, saying why.
+	InProcess bool
 }
 
 // Env is one connected owner and reader.
@@ -65,6 +70,7 @@ type Env struct {
 	// Corrupt makes the owner corrupt what it sends for the next transfer
 	// (a data chunk, or the control reply for transports that move data
 	// through shared mappings). Required: the suite checks that corruption
-	// is detected, never delivered as data.
+	// is detected, never delivered as data. May be nil only for an
+	// InProcess harness.
 	Corrupt func()
 }

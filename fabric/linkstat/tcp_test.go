@@ -2,17 +2,15 @@ package linkstat
 
 import (
 	"context"
-	"crypto/rand"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -28,12 +26,8 @@ func TestTCPTransportDial(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			m, _ := newMonitor(t, mode, Config{})
 			ctx := context.Background()
-			ownerKey, _, err := crypto.GenerateEd25519Key(rand.Reader)
-			require.NoError(t, err)
-			readerKey, _, err := crypto.GenerateEd25519Key(rand.Reader)
-			require.NoError(t, err)
-			ownerID, err := peer.IDFromPrivateKey(ownerKey)
-			require.NoError(t, err)
+			ownerKey, ownerID := testhelp.Key(t)
+			readerKey, _ := testhelp.Key(t)
 			host := tensor.NewHostMemory(0)
 			const n = 8 << 20
 			obj, err := host.Alloc(ctx, n)

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -35,10 +36,16 @@ const chunk = 8 << 20
 const memcpyGBps = 20
 
 // Transport is the "local" transport.
-type Transport struct{ cfg Config }
+type Transport struct {
+	cfg    Config
+	closed atomic.Bool
+}
 
 // P2P is the "p2p" transport between linked devices of one runtime.
-type P2P struct{ cfg Config }
+type P2P struct {
+	cfg    Config
+	closed atomic.Bool
+}
 
 var (
 	_ fabric.Transport = (*Transport)(nil)
@@ -76,21 +83,34 @@ func (t *Transport) View(ctx context.Context, src fabric.Remote) (tensor.Buffer,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if t.closed.Load() {
+		return nil, fabric.ErrClosed
+	}
 	return t.cfg.Source.Open(ctx, src.Claim.For(src.Offset, src.Length))
 }
 
 // Read copies the object into dst.
 func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	if t.closed.Load() {
+		return fabric.Stats{}, fabric.ErrClosed
+	}
 	return copyFrom(ctx, t.cfg.Source, fabric.Local, src, dst)
 }
 
 // Write copies src into a push slot of this runtime.
 func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	if t.closed.Load() {
+		return fabric.Stats{}, fabric.ErrClosed
+	}
 	return copyInto(ctx, t.cfg.Sink, fabric.Local, src, dst)
 }
 
-// Close does nothing: the transport holds no resources.
-func (t *Transport) Close() error { return nil }
+// Close refuses later calls with fabric.ErrClosed (it holds no resources
+// to free; calls in flight finish). It is idempotent.
+func (t *Transport) Close() error {
+	t.closed.Store(true)
+	return nil
+}
 
 func (t *P2P) Name() string { return fabric.P2P }
 
@@ -115,16 +135,25 @@ func (t *P2P) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 
 // Read copies the object straight from the owner device's arena into dst.
 func (t *P2P) Read(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	if t.closed.Load() {
+		return fabric.Stats{}, fabric.ErrClosed
+	}
 	return copyFrom(ctx, t.cfg.Source, fabric.P2P, src, dst)
 }
 
 // Write copies src over the device link into a push slot of this runtime.
 func (t *P2P) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	if t.closed.Load() {
+		return fabric.Stats{}, fabric.ErrClosed
+	}
 	return copyInto(ctx, t.cfg.Sink, fabric.P2P, src, dst)
 }
 
-// Close does nothing: the transport holds no resources.
-func (t *P2P) Close() error { return nil }
+// Close refuses later calls with fabric.ErrClosed. It is idempotent.
+func (t *P2P) Close() error {
+	t.closed.Store(true)
+	return nil
+}
 
 func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	start := time.Now()
@@ -139,15 +168,15 @@ func copyFrom(ctx context.Context, source fabric.Source, name string, src fabric
 	if dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
-	from, err := tensor.BytesOf(pin)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	to, err := tensor.BytesOf(dst)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	if err := chunkedCopy(ctx, to, from[src.Offset:src.Offset+src.Length]); err != nil {
+	from, ferr := tensor.BytesOf(pin)
+	to, terr := tensor.BytesOf(dst)
+	if ferr != nil || terr != nil {
+		// Device memory the CPU cannot address (CUDA): its copy engines
+		// move the bytes, device to device where they reach each other.
+		if err := tensor.Copy(ctx, dst, 0, pin, src.Offset, src.Length); err != nil {
+			return fabric.Stats{}, err
+		}
+	} else if err := chunkedCopy(ctx, to, from[src.Offset:src.Offset+src.Length]); err != nil {
 		return fabric.Stats{}, err
 	}
 	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1}, nil
@@ -170,15 +199,13 @@ func copyInto(ctx context.Context, sink fabric.Sink, name string, src tensor.Buf
 	if err := fabric.CheckRange(dst.Offset, dst.Length, pin.Len()); err != nil {
 		return fabric.Stats{}, err
 	}
-	from, err := tensor.BytesOf(src)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	to, err := tensor.BytesOf(pin)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	if err := chunkedCopy(ctx, to[dst.Offset:dst.Offset+dst.Length], from[:dst.Length]); err != nil {
+	from, ferr := tensor.BytesOf(src)
+	to, terr := tensor.BytesOf(pin)
+	if ferr != nil || terr != nil {
+		if err := tensor.Copy(ctx, pin, dst.Offset, src, 0, dst.Length); err != nil {
+			return fabric.Stats{}, err
+		}
+	} else if err := chunkedCopy(ctx, to[dst.Offset:dst.Offset+dst.Length], from[:dst.Length]); err != nil {
 		return fabric.Stats{}, err
 	}
 	return fabric.Stats{Transport: name, Bytes: dst.Length, Duration: time.Since(start), Streams: 1}, nil

@@ -79,16 +79,8 @@ func newTwoHosts(tb testing.TB, size int64, mutate func(*rdma.Config)) *twoHosts
 		return func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
 			var c net.Conn
 			err := ns.Do(func() error {
-				d := net.Dialer{}
-				if laddr != "" {
-					a, err := net.ResolveTCPAddr(network, laddr)
-					if err != nil {
-						return err
-					}
-					d.LocalAddr = a
-				}
 				var err error
-				c, err = d.DialContext(ctx, network, raddr)
+				c, err = softrdma.DialFrom(ctx, network, laddr, raddr)
 				return err
 			})
 			return c, err

@@ -252,16 +252,22 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 	if err != nil {
 		return nil, err
 	}
-	reg := &registration{id: key, qp: qp, obj: req.claim.Object, pin: pin}
 	var data []byte
 	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err == nil {
-		data, err = tensor.BytesOf(pin)
+		if tensor.IsDevice(pin) {
+			// Device memory: the NICs read a staged copy (see device.go).
+			pin, data, err = stageRead(octx, pin, req.offset, req.length, req.push)
+		} else if data, err = tensor.BytesOf(pin); err == nil {
+			data = data[req.offset : req.offset+req.length]
+		}
 	}
 	if err != nil {
-		pin.Release()
+		if pin != nil {
+			pin.Release()
+		}
 		return nil, err
 	}
-	data = data[req.offset : req.offset+req.length]
+	reg := &registration{id: key, qp: qp, obj: req.claim.Object, pin: pin}
 	resp := resolveResp{length: req.length}
 	for _, n := range s.nics {
 		// Bound to the reader where the provider can: keys that leak or

@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -177,11 +177,5 @@ func BenchmarkCrossProcessLatency(b *testing.B) {
 	b.ReportMetric(float64(rtt.Microseconds())/float64(b.N), "rtt-us")
 }
 
-func median(x []float64) float64 {
-	if len(x) == 0 {
-		return 0
-	}
-	x = slices.Clone(x)
-	slices.Sort(x)
-	return x[len(x)/2]
-}
+// median is the shared helper under the short name this package's benchmarks use.
+var median = testhelp.Median[float64]

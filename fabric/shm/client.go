@@ -203,16 +203,15 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	if dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
-	to, err := tensor.BytesOf(dst)
+	to, dev, err := hostOrDevice(dst, src.Length)
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	to = to[:src.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
 	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to, &copied)
+		return c.transferOn(ctx, pc, key, src, to, dev, &copied)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -233,15 +232,14 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 	if src.Len() < dst.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of the %d bytes to push", tensor.ErrTooSmall, src.Len(), dst.Length)
 	}
-	from, err := tensor.BytesOf(src)
+	from, dev, err := hostOrDevice(src, dst.Length)
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	from = from[:dst.Length]
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, dst, from, nil)
+		return c.transferOn(ctx, pc, key, dst, from, dev, nil)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -422,7 +420,11 @@ func (c *Client) refused(key cacheKey, err error) {
 //
 // copied, when not nil, is set to whether the owner granted a private copy
 // of its object's view rather than the object's own memory.
-func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, copied *bool) error {
+//
+// Our side is p when it is host visible, or dev (device memory, p nil).
+// A grant of device memory (flagDevice) is imported and copied by the
+// device (see importDevice and deviceCopy).
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, dev tensor.Buffer, copied *bool) error {
 	held := c.cache.acquire(key)
 	defer func() {
 		if held != nil {
@@ -448,12 +450,21 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		closeAll(fds)
 		return c.confirm(pc)
 	}
-	if int64(len(p)) != r.Length || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
+	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
 		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
 	m := held
-	if len(fds) == 1 {
+	if len(fds) == 1 && g.flags&flagDevice != 0 {
+		if m, err = c.importDevice(ctx, key, g, fds[0], dev); err != nil {
+			return err
+		}
+		c.cache.insert(m)
+		if held != nil {
+			c.cache.release(held)
+		}
+		held = m
+	} else if len(fds) == 1 {
 		if c.onFD != nil {
 			c.onFD(fds[0])
 		}
@@ -468,7 +479,8 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 			c.cache.release(held)
 		}
 		held = m
-	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || m.viewOff != g.viewOff {
+	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || m.viewOff != g.viewOff ||
+		(m.dev != nil) != (g.flags&flagDevice != 0) {
 		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
@@ -476,8 +488,16 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if c.afterMap != nil {
 		c.afterMap()
 	}
+	if m.dev != nil {
+		if err := deviceCopy(ctx, key.push, m.dev, r.Offset-m.viewOff, r.Length, p, dev); err != nil {
+			return err
+		}
+		return c.confirm(pc)
+	}
 	obj := m.bytes()[r.Offset-m.viewOff : r.Offset-m.viewOff+r.Length]
-	if key.push {
+	if dev != nil {
+		err = hostToDevice(ctx, key.push, obj, dev)
+	} else if key.push {
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink
 		// right after, and the pages may then belong to something else).

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/pcopy"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 var pageSize = int64(os.Getpagesize())
@@ -102,10 +103,22 @@ type mapping struct {
 	viewOff int64 // the object byte at objOff (the view's start in a copy of a view)
 	base    int64 // file offset of data[0]
 	data    []byte
+	// dev is an imported device allocation (tensor/cuda) instead of a
+	// mapping of a memory file; devSize is the bytes it maps.
+	dev     tensor.Buffer
+	devSize int64
 
 	refs int  // readers copying from it, and the cache's own reference
 	gone bool // no longer in the cache: unmapped when refs drops to 0
 	elem *list.Element
+}
+
+// size is the address space the mapping takes.
+func (m *mapping) size() int64 {
+	if m.dev != nil {
+		return m.devSize
+	}
+	return int64(len(m.data))
 }
 
 // bytes returns the granted bytes in the mapping: object bytes
@@ -179,7 +192,7 @@ func (c *cache) insert(m *mapping) {
 	m.refs++ // the cache's reference
 	m.elem = c.lru.PushFront(m)
 	c.byKey[m.key] = m
-	c.bytes += int64(len(m.data))
+	c.bytes += m.size()
 	for e := c.lru.Back(); e != nil && (c.lru.Len() > c.maxN || c.bytes > c.maxBytes); {
 		prev := e.Prev()
 		if v := e.Value.(*mapping); v != m {
@@ -197,7 +210,7 @@ func (c *cache) removeLocked(m *mapping) {
 	m.gone = true
 	c.lru.Remove(m.elem)
 	delete(c.byKey, m.key)
-	c.bytes -= int64(len(m.data))
+	c.bytes -= m.size()
 	c.releaseLocked(m)
 }
 
@@ -212,6 +225,11 @@ func (c *cache) releaseLocked(m *mapping) {
 	if m.refs == 0 && m.gone && m.data != nil {
 		unix.Munmap(m.data)
 		m.data = nil
+		c.stats.Unmapped++
+	}
+	if m.refs == 0 && m.gone && m.dev != nil {
+		m.dev.Release()
+		m.dev = nil
 		c.stats.Unmapped++
 	}
 }

@@ -126,14 +126,26 @@ func helperMain() int {
 	token := []byte("helper-capability")
 	objs := map[fabric.ObjectID]tensor.Buffer{}
 	info := helperInfo{Peer: id.String(), Token: hex.EncodeToString(token)}
-	for i, n := range sizes {
+	alloc := func(n int64, seed uint64) (tensor.Buffer, error) {
 		b, err := mem.Alloc(context.Background(), n)
+		if err == nil {
+			p, _ := tensor.BytesOf(b)
+			fillWords(p, seed)
+		}
+		return b, err
+	}
+	if lib, mode, ok := strings.Cut(os.Getenv(helperCUDAEnv), ","); ok {
+		alloc, err = cudaAlloc(lib, mode)
 		if err != nil {
 			return fail(err)
 		}
-		p, _ := tensor.BytesOf(b)
+	}
+	for i, n := range sizes {
 		seed := uint64(i + 1)
-		fillWords(p, seed)
+		b, err := alloc(n, seed)
+		if err != nil {
+			return fail(err)
+		}
 		oid := fabric.ObjectID{byte(i + 1), 0xaa}
 		objs[oid] = b
 		info.Objects = append(info.Objects, helperObject{ID: hex.EncodeToString(oid[:]), Size: n, Seed: seed})

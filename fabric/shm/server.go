@@ -291,6 +291,9 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 	if err != nil {
 		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
 	}
+	if h.Kind != tensor.HandleMemfd {
+		return s.exportDevice(pin, h, req)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(h.FD, &st); err != nil {
 		unix.Close(h.FD)

@@ -3,7 +3,6 @@ package shm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"net"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -23,20 +21,15 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/fabrictest"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func key(t testing.TB) (crypto.PrivKey, peer.ID) {
-	t.Helper()
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	require.NoError(t, err)
-	id, err := peer.IDFromPrivateKey(k)
-	require.NoError(t, err)
-	return k, id
-}
+// key is the shared helper under the short name this package's tests use.
+var key = testhelp.Key
 
 func dgx(t testing.TB) *topology.Cluster {
 	t.Helper()

@@ -57,6 +57,13 @@ const (
 	flagCopy byte = 2 // the file is a private copy of the object's view (tensor.Handle.Copy)
 	maxToken      = 64
 
+	// flagDevice: the descriptor is a device memory handle (CUDA), not a
+	// memory file; the flags' high nibble is its tensor.HandleKind. The
+	// reader imports it (tensor.Import) instead of mapping it, and caches
+	// the import as it caches mappings (the descriptor is then left off).
+	flagDevice byte = 4
+	kindShift       = 4
+
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
 	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 4
 	doneLen      = 2
@@ -169,7 +176,9 @@ func parseReply(p []byte) (grant, error) {
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
 	view := binary.BigEndian.Uint64(p[35:43])
-	if g.flags&^(flagFD|flagCopy) != 0 || size > 1<<62 || off > size || n > size-off || view > 1<<62 {
+	device := g.flags&flagDevice != 0
+	if g.flags&^(flagFD|flagCopy|flagDevice|0xf0) != 0 || device != (g.flags>>kindShift != 0) || (device && g.flags&flagCopy != 0) ||
+		size > 1<<62 || off > size || n > size-off || view > 1<<62 {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) (view start %d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, view, size, g.flags)
 	}
 	g.fileSize, g.objOff, g.objLen, g.viewOff = int64(size), int64(off), int64(n), int64(view)

@@ -9,13 +9,14 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/fabrictest"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
 func abuseHarness(encrypt bool) fabrictest.AbuseHarness {
 	return fabrictest.AbuseHarness{Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink, cfg fabrictest.AbuseConfig) fabrictest.AbuseTarget {
-		ownerKey, ownerID := key(t)
-		attacker, _ := key(t)
+		ownerKey, ownerID := testhelp.Key(t)
+		attacker, _ := testhelp.Key(t)
 		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink, Encrypt: encrypt,
 			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics, HandshakeTimeout: cfg.HandshakeTimeout, StallTimeout: cfg.StallTimeout})
 		if err != nil {
@@ -48,7 +49,7 @@ func abuseHarness(encrypt bool) fabrictest.AbuseHarness {
 				return err
 			},
 			Reader: func(t testing.TB) fabric.Transport {
-				readerKey, _ := key(t)
+				readerKey, _ := testhelp.Key(t)
 				tr, err := New(Config{Identity: readerKey, Encrypt: encrypt})
 				if err != nil {
 					t.Fatal(err)

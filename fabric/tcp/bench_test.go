@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -163,24 +163,24 @@ func BenchmarkRead(b *testing.B) {
 				if n >= 64<<20 {
 					h = watchHeap()
 				}
-				c0, t0 := cpuTime(), time.Now()
+				c0, t0 := testhelp.CPUTime(), time.Now()
 				if _, err := tr.Read(ctx, r, dst); err != nil {
 					b.Fatal(err)
 				}
 				tcps = append(tcps, time.Since(t0))
-				cpuTCP += cpuTime() - c0
+				cpuTCP += testhelp.CPUTime() - c0
 				if h != nil {
 					p, a := h.done()
 					peak, alloc = max(peak, p), max(alloc, a)
 				}
 			}
 			runRaw := func() {
-				c0, t0 := cpuTime(), time.Now()
+				c0, t0 := testhelp.CPUTime(), time.Now()
 				if err := raw.read(to); err != nil {
 					b.Fatal(err)
 				}
 				raws = append(raws, time.Since(t0))
-				cpuRaw += cpuTime() - c0
+				cpuRaw += testhelp.CPUTime() - c0
 			}
 			b.ReportAllocs()
 			// Small reads repeat within an iteration, so a -benchtime that
@@ -275,19 +275,19 @@ func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, st
 	for b.Loop() {
 		for k := range modes {
 			i := (k + it) % len(modes)
-			c0, t0 := cpuTime(), time.Now()
+			c0, t0 := testhelp.CPUTime(), time.Now()
 			if _, err := trs[i].Read(ctx, r, dst); err != nil {
 				b.Fatal(err)
 			}
 			took[i] = append(took[i], time.Since(t0))
-			cpu[i] += cpuTime() - c0
+			cpu[i] += testhelp.CPUTime() - c0
 		}
 		it++
 	}
 	got, _ := tensor.BytesOf(dst)
 	require.True(b, bytes.Equal(got, f.data[:n]), "bytes differ")
 	for i, m := range modes {
-		b.ReportMetric(float64(n)/median(took[i]).Seconds()/1e6, m.String()+"-MB/s")
+		b.ReportMetric(float64(n)/testhelp.Median(took[i]).Seconds()/1e6, m.String()+"-MB/s")
 		if i > 0 {
 			b.ReportMetric(medianRatio(took[0], took[i]), m.String()+"-ratio")
 		}
@@ -301,19 +301,6 @@ func benchModes(b *testing.B, f *fixture, n int64, dial func(context.Context, st
 			b.ReportMetric(wire/raw, m.String()+"-wire/raw")
 		}
 	}
-}
-
-// cpuTime is the CPU time this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func median(d []time.Duration) time.Duration {
-	d = slices.Clone(d)
-	slices.Sort(d)
-	return d[len(d)/2]
 }
 
 // medianRatio is the median over iterations of base[i]/other[i]: each pair
@@ -335,11 +322,11 @@ func reportPairs(b *testing.B, n int64, base string, bt []time.Duration, other s
 		return
 	}
 	if n < 1<<20 {
-		b.ReportMetric(float64(median(bt).Nanoseconds())/1e3, base+"-µs")
-		b.ReportMetric(float64(median(ot).Nanoseconds())/1e3, other+"-µs")
+		b.ReportMetric(float64(testhelp.Median(bt).Nanoseconds())/1e3, base+"-µs")
+		b.ReportMetric(float64(testhelp.Median(ot).Nanoseconds())/1e3, other+"-µs")
 	} else {
-		b.ReportMetric(float64(n)/median(bt).Seconds()/1e9, base+"-GB/s")
-		b.ReportMetric(float64(n)/median(ot).Seconds()/1e9, other+"-GB/s")
+		b.ReportMetric(float64(n)/testhelp.Median(bt).Seconds()/1e9, base+"-GB/s")
+		b.ReportMetric(float64(n)/testhelp.Median(ot).Seconds()/1e9, other+"-GB/s")
 	}
 	b.ReportMetric(medianRatio(bt, ot), "ratio")
 }

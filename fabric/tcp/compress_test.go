@@ -14,12 +14,13 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // transport returns a reader-side transport with cfg (Identity filled in).
 func (f *fixture) transport(t testing.TB, cfg Config) *Transport {
-	cfg.Identity, _ = key(t)
+	cfg.Identity, _ = testhelp.Key(t)
 	if cfg.StripeMin == 0 {
 		cfg.StripeMin = 1 << 20
 	}

@@ -5,17 +5,18 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/fabrictest"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
 func harness(mode Compression) fabrictest.Harness {
 	return fabrictest.Harness{Name: "tcp-compress-" + mode.String(), Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink) fabrictest.Env {
-		ownerKey, ownerID := key(t)
+		ownerKey, ownerID := testhelp.Key(t)
 		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink})
 		if err != nil {
 			t.Fatal(err)
 		}
-		readerKey, _ := key(t)
+		readerKey, _ := testhelp.Key(t)
 		tr, err := New(Config{Identity: readerKey, Compression: mode})
 		if err != nil {
 			srv.Close()

@@ -279,7 +279,7 @@ func (l *link) skipBlocks(n int64) error {
 		}
 		h, err := tcodec.ParseHeader(l.in[:])
 		if err != nil {
-			return err
+			return asCorrupt(err)
 		}
 		if h.RawLen == 0 || int64(h.RawLen) > n {
 			return fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, n)
@@ -305,7 +305,7 @@ func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
 		}
 		h, err := tcodec.ParseHeader(hb)
 		if err != nil {
-			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), asCorrupt(err))
 		}
 		if h.RawLen == 0 || h.RawLen > len(dst)-pos {
 			return wire, fmt.Errorf("%w: block of %d bytes with %d left", fabric.ErrCorrupt, h.RawLen, len(dst)-pos)
@@ -330,10 +330,19 @@ func (l *link) recvBlocks(dst []byte, base int64) (int64, error) {
 			err = l.dec.Decode(out, h, in)
 		}
 		if err != nil {
-			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), err)
+			return wire, fmt.Errorf("block at byte %d: %w", base+int64(pos), asCorrupt(err))
 		}
 		wire += int64(headerSize + h.EncLen)
 		pos += h.RawLen
 	}
 	return wire, nil
+}
+
+// asCorrupt makes a codec error match fabric.ErrCorrupt, as callers of a
+// transport test for: tcodec sits below fabric and cannot name it.
+func asCorrupt(err error) error {
+	if errors.Is(err, tcodec.ErrCorrupt) && !errors.Is(err, fabric.ErrCorrupt) {
+		return fmt.Errorf("%w: %w", fabric.ErrCorrupt, err)
+	}
+	return err
 }

@@ -192,10 +192,14 @@ func (s *Server) open(claims *claimCtx, req request, resolve func(context.Contex
 	if err != nil {
 		return nil, nil, err
 	}
-	var data []byte
-	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err == nil {
-		data, err = tensor.BytesOf(pin)
+	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err != nil {
+		pin.Release()
+		return nil, nil, err
 	}
+	if tensor.IsDevice(pin) {
+		return stageDevice(pin, req)
+	}
+	data, err := tensor.BytesOf(pin)
 	if err != nil {
 		pin.Release()
 		return nil, nil, err
@@ -256,6 +260,13 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 			peerauth.WriteStatus(l, statusCorrupt, err.Error())
 		}
 		return err
+	}
+	if sp, ok := pin.(*stagedPin); ok {
+		// Device memory: the verified bytes go in from staging now, before
+		// the pusher hears that its push is complete.
+		if err := sp.commit(); err != nil {
+			return refuse(l, err)
+		}
 	}
 	l.armWrite()
 	_, err = l.Write(statusOK[:])

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -139,7 +140,7 @@ func TestOwnerDropsStalledPeer(t *testing.T) {
 			require.NoError(t, err)
 			defer nc.Close()
 			nc.(*net.TCPConn).SetReadBuffer(4096) // a stopped reader's window closes early
-			k, _ := key(t)
+			k, _ := testhelp.Key(t)
 			_, err = peerauth.Client(nc, k, pf.ownerID)
 			require.NoError(t, err)
 			_, err = nc.Write(tc.send)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -236,8 +237,8 @@ func benchSmall(b *testing.B, op byte, n int64, c int) {
 		}
 	}
 	xfers := float64(len(tcps) * c * k)
-	b.ReportMetric(float64(median(tcps).Nanoseconds())/1e3/float64(c*k), "tcp-µs/xfer")
-	b.ReportMetric(float64(median(raws).Nanoseconds())/1e3/float64(c*k), "raw-µs/xfer")
+	b.ReportMetric(float64(testhelp.Median(tcps).Nanoseconds())/1e3/float64(c*k), "tcp-µs/xfer")
+	b.ReportMetric(float64(testhelp.Median(raws).Nanoseconds())/1e3/float64(c*k), "raw-µs/xfer")
 	b.ReportMetric(medianRatio(raws, tcps), "ratio")
 	b.ReportMetric(float64(objs)/xfers, "allocs/xfer")
 	b.ReportMetric(float64(bytes)/xfers, "B/xfer")

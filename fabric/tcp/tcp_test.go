@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,6 +19,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -37,14 +36,6 @@ type fixture struct {
 	opens   atomic.Int64
 }
 
-func key(t testing.TB) (crypto.PrivKey, peer.ID) {
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	require.NoError(t, err)
-	id, err := peer.IDFromPrivateKey(k)
-	require.NoError(t, err)
-	return k, id
-}
-
 func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 	f := &fixture{token: []byte("0123456789abcdef")}
 	var err error
@@ -56,7 +47,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 	for i := range f.data {
 		f.data[i] = byte(i*7 + i>>13)
 	}
-	ownerKey, ownerID := key(t)
+	ownerKey, ownerID := testhelp.Key(t)
 	f.ownerID = ownerID
 	cfg := ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 		f.opens.Add(1)
@@ -73,7 +64,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 	}
 	f.srv, err = Listen(cfg)
 	require.NoError(t, err)
-	readerKey, _ := key(t)
+	readerKey, _ := testhelp.Key(t)
 	f.tr, err = New(Config{Identity: readerKey, StripeMin: 1 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -178,7 +169,7 @@ func TestReadErrors(t *testing.T) {
 
 	// A server with another identity than the ref names is refused.
 	impostor := f.remote(10)
-	_, otherID := key(t)
+	_, otherID := testhelp.Key(t)
 	impostor.Peer = otherID.String()
 	_, err = f.tr.Read(ctx, impostor, f.dst(t, 10))
 	assert.ErrorIs(t, err, fabric.ErrUnauthorized)
@@ -204,7 +195,7 @@ func TestAuthorizeRefusesPeer(t *testing.T) {
 func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Remote {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	ownerKey, ownerID := key(t)
+	ownerKey, ownerID := testhelp.Key(t)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -225,7 +216,7 @@ func misbehavingOwner(t *testing.T, n int64, misbehave func(net.Conn)) fabric.Re
 
 // readOnce reads r with a fresh transport into fresh host memory.
 func readOnce(t *testing.T, ctx context.Context, cfg Config, r fabric.Remote) error {
-	cfg.Identity, _ = key(t)
+	cfg.Identity, _ = testhelp.Key(t)
 	tr, err := New(cfg)
 	require.NoError(t, err)
 	defer tr.Close()

@@ -190,6 +190,9 @@ func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buff
 	if src.Length < 0 || dst.Len() < src.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dst.Len(), src.Length)
 	}
+	if tensor.IsDevice(dst) {
+		return t.readDevice(ctx, src, dst)
+	}
 	to, err := tensor.BytesOf(dst)
 	if err != nil {
 		return fabric.Stats{}, err
@@ -203,6 +206,9 @@ func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buff
 func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
 	if dst.Length < 0 || src.Len() < dst.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of %d bytes", fabric.ErrBadRequest, src.Len(), dst.Length)
+	}
+	if tensor.IsDevice(src) {
+		return t.writeDevice(ctx, src, dst)
 	}
 	from, err := tensor.BytesOf(src)
 	if err != nil {

@@ -3,7 +3,6 @@ package multihost
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/internal/netns"
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/rdt/rdttest"
 )
 
 func TestMain(m *testing.M) {
@@ -377,20 +377,6 @@ func TestRestartSameIdentity(t *testing.T) {
 	backToBaseline(t, ctx, late.W, 0, 5*time.Second)
 }
 
-// forge decodes a worker's ref, changes it and encodes it again.
-func forge(t *testing.T, ref string, f func(*rdt.Ref)) string {
-	t.Helper()
-	b, err := base64.StdEncoding.DecodeString(ref)
-	require.NoError(t, err)
-	r, err := rdt.ParseRef(b)
-	require.NoError(t, err)
-	r.Token = append([]byte(nil), r.Token...)
-	f(&r)
-	b, err = r.MarshalBinary()
-	require.NoError(t, err)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
 // 5a. a member of the cluster that was never handed a ref cannot read the
 // object by forging one.
 func TestForgedRef(t *testing.T) {
@@ -403,10 +389,10 @@ func TestForgedRef(t *testing.T) {
 		ref  string
 		code string
 	}{
-		{"flipped token bit", forge(t, ref, func(r *rdt.Ref) { r.Token[3] ^= 0x10 }), "unauthorized"},
-		{"random token", forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Token) }), "unauthorized"},
-		{"no token", forge(t, ref, func(r *rdt.Ref) { r.Token = nil }), "unauthorized"},
-		{"guessed object id", forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Object[:]) }), "not_found"},
+		{"flipped token bit", rdttest.Forge(t, ref, func(r *rdt.Ref) { r.Token[3] ^= 0x10 }), "unauthorized"},
+		{"random token", rdttest.Forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Token) }), "unauthorized"},
+		{"no token", rdttest.Forge(t, ref, func(r *rdt.Ref) { r.Token = nil }), "unauthorized"},
+		{"guessed object id", rdttest.Forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Object[:]) }), "not_found"},
 		{"the real ref", ref, ""},
 	}
 	for _, tc := range cases {

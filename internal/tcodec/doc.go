@@ -5,7 +5,7 @@
 // the raw and encoded lengths and an XXH3-64 checksum of the raw bytes, so blocks can
 // be encoded, sent and decoded independently (on several goroutines, while
 // the network carries the previous one), and a damaged block is detected
-// (errors match fabric.ErrCorrupt).
+// (errors match ErrCorrupt; fabric/tcp reports them as fabric.ErrCorrupt).
 //
 // Codecs:
 //   - Raw: the bytes as they are (the header only adds the checksum).

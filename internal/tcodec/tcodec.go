@@ -9,7 +9,6 @@ import (
 	"github.com/klauspost/compress/s2"
 	"github.com/zeebo/xxh3"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -85,8 +84,10 @@ func (h Header) Put(b []byte) {
 	binary.BigEndian.PutUint64(b[12:], h.Sum)
 }
 
-// ErrCorrupt matches every decoding failure; it wraps fabric.ErrCorrupt.
-var ErrCorrupt = fmt.Errorf("tcodec: %w", fabric.ErrCorrupt)
+// ErrCorrupt matches every decoding failure. The codec sits below fabric
+// and cannot name fabric.ErrCorrupt; its caller (fabric/tcp) wraps it so
+// that transfer errors match that.
+var ErrCorrupt = errors.New("tcodec: data corrupt")
 
 func corrupt(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...)

@@ -5,14 +5,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -116,12 +114,12 @@ func TestCorruptDetected(t *testing.T) {
 				assert.True(t, bytes.Equal(got, src), "%s: flip at %d delivered wrong bytes", c.kind, at)
 				continue
 			}
-			assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: flip at %d", c.kind, at)
+			assert.ErrorIs(t, err, ErrCorrupt, "%s: flip at %d", c.kind, at)
 		}
 		_, _, err = dec.DecodeBlock(nil, block[:len(block)-1])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: truncated", c.kind)
+		assert.ErrorIs(t, err, ErrCorrupt, "%s: truncated", c.kind)
 		_, _, err = dec.DecodeBlock(nil, block[:7])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, "%s: short header", c.kind)
+		assert.ErrorIs(t, err, ErrCorrupt, "%s: short header", c.kind)
 	}
 }
 
@@ -138,7 +136,7 @@ func TestHeaderLimits(t *testing.T) {
 	} {
 		h.Put(b[:])
 		_, err := ParseHeader(b[:])
-		assert.ErrorIs(t, err, fabric.ErrCorrupt, name)
+		assert.ErrorIs(t, err, ErrCorrupt, name)
 	}
 	h := Header{Codec: Raw, RawLen: 5, EncLen: 5, Sum: 7}
 	h.Put(b[:])
@@ -187,7 +185,7 @@ func FuzzDecodeBlock(f *testing.F) {
 			before := len(out)
 			out, in, err = dec.DecodeBlock(out, in)
 			if err != nil {
-				if !errors.Is(err, fabric.ErrCorrupt) {
+				if !errors.Is(err, ErrCorrupt) {
 					t.Fatalf("untyped error %v", err)
 				}
 				return
@@ -203,18 +201,12 @@ func FuzzDecodeBlock(f *testing.F) {
 // spent, which, unlike wall-clock MB/s, holds still when other processes
 // load the machine (the benchmark is single-threaded).
 func cpuRate(b *testing.B, perOp int) func() {
-	t0 := cpuTime()
+	t0 := testhelp.CPUTime()
 	return func() {
-		if d := cpuTime() - t0; d > 0 {
+		if d := testhelp.CPUTime() - t0; d > 0 {
 			b.ReportMetric(float64(perOp)*float64(b.N)/d.Seconds()/1e6, "cpu-MB/s")
 		}
 	}
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkCodec measures single-core encode and decode throughput (of raw

@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -50,29 +50,6 @@ func newPlacementFixture(t *testing.T) placementFixture {
 	return placementFixture{p: p, runtimes: map[string]*rdt.Runtime{"h0": p.a, "h1": p.b}, s: s}
 }
 
-func fill(t *testing.T, r *rdt.Runtime, dev tensor.DeviceID, dt tensor.DType, shape ...int64) tensor.Tensor {
-	t.Helper()
-	mem, err := r.Memory(dev)
-	require.NoError(t, err)
-	x, err := tensor.Alloc(context.Background(), mem, dt, shape...)
-	require.NoError(t, err)
-	p, err := x.SpanBytes()
-	require.NoError(t, err)
-	for i := range p {
-		p[i] = byte(i*31 + i>>11)
-	}
-	return x
-}
-
-func sameBytes(t *testing.T, a, b tensor.Tensor) {
-	t.Helper()
-	pa, err := a.SpanBytes()
-	require.NoError(t, err)
-	pb, err := b.SpanBytes()
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(pa, pb), "bytes differ")
-}
-
 // threeBundles needs both hosts: 4 + 4 + 2 GPUs with pipeline traffic.
 func threeBundles() sched.Request {
 	return sched.Request{
@@ -109,13 +86,13 @@ func TestSpawn(t *testing.T) {
 	// device, stage1 and stage2 read onto theirs, over the path the
 	// topology gives (p2p on one host, tcp across hosts).
 	dev := func(b, i int) tensor.DeviceID { return tensor.GPUDevice(pl.Assignments[b].Devices[i]) }
-	x := fill(t, actors[0].Runtime(), dev(0, 0), tensor.BFloat16, 512, 1024)
+	x := testhelp.Fill(t, actors[0].Runtime(), dev(0, 0), tensor.BFloat16, 512, 1024)
 	ref, err := actors[0].Put(ctx, x)
 	require.NoError(t, err)
 	for _, b := range []int{1, 2} {
 		got, xfer, err := actors[b].Fetch(ctx, ref, dev(b, 0))
 		require.NoError(t, err)
-		sameBytes(t, x, got)
+		testhelp.SameBytes(t, x, got)
 		wantPath := fabric.RDMA
 		if pl.Assignments[b].Host == pl.Assignments[0].Host {
 			wantPath = fabric.P2P

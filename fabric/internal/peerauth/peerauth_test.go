@@ -9,24 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func key(t testing.TB) (crypto.PrivKey, peer.ID) {
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	require.NoError(t, err)
-	id, err := peer.IDFromPrivateKey(k)
-	require.NoError(t, err)
-	return k, id
-}
 
 // handshake runs both ends over a loopback TCP connection and returns both
 // results and the connections.
@@ -35,8 +27,8 @@ func handshake(t *testing.T, copts, sopts Options, authorize func(peer.ID) error
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	skey, sid := key(t)
-	ckey, _ := key(t)
+	skey, sid := testhelp.Key(t)
+	ckey, _ := testhelp.Key(t)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -203,8 +195,8 @@ type fuzzRW struct {
 // FuzzServerHandshake feeds arbitrary client bytes to the server side of
 // the handshake: it must fail with an error, never panic or hang.
 func FuzzServerHandshake(f *testing.F) {
-	skey, _ := key(f)
-	ckey, _ := key(f)
+	skey, _ := testhelp.Key(f)
+	ckey, _ := testhelp.Key(f)
 	// Seed with real client openings of both versions.
 	for _, o := range []Options{{}, {PSK: make([]byte, 32)}, {Encrypt: true}} {
 		var buf bytes.Buffer
@@ -249,7 +241,7 @@ func (fakeConn) SetReadDeadline(_ time.Time) error  { return nil }
 func (fakeConn) SetWriteDeadline(_ time.Time) error { return nil }
 
 func TestServerRefusesOtherProtocols(t *testing.T) {
-	skey, _ := key(t)
+	skey, _ := testhelp.Key(t)
 	var out bytes.Buffer
 	in := append([]byte("GET / HTTP/1.1\r\n"), make([]byte, 64)...)
 	_, err := ServerWith(fuzzRW{bytes.NewReader(in), &out}, skey, nil, Options{})

@@ -32,9 +32,24 @@ type NIC struct {
 	// Listen creates the listener; default net.ListenConfig.Listen. Tests
 	// pass one that creates it inside a network namespace.
 	Listen func(ctx context.Context, network, addr string) (net.Listener, error)
-	// Dial connects from laddr (may be "") to raddr; default a net.Dialer
-	// bound to laddr.
+	// Dial connects from laddr (may be "") to raddr; default DialFrom.
 	Dial func(ctx context.Context, network, laddr, raddr string) (net.Conn, error)
+}
+
+// DialFrom is NIC.Dial's default: a TCP connection to raddr from laddr
+// (host:port, port 0 for any; "" lets the kernel choose), so a rail's
+// traffic leaves through its own NIC's address. A Dial that wraps it (to
+// track the connection, or to dial inside a network namespace) calls it.
+func DialFrom(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
+	var d net.Dialer
+	if laddr != "" {
+		a, err := net.ResolveTCPAddr(network, laddr)
+		if err != nil {
+			return nil, err
+		}
+		d.LocalAddr = a
+	}
+	return d.DialContext(ctx, network, raddr)
 }
 
 // Config configures the software provider. Zero values mean the defaults.

@@ -85,17 +85,7 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	q.mu.Unlock()
 	dial := d.nic.Dial
 	if dial == nil {
-		dial = func(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
-			var nd net.Dialer
-			if laddr != "" {
-				a, err := net.ResolveTCPAddr(network, laddr)
-				if err != nil {
-					return nil, err
-				}
-				nd.LocalAddr = a
-			}
-			return nd.DialContext(ctx, network, raddr)
-		}
+		dial = DialFrom
 	}
 	laddr := ""
 	if h, _, err := net.SplitHostPort(d.nic.Addr); err == nil && h != "" {

@@ -1,0 +1,99 @@
+package rdma
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Device memory the CPU cannot address (tensor/cuda) crosses rdma through
+// host staging, as over tcp: the device's pinned memory where it has some
+// (tensor.StageFor), registered with the NICs in its place. The reader
+// stages its destination (or the pusher its source) around the transfer;
+// an owner stages an object before the reader's one-sided READs. Pushes
+// into an owner's device memory are refused (the owner would have to copy
+// the staged bytes in when the push completes, which the verbs-shaped
+// protocol does not tell it yet); the planner then takes tcp. GPUDirect
+// RDMA (registering device memory with the NIC itself) is the real fix.
+
+// readDevice reads through host staging into dst, a segment at a time
+// (fabric.StagedRead: the device takes one segment in while the next
+// crosses the wire).
+func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	start := time.Now()
+	total := fabric.Stats{Transport: fabric.RDMA}
+	err := fabric.StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
+		r := src
+		r.Offset, r.Length = src.Offset+off, int64(len(p))
+		st, err := t.transfer(ctx, r, dst.Device(), p, false)
+		total.Transport = st.Transport
+		total.Bytes += st.Bytes
+		total.Streams = max(total.Streams, st.Streams)
+		return err
+	})
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	total.Duration = time.Since(start)
+	return total, nil
+}
+
+// writeDevice copies src's bytes out to host staging, then pushes them.
+func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+	stage, err := tensor.StageFor(ctx, src, max(dst.Length, 1))
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	defer stage.Release()
+	p, err := tensor.BytesOf(stage)
+	if err != nil {
+		return fabric.Stats{}, err
+	}
+	start := time.Now()
+	if err := tensor.Copy(ctx, stage, 0, src, 0, dst.Length); err != nil {
+		return fabric.Stats{}, fmt.Errorf("rdma: stage %d bytes of %v: %w", dst.Length, src.Device(), err)
+	}
+	st, err := t.transfer(ctx, dst, src.Device(), p[:dst.Length], true)
+	st.Duration = time.Since(start)
+	return st, err
+}
+
+// stagedPin holds a device object pinned and the staged copy the NICs
+// read; Release releases both.
+type stagedPin struct {
+	tensor.Buffer
+	stage tensor.Buffer
+}
+
+func (s *stagedPin) Release() error {
+	s.stage.Release()
+	return s.Buffer.Release()
+}
+
+// stageRead copies [off, off+n) of a device pin into host staging and
+// returns the pin that owns both and the staged bytes. On error pin is
+// released (and nil returned).
+func stageRead(ctx context.Context, pin tensor.Buffer, off, n int64, push bool) (tensor.Buffer, []byte, error) {
+	if push {
+		pin.Release()
+		return nil, nil, fmt.Errorf("%w: rdma pushes into device memory (%v) are not supported; use tcp", fabric.ErrNoPath, pin.Device())
+	}
+	stage, err := tensor.StageFor(ctx, pin, max(n, 1))
+	if err != nil {
+		pin.Release()
+		return nil, nil, err
+	}
+	sp := &stagedPin{Buffer: pin, stage: stage}
+	p, err := tensor.BytesOf(stage)
+	if err == nil {
+		err = tensor.Copy(ctx, stage, 0, pin, off, n)
+	}
+	if err != nil {
+		sp.Release()
+		return nil, nil, err
+	}
+	return sp, p[:n], nil
+}

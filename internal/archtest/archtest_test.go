@@ -1,0 +1,127 @@
+package archtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// listModule runs go list over the whole module.
+func listModule(t *testing.T) []Package {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
+	require.NoError(t, err, "go list -m")
+	cmd := exec.CommandContext(ctx, "go", "list", "-json=ImportPath,Imports,Doc", "./...")
+	cmd.Dir = strings.TrimSpace(string(root))
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		t.Fatalf("go list ./...: %v\n%s", err, ee.Stderr)
+	}
+	require.NoError(t, err)
+	var pkgs []Package
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p struct {
+			ImportPath, Doc string
+			Imports         []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else {
+			require.NoError(t, err)
+		}
+		pkg := Package{Path: rel(p.ImportPath), Doc: p.Doc}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, Module+"/") {
+				pkg.Imports = append(pkg.Imports, rel(imp))
+			}
+		}
+		pkgs = append(pkgs, pkg)
+	}
+	return pkgs
+}
+
+func rel(path string) string { return strings.TrimPrefix(path, Module+"/") }
+
+// TestImportRules is the check itself: the module as it stands keeps every
+// rule.
+func TestImportRules(t *testing.T) {
+	pkgs := listModule(t)
+	require.Greater(t, len(pkgs), 10, "go list found too few packages")
+	for _, tree := range []string{"tensor", "topology", "fabric", "rdt", "sched", "internal/tcodec"} {
+		assert.True(t, containsPath(pkgs, tree), "go list did not list %s", tree)
+	}
+	for _, v := range Check(pkgs) {
+		t.Error(v)
+	}
+}
+
+func containsPath(pkgs []Package, path string) bool {
+	for _, p := range pkgs {
+		if p.Path == path {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCheck shows that each kind of breach is caught, on made-up modules.
+func TestCheck(t *testing.T) {
+	const doc = "Package x."
+	for _, c := range []struct {
+		name string
+		pkgs []Package
+		want []string
+	}{
+		{"clean", []Package{
+			{Path: "tensor", Doc: doc},
+			{Path: "fabric/tcp", Imports: []string{"fabric", "internal/tcodec", "tensor", "topology"}, Doc: doc},
+			{Path: "rdt", Imports: []string{"fabric", "fabric/tcp"}, Doc: doc},
+			{Path: "rdt/placement", Imports: []string{"rdt", "sched"}, Doc: doc},
+		}, nil},
+		{"codec imports fabric (the old tcodec)", []Package{
+			{Path: "internal/tcodec", Imports: []string{"fabric", "tensor"}, Doc: doc},
+		}, []string{"internal/tcodec imports fabric: internal must not import fabric"}},
+		{"fabric sub-package imports rdt", []Package{
+			{Path: "fabric/shm", Imports: []string{"rdt"}, Doc: doc},
+		}, []string{"fabric/shm imports rdt: fabric must not import rdt"}},
+		{"the C ABI's Go side sits above rdt", []Package{
+			{Path: "internal/capi", Imports: []string{"fabric", "rdt"}, Doc: doc},
+			{Path: "internal/capi/x", Imports: []string{"dashboard"}, Doc: doc},
+		}, []string{"internal/capi/x imports dashboard: internal/capi must not import dashboard"}},
+		{"sched imports a transport", []Package{
+			{Path: "sched", Imports: []string{"fabric/tcp"}, Doc: doc},
+		}, []string{"sched imports fabric/tcp: sched must not import fabric"}},
+		{"rdt imports sched outside rdt/placement", []Package{
+			{Path: "rdt", Imports: []string{"sched"}, Doc: doc},
+		}, []string{"rdt imports sched: rdt must not import sched"}},
+		{"a prefix is not a parent", []Package{
+			{Path: "tensorx", Imports: []string{"rdt"}, Doc: doc},
+			{Path: "tensor", Imports: []string{"rdtx"}, Doc: doc},
+		}, nil},
+		{"test helper in library code", []Package{
+			{Path: "dashboard", Imports: []string{"internal/testhelp"}, Doc: doc},
+			{Path: "internal/testhelp", Doc: doc},
+		}, []string{"dashboard imports internal/testhelp, a helper for tests only"}},
+		{"no doc comment", []Package{{Path: "fabric/new"}}, []string{"fabric/new has no package doc comment"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := Check(c.pkgs)
+			require.Len(t, got, len(c.want), "%q", got)
+			for i := range got {
+				assert.True(t, strings.HasPrefix(got[i], c.want[i]), "got %q, want it to begin %q", got[i], c.want[i])
+			}
+		})
+	}
+}

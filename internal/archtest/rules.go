@@ -1,0 +1,91 @@
+package archtest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Module is the module path the rules' package names are relative to.
+const Module = "github.com/tensorlane/tensorlane"
+
+// Rule forbids the packages of one tree to import others.
+type Rule struct {
+	// Tree is a package path relative to the module; it covers the package
+	// and every package below it.
+	Tree string
+	// MustNot lists trees (relative paths) the packages of Tree must not
+	// import.
+	MustNot []string
+	// Except lists packages below Tree that the rule does not cover.
+	Except []string
+	// Why says, briefly, what the rule keeps true.
+	Why string
+}
+
+// Rules are the import rules of docs/architecture.md.
+var Rules = []Rule{
+	{Tree: "tensor", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
+		Why: "device memory and tensor views sit at the bottom: every layer uses them"},
+	{Tree: "topology", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
+		Why: "the hardware model sits at the bottom: fabric and sched read it"},
+	{Tree: "fabric", MustNot: []string{"rdt", "sched", "bench", "dashboard"},
+		Why: "transports move bytes for any caller; the user API is built on them, not in them"},
+	{Tree: "rdt", MustNot: []string{"sched", "bench", "dashboard"}, Except: []string{"rdt/placement"},
+		Why: "the runtime does not decide placement; rdt/placement joins the two"},
+	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
+		Why: "placement is a pure function of topology, request and state"},
+	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"}, Except: []string{"internal/capi"},
+		Why: "codecs, copies, wire formats and test harnesses are leaves the layers share"},
+	{Tree: "internal/capi", MustNot: []string{"sched", "bench", "dashboard"},
+		Why: "the C ABI's Go side is a shell over rdt for cmd/libtensorlane, as cmd/tensorlane is for the CLI"},
+	{Tree: "dashboard", MustNot: []string{"bench"},
+		Why: "the dashboard shows a running runtime, not benchmark runs"},
+}
+
+// TestOnly are packages made for _test.go files: they import "testing", so
+// no non-test package may import them.
+var TestOnly = []string{"internal/testhelp", "rdt/rdttest", "fabric/fabrictest"}
+
+// Package is what Check needs to know of one package.
+type Package struct {
+	Path    string // relative to Module
+	Imports []string
+	Doc     string
+}
+
+// under reports whether pkg is tree or below it.
+func under(pkg, tree string) bool {
+	return pkg == tree || strings.HasPrefix(pkg, tree+"/")
+}
+
+// Check returns one line for every broken rule, sorted.
+func Check(pkgs []Package) []string {
+	var out []string
+	for _, p := range pkgs {
+		if p.Doc == "" {
+			out = append(out, fmt.Sprintf("%s has no package doc comment", p.Path))
+		}
+		for _, r := range Rules {
+			if !under(p.Path, r.Tree) || slices.ContainsFunc(r.Except, func(e string) bool { return under(p.Path, e) }) {
+				continue
+			}
+			for _, imp := range p.Imports {
+				for _, bad := range r.MustNot {
+					if under(imp, bad) {
+						out = append(out, fmt.Sprintf("%s imports %s: %s must not import %s (%s)", p.Path, imp, r.Tree, bad, r.Why))
+					}
+				}
+			}
+		}
+		for _, imp := range p.Imports {
+			for _, t := range TestOnly {
+				if imp == t && !under(p.Path, t) {
+					out = append(out, fmt.Sprintf("%s imports %s, a helper for tests only", p.Path, imp))
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
