@@ -96,28 +96,48 @@ func (f *Foreign) Export(access Access) (Handle, error) {
 	if f.released.Load() {
 		return Handle{}, ErrReleased
 	}
-	if f.staged == nil {
-		if f.stage == nil {
-			return Handle{}, fmt.Errorf("%w: foreign memory on %v has no staging memory", ErrNotExportable, f.dev)
-		}
-		if len(f.data) == 0 {
-			return Handle{}, fmt.Errorf("%w: an empty foreign buffer has nothing to share", ErrNotExportable)
-		}
-		buf, err := f.stage.Alloc(context.Background(), int64(len(f.data)))
-		if err != nil {
-			return Handle{}, fmt.Errorf("tensor: staging foreign memory for another process: %w", err)
-		}
-		p, err := BytesOf(buf)
-		if err != nil {
-			buf.Release()
-			return Handle{}, err
-		}
-		populate(p)
-		copy(p, f.data)
-		f.staged = buf
-		f.copied.Store(true)
+	if err := f.stageLocked(); err != nil {
+		return Handle{}, err
 	}
 	return ExportOf(f.staged, ReadOnly)
+}
+
+// Stage makes the shareable copy now, if it was not made yet, so that the
+// first same-host reader does not wait for it: the C ABI calls it in the
+// background right after a Put. An Export meanwhile waits for it.
+func (f *Foreign) Stage() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.released.Load() {
+		return ErrReleased
+	}
+	return f.stageLocked()
+}
+
+func (f *Foreign) stageLocked() error {
+	if f.staged != nil {
+		return nil
+	}
+	if f.stage == nil {
+		return fmt.Errorf("%w: foreign memory on %v has no staging memory", ErrNotExportable, f.dev)
+	}
+	if len(f.data) == 0 {
+		return fmt.Errorf("%w: an empty foreign buffer has nothing to share", ErrNotExportable)
+	}
+	buf, err := f.stage.Alloc(context.Background(), int64(len(f.data)))
+	if err != nil {
+		return fmt.Errorf("tensor: staging foreign memory for another process: %w", err)
+	}
+	p, err := BytesOf(buf)
+	if err != nil {
+		buf.Release()
+		return err
+	}
+	populate(p)
+	copy(p, f.data)
+	f.staged = buf
+	f.copied.Store(true)
+	return nil
 }
 
 // Release drops the staged copy, if any, and calls OnRelease once.

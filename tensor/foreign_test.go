@@ -51,6 +51,26 @@ func TestForeignInPlaceAndStagedOnce(t *testing.T) {
 	assert.ErrorIs(t, err, ErrReleased)
 }
 
+// Stage makes the copy ahead of the first Export (the C ABI does it in the
+// background at Put), and the Export then reuses it.
+func TestForeignStageAhead(t *testing.T) {
+	host := NewHostMemory(0)
+	defer host.Close()
+	data := []byte("staged before any reader asked")
+	f := NewForeign(data, ForeignConfig{Stage: host})
+	require.NoError(t, f.Stage())
+	require.NoError(t, f.Stage(), "idempotent")
+	assert.True(t, f.Staged())
+	assert.Equal(t, 1, host.Stats().Allocs)
+	h, err := f.Export(ReadOnly)
+	require.NoError(t, err)
+	defer unix.Close(h.FD)
+	assert.Equal(t, 1, host.Stats().Allocs, "the Export reuses the early copy")
+	require.NoError(t, f.Release())
+	assert.ErrorIs(t, f.Stage(), ErrReleased)
+	assert.ErrorIs(t, NewForeign(data, ForeignConfig{}).Stage(), ErrNotExportable)
+}
+
 func TestForeignExportErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -12,9 +12,11 @@ transport's ratio to the plain object store measured in the same run.
 
 Transports: the object store (numpy: Ray copies the array into plasma once
 and the reader maps it read-only), TENSORLANE publishing the caller's numpy
-array (foreign memory: one staged copy for a same-node reader, then the
-reader's copy), TENSORLANE publishing an array from tensorlane.empty (no
-copy on the owner), TENSORLANE forced onto tcp, and, when torch (and nixl)
+array (foreign memory: one staged copy for a same-node reader, made in the
+background at Put into pre-populated memory; the reader maps it read-only),
+TENSORLANE publishing an array from tensorlane.empty (no copy anywhere: the
+reader maps the sender's array read-only), TENSORLANE forced onto tcp (the
+reader's copy), and, when torch (and nixl)
 are installed, GLOO, NIXL and the zero-copy torch object store
 (RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1). Ones that cannot run are listed with
 the reason.

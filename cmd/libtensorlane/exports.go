@@ -165,6 +165,27 @@ func tl_get(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, op C.uint64_t, timeo
 	}))
 }
 
+//export tl_view
+func tl_view(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, flags C.uint32_t, op C.uint64_t, timeoutMS C.int64_t,
+	view *C.uint64_t, ptr *unsafe.Pointer, nbytes *C.int64_t) C.int {
+	return C.int(protect(func() error {
+		if view == nil || ptr == nil || nbytes == nil {
+			return errNull("view, ptr or nbytes")
+		}
+		h, p, n, err := viewOf(uint64(rt), bytesIn(ref, refLen), uint32(flags), uint64(op), int64(timeoutMS))
+		if err != nil {
+			return err
+		}
+		*view, *ptr, *nbytes = C.uint64_t(h), p, C.int64_t(n)
+		return nil
+	}))
+}
+
+//export tl_view_release
+func tl_view_release(rt C.uint64_t, view C.uint64_t) C.int {
+	return C.int(protect(func() error { return viewRelease(uint64(rt), uint64(view)) }))
+}
+
 //export tl_cancel
 func tl_cancel(rt C.uint64_t, op C.uint64_t) C.int {
 	return C.int(protect(func() error { return cancelOp(uint64(rt), uint64(op)) }))

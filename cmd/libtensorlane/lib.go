@@ -199,6 +199,36 @@ func get(h uint64, ref []byte, op uint64, timeoutMS int64) (unsafe.Pointer, int6
 	return p, n, err
 }
 
+// Flags of tl_view.
+const (
+	viewPopulate = 1 << 0 // TL_VIEW_POPULATE
+	viewFlags    = viewPopulate
+)
+
+func viewOf(h uint64, ref []byte, flags uint32, op uint64, timeoutMS int64) (uint64, unsafe.Pointer, int64, error) {
+	r, err := lib.Runtime(h)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	if flags&^viewFlags != 0 {
+		return 0, nil, 0, errArg("unknown view flags %#x", flags&^viewFlags)
+	}
+	d, err := timeout(timeoutMS)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	v, p, n, _, err := r.View(context.Background(), ref, capi.ViewConfig{Populate: flags&viewPopulate != 0}, op, d)
+	return v, p, n, err
+}
+
+func viewRelease(h, view uint64) error {
+	r, err := lib.Runtime(h)
+	if err != nil {
+		return err
+	}
+	return r.ReleaseView(view)
+}
+
 func cancelOp(h uint64, op uint64) error {
 	r, err := lib.Runtime(h)
 	if err != nil {

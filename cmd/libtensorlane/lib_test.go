@@ -54,7 +54,19 @@ func TestExportsGoSide(t *testing.T) {
 	assert.Contains(t, string(out[:n]), "copied once into shareable memory")
 	require.Zero(t, protect(func() error { return stats(b, out, &n) }))
 	assert.Contains(t, string(out[:n]), `"gets_by_transport":{"shm":1}`)
+	// The zero-copy read of the same object, and its bad input.
+	var v uint64
+	var p unsafe.Pointer
+	var vn int64
+	require.Zero(t, protect(func() (err error) { v, p, vn, err = viewOf(b, ref, viewPopulate, 2, 5000); return err }))
+	assert.Equal(t, src, unsafe.Slice((*float64)(p), vn/8))
+	assert.Equal(t, code("invalid_argument"), protect(func() error { _, _, _, err := viewOf(b, ref, 1<<7, 0, 0); return err }))
+	assert.Equal(t, code("malformed_ref"), protect(func() error { _, _, _, err := viewOf(b, []byte{1, 2}, 0, 0, 0); return err }))
+	assert.Equal(t, code("invalid_argument"), protect(func() error { _, _, _, err := viewOf(b, ref, 0, 0, -1); return err }))
 	require.Zero(t, protect(func() error { return free(a, ref, 5000) }))
+	assert.Equal(t, src, unsafe.Slice((*float64)(p), vn/8), "a view outlives the object")
+	require.Zero(t, protect(func() error { return viewRelease(b, v) }))
+	require.Zero(t, protect(func() error { return viewRelease(b, v) }))
 
 	for _, tc := range []struct {
 		name string

@@ -50,6 +50,7 @@ enum {
 	TL_E_CANCELED = 20,
 	TL_E_OWNER_CLOSED = 21,    /* the owner is shutting down */
 	TL_E_LAYOUT_MISMATCH = 22, /* the ref's layout is not the one its owner published (forged or corrupted) */
+	TL_E_NO_ZERO_COPY = 23,    /* tl_view: no path maps the object here (another host, shm not allowed) */
 };
 
 /* The ABI version (1) and the kind names ("owner_died", ...). */
@@ -90,6 +91,19 @@ int tl_get_into(uint64_t rt, const uint8_t *ref, size_t ref_len, void *dst, int6
                 uint64_t op, int64_t timeout_ms);
 int tl_get(uint64_t rt, const uint8_t *ref, size_t ref_len, uint64_t op, int64_t timeout_ms,
            void **ptr, int64_t *nbytes);
+/* Zero-copy read on one host: map the Ref's tensor read-only into this
+ * process (*ptr, *nbytes: its span; writing faults) under a fresh grant,
+ * and return a handle for tl_view_release, which unmaps it. The mapping
+ * stays valid until then, even after the owner frees the object (its
+ * memory is never reused). Like tl_get it takes a lease: drop it with
+ * tl_release when done with the Ref. Fails when no path
+ * maps the object (TL_E_NO_ZERO_COPY: another host, or shm not allowed): copy with tl_get
+ * then. Flags: TL_VIEW_POPULATE builds the page tables in the call, for a
+ * reader that will touch every byte. tl_view_release is idempotent. */
+#define TL_VIEW_POPULATE 1u
+int tl_view(uint64_t rt, const uint8_t *ref, size_t ref_len, uint32_t flags, uint64_t op, int64_t timeout_ms,
+            uint64_t *view, void **ptr, int64_t *nbytes);
+int tl_view_release(uint64_t rt, uint64_t view);
 /* Cancel the read named op; returns TL_OK if one was in flight, else
  * TL_E_OBJECT_NOT_FOUND. */
 int tl_cancel(uint64_t rt, uint64_t op);

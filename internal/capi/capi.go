@@ -10,7 +10,10 @@
 // of it with no copy, and other processes on the host map it. Any other
 // memory is foreign (a numpy array, a C buffer): network paths read it in
 // place, and the first same-host reader in another process makes the owner
-// copy it once into shareable memory (tensor.Foreign). Explain says which.
+// copy it once into shareable memory (tensor.Foreign; made in the
+// background at Put, into pre-populated memory from a small pool). Explain
+// says which. A same-host reader can also skip its own copy: View maps the
+// object read-only into its process (view.go).
 //
 // Every method is safe for concurrent use.
 package capi
@@ -25,6 +28,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,7 +53,7 @@ var Kinds = []string{
 	"owner_died", "peer_unreachable", "object_not_found", "object_freed", "stale_ref",
 	"unauthorized", "malformed_ref", "out_of_memory", "too_small", "no_path", "unknown_device",
 	"corrupt", "stalled", "peer_closed", "bad_request", "closed", "timeout", "canceled",
-	"owner_closed", "layout_mismatch", // new kinds go at the end: codes never change
+	"owner_closed", "layout_mismatch", "no_zero_copy", // new kinds go at the end: codes never change
 }
 
 // Code returns err's kind as its number in Kinds (0 for nil).
@@ -106,6 +110,18 @@ type Config struct {
 	HostMemory int64 `json:"host_memory,omitempty"`
 	// LogLevel: "" (off), debug, info, warn, error; logs go to stderr.
 	LogLevel string `json:"log_level,omitempty"`
+	// LazyStaging makes the owner copy a foreign Put into shareable memory
+	// only when the first same-host reader asks (which then waits for the
+	// copy). By default, when the runtime serves shm, the copy starts in
+	// the background at Put, so a same-host reader finds it made or under
+	// way; the cost is that copy's memory also for objects that only
+	// network readers read.
+	LazyStaging bool `json:"lazy_staging,omitempty"`
+	// StagePoolBytes bounds the staging pool: allocations with their pages
+	// populated ahead, for foreign Puts' staging copies (see stagepool.go).
+	// 0 means DefaultStagePool (256 MiB, filled only with sizes actually
+	// staged); negative turns the pool off.
+	StagePoolBytes int64 `json:"stage_pool_bytes,omitempty"`
 }
 
 // EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
@@ -196,6 +212,20 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory
 	return out, owned, nil
 }
 
+// shmSelected reports whether the transports selected by allow and deny,
+// with TENSORLANE_TRANSPORTS on top (as rdt applies them), include shm: only
+// then can a same-host reader want a foreign Put's staged copy.
+func shmSelected(allow, deny []string) bool {
+	envAllow, envDeny, err := fabric.ParseSelection(os.Getenv(fabric.EnvTransports))
+	if err == nil {
+		if envAllow != nil {
+			allow = envAllow
+		}
+		deny = append(slices.Clone(deny), envDeny...)
+	}
+	return (len(allow) == 0 || slices.Contains(allow, fabric.SHM)) && !slices.Contains(deny, fabric.SHM)
+}
+
 // Library holds the runtimes of a process behind handles.
 type Library struct {
 	mu       sync.Mutex
@@ -236,8 +266,12 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		rt.Shutdown(ctx)
 		return 0, err
 	}
-	r := &Runtime{rt: rt, actor: actor, host: mem, owned: owned, allocs: map[uintptr]*allocation{},
-		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}}
+	limit := c.StagePoolBytes
+	if limit == 0 {
+		limit = DefaultStagePool
+	}
+	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
+		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++
 	h := l.next
@@ -291,14 +325,20 @@ type Runtime struct {
 	rt    *rdt.Runtime
 	actor *rdt.Actor
 	host  tensor.Memory
+	pool  *stagePool // where foreign Puts stage
 	owned []*tensor.HostMemory
 
 	mu      sync.Mutex
 	allocs  map[uintptr]*allocation
 	objects map[fabric.ObjectID]*published
 	ops     map[uint64]context.CancelFunc
+	views   map[uint64]*heldView
 
-	stats counters
+	nextView uint64
+	stats    counters
+
+	lazyStaging bool
+	staging     sync.WaitGroup // background staging copies (Put)
 }
 
 type allocation struct {
@@ -316,6 +356,7 @@ type published struct {
 type counters struct {
 	puts, putBytes, zeroCopyPuts, foreignPuts         atomic.Int64
 	gets, getBytes, getErrors, getNanos, stagedCopies atomic.Int64
+	views                                             atomic.Int64
 	byTransportMu                                     sync.Mutex
 	byTransport                                       map[string]int64
 }
@@ -327,9 +368,13 @@ func (r *Runtime) shutdown(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	err := r.rt.Shutdown(ctx)
+	r.staging.Wait() // each ends with its copy; the objects are gone
+	r.pool.close()
 	r.mu.Lock()
 	allocs := r.allocs
 	r.allocs = map[uintptr]*allocation{}
+	// Views stay mapped: arrays over them may outlive the runtime (at
+	// interpreter exit), and unmapping under them would crash the process.
 	r.mu.Unlock()
 	for _, a := range allocs {
 		a.shared.Release()
@@ -447,7 +492,7 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 			return nil, err
 		}
 	} else {
-		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.host})
+		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.pool})
 		buf = foreign
 	}
 	t, err := tensor.New(buf, d)
@@ -468,6 +513,11 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 	r.mu.Lock()
 	r.objects[ref.Object] = &published{ref: ref, foreign: foreign}
 	r.mu.Unlock()
+	if foreign != nil && !r.lazyStaging && slices.Contains(ref.Transports, fabric.SHM) {
+		// A same-host reader (another Ray actor on the node) would
+		// otherwise wait for this copy; a Free meanwhile waits for it.
+		r.staging.Go(func() { foreign.Stage() })
+	}
 	r.stats.puts.Add(1)
 	r.stats.putBytes.Add(end)
 	if foreign != nil {
@@ -714,7 +764,9 @@ type Stats struct {
 	ZeroCopyPuts int64            `json:"zero_copy_puts"` // published from shareable memory
 	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory
 	StagedCopies int64            `json:"staged_copies"`  // foreign objects copied once for a same-host reader (counted when freed)
-	Gets         int64            `json:"gets"`
+	Gets         int64            `json:"gets"`           // reads, copying or zero-copy
+	Views        int64            `json:"views"`          // zero-copy reads (View)
+	LiveViews    int              `json:"live_views"`
 	GetErrors    int64            `json:"get_errors"`
 	GetBytes     int64            `json:"get_bytes"`
 	GetSeconds   float64          `json:"get_seconds"`
@@ -722,13 +774,24 @@ type Stats struct {
 	Objects      int              `json:"objects"`         // live objects owned
 	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
 	HostMemory   HostMemory       `json:"host_memory"`
+	StagePool    StagePool        `json:"stage_pool"`
 	Peer         string           `json:"peer"`
 	Host         string           `json:"host"`
 }
 
+// StagePool is the staging pool's state: bytes held ready (populated,
+// never shared; not counted in HostMemory.Used) and how often a staging
+// copy found an allocation ready.
+type StagePool struct {
+	Ready  int64 `json:"ready"`
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+}
+
 // HostMemory is the runtime's tensorlane host memory: bytes in live
-// allocations (shareable arrays, staged copies, received tensors), the
-// peak, the allocation count, and released bytes kept for reuse.
+// allocations (shareable arrays, staged copies, received tensors; not the
+// staging pool's ready ones), the peak, the allocation count, and released
+// bytes kept for reuse.
 type HostMemory struct {
 	Used   int64 `json:"used"`
 	Peak   int64 `json:"peak"`
@@ -742,13 +805,16 @@ func (r *Runtime) Stats() Stats {
 		Puts: r.stats.puts.Load(), PutBytes: r.stats.putBytes.Load(),
 		ZeroCopyPuts: r.stats.zeroCopyPuts.Load(), ForeignPuts: r.stats.foreignPuts.Load(),
 		StagedCopies: r.stats.stagedCopies.Load(),
-		Gets:         r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
+		Views:        r.stats.views.Load(), LiveViews: r.Views(),
+		Gets: r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
 		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
 		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
 	}
 	ms := r.host.Stats()
-	s.HostMemory = HostMemory{Used: ms.Used, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	ready := r.pool.held.Load()
+	s.HostMemory = HostMemory{Used: ms.Used - ready, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
+	s.StagePool = StagePool{Ready: ready, Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
 	for _, o := range r.rt.ObjectTable() {
 		s.ReadsServing += o.Pins
 	}

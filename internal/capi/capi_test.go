@@ -55,7 +55,7 @@ func TestForeignPutEveryPath(t *testing.T) {
 	for _, tc := range []struct {
 		name, config, transport, memory string
 	}{
-		{"same host, another process: one staged copy", `{"allow":["shm"]}`, "shm", "foreign, copied once into shareable memory"},
+		{"same host, another process: one staged copy", `{"allow":["shm"],"lazy_staging":true}`, "shm", "foreign, copied once into shareable memory"},
 		{"tcp: read in place", `{"allow":["tcp"]}`, "tcp", "foreign, not copied"},
 		{"rdma: read in place", `{"preset":"dgx-h100","hosts":2,"allow":["rdma"]}`, "", ""},
 	} {
@@ -107,12 +107,73 @@ func TestForeignPutEveryPath(t *testing.T) {
 	}
 }
 
+// By default the owner stages a foreign Put for same-host readers in the
+// background, before any reader asks; a reader then reuses that copy.
+func TestForeignStagedAtPut(t *testing.T) {
+	_, a, b := pair(t, `{"allow":["shm"]}`)
+	ctx := context.Background()
+	src := pattern(2 << 20)
+	ref, err := a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		e, err := a.Explain(ref)
+		require.NoError(t, err)
+		if e.Memory == "foreign, copied once into shareable memory" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "never staged: %s", e.Memory)
+		time.Sleep(time.Millisecond)
+	}
+	a.pool.fills.Wait()
+	assert.Equal(t, int64(len(src)), a.Stats().HostMemory.Used, "one copy, made without a reader")
+	h, p, n, _, err := b.View(ctx, ref, ViewConfig{}, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, src, unsafe.Slice((*byte)(p), n))
+	assert.Equal(t, int64(len(src)), a.Stats().HostMemory.Used, "the reader used the early copy")
+	require.NoError(t, b.ReleaseView(h))
+	require.NoError(t, b.Release(ctx, ref))
+	require.NoError(t, a.Free(ctx, ref, 0))
+	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
+
+	// The staging pool refilled itself with an allocation of that size,
+	// populated ahead: the next Put of the same size stages into it.
+	a.pool.fills.Wait()
+	assert.Equal(t, int64(len(src)), a.Stats().StagePool.Ready)
+	assert.Equal(t, int64(1), a.Stats().StagePool.Misses)
+	ref, err = a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	h, p, n, _, err = b.View(ctx, ref, ViewConfig{}, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, src, unsafe.Slice((*byte)(p), n))
+	assert.Equal(t, int64(1), a.Stats().StagePool.Hits)
+	require.NoError(t, b.ReleaseView(h))
+	require.NoError(t, b.Release(ctx, ref))
+	require.NoError(t, a.Free(ctx, ref, 0))
+	a.pool.fills.Wait()
+	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
+
+	// A Free racing the background copy waits for it, and a runtime that
+	// serves no shm does not stage at all.
+	ref, err = a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	require.NoError(t, a.Free(ctx, ref, 0))
+	assert.Equal(t, int64(0), a.Stats().HostMemory.Used)
+	_, c, _ := pair(t, `{"allow":["tcp"]}`)
+	ref, err = c.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	require.NoError(t, err)
+	e, err := c.Explain(ref)
+	require.NoError(t, err)
+	assert.Equal(t, "foreign, not copied", e.Memory)
+	require.NoError(t, c.Free(ctx, ref, 0))
+}
+
 func TestRDMABetweenHosts(t *testing.T) {
 	t.Setenv(fabric.EnvTransports, "")
 	ctx := context.Background()
 	lib := New()
 	defer lib.CloseAll(ctx)
-	ha, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h0"}`))
+	ha, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h0","lazy_staging":true}`))
 	require.NoError(t, err)
 	hb, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h1"}`))
 	require.NoError(t, err)
@@ -235,7 +296,7 @@ func TestDescribeRefAndKinds(t *testing.T) {
 
 	// Every kind rdt names has a code here.
 	for _, err := range []error{rdt.ErrOwnerDied, rdt.ErrObjectFreed, rdt.ErrMalformedRef, rdt.ErrTooSmall, rdt.ErrClosed,
-		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, context.DeadlineExceeded} {
+		rdt.ErrOwnerClosed, rdt.ErrLayoutMismatch, rdt.ErrNoZeroCopy, context.DeadlineExceeded} {
 		assert.Equal(t, rdt.ErrorKind(err), Kinds[Code(err)])
 	}
 	assert.Equal(t, 0, Code(nil))

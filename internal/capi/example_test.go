@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"unsafe"
 
 	"github.com/tensorlane/tensorlane/internal/capi"
 )
@@ -37,5 +38,32 @@ func Example() {
 	fmt.Println(owner.Free(ctx, ref, 0))
 	// Output:
 	// shm true foreign, copied once into shareable memory
+	// <nil>
+}
+
+// A zero-copy read on one host: the reader maps the owner's object
+// read-only instead of copying it, and the mapping outlives the object.
+func ExampleRuntime_View() {
+	ctx := context.Background()
+	lib := capi.New()
+	defer lib.CloseAll(ctx)
+	ha, _ := lib.NewRuntime(ctx, []byte(`{"allow":["shm"]}`))
+	hb, _ := lib.NewRuntime(ctx, []byte(`{"allow":["shm"]}`))
+	owner, _ := lib.Runtime(ha)
+	reader, _ := lib.Runtime(hb)
+
+	src := bytes.Repeat([]byte("tensorlane"), 400)
+	ref, _ := owner.Put(ctx, capi.Region{Mem: src, DType: "uint8", Shape: []int64{int64(len(src))}})
+	h, p, n, x, err := reader.View(ctx, ref, capi.ViewConfig{Populate: true}, 0, 0)
+	if err != nil {
+		panic(err)
+	}
+	reader.Release(ctx, ref)
+	owner.Free(ctx, ref, 0)
+	view := unsafe.Slice((*byte)(p), n)
+	fmt.Println(x.Stats.Transport, x.Stats.ZeroCopy, bytes.Equal(view, src), reader.Stats().HostMemory.Used)
+	fmt.Println(reader.ReleaseView(h))
+	// Output:
+	// shm true true 0
 	// <nil>
 }

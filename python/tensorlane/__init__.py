@@ -21,6 +21,7 @@ from .errors import (
     BadRequest, Canceled, Closed, Corrupt, Error, InvalidArgument, MalformedRef, NoPath,
     ObjectFreed, ObjectNotFound, Other, OutOfMemory, OwnerDied, PeerClosed, PeerUnreachable,
     Stalled, StaleRef, Timeout, TooSmall, Unauthorized, UnknownDevice, OwnerClosed, LayoutMismatch,
+    NoZeroCopy,
 )
 
 __version__ = "0.1.0"
@@ -42,5 +43,5 @@ __all__ = [
     "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
     "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",
     "UnknownDevice", "Corrupt", "Stalled", "PeerClosed", "BadRequest", "Closed", "Timeout", "Canceled",
-    "OwnerClosed", "LayoutMismatch",
+    "OwnerClosed", "LayoutMismatch", "NoZeroCopy",
 ]

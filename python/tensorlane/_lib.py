@@ -34,6 +34,8 @@ _PROTOS = {
     "tl_put": ([u64, vp, i64, cp, i32, ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_get_into": ([u64, cp, sz, vp, i64, u64, i64], ctypes.c_int),
     "tl_get": ([u64, cp, sz, u64, i64, ctypes.POINTER(vp), ctypes.POINTER(i64)], ctypes.c_int),
+    "tl_view": ([u64, cp, sz, ctypes.c_uint32, u64, i64, ctypes.POINTER(u64), ctypes.POINTER(vp), ctypes.POINTER(i64)], ctypes.c_int),
+    "tl_view_release": ([u64, u64], ctypes.c_int),
     "tl_cancel": ([u64, u64], ctypes.c_int),
     "tl_release": ([u64, cp, sz], ctypes.c_int),
     "tl_free": ([u64, cp, sz, i64], ctypes.c_int),

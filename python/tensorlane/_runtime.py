@@ -6,6 +6,7 @@ import ctypes
 import itertools
 import json
 import os
+import sys
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -126,6 +127,30 @@ class _Block:
                 _lib.lib().tl_free_memory(rt._handle, self._ptr)
             except Exception:
                 pass
+
+
+class _View:
+    """Owns one zero-copy view (a read-only mapping of another process's
+    object); numpy arrays over it keep it alive, and it is unmapped when the
+    last one goes."""
+
+    __slots__ = ("_rt", "_view", "__array_interface__", "__weakref__")
+
+    def __init__(self, rt: "Runtime", view: int, ptr: int, n: int):
+        self._rt, self._view = rt, view
+        self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, True), "version": 3}
+
+    def __del__(self):
+        rt, self._rt = self._rt, None
+        if rt is not None and rt._handle:
+            try:
+                _lib.lib().tl_view_release(rt._handle, self._view)
+            except Exception:
+                pass
+
+
+#: tl_view's flag: build the page tables in the call.
+VIEW_POPULATE = 1
 
 
 def _shape_array(values: Sequence[int]):
@@ -249,6 +274,40 @@ class Runtime:
             return arr.reshape(shape)
         return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides)
 
+    def view(self, ref: bytes, *, populate: bool = True, timeout: Optional[float] = None,
+             op: Optional[int] = None, shape: Optional[Sequence[int]] = None, dtype: Any = None) -> np.ndarray:
+        """Reads a ref's tensor with no copy, when its owner is on this host:
+        a read-only numpy array over the owner's memory, mapped into this
+        process (as Ray's object store returns numpy arrays). The memory
+        stays valid for as long as the array (or any view of it) lives, even
+        after the owner frees the object. ``populate`` builds the page
+        tables up front, for readers that touch every byte. Raises
+        :class:`~tensorlane.NoZeroCopy` when no path maps the object (another
+        host, or shm not allowed): use :meth:`get` then. ``shape`` and
+        ``dtype``, when the caller knows them (Ray's metadata does), save
+        decoding the ref; the ref's tensor must then be C-contiguous."""
+        if shape is None or dtype is None:
+            info = ref_info(ref)
+            dt = np_dtype(info["dtype"])
+            shape = tuple(info["shape"])
+            strides = tuple(int(s) * dt.itemsize for s in info["strides"])
+        else:
+            dt, shape, strides = np.dtype(dtype), tuple(shape), None
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        h, p, n = ctypes.c_uint64(0), ctypes.c_void_p(0), ctypes.c_int64(0)
+        flags = VIEW_POPULATE if populate else 0
+        _lib.check(_lib.lib().tl_view(self._h(), bytes(ref), len(ref), flags, op or 0, ms,
+                                      ctypes.byref(h), ctypes.byref(p), ctypes.byref(n)))
+        raw = np.asarray(_View(self, h.value, p.value, n.value))
+        arr = raw.view(dt)
+        if strides is None:
+            if arr.size != int(np.prod(shape, dtype=np.int64)):
+                raise errors.LayoutMismatch(f"the object holds {n.value} bytes, not a {dt}{list(shape)} tensor")
+            return arr.reshape(shape)
+        if strides == _c_strides(shape, dt.itemsize):
+            return arr.reshape(shape)
+        return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides, writeable=False)
+
     def next_op(self) -> int:
         """A fresh operation id for :meth:`get` and :meth:`cancel`."""
         return next(self._ops)
@@ -299,14 +358,37 @@ _default_lock = threading.Lock()
 ENV_CONFIG = "TENSORLANE_CONFIG"
 
 
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (an actor or a task)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        from ray._private.worker import WORKER_MODE, global_worker
+
+        return global_worker.mode == WORKER_MODE
+    except Exception:
+        return False
+
+
+def default_config() -> Dict[str, Any]:
+    """TENSORLANE_CONFIG (JSON) if set; else, in a Ray worker, ``{"discover":
+    true}`` (this machine's topology, as the Ray transport uses); else ``{}``
+    (the simulated dgx-h100 host h0)."""
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return json.loads(env)
+    return {"discover": True} if in_ray_worker() else {}
+
+
 def runtime() -> Runtime:
     """The process's default runtime, started on first use from
-    TENSORLANE_CONFIG (JSON; default ``{}``: the simulated dgx-h100 host h0,
-    so every process on a machine shares one simulated host and same-host
-    transfers take shm)."""
+    :func:`default_config`. In a Ray worker it is also the Ray transport's
+    runtime, so arrays from :func:`tensorlane.empty` are published by the
+    runtime that allocated them, with no copy."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                _default = Runtime(json.loads(os.environ.get(ENV_CONFIG) or "{}"))
+                _default = Runtime(default_config())
     return _default

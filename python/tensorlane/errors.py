@@ -150,12 +150,19 @@ class LayoutMismatch(MalformedRef):
     kind = "layout_mismatch"
 
 
+class NoZeroCopy(Error):
+    """No path maps the object into this process (another host, or shm not
+    allowed): read it with a copying get instead."""
+
+    kind = "no_zero_copy"
+
+
 #: The C ABI's kind codes, in order (tensorlane.h, TL_E_*); 0 is success.
 KINDS = [
     "ok", "other", "invalid_argument", "owner_died", "peer_unreachable", "object_not_found",
     "object_freed", "stale_ref", "unauthorized", "malformed_ref", "out_of_memory", "too_small",
     "no_path", "unknown_device", "corrupt", "stalled", "peer_closed", "bad_request", "closed",
-    "timeout", "canceled", "owner_closed", "layout_mismatch",
+    "timeout", "canceled", "owner_closed", "layout_mismatch", "no_zero_copy",
 ]
 
 BY_KIND: Dict[str, Type[Error]] = {
@@ -163,7 +170,7 @@ BY_KIND: Dict[str, Type[Error]] = {
     for c in (Other, InvalidArgument, OwnerDied, PeerUnreachable, ObjectNotFound, ObjectFreed,
               StaleRef, Unauthorized, MalformedRef, OutOfMemory, TooSmall, NoPath, UnknownDevice,
               Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled, OwnerClosed,
-              LayoutMismatch)
+              LayoutMismatch, NoZeroCopy)
 }
 
 

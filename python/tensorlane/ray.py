@@ -20,8 +20,17 @@ whole job: TENSORLANE_CONFIG (JSON, default ``{"discover": true}``: this
 machine's topology, host named after the machine, so actors on one node
 share a host and take shm, and actors on others take rdma or tcp),
 TENSORLANE_TRANSPORTS (``tcp``, ``^rdma``, ...), TENSORLANE_CLUSTER_KEY (64
-hex digits) and TENSORLANE_TIMEOUT_S (a read's bound; default Ray's RDT
-fetch timeout, 60 s).
+hex digits), TENSORLANE_TIMEOUT_S (a read's bound; default Ray's RDT
+fetch timeout, 60 s) and TENSORLANE_RECV (``view``, the default, or
+``copy``).
+
+On one node the receiver gets **read-only** numpy arrays mapped straight
+from the sender's memory (zero copies, as Ray's object store hands out
+read-only arrays): the memory stays valid for as long as the array lives,
+even after the sender's ObjectRef dies. Set ``TENSORLANE_RECV=copy`` for
+writable arrays in the receiver's own memory (one copy), which is also what
+happens between nodes, or when Ray passes target buffers. The runtime's
+stats count ``views`` (zero-copy reads) apart from copying gets.
 
 Transfers are counted with Ray's metrics API (``ray.util.metrics``), so they
 show in the Ray dashboard next to Ray's own: ``tensorlane_transfers``
@@ -59,6 +68,16 @@ NAME = "TENSORLANE"
 TORCH_NAME = "TENSORLANE_TORCH"
 
 ENV_TIMEOUT = "TENSORLANE_TIMEOUT_S"
+#: ``view`` (default): same-node receivers map the sender's memory read-only;
+#: ``copy``: they read into their own, writable memory.
+ENV_RECV = "TENSORLANE_RECV"
+
+
+def _recv_mode() -> str:
+    mode = (os.environ.get(ENV_RECV) or "view").strip().lower()
+    if mode not in ("view", "copy"):
+        raise errors.InvalidArgument(f"{ENV_RECV}={mode!r}: want view or copy")
+    return mode
 
 
 @dataclass
@@ -79,13 +98,19 @@ _rt: Optional[_runtime.Runtime] = None
 
 
 def runtime() -> _runtime.Runtime:
-    """The actor process's runtime, started on first use (see module doc)."""
+    """The actor process's runtime, started on first use (see module doc).
+    In a Ray worker it is the process's default runtime
+    (:func:`tensorlane.runtime`), the one :func:`tensorlane.empty` allocates
+    from, so such arrays are published with no copy."""
     global _rt
     if _rt is None:
         with _runtime_lock:
             if _rt is None:
-                config = json.loads(os.environ.get(_runtime.ENV_CONFIG) or '{"discover": true}')
-                _rt = _runtime.Runtime(config)
+                if _runtime.in_ray_worker():
+                    _rt = _runtime.runtime()
+                else:
+                    config = json.loads(os.environ.get(_runtime.ENV_CONFIG) or '{"discover": true}')
+                    _rt = _runtime.Runtime(config)
     return _rt
 
 
@@ -208,6 +233,7 @@ class TensorlaneTransport(TensorTransportManager):
     def __init__(self):
         self._lock = threading.Lock()
         self._inflight: Dict[str, List[int]] = {}
+        self._view = True
 
     def tensor_transport_backend(self) -> str:
         return NAME
@@ -256,13 +282,28 @@ class TensorlaneTransport(TensorTransportManager):
         ops = [rt.next_op() for _ in meta.refs]
         with self._lock:
             self._inflight[obj_id] = ops
-        before = rt.stats()["gets_by_transport"]
         start = time.perf_counter()
         out, nbytes = [], 0
+        paths: Dict[str, int] = {}  # transport -> tensors, for the metrics
+        before = None  # copying gets' counters, read only when one copies
+        # Zero-copy unless told otherwise, or torch (whose tensors over
+        # read-only memory warn on every use), or the last try found no path.
+        view = self._view and not meta.torch and _recv_mode() == "view"
         try:
             for i, ref in enumerate(meta.refs):
                 target = target_buffers[i] if target_buffers else None
-                arr = rt.get(ref, out=_runtime.as_array(target) if target is not None else None, timeout=timeout, op=ops[i])
+                arr = None
+                if view and target is None:
+                    shape, dtype = meta.tensor_meta[i] if i < len(meta.tensor_meta) else (None, None)
+                    try:
+                        arr = rt.view(ref, timeout=timeout, op=ops[i], shape=shape, dtype=dtype)
+                        paths["shm"] = paths.get("shm", 0) + 1  # the one path that maps across processes
+                    except errors.NoZeroCopy:
+                        view = False  # another node: copy this one and the rest
+                if arr is None:
+                    if before is None:
+                        before = rt.stats()["gets_by_transport"]
+                    arr = rt.get(ref, out=_runtime.as_array(target) if target is not None else None, timeout=timeout, op=ops[i])
                 nbytes += arr.nbytes
                 _release_later(rt, ref)  # this reader is done: its lease on the owner goes
                 if target is not None:
@@ -279,8 +320,12 @@ class TensorlaneTransport(TensorTransportManager):
         finally:
             with self._lock:
                 self._inflight.pop(obj_id, None)
-        after = rt.stats()["gets_by_transport"]
-        _metrics.received({k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}, nbytes, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        if before is not None:  # views stop at the first copy: the rest are copies
+            for k, v in rt.stats()["gets_by_transport"].items():
+                if v - before.get(k, 0):
+                    paths[k] = paths.get(k, 0) + v - before.get(k, 0)
+        _metrics.received(paths, nbytes, took)
         return out
 
     def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):

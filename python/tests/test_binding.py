@@ -57,6 +57,45 @@ def test_shareable_zero_copy(pair):
     assert a.stats()["host_memory"]["used"] == 0
 
 
+@pytest.mark.parametrize("shareable", [False, True], ids=["foreign", "tensorlane.empty"])
+def test_view_zero_copy(pair, shareable):
+    path, a, b = pair
+    src = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)
+    x = a.empty(src.shape, np.float32) if shareable else src.copy()
+    x[:] = src
+    ref = a.put(x)
+    if path != "shm":
+        with pytest.raises(tl.NoZeroCopy):
+            b.view(ref)
+        b.release(ref)
+        a.free(ref)
+        return
+    base = b.stats()["host_memory"]["used"]
+    y = b.view(ref)
+    assert not y.flags.writeable, "a view is read-only, as Ray's store arrays are"
+    with pytest.raises(ValueError):
+        y[0, 0] = 1
+    assert y.dtype == np.float32 and y.shape == src.shape
+    np.testing.assert_array_equal(y, src)
+    assert b.stats()["host_memory"]["used"] == base, "a view allocates nothing on the reader"
+    assert b.stats()["views"] >= 1 and b.stats()["live_views"] == 1
+    # Shape and dtype from the caller (Ray's metadata) give the same array.
+    z = b.view(ref, shape=src.shape, dtype=np.float32, populate=False)
+    np.testing.assert_array_equal(z, src)
+    del z
+    # The owner frees the object and lets go of its array: the view stays
+    # valid, with the object's bytes, for as long as the array lives.
+    b.release(ref)
+    a.free(ref)
+    del x
+    x2 = np.zeros_like(src)  # likely reuses the freed array's pages
+    np.testing.assert_array_equal(y, src)
+    assert a.stats()["objects"] == 0
+    assert a.stats()["host_memory"]["used"] == 0, "owner memory back to its baseline"
+    del y, x2
+    assert b.stats()["live_views"] == 0, "the mapping goes with the last array over it"
+
+
 def test_get_result_is_shareable_and_dlpack(pair):
     _, a, b = pair
     ref = a.put(bytearray(b"tensorlane" * 100))  # buffer protocol: uint8
@@ -166,3 +205,17 @@ def test_go_library_in_python_process():
     assert p.returncode == 0, p.stdout + p.stderr
     assert "bytes verified" in p.stdout
     assert "KeyboardInterrupt raised" in p.stdout
+
+
+def test_view_survives_runtime_close():
+    # Arrays may outlive the runtimes (interpreter exit): closing them never
+    # unmaps a live view under the array.
+    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    x = np.arange(1 << 18, dtype=np.float32)
+    ref = a.put(x)
+    y = b.view(ref)
+    b.close()
+    a.free(ref, timeout=5)
+    a.close()
+    np.testing.assert_array_equal(y, x)
+    del y  # the reader's runtime is gone: the release is skipped, no error

@@ -41,6 +41,12 @@ class Sender:
         return expected(n, seed)
 
     @ray.method(tensor_transport="TENSORLANE")
+    def produce_shareable(self, n, seed=0):
+        a = tl.empty(n, np.float32)  # the process's runtime: the transport's
+        a[:] = expected(n, seed)
+        return a
+
+    @ray.method(tensor_transport="TENSORLANE")
     def state_dict(self, count):
         return {f"layer{i}.weight": np.full((i + 1, 7), i, np.float32) for i in range(count)}
 
@@ -88,6 +94,21 @@ class Receiver:
         # The plug-in's counters were created through ray.util.metrics
         # (they reach the dashboard through Ray's own exporter).
         return tlr._metrics._ok
+
+    def keep(self, a, n, seed=0):
+        """Holds on to the received array (a zero-copy view on one node)."""
+        self.kept = a
+        return bool(np.array_equal(a, expected(n, seed))), bool(a.flags.writeable), tlr.runtime().stats()
+
+    def check_kept(self, n, seed=0):
+        return bool(np.array_equal(self.kept, expected(n, seed)))
+
+    def drop_kept(self):
+        del self.kept
+        import gc
+
+        gc.collect()
+        return tlr.runtime().stats()
 
     def corrupted_ref(self):
         meta = tlr.TensorlaneTransportMetadata(tensor_meta=[((4,), np.dtype(np.float32))], tensor_device="cpu",
@@ -153,6 +174,53 @@ def test_owner_memory_returns_after_objectref_dies():
         time.sleep(0.2)
     assert now["objects"] == base["objects"], now
     assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+
+
+def test_zero_copy_receive_outlives_the_objectref():
+    s, r = Sender.remote(), Receiver.remote()
+    n = 16 * MiB // 4
+    base = ray.get(s.stats.remote())
+    ref = s.produce.remote(n, 4)
+    ok, writable, rstats = ray.get(r.keep.remote(ref, n, 4))
+    assert ok, "bytes differ"
+    assert not writable, "same-node arrays are read-only views, as Ray's object store hands out"
+    assert rstats["views"] >= 1 and rstats["live_views"] == 1
+    assert rstats["host_memory"]["used"] == 0, "the receiver allocated nothing"
+    # The ObjectRef dies: the sender frees the object (garbage_collect) and
+    # its memory accounting returns to the baseline, while the receiver's
+    # array stays valid with the same bytes.
+    del ref
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = ray.get(s.stats.remote())
+        if now["objects"] == base["objects"] and now["host_memory"]["used"] == base["host_memory"]["used"]:
+            break
+        time.sleep(0.2)
+    assert now["objects"] == base["objects"], now
+    assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+    assert ray.get(r.check_kept.remote(n, 4)), "the view changed after the sender freed the object"
+    assert ray.get(r.drop_kept.remote())["live_views"] == 0, "the mapping goes with the array"
+
+
+def test_tensorlane_empty_is_zero_copy_end_to_end():
+    s, r = Sender.remote(), Receiver.remote()
+    n = 8 * MiB // 4
+    ok, writable, rstats = ray.get(r.keep.remote(s.produce_shareable.remote(n, 6), n, 6))
+    assert ok and not writable
+    st = ray.get(s.stats.remote())
+    assert st["zero_copy_puts"] == 1 and st["foreign_puts"] == 0, "published by the runtime that allocated it"
+    assert st["stage_pool"]["hits"] + st["stage_pool"]["misses"] == 0, "no staged copy"
+    assert rstats["host_memory"]["used"] == 0, "and no copy on the reader"
+    ray.get(r.drop_kept.remote())
+
+
+def test_forced_copy_gives_writable_arrays():
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="", TENSORLANE_RECV="copy")}
+    s, r = Sender.remote(), Receiver.options(runtime_env=env).remote()
+    n = MiB // 4
+    ok, writable, rstats = ray.get(r.keep.remote(s.produce.remote(n, 5), n, 5))
+    assert ok and writable
+    assert rstats["views"] == 0 and rstats["gets_by_transport"] == {"shm": 1}
 
 
 @pytest.mark.parametrize("method, match", [

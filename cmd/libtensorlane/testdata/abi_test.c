@@ -79,8 +79,18 @@ int main(void) {
 	/* Too small an output buffer says how much is needed. */
 	char tiny[4];
 	CHECK(tl_ref_info(ref, ref_len, tiny, sizeof tiny, &json_len) == TL_E_TOO_SMALL && json_len > 4, "tiny buffer");
+	/* Zero-copy: a read-only view of the same object, valid after the
+	 * owner frees it, until tl_view_release. */
+	uint64_t view = 0;
+	void *vp = NULL;
+	int64_t vn = 0;
+	CHECK(tl_view(b, ref, ref_len, TL_VIEW_POPULATE, 0, 5000, &view, &vp, &vn) == TL_OK, "view: %s", last());
+	CHECK(vn == 4096 && vp != NULL && memcmp(vp, got, 4096) == 0, "view holds %lld bytes", (long long)vn);
+	CHECK(tl_view(b, ref, ref_len, 0x80, 0, 5000, &view, &vp, &vn) == TL_E_INVALID_ARGUMENT, "unknown view flag");
 	CHECK(tl_free_memory(b, got) == TL_OK, "free memory: %s", last());
 	CHECK(tl_free(a, ref, ref_len, 5000) == TL_OK, "free: %s", last());
+	CHECK(memcmp(vp, mem, 4096) == 0, "the view outlives the object");
+	CHECK(tl_view_release(b, view) == TL_OK && tl_view_release(b, view) == TL_OK, "view release: %s", last());
 	CHECK(tl_free_memory(a, mem) == TL_OK, "free memory: %s", last());
 
 	/* Bad input: clear kinds and messages, no crash. */
