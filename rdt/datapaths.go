@@ -49,14 +49,14 @@ func (r *Runtime) startDataPaths(ctx context.Context) []fabric.Transport {
 		}
 		if err != nil {
 			r.log.Warn("shared-memory paths (p2p, shm) not started: same-host readers in other processes fall back", "err", err)
-			r.closeSHM()
+			r.closeSHM(true)
 		} else {
 			out = append(out, r.paths.shmCli.P2P(), r.paths.shmCli.SHM())
 		}
 	}
 	if err := r.startRDMA(ctx); err != nil {
 		r.log.Warn("rdma path not started: readers on other hosts fall back to tcp", "err", err)
-		r.closeRDMA()
+		r.closeRDMA(true)
 	} else if r.paths.rdmaTr != nil {
 		out = append(out, r.paths.rdmaTr)
 	}
@@ -218,7 +218,10 @@ func (r *Runtime) revokeRegistrations(id fabric.ObjectID) {
 	}
 }
 
-func (r *Runtime) closeSHM() error {
+// closeSHM closes the shm paths. forget drops them too (a start-up failure:
+// the runtime then runs without them); at teardown they stay set, since
+// refs being built concurrently still read them, and Close is idempotent.
+func (r *Runtime) closeSHM(forget bool) error {
 	var errs []error
 	if r.paths.shmSrv != nil {
 		errs = append(errs, r.paths.shmSrv.Close())
@@ -226,11 +229,14 @@ func (r *Runtime) closeSHM() error {
 	if r.paths.shmCli != nil {
 		errs = append(errs, r.paths.shmCli.Close())
 	}
-	r.paths.shmSrv, r.paths.shmCli = nil, nil
+	if forget {
+		r.paths.shmSrv, r.paths.shmCli = nil, nil
+	}
 	return errors.Join(errs...)
 }
 
-func (r *Runtime) closeRDMA() error {
+// closeRDMA closes the rdma path; forget as for closeSHM.
+func (r *Runtime) closeRDMA(forget bool) error {
 	var errs []error
 	if r.paths.rdmaTr != nil {
 		errs = append(errs, r.paths.rdmaTr.Close())
@@ -238,13 +244,15 @@ func (r *Runtime) closeRDMA() error {
 	if r.paths.rdmaSrv != nil {
 		errs = append(errs, r.paths.rdmaSrv.Close())
 	}
-	r.paths.rdmaTr, r.paths.rdmaSrv, r.paths.rdmaProv = nil, nil, nil
+	if forget {
+		r.paths.rdmaTr, r.paths.rdmaSrv, r.paths.rdmaProv = nil, nil, nil
+	}
 	return errors.Join(errs...)
 }
 
 func (r *Runtime) closeDataPaths() error {
 	// Health first: it acts on the rdma transport.
-	if err := errors.Join(r.health.close(), r.closeRDMA(), r.closeSHM()); err != nil {
+	if err := errors.Join(r.health.close(), r.closeRDMA(false), r.closeSHM(false)); err != nil {
 		return fmt.Errorf("rdt: close data paths: %w", err)
 	}
 	return nil
