@@ -302,6 +302,9 @@ func (d *demoRig) step(ctx context.Context, step int, done func(demoTransfer)) (
 // memcpyGBps measures the baseline: the best of three single-threaded
 // copies of one tensor's bytes in this process.
 func (d *demoRig) memcpyGBps() float64 {
+	// Real bytes on both sides: copying untouched memory reads the kernel's
+	// shared zero page and would flatter the baseline several times over.
+	pattern(d.want, 0)
 	dst := make([]byte, len(d.want))
 	best := time.Duration(0)
 	for range 3 {
