@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -72,4 +73,48 @@ func StagedRead(ctx context.Context, dst tensor.Buffer, n int64, fetch func(ctx 
 		}
 	}
 	return first
+}
+
+// ReadStaged is StagedRead for a whole Read: read(ctx, r, p) moves the
+// source's range r (a segment of src) into the host bytes p, and the
+// segments' stats add up into the returned one, named transport.
+func ReadStaged(ctx context.Context, transport string, src Remote, dst tensor.Buffer, read func(ctx context.Context, r Remote, p []byte) (Stats, error)) (Stats, error) {
+	start := time.Now()
+	total := Stats{Transport: transport}
+	err := StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
+		r := src
+		r.Offset, r.Length = src.Offset+off, int64(len(p))
+		st, err := read(ctx, r, p)
+		total.Transport = st.Transport
+		total.Bytes += st.Bytes
+		total.Streams = max(total.Streams, st.Streams)
+		return err
+	})
+	if err != nil {
+		return Stats{}, err
+	}
+	total.Duration = time.Since(start)
+	return total, nil
+}
+
+// WriteStaged copies the first n bytes of src, device memory the CPU
+// cannot address, out to host staging and hands them to write (a push
+// over tcp or rdma). The device copy counts in the returned duration.
+func WriteStaged(ctx context.Context, transport string, src tensor.Buffer, n int64, write func(ctx context.Context, p []byte) (Stats, error)) (Stats, error) {
+	stage, err := tensor.StageFor(ctx, src, max(n, 1))
+	if err != nil {
+		return Stats{}, err
+	}
+	defer stage.Release()
+	p, err := tensor.BytesOf(stage)
+	if err != nil {
+		return Stats{}, err
+	}
+	start := time.Now()
+	if err := tensor.Copy(ctx, stage, 0, src, 0, n); err != nil {
+		return Stats{}, fmt.Errorf("%s: stage %d bytes of %v: %w", transport, n, src.Device(), err)
+	}
+	st, err := write(ctx, p[:n])
+	st.Duration = time.Since(start)
+	return st, err
 }

@@ -3,7 +3,6 @@ package rdma
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -23,42 +22,16 @@ import (
 // (fabric.StagedRead: the device takes one segment in while the next
 // crosses the wire).
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	start := time.Now()
-	total := fabric.Stats{Transport: fabric.RDMA}
-	err := fabric.StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
-		r := src
-		r.Offset, r.Length = src.Offset+off, int64(len(p))
-		st, err := t.transfer(ctx, r, dst.Device(), p, false)
-		total.Transport = st.Transport
-		total.Bytes += st.Bytes
-		total.Streams = max(total.Streams, st.Streams)
-		return err
+	return fabric.ReadStaged(ctx, fabric.RDMA, src, dst, func(ctx context.Context, r fabric.Remote, p []byte) (fabric.Stats, error) {
+		return t.transfer(ctx, r, dst.Device(), p, false)
 	})
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	total.Duration = time.Since(start)
-	return total, nil
 }
 
 // writeDevice copies src's bytes out to host staging, then pushes them.
 func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
-	stage, err := tensor.StageFor(ctx, src, max(dst.Length, 1))
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	defer stage.Release()
-	p, err := tensor.BytesOf(stage)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	start := time.Now()
-	if err := tensor.Copy(ctx, stage, 0, src, 0, dst.Length); err != nil {
-		return fabric.Stats{}, fmt.Errorf("rdma: stage %d bytes of %v: %w", dst.Length, src.Device(), err)
-	}
-	st, err := t.transfer(ctx, dst, src.Device(), p[:dst.Length], true)
-	st.Duration = time.Since(start)
-	return st, err
+	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, p []byte) (fabric.Stats, error) {
+		return t.transfer(ctx, dst, src.Device(), p, true)
+	})
 }
 
 // stagedPin holds a device object pinned and the staged copy the NICs

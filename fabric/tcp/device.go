@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -25,42 +24,16 @@ const stageTimeout = 30 * time.Second
 // (fabric.StagedRead: the device takes one segment in while the next
 // crosses the wire).
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	start := time.Now()
-	total := fabric.Stats{Transport: fabric.TCP}
-	err := fabric.StagedRead(ctx, dst, src.Length, func(ctx context.Context, off int64, p []byte) error {
-		r := src
-		r.Offset, r.Length = src.Offset+off, int64(len(p))
-		st, err := t.run(ctx, opRead, r, p)
-		total.Transport = st.Transport
-		total.Bytes += st.Bytes
-		total.Streams = max(total.Streams, st.Streams)
-		return err
+	return fabric.ReadStaged(ctx, fabric.TCP, src, dst, func(ctx context.Context, r fabric.Remote, p []byte) (fabric.Stats, error) {
+		return t.run(ctx, opRead, r, p)
 	})
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	total.Duration = time.Since(start)
-	return total, nil
 }
 
 // writeDevice copies src's bytes out to host staging, then pushes them.
 func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
-	stage, err := tensor.StageFor(ctx, src, max(dst.Length, 1))
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	defer stage.Release()
-	p, err := tensor.BytesOf(stage)
-	if err != nil {
-		return fabric.Stats{}, err
-	}
-	start := time.Now()
-	if err := tensor.Copy(ctx, stage, 0, src, 0, dst.Length); err != nil {
-		return fabric.Stats{}, fmt.Errorf("tcp: stage %d bytes of %v: %w", dst.Length, src.Device(), err)
-	}
-	st, err := t.run(ctx, opWrite, dst, p[:dst.Length])
-	st.Duration = time.Since(start)
-	return st, err
+	return fabric.WriteStaged(ctx, fabric.TCP, src, dst.Length, func(ctx context.Context, p []byte) (fabric.Stats, error) {
+		return t.run(ctx, opWrite, dst, p)
+	})
 }
 
 // stagedPin is a pin of device memory with the host staging a request
