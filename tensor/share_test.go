@@ -3,12 +3,12 @@ package tensor
 import (
 	"bytes"
 	"context"
-	"runtime"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tensorlane/tensorlane/internal/testhelp/caps"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,23 +82,6 @@ func TestExportReachesOneAllocation(t *testing.T) {
 	}
 }
 
-// withoutDACOverride runs f on a thread without CAP_DAC_OVERRIDE and
-// CAP_DAC_READ_SEARCH in its effective set: a process of the same user
-// that is not privileged, which is what the tests run as when root.
-func withoutDACOverride(t *testing.T, f func()) {
-	runtime.LockOSThread()
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var saved, data [2]unix.CapUserData
-	require.NoError(t, unix.Capget(&hdr, &saved[0]))
-	data = saved
-	data[0].Effective &^= 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH
-	require.NoError(t, unix.Capset(&hdr, &data[0]))
-	f()
-	if unix.Capset(&hdr, &saved[0]) == nil {
-		runtime.UnlockOSThread() // else the thread dies with the goroutine
-	}
-}
-
 // TestExportReadOnlyRefusesWrites: a read-only handle cannot be written,
 // mapped writable or truncated; reopening it for writing through /proc is
 // refused to an unprivileged process of the same user (mode 0400), and
@@ -121,7 +104,7 @@ func TestExportReadOnlyRefusesWrites(t *testing.T) {
 			assert.Error(t, unix.Ftruncate(h.FD, 0))
 
 			path := "/proc/self/fd/" + strconv.Itoa(h.FD)
-			withoutDACOverride(t, func() {
+			caps.WithoutDACOverride(t, func() {
 				fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 				if err == nil {
 					unix.Close(fd)

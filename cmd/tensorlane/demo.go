@@ -102,15 +102,21 @@ func pattern(p []byte, i int) {
 	}
 }
 
-func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
+// startDemoRig builds the simulated cluster both demo modes run on,
+// logging to stderr with -v and nowhere otherwise.
+func startDemoRig(ctx context.Context, o demoOptions) (*demoRig, error) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	rig, err := newDemoRig(ctx, o, logger)
+	return newDemoRig(ctx, o, logger)
+}
+
+func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	rig, err := startDemoRig(ctx, o)
 	if err != nil {
 		return err
 	}

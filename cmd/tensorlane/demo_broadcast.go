@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -43,11 +41,7 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if o.verbose {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	rig, err := newDemoRig(ctx, o, logger)
+	rig, err := startDemoRig(ctx, o)
 	if err != nil {
 		return err
 	}

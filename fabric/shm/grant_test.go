@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp/caps"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -63,23 +63,6 @@ func wholeFile(t *testing.T, fd int) []byte {
 	n, err := unix.Pread(fd, p, 0)
 	require.NoError(t, err)
 	return p[:n]
-}
-
-// withoutDACOverride runs f on a thread without CAP_DAC_OVERRIDE and
-// CAP_DAC_READ_SEARCH in its effective set, as an unprivileged process of
-// our user would (the tests may run as root).
-func withoutDACOverride(t *testing.T, f func()) {
-	runtime.LockOSThread()
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var saved, data [2]unix.CapUserData
-	require.NoError(t, unix.Capget(&hdr, &saved[0]))
-	data = saved
-	data[0].Effective &^= 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH
-	require.NoError(t, unix.Capset(&hdr, &data[0]))
-	f()
-	if unix.Capset(&hdr, &saved[0]) == nil {
-		runtime.UnlockOSThread() // else the thread dies with the goroutine
-	}
 }
 
 func secretAlloc(t *testing.T, m *tensor.SimMemory, n int64, b byte) []byte {
@@ -141,7 +124,7 @@ func TestGrantRefusesWrite(t *testing.T) {
 	reopen := "/proc/self/fd/" + strconv.Itoa(fd)
 	owned := ownerMemfds(t, "/proc/self/fd", "tensorlane-sim")
 	require.NotEmpty(t, owned, "the owner's own descriptors")
-	withoutDACOverride(t, func() {
+	caps.WithoutDACOverride(t, func() {
 		for _, path := range append([]string{reopen}, owned...) {
 			w, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 			if err == nil {
@@ -194,7 +177,7 @@ func TestCrossProcessGrant(t *testing.T) {
 	// One memfd per allocation, plus the read-only open the owner keeps of
 	// the one it shared.
 	require.Len(t, owned, len(sizes)+1, "the owner's descriptors of its allocations")
-	withoutDACOverride(t, func() {
+	caps.WithoutDACOverride(t, func() {
 		for _, path := range append([]string{"/proc/self/fd/" + strconv.Itoa(fd)}, owned...) {
 			w, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 			if err == nil {

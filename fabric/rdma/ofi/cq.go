@@ -249,27 +249,10 @@ func (q *cq) closeEP(ep *C.tl_ep) {
 // operation reported unless it was flushed already. A broken queue pair
 // whose last operation came back closes its endpoint now.
 func (q *cq) completeLocked(ctx unsafe.Pointer, st rdma.Status, err error) *op {
-	if ctx == nil {
-		return nil
+	o := q.takeLocked(ctx)
+	if o != nil {
+		q.finishLocked(o, st, err)
 	}
-	id := uint64(C.tl_ctx_id(ctx))
-	o := q.ops[id]
-	delete(q.ops, id)
-	C.tl_ctx_free(ctx)
-	if o == nil {
-		return nil
-	}
-	q.releaseLocked(o)
-	p := o.qp
-	if p.draining && p.live == 0 && p.ep != nil {
-		C.tl_ep_close(p.ep)
-		p.ep = nil
-		delete(q.qps, p)
-	}
-	if o.done {
-		return nil
-	}
-	q.finishLocked(o, st, err)
 	return o
 }
 
