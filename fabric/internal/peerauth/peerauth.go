@@ -111,7 +111,9 @@ func StatusFor(err error) byte {
 		return StatusUnauthorized
 	case errors.Is(err, fabric.ErrBadRequest):
 		return StatusBadRequest
-	case errors.Is(err, fabric.ErrOwnerClosed):
+	case errors.Is(err, fabric.ErrOwnerClosed), errors.Is(err, fabric.ErrClosed):
+		// A transport of the owner that is closed is the owner shutting
+		// down; the reader must learn that, not an internal error.
 		return StatusClosing
 	}
 	return StatusInternal

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -247,4 +248,28 @@ func TestServerRefusesOtherProtocols(t *testing.T) {
 	_, err := ServerWith(fuzzRW{bytes.NewReader(in), &out}, skey, nil, Options{})
 	assert.ErrorIs(t, err, fabric.ErrBadRequest)
 	assert.Equal(t, StatusBadRequest, out.Bytes()[0], "the other end is told why")
+}
+
+// Every condition the owner reports must reach the reader as the same
+// fabric sentinel: an owner whose transport closed mid-request is shutting
+// down, not failing internally (seen as an untyped error in the rdma
+// conformance run before StatusFor knew fabric.ErrClosed).
+func TestStatusRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		owner error
+		want  error
+	}{
+		{fabric.ErrObjectNotFound, fabric.ErrObjectNotFound},
+		{fabric.ErrObjectFreed, fabric.ErrObjectFreed},
+		{fabric.ErrStaleRef, fabric.ErrStaleRef},
+		{fabric.ErrUnauthorized, fabric.ErrUnauthorized},
+		{fabric.ErrBadRequest, fabric.ErrBadRequest},
+		{fabric.ErrOwnerClosed, fabric.ErrOwnerClosed},
+		{fmt.Errorf("rdma: register on nic0: %w", fabric.ErrClosed), fabric.ErrOwnerClosed},
+	} {
+		got := StatusError(StatusFor(tc.owner), tc.owner.Error())
+		assert.ErrorIs(t, got, tc.want, "owner said %v", tc.owner)
+	}
+	internal := StatusError(StatusFor(errors.New("disk on fire")), "disk on fire")
+	assert.NotErrorIs(t, internal, fabric.ErrOwnerClosed)
 }
