@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -141,6 +142,10 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 	r.paths.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
 		Provider: prov, Identity: c.Identity, PSK: c.ClusterKey, Source: r.objects, Sink: r.sinks, Authorize: r.authorize, Logger: r.log,
 		Limits: c.DataLimits, ListenerMetrics: r.listen,
+		// An owner that cannot resolve a claim makes no progress: the
+		// reader's StallTimeout bounds that too (the rdma default, 5 s,
+		// when it is longer).
+		OpenTimeout: min(5*time.Second, c.StallTimeout),
 	})
 	if err != nil {
 		return err

@@ -149,6 +149,10 @@ func (n nopRelease) Export(a tensor.Access) (tensor.Handle, error) {
 func (n nopRelease) Release() error { return nil }
 
 // fillPattern writes bytes that differ between positions and seeds.
+// norace: the bytes are written before any transfer sees them, and checking
+// each store made large fills cost seconds under -race.
+//
+//go:norace
 func fillPattern(p []byte, seed byte) {
 	for i := range p {
 		p[i] = byte(i*7+i>>13) ^ seed

@@ -27,10 +27,19 @@ func Fill(t testing.TB, m Memories, dev tensor.DeviceID, dt tensor.DType, shape 
 	require.NoError(t, err)
 	p, err := x.SpanBytes()
 	require.NoError(t, err)
+	pattern(p)
+	return x
+}
+
+// pattern writes bytes that differ between nearby positions.
+// norace: the tensor is fresh and not shared yet, and checking each
+// one-byte store made filling a large tensor cost seconds under -race.
+//
+//go:norace
+func pattern(p []byte) {
 	for i := range p {
 		p[i] = byte(i*31 + i>>11)
 	}
-	return x
 }
 
 // SameBytes fails the test unless a and b hold the same bytes.
