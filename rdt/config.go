@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -83,6 +84,13 @@ type Config struct {
 	// declares it dead at once.
 	HeartbeatInterval time.Duration
 	HeartbeatMisses   int
+	// Clock drives the lifecycle timers: lease renewal and expiry, the
+	// linger of a Get's lease, heartbeats (their period and each ping's
+	// bound) and the times of PeerEvents. Default: the wall clock. Tests
+	// pass a clockwork.FakeClock to expire a lease or miss heartbeats by
+	// advancing it instead of sleeping. Network and transfer timeouts
+	// (StallTimeout, TransferTimeout) stay on the wall clock.
+	Clock clockwork.Clock
 	// ClusterKey, when set (32 bytes), makes the runtime a member of a
 	// private cluster: the control channel is a libp2p private network
 	// with this key, and data connections prove knowledge of it in their
@@ -242,6 +250,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.HeartbeatMisses <= 0 {
 		out.HeartbeatMisses = 3
+	}
+	if out.Clock == nil {
+		out.Clock = clockwork.NewRealClock()
 	}
 	if out.ClusterKey != nil && len(out.ClusterKey) != 32 {
 		return out, fmt.Errorf("rdt: ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))

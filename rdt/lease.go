@@ -143,7 +143,7 @@ func (r *Runtime) unget(ref Ref) {
 	if ok && h.gets > 0 {
 		h.gets--
 		if h.unused() {
-			h.idle = time.Now()
+			h.idle = r.cfg.Clock.Now()
 			select {
 			case r.idleKick <- struct{}{}:
 			default:
@@ -158,7 +158,7 @@ func (r *Runtime) unget(ref Ref) {
 func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
 	byOwner := map[peer.ID][]fabric.Claim{}
 	layouts := map[peer.ID][]layoutSum{}
-	now := time.Now()
+	now := r.cfg.Clock.Now()
 	r.holdMu.Lock()
 	for k, h := range r.holds {
 		if !h.unused() {
@@ -299,11 +299,12 @@ func (r *Runtime) kickReaper() {
 // lifeLoop renews this runtime's leases and expires others' on its objects.
 func (r *Runtime) lifeLoop(ctx context.Context) {
 	defer r.loops.Done()
-	renew := time.NewTicker(r.cfg.LeaseRenew)
+	clk := r.cfg.Clock
+	renew := clk.NewTicker(r.cfg.LeaseRenew)
 	defer renew.Stop()
 	// Expiry is checked a few times per expiry period so a lease outlives
 	// its deadline by at most a quarter of it.
-	expire := time.NewTicker(r.cfg.LeaseExpiry / 4)
+	expire := clk.NewTicker(r.cfg.LeaseExpiry / 4)
 	defer expire.Stop()
 	var idle <-chan time.Time // armed while Get-only leases linger
 	for {
@@ -312,16 +313,16 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 			return
 		case <-r.idleKick:
 			if idle == nil {
-				idle = time.After(r.linger())
+				idle = clk.After(r.linger())
 			}
 		case <-idle:
 			idle = nil
 			if r.releaseIdle(ctx) {
-				idle = time.After(r.linger())
+				idle = clk.After(r.linger())
 			}
-		case <-renew.C:
+		case <-renew.Chan():
 			r.renewLeases(ctx)
-		case <-expire.C:
+		case <-expire.Chan():
 			r.expireLeases()
 		case <-r.reap:
 			r.expireLeases()
@@ -330,7 +331,7 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 }
 
 func (r *Runtime) expireLeases() {
-	if n := r.objects.expire(time.Now()); n > 0 {
+	if n := r.objects.expire(r.cfg.Clock.Now()); n > 0 {
 		r.lifeMetrics.leasesExpired.Add(float64(n))
 		r.log.Info("reader leases expired", "count", n)
 	}

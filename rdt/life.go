@@ -185,7 +185,7 @@ func (r *Runtime) handleLife(s network.Stream) {
 // runtime's objects and returns a status per claim.
 func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) []byte {
 	out := make([]byte, len(claims))
-	expires := time.Now().Add(r.cfg.LeaseExpiry)
+	expires := r.cfg.Clock.Now().Add(r.cfg.LeaseExpiry)
 	if who == r.host.ID() {
 		expires = noExpiry
 	}

@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -31,6 +33,33 @@ func fastLife(c *Config) {
 	c.LeaseExpiry = 250 * time.Millisecond
 	c.HeartbeatInterval = 200 * time.Millisecond
 	c.HeartbeatMisses = 3
+}
+
+// fakeLife is fastLife on a fake clock shared by every runtime of the test:
+// leases expire and heartbeats go unanswered when the test advances clk,
+// not after real time. Network bounds stay on the wall clock.
+func fakeLife(clk *clockwork.FakeClock) func(*Config) {
+	return func(c *Config) {
+		fastLife(c)
+		c.Clock = clk
+	}
+}
+
+// renewed advances clk by one renewal period and waits until owner has
+// served the lease request that tick sends (the reader's renewal): the
+// next step of the clock then starts from a renewed lease, whatever the
+// machine's load.
+func renewed(t *testing.T, clk *clockwork.FakeClock, owner *Runtime) {
+	t.Helper()
+	before := leaseRequests(t, owner)
+	clk.Advance(owner.cfg.LeaseRenew)
+	require.Eventually(t, func() bool { return leaseRequests(t, owner) > before }, 10*time.Second, time.Millisecond,
+		"no renewal reached the owner after the clock passed LeaseRenew")
+}
+
+func leaseRequests(t *testing.T, r *Runtime) float64 {
+	t.Helper()
+	return testutil.ToFloat64(r.lifeMetrics.leaseRequests.WithLabelValues("lease"))
 }
 
 func counter(t *testing.T, r *Runtime, name string) float64 {
@@ -62,7 +91,8 @@ func used(t *testing.T, r *Runtime, dev tensor.DeviceID) int64 {
 
 func TestReleaseWaitsForReaders(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, fastLife)
+	clk := clockwork.NewFakeClock()
+	p := newPair(t, fakeLife(clk))
 	owner, _ := p.a.Spawn("owner")
 	r1, _ := p.b.Spawn("r1")
 	r2, _ := p.b.Spawn("r2")
@@ -83,8 +113,12 @@ func TestReleaseWaitsForReaders(t *testing.T) {
 	assert.Equal(t, 1, p.a.Objects(), "a reader still holds it")
 	require.NoError(t, r1.Release(ctx, ref))
 	assert.Equal(t, 1, p.a.Objects(), "r2 still holds it")
-	// Renewals keep it alive well past the expiry.
-	time.Sleep(3 * p.a.cfg.LeaseExpiry)
+	// Renewals keep it alive well past the expiry (the owner checks
+	// expiry four times per LeaseExpiry, on the same clock).
+	start := clk.Now()
+	for clk.Since(start) < 3*p.a.cfg.LeaseExpiry {
+		renewed(t, clk, p.a)
+	}
 	assert.Equal(t, 1, p.a.Objects(), "renewed leases do not expire")
 
 	require.NoError(t, r2.Release(ctx, ref))
@@ -100,7 +134,8 @@ func TestReleaseWaitsForReaders(t *testing.T) {
 
 func TestLeaseExpiryFreesObject(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, fastLife)
+	clk := clockwork.NewFakeClock()
+	p := newPair(t, fakeLife(clk))
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
@@ -112,12 +147,17 @@ func TestLeaseExpiryFreesObject(t *testing.T) {
 	// The reader dies without releasing (simulated crash): its lease is
 	// never renewed again and expires on the owner.
 	p.b.abandonHolds = true
-	start := time.Now()
 	require.NoError(t, p.b.Shutdown(ctx))
+	// Just short of its expiry the lease still holds the object.
+	clk.Advance(p.a.cfg.LeaseExpiry - time.Millisecond)
+	p.a.expireLeases() // the life loop's expiry pass, run here to see its result
+	assert.Equal(t, 1, p.a.Objects(), "the lease has not expired yet")
+	assert.Zero(t, counter(t, p.a, "tensorlane_leases_expired_total"))
+	// Past it, the owner's next expiry pass frees the object.
+	clk.Advance(p.a.cfg.LeaseExpiry / 2)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, owner.WaitFreed(wctx, ref))
-	t.Logf("object freed %v after its only reader died (LeaseExpiry %v)", time.Since(start).Round(time.Millisecond), p.a.cfg.LeaseExpiry)
 	assert.Equal(t, int64(0), used(t, p.a, tensor.GPUDevice(0)))
 	// The expiry pass frees the object before it counts what expired.
 	assert.Eventually(t, func() bool { return counter(t, p.a, "tensorlane_leases_expired_total") >= 1 },
@@ -160,7 +200,8 @@ func TestGetLeavesNothingHeld(t *testing.T) {
 
 func TestFreeRevokesHeldRefs(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, fastLife)
+	clk := clockwork.NewFakeClock()
+	p := newPair(t, fakeLife(clk))
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
@@ -172,7 +213,9 @@ func TestFreeRevokesHeldRefs(t *testing.T) {
 	_, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
 	assert.ErrorIs(t, err, ErrObjectFreed)
 	// The next renewal tells the reader the ref is gone.
-	require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1, p.b.holdCount(), "no renewal yet")
+	renewed(t, clk, p.a)
+	require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, time.Millisecond)
 	assert.ErrorIs(t, reader.Hold(ctx, ref), ErrObjectFreed)
 
 	// WaitFreed is for owners, and honours its context.
@@ -256,6 +299,25 @@ func TestOwnerDiesMidTransfer(t *testing.T) {
 	assert.ErrorIs(t, err, ErrOwnerDied)
 }
 
+// advanceUntil advances clk by step whenever the runtimes have nothing
+// left to do at the current time (a few real milliseconds without a
+// result) until res delivers; it fails the test after a generous real-time
+// bound, which catches a hang and measures nothing.
+func advanceUntil(t *testing.T, clk *clockwork.FakeClock, step time.Duration, res <-chan error) error {
+	t.Helper()
+	bound := time.After(30 * time.Second)
+	for {
+		select {
+		case err := <-res:
+			return err
+		case <-bound:
+			t.Fatalf("nothing returned after the clock advanced to %v", clk.Now())
+		case <-time.After(5 * time.Millisecond):
+			clk.Advance(step)
+		}
+	}
+}
+
 func nextEvent(t *testing.T, ch <-chan PeerEvent, kind PeerEventKind) PeerEvent {
 	t.Helper()
 	timeout := time.After(20 * time.Second)
@@ -274,7 +336,8 @@ func nextEvent(t *testing.T, ch <-chan PeerEvent, kind PeerEventKind) PeerEvent 
 
 func TestHeartbeatDetectsHungOwner(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, fastLife)
+	clk := clockwork.NewFakeClock()
+	p := newPair(t, fakeLife(clk))
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<20)
@@ -287,15 +350,21 @@ func TestHeartbeatDetectsHungOwner(t *testing.T) {
 
 	// The owner hangs (simulated): connections stay open, nothing answers,
 	// reads never start. Only heartbeats can tell.
+	// Heartbeats run on the fake clock: the test advances it one interval
+	// at a time while the Get waits, so each ping goes unanswered for a
+	// full interval of the runtime's time without the test sleeping one.
 	p.a.blackholed.Store(true)
-	hung := time.Now()
-	_, err = reader.Get(ctx, ref, tensor.GPUDevice(1))
-	took := time.Since(hung)
+	hung := clk.Now()
+	res := make(chan error, 1)
+	go func() {
+		_, err := reader.Get(ctx, ref, tensor.GPUDevice(1))
+		res <- err
+	}()
+	err = advanceUntil(t, clk, p.b.cfg.HeartbeatInterval, res)
 	require.ErrorIs(t, err, ErrOwnerDied)
 	ev := nextEvent(t, events, PeerDied)
 	assert.Equal(t, "missed heartbeats", ev.Reason)
-	bound := time.Duration(p.b.cfg.HeartbeatMisses+1) * p.b.cfg.HeartbeatInterval
-	t.Logf("hung owner detected by heartbeat after %v (interval %v, %d misses; bound %v)", took.Round(time.Millisecond), p.b.cfg.HeartbeatInterval, p.b.cfg.HeartbeatMisses, bound)
+	t.Logf("hung owner detected by heartbeat after %v of the runtime's clock (interval %v, %d misses)", ev.At.Sub(hung), p.b.cfg.HeartbeatInterval, p.b.cfg.HeartbeatMisses)
 	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(1)))
 	// The verdict is final for that incarnation.
 	_, err = reader.Get(ctx, ref, tensor.GPUDevice(1))

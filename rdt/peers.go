@@ -243,7 +243,7 @@ func (t *peerTable) watch(id peer.ID, ch chan PeerEvent) func() {
 	st.watch[w] = struct{}{}
 	var first []PeerEvent
 	if st.alive {
-		first = []PeerEvent{{Peer: id, Kind: PeerAlive, Incarnation: st.inc, At: time.Now()}}
+		first = []PeerEvent{{Peer: id, Kind: PeerAlive, Incarnation: st.inc, At: t.r.cfg.Clock.Now()}}
 	}
 	t.mu.Unlock()
 	w.send(first)
@@ -280,7 +280,7 @@ func (t *peerTable) sawAlive(id peer.ID, inc uint64) {
 		t.mu.Unlock()
 		return
 	}
-	now := time.Now()
+	now := t.r.cfg.Clock.Now()
 	var evs []PeerEvent
 	var died []uint64
 	if st.alive {
@@ -321,7 +321,7 @@ func (t *peerTable) declareDead(id peer.ID, reason string) {
 		t.mu.Unlock()
 		return
 	}
-	now := time.Now()
+	now := t.r.cfg.Clock.Now()
 	var evs []PeerEvent
 	var died []uint64
 	if st.alive {
@@ -377,7 +377,8 @@ func (t *peerTable) monitor(ctx context.Context, st *peerState) {
 	defer t.wg.Done()
 	r := t.r
 	interval, misses := r.cfg.HeartbeatInterval, 0
-	tick := time.NewTicker(interval)
+	clk := r.cfg.Clock
+	tick := clk.NewTicker(interval)
 	defer tick.Stop()
 	ping := func(kicked bool) {
 		if kicked {
@@ -387,7 +388,9 @@ func (t *peerTable) monitor(ctx context.Context, st *peerState) {
 				sw.Backoff().Clear(st.id)
 			}
 		}
-		pctx, cancel := context.WithTimeout(ctx, interval)
+		// The ping's bound is on the clock too: a missed heartbeat is a
+		// clock event, so a fake clock decides when one is missed.
+		pctx, cancel := clockTimeout(ctx, clk, interval)
 		reply, err := r.call(pctx, st.id, lifeMsg{kind: kindPing})
 		cancel()
 		if ctx.Err() != nil {
@@ -423,7 +426,7 @@ func (t *peerTable) monitor(ctx context.Context, st *peerState) {
 			if r.host.Network().Connectedness(st.id) != network.Connected {
 				ping(true)
 			}
-		case <-tick.C:
+		case <-tick.Chan():
 			ping(false)
 		}
 	}
