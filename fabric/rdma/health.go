@@ -17,7 +17,7 @@ import (
 // marked; the first mark of a rail is logged (Warn) and counted
 // (tensorlane_rail_health_pauses_total{rail}), a renewal is not.
 func (t *Transport) Degrade(nic, addr string, d time.Duration, reason string) []string {
-	now := time.Now()
+	now := t.cfg.Clock.Now()
 	var marked, fresh []string
 	for _, r := range t.matching(nic, addr) {
 		r.mu.Lock()
@@ -47,7 +47,7 @@ func (t *Transport) Degrade(nic, addr string, d time.Duration, reason string) []
 // Recover clears Degrade's mark on the matching rails (logged when one was
 // marked) and returns the labels of those that were degraded.
 func (t *Transport) Recover(nic, addr string) []string {
-	now := time.Now()
+	now := t.cfg.Clock.Now()
 	var out []string
 	for _, r := range t.matching(nic, addr) {
 		r.mu.Lock()

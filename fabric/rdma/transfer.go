@@ -258,7 +258,7 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 		waiting := false // a rail is connecting: progress is possible later
 		// Degraded rails (link telemetry) get no new slice while a healthy
 		// rail can take it; when none can, they still carry the transfer.
-		at := time.Now()
+		at := t.cfg.Clock.Now()
 		skipDegraded := false
 		for _, r := range usable {
 			if !r.degraded(at) && r.takesSlices(at) {
@@ -283,8 +283,7 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 					waiting = waiting || err == nil
 					continue
 				}
-				_, _, _, rate := r.state()
-				score := float64(perRail[r]+1) / rate
+				score := float64(perRail[r]+1) / r.rate()
 				if total == 1 {
 					score = float64(i + 1) // one slice: the nearest rail that works
 				}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -67,6 +68,11 @@ type Config struct {
 	ControlTimeout time.Duration
 	Logger         *slog.Logger
 	Metrics        *Metrics
+	// Clock times the rails' pauses and degraded marks (PauseBase..PauseMax,
+	// Degrade's d); default the wall clock. A test passes a
+	// clockwork.FakeClock and advances it past a pause instead of waiting
+	// one out. Transfer and queue-pair timing stay on the wall clock.
+	Clock clockwork.Clock
 
 	growSlices bool // SliceSize was defaulted: slices grow with the transfer
 }
@@ -117,6 +123,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
 	}
 	return nil
 }
@@ -445,7 +454,7 @@ func (t *Transport) ready(r *rail) (QueuePair, error) {
 	if r.qp != nil && r.qp.Err() == nil {
 		return r.qp, nil
 	}
-	if time.Now().Before(r.pausedUntil) {
+	if t.cfg.Clock.Now().Before(r.pausedUntil) {
 		return nil, errPaused
 	}
 	if r.connecting {
@@ -516,7 +525,7 @@ func (t *Transport) railFailed(r *rail, qp QueuePair, err error) {
 	var pause time.Duration
 	if r.failures >= t.cfg.PauseAfter {
 		pause = min(t.cfg.PauseBase<<min(r.failures-t.cfg.PauseAfter, 20), t.cfg.PauseMax)
-		r.pausedUntil = time.Now().Add(pause)
+		r.pausedUntil = t.cfg.Clock.Now().Add(pause)
 	}
 	failures := r.failures
 	r.mu.Unlock()
@@ -549,10 +558,11 @@ func (r *rail) succeeded(n int, service time.Duration) {
 	}
 }
 
-func (r *rail) state() (qpOK bool, paused bool, until time.Time, rate float64) {
+// rate is the rail's measured throughput (bytes/s).
+func (r *rail) rate() float64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.qp != nil && r.qp.Err() == nil, time.Now().Before(r.pausedUntil), r.pausedUntil, r.ewma
+	return r.ewma
 }
 
 // RailState describes one rail of the transport, for Explain-style output and
@@ -582,11 +592,12 @@ func (t *Transport) Rails() []RailState {
 	}
 	t.mu.Unlock()
 	out := make([]RailState, 0, len(rails))
+	now := t.cfg.Clock.Now()
 	for _, r := range rails {
 		r.mu.Lock()
 		out = append(out, RailState{Label: r.label, Owner: r.peer.String(), Addr: r.remote.Addr,
 			Connected: r.qp != nil && r.qp.Err() == nil, PausedUntil: r.pausedUntil, Failures: r.failures, GBps: r.ewma / 1e9,
-			Degraded: time.Now().Before(r.degradedUntil), DegradedUntil: r.degradedUntil, DegradedReason: r.degradedReason})
+			Degraded: now.Before(r.degradedUntil), DegradedUntil: r.degradedUntil, DegradedReason: r.degradedReason})
 		r.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b RailState) int {
