@@ -318,6 +318,26 @@ func advanceUntil(t *testing.T, clk *clockwork.FakeClock, step time.Duration, re
 	}
 }
 
+// nextEventAdvancing is nextEvent while the clock runs: it advances clk by
+// step whenever no event came for a few real milliseconds.
+func nextEventAdvancing(t *testing.T, clk *clockwork.FakeClock, step time.Duration, ch <-chan PeerEvent, kind PeerEventKind) PeerEvent {
+	t.Helper()
+	bound := time.After(30 * time.Second)
+	for {
+		select {
+		case ev, ok := <-ch:
+			require.True(t, ok, "watch channel closed before a %v event", kind)
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-bound:
+			t.Fatalf("no %v event after the clock advanced to %v", kind, clk.Now())
+		case <-time.After(5 * time.Millisecond):
+			clk.Advance(step)
+		}
+	}
+}
+
 func nextEvent(t *testing.T, ch <-chan PeerEvent, kind PeerEventKind) PeerEvent {
 	t.Helper()
 	timeout := time.After(20 * time.Second)
@@ -371,34 +391,44 @@ func TestHeartbeatDetectsHungOwner(t *testing.T) {
 	assert.ErrorIs(t, err, ErrOwnerDied)
 }
 
-// TestDetectionTimes measures, with the default heartbeat settings, how
-// long a watcher takes to learn that a peer died: by connection loss (the
-// peer's process ends) and by heartbeat alone (the peer hangs).
+// TestDetectionTimes: with the default heartbeat settings, how long a
+// watcher takes to learn that a peer died, on the runtime's clock (a fake
+// one the test advances): by connection loss (the peer's process ends) it
+// takes no clock time at all, no heartbeat need be due; by heartbeats alone
+// (the peer hangs) it takes HeartbeatMisses intervals, give or take one.
 func TestDetectionTimes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("takes a few seconds with the default heartbeat")
-	}
 	ctx := context.Background()
-	measure := func(kill func(*Runtime)) (time.Duration, PeerEvent) {
-		p := newPair(t, nil)
+	measure := func(kill func(*Runtime), advance bool) (time.Duration, PeerEvent) {
+		clk := clockwork.NewFakeClock()
+		p := newPair(t, func(c *Config) { c.Clock = clk })
 		require.NoError(t, p.b.Connect(ctx, p.a.AddrInfo()))
 		events := p.b.WatchPeer(ctx, p.a.ID())
 		nextEvent(t, events, PeerAlive)
-		start := time.Now()
+		start, began := clk.Now(), time.Now()
 		kill(p.a)
-		ev := nextEvent(t, events, PeerDied)
+		var ev PeerEvent
+		if advance {
+			ev = nextEventAdvancing(t, clk, p.b.cfg.HeartbeatInterval/4, events, PeerDied)
+		} else {
+			ev = nextEvent(t, events, PeerDied)
+		}
+		t.Logf("%s: detected after %v of the runtime's clock, %v of real time", ev.Reason, ev.At.Sub(start), time.Since(began).Round(time.Millisecond))
 		return ev.At.Sub(start), ev
 	}
 	lost, ev1 := measure(func(r *Runtime) {
 		dead, cancel := context.WithCancel(ctx)
 		cancel()
 		r.Shutdown(dead)
-	})
+	}, false)
 	assert.Equal(t, "connection lost", ev1.Reason)
-	hung, ev2 := measure(func(r *Runtime) { r.blackholed.Store(true) })
+	assert.Zero(t, lost, "a lost connection is noticed before any heartbeat is due")
+	hung, ev2 := measure(func(r *Runtime) { r.blackholed.Store(true) }, true)
 	assert.Equal(t, "missed heartbeats", ev2.Reason)
-	t.Logf("detection with defaults (heartbeat 1s, 3 misses): connection loss %v, heartbeat only %v", lost.Round(time.Millisecond), hung.Round(time.Millisecond))
-	assert.Less(t, lost, hung, "a lost connection is noticed before missed heartbeats")
+	c, err := (&Config{IgnoreEnv: true}).withDefaults()
+	require.NoError(t, err)
+	misses := time.Duration(c.HeartbeatMisses) * c.HeartbeatInterval
+	assert.GreaterOrEqual(t, hung, misses, "declared dead before %d heartbeats were missed", c.HeartbeatMisses)
+	assert.LessOrEqual(t, hung, misses+c.HeartbeatInterval)
 }
 
 func TestRestartWithSameIdentity(t *testing.T) {
