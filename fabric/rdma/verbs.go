@@ -254,4 +254,8 @@ var (
 	ErrQueueFull = errors.New("rdma: send queue full")
 	ErrNotConn   = errors.New("rdma: queue pair not connected")
 	ErrNoDevice  = errors.New("rdma: no such device")
+	// ErrEncrypt: a Config asked for encryption, which rdma does not do
+	// (bytes move between registered memories as they are); tcp serves
+	// a runtime that must encrypt.
+	ErrEncrypt = errors.New("rdma: Encrypt is set, and rdma does not encrypt")
 )

@@ -2,12 +2,9 @@ package stack
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -74,7 +71,7 @@ type Config struct {
 	// DataAddr's host, port 0), so each NIC is a real, separately measured
 	// rail. Queue pairs prove the cluster key when one is set (a provider
 	// that cannot must fail). RDMA moves bytes between device memories
-	// without encrypting them, so Node.EncryptData turns the path off,
+	// without encrypting them, so Node.Encrypt turns the path off,
 	// whatever the provider (tcp serves instead, the log and Explain say
 	// so). DisableRDMA turns the path off.
 	RDMAProvider rdma.Provider
@@ -110,24 +107,17 @@ type Config struct {
 	LinkHealthPause time.Duration
 }
 
-// Node is who the stack serves: the runtime's identity and security
-// settings, its place in the topology and its object tables. The runtime
-// fills it in; these are not user settings of the transports.
+// Node is who the stack serves: the runtime's security block (handed to
+// every transport alike), its place in the topology and its object
+// tables. The runtime fills it in; these are not user settings of the
+// transports.
 type Node struct {
-	// Identity is the runtime's libp2p key; data connections authenticate
-	// against it. Required.
-	Identity crypto.PrivKey
-	// ClusterKey (32 bytes, or nil) is proven in every data handshake and
-	// by rdma queue pairs. EncryptData encrypts tcp data connections and
-	// turns rdma off (it does not encrypt).
-	ClusterKey  []byte
-	EncryptData bool
-	// Authorize admits a peer's data connections; nil admits every
-	// authenticated peer.
-	Authorize func(peer.ID) error
-	// StallTimeout fails a transfer that makes no progress for this long;
-	// default 30 s.
-	StallTimeout time.Duration
+	// Security: Identity (required), PSK (the cluster key, proven in
+	// every data handshake and by rdma queue pairs), Encrypt (encrypts tcp
+	// data connections and turns rdma off: it does not encrypt),
+	// Authorize (nil admits every authenticated peer), StallTimeout
+	// (default 30 s) and Logger (default: discard); see fabric.Security.
+	fabric.Security
 	// Process is the runtime's instance ID (fabric.Endpoint.Process);
 	// Cluster and Host place it in the topology. Cluster is required.
 	Process string
@@ -137,9 +127,8 @@ type Node struct {
 	// resolves the claims of pushes into its slots (nil refuses pushes).
 	Source fabric.Source
 	Sink   fabric.Sink
-	// Logger defaults to discarding; Registerer (the transports' and
-	// listeners' metrics) to a private registry.
-	Logger     *slog.Logger
+	// Registerer receives the transports' and listeners' metrics; default
+	// a private registry.
 	Registerer prometheus.Registerer
 }
 
@@ -175,23 +164,14 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 func (n Node) withDefaults() (Node, error) {
-	if n.Identity == nil {
-		return n, fmt.Errorf("stack: Node.Identity is required")
+	if err := n.Security.Defaults("stack: Node"); err != nil {
+		return n, err
 	}
 	if n.Cluster == nil {
 		return n, fmt.Errorf("stack: Node.Cluster is required")
 	}
 	if n.Source == nil {
 		return n, fmt.Errorf("stack: Node.Source is required")
-	}
-	if n.ClusterKey != nil && len(n.ClusterKey) != 32 {
-		return n, fmt.Errorf("stack: ClusterKey must be 32 bytes, got %d", len(n.ClusterKey))
-	}
-	if n.StallTimeout <= 0 {
-		n.StallTimeout = 30 * time.Second
-	}
-	if n.Logger == nil {
-		n.Logger = slog.New(slog.DiscardHandler)
 	}
 	if n.Registerer == nil {
 		n.Registerer = prometheus.NewRegistry()

@@ -23,7 +23,7 @@ func Example() {
 	})
 	s, err := stack.Start(context.Background(),
 		stack.Config{DisableRDMA: true, IgnoreEnv: true},
-		stack.Node{Identity: key, Cluster: cl, Host: "h0", Process: "example", Source: objects})
+		stack.Node{Security: fabric.Security{Identity: key}, Cluster: cl, Host: "h0", Process: "example", Source: objects})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -87,7 +87,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	}})
 	require.NoError(t, err)
 	token := []byte("tok")
-	h.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey,
+	h.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if !bytes.Equal(c.Token, token) {
 				return nil, fabric.ErrUnauthorized
@@ -114,7 +114,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	h.metrics = rdma.NewMetrics(prometheus.NewRegistry())
 	// 256 KiB slices: the slices already in flight on the shaped rail when
 	// it is paused finish within half a second.
-	h.tr, err = rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, Metrics: h.metrics, Logger: log, SliceSize: 256 << 10})
+	h.tr, err = rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey, Logger: log}, Metrics: h.metrics, SliceSize: 256 << 10})
 	require.NoError(t, err)
 	h.health.setRDMA(h.tr)
 	t.Cleanup(func() {

@@ -20,8 +20,8 @@ func (s *Stack) startRDMA(ctx context.Context) error {
 	if c.DisableRDMA {
 		return nil
 	}
-	if n.EncryptData {
-		s.log.Info("rdma not started: EncryptData is set and rdma does not encrypt; tcp serves other hosts")
+	if n.Encrypt {
+		s.log.Info("rdma not started: data connections must be encrypted (EncryptData) and rdma does not encrypt; tcp serves other hosts")
 		return nil
 	}
 	prov, err := s.provider()
@@ -30,14 +30,14 @@ func (s *Stack) startRDMA(ctx context.Context) error {
 	}
 	s.rdmaProv = prov
 	s.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
-		Provider: prov, Identity: n.Identity, PSK: n.ClusterKey, Source: n.Source, Sink: n.Sink, Authorize: n.Authorize, Logger: s.log,
+		Provider: prov, Security: n.Security, Source: n.Source, Sink: n.Sink,
 		Limits: c.Limits, ListenerMetrics: s.listen,
 	})
 	if err != nil {
 		return err
 	}
 	s.rdmaTr, err = rdma.New(ctx, rdma.Config{
-		Provider: prov, Identity: n.Identity, PSK: n.ClusterKey, Topology: n.Cluster, Host: n.Host, Logger: s.log,
+		Provider: prov, Security: n.Security, Topology: n.Cluster, Host: n.Host,
 		Metrics: rdma.NewMetrics(n.Registerer),
 	})
 	if err == nil {

@@ -72,16 +72,14 @@ func Start(ctx context.Context, cfg Config, node Node) (*Stack, error) {
 			s.Close()
 		}
 	}()
-	s.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: n.Identity, Source: n.Source, Sink: n.Sink, StallTimeout: n.StallTimeout, Logger: s.log,
-		PSK: n.ClusterKey, Encrypt: n.EncryptData, Authorize: n.Authorize, Limits: c.Limits, ListenerMetrics: s.listen})
+	s.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Security: n.Security, Source: n.Source, Sink: n.Sink, Limits: c.Limits, ListenerMetrics: s.listen})
 	if err != nil {
 		return nil, err
 	}
 	if s.health, err = s.startLinkHealth(); err != nil {
 		return nil, err
 	}
-	s.tcpTr, err = tcp.New(tcp.Config{Identity: n.Identity, Streams: c.Streams, StallTimeout: n.StallTimeout, Logger: s.log, Compression: c.Compression, Registerer: n.Registerer,
-		PSK: n.ClusterKey, Encrypt: n.EncryptData, Dial: s.health.tcpDial()})
+	s.tcpTr, err = tcp.New(tcp.Config{Security: n.Security, Streams: c.Streams, Compression: c.Compression, Registerer: n.Registerer, Dial: s.health.tcpDial()})
 	if err != nil {
 		return nil, err
 	}
@@ -105,14 +103,14 @@ func (s *Stack) startSHM() error {
 	c, n := s.cfg, s.node
 	var err error
 	s.shmSrv, err = shm.Listen(shm.ServerConfig{
-		Identity: n.Identity, Source: n.Source, Sink: n.Sink, Authorize: n.Authorize, PSK: n.ClusterKey,
-		Dir: c.SHMDir, StallTimeout: n.StallTimeout, Logger: s.log, Limits: c.Limits, ListenerMetrics: s.listen,
+		Security: n.Security, Source: n.Source, Sink: n.Sink,
+		Dir: c.SHMDir, Limits: c.Limits, ListenerMetrics: s.listen,
 	})
 	if err != nil {
 		return err
 	}
 	s.shmCli, err = shm.NewClient(shm.Config{
-		Identity: n.Identity, Topology: n.Cluster, PSK: n.ClusterKey, StallTimeout: n.StallTimeout, Logger: s.log,
+		Security: n.Security, Topology: n.Cluster,
 	})
 	return err
 }

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // must not free the object. Export passes through, so shm can map it.
 type held struct{ tensor.Buffer }
 
-func (held) Release() error { return nil }
+func (held) Release() error  { return nil }
 func (b held) Bytes() []byte { p, _ := tensor.BytesOf(b.Buffer); return p }
 func (b held) Export(a tensor.Access) (tensor.Handle, error) {
 	return b.Buffer.(tensor.Exportable).Export(a)
@@ -107,7 +107,7 @@ func TestServed(t *testing.T) {
 		{"unknown provider leaves rdma off", Config{RDMAProviderKind: "bogus"}, false, []string{fabric.Local, fabric.P2P, fabric.SHM, fabric.TCP}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := start(t, c.cfg, Node{Cluster: cl, Host: "h0", Process: "p", Source: src, EncryptData: c.encrypt})
+			s := start(t, c.cfg, Node{Security: fabric.Security{Encrypt: c.encrypt}, Cluster: cl, Host: "h0", Process: "p", Source: src})
 			assert.Equal(t, c.served, s.Served())
 			addrs := s.Addrs()
 			for _, name := range []string{fabric.SHM, fabric.RDMA, fabric.TCP} {
@@ -139,7 +139,7 @@ func TestRead(t *testing.T) {
 	cl := cluster(t)
 	o := newOwner(t, size)
 	ownerKey, ownerID := testhelp.Key(t)
-	a := start(t, Config{}, Node{Identity: ownerKey, Cluster: cl, Host: "h0", Process: "owner", Source: o})
+	a := start(t, Config{}, Node{Security: fabric.Security{Identity: ownerKey}, Cluster: cl, Host: "h0", Process: "owner", Source: o})
 	local := start(t, Config{}, Node{Cluster: cl, Host: "h0", Process: "reader", Source: o})
 	far := start(t, Config{}, Node{Cluster: cl, Host: "h1", Process: "far", Source: o})
 	remote := fabric.Remote{Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
@@ -182,7 +182,7 @@ func TestLinkTelemetry(t *testing.T) {
 	cl := cluster(t)
 	o := newOwner(t, 1<<20)
 	ownerKey, ownerID := testhelp.Key(t)
-	a := start(t, Config{}, Node{Identity: ownerKey, Cluster: cl, Host: "h0", Process: "owner", Source: o})
+	a := start(t, Config{}, Node{Security: fabric.Security{Identity: ownerKey}, Cluster: cl, Host: "h0", Process: "owner", Source: o})
 	b := start(t, Config{LinkTelemetry: true, DisableRDMA: true}, Node{Cluster: cl, Host: "h1", Process: "far", Source: o,
 		Registerer: prometheus.NewRegistry()})
 	require.NotNil(t, b.LinkMonitor())
@@ -215,7 +215,7 @@ func TestConfigErrors(t *testing.T) {
 	cl := cluster(t)
 	key, _ := testhelp.Key(t)
 	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound })
-	ok := Node{Identity: key, Cluster: cl, Host: "h0", Source: src}
+	ok := Node{Security: fabric.Security{Identity: key}, Cluster: cl, Host: "h0", Source: src}
 	for _, c := range []struct {
 		name string
 		node func(n *Node)
@@ -224,7 +224,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no identity", func(n *Node) { n.Identity = nil }, "Identity"},
 		{"no cluster", func(n *Node) { n.Cluster = nil }, "Cluster"},
 		{"no source", func(n *Node) { n.Source = nil }, "Source"},
-		{"short cluster key", func(n *Node) { n.ClusterKey = []byte("short") }, "32 bytes"},
+		{"short cluster key", func(n *Node) { n.PSK = []byte("short") }, "32 bytes"},
 		{"bad authorize is kept", func(n *Node) { n.Authorize = func(peer.ID) error { return errors.New("no") } }, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -254,14 +254,14 @@ func TestEnv(t *testing.T) {
 	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound })
 	t.Setenv(EnvTransports, "^rdma")
 	t.Setenv(EnvRDMAProvider, "bogus")
-	s, err := Start(context.Background(), Config{Deny: []string{fabric.SHM}}, Node{Identity: key, Cluster: cl, Host: "h0", Source: src})
+	s, err := Start(context.Background(), Config{Deny: []string{fabric.SHM}}, Node{Security: fabric.Security{Identity: key}, Cluster: cl, Host: "h0", Source: src})
 	require.NoError(t, err)
 	assert.Equal(t, []string{fabric.SHM, fabric.RDMA}, s.Config().Deny)
 	assert.Equal(t, "bogus", s.Config().RDMAProviderKind)
 	assert.NotContains(t, s.Served(), fabric.RDMA, "the bogus provider left rdma off")
 	require.NoError(t, s.Close())
 
-	s, err = Start(context.Background(), Config{IgnoreEnv: true}, Node{Identity: key, Cluster: cl, Host: "h0", Source: src})
+	s, err = Start(context.Background(), Config{IgnoreEnv: true}, Node{Security: fabric.Security{Identity: key}, Cluster: cl, Host: "h0", Source: src})
 	require.NoError(t, err)
 	assert.Empty(t, s.Config().Deny)
 	assert.Contains(t, s.Served(), fabric.RDMA)
