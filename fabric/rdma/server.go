@@ -112,9 +112,8 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{}}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Listen: true,
-			Authorize: cfg.Authorize, Handler: &nicHandler{s: s, nic: name}, Logger: cfg.Logger,
-			Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Security: cfg.Security, Listen: true,
+			Handler: &nicHandler{s: s, nic: name}, Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
 		if err != nil {
 			s.Close()
 			return nil, err

@@ -175,7 +175,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("%w: provider %s has no device", ErrNoDevice, cfg.Provider.Name())
 	}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Logger: cfg.Logger})
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Security: cfg.Security})
 		if err != nil {
 			t.Close()
 			return nil, err
