@@ -29,7 +29,9 @@ type ServerConfig struct {
 	// NICs names the provider devices to serve on; default every device
 	// that has an address.
 	NICs []string
-	// OpenTimeout bounds resolving a claim (Source.Open); default 5 s.
+	// OpenTimeout bounds resolving a claim (Source.Open); default 5 s, or
+	// Security.StallTimeout when that is shorter: an owner that cannot
+	// resolve a claim makes no progress, which StallTimeout bounds.
 	OpenTimeout time.Duration
 	// Limits caps the queue pairs each rail accepts (in total and per
 	// peer) and closes those idle for longer than Limits.IdleTimeout; zero
@@ -97,7 +99,7 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		return nil, ErrEncrypt
 	}
 	if cfg.OpenTimeout <= 0 {
-		cfg.OpenTimeout = 5 * time.Second
+		cfg.OpenTimeout = min(5*time.Second, cfg.StallTimeout)
 	}
 	names := cfg.NICs
 	if len(names) == 0 {
