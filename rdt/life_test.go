@@ -11,6 +11,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -580,13 +581,18 @@ func TestClusterKey(t *testing.T) {
 	sameBytes(t, x, got)
 	got.Release()
 
+	// An outsider's dial can stall in the private-network handshake (each
+	// side waits for the other's first bytes) until libp2p's dial timeout,
+	// 5 s on loopback, which the test used to wait out at random: bound
+	// the dial itself. Whichever way it fails, it fails as unreachable.
+	dial := network.WithDialPeerTimeout(ctx, time.Second)
 	for i, r := range rs[2:] {
 		outsider, _ := r.Spawn("outsider")
-		short, cancel := context.WithTimeout(ctx, 10*time.Second)
+		short, cancel := context.WithTimeout(dial, 10*time.Second)
 		_, err := outsider.Get(short, ref, tensor.GPUDevice(0))
 		cancel()
 		assert.ErrorIs(t, err, ErrPeerUnreachable, "outsider %d on the control channel", i)
-		assert.Error(t, r.Connect(ctx, rs[0].AddrInfo()))
+		assert.ErrorIs(t, r.Connect(dial, rs[0].AddrInfo()), ErrPeerUnreachable)
 	}
 	// With the ref in hand but without the key, no data connection either.
 	assert.ErrorIs(t, rawRead(t, ref, nil), ErrUnauthorized)
