@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -57,10 +58,16 @@ func (c BroadcastConfig) withDefaults() BroadcastConfig {
 type ReaderResult struct {
 	Slot       Ref
 	Parent     int    // index of the reader it was fed by at first, -1 for the owner
-	Fed        string // who fed it in the end: "owner" or "reader N"
+	FedBy      int    // the reader feeding it in the end, -1 for the owner; not Parent when it was re-parented
+	Fed        string // FedBy in words: "owner" or "reader N"
+	Path       string // the transport from FedBy
 	Generation uint64 // the slot's generation now holding the data (0 if Err)
 	Err        error  // nil: the slot holds the whole object, verified by its transports
 }
+
+// Reparented says whether the reader was fed by another node than the plan
+// said, because its parent died or could not write to it.
+func (r ReaderResult) Reparented() bool { return r.FedBy != r.Parent }
 
 // BroadcastResult is a broadcast's outcome, reader by reader.
 type BroadcastResult struct {
@@ -70,6 +77,39 @@ type BroadcastResult struct {
 	Plan     BroadcastPlan
 
 	rt *Runtime
+}
+
+// String draws the tree the broadcast followed in the end: re-parented
+// edges say where the plan had put the reader, failed readers say why.
+func (b *BroadcastResult) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "owner %s: %d of %d readers have the data (%d bytes in %v)\n", b.Plan.Owner, b.OK(), len(b.Readers), b.Bytes, b.Duration.Round(time.Microsecond))
+	seen := make([]bool, len(b.Readers))
+	var walk func(parent, depth int)
+	walk = func(parent, depth int) {
+		for i, rr := range b.Readers {
+			if rr.FedBy != parent || seen[i] {
+				continue
+			}
+			seen[i] = true
+			note := ""
+			if rr.Reparented() {
+				was := "the owner"
+				if rr.Parent >= 0 {
+					was = fmt.Sprintf("reader %d", rr.Parent)
+				}
+				note = " (re-parented; planned under " + was + ")"
+			}
+			outcome := fmt.Sprintf("ok, generation %d", rr.Generation)
+			if rr.Err != nil {
+				outcome = "FAILED: " + rr.Err.Error()
+			}
+			fmt.Fprintf(&s, "%s└─ reader %d %s/%s via %s%s: %s\n", strings.Repeat("   ", depth), i, rr.Slot.Host, rr.Slot.Device, rr.Path, note, outcome)
+			walk(i, depth+1)
+		}
+	}
+	walk(-1, 0)
+	return s.String()
 }
 
 // OK is the number of readers that have the data.
@@ -212,22 +252,29 @@ func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
 	}
 	for i := range plan.Nodes {
 		n := &plan.Nodes[i]
-		parentEp := r.remoteFor(src).Endpoint
+		from := src
 		if n.Parent >= 0 {
-			parentEp = r.remoteFor(slots[n.Parent]).Endpoint
+			from = slots[n.Parent]
 		}
-		childEp := r.remoteFor(slots[i]).Endpoint
-		if parentEp.Process == childEp.Process {
-			// Both in one other runtime: ask as that runtime would (the
-			// local transports serve only their own runtime's pairs).
-			parentEp.Process, childEp.Process = r.process, r.process
-		}
-		n.Path = r.planner.Plan(parentEp, childEp).Chosen
-		if n.Path == "" {
-			n.Path = "none"
-		}
+		n.Path = r.edgePath(from, slots[i])
 	}
 	return plan
+}
+
+// edgePath is the transport a broadcast edge from from's memory into
+// slot to would take.
+func (r *Runtime) edgePath(from, to Ref) string {
+	parentEp := r.remoteFor(from).Endpoint
+	childEp := r.remoteFor(to).Endpoint
+	if parentEp.Process == childEp.Process {
+		// Both in one other runtime: ask as that runtime would (the
+		// local transports serve only their own runtime's pairs).
+		parentEp.Process, childEp.Process = r.process, r.process
+	}
+	if p := r.planner.Plan(parentEp, childEp).Chosen; p != "" {
+		return p
+	}
+	return "none"
 }
 
 // hostDistance ranks how far host b is from a: 0 in one NVLink domain,
@@ -255,6 +302,11 @@ const minChunk = 64 << 10
 type bcastState struct {
 	mu   sync.Mutex
 	runs map[bcastID]*bcastRun
+
+	// Test hook: slots of this runtime take only the first chunk of a
+	// broadcast (the rest are acknowledged and dropped), so a reader is
+	// mid-transfer for as long as a test needs.
+	dropChunks atomic.Bool
 }
 
 // Node states.
@@ -277,12 +329,19 @@ type bnode struct {
 
 type bcastEvent struct {
 	node   int
-	kind   byte // noteReport: gen/failedChild; 0: owner edge failed; 1: node died
-	failed int  // child that failed, -1 when the node completed
+	kind   byte // noteReport (gen, or failed: a child it could not feed), or one of ev*
+	failed int  // report: the child that failed, -1 when the node completed; evRefused: the refusing node
 	gen    uint64
 	err    error
 	from   peer.ID
 }
+
+// Event kinds besides noteReport.
+const (
+	evEdgeFailed byte = 0 // the owner could not feed the node, or tell it its children
+	evDied       byte = 1 // the node's runtime was declared dead
+	evRefused    byte = 2 // the node a orphan was re-parented to did not take it
+)
 
 type bcastRun struct {
 	r      *Runtime
@@ -425,9 +484,16 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
 	for i, n := range b.nodes {
-		rr := ReaderResult{Slot: n.ref, Parent: n.first, Generation: n.gen, Err: n.err, Fed: "owner"}
+		rr := ReaderResult{Slot: n.ref, Parent: n.first, FedBy: n.parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
 		if n.parent >= 0 {
 			rr.Fed = fmt.Sprintf("reader %d", n.parent)
+		}
+		if rr.Reparented() {
+			from := src
+			if n.parent >= 0 {
+				from = b.nodes[n.parent].ref
+			}
+			rr.Path = r.edgePath(from, n.ref)
 		}
 		if n.state == nodePending {
 			rr.Err = fmt.Errorf("rdt: reader %d did not complete: %w", i, context.Cause(ctx))
@@ -491,7 +557,7 @@ func (b *bcastRun) run(ctx context.Context) {
 			refs[k] = b.nodes[c].ref
 		}
 		if err := r.sendBcast(ectx, n.ref.Owner, bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, children: refs}); err != nil {
-			b.post(bcastEvent{node: i, kind: 0, err: err})
+			b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 		}
 	})
 	// Readers are watched: a dead one is routed around.
@@ -511,7 +577,7 @@ func (b *bcastRun) run(ctx context.Context) {
 			case <-death:
 				for j, m := range b.nodes {
 					if m.ref.Owner == id {
-						b.post(bcastEvent{node: j, kind: 1, err: fmt.Errorf("%w: %s", ErrReaderDied, shortID(id))})
+						b.post(bcastEvent{node: j, kind: evDied, err: fmt.Errorf("%w: %s", ErrReaderDied, shortID(id))})
 					}
 				}
 			case <-ectx.Done():
@@ -601,7 +667,7 @@ func (b *bcastRun) feed(ctx context.Context, i int) {
 			m := min(b.cfg.ChunkSize, b.total-off)
 			if err := b.r.writeChunk(ctx, b.id, &window{Buffer: b.pin, off: b.start + off, n: m}, src, n.ref, off, m); err != nil {
 				if ctx.Err() == nil {
-					b.post(bcastEvent{node: i, kind: 0, err: err})
+					b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 				}
 				return
 			}
@@ -613,9 +679,8 @@ func (b *bcastRun) feed(ctx context.Context, i int) {
 	}()
 }
 
-// handle applies one event: completions, failed forwards (the owner feeds
-// the child itself), failed owner edges and deaths (the reader failed; the
-// owner feeds its pending children).
+// handle applies one event: completions, failed forwards and failed or
+// dead readers (their orphans are re-parented), refused re-parents.
 func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	n := b.nodes[ev.node]
 	switch {
@@ -626,29 +691,75 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 				b.done.Add(b.total)
 			}
 		}
-	case ev.kind == noteReport:
-		c := b.nodes[ev.failed]
-		if c.state == nodePending && !c.direct && c.parent == ev.node {
+	case ev.kind == noteReport: // reader ev.node could not feed its child
+		if c := b.nodes[ev.failed]; c.state == nodePending && !c.direct && c.parent == ev.node {
 			b.r.log.Info("broadcast routes around a failed forward", "reader", ev.failed, "from", ev.node, "err", ev.err)
-			b.r.bmet.reroutes.Inc()
-			b.feed(ctx, ev.failed)
+			b.reparent(ctx, ev.failed, ev.node)
+		}
+	case ev.kind == evRefused: // ev.failed did not take orphan ev.node
+		if n.state == nodePending && !n.direct && n.parent == ev.failed {
+			b.r.log.Info("broadcast re-parent refused", "reader", ev.node, "by", ev.failed, "err", ev.err)
+			b.reparent(ctx, ev.node, ev.failed)
 		}
 	default: // the owner's edge to it failed, or it died
 		if n.state != nodePending {
 			return
 		}
-		n.state, n.err = nodeFailed, ev.err
-		if ev.kind == 1 {
+		failed := []int{ev.node}
+		if ev.kind == evDied {
 			b.r.gens.forget(n.ref.Owner)
-		}
-		for _, c := range n.children {
-			if cn := b.nodes[c]; cn.state == nodePending && !cn.direct {
-				b.r.bmet.reroutes.Inc()
-				b.feed(ctx, c)
+			// Every reader of the dead runtime fails before any orphan is
+			// placed, so none is placed under a dead reader.
+			for j, m := range b.nodes {
+				if j != ev.node && m.state == nodePending && m.ref.Owner == n.ref.Owner {
+					m.state, m.err = nodeFailed, ev.err
+					failed = append(failed, j)
+				}
 			}
 		}
-		// A reader that fed it may no longer need it; nothing to undo.
+		n.state, n.err = nodeFailed, ev.err
+		for _, f := range failed {
+			for _, c := range b.nodes[f].children {
+				if cn := b.nodes[c]; cn.state == nodePending && !cn.direct && cn.parent == f {
+					b.reparent(ctx, c, f)
+				}
+			}
+		}
 	}
+}
+
+// reparent finds orphan c (whose feeder from failed it) a new feeder: the
+// nearest live planned ancestor of from, which has the chunks or is getting them
+// and forwards what it has at once (its relay stays open until the
+// broadcast ends), else the owner. Its own subtree follows it unchanged:
+// the chunks it already had are not sent again down the tree.
+func (b *bcastRun) reparent(ctx context.Context, c, from int) {
+	cn := b.nodes[c]
+	b.r.bmet.reroutes.Inc()
+	// Up the planned tree: a node's feeder is always one of its planned
+	// ancestors (or the owner), so no re-parent makes a cycle.
+	for p := b.nodes[from].first; p >= 0; p = b.nodes[p].first {
+		pn := b.nodes[p]
+		if pn.state == nodeFailed {
+			continue
+		}
+		cn.parent = p
+		if !slices.Contains(pn.children, c) {
+			pn.children = append(pn.children, c)
+		}
+		b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
+		b.edges.Add(1)
+		go func() {
+			defer b.edges.Done()
+			err := b.r.sendBcast(ctx, pn.ref.Owner, bcastMsg{kind: noteChildren, id: b.id, slot: pn.ref.Object, inc: pn.ref.Incarnation, token: pn.ref.Token, children: []Ref{cn.ref}})
+			if err != nil && ctx.Err() == nil {
+				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
+			}
+		}()
+		return
+	}
+	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
+	b.feed(ctx, c)
 }
 
 func (b *bcastRun) finished() bool {
@@ -661,14 +772,19 @@ func (b *bcastRun) finished() bool {
 }
 
 // abortPending tells readers still waiting that the broadcast is over, so
-// their slots are released now rather than at their timeout.
+// their slots are released now rather than at their timeout, and readers
+// that forward that their relays may close.
 func (b *bcastRun) abortPending() {
 	if b.r.isClosed() {
 		return
 	}
 	var wg sync.WaitGroup
 	for _, n := range b.nodes {
-		if n.state == nodeComplete || isReaderGone(n.err) {
+		text := "the owner gave up"
+		switch {
+		case n.state == nodeComplete && len(n.children) > 0:
+			text = "over" // it forwards: its relay stays open for orphans until now
+		case n.state == nodeComplete || isReaderGone(n.err):
 			continue
 		}
 		wg.Add(1)
@@ -676,7 +792,7 @@ func (b *bcastRun) abortPending() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), b.r.cfg.HeartbeatInterval)
 			defer cancel()
-			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: "the owner gave up"})
+			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: text})
 		}()
 	}
 	wg.Wait()

@@ -123,6 +123,13 @@ func (rl *relay) run() {
 	case <-rl.complete:
 	case <-rl.ctx.Done():
 	}
+	if rl.forwards() {
+		// A relay that forwards stays open after it completes, until the
+		// owner ends the broadcast (or dies, or the slot closes, or the
+		// transfer timeout): the owner may re-parent an orphan to it, and
+		// it has every chunk to give.
+		<-rl.ctx.Done()
+	}
 	rl.mu.Lock()
 	rl.finishing = true
 	rl.mu.Unlock()
@@ -147,6 +154,12 @@ func (rl *relay) run() {
 		r.log.Info("broadcast into slot aborted", "slot", s.id, "err", aborted)
 	}
 	s.unpin()
+}
+
+func (rl *relay) forwards() bool {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return len(rl.fwd) > 0
 }
 
 func (rl *relay) isComplete() bool {
@@ -209,6 +222,9 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	i := int(m.off / rl.chunk)
 	if m.off%rl.chunk != 0 || i >= rl.nchunks || m.n != min(rl.chunk, rl.total-m.off) {
 		return fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, rl.total, rl.chunk)
+	}
+	if i > 0 && r.bcasts.dropChunks.Load() {
+		return nil
 	}
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
