@@ -265,13 +265,13 @@ func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
 // slot to would take.
 func (r *Runtime) edgePath(from, to Ref) string {
 	parentEp := r.remoteFor(from).Endpoint
-	childEp := r.remoteFor(to).Endpoint
-	if parentEp.Process == childEp.Process {
+	child := r.remoteFor(to)
+	if parentEp.Process == child.Endpoint.Process {
 		// Both in one other runtime: ask as that runtime would (the
 		// local transports serve only their own runtime's pairs).
-		parentEp.Process, childEp.Process = r.process, r.process
+		parentEp.Process, child.Endpoint.Process = r.process, r.process
 	}
-	if p := r.planner.Plan(parentEp, childEp).Chosen; p != "" {
+	if p := r.planner.PlanWrite(parentEp, child).Chosen; p != "" { // what the relay's push runs
 		return p
 	}
 	return "none"
