@@ -63,6 +63,12 @@ type ReaderResult struct {
 	Path       string // the transport from FedBy
 	Generation uint64 // the slot's generation now holding the data (0 if Err)
 	Err        error  // nil: the slot holds the whole object, verified by its transports
+
+	// A batch (BroadcastBatch): the reader's slot and its generation per
+	// object, in the batch's order; an object left out of the batch has
+	// generation 0. Slot and Generation are the first object's.
+	Slots       []Ref
+	Generations []uint64
 }
 
 // Reparented says whether the reader was fed by another node than the plan
@@ -150,11 +156,21 @@ func (b *BroadcastResult) WaitConsumed(ctx context.Context) error {
 		if r.Err != nil {
 			continue
 		}
+		slots, gens := r.Slots, r.Generations
+		if len(slots) == 0 {
+			slots, gens = []Ref{r.Slot}, []uint64{r.Generation}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.WaitConsumed(ctx, r.Slot, r.Generation); err != nil {
-				errs[i] = fmt.Errorf("reader %d (%s): %w", i, r.Slot.Host, err)
+			for k, s := range slots {
+				if gens[k] == 0 {
+					continue // an object left out of the batch
+				}
+				if err := a.WaitConsumed(ctx, s, gens[k]); err != nil {
+					errs[i] = fmt.Errorf("reader %d (%s): %w", i, r.Slot.Host, err)
+					return
+				}
 			}
 		}()
 	}
@@ -307,6 +323,7 @@ type bcastState struct {
 	// broadcast (the rest are acknowledged and dropped), so a reader is
 	// mid-transfer for as long as a test needs.
 	dropChunks atomic.Bool
+	prepares   atomic.Int64 // prepare notices this runtime's slots took (one per reader per broadcast)
 }
 
 // Node states.
@@ -317,7 +334,9 @@ const (
 )
 
 type bnode struct {
-	ref      Ref
+	ref      Ref   // its first slot: the reader's name in notices and reports
+	items    []Ref // its slot per object (one, or one per object of a batch)
+	gens     []uint64
 	parent   int // current feeder: -1 the owner
 	first    int // the parent planned at first
 	children []int
@@ -332,6 +351,7 @@ type bcastEvent struct {
 	kind   byte // noteReport (gen, or failed: a child it could not feed), or one of ev*
 	failed int  // report: the child that failed, -1 when the node completed; evRefused: the refusing node
 	gen    uint64
+	gens   []uint64
 	err    error
 	from   peer.ID
 }
@@ -346,11 +366,9 @@ const (
 type bcastRun struct {
 	r      *Runtime
 	id     bcastID
-	src    Ref
+	srcs   []bcastSrc
 	cfg    BroadcastConfig
-	pin    tensor.Buffer
-	start  int64 // the object's first byte in its buffer
-	total  int64
+	total  int64 // bytes per reader: every object's
 	nodes  []*bnode
 	plan   BroadcastPlan
 	bySlot map[fabric.ObjectID]int
@@ -361,6 +379,14 @@ type bcastRun struct {
 
 	done  atomic.Int64 // bytes delivered, for progress
 	edges sync.WaitGroup
+}
+
+// bcastSrc is one object a broadcast sends, pinned for the broadcast.
+type bcastSrc struct {
+	ref   Ref
+	pin   tensor.Buffer
+	start int64 // the object's first byte in its buffer
+	total int64
 }
 
 func (b *bcastRun) post(ev bcastEvent) {
@@ -393,7 +419,7 @@ func (r *Runtime) bcastReport(from peer.ID, m bcastMsg) error {
 	if !ok || b.nodes[i].ref.Owner != from {
 		return fmt.Errorf("%w: report for a slot of another runtime", ErrUnauthorized)
 	}
-	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, from: from}
+	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, gens: m.gens, from: from}
 	if m.failed != (fabric.ObjectID{}) {
 		c, ok := b.bySlot[m.failed]
 		if !ok {
@@ -416,17 +442,44 @@ func (a *Actor) Broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 }
 
 func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg BroadcastConfig, progress func(*bcastRun)) (*BroadcastResult, error) {
+	readers := make([][]Ref, len(slots))
+	for i, s := range slots {
+		readers[i] = []Ref{s}
+	}
+	res, itemErrs, err := a.broadcastSet(ctx, []Ref{src}, readers, cfg, progress)
+	if err == nil && itemErrs[0] != nil {
+		err = itemErrs[0]
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// broadcastSet sends every object of srcs to every reader, readers[j][k]
+// being reader j's slot for srcs[k], along one tree. An object that cannot
+// be sent (not owned, freed) is left out, its error in itemErrs; err is
+// non-nil when nothing could start.
+func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, cfg BroadcastConfig, progress func(*bcastRun)) (*BroadcastResult, []error, error) {
 	r := a.rt
 	if r.isClosed() {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
-	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
-		return nil, fmt.Errorf("%w: broadcast source %v is not owned by this runtime", ErrNotOwner, src)
+	if len(readers) == 0 {
+		return nil, nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
 	}
-	if len(slots) == 0 {
-		return nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
+	if len(srcs) == 0 || len(srcs) > maxBatchItems {
+		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), maxBatchItems)
+	}
+	for j, rs := range readers {
+		if len(rs) != len(srcs) {
+			return nil, nil, fmt.Errorf("%w: reader %d has %d slots for %d objects", ErrMalformedRef, j, len(rs), len(srcs))
+		}
 	}
 	cfg = cfg.withDefaults()
+	if cfg.ChunkSize < minChunk {
+		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, minChunk)
+	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
 	// Shutdown ends the broadcast; a runtime that is gone tells no reader
@@ -438,27 +491,45 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 		case <-ctx.Done():
 		}
 	}()
-	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
-	if err != nil {
-		return nil, err
-	}
-	defer pin.Release()
-	start, end := src.Desc.Span()
-	if end > pin.Len() {
-		return nil, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
-	}
-	if cfg.ChunkSize < minChunk || (end-start+cfg.ChunkSize-1)/cfg.ChunkSize > maxChunks {
-		return nil, fmt.Errorf("%w: chunks of %d bytes for %d (at least %d, at most %d chunks)", ErrMalformedRef, cfg.ChunkSize, end-start, minChunk, maxChunks)
-	}
-	b := &bcastRun{r: r, src: src, cfg: cfg, pin: pin, start: start, total: end - start, kick: make(chan struct{}, 1),
-		bySlot: map[fabric.ObjectID]int{}}
+	b := &bcastRun{r: r, cfg: cfg, kick: make(chan struct{}, 1), bySlot: map[fabric.ObjectID]int{}}
 	rand.Read(b.id[:])
-	for i, s := range slots {
-		if _, dup := b.bySlot[s.Object]; dup {
-			return nil, fmt.Errorf("%w: slot %v given twice", ErrMalformedRef, s.Object)
+	// Pin every object; one that cannot be is left out of the batch.
+	itemErrs := make([]error, len(srcs))
+	var valid []int
+	chunks := int64(0)
+	for k, src := range srcs {
+		bs, err := r.pinSource(ctx, src)
+		if err != nil {
+			itemErrs[k] = err
+			continue
 		}
-		b.bySlot[s.Object] = i
-		b.nodes = append(b.nodes, &bnode{ref: s, parent: -1, first: -1})
+		defer bs.pin.Release()
+		chunks += max(1, (bs.total+cfg.ChunkSize-1)/cfg.ChunkSize)
+		b.srcs = append(b.srcs, bs)
+		b.total += bs.total
+		valid = append(valid, k)
+	}
+	if len(b.srcs) == 0 {
+		return nil, itemErrs, errors.Join(itemErrs...)
+	}
+	if chunks > maxChunks {
+		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, maxChunks)
+	}
+	seen := map[fabric.ObjectID]bool{}
+	for j, rs := range readers {
+		n := &bnode{ref: rs[0], parent: -1, first: -1}
+		for _, k := range valid {
+			n.items = append(n.items, rs[k])
+		}
+		n.ref = n.items[0]
+		for _, it := range rs {
+			if seen[it.Object] {
+				return nil, itemErrs, fmt.Errorf("%w: slot %v given twice", ErrMalformedRef, it.Object)
+			}
+			seen[it.Object] = true
+		}
+		b.bySlot[n.ref.Object] = j // reports name the reader's first slot
+		b.nodes = append(b.nodes, n)
 	}
 	if progress != nil {
 		progress(b)
@@ -478,18 +549,27 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 	// the broadcast runs.
 	observed := make([]func(Transfer, error), len(b.nodes))
 	for i, n := range b.nodes {
-		observed[i] = r.obs.begin(a.name+" (broadcast)", src, fabric.Endpoint{Host: n.ref.Host, Device: n.ref.Device})
+		observed[i] = r.obs.begin(a.name+" (broadcast)", b.srcs[0].ref, fabric.Endpoint{Host: n.ref.Host, Device: n.ref.Device})
 	}
 	began := time.Now()
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
 	for i, n := range b.nodes {
 		rr := ReaderResult{Slot: n.ref, Parent: n.first, FedBy: n.parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
+		if len(srcs) > 1 {
+			rr.Slots = readers[i]
+			rr.Generations = make([]uint64, len(srcs))
+			for x, k := range valid {
+				if x < len(n.gens) {
+					rr.Generations[k] = n.gens[x]
+				}
+			}
+		}
 		if n.parent >= 0 {
 			rr.Fed = fmt.Sprintf("reader %d", n.parent)
 		}
 		if rr.Reparented() {
-			from := src
+			from := b.srcs[0].ref
 			if n.parent >= 0 {
 				from = b.nodes[n.parent].ref
 			}
@@ -502,7 +582,24 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 		observed[i](Transfer{Stats: fabric.Stats{Transport: b.plan.Nodes[i].Path, Bytes: b.total, Duration: res.Duration}}, rr.Err)
 	}
 	r.bcastMetrics(res)
-	return res, nil
+	return res, itemErrs, nil
+}
+
+// pinSource opens an object this runtime owns for a broadcast.
+func (r *Runtime) pinSource(ctx context.Context, src Ref) (bcastSrc, error) {
+	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
+		return bcastSrc{}, fmt.Errorf("%w: broadcast source %v is not owned by this runtime", ErrNotOwner, src)
+	}
+	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
+	if err != nil {
+		return bcastSrc{}, err
+	}
+	start, end := src.Desc.Span()
+	if end > pin.Len() {
+		pin.Release()
+		return bcastSrc{}, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
+	}
+	return bcastSrc{ref: src, pin: pin, start: start, total: end - start}, nil
 }
 
 // run drives one broadcast to its end.
@@ -531,7 +628,7 @@ func (b *bcastRun) run(ctx context.Context) {
 			liveRefs = append(liveRefs, n.ref)
 		}
 	}
-	sub := r.planBroadcast(b.src, liveRefs)
+	sub := r.planBroadcast(b.srcs[0].ref, liveRefs)
 	b.plan = BroadcastPlan{Owner: sub.Owner, Nodes: make([]PlanNode, len(b.nodes))}
 	for i := range b.nodes {
 		b.plan.Nodes[i] = PlanNode{Endpoint: b.nodes[i].ref.Host + "/" + b.nodes[i].ref.Device.String(), Parent: -1, Path: "none (not ready)"}
@@ -552,12 +649,11 @@ func (b *bcastRun) run(ctx context.Context) {
 		if n.state != nodePending || len(n.children) == 0 {
 			return
 		}
-		refs := make([]Ref, len(n.children))
-		for k, c := range n.children {
-			refs[k] = b.nodes[c].ref
-		}
-		if err := r.sendBcast(ectx, n.ref.Owner, bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, children: refs}); err != nil {
-			b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+		for _, m := range b.childrenMsgs(n, n.children) {
+			if err := r.sendBcast(ectx, n.ref.Owner, m); err != nil {
+				b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+				return
+			}
 		}
 	})
 	// Readers are watched: a dead one is routed around.
@@ -623,6 +719,29 @@ func (b *bcastRun) parallel(f func(i int, n *bnode)) {
 	wg.Wait()
 }
 
+// childrenMsgs tells reader n to forward to children: one notice for all
+// of them, or, in a batch, one per child with its slot per object.
+func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
+	m := bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token}
+	if len(b.srcs) == 1 {
+		for _, c := range children {
+			m.children = append(m.children, b.nodes[c].ref)
+		}
+		return []bcastMsg{m}
+	}
+	var out []bcastMsg
+	for _, c := range children {
+		cm := m
+		cn := b.nodes[c]
+		cm.children = []Ref{cn.ref}
+		for k, it := range cn.items {
+			cm.items = append(cm.items, bcastItem{slot: it.Object, token: it.Token, dtype: b.srcs[k].ref.Desc.DType})
+		}
+		out = append(out, cm)
+	}
+	return out
+}
+
 // prepare readies a reader's slot, waiting up to BusyWait for a
 // flow-controlled one whose reader is still consuming.
 func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
@@ -630,18 +749,29 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	if n.ref.Owner != r.host.ID() {
 		r.learnAddrs(n.ref)
 	}
-	if err := n.ref.Desc.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
-	if spanBytes(n.ref.Desc) != b.total {
-		return fmt.Errorf("%w: slot of %d bytes for an object of %d", tensor.ErrTooSmall, spanBytes(n.ref.Desc), b.total)
+	msg := bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
+		n: b.srcs[0].total, off: b.cfg.ChunkSize, originInc: r.incarnation}
+	for k, it := range n.items {
+		if err := it.Desc.Validate(); err != nil {
+			return fmt.Errorf("%w: slot %d: %v", ErrMalformedRef, k, err)
+		}
+		if spanBytes(it.Desc) != b.srcs[k].total {
+			return fmt.Errorf("%w: slot %d of %d bytes for an object of %d", tensor.ErrTooSmall, k, spanBytes(it.Desc), b.srcs[k].total)
+		}
+		// The reader's slots are written as one stream to one runtime,
+		// addressed as its first slot is.
+		if it.Owner != n.ref.Owner || it.Incarnation != n.ref.Incarnation || it.Host != n.ref.Host || it.Device != n.ref.Device {
+			return fmt.Errorf("%w: slot %d is on %s/%s, the reader's first on %s/%s (one runtime and device a reader)", ErrMalformedRef, k, it.Host, it.Device, n.ref.Host, n.ref.Device)
+		}
+		if len(b.srcs) > 1 {
+			msg.items = append(msg.items, bcastItem{slot: it.Object, token: it.Token, n: b.srcs[k].total})
+		}
 	}
 	wait := time.NewTimer(b.cfg.BusyWait)
 	defer wait.Stop()
 	for {
 		_, changed := r.gens.state(genKey{n.ref.Owner, n.ref.Object})
-		err := r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
-			n: b.total, off: b.cfg.ChunkSize, originInc: r.incarnation})
+		err := r.sendBcast(ctx, n.ref.Owner, msg)
 		if !errors.Is(err, ErrSlotBusy) {
 			return err
 		}
@@ -655,25 +785,27 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	}
 }
 
-// feed makes the owner write every chunk to reader i.
+// feed makes the owner write every chunk of every object to reader i.
 func (b *bcastRun) feed(ctx context.Context, i int) {
 	n := b.nodes[i]
 	n.parent, n.direct = -1, true
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
-		src := b.r.endpoint(b.src.Device)
-		for off := int64(0); off < b.total || off == 0; off += b.cfg.ChunkSize {
-			m := min(b.cfg.ChunkSize, b.total-off)
-			if err := b.r.writeChunk(ctx, b.id, &window{Buffer: b.pin, off: b.start + off, n: m}, src, n.ref, off, m); err != nil {
-				if ctx.Err() == nil {
-					b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+		for k, src := range b.srcs {
+			ep := b.r.endpoint(src.ref.Device)
+			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
+				m := min(b.cfg.ChunkSize, src.total-off)
+				if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m); err != nil {
+					if ctx.Err() == nil {
+						b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+					}
+					return
 				}
-				return
-			}
-			b.done.Add(m)
-			if b.total == 0 {
-				return
+				b.done.Add(m)
+				if src.total == 0 {
+					break
+				}
 			}
 		}
 	}()
@@ -686,7 +818,7 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	switch {
 	case ev.kind == noteReport && ev.failed < 0:
 		if n.state == nodePending {
-			n.state, n.gen = nodeComplete, ev.gen
+			n.state, n.gen, n.gens = nodeComplete, ev.gen, ev.gens
 			if !n.direct {
 				b.done.Add(b.total)
 			}
@@ -751,7 +883,7 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		b.edges.Add(1)
 		go func() {
 			defer b.edges.Done()
-			err := b.r.sendBcast(ctx, pn.ref.Owner, bcastMsg{kind: noteChildren, id: b.id, slot: pn.ref.Object, inc: pn.ref.Incarnation, token: pn.ref.Token, children: []Ref{cn.ref}})
+			err := b.r.sendBcast(ctx, pn.ref.Owner, b.childrenMsgs(pn, []int{c})[0])
 			if err != nil && ctx.Err() == nil {
 				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
 			}

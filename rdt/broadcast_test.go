@@ -292,7 +292,8 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{kind: noteChildren, off: 7, n: 9, gen: 3, originInc: 5, text: "x", token: []byte("tok"), children: f.refs()[:2]}
+	m := bcastMsg{kind: noteChildren, off: 7, n: 9, gen: 3, originInc: 5, text: "x", token: []byte("tok"), children: f.refs()[:2],
+		items: []bcastItem{{token: []byte("a"), n: 5, dtype: tensor.BFloat16}, {n: 1 << 40}}, gens: []uint64{1, 2}}
 	rand.Read(m.id[:])
 	p, err := m.marshal()
 	require.NoError(t, err)
@@ -301,6 +302,8 @@ func TestBcastMsgEncoding(t *testing.T) {
 	assert.Equal(t, m.id, got.id)
 	assert.Equal(t, m.off, got.off)
 	assert.Len(t, got.children, 2)
+	assert.Equal(t, m.items, got.items)
+	assert.Equal(t, m.gens, got.gens)
 	for _, bad := range [][]byte{nil, {0}, {9}, p[:len(p)-1], append(bytes.Clone(p), 0)} {
 		_, err := parseBcastMsg(bad)
 		assert.ErrorIs(t, err, ErrMalformedRef, "%x", bad)
