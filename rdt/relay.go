@@ -68,8 +68,8 @@ func (rl *relay) locate(g int) (k int, off, n int64) {
 
 // forwarder sends the chunks a relay has to one child, in order of arrival.
 type forwarder struct {
-	child Ref   // its first slot (where reports point)
-	items []Ref // its slot per item
+	child Ref      // its first slot (where reports point)
+	items []Ref    // its slot per item
 	q     chan int // chunk indexes; capacity nchunks, so queueing never blocks
 }
 
