@@ -2,6 +2,7 @@ package multihost
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/bench/harness"
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/rdt"
 )
 
 // bcastSlot is a slot reserved on a host's worker.
@@ -216,4 +218,75 @@ func TestBroadcastOwnerKilled(t *testing.T) {
 	for _, h := range readers {
 		backToBaseline(t, ctx, h.W, base[h], 10*time.Second)
 	}
+}
+
+// ghostRef is ref with another object id: a slot nobody reserved, on a
+// live reader.
+func ghostRef(t *testing.T, ref string) string {
+	t.Helper()
+	p, err := base64.StdEncoding.DecodeString(ref)
+	require.NoError(t, err)
+	r, err := rdt.ParseRef(p)
+	require.NoError(t, err)
+	r.Object[0] ^= 0xff
+	p, err = r.MarshalBinary()
+	require.NoError(t, err)
+	return base64.StdEncoding.EncodeToString(p)
+}
+
+// Readers that misbehave across processes: one names a slot it never
+// reserved (it fails not_found at once, the others complete), and one
+// leaves mid-step, closing its slot while it is forwarding to the next
+// host: its orphans are re-parented, every other reader completes with
+// verified bytes, and the leaver's memory comes back.
+func TestBroadcastReaderFaults(t *testing.T) {
+	c := New(t, Options{Hosts: 4})
+	ctx := testCtx(t, 3*time.Minute)
+	shapeAll(t, ctx, c, "400mbit")
+	const size = 48 << 20
+	src := put(t, ctx, c.Hosts[0].W, size, 9)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 6, size) // h1, h2, h3 GPU 0, then GPU 1
+	verify := func(i int, after uint64) {
+		s := slots[i]
+		w, err := s.h.W.Call(ctx, Request{Op: "wait", Ref: s.ref, Seed: 9, After: after, TimeoutMS: 10_000})
+		require.NoError(t, err)
+		assert.True(t, w.OK && w.Verified, "reader %d: %s", i, w.Error)
+	}
+
+	// A reader that never reserved.
+	refs := append(refsOf(slots), ghostRef(t, slots[1].ref))
+	r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refs, ChunkSize: 1 << 20, TimeoutMS: 120_000})
+	require.NoError(t, err)
+	require.True(t, r.OK, "broadcast: %s", r.Error)
+	require.Len(t, r.Readers, len(slots)+1)
+	ghost := r.Readers[len(slots)]
+	assert.False(t, ghost.OK)
+	assert.Equal(t, "not_found", ghost.Code, ghost.Error)
+	for i := range slots {
+		require.True(t, r.Readers[i].OK, "reader %d: %s", i, r.Readers[i].Error)
+		verify(i, 0)
+	}
+
+	// A reader that leaves mid-step: h2's leader (fed by h1's, feeding
+	// h3's) closes its slot while it forwards.
+	leaver := slots[1]
+	base := info(t, ctx, leaver.h.W).Used
+	tx := txBytes(t, ctx, leaver.h)
+	res := c.Hosts[0].W.Go(Request{Op: "broadcast", Ref: src, Refs: refsOf(slots), ChunkSize: 1 << 20, TimeoutMS: 120_000})
+	inFlight(t, ctx, leaver.h, tx, 4<<20, res)
+	cr, err := leaver.h.W.Call(ctx, Request{Op: "close-slot", Ref: leaver.ref})
+	require.NoError(t, err)
+	require.True(t, cr.OK, cr.Error)
+	r = await(t, res, time.Minute).Reply
+	require.True(t, r.OK, "broadcast: %s", r.Error)
+	t.Logf("tree:\n%s", r.Tree)
+	for i, o := range r.Readers {
+		if i == 1 {
+			assert.False(t, o.OK && o.Generation == 0, "the leaver")
+			continue
+		}
+		require.True(t, o.OK, "reader %d routed around the leaver: %s", i, o.Error)
+		verify(i, 1)
+	}
+	backToBaseline(t, ctx, leaver.h.W, base-size, 10*time.Second)
 }
