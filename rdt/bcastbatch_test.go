@@ -159,3 +159,32 @@ func TestBroadcastBatchBad(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, res.Readers[0].Err, ErrMalformedRef, "one reader's slots on two runtimes")
 }
+
+// A reader that dies mid-batch is routed around as in a single
+// broadcast: its orphan is re-parented with every object of the batch.
+func TestBroadcastBatchReparent(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, 1024, 1)
+	srcs, data := stateDict(t, f, 2<<20, 3000, 1<<20+1)
+	slots, refs := reserveDict(t, f, srcs)
+	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3).
+	f.rts[2].bcasts.dropChunks.Store(true)
+	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
+	waitRelay(t, slots[2][0])
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	f.rts[2].abandonHolds = true
+	require.NoError(t, f.rts[2].Shutdown(dead))
+	res, err := h.Await(ctx)
+	require.NoError(t, err)
+	t.Logf("planned:\n%s\nfollowed:\n%s", res.Plan, res)
+	assert.ErrorIs(t, res.Readers[2].Err, ErrReaderDied)
+	assert.Equal(t, 1, res.Readers[3].FedBy, "re-parented to h1's reader")
+	assert.Equal(t, 2, res.Readers[3].Parent)
+	for _, j := range []int{0, 1, 3} {
+		require.NoError(t, res.Readers[j].Err, "reader %d", j)
+		for k, s := range slots[j] {
+			checkSlot(t, s, 0, data[k])
+		}
+	}
+}
