@@ -30,8 +30,12 @@ import (
 // the number of readers.
 //
 // A reader that dies, or that its parent cannot write to, is routed
-// around: the owner feeds the orphans itself. The result says, per reader,
-// whether it has the data, the generation it holds, and otherwise why not.
+// around: each orphan (with its subtree behind it) is re-parented to the
+// nearest live ancestor in the planned tree, which has the chunks or is
+// getting them, else to the owner. The result says, per reader, whether it
+// has the data, the generation it holds, who fed it in the end, and
+// otherwise why not; BroadcastResult.String draws the tree followed.
+// BroadcastBatch (bcastbatch.go) sends a set of objects along one tree.
 
 // BroadcastConfig tunes a broadcast; the zero value means the defaults.
 type BroadcastConfig struct {
