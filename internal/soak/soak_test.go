@@ -1,9 +1,8 @@
-package main
+package soak
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/tensorlane/tensorlane/internal/worker"
 )
 
 var libp2pBackground = []goleak.Option{
@@ -28,13 +29,13 @@ var libp2pBackground = []goleak.Option{
 // corrupt or leak, and every error must be typed.
 func TestSoakShort(t *testing.T) {
 	defer goleak.VerifyNone(t, libp2pBackground...)
-	res, err := runSoak(context.Background(), soakOptions{
-		duration: 8 * time.Second, runtimes: 3, concurrency: 4, maxSize: "4MiB",
-		faultEvery: 150 * time.Millisecond, bound: 10 * time.Second, stall: time.Second, seed: 42,
+	res, err := Run(context.Background(), Config{
+		Duration: 8 * time.Second, Runtimes: 3, Concurrency: 4, MaxSize: 4 << 20,
+		FaultEvery: 150 * time.Millisecond, Bound: 10 * time.Second, Stall: time.Second, Seed: 42,
 	})
 	require.NoError(t, err)
 	var out bytes.Buffer
-	printSoak(&out, res)
+	Print(&out, res)
 	t.Log(out.String())
 	assert.True(t, res.OK)
 	assert.Zero(t, res.Hung)
@@ -61,28 +62,14 @@ func TestSoakShort(t *testing.T) {
 	assert.Positive(t, res.Paths["tcp"])
 }
 
-func TestSoakCommandJSON(t *testing.T) {
-	var out bytes.Buffer
-	rootCmd.SetOut(&out)
-	rootCmd.SetArgs([]string{"soak", "--duration", "1s", "--json", "--seed", "7", "--max-size", "256KiB"})
-	defer rootCmd.SetArgs(nil)
-	require.NoError(t, rootCmd.ExecuteContext(context.Background()))
-	var got map[string]any
-	require.NoError(t, json.Unmarshal(out.Bytes(), &got))
-	for _, k := range []string{"transfers", "faults_injected", "errors_surfaced", "hung", "bytes_corrupted", "leaked_bytes"} {
-		assert.Contains(t, got, k)
-	}
-	assert.Equal(t, 0.0, got["hung"])
-}
-
 func TestSoakBadOptions(t *testing.T) {
-	for _, o := range []soakOptions{
-		{duration: time.Second, runtimes: 1, concurrency: 1, maxSize: "1MiB", bound: time.Second, faultEvery: time.Second},
-		{duration: time.Second, runtimes: 2, concurrency: 0, maxSize: "1MiB", bound: time.Second, faultEvery: time.Second},
-		{duration: time.Second, runtimes: 2, concurrency: 1, maxSize: "huge", bound: time.Second, faultEvery: time.Second},
-		{duration: 0, runtimes: 2, concurrency: 1, maxSize: "1MiB", bound: time.Second, faultEvery: time.Second},
+	for _, o := range []Config{
+		{Runtimes: 1},
+		{Concurrency: -1},
+		{MaxSize: 4},
+		{Duration: -time.Second},
 	} {
-		_, err := runSoak(context.Background(), o)
+		_, err := Run(context.Background(), o)
 		assert.Error(t, err, "%+v", o)
 	}
 }
@@ -91,7 +78,7 @@ func TestSoakBadOptions(t *testing.T) {
 // outlives its bound is counted, and one that never returns is abandoned.
 func TestBoundedCountsHangs(t *testing.T) {
 	newSoak := func(bound time.Duration) *soak {
-		return &soak{o: soakOptions{bound: bound}, grace: bound,
+		return &soak{o: Config{Bound: bound}, grace: bound,
 			log: slog.New(slog.NewTextHandler(io.Discard, nil)), errCodes: map[string]int64{}}
 	}
 	// A call that returns is never counted; its bound is generous so that a
@@ -110,7 +97,7 @@ func TestBoundedCountsHangs(t *testing.T) {
 
 func TestCountMismatches(t *testing.T) {
 	p := make([]byte, 1000+3)
-	fillPattern(p, 11)
+	worker.FillPattern(p, 11)
 	assert.Zero(t, countMismatches(p, 11))
 	p[17] ^= 1
 	p[500] ^= 0xff

@@ -1,9 +1,8 @@
-package main
+package soak
 
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,83 +18,57 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/internal/worker"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-type soakOptions struct {
-	duration    time.Duration
-	runtimes    int
-	concurrency int
-	maxSize     string
-	faultEvery  time.Duration
-	bound       time.Duration
-	stall       time.Duration
-	seed        uint64
-	json        bool
-	verbose     bool
+// Config is one soak run. Its zero value means the defaults documented on
+// each field (the same as the command's flags).
+type Config struct {
+	Duration    time.Duration // how long to run (default 1 min)
+	Runtimes    int           // runtimes, each a simulated host (default 3; at least 2)
+	Concurrency int           // transfers in flight at once (default 4)
+	MaxSize     int64         // largest tensor moved, in bytes (default 8 MiB)
+	FaultEvery  time.Duration // mean interval between injected faults (default 300 ms)
+	// Bound is every transfer's deadline; a call still running after
+	// Bound plus a grace period counts as hung (default 10 s).
+	Bound   time.Duration
+	Stall   time.Duration // the runtimes' stall detector (default 2 s)
+	Seed    uint64        // random seed (0: from the clock; reported in the Result)
+	Verbose bool          // log runtime events to stderr
 }
 
-func init() {
-	o := soakOptions{}
-	cmd := &cobra.Command{
-		Use:   "soak",
-		Short: "Random verified transfers between runtimes while injecting faults",
-		Long: `soak runs several runtimes in this process (simulated dgx-h100 hosts talking over
-loopback) and moves random tensors between them for --duration (one in eight a broadcast
-to slots two to four readers reserved), checking every byte,
-while a fault injector kills and restarts runtimes (same identity and addresses, so old
-refs meet a new incarnation), cuts data connections, blackholes and delays them (through
-TCP proxies the readers are routed over) and presents forged refs.
-
-It prints transfers, faults_injected, errors_surfaced, hung, bytes_corrupted and
-leaked_bytes (plus details). A call is hung when it did not return within its bound
-(--bound plus a grace period); leaked_bytes is device memory still in use at the end,
-after every object was freed. Exits non-zero if hung, bytes_corrupted, leaked_bytes,
-untyped_errors or forged_accepted is not zero.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			res, err := runSoak(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			if o.json {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(res); err != nil {
-					return err
-				}
-			} else {
-				printSoak(cmd.OutOrStdout(), res)
-			}
-			if !res.OK {
-				return fmt.Errorf("soak failed: hung %d, bytes_corrupted %d, leaked_bytes %d, untyped_errors %d, forged_accepted %d",
-					res.Hung, res.BytesCorrupted, res.LeakedBytes, res.UntypedErrors, res.ForgedAccepted)
-			}
-			return nil
-		},
+// withDefaults fills in the documented defaults of the zero fields.
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
 	}
-	f := cmd.Flags()
-	f.DurationVar(&o.duration, "duration", time.Minute, "how long to run")
-	f.IntVar(&o.runtimes, "runtimes", 3, "runtimes (simulated hosts) in the soak")
-	f.IntVar(&o.concurrency, "concurrency", 4, "transfers in flight at once")
-	f.StringVar(&o.maxSize, "max-size", "8MiB", "largest tensor moved")
-	f.DurationVar(&o.faultEvery, "fault-every", 300*time.Millisecond, "mean interval between injected faults")
-	f.DurationVar(&o.bound, "bound", 10*time.Second, "deadline of every transfer; a call still running after bound+grace counts as hung")
-	f.DurationVar(&o.stall, "stall-timeout", 2*time.Second, "runtimes' stall detector")
-	f.Uint64Var(&o.seed, "seed", 0, "random seed (0: from the clock; printed in the result)")
-	f.BoolVar(&o.json, "json", false, "print the result as JSON")
-	f.BoolVarP(&o.verbose, "verbose", "v", false, "log runtime events to stderr")
-	rootCmd.AddCommand(cmd)
+	def(&c.Duration, time.Minute)
+	def(&c.FaultEvery, 300*time.Millisecond)
+	def(&c.Bound, 10*time.Second)
+	def(&c.Stall, 2*time.Second)
+	if c.Runtimes == 0 {
+		c.Runtimes = 3
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+	}
+	if c.MaxSize == 0 {
+		c.MaxSize = 8 << 20
+	}
+	return c
 }
 
-// soakResult is what soak prints. The first six fields are the contract; the
+// Result is what a soak run reports. The first six fields are the contract; the
 // rest explain them.
-type soakResult struct {
+type Result struct {
 	Transfers      int64 `json:"transfers"` // completed and verified byte for byte
 	FaultsInjected int64 `json:"faults_injected"`
 	ErrorsSurfaced int64 `json:"errors_surfaced"` // calls that returned a typed error
@@ -113,7 +86,7 @@ type soakResult struct {
 	Outcomes         map[string]int64 `json:"outcomes"`
 	BytesMoved       int64            `json:"bytes_moved"`
 	Faults           map[string]int64 `json:"faults"`
-	Errors           map[string]int64 `json:"errors"` // by code (see errorCode)
+	Errors           map[string]int64 `json:"errors"` // by code (see worker.ErrorCode)
 	Paths            map[string]int64 `json:"paths"`
 	UntypedErrors    int64            `json:"untyped_errors"`
 	UntypedSamples   []string         `json:"untyped_samples,omitempty"`
@@ -147,7 +120,7 @@ type soakSlot struct {
 }
 
 type soak struct {
-	o       soakOptions
+	o       Config
 	grace   time.Duration // slack over the bound before a call counts as hung
 	cluster *topology.Cluster
 	log     *slog.Logger
@@ -166,31 +139,32 @@ type soak struct {
 	maxKill        time.Duration
 }
 
-func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
+// Run runs one soak and reports what happened. It returns an error only
+// when the soak could not start (bad config, a runtime that would not
+// come up); what went wrong during the run is in the Result.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if o.runtimes < 2 || o.concurrency < 1 || o.duration <= 0 || o.bound <= 0 || o.faultEvery <= 0 {
+	o := cfg.withDefaults()
+	if o.Runtimes < 2 || o.Concurrency < 1 || o.Duration <= 0 || o.Bound <= 0 || o.FaultEvery <= 0 || o.MaxSize < 8 {
 		return nil, fmt.Errorf("soak: need --runtimes >= 2, --concurrency >= 1 and positive --duration, --bound, --fault-every")
 	}
-	maxSize, err := parseSize(o.maxSize)
-	if err != nil {
-		return nil, err
+	maxSize := o.MaxSize
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
 	}
-	if o.seed == 0 {
-		o.seed = uint64(time.Now().UnixNano())
-	}
-	cluster, err := topology.Preset("dgx-h100", o.runtimes)
+	cluster, err := topology.Preset("dgx-h100", o.Runtimes)
 	if err != nil {
 		return nil, err
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if o.verbose {
+	if o.Verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	s := &soak{o: o, grace: 5 * time.Second, cluster: cluster, log: logger, maxSize: maxSize,
 		faultKinds: map[string]int64{}, errCodes: map[string]int64{}, paths: map[string]int64{}, outcomes: map[string]int64{}}
-	res := &soakResult{Seed: o.seed, GoroutinesBefore: runtime.NumGoroutine()}
+	res := &Result{Seed: o.Seed, GoroutinesBefore: runtime.NumGoroutine()}
 	start := time.Now()
 
 	defer s.closeAll()
@@ -209,11 +183,11 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 		s.connect(ctx, sl)
 	}
 
-	runCtx, stop := context.WithTimeout(ctx, o.duration)
+	runCtx, stop := context.WithTimeout(ctx, o.Duration)
 	defer stop()
 	var wg sync.WaitGroup
-	for i := 0; i < o.concurrency; i++ {
-		rng := rand.New(rand.NewPCG(o.seed, uint64(i)+1))
+	for i := 0; i < o.Concurrency; i++ {
+		rng := rand.New(rand.NewPCG(o.Seed, uint64(i)+1))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -229,7 +203,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.injectFaults(runCtx, rand.New(rand.NewPCG(o.seed, 0)))
+		s.injectFaults(runCtx, rand.New(rand.NewPCG(o.Seed, 0)))
 	}()
 	wg.Wait()
 
@@ -294,7 +268,7 @@ func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 	cfg := rdt.Config{
 		RuntimeDir: rdt.ProcessRuntimeDir(), // every simulated host lives in this process
 		Cluster:    s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data, RDMAAddrs: sl.rails,
-		DeviceMemory: 256 << 20, TransferTimeout: s.o.bound, StallTimeout: s.o.stall, Logger: s.log, IgnoreEnv: true,
+		DeviceMemory: 256 << 20, TransferTimeout: s.o.Bound, StallTimeout: s.o.Stall, Logger: s.log, IgnoreEnv: true,
 	}
 	rt, err := rdt.New(ctx, cfg)
 	if err != nil && sl.gen > 0 {
@@ -403,7 +377,7 @@ func (s *soak) bounded(what string, fn func()) {
 		defer close(done)
 		fn()
 	}()
-	grace := s.o.bound + s.grace + 2*s.o.stall
+	grace := s.o.Bound + s.grace + 2*s.o.Stall
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
@@ -435,7 +409,7 @@ func (s *soak) bounded(what string, fn func()) {
 // surfaced records an error a call returned: typed (the contract) or not.
 // surface counts an error a call returned and reports whether it was typed.
 func (s *soak) surface(op string, err error) bool {
-	code := errorCode(err)
+	code := worker.ErrorCode(err)
 	s.surfaced.Add(1)
 	s.count(&s.errCodes, op+":"+code)
 	if code == "other" {
@@ -517,7 +491,7 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		reader.mu.RLock()
 		actor := reader.actor
 		reader.mu.RUnlock()
-		gctx, cancel := context.WithTimeout(ctx, s.o.bound)
+		gctx, cancel := context.WithTimeout(ctx, s.o.Bound)
 		defer cancel()
 		t, xfer, err := actor.Fetch(gctx, ref, readerDev)
 		if err != nil {
@@ -590,7 +564,7 @@ func soakPut(ctx context.Context, sl *soakSlot, dev tensor.DeviceID, size int64,
 		t.Release()
 		return rdt.Ref{}, err
 	}
-	fillPattern(p, seed)
+	worker.FillPattern(p, seed)
 	ref, err := sl.actor.Put(ctx, t)
 	if err != nil {
 		t.Release()
@@ -604,7 +578,7 @@ func (s *soak) free(sl *soakSlot, ref rdt.Ref) {
 	s.bounded("free", func() {
 		sl.mu.RLock()
 		defer sl.mu.RUnlock()
-		ctx, cancel := context.WithTimeout(context.Background(), s.o.bound)
+		ctx, cancel := context.WithTimeout(context.Background(), s.o.Bound)
 		defer cancel()
 		err := sl.actor.Free(ctx, ref)
 		switch {
@@ -618,18 +592,18 @@ func (s *soak) free(sl *soakSlot, ref rdt.Ref) {
 // countMismatches counts the bytes of p that differ from the pattern of
 // seed.
 func countMismatches(p []byte, seed uint64) int64 {
-	first := checkPattern(p, seed)
+	first := worker.CheckPattern(p, seed)
 	if first < 0 {
 		return 0
 	}
 	var bad int64
 	var want [8]byte
 	for off := first &^ 7; off < len(p); off += 8 {
-		binary.LittleEndian.PutUint64(want[:], patternWord(seed, off))
+		binary.LittleEndian.PutUint64(want[:], worker.PatternWord(seed, off))
 		for i := 0; i < 8 && off+i < len(p); i++ {
 			w := want[i]
-			if off+i >= len(p)&^7 { // the tail bytes fillPattern writes one by one
-				w = byte(patternWord(seed, off+i))
+			if off+i >= len(p)&^7 { // the tail bytes worker.FillPattern writes one by one
+				w = byte(worker.PatternWord(seed, off+i))
 			}
 			if p[off+i] != w {
 				bad++
@@ -643,7 +617,7 @@ func countMismatches(p []byte, seed uint64) int64 {
 // ends.
 func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 	for {
-		wait := time.Duration(rng.Int64N(int64(2*s.o.faultEvery)) + 1)
+		wait := time.Duration(rng.Int64N(int64(2*s.o.FaultEvery)) + 1)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -662,7 +636,7 @@ func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 			sl.links.cut()
 		case k < 7:
 			kind = "blackhole"
-			sl.links.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.stall))))
+			sl.links.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.Stall))))
 		default:
 			kind = "delay"
 			sl.links.delay(time.Duration(rng.Int64N(int64(20*time.Millisecond))), time.Second)
@@ -697,7 +671,7 @@ func (s *soak) kill(ctx context.Context, sl *soakSlot) {
 }
 
 // Unaccounted is how many attempts have no outcome: must be 0.
-func (r *soakResult) Unaccounted() int64 {
+func (r *Result) Unaccounted() int64 {
 	n := r.Attempts
 	for _, v := range r.Outcomes {
 		n -= v
@@ -705,7 +679,8 @@ func (r *soakResult) Unaccounted() int64 {
 	return n
 }
 
-func printSoak(w io.Writer, r *soakResult) {
+// Print writes r as the soak command shows it.
+func Print(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "tensorlane soak: %.1f s, seed %d (simulated hosts in one process, loopback)\n", r.Seconds, r.Seed)
 	fmt.Fprintf(w, "transfers %d verified of %d attempts (%d bytes), faults injected %d, errors surfaced %d\n",
 		r.Transfers, r.Attempts, r.BytesMoved, r.FaultsInjected, r.ErrorsSurfaced)

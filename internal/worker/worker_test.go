@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bufio"
@@ -37,7 +37,7 @@ func startPipeWorker(t *testing.T, host string) *pipeWorker {
 	w := &pipeWorker{t: t, in: inW, out: bufio.NewScanner(outR), done: make(chan error, 1)}
 	w.out.Buffer(nil, 1<<20)
 	go func() {
-		err := runWorker(context.Background(), inR, outW, io.Discard, workerOptions{preset: "dgx-h100", hosts: 3, host: host, deviceMemory: "16MiB", stallTimeout: 5 * time.Second})
+		err := Run(context.Background(), inR, outW, io.Discard, Config{Preset: "dgx-h100", Hosts: 3, Host: host, DeviceMemory: 16 << 20, StallTimeout: 5 * time.Second})
 		outW.Close()
 		w.done <- err
 	}()
@@ -144,12 +144,12 @@ var forge = rdttest.Forge
 func TestPatternCheck(t *testing.T) {
 	for _, n := range []int{0, 1, 7, 8, 9, 4096 + 3} {
 		p := make([]byte, n)
-		fillPattern(p, 5)
-		assert.Equal(t, -1, checkPattern(p, 5), "n=%d", n)
+		FillPattern(p, 5)
+		assert.Equal(t, -1, CheckPattern(p, 5), "n=%d", n)
 		if n > 0 {
 			p[n-1] ^= 0x40
-			assert.Equal(t, n-1, checkPattern(p, 5), "n=%d", n)
-			assert.Equal(t, 0, checkPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
+			assert.Equal(t, n-1, CheckPattern(p, 5), "n=%d", n)
+			assert.Equal(t, 0, CheckPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
 		}
 	}
 }
