@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -23,7 +22,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -479,87 +477,4 @@ func (w *worker) free(ctx context.Context, req workerRequest) error {
 	delete(w.objects, ref.Object.String())
 	w.mu.Unlock()
 	return nil
-}
-
-// FillPattern writes the content of object seed: each 8-byte word encodes the
-// seed and its position, so a misplaced, stale or corrupted chunk fails
-// CheckPattern.
-func FillPattern(p []byte, seed uint64) {
-	for off := 0; off+8 <= len(p); off += 8 {
-		binary.LittleEndian.PutUint64(p[off:], PatternWord(seed, off))
-	}
-	for off := len(p) &^ 7; off < len(p); off++ {
-		p[off] = byte(PatternWord(seed, off))
-	}
-}
-
-func PatternWord(seed uint64, off int) uint64 {
-	return (seed+1)*0xD6E8FEB86659FD93 ^ uint64(off)*0x9E3779B97F4A7C15
-}
-
-// CheckPattern returns the offset of the first byte that differs from
-// FillPattern(seed), or -1.
-func CheckPattern(p []byte, seed uint64) int {
-	off := 0
-	for ; off+8 <= len(p); off += 8 {
-		if binary.LittleEndian.Uint64(p[off:]) != PatternWord(seed, off) {
-			for i := 0; i < 8; i++ {
-				var want [8]byte
-				binary.LittleEndian.PutUint64(want[:], PatternWord(seed, off))
-				if p[off+i] != want[i] {
-					return off + i
-				}
-			}
-		}
-	}
-	for ; off < len(p); off++ {
-		if p[off] != byte(PatternWord(seed, off)) {
-			return off
-		}
-	}
-	return -1
-}
-
-// ErrorCode names the typed condition behind err, for drivers in other
-// processes and for the soak's tallies. "other" means the error matched no
-// sentinel: a bug in itself, since every failure should be typed.
-func ErrorCode(err error) string {
-	codes := []struct {
-		err  error
-		code string
-	}{
-		{errVerify, "corrupt"},
-		{errBadWorkerRequest, "bad_request"},
-		{rdt.ErrOwnerDied, "owner_died"},
-		{rdt.ErrPeerUnreachable, "peer_unreachable"},
-		{rdt.ErrStaleRef, "stale_ref"},
-		{rdt.ErrUnauthorized, "unauthorized"},
-		{rdt.ErrObjectFreed, "object_freed"},
-		{rdt.ErrObjectNotFound, "not_found"},
-		{rdt.ErrLayoutMismatch, "layout_mismatch"},
-		{rdt.ErrMalformedRef, "malformed_ref"},
-		{rdt.ErrOutOfMemory, "out_of_memory"},
-		{rdt.ErrNotOwner, "not_owner"},
-		{rdt.ErrUnknownDevice, "unknown_device"},
-		{rdt.ErrOwnerClosed, "owner_closed"},
-		{rdt.ErrClosed, "closed"},
-		{rdt.ErrReaderDied, "reader_died"},
-		{rdt.ErrSlotBusy, "slot_busy"},
-		{rdt.ErrBroadcastAborted, "broadcast_aborted"},
-		{rdt.ErrNoZeroCopy, "no_zero_copy"},
-		{fabric.ErrCorrupt, "corrupt"},
-		{fabric.ErrStalled, "stalled"},
-		{fabric.ErrPeerClosed, "peer_closed"},
-		{fabric.ErrNoPath, "no_path"},
-		{fabric.ErrBadRequest, "bad_request"},
-		{fabric.ErrClosed, "closed"},
-		{context.DeadlineExceeded, "timeout"},
-		{context.Canceled, "canceled"},
-	}
-	for _, c := range codes {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return "other"
 }

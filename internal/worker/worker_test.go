@@ -141,19 +141,6 @@ func TestWorkerProtocol(t *testing.T) {
 // forge is the shared helper under the short name this package's tests use.
 var forge = rdttest.Forge
 
-func TestPatternCheck(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 4096 + 3} {
-		p := make([]byte, n)
-		FillPattern(p, 5)
-		assert.Equal(t, -1, CheckPattern(p, 5), "n=%d", n)
-		if n > 0 {
-			p[n-1] ^= 0x40
-			assert.Equal(t, n-1, CheckPattern(p, 5), "n=%d", n)
-			assert.Equal(t, 0, CheckPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
-		}
-	}
-}
-
 // FuzzWorkerRequest feeds arbitrary request lines to a live worker: every
 // one must be answered (typed error or result) without a panic or a hang.
 func FuzzWorkerRequest(f *testing.F) {
