@@ -5,6 +5,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/tensor/cuda"
 	"github.com/tensorlane/tensorlane/topology"
+	"github.com/tensorlane/tensorlane/topology/render"
 )
 
 // cudaReport is what the CUDA driver API (tensor/cuda, loaded at run time
@@ -34,7 +35,7 @@ func probeCUDA() cudaReport {
 						feat += "+fabric"
 					}
 				}
-				r.Devices = append(r.Devices, fmt.Sprintf("%d: %s, %s, %s, peers %v", i.Ordinal, i.Name, sizeString(i.TotalMemory), feat, i.Peers))
+				r.Devices = append(r.Devices, fmt.Sprintf("%d: %s, %s, %s, peers %v", i.Ordinal, i.Name, render.MemorySize(i.TotalMemory), feat, i.Peers))
 				r.topo = append(r.topo, topology.CUDADevice{Ordinal: i.Ordinal, Name: i.Name, UUID: i.UUID, BusID: i.PCIBusID,
 					MemoryBytes: i.TotalMemory, NUMA: i.NUMANode})
 			}

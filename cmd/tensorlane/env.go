@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/topology"
+	"github.com/tensorlane/tensorlane/topology/render"
 )
 
 type envOptions struct {
@@ -136,7 +137,7 @@ func collectEnv(ctx context.Context, root string) envManifest {
 			applyCUDA(d, *m.CUDA)
 		}
 		m.NUMANodes = len(d.Host.NUMA)
-		m.CPUs = cpuCount(d.Host)
+		m.CPUs = render.CPUCount(d.Host)
 		for _, dev := range d.Host.Devices {
 			m.Accelerators[dev.Vendor+" "+dev.Model]++
 		}
