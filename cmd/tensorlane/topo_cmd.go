@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tensorlane/tensorlane/internal/envinfo"
 	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/topology"
 	"github.com/tensorlane/tensorlane/topology/render"
@@ -116,7 +117,7 @@ func loadTopo(ctx context.Context, stderr io.Writer, o topoOptions) (*topoSource
 	}
 	if o.sysfsRoot == "" {
 		// This machine: the CUDA driver's GPUs, with their real memory.
-		applyCUDA(d, probeCUDA())
+		envinfo.ApplyCUDA(d, envinfo.ProbeCUDA())
 	}
 	return &topoSource{cluster: d.Cluster(), Source: render.Source{Kind: "discovered", Warnings: d.Warnings}, plugins: d.Plugins}, nil
 }
