@@ -191,7 +191,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
-				if rng.IntN(8) == 0 { // soak_broadcast.go
+				if rng.IntN(8) == 0 { // broadcast.go
 					s.broadcast(runCtx, rng)
 					continue
 				}
@@ -212,7 +212,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	// Memory still in use is a leak unless it comes back within a bound:
 	// a broadcast cut short by the end of the run winds its relays down
-	// (and unpins their slots) just after (soak_broadcast.go).
+	// (and unpins their slots) just after (broadcast.go).
 	settle := time.Now().Add(3 * time.Second)
 	for {
 		res.LeakedBytes, res.LeakedObjects = 0, 0

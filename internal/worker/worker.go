@@ -161,7 +161,7 @@ type worker struct {
 
 	mu      sync.Mutex
 	objects map[string]tensor.Tensor // object id -> the tensor Put, until freed
-	bslots  workerSlots              // slots reserved for broadcasts (worker_bcast.go)
+	bslots  workerSlots              // slots reserved for broadcasts (bcast.go)
 }
 
 // Run starts the worker's runtime and serves the protocol on in and out
@@ -328,7 +328,7 @@ func (w *worker) handle(ctx context.Context, req workerRequest) workerReply {
 	case "free":
 		return w.result(req.ID, workerReply{}, w.free(ctx, req))
 	}
-	if r, ok := w.handleBroadcast(ctx, req); ok { // worker_bcast.go
+	if r, ok := w.handleBroadcast(ctx, req); ok { // bcast.go
 		return r
 	}
 	return w.result(req.ID, workerReply{}, fmt.Errorf("%w: unknown op %q (info, connect, put, get, free, reserve, wait, broadcast, close-slot, exit)", errBadWorkerRequest, req.Op))

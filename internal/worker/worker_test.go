@@ -19,7 +19,7 @@ import (
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-// pipeWorker runs runWorker in this process behind pipes, as the multihost
+// pipeWorker runs Run in this process behind pipes, as the multihost
 // harness runs the binary behind stdin/stdout.
 type pipeWorker struct {
 	t     *testing.T
