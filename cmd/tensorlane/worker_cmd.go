@@ -1,11 +1,10 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/internal/worker"
+	"github.com/tensorlane/tensorlane/topology"
 )
 
 // workerFlags are the flags worker.Config does not take as they are: sizes
@@ -16,7 +15,10 @@ type workerFlags struct {
 	hostMemory   string
 }
 
-func init() {
+func init() { rootCmd.AddCommand(newWorkerCmd()) }
+
+// newWorkerCmd builds the command; tests build fresh ones.
+func newWorkerCmd() *cobra.Command {
 	o := workerFlags{}
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -55,14 +57,15 @@ Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
 	f.StringVar(&o.RDMAIP, "rdma-ip", "", "address the simulated RDMA NICs' rails listen on (default loopback; set it to the host's address in a network namespace)")
 	f.BoolVar(&o.NoRDMA, "no-rdma", false, "turn the rdma path off")
 	f.BoolVarP(&o.Verbose, "verbose", "v", false, "debug logs on stderr")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // config turns the flags into the worker's Config.
 func (o workerFlags) config() (worker.Config, error) {
 	cfg := o.Config
-	if cfg.Hosts < 1 { // worker.Config reads 0 as its default
-		return cfg, fmt.Errorf("worker: --hosts must be at least 1, got %d", cfg.Hosts)
+	if cfg.Hosts < 1 { // worker.Config would read 0 as its default: refuse it as the preset does
+		_, err := topology.Preset(cfg.Preset, cfg.Hosts)
+		return cfg, err
 	}
 	var err error
 	if cfg.DeviceMemory, err = parseSize(o.deviceMemory); err != nil {
