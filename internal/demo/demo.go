@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,6 +32,10 @@ type Config struct {
 	// connections and feeds rail health (rdt.Config.LinkMonitor).
 	LinkMonitor *linkstat.Monitor
 }
+
+// ErrBadConfig is what NewRig, Run and RunBroadcast return for a Config
+// they cannot run.
+var ErrBadConfig = errors.New("demo: bad config")
 
 // withDefaults fills in the documented defaults of the zero fields.
 func (c Config) withDefaults() Config {
@@ -165,7 +170,7 @@ func NewRig(ctx context.Context, cfg Config) (rig *Rig, err error) {
 	o := cfg.withDefaults()
 	size := o.Size
 	if o.Hosts < 1 || o.Readers < 1 || o.Tensors < 1 || o.Steps < 1 || size < 8 || size%8 != 0 {
-		return nil, fmt.Errorf("hosts, readers, tensors and steps must be at least 1, the size a positive multiple of 8")
+		return nil, fmt.Errorf("%w: hosts, readers, tensors and steps must be at least 1, the size a positive multiple of 8", ErrBadConfig)
 	}
 	cluster, err := topology.Preset(o.Preset, o.Hosts)
 	if err != nil {

@@ -32,15 +32,16 @@ func TestRun(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
+	_, err := Run(context.Background(), Config{Preset: "nope"}, nil, nil)
+	assert.Error(t, err)
 	for _, c := range []Config{
-		{Preset: "nope"},
 		{Hosts: -1},
 		{Readers: -1},
 		{Size: 7},
 	} {
 		_, err := Run(context.Background(), c, nil, nil)
-		assert.Error(t, err, "%+v", c)
+		assert.ErrorIs(t, err, ErrBadConfig, "%+v", c)
 		_, err = RunBroadcast(context.Background(), c)
-		assert.Error(t, err, "%+v", c)
+		assert.ErrorIs(t, err, ErrBadConfig, "%+v", c)
 	}
 }

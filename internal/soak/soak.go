@@ -65,8 +65,11 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Result is what a soak run reports. The first six fields are the contract; the
-// rest explain them.
+// ErrBadConfig is what Run returns for a Config it cannot run.
+var ErrBadConfig = errors.New("soak: bad config")
+
+// Result is what a soak run reports. The first six fields are the
+// contract; the rest explain them.
 type Result struct {
 	Transfers      int64 `json:"transfers"` // completed and verified byte for byte
 	FaultsInjected int64 `json:"faults_injected"`
@@ -147,7 +150,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	o := cfg.withDefaults()
 	if o.Runtimes < 2 || o.Concurrency < 1 || o.Duration <= 0 || o.Bound <= 0 || o.FaultEvery <= 0 || o.MaxSize < 8 {
-		return nil, fmt.Errorf("soak: need --runtimes >= 2, --concurrency >= 1 and positive --duration, --bound, --fault-every")
+		return nil, fmt.Errorf("%w: need Runtimes >= 2, Concurrency >= 1, MaxSize >= 8 and positive Duration, Bound, FaultEvery (or zero for the defaults)", ErrBadConfig)
 	}
 	maxSize := o.MaxSize
 	if o.Seed == 0 {

@@ -68,7 +68,7 @@ func TestSoakBadOptions(t *testing.T) {
 		{Duration: -time.Second},
 	} {
 		_, err := Run(context.Background(), o)
-		assert.Error(t, err, "%+v", o)
+		assert.ErrorIs(t, err, ErrBadConfig, "%+v", o)
 	}
 }
 
