@@ -17,15 +17,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 )
 
 // dashboardBackground are goroutines libp2p keeps for the life of the
 // process, started by the first runtime of any test.
-var dashboardBackground = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
-	goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
-	goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
-}
+var dashboardBackground = testhelp.Libp2pBackground()
 
 // syncBuffer is an io.Writer safe for the server goroutine and the test.
 type syncBuffer struct {

@@ -12,15 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/internal/worker"
 )
 
-var libp2pBackground = []goleak.Option{
-	goleak.IgnoreCurrent(),
-	goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
-	goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
-	goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
-}
+var libp2pBackground = append([]goleak.Option{goleak.IgnoreCurrent()}, testhelp.Libp2pBackground()...)
 
 // TestSoakShort is the ~10 s soak of the issue: random verified transfers
 // under kills, cuts, blackholes, delays and forged refs; nothing may hang,
