@@ -103,12 +103,12 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 		return err
 	}
 	defer mon.Close()
-	size, err := parseSize(o.size)
+	cfg, err := demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size}.config()
 	if err != nil {
 		return err
 	}
-	rig, err := demo.NewRig(ctx, demo.Config{Preset: o.preset, Hosts: o.hosts, Readers: o.readers, Tensors: o.tensors, Steps: 1,
-		Size: size, Logger: logger, LinkMonitor: mon})
+	cfg.Logger, cfg.LinkMonitor = logger, mon
+	rig, err := demo.NewRig(ctx, cfg)
 	if err != nil {
 		return err
 	}

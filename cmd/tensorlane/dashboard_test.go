@@ -137,6 +137,9 @@ func TestDashboardBadFlags(t *testing.T) {
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "nope", hosts: 1, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1}, nil))
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 1, addr: "bad addr", size: "1MiB", tensors: 1, readers: 1}, nil))
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 1, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1, placements: "/nonexistent.json"}, nil))
+	// A zero is refused, not read as the demo's default (and the server
+	// never starts).
+	assert.ErrorContains(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 0, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1}, nil), "must be at least 1")
 }
 
 // findBrowser returns a Chromium-family browser, or "" when there is none.

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/internal/demo"
+	"github.com/tensorlane/tensorlane/topology"
 )
 
 type demoOptions struct {
@@ -61,14 +62,18 @@ readers verify every byte and say Done, and the trainer waits for all before the
 	rootCmd.AddCommand(cmd)
 }
 
-// config turns the flags into demo.Config. A count set to zero is refused
-// rather than read as demo.Config's default.
+// config turns the flags into demo.Config. A zero count, size or empty
+// preset is refused rather than read as demo.Config's default.
 func (o demoOptions) config() (demo.Config, error) {
+	size, err := parseWordSize(o.size)
+	if err != nil {
+		return demo.Config{}, err
+	}
 	if o.hosts < 1 || o.readers < 1 || o.tensors < 1 || o.steps < 1 {
 		return demo.Config{}, fmt.Errorf("hosts, readers, tensors and steps must be at least 1")
 	}
-	size, err := parseSize(o.size)
-	if err != nil {
+	if o.preset == "" { // demo.Config would read it as its default: refuse it as the preset does
+		_, err := topology.Preset(o.preset, o.hosts)
 		return demo.Config{}, err
 	}
 	// -v logs to stderr; otherwise nowhere.

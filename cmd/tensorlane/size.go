@@ -20,3 +20,14 @@ func parseSize(s string) (int64, error) {
 	v := int64(n * mult)
 	return v / 8 * 8, nil // whole 8-byte words, so the pattern covers every byte
 }
+
+// parseWordSize is parseSize for a size the engines read as "default" when
+// zero: a size below one 8-byte word is refused rather than silently
+// replaced by the default.
+func parseWordSize(s string) (int64, error) {
+	n, err := parseSize(s)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("bad size %q: less than one 8-byte word", s)
+	}
+	return n, err
+}

@@ -85,6 +85,6 @@ func (o soakFlags) config() (soak.Config, error) {
 		return cfg, fmt.Errorf("soak: need --runtimes >= 2, --concurrency >= 1 and positive --duration, --bound, --fault-every")
 	}
 	var err error
-	cfg.MaxSize, err = parseSize(o.maxSize)
+	cfg.MaxSize, err = parseWordSize(o.maxSize)
 	return cfg, err
 }

@@ -27,6 +27,7 @@ func TestSoakBadFlags(t *testing.T) {
 		{"--concurrency", "0"},
 		{"--max-size", "huge"},
 		{"--duration", "0s"},
+		{"--max-size", "4"}, // less than a word: refused, not the default (and no panic)
 	} {
 		_, err := execCmd(t, newSoakCmd(), args...)
 		assert.Error(t, err, "%v", args)

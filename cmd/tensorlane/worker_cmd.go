@@ -63,12 +63,12 @@ Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
 // config turns the flags into the worker's Config.
 func (o workerFlags) config() (worker.Config, error) {
 	cfg := o.Config
-	if cfg.Hosts < 1 { // worker.Config would read 0 as its default: refuse it as the preset does
+	if cfg.Preset == "" || cfg.Hosts < 1 { // worker.Config would read these as its defaults: refuse them as the preset does
 		_, err := topology.Preset(cfg.Preset, cfg.Hosts)
 		return cfg, err
 	}
 	var err error
-	if cfg.DeviceMemory, err = parseSize(o.deviceMemory); err != nil {
+	if cfg.DeviceMemory, err = parseWordSize(o.deviceMemory); err != nil {
 		return cfg, err
 	}
 	if o.hostMemory != "" {

@@ -18,6 +18,8 @@ func TestWorkerBadFlags(t *testing.T) {
 	}{
 		{[]string{"--hosts", "0"}, "need at least one host"},
 		{[]string{"--device-memory", "lots"}, `bad size "lots"`},
+		{[]string{"--device-memory", "4"}, "less than one 8-byte word"},
+		{[]string{"--preset="}, `unknown preset ""`},
 		{[]string{"--host-memory", "-1MiB"}, "bad size"},
 		{[]string{"--preset", "nope"}, "nope"},
 		{[]string{"--cluster-key-file", filepath.Join(t.TempDir(), "missing")}, "missing"},
