@@ -74,7 +74,7 @@ func TestDemoBadFlags(t *testing.T) {
 		{preset: "nope", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"},
 		{preset: "dgx-h100", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "lots"},
 		{preset: "dgx-h100", hosts: 0, readers: 1, tensors: 1, steps: 1, size: "1MiB"},
-		{preset: "", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"}, // not read as the default preset
+		{preset: "", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"},      // not read as the default preset
 		{preset: "dgx-h100", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "4"}, // rounds to no 8-byte word
 	} {
 		assert.Error(t, runDemo(context.Background(), &out, o), "%+v", o)
