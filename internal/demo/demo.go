@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/bench"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -29,7 +30,7 @@ type Config struct {
 	// Logger gets the runtimes' events (default: discarded).
 	Logger *slog.Logger
 	// LinkMonitor, if set (the dashboard), measures every runtime's data
-	// connections and feeds rail health (rdt.Config.LinkMonitor).
+	// connections and feeds rail health (rdt.Config.Transports.LinkMonitor).
 	LinkMonitor *linkstat.Monitor
 }
 
@@ -183,7 +184,7 @@ func NewRig(ctx context.Context, cfg Config) (rig *Rig, err error) {
 		}
 	}()
 	for _, h := range cluster.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: o.Logger, LinkMonitor: o.LinkMonitor,
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: o.Logger, Transports: stack.Config{LinkMonitor: o.LinkMonitor},
 			RuntimeDir: rdt.ProcessRuntimeDir()})
 		if err != nil {
 			return nil, err

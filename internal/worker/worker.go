@@ -22,6 +22,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -211,12 +212,12 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 		}
 	}
 	rt, err := rdt.New(ctx, rdt.Config{
-		Cluster: cluster, Host: o.Host, Identity: key, ListenAddrs: o.Listen, DataAddr: o.DataAddr,
-		DeviceMemory: o.DeviceMemory, HostMemory: o.HostMemory, Allow: o.Transports,
+		Cluster: cluster, Host: o.Host, Identity: key, ListenAddrs: o.Listen,
+		DeviceMemory: o.DeviceMemory, HostMemory: o.HostMemory,
 		StallTimeout: o.StallTimeout, TransferTimeout: o.TransferTimeout, Logger: logger,
 		HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses, LeaseRenew: o.LeaseRenew,
 		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.Encrypt,
-		RDMAAddrs: rdmaAddrs, DisableRDMA: o.NoRDMA,
+		Transports: stack.Config{DataAddr: o.DataAddr, Allow: o.Transports, RDMAAddrs: rdmaAddrs, DisableRDMA: o.NoRDMA},
 	})
 	if err != nil {
 		return err
