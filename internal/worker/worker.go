@@ -72,6 +72,7 @@ type Config struct {
 	DataAddr        string   // tcp data listener address (default 127.0.0.1:0)
 	IdentityFile    string   // libp2p key file, created if missing (LoadIdentity)
 	Transports      []string // allowed transports (default all)
+	// The runtime's timers; zero means the runtime's defaults (rdt.Config).
 	StallTimeout    time.Duration
 	TransferTimeout time.Duration
 	Heartbeat       time.Duration
