@@ -63,15 +63,15 @@ type (
 // Config is what one worker runs with. Its zero value means the defaults
 // documented on each field (the same as the command's flags).
 type Config struct {
-	Preset          string   // topology preset (default "dgx-h100")
-	Hosts           int      // hosts in the preset cluster (default 3)
-	Host            string   // the host this worker claims (default "h0")
-	DeviceMemory    int64    // capacity of each simulated device arena (default 1 GiB)
-	HostMemory      int64    // cap on host memory allocations (0: unbounded)
-	Listen          []string // libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)
-	DataAddr        string   // tcp data listener address (default 127.0.0.1:0)
-	IdentityFile    string   // libp2p key file, created if missing (LoadIdentity)
-	Transports      []string // allowed transports (default all)
+	Preset       string   // topology preset (default "dgx-h100")
+	Hosts        int      // hosts in the preset cluster (default 3)
+	Host         string   // the host this worker claims (default "h0")
+	DeviceMemory int64    // capacity of each simulated device arena (default 1 GiB)
+	HostMemory   int64    // cap on host memory allocations (0: unbounded)
+	Listen       []string // libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)
+	DataAddr     string   // tcp data listener address (default 127.0.0.1:0)
+	IdentityFile string   // libp2p key file, created if missing (LoadIdentity)
+	Transports   []string // allowed transports (default all)
 	// The runtime's timers; zero means the runtime's defaults (rdt.Config).
 	StallTimeout    time.Duration
 	TransferTimeout time.Duration
