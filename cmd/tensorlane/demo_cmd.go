@@ -144,7 +144,7 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 		fmt.Fprintf(out, "tensorlane demo --broadcast: %d simulated %s hosts, %d bf16 tensors of %s, %d readers\n",
 			o.hosts, o.preset, o.tensors, o.size, o.readers)
 		fmt.Fprintln(out, "(simulated devices: memfd-backed arenas, real copies; hosts talk over loopback)")
-		fmt.Fprintf(out, "broadcast tree of each tensor:\n%s", res.Tree)
+		fmt.Fprintf(out, "broadcast tree (the whole state dict follows it):\n%s", res.Tree)
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "step\treaders\tverified\tbytes/reader\tseconds\t")
 		for _, s := range res.Steps {

@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -74,8 +75,8 @@ func RunBroadcast(ctx context.Context, cfg Config) (*BroadcastResult, error) {
 			return nil, err
 		}
 	}
-	// The trainer collects them: per tensor, every reader's slot.
-	perTensor := make([][]rdt.Ref, len(rig.refs))
+	// The trainer collects them: per reader, its slot per tensor.
+	var perReader [][]rdt.Ref
 	for range rig.readers {
 		m, err := rig.trainer.Receive(ctx)
 		if err != nil {
@@ -84,12 +85,14 @@ func RunBroadcast(ctx context.Context, cfg Config) (*BroadcastResult, error) {
 		if len(m.Refs) != len(rig.refs) {
 			return nil, fmt.Errorf("reader %s sent %d slots for %d tensors", m.From, len(m.Refs), len(rig.refs))
 		}
-		for i, r := range m.Refs {
-			perTensor[i] = append(perTensor[i], r)
-		}
+		perReader = append(perReader, m.Refs)
+	}
+	firsts := make([]rdt.Ref, len(perReader))
+	for j, rs := range perReader {
+		firsts[j] = rs[0]
 	}
 	res := &BroadcastResult{OK: true, Simulated: rig.simulated, Preset: o.Preset, Hosts: o.Hosts,
-		Tree: rig.trainer.ExplainBroadcast(rig.refs[0], perTensor[0]).String()}
+		Tree: rig.trainer.ExplainBroadcast(rig.refs[0], firsts).String()}
 	for step := 1; step <= o.Steps; step++ {
 		// A training step changed the weights.
 		for i := range rig.refs {
@@ -98,15 +101,14 @@ func RunBroadcast(ctx context.Context, cfg Config) (*BroadcastResult, error) {
 			}
 		}
 		start := time.Now()
-		results, errs := rig.trainer.BroadcastBatch(ctx, rig.refs, perTensor, rdt.BroadcastConfig{})
+		// The whole state dict along one tree, one setup round per reader.
+		result, err := rig.trainer.BroadcastBatch(ctx, rig.refs, perReader, rdt.BroadcastConfig{})
 		st := BroadcastStep{Step: step, Readers: len(rig.readers), Bytes: int64(len(rig.refs)) * rig.size, Seconds: time.Since(start).Seconds(), Verified: true}
-		for i, err := range errs {
-			if err == nil {
-				err = results[i].Err()
-			}
-			if err != nil {
-				return nil, fmt.Errorf("step %d, tensor %d: %w", step, i, err)
-			}
+		if err == nil {
+			err = errors.Join(append(result.Items, result.Err())...)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		// Every reader checks every byte of the new generation, then says
 		// it is done with it.
@@ -129,10 +131,8 @@ func RunBroadcast(ctx context.Context, cfg Config) (*BroadcastResult, error) {
 			}
 			st.Verified = st.Verified && ok
 		}
-		for _, r := range results {
-			if err := r.WaitConsumed(ctx); err != nil {
-				return nil, err
-			}
+		if err := result.WaitConsumed(ctx); err != nil {
+			return nil, err
 		}
 		res.OK = res.OK && st.Verified
 		res.Steps = append(res.Steps, st)
