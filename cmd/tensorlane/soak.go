@@ -156,6 +156,7 @@ type soak struct {
 	slots   []*soakSlot
 
 	transfers, faults, surfaced, hung, corrupted, attempts, moved, untyped, forgedOK atomic.Int64
+	bcastFaults                                                                      atomic.Int64 // broadcasts that ran with both their faults (soak_broadcast.go)
 
 	mu             sync.Mutex
 	faultKinds     map[string]int64
