@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -105,6 +106,10 @@ type Config struct {
 	// (then it is tried again; each time it is still degraded under
 	// traffic the pause doubles, up to 8x). Default 10 s.
 	LinkHealthPause time.Duration
+	// Clock times the rdma rails' pauses and degraded marks and the link
+	// health marks (LinkHealthPause); default the wall clock. Tests pass
+	// a clockwork.FakeClock to run a pause out without waiting for it.
+	Clock clockwork.Clock
 }
 
 // Node is who the stack serves: the runtime's security block (handed to
@@ -159,6 +164,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if out.LinkHealthPause <= 0 {
 		out.LinkHealthPause = 10 * time.Second
+	}
+	if out.Clock == nil {
+		out.Clock = clockwork.NewRealClock()
 	}
 	return out, nil
 }

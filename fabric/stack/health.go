@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
@@ -27,6 +29,7 @@ type linkHealth struct {
 	host     string
 	pause    time.Duration // first mark of a degraded rail
 	pauseMax time.Duration
+	clk      clockwork.Clock // times the marks (Config.Clock)
 	unsub    func()
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -71,11 +74,14 @@ func (s *Stack) startLinkHealth() (*linkHealth, error) {
 		}
 		owned = true
 	}
-	return newLinkHealth(mon, owned, s.log, s.node.Host, c.LinkHealthPause), nil
+	return newLinkHealth(mon, owned, s.log, s.node.Host, c.LinkHealthPause, c.Clock), nil
 }
 
-func newLinkHealth(mon *linkstat.Monitor, owned bool, log *slog.Logger, host string, pause time.Duration) *linkHealth {
-	h := &linkHealth{mon: mon, owned: owned, log: log, host: host, pause: pause,
+func newLinkHealth(mon *linkstat.Monitor, owned bool, log *slog.Logger, host string, pause time.Duration, clk clockwork.Clock) *linkHealth {
+	if clk == nil {
+		clk = clockwork.NewRealClock()
+	}
+	h := &linkHealth{mon: mon, owned: owned, log: log, host: host, pause: pause, clk: clk,
 		links: map[uint64]*healthLink{}, stop: make(chan struct{})}
 	if h.pause <= 0 {
 		h.pause = 10 * time.Second
@@ -282,7 +288,7 @@ func (h *linkHealth) markLocked(hl *healthLink, st linkstat.LinkStats) time.Dura
 		d = h.pause
 	}
 	hl.next = min(2*d, h.pauseMax)
-	hl.until, hl.rtt = time.Now().Add(d), st.RTT
+	hl.until, hl.rtt = h.clk.Now().Add(d), st.RTT
 	return d
 }
 
@@ -293,20 +299,20 @@ func (h *linkHealth) markLocked(hl *healthLink, st linkstat.LinkStats) time.Dura
 // rail would stay in use, since linkstat reports transitions only.
 func (h *linkHealth) loop() {
 	defer h.wg.Done()
-	t := time.NewTicker(max(h.mon.Interval(), 50*time.Millisecond))
+	t := h.clk.NewTicker(max(h.mon.Interval(), 50*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
 		case <-h.stop:
 			return
-		case <-t.C:
+		case <-t.Chan():
 		}
 		type mark struct {
 			nic, addr, reason string
 			d                 time.Duration
 		}
 		var marks []mark
-		now := time.Now()
+		now := h.clk.Now()
 		h.mu.Lock()
 		tr := h.rdma
 		last := h.mon.Last()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,10 +39,13 @@ type healthRig struct {
 	metrics *rdma.Metrics
 	mon     *linkstat.Monitor
 	health  *linkHealth
-	remote  fabric.Remote
-	data    []byte
-	dst     []byte
-	dstBuf  tensor.Buffer
+	// clk times the rail marks (link health's and the transport's): the
+	// test runs a pause out by advancing it.
+	clk    *clockwork.FakeClock
+	remote fabric.Remote
+	data   []byte
+	dst    []byte
+	dstBuf tensor.Buffer
 }
 
 type heldBuf struct{ tensor.Buffer }
@@ -53,7 +57,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	t.Helper()
 	netns.Require(t)
 	ctx := context.Background()
-	h := &healthRig{a: netns.New(t, "lha"), b: netns.New(t, "lhb")}
+	h := &healthRig{a: netns.New(t, "lha"), b: netns.New(t, "lhb"), clk: clockwork.NewFakeClock()}
 	for i := range 2 {
 		dev := fmt.Sprintf("r%d", i)
 		require.NoError(t, netns.Veth(ctx, h.a, dev, fmt.Sprintf("10.8%d.0.1/24", i+1), h.b, dev, fmt.Sprintf("10.8%d.0.2/24", i+1)))
@@ -75,7 +79,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	h.mon, err = linkstat.New(linkstat.Config{Interval: 100 * time.Millisecond, ForceTCPInfo: forceTCPInfo, Logger: log})
 	require.NoError(t, err)
 	t.Cleanup(func() { h.mon.Close() })
-	h.health = newLinkHealth(h.mon, false, log, "hostB", pause)
+	h.health = newLinkHealth(h.mon, false, log, "hostB", pause, h.clk)
 	t.Cleanup(func() { h.health.close() })
 
 	ownerKey, _, err := crypto.GenerateEd25519Key(nil)
@@ -114,7 +118,7 @@ func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bo
 	h.metrics = rdma.NewMetrics(prometheus.NewRegistry())
 	// 256 KiB slices: the slices already in flight on the shaped rail when
 	// it is paused finish within half a second.
-	h.tr, err = rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey, Logger: log}, Metrics: h.metrics, SliceSize: 256 << 10})
+	h.tr, err = rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey, Logger: log}, Metrics: h.metrics, SliceSize: 256 << 10, Clock: h.clk})
 	require.NoError(t, err)
 	h.health.setRDMA(h.tr)
 	t.Cleanup(func() {
@@ -259,7 +263,7 @@ func testShapedRail(t *testing.T, mode linkstat.Mode) {
 		require.True(t, time.Now().Before(deadline), "rail 1 never came back: %+v", h.tr.Rails())
 		for _, rs := range h.tr.Rails() {
 			if rs.Label == "nic1->nic1" && rs.Degraded {
-				time.Sleep(time.Until(rs.DegradedUntil)) // the transport's pause, not this test's work
+				h.clk.Advance(rs.DegradedUntil.Sub(h.clk.Now())) // the pause runs out on the rig's clock
 			}
 		}
 		if _, r1, _ = h.read(t, "after unshaping"); r1 > 0 {

@@ -38,7 +38,7 @@ func (s *Stack) startRDMA(ctx context.Context) error {
 	}
 	s.rdmaTr, err = rdma.New(ctx, rdma.Config{
 		Provider: prov, Security: n.Security, Topology: n.Cluster, Host: n.Host,
-		Metrics: rdma.NewMetrics(n.Registerer),
+		Metrics: rdma.NewMetrics(n.Registerer), Clock: c.Clock,
 	})
 	if err == nil {
 		s.health.setRDMA(s.rdmaTr)
