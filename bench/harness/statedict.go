@@ -44,11 +44,29 @@ type StateDictConfig struct {
 	Transport string // between the two hosts: rdma (default) or tcp
 	Rounds    int    // interleaved rounds, median kept; default 3
 	Parallel  int    // GetBatch's transfers at once (0: rdt's default)
+	// Shape is the state dict: "1b" (default, StateDictShape) or "small"
+	// (SmallShape: many small tensors, where per-object costs dominate).
+	Shape string
+}
+
+// SmallShape is 1000 bf16 tensors of 64 KiB each (62.5 MiB), divided by
+// scale like StateDictShape: the case where per-object round trips, not
+// bytes, set the time, and coalescing transfers per path matters most.
+func SmallShape(scale int) []int64 {
+	if scale < 1 {
+		scale = 1
+	}
+	out := make([]int64, 1000)
+	for i := range out {
+		out[i] = max(4, 32<<10/int64(scale)/4*4)
+	}
+	return out
 }
 
 // StateDictRecord is the result.
 type StateDictRecord struct {
 	Path         string  `json:"path"` // "statedict"
+	Shape        string  `json:"shape"`
 	Transport    string  `json:"transport"`
 	Tensors      int     `json:"tensors"`
 	Size         int64   `json:"size"` // total bytes
@@ -71,13 +89,22 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	if cfg.Rounds <= 0 {
 		cfg.Rounds = 3
 	}
-	shape := StateDictShape(cfg.Scale)
+	var shape []int64
+	switch cfg.Shape {
+	case "", "1b":
+		cfg.Shape = "1b"
+		shape = StateDictShape(cfg.Scale)
+	case "small":
+		shape = SmallShape(cfg.Scale)
+	default:
+		return StateDictRecord{}, fmt.Errorf("harness: statedict shape %q (want 1b or small)", cfg.Shape)
+	}
 	var total, largest int64
 	for _, n := range shape {
 		total += 2 * n
 		largest = max(largest, 2*n)
 	}
-	rec = StateDictRecord{Path: PathStateDict, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
+	rec = StateDictRecord{Path: PathStateDict, Shape: cfg.Shape, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return rec, err

@@ -74,6 +74,9 @@ func Run(t *testing.T, h Harness) {
 		{"OwnerClosesMidTransfer", (*suite).ownerCloses},
 		{"CorruptFrame", (*suite).corrupt},
 		{"Push", (*suite).push},
+		{"BatchMixed", (*suite).batchMixed},
+		{"BatchCancelled", (*suite).batchCancel},
+		{"BatchOwnerCloses", (*suite).batchOwnerCloses},
 		{"CloseIdempotent", (*suite).closeTwice},
 	} {
 		leaks := goleak.IgnoreCurrent()
