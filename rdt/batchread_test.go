@@ -16,7 +16,7 @@ import (
 // the batch-capable path (every item says with how many others), freed
 // and forged refs among them fail on their own.
 func TestGetBatchCoalesced(t *testing.T) {
-	for _, tr := range []string{fabric.TCP} {
+	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
 		t.Run(tr, func(t *testing.T) {
 			ctx := context.Background()
 			only := func(c *Config) { c.Allow = []string{tr} }
