@@ -45,24 +45,18 @@ func CheckBatch(srcs []Remote, dsts []tensor.Buffer) []error {
 	return errs
 }
 
+// Coalesces reports whether ReadBatch would coalesce a plan's transfer with
+// others of the same owner (its chosen transport is a BatchReader).
+func (p Plan) Coalesces() bool {
+	_, ok := p.ChosenTransport().(BatchReader)
+	return ok
+}
+
 // BatchResult is one item's outcome of Planner.ReadBatch.
 type BatchResult struct {
 	Stats Stats
 	Plan  Plan
 	Err   error
-}
-
-// readPlan is Read's plan: the transports the owner publishes no address
-// for are ruled out before trying.
-func (p *Planner) readPlan(src Remote, dst Endpoint) Plan {
-	plan := p.Plan(src.Endpoint, dst)
-	rule(&plan, func(t Transport) string {
-		if a, ok := t.(Addressed); ok && a.AddressOf(src) == "" {
-			return "the owner publishes no " + t.Name() + " address (it does not serve " + t.Name() + ")"
-		}
-		return ""
-	})
-	return plan
 }
 
 // ReadBatch moves srcs[i] into bufs[i], every one of which lives at dst.
@@ -90,9 +84,10 @@ func (p *Planner) ReadBatch(ctx context.Context, srcs []Remote, dst Endpoint, bu
 	var order []groupKey
 	var single []int
 	for i, src := range srcs {
-		res[i].Plan = p.readPlan(src, dst)
+		res[i].Plan = p.PlanRead(src, dst)
+		res[i].Plan.ZeroCopy = false // the caller gave the memory: always a copy
 		t := res[i].Plan.ChosenTransport()
-		if _, ok := t.(BatchReader); !ok {
+		if !res[i].Plan.Coalesces() {
 			single = append(single, i)
 			continue
 		}

@@ -3,6 +3,8 @@ package rdt
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -119,4 +121,86 @@ func (a *Actor) fetchOwner(ctx context.Context, refs []Ref, idx []int, dst tenso
 		}
 		dones[k](x, err)
 	}
+}
+
+// BatchPlan says how GetBatch would move a batch onto a device: the refs
+// grouped by owner and chosen path, and whether each group moves
+// coalesced (one ReadBatch) or object by object.
+type BatchPlan struct {
+	Groups []BatchGroup `json:"groups"`
+	// Refused counts refs no transfer can happen for (malformed, a device
+	// the actor may not use, no path); Explain of each says why.
+	Refused int `json:"refused,omitempty"`
+}
+
+// BatchGroup is the refs of one owner that take one path.
+type BatchGroup struct {
+	Owner     string `json:"owner"`
+	Transport string `json:"transport"`
+	Refs      int    `json:"refs"`
+	Bytes     int64  `json:"bytes"`
+	Coalesced bool   `json:"coalesced"`
+	Reason    string `json:"reason"`
+}
+
+// String renders the plan one group a line.
+func (p BatchPlan) String() string {
+	var b strings.Builder
+	for i, g := range p.Groups {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		how := "one by one"
+		if g.Coalesced {
+			how = "coalesced"
+		}
+		fmt.Fprintf(&b, "%s via %s: %d refs, %d bytes, %s (%s)", g.Owner, g.Transport, g.Refs, g.Bytes, how, g.Reason)
+	}
+	if p.Refused > 0 {
+		fmt.Fprintf(&b, "\n%d refs refused (Explain each for why)", p.Refused)
+	}
+	return b.String()
+}
+
+// ExplainBatch says how GetBatch of refs onto dst would move them.
+func (a *Actor) ExplainBatch(refs []Ref, dst tensor.DeviceID) BatchPlan {
+	var out BatchPlan
+	type key struct{ owner, transport string }
+	at := map[key]int{}
+	for _, ref := range refs {
+		plan := a.Explain(ref, dst)
+		if plan.Err == nil && ref.Owner != a.rt.host.ID() {
+			plan = a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst))
+		}
+		if plan.Err != nil || plan.Chosen == "" {
+			out.Refused++
+			continue
+		}
+		k := key{shortID(ref.Owner), plan.Chosen}
+		i, ok := at[k]
+		if !ok {
+			i = len(out.Groups)
+			at[k] = i
+			g := BatchGroup{Owner: k.owner, Transport: k.transport}
+			switch {
+			case ref.Owner == a.rt.host.ID():
+				g.Reason = "this runtime's own objects: a view or a local copy each"
+			case plan.Coalesces():
+				g.Coalesced = true
+				g.Reason = plan.Chosen + " moves many objects of one owner together"
+			default:
+				g.Reason = plan.Chosen + " reads one object at a time"
+			}
+			out.Groups = append(out.Groups, g)
+		}
+		out.Groups[i].Refs++
+		out.Groups[i].Bytes += spanBytes(ref.Desc)
+	}
+	for i, g := range out.Groups {
+		if g.Coalesced && g.Refs < 2 {
+			out.Groups[i].Coalesced = false
+			out.Groups[i].Reason = "a single object: nothing to coalesce"
+		}
+	}
+	return out
 }

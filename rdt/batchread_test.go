@@ -36,6 +36,11 @@ func TestGetBatchCoalesced(t *testing.T) {
 			forged := refs[9]
 			forged.Token = []byte("not the token")
 			refs = append(refs, forged)
+			bp := reader.ExplainBatch(refs, tensor.GPUDevice(1))
+			require.Len(t, bp.Groups, 1, "%v", bp)
+			assert.Equal(t, BatchGroup{Owner: shortID(rts[0].host.ID()), Transport: tr, Refs: 61, Bytes: bp.Groups[0].Bytes, Coalesced: true,
+				Reason: tr + " moves many objects of one owner together"}, bp.Groups[0])
+			assert.Contains(t, bp.String(), "coalesced")
 			items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(1), BatchConfig{})
 			require.NoError(t, err)
 			defer ReleaseBatch(items)
