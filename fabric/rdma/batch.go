@@ -1,11 +1,15 @@
 package rdma
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -24,9 +28,14 @@ import (
 var _ fabric.BatchReader = (*Transport)(nil)
 
 // batchParallel is how many objects of a batch move at once: enough to keep
-// every rail's queue busy with small objects; a large object stripes over
-// the rails on its own.
-const batchParallel = 16
+// every rail's queue busy with small objects. batchBytes bounds the bytes
+// they may have outstanding together: a large object stripes over the
+// rails on its own, and sixteen of them at once would only crowd the
+// queues (an object above it moves alone).
+const (
+	batchParallel = 16
+	batchBytes    = 64 << 20
+)
 
 // ReadBatch pulls srcs[i] into dsts[i] for every i; see fabric.BatchReader.
 func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
@@ -90,6 +99,9 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 			errs[i] = err
 		}
 	}
+	// Largest first: the small ones fill the gaps the large ones leave.
+	idx = slices.Clone(idx)
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(srcs[b].Length, srcs[a].Length) })
 	first := srcs[idx[0]]
 	rails, _, err := t.railsFor(first, dsts[idx[0]].Device())
 	if err != nil {
@@ -116,6 +128,7 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 		viaQ QueuePair
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, batchParallel)
+		room = semaphore.NewWeighted(batchBytes)
 	)
 	defer func() {
 		wg.Wait()
@@ -190,10 +203,18 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 			for _, key := range it.resp.keys {
 				sess.keys[key.NIC] = key
 			}
+			weight := min(max(srcs[i].Length, 1), batchBytes)
+			if err := room.Acquire(ctx, weight); err != nil {
+				errs[i] = err
+				mu.Lock()
+				done = append(done, sess.id)
+				mu.Unlock()
+				continue
+			}
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
-				defer func() { <-sem; wg.Done() }()
+				defer func() { <-sem; room.Release(weight); wg.Done() }()
 				p, err := tensor.BytesOf(dsts[i])
 				if err == nil {
 					sts[i], err = t.move(ctx, at, rails, sess, srcs[i], p[:srcs[i].Length], false)

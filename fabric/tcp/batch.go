@@ -62,13 +62,18 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 		}
 	}
 	var wg sync.WaitGroup
-	if len(alone) > 0 {
-		// Striped objects use several connections each already: one at a
-		// time, beside the lanes.
+	// Striped objects use several connections each already: two at a
+	// time, beside the lanes.
+	next := make(chan int, len(alone))
+	for _, i := range alone {
+		next <- i
+	}
+	close(next)
+	for range min(2, len(alone)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, i := range alone {
+			for i := range next {
 				if err := ctx.Err(); err != nil {
 					errs[i] = err
 					continue
