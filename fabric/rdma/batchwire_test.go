@@ -5,8 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"runtime"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
