@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -185,4 +186,22 @@ func (s *suite) batchWorks(t *testing.T, env Env, br fabric.BatchReader) {
 		}
 		verify(t, objs[i], 0, srcs[i].Length, dsts[i])
 	}
+}
+
+// batchStalled: an owner whose opens stall fails every item of a batch by
+// the caller's deadline, with a typed error.
+func (s *suite) batchStalled(t *testing.T, env Env) {
+	br := s.batchReader(t, env)
+	srcs, dsts, _ := s.batchOf(t, env, 8, 256<<10)
+	release := s.owner.stallOpens()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, errs := s.readBatch(t, br, ctx, srcs, dsts)
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, fabric.ErrStalled) {
+			t.Errorf("item %d of a batch from a stalled owner: got %v, want context.DeadlineExceeded or fabric.ErrStalled", i, err)
+		}
+	}
+	release()
 }

@@ -77,6 +77,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchMixed", (*suite).batchMixed},
 		{"BatchCancelled", (*suite).batchCancel},
 		{"BatchOwnerCloses", (*suite).batchOwnerCloses},
+		{"BatchStalledOwner", (*suite).batchStalled},
 		{"CloseIdempotent", (*suite).closeTwice},
 	} {
 		leaks := goleak.IgnoreCurrent()

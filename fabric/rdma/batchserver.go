@@ -2,9 +2,11 @@ package rdma
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 )
 
@@ -25,12 +27,20 @@ func (s *Server) handleBatch(ctx context.Context, qp qpRef, who peer.ID, msg []b
 	if err != nil {
 		return nil, err
 	}
+	// The whole batch gets the time one resolution gets: a Source that
+	// stalls cannot hold the reader's control exchange for a count of
+	// timeouts.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpenTimeout)
+	defer cancel()
 	items := make([]batchItem, len(reqs))
 	for i := range reqs {
-		if err := ctx.Err(); err != nil {
-			// The reader gave up (its queue pair went away): what is
-			// registered already is released with it.
-			return nil, err
+		if ctx.Err() != nil {
+			// The reader gave up, or the batch ran out of time: nothing of
+			// it stays registered, and the reader hears why.
+			for _, r := range reqs[:i] {
+				s.done(regID{peer: who, id: r.id})
+			}
+			return nil, fmt.Errorf("%w: resolving a batch of %d took longer than %v (%d resolved)", fabric.ErrStalled, len(reqs), s.cfg.OpenTimeout, i)
 		}
 		resp, err := s.register(ctx, qp, who, &reqs[i])
 		if err != nil {
