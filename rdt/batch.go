@@ -23,8 +23,12 @@ import (
 
 // BatchConfig tunes a batch; the zero value means the defaults.
 type BatchConfig struct {
-	// Parallel is how many transfers run at once. Default 4.
+	// Parallel is how many transfers run at once (those a path does not
+	// coalesce). Default 4.
 	Parallel int
+	// Separate moves every object on its own, Parallel at a time, as if no
+	// path could coalesce: for comparisons (bench statedict).
+	Separate bool
 
 	onItem func(bytes int64) // progress (async.go)
 }
@@ -67,7 +71,7 @@ func (a *Actor) GetBatch(ctx context.Context, refs []Ref, dst tensor.DeviceID, c
 			items[i].Err = err
 			continue
 		}
-		if ref := refs[i]; ref.Owner != a.rt.host.ID() {
+		if ref := refs[i]; ref.Owner != a.rt.host.ID() && !cfg.Separate {
 			k := ownerKey{ref.Owner, ref.Incarnation}
 			if owners[k] == nil {
 				keys = append(keys, k)

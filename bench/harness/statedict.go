@@ -74,6 +74,12 @@ type StateDictRecord struct {
 	BatchSeconds float64 `json:"batch_seconds"`
 	OneSeconds   float64 `json:"one_seconds"` // one tensor of the same total size
 	Ratio        float64 `json:"ratio"`       // batch throughput over one tensor's
+	// SeparateSeconds is the same batch with every object moved on its own
+	// (BatchConfig.Separate: no coalescing per path), and Coalescing the
+	// batch's speed-up over it; both measured in the same rounds.
+	SeparateSeconds float64 `json:"separate_seconds"`
+	SeparateRatio   float64 `json:"separate_ratio"` // separate batch throughput over one tensor's
+	Coalescing      float64 `json:"coalescing"`     // separate_seconds / batch_seconds
 }
 
 // RunStateDict measures a state dict Get as one batch (GetBatch) against
@@ -172,22 +178,39 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	if err != nil {
 		return rec, err
 	}
-	var bt, ot []float64
-	for round := range cfg.Rounds + 1 {
+	var bt, st, ot []float64
+	batch := func(separate bool) (float64, error) {
 		start := time.Now()
-		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel})
+		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel, Separate: separate})
+		if err != nil {
+			return 0, err
+		}
+		d := time.Since(start).Seconds()
+		defer rdt.ReleaseBatch(items)
+		for i, it := range items {
+			if it.Err != nil {
+				return 0, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
+			}
+		}
+		return d, nil
+	}
+	for round := range cfg.Rounds + 1 {
+		// The order turns each round, so neither batch always runs right
+		// after the other's memory was released.
+		var d, ds float64
+		if round%2 == 0 {
+			if d, err = batch(false); err == nil {
+				ds, err = batch(true)
+			}
+		} else {
+			if ds, err = batch(true); err == nil {
+				d, err = batch(false)
+			}
+		}
 		if err != nil {
 			return rec, err
 		}
-		d := time.Since(start).Seconds()
-		for i, it := range items {
-			if it.Err != nil {
-				rdt.ReleaseBatch(items)
-				return rec, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
-			}
-		}
-		rdt.ReleaseBatch(items)
-		start = time.Now()
+		start := time.Now()
 		x, err := reader.Get(ctx, one, srcDev)
 		if err != nil {
 			return rec, err
@@ -195,9 +218,12 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		d1 := time.Since(start).Seconds()
 		x.Release()
 		if round > 0 { // round 0 warms both (page population of the arenas)
-			bt, ot = append(bt, d), append(ot, d1)
+			bt, st, ot = append(bt, d), append(st, ds), append(ot, d1)
 		}
 	}
+	rec.SeparateSeconds = median(st)
+	rec.SeparateRatio = median(ot) / rec.SeparateSeconds
+	rec.Coalescing = rec.SeparateSeconds / median(bt)
 	rec.BatchSeconds, rec.OneSeconds = median(bt), median(ot)
 	rec.Ratio = rec.OneSeconds / rec.BatchSeconds
 	return rec, nil
