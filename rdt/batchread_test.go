@@ -19,7 +19,7 @@ func TestGetBatchCoalesced(t *testing.T) {
 	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
 		t.Run(tr, func(t *testing.T) {
 			ctx := context.Background()
-			only := func(c *Config) { c.Allow = []string{tr} }
+			only := func(c *Config) { c.Transports.Allow = []string{tr} }
 			rts := cluster(t, only, only)
 			owner, _ := rts[0].Spawn("trainer")
 			reader, _ := rts[1].Spawn("worker")

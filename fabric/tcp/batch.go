@@ -125,7 +125,7 @@ func (t *Transport) lanes(idx []int, srcs []fabric.Remote) [][]int {
 // the owner closed before answering anything is replaced once.
 func (t *Transport) lane(ctx context.Context, k connKey, items []int, coalesced int, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
 	for attempt := 0; ; attempt++ {
-		c, pooled, err := t.get(ctx, k)
+		c, pooled, err := t.pool.Get(ctx, k)
 		if err != nil {
 			for _, i := range items {
 				errs[i] = err
@@ -138,7 +138,7 @@ func (t *Transport) lane(ctx context.Context, k connKey, items []int, coalesced 
 		}
 		done, inStep, err := t.pipeline(c, items, coalesced, srcs, dsts, sts, errs)
 		if !stop() {
-			t.discard(c)
+			t.pool.Discard(c)
 			cerr := ctx.Err()
 			for _, i := range items[done:] {
 				errs[i] = cerr
@@ -146,10 +146,10 @@ func (t *Transport) lane(ctx context.Context, k connKey, items []int, coalesced 
 			return
 		}
 		if inStep {
-			t.put(c)
+			t.pool.Put(c)
 			return
 		}
-		t.discard(c)
+		t.pool.Discard(c)
 		if done == len(items) {
 			return
 		}
