@@ -98,3 +98,66 @@ func TestBatchLeaseRenewedOnce(t *testing.T) {
 	m1, c1 := sample()
 	assert.Equal(t, float64(n)*(m1-m0), c1-c0, "every renewal message carries all %d claims", n)
 }
+
+// TestGetBatchOwnerDies: an owner that dies while a coalesced batch moves
+// ends every item within the bound, each with its tensor (verified) or
+// ErrOwnerDied, and every byte of the reader's memory for the failed ones
+// goes back.
+func TestGetBatchOwnerDies(t *testing.T) {
+	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, func(c *Config) {
+				fastLife(c)
+				c.Transports.Allow = []string{tr}
+				c.Transports.Streams = 1
+			})
+			ctx := context.Background()
+			owner, _ := p.a.Spawn("owner")
+			reader, _ := p.b.Spawn("reader")
+			require.NoError(t, p.b.Connect(ctx, p.a.AddrInfo()))
+			var refs []Ref
+			var want []tensor.Tensor
+			for range 24 {
+				x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 8<<20)
+				ref, err := owner.Put(ctx, x)
+				require.NoError(t, err)
+				refs, want = append(refs, ref), append(want, x)
+			}
+			type result struct {
+				items []BatchItem
+				err   error
+			}
+			res := make(chan result, 1)
+			go func() {
+				gctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				defer cancel()
+				items, err := reader.GetBatch(gctx, refs, tensor.GPUDevice(0), BatchConfig{})
+				res <- result{items, err}
+			}()
+			waitPinned(t, p.a)
+			dead, cancel := context.WithCancel(ctx)
+			cancel()
+			require.NoError(t, p.a.Shutdown(dead))
+			var r result
+			select {
+			case r = <-res:
+			case <-time.After(60 * time.Second):
+				t.Fatal("HUNG: GetBatch did not return after its owner died")
+			}
+			require.NoError(t, r.err)
+			failed := 0
+			for i, it := range r.items {
+				if it.Err != nil {
+					failed++
+					assert.ErrorIs(t, it.Err, ErrOwnerDied, "item %d", i)
+					continue
+				}
+				sameBytes(t, want[i], it.Tensor)
+			}
+			t.Logf("%d of %d items failed with the owner's death", failed, len(refs))
+			ReleaseBatch(r.items)
+			assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)), "every byte of the reader's memory went back")
+			require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond, "holds on a dead owner are dropped")
+		})
+	}
+}
