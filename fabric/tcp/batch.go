@@ -32,6 +32,9 @@ var _ fabric.BatchReader = (*Transport)(nil)
 // objects uses one connection, not Streams of them.
 const laneBytes = 1 << 20
 
+// writeRequests is how many pipelined requests go out in one write.
+const writeRequests = 64
+
 // ReadBatch pulls srcs[i] into dsts[i] for every i; see fabric.BatchReader.
 func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
 	sts := make([]fabric.Stats, len(srcs))
@@ -172,6 +175,7 @@ func (t *Transport) pipeline(c *conn, items []int, coalesced int, srcs []fabric.
 	reqs := make([]byte, 0, len(items)*(maxRequest-maxToken+32))
 	compress := make([]bool, len(items))
 	reasons := make([]string, len(items))
+	ends := make([]int, len(items)) // where each request ends in reqs
 	for k, i := range items {
 		src := srcs[i]
 		req := request{op: opRead, claim: src.Claim, offset: src.Offset, length: src.Length, dtype: src.DType}
@@ -189,14 +193,24 @@ func (t *Transport) pipeline(c *conn, items []int, coalesced int, srcs []fabric.
 			req.flags = flagCompress
 		}
 		reqs = req.appendTo(reqs)
+		ends[k] = len(reqs)
 	}
 	// The requests go out from a goroutine of their own while the answers
 	// come in: a long list must not wait for the owner's first answers to
 	// drain (the owner may be blocked writing them).
 	wrote := make(chan error, 1)
 	go func() {
-		c.armWrite()
-		_, err := c.Write(reqs)
+		// A few dozen requests a write, the stall deadline re-armed
+		// between them: a long list waits for the owner to take in the
+		// first ones (it reads a request only once it answered the one
+		// before), and that wait is progress, not a stall.
+		var err error
+		for from, k := 0, 0; k < len(ends) && err == nil; k += writeRequests {
+			to := ends[min(k+writeRequests, len(ends))-1]
+			c.armWrite()
+			_, err = c.Write(reqs[from:to])
+			from = to
+		}
 		if err != nil {
 			c.abort() // unblock the reader below
 		}
