@@ -22,4 +22,11 @@
 // failed for a passing reason, and then falls back to the next. A transfer
 // that takes a worse path than the topology allows, or falls back, is
 // logged and counted: fallback is never silent.
+//
+// A transport that can move many objects of one owner together implements
+// BatchReader (tcp pipelines the requests on a few connections, rdma
+// resolves up to 256 objects per control round trip); Planner.ReadBatch
+// coalesces a batch's items per (transport, owner) onto it, reads the rest
+// one by one, and reads an item the batch path failed for a passing reason
+// again on its own. Stats.Coalesced says how many moved together.
 package fabric

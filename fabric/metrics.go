@@ -11,6 +11,9 @@ type Metrics struct {
 	Retries   *prometheus.CounterVec   // tensorlane_path_retries_total{transport}
 	Degraded  *prometheus.CounterVec   // tensorlane_degraded_transfers_total{best,used}
 	Seconds   *prometheus.HistogramVec // tensorlane_transfer_seconds{transport}
+	// Coalesced counts the transfers a batch moved together with others of
+	// the same owner and path (BatchReader): tensorlane_coalesced_transfers_total{transport}.
+	Coalesced *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -36,9 +39,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tensorlane_transfer_seconds", Help: "Transfer latency, by transport.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 14),
 		}, []string{"transport"}),
+		Coalesced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_coalesced_transfers_total", Help: "Transfers of a batch moved together with others of the same owner and path, by transport.",
+		}, []string{"transport"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Retries, m.Degraded, m.Seconds)
+		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Retries, m.Degraded, m.Seconds, m.Coalesced)
 	}
 	return m
 }

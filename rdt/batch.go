@@ -15,15 +15,20 @@ import (
 
 // Batches: a state dict is hundreds of tensors. GetBatch takes the holds on
 // all of them with one lease round trip per owner (not one per tensor), then
-// moves them a few at a time, largest first, so small tensors fill the gaps
-// of large ones; the runtime renews all the leases in one request per owner
-// as it does every lease. Each item reports its own outcome: a batch that
+// hands each owner's refs to the planner together, which coalesces the
+// transfers per path (tcp pipelines them, rdma registers them all in one
+// round trip; batchread.go) and moves the rest a few at a time; the runtime
+// renews all the leases in one request per owner as it does every lease. Each item reports its own outcome: a batch that
 // mixes valid and freed refs gets the valid tensors and, for the others, why.
 
 // BatchConfig tunes a batch; the zero value means the defaults.
 type BatchConfig struct {
-	// Parallel is how many transfers run at once. Default 4.
+	// Parallel is how many transfers run at once (those a path does not
+	// coalesce). Default 4.
 	Parallel int
+	// Separate moves every object on its own, Parallel at a time, as if no
+	// path could coalesce: for comparisons (bench statedict).
+	Separate bool
 
 	onItem func(bytes int64) // progress (async.go)
 }
@@ -55,17 +60,37 @@ func (a *Actor) GetBatch(ctx context.Context, refs []Ref, dst tensor.DeviceID, c
 	defer cancel()
 	items := make([]BatchItem, len(refs))
 	held := a.rt.holdBatch(ctx, a.name, refs)
+	// Another runtime's refs move per owner, coalesced per path where the
+	// path can (batchread.go); this runtime's own go one by one (a view on
+	// their own device, a local copy otherwise).
+	owners := map[ownerKey][]int{}
+	var keys []ownerKey
 	order := make([]int, 0, len(refs))
 	for i, err := range held {
 		if err != nil {
 			items[i].Err = err
 			continue
 		}
+		if ref := refs[i]; ref.Owner != a.rt.host.ID() && !cfg.Separate {
+			k := ownerKey{ref.Owner, ref.Incarnation}
+			if owners[k] == nil {
+				keys = append(keys, k)
+			}
+			owners[k] = append(owners[k], i)
+			continue
+		}
 		order = append(order, i)
+	}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.fetchOwner(ctx, refs, owners[k], dst, items, cfg)
+		}()
 	}
 	sort.SliceStable(order, func(x, y int) bool { return spanBytes(refs[order[x]].Desc) > spanBytes(refs[order[y]].Desc) })
 	sem := make(chan struct{}, cfg.Parallel)
-	var wg sync.WaitGroup
 	for _, i := range order {
 		wg.Add(1)
 		sem <- struct{}{}

@@ -207,6 +207,7 @@ func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, lay
 		out[i] = leaseOK
 	}
 	r.lifeMetrics.leaseRequests.WithLabelValues(lifeKindName(kind)).Add(float64(len(claims)))
+	r.lifeMetrics.leaseMessages.WithLabelValues(lifeKindName(kind)).Inc()
 	return out
 }
 

@@ -46,6 +46,7 @@ type lifeMetrics struct {
 	heartbeats    *prometheus.CounterVec // tensorlane_heartbeats_total{result}
 	peerDeaths    *prometheus.CounterVec // tensorlane_peer_deaths_total{reason}
 	leaseRequests *prometheus.CounterVec // tensorlane_lease_requests_total{op}
+	leaseMessages *prometheus.CounterVec // tensorlane_lease_messages_total{op}
 	leasesExpired prometheus.Counter     // tensorlane_leases_expired_total
 	leasesHeld    prometheus.GaugeFunc   // tensorlane_leases_held (this runtime's, as a reader)
 	leasesGranted prometheus.GaugeFunc   // tensorlane_leases_granted (on this runtime's objects)
@@ -64,6 +65,9 @@ func newLifeMetrics(reg prometheus.Registerer, r *Runtime) *lifeMetrics {
 		leaseRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_lease_requests_total", Help: "Lease claims served by this runtime as owner, by op (lease, release).",
 		}, []string{"op"}),
+		leaseMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_lease_messages_total", Help: "Lease messages (each carrying many claims) served by this runtime as owner, by op (lease, release).",
+		}, []string{"op"}),
 		leasesExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tensorlane_leases_expired_total", Help: "Reader leases on this runtime's objects that expired without renewal.",
 		}),
@@ -81,7 +85,7 @@ func newLifeMetrics(reg prometheus.Registerer, r *Runtime) *lifeMetrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.heartbeats, m.peerDeaths, m.leaseRequests, m.leasesExpired, m.leasesHeld, m.leasesGranted, m.objectsFreed, m.ownerDied)
+		reg.MustRegister(m.heartbeats, m.peerDeaths, m.leaseRequests, m.leaseMessages, m.leasesExpired, m.leasesHeld, m.leasesGranted, m.objectsFreed, m.ownerDied)
 	}
 	return m
 }

@@ -44,11 +44,29 @@ type StateDictConfig struct {
 	Transport string // between the two hosts: rdma (default) or tcp
 	Rounds    int    // interleaved rounds, median kept; default 3
 	Parallel  int    // GetBatch's transfers at once (0: rdt's default)
+	// Shape is the state dict: "1b" (default, StateDictShape) or "small"
+	// (SmallShape: many small tensors, where per-object costs dominate).
+	Shape string
+}
+
+// SmallShape is 1000 bf16 tensors of 64 KiB each (62.5 MiB), divided by
+// scale like StateDictShape: the case where per-object round trips, not
+// bytes, set the time, and coalescing transfers per path matters most.
+func SmallShape(scale int) []int64 {
+	if scale < 1 {
+		scale = 1
+	}
+	out := make([]int64, 1000)
+	for i := range out {
+		out[i] = max(4, 32<<10/int64(scale)/4*4)
+	}
+	return out
 }
 
 // StateDictRecord is the result.
 type StateDictRecord struct {
 	Path         string  `json:"path"` // "statedict"
+	Shape        string  `json:"shape"`
 	Transport    string  `json:"transport"`
 	Tensors      int     `json:"tensors"`
 	Size         int64   `json:"size"` // total bytes
@@ -56,6 +74,12 @@ type StateDictRecord struct {
 	BatchSeconds float64 `json:"batch_seconds"`
 	OneSeconds   float64 `json:"one_seconds"` // one tensor of the same total size
 	Ratio        float64 `json:"ratio"`       // batch throughput over one tensor's
+	// SeparateSeconds is the same batch with every object moved on its own
+	// (BatchConfig.Separate: no coalescing per path), and Coalescing the
+	// batch's speed-up over it; both measured in the same rounds.
+	SeparateSeconds float64 `json:"separate_seconds"`
+	SeparateRatio   float64 `json:"separate_ratio"` // separate batch throughput over one tensor's
+	Coalescing      float64 `json:"coalescing"`     // separate_seconds / batch_seconds
 }
 
 // RunStateDict measures a state dict Get as one batch (GetBatch) against
@@ -71,13 +95,22 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	if cfg.Rounds <= 0 {
 		cfg.Rounds = 3
 	}
-	shape := StateDictShape(cfg.Scale)
+	var shape []int64
+	switch cfg.Shape {
+	case "", "1b":
+		cfg.Shape = "1b"
+		shape = StateDictShape(cfg.Scale)
+	case "small":
+		shape = SmallShape(cfg.Scale)
+	default:
+		return StateDictRecord{}, fmt.Errorf("harness: statedict shape %q (want 1b or small)", cfg.Shape)
+	}
 	var total, largest int64
 	for _, n := range shape {
 		total += 2 * n
 		largest = max(largest, 2*n)
 	}
-	rec = StateDictRecord{Path: PathStateDict, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
+	rec = StateDictRecord{Path: PathStateDict, Shape: cfg.Shape, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return rec, err
@@ -145,22 +178,39 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	if err != nil {
 		return rec, err
 	}
-	var bt, ot []float64
-	for round := range cfg.Rounds + 1 {
+	var bt, st, ot []float64
+	batch := func(separate bool) (float64, error) {
 		start := time.Now()
-		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel})
+		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel, Separate: separate})
+		if err != nil {
+			return 0, err
+		}
+		d := time.Since(start).Seconds()
+		defer rdt.ReleaseBatch(items)
+		for i, it := range items {
+			if it.Err != nil {
+				return 0, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
+			}
+		}
+		return d, nil
+	}
+	for round := range cfg.Rounds + 1 {
+		// The order turns each round, so neither batch always runs right
+		// after the other's memory was released.
+		var d, ds float64
+		if round%2 == 0 {
+			if d, err = batch(false); err == nil {
+				ds, err = batch(true)
+			}
+		} else {
+			if ds, err = batch(true); err == nil {
+				d, err = batch(false)
+			}
+		}
 		if err != nil {
 			return rec, err
 		}
-		d := time.Since(start).Seconds()
-		for i, it := range items {
-			if it.Err != nil {
-				rdt.ReleaseBatch(items)
-				return rec, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
-			}
-		}
-		rdt.ReleaseBatch(items)
-		start = time.Now()
+		start := time.Now()
 		x, err := reader.Get(ctx, one, srcDev)
 		if err != nil {
 			return rec, err
@@ -168,9 +218,12 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		d1 := time.Since(start).Seconds()
 		x.Release()
 		if round > 0 { // round 0 warms both (page population of the arenas)
-			bt, ot = append(bt, d), append(ot, d1)
+			bt, st, ot = append(bt, d), append(st, ds), append(ot, d1)
 		}
 	}
+	rec.SeparateSeconds = median(st)
+	rec.SeparateRatio = median(ot) / rec.SeparateSeconds
+	rec.Coalescing = rec.SeparateSeconds / median(bt)
 	rec.BatchSeconds, rec.OneSeconds = median(bt), median(ot)
 	rec.Ratio = rec.OneSeconds / rec.BatchSeconds
 	return rec, nil

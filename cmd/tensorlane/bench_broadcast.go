@@ -21,6 +21,7 @@ type broadcastOptions struct {
 	naive      bool
 	chunk      string
 	scale      int
+	shapes     []string
 }
 
 func (b *broadcastOptions) flags(f *pflag.FlagSet) {
@@ -29,6 +30,7 @@ func (b *broadcastOptions) flags(f *pflag.FlagSet) {
 	f.IntVar(&b.hosts, "hosts", 0, "with --paths broadcast: simulated hosts (default 4)")
 	f.IntVar(&b.rounds, "rounds", 0, "with --paths broadcast: timed rounds per cell, median kept (default 3)")
 	f.StringVar(&b.chunk, "chunk", "", "with --paths broadcast: the pipelining chunk (default rdt's, 4MiB)")
+	f.StringSliceVar(&b.shapes, "statedict-shapes", nil, "with --paths statedict: the state dicts to fetch: 1b (200 tensors, 2.05 GiB), small (1000 x 64 KiB); default 1b")
 	f.IntVar(&b.scale, "scale", 0, "with --paths statedict: divide every tensor of the 1B-parameter state dict by this (default 1: 2.05 GiB)")
 	f.BoolVar(&b.naive, "naive", false, "with --paths broadcast: also time N pushes one after another (today's way)")
 }
@@ -103,19 +105,25 @@ func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
 	if trs == nil {
 		trs = []string{"rdma"}
 	}
-	for _, tr := range trs {
-		rec, err := harness.RunStateDict(cmd.Context(), harness.StateDictConfig{Scale: o.bcast.scale, Transport: tr, Rounds: o.bcast.rounds})
-		if err != nil {
-			return err
-		}
-		if o.json {
-			if err := json.NewEncoder(out).Encode(rec); err != nil {
+	shapes := o.bcast.shapes
+	if shapes == nil {
+		shapes = []string{"1b"}
+	}
+	for _, shape := range shapes {
+		for _, tr := range trs {
+			rec, err := harness.RunStateDict(cmd.Context(), harness.StateDictConfig{Scale: o.bcast.scale, Transport: tr, Rounds: o.bcast.rounds, Shape: shape})
+			if err != nil {
 				return err
 			}
-			continue
+			if o.json {
+				if err := json.NewEncoder(out).Encode(rec); err != nil {
+					return err
+				}
+				continue
+			}
+			fmt.Fprintf(out, "statedict %s over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",
+				shape, tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.OneSeconds, rec.Ratio)
 		}
-		fmt.Fprintf(out, "statedict over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",
-			tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.OneSeconds, rec.Ratio)
 	}
 	return nil
 }

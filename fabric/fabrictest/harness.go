@@ -12,8 +12,10 @@
 // The suite checks sizes from 0 bytes to 1 GiB (byte for byte), sub-ranges,
 // 64 concurrent transfers, cancellation and the owner closing mid-transfer,
 // an owner that stalls, a corrupted frame, forged tokens, stale
-// incarnations, unknown objects and push (for transports that implement
-// fabric.Writer). Every case must end in success with the right bytes or in
+// incarnations, unknown objects, push (for transports that implement
+// fabric.Writer) and batches (for fabric.BatchReader: mixed valid, freed,
+// unknown and forged objects, a cancelled batch, the owner closing or
+// stalling mid-batch). Every case must end in success with the right bytes or in
 // a typed error (errors.Is against the fabric sentinels) within a bounded
 // time, with every pin the owner handed out released and no goroutine left
 // behind once the harness has cleaned up.

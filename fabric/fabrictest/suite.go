@@ -74,6 +74,10 @@ func Run(t *testing.T, h Harness) {
 		{"OwnerClosesMidTransfer", (*suite).ownerCloses},
 		{"CorruptFrame", (*suite).corrupt},
 		{"Push", (*suite).push},
+		{"BatchMixed", (*suite).batchMixed},
+		{"BatchCancelled", (*suite).batchCancel},
+		{"BatchOwnerCloses", (*suite).batchOwnerCloses},
+		{"BatchStalledOwner", (*suite).batchStalled},
 		{"CloseIdempotent", (*suite).closeTwice},
 	} {
 		leaks := goleak.IgnoreCurrent()

@@ -41,4 +41,10 @@
 // with fabric.ErrPeerClosed, which the planner may retry or fall back
 // from; if only the reader sees it (a cut link), the data goes on over
 // the other rails and the final "done" travels over one of them.
+//
+// A batch (ReadBatch, fabric.BatchReader) resolves up to 256 objects of
+// one owner in one control round trip (each a registration of its own,
+// refused or granted on its own), moves them 16 at a time with at most
+// 64 MiB outstanding, and releases them many per message (batch.go,
+// batchwire.go).
 package rdma

@@ -207,6 +207,9 @@ type nicHandler struct {
 }
 
 func (h *nicHandler) HandleMessage(ctx context.Context, from RemoteQP, msg []byte) ([]byte, error) {
+	if len(msg) > 0 && (msg[0] == msgResolveBatch || msg[0] == msgDoneBatch) {
+		return h.s.handleBatch(ctx, qpRef{nic: h.nic, id: from.ID}, from.Peer, msg) // batchserver.go
+	}
 	res, done, err := decodeControl(msg)
 	switch {
 	case err != nil:
@@ -236,6 +239,16 @@ func (h *nicHandler) QPClosed(from RemoteQP) {
 }
 
 func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolveReq) ([]byte, error) {
+	resp, err := s.register(ctx, qp, who, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.marshal(), nil
+}
+
+// register resolves and pins one claim, registers the pinned range on
+// every NIC and records the registration under the reader's id.
+func (s *Server) register(ctx context.Context, qp qpRef, who peer.ID, req *resolveReq) (resolveResp, error) {
 	key := regID{peer: who, id: req.id}
 	octx, cancel := context.WithTimeout(ctx, s.cfg.OpenTimeout)
 	defer cancel()
@@ -244,7 +257,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 	access := AccessRemoteRead
 	if req.push {
 		if s.cfg.Sink == nil {
-			return nil, fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrBadRequest)
+			return resolveResp{}, fmt.Errorf("%w: this owner accepts no pushes", fabric.ErrBadRequest)
 		}
 		access = AccessRemoteWrite
 		pin, err = s.cfg.Sink.OpenSink(octx, req.claim)
@@ -252,7 +265,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		pin, err = s.cfg.Source.Open(octx, req.claim.For(req.offset, req.length))
 	}
 	if err != nil {
-		return nil, err
+		return resolveResp{}, err
 	}
 	var data []byte
 	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err == nil {
@@ -267,7 +280,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		if pin != nil {
 			pin.Release()
 		}
-		return nil, err
+		return resolveResp{}, err
 	}
 	reg := &registration{id: key, qp: qp, obj: req.claim.Object, pin: pin}
 	resp := resolveResp{length: req.length}
@@ -283,7 +296,7 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		}
 		if err != nil {
 			reg.release()
-			return nil, fmt.Errorf("rdma: register on %s: %w", n.name, err)
+			return resolveResp{}, fmt.Errorf("rdma: register on %s: %w", n.name, err)
 		}
 		reg.mrs = append(reg.mrs, m)
 		resp.keys = append(resp.keys, regKey{NIC: n.name, RKey: m.RKey(), Addr: m.Addr()})
@@ -295,11 +308,11 @@ func (s *Server) resolve(ctx context.Context, qp qpRef, who peer.ID, req *resolv
 		delete(s.tombs, key)
 		s.mu.Unlock()
 		reg.release()
-		return nil, fmt.Errorf("%w: registration %d cancelled or reused", fabric.ErrBadRequest, req.id)
+		return resolveResp{}, fmt.Errorf("%w: registration %d cancelled or reused", fabric.ErrBadRequest, req.id)
 	}
 	s.regs[key] = reg
 	s.mu.Unlock()
-	return resp.marshal(), nil
+	return resp, nil
 }
 
 func (s *Server) done(key regID) {

@@ -24,13 +24,34 @@ type session struct {
 
 // resolve runs the control exchange on the first rail that works.
 func (t *Transport) resolve(ctx context.Context, rails []*rail, src fabric.Remote, push bool) (*session, error) {
+	req := resolveReq{id: randomID(), push: push, claim: src.Claim, offset: src.Offset, length: src.Length}
+	resp, r, qp, err := t.call(ctx, rails, src.Peer, req.marshal(), req.id)
+	if err != nil {
+		return nil, err
+	}
+	rr, err := decodeResolveResp(resp)
+	if err != nil {
+		t.sendDone(rails, r, qp, req.id)
+		return nil, err
+	}
+	s := &session{id: req.id, rail: r, qp: qp, keys: map[string]regKey{}}
+	for _, k := range rr.keys {
+		s.keys[k.NIC] = k
+	}
+	return s, nil
+}
+
+// call sends a control message on the first rail that works and returns
+// the reply and the rail and queue pair that carried it. ids are the
+// registrations the message asks for: when the exchange is cut short, the
+// owner is told to let go of them.
+func (t *Transport) call(ctx context.Context, rails []*rail, owner string, msg []byte, ids ...uint64) ([]byte, *rail, QueuePair, error) {
 	cctx := ctx
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, t.cfg.ControlTimeout)
 		defer cancel()
 	}
-	req := resolveReq{id: randomID(), push: push, claim: src.Claim, offset: src.Offset, length: src.Length}
 	var errs []error
 	for _, r := range rails {
 		// A rail gets as many connection attempts as it takes to pause it.
@@ -44,35 +65,26 @@ func (t *Transport) resolve(ctx context.Context, rails []*rail, src fabric.Remot
 				break
 			}
 			if err != nil {
-				return nil, t.ctxErr(ctx, cctx, err)
+				return nil, nil, nil, t.ctxErr(ctx, cctx, err)
 			}
-			resp, err := qp.Call(cctx, req.marshal())
+			resp, err := qp.Call(cctx, msg)
 			if err == nil {
-				rr, err := decodeResolveResp(resp)
-				if err != nil {
-					t.sendDone(rails, r, qp, req.id)
-					return nil, err
-				}
-				s := &session{id: req.id, rail: r, qp: qp, keys: map[string]regKey{}}
-				for _, k := range rr.keys {
-					s.keys[k.NIC] = k
-				}
-				return s, nil
+				return resp, r, qp, nil
 			}
 			var re *peerauth.RemoteError
 			if errors.As(err, &re) {
-				return nil, err // the owner's answer: typed by its status
+				return nil, nil, nil, err // the owner's answer: typed by its status
 			}
 			if cctx.Err() != nil {
 				// The owner may still resolve and pin: tell it to let go.
-				t.sendDone(rails, r, qp, req.id)
-				return nil, t.ctxErr(ctx, cctx, err)
+				t.sendDone(rails, r, qp, ids...)
+				return nil, nil, nil, t.ctxErr(ctx, cctx, err)
 			}
 			errs = append(errs, fmt.Errorf("rail %s: %w", r.label, err))
 			t.railFailed(r, qp, err)
 		}
 	}
-	return nil, fmt.Errorf("%w: no rail to %s answers: %w", fabric.ErrPeerClosed, src.Peer, errors.Join(errs...))
+	return nil, nil, nil, fmt.Errorf("%w: no rail to %s answers: %w", fabric.ErrPeerClosed, owner, errors.Join(errs...))
 }
 
 // ctxErr reports the caller's context error, or ErrStalled when only the
@@ -111,10 +123,18 @@ func (t *Transport) waitReady(ctx context.Context, r *rail) (QueuePair, error) {
 // own queue pair is broken (its rail was cut) another connected rail of
 // the same owner carries it. If no rail can, closing the queue pair the
 // registration is tied to releases it on the owner's side.
-func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, id uint64) {
+func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, ids ...uint64) {
+	for len(ids) > maxBatch {
+		t.sendDone(rails, r, qp, ids[:maxBatch]...)
+		ids = ids[maxBatch:]
+	}
+	if len(ids) == 0 {
+		return
+	}
+	msg := doneMsgs(ids)
 	ctx, cancel := context.WithTimeout(t.base, 2*time.Second)
 	defer cancel()
-	_, err := qp.Call(ctx, doneMsg(id))
+	_, err := qp.Call(ctx, msg)
 	if err == nil {
 		return
 	}
@@ -125,7 +145,7 @@ func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, id uint64) {
 			continue
 		}
 		if oqp, _ := t.ready(other); oqp != nil {
-			if _, err := oqp.Call(ctx, doneMsg(id)); err == nil {
+			if _, err := oqp.Call(ctx, msg); err == nil {
 				return
 			}
 		}
@@ -135,7 +155,7 @@ func (t *Transport) sendDone(rails []*rail, r *rail, qp QueuePair, id uint64) {
 // releaseLater sends sendDone from a goroutine of the transport (Close
 // waits for it); after Close, closing the queue pairs releases the
 // owner's registrations instead.
-func (t *Transport) releaseLater(rails []*rail, r *rail, qp QueuePair, id uint64) {
+func (t *Transport) releaseLater(rails []*rail, r *rail, qp QueuePair, ids ...uint64) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -145,7 +165,7 @@ func (t *Transport) releaseLater(rails []*rail, r *rail, qp QueuePair, id uint64
 	t.mu.Unlock()
 	go func() {
 		defer t.wg.Done()
-		t.sendDone(rails, r, qp, id)
+		t.sendDone(rails, r, qp, ids...)
 	}()
 }
 
@@ -193,6 +213,13 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	// The owner's pin is released behind the transfer: its end does not
 	// wait for another round trip.
 	defer func() { t.releaseLater(rails, sess.rail, sess.qp, sess.id) }()
+	return t.move(ctx, start, rails, sess, src, local, push)
+}
+
+// move moves the bytes of a resolved claim: slices posted over every rail
+// the owner registered on, failed slices moved to other rails. A
+// registration lost with its queue pair is resolved again, in sess.
+func (t *Transport) move(ctx context.Context, start time.Time, rails []*rail, sess *session, src fabric.Remote, local []byte, push bool) (fabric.Stats, error) {
 	stats := fabric.Stats{Transport: fabric.RDMA, Bytes: src.Length, Streams: 1}
 	if src.Length == 0 {
 		stats.Duration = time.Since(start)
@@ -391,8 +418,10 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 			if err != nil {
 				return fabric.Stats{}, err
 			}
+			// Released on the owner's side with the queue pair; the new
+			// one takes its place, for the caller's done too.
 			ns.gen = sess.gen + 1
-			sess = ns
+			*sess = *ns
 			queue = append(queue, p.s)
 			continue
 		case StatusLocalProtection:

@@ -24,6 +24,11 @@
 // nothing. Connections opened and waits for one are counted in
 // tensorlane_tcp_dials_total and tensorlane_tcp_conn_waits_total.
 //
+// A batch (ReadBatch, fabric.BatchReader) pipelines: the requests for many
+// objects of one owner go out back to back on a few connections and the
+// answers stream back in order, one round trip per connection instead of
+// one per object (batch.go).
+//
 // Compression is lossless and per block (byte planes and huff0 for
 // floating-point tensors, s2 otherwise; fabric.Remote.DType says which). In
 // the default CompressAuto mode a transfer is compressed only when the

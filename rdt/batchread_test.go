@@ -1,0 +1,171 @@
+package rdt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// TestGetBatchCoalesced: a batch from another host moves coalesced over
+// the batch-capable path (every item says with how many others), freed
+// and forged refs among them fail on their own.
+func TestGetBatchCoalesced(t *testing.T) {
+	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+		t.Run(tr, func(t *testing.T) {
+			ctx := context.Background()
+			only := func(c *Config) { c.Transports.Allow = []string{tr} }
+			rts := cluster(t, only, only)
+			owner, _ := rts[0].Spawn("trainer")
+			reader, _ := rts[1].Spawn("worker")
+			var refs []Ref
+			var want []tensor.Tensor
+			for i := range 60 {
+				x := fill(t, rts[0], tensor.GPUDevice(0), tensor.BFloat16, int64(1+i%5), 2048)
+				ref, err := owner.Put(ctx, x)
+				require.NoError(t, err)
+				refs = append(refs, ref)
+				want = append(want, x)
+			}
+			require.NoError(t, owner.Free(ctx, refs[7]))
+			forged := refs[9]
+			forged.Token = []byte("not the token")
+			refs = append(refs, forged)
+			bp := reader.ExplainBatch(refs, tensor.GPUDevice(1))
+			require.Len(t, bp.Groups, 1, "%v", bp)
+			assert.Equal(t, BatchGroup{Owner: shortID(rts[0].host.ID()), Transport: tr, Refs: 61, Bytes: bp.Groups[0].Bytes, Coalesced: true,
+				Reason: tr + " moves many objects of one owner together"}, bp.Groups[0])
+			assert.Contains(t, bp.String(), "coalesced")
+			items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(1), BatchConfig{})
+			require.NoError(t, err)
+			defer ReleaseBatch(items)
+			for i, it := range items {
+				switch i {
+				case 7:
+					assert.ErrorIs(t, it.Err, ErrObjectFreed)
+				case 60:
+					assert.ErrorIs(t, it.Err, ErrUnauthorized)
+				default:
+					require.NoError(t, it.Err, "item %d", i)
+					sameBytes(t, want[i], it.Tensor)
+					assert.Equal(t, tr, it.Transfer.Stats.Transport, "item %d", i)
+					assert.Equal(t, 59, it.Transfer.Stats.Coalesced, "item %d moved with the other 58 valid ones", i)
+				}
+			}
+			assert.Equal(t, 59.0, counter(t, rts[1], "tensorlane_coalesced_transfers_total"))
+		})
+	}
+}
+
+// TestBatchLeaseRenewedOnce: the leases a batch took are renewed in one
+// message per owner per period, whatever the number of refs.
+func TestBatchLeaseRenewedOnce(t *testing.T) {
+	ctx := context.Background()
+	rts := cluster(t, nil, nil)
+	owner, _ := rts[0].Spawn("trainer")
+	reader, _ := rts[1].Spawn("worker")
+	const n = 300
+	var refs []Ref
+	for range n {
+		x := fill(t, rts[0], tensor.GPUDevice(0), tensor.Uint8, 64)
+		ref, err := owner.Put(ctx, x)
+		require.NoError(t, err)
+		refs = append(refs, ref)
+	}
+	items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(1), BatchConfig{})
+	require.NoError(t, err)
+	ReleaseBatch(items)
+	require.Equal(t, n, rts[1].holdCount())
+	// Both counters move together at the end of each lease message: read
+	// until a pair is not torn by a renewal in between.
+	sample := func() (msgs, claims float64) {
+		for {
+			m := counter(t, rts[0], "tensorlane_lease_messages_total")
+			c := counter(t, rts[0], "tensorlane_lease_requests_total")
+			if counter(t, rts[0], "tensorlane_lease_messages_total") == m {
+				return m, c
+			}
+		}
+	}
+	m0, c0 := sample()
+	// Several renewal periods (LeaseRenew is 40 ms here).
+	require.Eventually(t, func() bool { m, _ := sample(); return m >= m0+3 }, 10*time.Second, 10*time.Millisecond)
+	m1, c1 := sample()
+	assert.Equal(t, float64(n)*(m1-m0), c1-c0, "every renewal message carries all %d claims", n)
+}
+
+// TestGetBatchOwnerDies: an owner that dies while a coalesced batch moves
+// ends every item within the bound, each with its tensor (verified),
+// ErrOwnerDied or ErrOwnerClosed, and every byte of the reader's memory for the failed ones
+// goes back.
+func TestGetBatchOwnerDies(t *testing.T) {
+	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+		t.Run(tr, func(t *testing.T) {
+			p := newPair(t, func(c *Config) {
+				fastLife(c)
+				c.Transports.Allow = []string{tr}
+				c.Transports.Streams = 1
+			})
+			ctx := context.Background()
+			owner, _ := p.a.Spawn("owner")
+			reader, _ := p.b.Spawn("reader")
+			require.NoError(t, p.b.Connect(ctx, p.a.AddrInfo()))
+			var refs []Ref
+			var want [][]byte // copies: the owner's memory goes with it
+			for range 24 {
+				x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 8<<20)
+				ref, err := owner.Put(ctx, x)
+				require.NoError(t, err)
+				b, err := x.SpanBytes()
+				require.NoError(t, err)
+				refs, want = append(refs, ref), append(want, bytes.Clone(b))
+			}
+			type result struct {
+				items []BatchItem
+				err   error
+			}
+			res := make(chan result, 1)
+			go func() {
+				gctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				defer cancel()
+				items, err := reader.GetBatch(gctx, refs, tensor.GPUDevice(0), BatchConfig{})
+				res <- result{items, err}
+			}()
+			waitPinned(t, p.a)
+			dead, cancel := context.WithCancel(ctx)
+			cancel()
+			require.NoError(t, p.a.Shutdown(dead))
+			var r result
+			select {
+			case r = <-res:
+			case <-time.After(60 * time.Second):
+				t.Fatal("HUNG: GetBatch did not return after its owner died")
+			}
+			require.NoError(t, r.err)
+			failed := 0
+			for i, it := range r.items {
+				if it.Err != nil {
+					failed++
+					// ErrOwnerClosed: a request the owner took in while it
+					// shut down, refused in its last moments.
+					assert.True(t, errors.Is(it.Err, ErrOwnerDied) || errors.Is(it.Err, ErrOwnerClosed), "item %d: %v", i, it.Err)
+					continue
+				}
+				got, err := it.Tensor.SpanBytes()
+				require.NoError(t, err)
+				assert.True(t, bytes.Equal(want[i], got), "item %d: bytes differ", i)
+			}
+			t.Logf("%d of %d items failed with the owner's death", failed, len(refs))
+			ReleaseBatch(r.items)
+			assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)), "every byte of the reader's memory went back")
+			require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond, "holds on a dead owner are dropped")
+		})
+	}
+}
