@@ -96,6 +96,10 @@ type Handle struct {
 	// (a view's, see ViewShare), not the buffer's own memory: writes to
 	// the buffer after the copy was made do not show in it.
 	Copy bool
+	// Slab is set when the file is a slab of a SlabMemory: it holds other
+	// allocations of the same owner and trust scope too (Offset and Length
+	// place this one), and a holder may map it once for all of them.
+	Slab bool
 	// Access is what FD allows.
 	Access Access
 	// Kind says what FD is: a memory file (the zero value), or a device

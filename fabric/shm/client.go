@@ -94,6 +94,7 @@ func (c *Config) defaults() error {
 type Client struct {
 	cfg   Config
 	cache *cache
+	slabs slabs // owners' slabs, mapped once each (slab.go)
 
 	mu     sync.Mutex
 	pools  map[string]*ownerPool
@@ -116,6 +117,9 @@ type pconn struct {
 	buf   []byte // received packets
 	oob   []byte // received descriptors
 	out   []byte // requests being sent
+	// slabs are the owner's slabs whose descriptor came on this
+	// connection, by mapping id (guarded by Client.slabs.mu).
+	slabs map[uint64]*slabMap
 }
 
 // NewClient returns a client; Close releases its connections and mappings.
@@ -141,6 +145,9 @@ func NewClient(cfg Config) (*Client, error) {
 // CacheStats reports what the mapping cache holds and has done.
 func (c *Client) CacheStats() CacheStats { return c.cache.snapshot() }
 
+// SlabStats reports the slab mappings (slab.go).
+func (c *Client) SlabStats() SlabStats { return c.slabs.snapshot() }
+
 // Close closes every connection (transfers in flight fail) and unmaps every
 // cached mapping once no copy uses it. It is idempotent.
 func (c *Client) Close() error {
@@ -151,11 +158,15 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.done)
-	for pc := range c.all {
+	all := c.all
+	for pc := range all {
 		pc.c.Close()
 	}
 	c.all, c.pools = nil, nil
 	c.mu.Unlock()
+	for pc := range all {
+		c.slabs.dropConn(pc) // a copy in flight keeps its slab until it ends
+	}
 	c.cache.clear()
 	return nil
 }
@@ -273,7 +284,7 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 			return nil
 		}
 		var re *peerauth.RemoteError
-		if err == nil || errors.As(err, &re) {
+		if err == nil || errors.As(err, &re) || errors.Is(err, ErrSlabView) {
 			c.put(pc) // still in step
 			return err
 		}
@@ -446,6 +457,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if copied != nil {
 		*copied = g.flags&flagCopy != 0
 	}
+	if g.flags&flagSlab != 0 {
+		return c.slabTransfer(ctx, pc, key, g, fds, r, p, dev)
+	}
 	if r.Length == 0 {
 		closeAll(fds)
 		return c.confirm(pc)
@@ -502,6 +516,42 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		// soon as the owner has dropped the connection (it unpins the sink
 		// right after, and the pages may then belong to something else).
 		err = guardedCopy(ctx, obj, p, c.cfg.ChunkSize, func() error { return peerOpen(pc.c) })
+	} else {
+		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
+	}
+	if err != nil {
+		return err
+	}
+	return c.confirm(pc)
+}
+
+// slabTransfer is transferOn for a slab grant: the copy reads the object's
+// place in the owner's slab, mapped once for every object in it.
+func (c *Client) slabTransfer(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, r fabric.Remote, p []byte, dev tensor.Buffer) error {
+	if len(fds) == 1 && c.onFD != nil {
+		c.onFD(fds[0])
+	}
+	m, err := c.slabs.forGrant(pc, g, fds)
+	if err != nil {
+		return err
+	}
+	defer c.slabs.release(m)
+	if key.push {
+		// Owners never grant a slab writable: it reaches other objects.
+		return fmt.Errorf("%w: owner granted a push into a read-only slab", fabric.ErrCorrupt)
+	}
+	if r.Length == 0 {
+		return c.confirm(pc)
+	}
+	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
+		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
+	}
+	if c.afterMap != nil {
+		c.afterMap()
+	}
+	obj := m.object(g.objOff+r.Offset-g.viewOff, r.Length)
+	if dev != nil {
+		err = hostToDevice(ctx, false, obj, dev)
 	} else {
 		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
 	}
@@ -600,7 +650,7 @@ func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*p
 		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
 	}
 	uc.SetDeadline(time.Time{})
-	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken)}
+	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken), slabs: map[uint64]*slabMap{}}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -616,12 +666,14 @@ func (c *Client) put(pc *pconn) {
 	defer c.mu.Unlock()
 	if c.closed {
 		pc.c.Close()
+		c.slabs.dropConn(pc)
 		return
 	}
 	p := c.pools[pc.owner]
 	if len(p.idle) >= c.cfg.MaxIdle {
 		delete(c.all, pc)
 		pc.c.Close()
+		c.slabs.dropConn(pc)
 	} else {
 		p.idle = append(p.idle, pc)
 	}
@@ -630,6 +682,7 @@ func (c *Client) put(pc *pconn) {
 
 func (c *Client) discard(pc *pconn) {
 	pc.c.Close()
+	c.slabs.dropConn(pc)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -169,6 +169,7 @@ func (s *Server) serve(c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Time{})
 	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
+	sent := map[uint64]bool{} // slabs whose descriptor this connection carried (slab.go)
 	for {
 		// An authenticated connection may wait for its next request at
 		// most IdleTimeout: each one pins a descriptor and a goroutine.
@@ -192,7 +193,7 @@ func (s *Server) serve(c *net.UnixConn) {
 			s.cfg.Logger.Debug("bad shm request", "peer", who, "err", err)
 			return
 		}
-		if err := s.handle(c, buf, oob, req); err != nil {
+		if err := s.handle(c, buf, oob, req, sent); err != nil {
 			s.cfg.Logger.Debug("shm request ended the connection", "peer", who, "object", req.claim.Object, "err", err)
 			return
 		}
@@ -201,7 +202,7 @@ func (s *Server) serve(c *net.UnixConn) {
 
 // handle answers one request and holds the pin until the client's done.
 // It returns an error only when the connection cannot be used any more.
-func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err error) {
+func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[uint64]bool) (err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	var pin tensor.Buffer
 	switch {
@@ -219,7 +220,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	var g grant
 	fd := -1
 	if err == nil && req.length > 0 {
-		g, fd, err = s.export(pin, req)
+		g, fd, err = s.export(pin, req, sent)
 		if err != nil && !errors.Is(err, tensor.ErrReleased) {
 			// The reader falls back to a worse path (and says so); say here
 			// why the owner could not grant, loudly the first time.
@@ -282,7 +283,11 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 // when the object is part of a larger allocation (tensor.ViewShare):
 // read-only (and sealed against writes) for reads, writable for pushes
 // into the sink.
-func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
+//
+// A slab object (tensor.Handle.Slab, slab.go) is granted only when this
+// owner requires the cluster key; its descriptor travels once per
+// connection (sent records which).
+func (s *Server) export(pin tensor.Buffer, req request, sent map[uint64]bool) (grant, int, error) {
 	access := tensor.ReadOnly
 	if req.op == opPush {
 		access = tensor.Writable
@@ -311,6 +316,21 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 	}
 	if h.Copy {
 		g.flags |= flagCopy
+	}
+	if h.Slab {
+		if len(s.cfg.PSK) == 0 || access != tensor.ReadOnly || h.Copy {
+			unix.Close(h.FD)
+			return grant{}, -1, errNoScope
+		}
+		g.flags |= flagSlab
+		g.mapID = s.mappingID(st.Dev, st.Ino, 0, h.Size, -1)
+		if sent[g.mapID] {
+			unix.Close(h.FD)
+			return g, -1, nil
+		}
+		sent[g.mapID] = true // if the send fails the connection ends with it
+		g.flags |= flagFD
+		return g, h.FD, nil
 	}
 	if req.have == g.mapID {
 		// The client maps this region already (read-only for a read,

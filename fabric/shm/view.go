@@ -79,6 +79,19 @@ func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, err
 		c.refused(key, err)
 		return nil, err
 	}
+	if g.flags&flagSlab != 0 {
+		// Keep the connection in step (the slab's descriptor, if it came,
+		// is recorded), then refuse: slab ranges are reused (slab.go).
+		m, err := c.slabs.forGrant(pc, g, fds)
+		if err != nil {
+			return nil, err
+		}
+		c.slabs.release(m)
+		if err := c.confirm(pc); err != nil {
+			return nil, err
+		}
+		return nil, ErrSlabView
+	}
 	// A view's private copy starts at viewOff in the object (see
 	// tensor.ViewShare): the grant holds [viewOff, viewOff+objLen).
 	if r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {

@@ -64,6 +64,11 @@ const (
 	flagDevice byte = 4
 	kindShift       = 4
 
+	// flagSlab: the file is a slab of the owner's, shared within its
+	// trust scope (slab.go); the mapping id names the slab, and the
+	// descriptor rides only on the first grant of it on a connection.
+	flagSlab byte = 8
+
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
 	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 4
 	doneLen      = 2
@@ -177,7 +182,9 @@ func parseReply(p []byte) (grant, error) {
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
 	view := binary.BigEndian.Uint64(p[35:43])
 	device := g.flags&flagDevice != 0
-	if g.flags&^(flagFD|flagCopy|flagDevice|0xf0) != 0 || device != (g.flags>>kindShift != 0) || (device && g.flags&flagCopy != 0) ||
+	slab := g.flags&flagSlab != 0
+	if g.flags&^(flagFD|flagCopy|flagDevice|flagSlab|0xf0) != 0 || device != (g.flags>>kindShift != 0) || (device && g.flags&flagCopy != 0) ||
+		(slab && g.flags&(flagCopy|flagDevice) != 0) ||
 		size > 1<<62 || off > size || n > size-off || view > 1<<62 {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) (view start %d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, view, size, g.flags)
 	}

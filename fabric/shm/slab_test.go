@@ -1,0 +1,290 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+var slabPSK = []byte("slab-cluster-key-0123456789abcde")
+
+// slabOwner is an owner whose objects live in a SlabMemory, served over
+// the real socket.
+type slabOwner struct {
+	srv     *Server
+	mem     *tensor.SlabMemory
+	ownerID peer.ID
+	mu      sync.Mutex
+	objs    map[fabric.ObjectID]tensor.Buffer
+}
+
+func newSlabOwner(t *testing.T, psk []byte, authorize func(peer.ID) error) *slabOwner {
+	t.Helper()
+	mem, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: 8 << 20})
+	require.NoError(t, err)
+	o := &slabOwner{mem: mem, objs: map[fabric.ObjectID]tensor.Buffer{}}
+	ownerKey, ownerID := key(t)
+	o.ownerID = ownerID
+	o.srv, err = Listen(ServerConfig{Identity: ownerKey, PSK: psk, Authorize: authorize,
+		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			b := o.objs[c.Object]
+			if b == nil {
+				return nil, fabric.ErrObjectFreed
+			}
+			return nopRelease{b}, nil
+		})})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		o.srv.Close()
+		o.mu.Lock()
+		for _, b := range o.objs {
+			b.Release()
+		}
+		o.mu.Unlock()
+		mem.Close()
+	})
+	return o
+}
+
+// put allocates an object of n bytes filled with seed's pattern.
+func (o *slabOwner) put(t *testing.T, id byte, n int64, seed byte) []byte {
+	t.Helper()
+	b, err := o.mem.Alloc(context.Background(), n)
+	require.NoError(t, err)
+	p, _ := tensor.BytesOf(b)
+	fillPattern(p, seed)
+	o.mu.Lock()
+	o.objs[fabric.ObjectID{id}] = b
+	o.mu.Unlock()
+	return append([]byte(nil), p...)
+}
+
+func (o *slabOwner) free(id byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.objs[fabric.ObjectID{id}].Release()
+	delete(o.objs, fabric.ObjectID{id})
+}
+
+func (o *slabOwner) remote(id byte, n int64) fabric.Remote {
+	return fabric.Remote{
+		Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.HostDevice},
+		Peer:     o.ownerID.String(), Addrs: map[string]string{fabric.SHM: o.srv.Addr()},
+		Claim: fabric.Claim{Object: fabric.ObjectID{id}, Incarnation: 1}, Length: n,
+	}
+}
+
+func slabReader(t *testing.T, psk []byte) (*Client, peer.ID) {
+	t.Helper()
+	readerKey, readerID := key(t)
+	c, err := NewClient(Config{Identity: readerKey, Topology: dgx(t), PSK: psk})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c, readerID
+}
+
+func readInto(t *testing.T, c *Client, r fabric.Remote) ([]byte, error) {
+	t.Helper()
+	dst, p := hostDst(t, r.Length)
+	_, err := c.SHM().Read(context.Background(), r, dst)
+	return p, err
+}
+
+// TestSlabMappedOnce: objects in one slab cost the reader one descriptor
+// and one mmap; later grants carry offsets only (counted by the metrics),
+// and the slab is unmapped when the client closes.
+func TestSlabMappedOnce(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	sizes := []int64{3<<20 + 5, 4096, 1 << 20}
+	var want [][]byte
+	for i, n := range sizes {
+		want = append(want, o.put(t, byte(i+1), n, byte(i+7)))
+	}
+	c, _ := slabReader(t, slabPSK)
+	got := receive(t, c)
+	for round := 0; round < 2; round++ {
+		for i, n := range sizes {
+			p, err := readInto(t, c, o.remote(byte(i+1), n))
+			require.NoError(t, err)
+			require.Equal(t, want[i], p, "object %d", i)
+		}
+	}
+	got.only(t) // one descriptor for the six reads
+	s := c.SlabStats()
+	assert.EqualValues(t, 1, s.Mapped, "mmaps")
+	assert.EqualValues(t, 5, s.Hits)
+	assert.Equal(t, 1, s.Live)
+	assert.EqualValues(t, 8<<20, s.Bytes)
+	assert.Zero(t, c.CacheStats().Mapped, "no per-object mappings")
+	assert.EqualValues(t, 1, slabMetric(t, c, "mapped"))
+	assert.EqualValues(t, 5, slabMetric(t, c, "hit"))
+	require.NoError(t, c.Close())
+	assert.Zero(t, c.SlabStats().Live)
+	assert.EqualValues(t, 1, c.SlabStats().Unmapped)
+}
+
+// TestSlabConnsShareMapping: concurrent reads on several connections each
+// receive the slab's descriptor (the owner counts per connection), but the
+// reader maps the slab once.
+func TestSlabConnsShareMapping(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	const n = 256 << 10
+	want := o.put(t, 1, n, 3)
+	c, _ := slabReader(t, slabPSK)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			dst, p := hostDst(t, n)
+			_, errs[i] = c.SHM().Read(context.Background(), o.remote(1, n), dst)
+			if errs[i] == nil && string(p) != string(want) {
+				errs[i] = errors.New("bytes differ")
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	s := c.SlabStats()
+	assert.EqualValues(t, 1, s.Mapped)
+	assert.Equal(t, 1, s.Live)
+}
+
+// TestSlabGrantRefusesWrite: a slab descriptor is read-only, as every
+// read grant is: it cannot be mapped writable nor written.
+func TestSlabGrantRefusesWrite(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	o.put(t, 1, 1<<20, 1)
+	c, _ := slabReader(t, slabPSK)
+	got := receive(t, c)
+	_, err := readInto(t, c, o.remote(1, 1<<20))
+	require.NoError(t, err)
+	fd := got.only(t)
+	_, err = unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	assert.ErrorIs(t, err, unix.EACCES, "the slab maps writable")
+	_, err = unix.Pwrite(fd, []byte("x"), 0)
+	assert.Error(t, err, "the slab is writable")
+	assert.Error(t, unix.Ftruncate(fd, 0), "the slab can be truncated")
+}
+
+// TestSlabScope: readers outside the owner's trust scope get nothing: a
+// reader with another cluster key or none fails the handshake, one the
+// owner's authorization denies is refused, and an owner without a cluster
+// key grants no slab at all.
+func TestSlabScope(t *testing.T) {
+	var denied peer.ID
+	o := newSlabOwner(t, slabPSK, func(p peer.ID) error {
+		if p == denied {
+			return fabric.ErrUnauthorized
+		}
+		return nil
+	})
+	o.put(t, 1, 4096, 1)
+	for _, psk := range [][]byte{nil, []byte("another-cluster-key-0123456789ab")} {
+		c, _ := slabReader(t, psk)
+		got := receive(t, c)
+		_, err := readInto(t, c, o.remote(1, 4096))
+		require.ErrorIs(t, err, fabric.ErrUnauthorized)
+		assert.Empty(t, got.fds)
+		assert.Zero(t, c.SlabStats().Mapped)
+	}
+	c, id := slabReader(t, slabPSK)
+	denied = id
+	got := receive(t, c)
+	_, err := readInto(t, c, o.remote(1, 4096))
+	require.ErrorIs(t, err, fabric.ErrUnauthorized)
+	assert.Empty(t, got.fds)
+
+	open := newSlabOwner(t, nil, nil)
+	open.put(t, 1, 4096, 1)
+	c2, _ := slabReader(t, nil)
+	got2 := receive(t, c2)
+	_, err = readInto(t, c2, open.remote(1, 4096))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "trust scope")
+	assert.Empty(t, got2.fds)
+}
+
+// TestSlabFreeReuse: a freed object's range goes to the owner's next
+// object; its readers read it from the slab they mapped already, and the
+// freed object's claim is refused.
+func TestSlabFreeReuse(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	const n = 2 << 20
+	o.put(t, 1, n, 1)
+	c, _ := slabReader(t, slabPSK)
+	_, err := readInto(t, c, o.remote(1, n))
+	require.NoError(t, err)
+	o.free(1)
+	slabs := o.mem.Slabs()
+	want := o.put(t, 2, n, 9)
+	assert.Equal(t, slabs, o.mem.Slabs(), "the freed range is reused, no new slab")
+	_, err = readInto(t, c, o.remote(1, n))
+	require.ErrorIs(t, err, fabric.ErrObjectFreed)
+	p, err := readInto(t, c, o.remote(2, n))
+	require.NoError(t, err)
+	assert.Equal(t, want, p)
+	assert.EqualValues(t, 1, c.SlabStats().Mapped)
+}
+
+// TestSlabView: a view of a slab object is refused with ErrSlabView (its
+// range would be reused after a free); the connection stays usable.
+func TestSlabView(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	want := o.put(t, 1, 8192, 4)
+	c, _ := slabReader(t, slabPSK)
+	tr := c.SHM()
+	_, err := tr.View(context.Background(), o.remote(1, 8192))
+	require.ErrorIs(t, err, ErrSlabView)
+	p, err := readInto(t, c, o.remote(1, 8192))
+	require.NoError(t, err)
+	assert.Equal(t, want, p)
+	s := c.SlabStats()
+	assert.EqualValues(t, 1, s.Mapped)
+	assert.EqualValues(t, 1, s.Hits, "the read reused the view's connection and slab")
+}
+
+func slabMetric(t *testing.T, c *Client, event string) float64 {
+	t.Helper()
+	eventMetric(t, c, "mapped", "pull") // checks the series count
+	return gatherCounter(t, c, "tensorlane_shm_slab_events_total", map[string]string{"event": event})
+}
+
+// gatherCounter registers c's metrics on a fresh registry and returns one
+// counter series.
+func gatherCounter(t *testing.T, c *Client, name string, want map[string]string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(collector{c}))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue series
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s %v series", name, want)
+	return 0
+}
