@@ -45,6 +45,7 @@ func (r *Runtime) startDataPaths(ctx context.Context) []fabric.Transport {
 		if err == nil {
 			r.paths.shmCli, err = shm.NewClient(shm.Config{
 				Identity: c.Identity, Topology: c.Cluster, PSK: c.ClusterKey, StallTimeout: c.StallTimeout, Logger: r.log,
+				Registerer: r.shmRegisterer(),
 			})
 		}
 		if err != nil {
@@ -153,6 +154,17 @@ func (r *Runtime) startRDMA(ctx context.Context) error {
 		r.health.setRDMA(r.paths.rdmaTr)
 	}
 	return err
+}
+
+// shmRegisterer is where the shm client's metrics (tensorlane_shm_*:
+// mapping cache, slab mappings) go: the runtime's private registry only,
+// since the collector's series carry no runtime label and a Registerer
+// shared by several runtimes would refuse the second.
+func (r *Runtime) shmRegisterer() prometheus.Registerer {
+	if r.cfg.Registerer != nil {
+		return nil
+	}
+	return r.registry
 }
 
 // registerer is where the runtime's metrics go.
