@@ -37,8 +37,8 @@ import (
 // Writable handles are refused (they would reach the neighbours).
 // docs/security-shm-grants.md says more.
 //
-// Reserve bytes of slabs are created at NewSlabMemory and their pages
-// populated in the background, so even the first transfer into (or out of)
+// A slab of Reserve bytes is created at NewSlabMemory and its pages
+// populated in the background (WaitPopulated waits for them), so even the first transfer into (or out of)
 // them pays no page population: the pre-faulted pool that a cold Get
 // allocates its destination from.
 
@@ -50,9 +50,9 @@ type SlabConfig struct {
 	// SlabSize is the size of each slab; default 64 MiB. An allocation
 	// larger than a slab gets a slab of its own size (page-rounded).
 	SlabSize int64
-	// Reserve is how many bytes of slabs to create at once and populate
-	// in the background (the pre-faulted pool; like Ray's object store
-	// memory); default 0.
+	// Reserve is the size of a slab created at once and populated in the
+	// background (the pre-faulted pool; like Ray's object store memory);
+	// default 0, none.
 	Reserve int64
 	// Capacity caps the bytes of all slabs; 0 means unbounded.
 	Capacity int64
@@ -110,23 +110,39 @@ func NewSlabMemory(cfg SlabConfig) (*SlabMemory, error) {
 		return nil, fmt.Errorf("tensor: slab memory: reserve %d exceeds capacity %d", cfg.Reserve, cfg.Capacity)
 	}
 	m := &SlabMemory{cfg: cfg}
-	var fresh []*segment
-	for left := pageRound(cfg.Reserve); left > 0; left -= cfg.SlabSize {
-		s, err := m.newSlab(min(left, cfg.SlabSize))
+	if cfg.Reserve > 0 {
+		// One slab for the whole reserve, so an allocation as large as
+		// the reserve still finds its pages populated; a reader maps it
+		// once all the same.
+		s, err := m.newSlab(pageRound(cfg.Reserve))
 		if err != nil {
-			m.Close()
 			return nil, err
 		}
 		s.reserved = true
 		m.slabs = append(m.slabs, s)
 		m.bytes += int64(len(s.seg.data))
-		fresh = append(fresh, s.seg)
-	}
-	if len(fresh) > 0 {
 		m.populating.Add(1)
-		go m.populate(fresh)
+		go m.populate(s.seg)
 	}
 	return m, nil
+}
+
+// WaitPopulated waits until the reserve's pages are populated (or Close
+// stopped it), or ctx ends.
+func (m *SlabMemory) WaitPopulated(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		m.populating.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		m.stop.Store(true) // the waiter goroutine ends with the population
+		<-done
+		return ctx.Err()
+	}
 }
 
 func (m *SlabMemory) newSlab(size int64) (*slab, error) {
@@ -144,17 +160,15 @@ func (m *SlabMemory) newSlab(size int64) (*slab, error) {
 // populate makes the reserve's pages resident, a chunk at a time so Close
 // need not wait for all of it. Allocations may use the slabs meanwhile:
 // populating a page that is already written changes nothing.
-func (m *SlabMemory) populate(segs []*segment) {
+func (m *SlabMemory) populate(s *segment) {
 	defer m.populating.Done()
 	const chunk = 16 << 20
-	for _, s := range segs {
-		for off := 0; off < len(s.data); off += chunk {
-			if m.stop.Load() {
-				return
-			}
-			// Kernels before 5.14 lack it: the first use faults the pages.
-			_ = unix.Madvise(s.data[off:min(off+chunk, len(s.data))], unix.MADV_POPULATE_WRITE)
+	for off := 0; off < len(s.data); off += chunk {
+		if m.stop.Load() {
+			return
 		}
+		// Kernels before 5.14 lack it: the first use faults the pages.
+		_ = unix.Madvise(s.data[off:min(off+chunk, len(s.data))], unix.MADV_POPULATE_WRITE)
 	}
 }
 

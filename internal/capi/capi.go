@@ -135,10 +135,10 @@ type Config struct {
 	// (docs/security-shm-grants.md). nil means TENSORLANE_SLABS ("1" on,
 	// "0" or unset off). Views of slab objects are refused (use Get).
 	Slabs *bool `json:"slabs,omitempty"`
-	// PoolBytes is how much slab memory to create at start and populate
-	// in the background (the pre-faulted pool Gets and tensorlane.empty
-	// allocate from, like Ray's object store memory); 0 means
-	// TENSORLANE_POOL_BYTES, or none. Only with Slabs.
+	// PoolBytes is how much slab memory to create and populate at start
+	// (before NewRuntime returns: the pre-faulted pool Gets and
+	// tensorlane.empty allocate from, like Ray's object store memory); 0
+	// means TENSORLANE_POOL_BYTES, or none. Only with Slabs.
 	PoolBytes int64 `json:"pool_bytes,omitempty"`
 	// SlabBytes is the size of one slab; default tensor.DefaultSlabSize
 	// (64 MiB). Larger allocations get a slab of their own size.
@@ -279,6 +279,12 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: c.SlabBytes, Reserve: pool, Capacity: c.HostMemory})
 		if err != nil {
 			return out, nil, invalid("slabs: %v", err)
+		}
+		// The pool is populated before the runtime starts, so the first
+		// transfer into it pays no page population (that is its point).
+		if err := sm.WaitPopulated(ctx); err != nil {
+			sm.Close()
+			return out, nil, err
 		}
 		out.Devices = []tensor.Memory{sm}
 		owned = append(owned, sm)
