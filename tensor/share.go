@@ -100,6 +100,12 @@ type Handle struct {
 	// allocations of the same owner and trust scope too (Offset and Length
 	// place this one), and a holder may map it once for all of them.
 	Slab bool
+	// Keep, for slab handles, holds the allocation's range against reuse
+	// until the returned release is called, even after the buffer is
+	// released: a reader's zero-copy view of it must not see the range
+	// handed to another allocation while it lives. nil for other handles
+	// (their memory is never recycled once exported).
+	Keep func() (release func())
 	// Access is what FD allows.
 	Access Access
 	// Kind says what FD is: a memory file (the zero value), or a device

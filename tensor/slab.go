@@ -73,6 +73,7 @@ type SlabMemory struct {
 	slabs  []*slab
 	bytes  int64 // in slabs
 	used   int64
+	held   int64 // bytes of ranges readers' views hold (Handle.Keep)
 	peak   int64
 	allocs int
 	closed bool
@@ -179,6 +180,14 @@ func (m *SlabMemory) Device() DeviceID { return m.cfg.Device }
 // none).
 func (m *SlabMemory) Slabs() int64 { return m.created.Load() }
 
+// Held returns the bytes of ranges that readers' views hold (Handle.Keep),
+// including ranges of buffers already released.
+func (m *SlabMemory) Held() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held
+}
+
 // Alloc hands out n bytes: a free page-aligned range of an existing slab
 // (memory released earlier in this SlabMemory, pages already populated),
 // or of a new slab.
@@ -273,6 +282,14 @@ func (m *SlabMemory) release(b *slabBuffer) {
 	defer m.mu.Unlock()
 	m.used -= b.size
 	m.allocs--
+	if b.holds == 0 {
+		m.returnRange(b)
+	}
+}
+
+// returnRange gives b's range back to its slab; m.mu is held.
+func (m *SlabMemory) returnRange(b *slabBuffer) {
+	b.returned = true
 	b.s.ranges.release(b.off, b.size)
 	switch {
 	case m.closed && b.s.ranges.used == 0:
@@ -317,6 +334,11 @@ type slabBuffer struct {
 	off, size int64
 	n         int64
 	released  atomic.Bool
+
+	// Guarded by mem.mu: readers' views holding the range (Handle.Keep),
+	// and whether the range went back to the slab.
+	holds    int
+	returned bool
 }
 
 var (
@@ -355,7 +377,35 @@ func (b *slabBuffer) Export(a Access) (Handle, error) {
 		return Handle{}, fmt.Errorf("tensor: export slab buffer: %w", err)
 	}
 	h.Offset, h.Length, h.Slab = b.off, b.n, true
+	h.Keep = b.keep
 	return h, nil
+}
+
+// keep holds the buffer's range against reuse until release (see
+// Handle.Keep). A range already back in its slab cannot be held: release
+// is then a no-op, and the caller must not have released the buffer first
+// (the shm server calls it while it pins the object).
+func (b *slabBuffer) keep() func() {
+	m := b.mem
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b.returned {
+		return func() {}
+	}
+	b.holds++
+	m.held += b.size
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			b.holds--
+			m.held -= b.size
+			if b.holds == 0 && b.released.Load() && !b.returned {
+				m.returnRange(b)
+			}
+		})
+	}
 }
 
 func (b *slabBuffer) Release() error {

@@ -140,3 +140,39 @@ func TestSlabViewShare(t *testing.T) {
 	sh.Release()
 	assert.Zero(t, m.Stats().Used)
 }
+
+// TestSlabKeep: a range a reader's view holds is not reused after its
+// buffer is released, until the hold goes.
+func TestSlabKeep(t *testing.T) {
+	ctx := context.Background()
+	m, err := NewSlabMemory(SlabConfig{SlabSize: 1 << 20})
+	require.NoError(t, err)
+	defer m.Close()
+	a, err := m.Alloc(ctx, 4096)
+	require.NoError(t, err)
+	h, err := ExportOf(a, ReadOnly)
+	require.NoError(t, err)
+	unix.Close(h.FD)
+	require.NotNil(t, h.Keep)
+	release := h.Keep()
+	assert.EqualValues(t, 4096, m.Held())
+	require.NoError(t, a.Release())
+	assert.Zero(t, m.Stats().Used, "the allocation is gone")
+	b, err := m.Alloc(ctx, 4096)
+	require.NoError(t, err)
+	hb, err := ExportOf(b, ReadOnly)
+	require.NoError(t, err)
+	unix.Close(hb.FD)
+	assert.NotEqual(t, h.Offset, hb.Offset, "a held range was reused")
+	release()
+	release() // once
+	assert.Zero(t, m.Held())
+	c, err := m.Alloc(ctx, 4096)
+	require.NoError(t, err)
+	hc, err := ExportOf(c, ReadOnly)
+	require.NoError(t, err)
+	unix.Close(hc.FD)
+	assert.Equal(t, h.Offset, hc.Offset, "the range is free again")
+	b.Release()
+	c.Release()
+}

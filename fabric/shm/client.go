@@ -97,8 +97,9 @@ type Client struct {
 	slabs slabs // owners' slabs, mapped once each (slab.go)
 
 	mu     sync.Mutex
-	pools  map[string]*ownerPool
-	all    map[*pconn]struct{}
+	pools   map[string]*ownerPool
+	all     map[*pconn]struct{}
+	anchors map[string]*pconn // per owner, while we hold slab views (slab.go)
 	closed bool
 	done   chan struct{} // closed by Close: wakes transfers waiting for a connection
 
@@ -120,6 +121,11 @@ type pconn struct {
 	// slabs are the owner's slabs whose descriptor came on this
 	// connection, by mapping id (guarded by Client.slabs.mu).
 	slabs map[uint64]*slabMap
+	// anchor: a slab view came on this connection; it becomes the
+	// owner's anchor unless there is one (slab.go). wmu orders an
+	// anchor's unviews.
+	anchor bool
+	wmu    sync.Mutex
 }
 
 // NewClient returns a client; Close releases its connections and mappings.
@@ -130,8 +136,9 @@ func NewClient(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:   cfg,
 		cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
-		pools: map[string]*ownerPool{},
-		all:   map[*pconn]struct{}{},
+		pools:   map[string]*ownerPool{},
+		all:     map[*pconn]struct{}{},
+		anchors: map[string]*pconn{},
 		done:  make(chan struct{}),
 	}
 	if cfg.Registerer != nil {
@@ -162,7 +169,7 @@ func (c *Client) Close() error {
 	for pc := range all {
 		pc.c.Close()
 	}
-	c.all, c.pools = nil, nil
+	c.all, c.pools, c.anchors = nil, nil, nil
 	c.mu.Unlock()
 	for pc := range all {
 		c.slabs.dropConn(pc) // a copy in flight keeps its slab until it ends
@@ -284,7 +291,7 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 			return nil
 		}
 		var re *peerauth.RemoteError
-		if err == nil || errors.As(err, &re) || errors.Is(err, ErrSlabView) {
+		if err == nil || errors.As(err, &re) {
 			c.put(pc) // still in step
 			return err
 		}
@@ -670,6 +677,14 @@ func (c *Client) put(pc *pconn) {
 		return
 	}
 	p := c.pools[pc.owner]
+	if pc.anchor {
+		pc.anchor = false
+		if a := c.anchors[pc.owner]; a == nil || peerOpen(a.c) != nil {
+			c.anchors[pc.owner] = pc // out of the pool for good
+			<-p.slots
+			return
+		}
+	}
 	if len(p.idle) >= c.cfg.MaxIdle {
 		delete(c.all, pc)
 		pc.c.Close()

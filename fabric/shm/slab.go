@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // Slab grants. An owner whose memory is a tensor.SlabMemory (opt-in, one
@@ -27,14 +30,9 @@ import (
 // without a cluster key refuses slab objects; the reader takes another
 // path, loudly.
 //
-// Views of slab objects are refused (ErrSlabView): a freed range of a slab
-// is reused for the owner's next object, so a view that outlived its
-// object would show another object's bytes. Copies are safe: the owner
-// pins the object for the whole copy.
-
-// ErrSlabView is returned by View for an object that lives in a slab; read
-// it with a copying Read instead.
-var ErrSlabView = fmt.Errorf("%w: the object lives in a slab shared within its trust scope, whose ranges are reused: views need per-object memory, copy it instead", fabric.ErrBadRequest)
+// A freed range of a slab is reused for the owner's next object. Copies
+// are safe (the owner pins the object for the whole copy); views hold
+// their range (below).
 
 // errNoScope is the owner's refusal of a slab object without a trust scope.
 var errNoScope = errors.New("shm: slab memory is shared only within a trust scope (a cluster key), and this owner requires none")
@@ -193,4 +191,213 @@ func (m *slabMap) object(off, n int64) []byte {
 		_ = unix.Madvise(m.data[start:end], unix.MADV_POPULATE_READ)
 	}
 	return p
+}
+
+// maxHolds bounds the views one reader may hold on an owner's slab ranges.
+const maxHolds = 1 << 16
+
+// errTooManyHolds refuses a view beyond maxHolds; the reader copies.
+var errTooManyHolds = fmt.Errorf("%w: this reader holds %d views of the owner's slab objects already", fabric.ErrBadRequest, maxHolds)
+
+// viewHolds is the owner's record of readers' views of slab objects: per
+// reader, its open connections and its holds (each keeps one object's
+// range from reuse). The reader releases a hold with an unview on any of
+// its connections; when its last connection closes (it exited, or closed
+// its client), every hold it had goes.
+type viewHolds struct {
+	mu     sync.Mutex
+	peers  map[peer.ID]*peerHolds
+	serial uint64
+}
+
+type peerHolds struct {
+	conns int
+	holds map[uint64]func()
+}
+
+func (v *viewHolds) connect(p peer.ID) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.peers == nil {
+		v.peers = map[peer.ID]*peerHolds{}
+	}
+	ph := v.peers[p]
+	if ph == nil {
+		ph = &peerHolds{holds: map[uint64]func(){}}
+		v.peers[p] = ph
+	}
+	ph.conns++
+}
+
+func (v *viewHolds) disconnect(p peer.ID) {
+	v.mu.Lock()
+	ph := v.peers[p]
+	ph.conns--
+	var drop map[uint64]func()
+	if ph.conns == 0 {
+		drop = ph.holds
+		delete(v.peers, p)
+	}
+	v.mu.Unlock()
+	for _, release := range drop {
+		release()
+	}
+}
+
+// holding reports whether p holds views (its connections are then not
+// closed for idleness).
+func (v *viewHolds) holding(p peer.ID) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	ph := v.peers[p]
+	return ph != nil && len(ph.holds) > 0
+}
+
+// next returns a fresh hold id for p, or errTooManyHolds.
+func (v *viewHolds) next(p peer.ID) (uint64, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ph := v.peers[p]; ph != nil && len(ph.holds) >= maxHolds {
+		return 0, errTooManyHolds
+	}
+	v.serial++
+	return v.serial, nil
+}
+
+// add records a confirmed view's hold.
+func (v *viewHolds) add(p peer.ID, id uint64, release func()) {
+	v.mu.Lock()
+	ph := v.peers[p]
+	if ph != nil {
+		ph.holds[id] = release
+	}
+	v.mu.Unlock()
+	if ph == nil {
+		release()
+	}
+}
+
+// release drops p's hold id (an unview); unknown ids are ignored.
+func (v *viewHolds) release(p peer.ID, id uint64) {
+	v.mu.Lock()
+	var release func()
+	if ph := v.peers[p]; ph != nil {
+		release = ph.holds[id]
+		delete(ph.holds, id)
+	}
+	v.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
+
+// count returns the holds p has (for tests).
+func (v *viewHolds) count(p peer.ID) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ph := v.peers[p]; ph != nil {
+		return len(ph.holds)
+	}
+	return 0
+}
+
+// Views of slab objects. The reader asks with opView; the owner holds the
+// object's range against reuse until the reader's unview (or until the
+// reader has no connection left), so the view stays the object's bytes
+// even after the owner frees it, as a per-object view does. The first view
+// of an owner's makes the connection it came on the reader's anchor to
+// that owner: kept open, never used for transfers (so no cancelled
+// transfer closes it), it carries the unviews, and while it is open the
+// owner keeps the holds.
+
+// slabView is a view of an object in an owner's slab.
+type slabView struct {
+	c      *Client
+	m      *slabMap
+	owner  string
+	hold   uint64
+	off, n int64 // the object's bytes in the slab file
+	dev    tensor.DeviceID
+	mu     sync.Mutex
+	done   bool
+}
+
+func (v *slabView) Device() tensor.DeviceID { return v.dev }
+func (v *slabView) Len() int64              { return v.n }
+
+// Bytes returns the object's bytes, read-only (a write faults); nil after
+// Release.
+func (v *slabView) Bytes() []byte {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.done {
+		return nil
+	}
+	return v.m.data[v.off : v.off+v.n : v.off+v.n]
+}
+
+// Release gives the owner its range back (unview) and drops the view's
+// reference on the slab mapping. Idempotent.
+func (v *slabView) Release() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.done {
+		v.done = true
+		v.c.unview(v.owner, v.hold)
+		v.c.slabs.release(v.m)
+	}
+	return nil
+}
+
+// slabViewOn completes a view exchange whose grant is a slab's: the view
+// holds a reference on the slab mapping, and pc becomes the anchor to the
+// owner if there is none.
+func (c *Client) slabViewOn(pc *pconn, g grant, fds []int, r fabric.Remote) (*slabView, error) {
+	if len(fds) == 1 && c.onFD != nil {
+		c.onFD(fds[0])
+	}
+	m, err := c.slabs.forGrant(pc, g, fds)
+	if err != nil {
+		return nil, err
+	}
+	if g.hold == 0 || r.Length <= 0 || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
+		c.slabs.release(m)
+		return nil, fmt.Errorf("%w: view grant of [%d,+%d) (hold %d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, g.hold, r.Offset, r.Length)
+	}
+	if err := c.confirm(pc); err != nil {
+		c.slabs.release(m)
+		if errors.Is(err, errConfirmedLost) {
+			// The done did not go out: the owner holds nothing for us.
+			return nil, fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
+		}
+		return nil, err
+	}
+	pc.anchor = true
+	return &slabView{c: c, m: m, owner: pc.owner, hold: g.hold, off: g.objOff + r.Offset - g.viewOff, n: r.Length}, nil
+}
+
+// unview releases a view's hold, on the owner's anchor. Without one (it
+// failed) the owner drops the hold with our last connection.
+func (c *Client) unview(owner string, id uint64) {
+	c.mu.Lock()
+	a := c.anchors[owner]
+	c.mu.Unlock()
+	if a == nil {
+		return
+	}
+	a.wmu.Lock()
+	a.c.SetWriteDeadline(time.Now().Add(c.cfg.StallTimeout))
+	err := sendPacket(a.c, unviewPacket(id), -1)
+	a.wmu.Unlock()
+	if err != nil {
+		c.cfg.Logger.Debug("shm: unview failed, dropping the anchor connection", "owner", owner, "err", err)
+		c.mu.Lock()
+		if c.anchors[owner] == a {
+			delete(c.anchors, owner)
+			delete(c.all, a)
+		}
+		c.mu.Unlock()
+		a.c.Close()
+		c.slabs.dropConn(a)
+	}
 }

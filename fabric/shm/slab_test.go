@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -240,21 +241,77 @@ func TestSlabFreeReuse(t *testing.T) {
 	assert.EqualValues(t, 1, c.SlabStats().Mapped)
 }
 
-// TestSlabView: a view of a slab object is refused with ErrSlabView (its
-// range would be reused after a free); the connection stays usable.
+// TestSlabView: a view of a slab object maps nothing new (the slab is
+// mapped once), and the owner holds the object's range while the view
+// lives: freed and reallocated, the range is not reused under the view.
+// Unview gives it back.
 func TestSlabView(t *testing.T) {
 	o := newSlabOwner(t, slabPSK, nil)
-	want := o.put(t, 1, 8192, 4)
-	c, _ := slabReader(t, slabPSK)
+	const n = 2 << 20
+	want := o.put(t, 1, n, 4)
+	c, readerID := slabReader(t, slabPSK)
 	tr := c.SHM()
-	_, err := tr.View(context.Background(), o.remote(1, 8192))
-	require.ErrorIs(t, err, ErrSlabView)
-	p, err := readInto(t, c, o.remote(1, 8192))
+	v, err := tr.View(context.Background(), o.remote(1, n))
 	require.NoError(t, err)
-	assert.Equal(t, want, p)
-	s := c.SlabStats()
-	assert.EqualValues(t, 1, s.Mapped)
-	assert.EqualValues(t, 1, s.Hits, "the read reused the view's connection and slab")
+	got, err := tensor.BytesOf(v)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	// The done goes unanswered: the owner registers the hold on reading it
+	// (its pin held the object until then).
+	waitFor(t, func() bool { return o.srv.holds.count(readerID) == 1 }, "the hold")
+	assert.EqualValues(t, n, o.mem.Held())
+
+	o.free(1)
+	o.put(t, 2, n, 9) // may not take the held range
+	o.put(t, 3, n, 10)
+	assert.Equal(t, want, got, "the view changed after its object was freed")
+	p, err := readInto(t, c, o.remote(2, n))
+	require.NoError(t, err)
+	assert.NotEqual(t, want, p)
+	assert.EqualValues(t, 1, c.SlabStats().Mapped, "one mmap for the view and the read")
+
+	require.NoError(t, v.Release())
+	require.NoError(t, v.Release())
+	waitFor(t, func() bool { return o.srv.holds.count(readerID) == 0 }, "the unview")
+	assert.Zero(t, o.mem.Held())
+}
+
+// TestSlabViewAnchor: a view's hold survives a cancelled transfer that
+// closes a pooled connection (the first view's connection is the anchor,
+// never used for transfers), and goes when the reader closes its client.
+func TestSlabViewAnchor(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	want := o.put(t, 1, 1<<20, 5)
+	o.put(t, 2, 4<<20, 6)
+	c, readerID := slabReader(t, slabPSK)
+	v, err := c.SHM().View(context.Background(), o.remote(1, 1<<20))
+	require.NoError(t, err)
+	defer v.Release()
+	waitFor(t, func() bool { return o.srv.holds.count(readerID) == 1 }, "the hold")
+	ctx, cancel := context.WithCancel(context.Background())
+	c.afterMap = cancel // cancelled mid-copy: the pooled connection is closed
+	dst, _ := hostDst(t, 4<<20)
+	_, err = c.SHM().Read(ctx, o.remote(2, 4<<20), dst)
+	require.ErrorIs(t, err, context.Canceled)
+	c.afterMap = nil
+	o.free(1)
+	o.put(t, 3, 1<<20, 7)
+	got, _ := tensor.BytesOf(v)
+	assert.Equal(t, want, got)
+	assert.Equal(t, 1, o.srv.holds.count(readerID), "the hold outlived the closed connection")
+	require.NoError(t, c.Close())
+	waitFor(t, func() bool { return o.srv.holds.count(readerID) == 0 }, "the holds of a reader that closed")
+}
+
+func waitFor(t *testing.T, ok func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func slabMetric(t *testing.T, c *Client, event string) float64 {

@@ -14,8 +14,8 @@ const slabKey = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeef
 
 // TestSlabMode: two runtimes of one host in slab mode (one trust scope: the
 // cluster key) pass shareable and foreign arrays; the reader maps the
-// owner's slab once for all of them, a view is refused (ErrNoZeroCopy:
-// copy instead), and freed memory is reused without new slabs.
+// owner's slab once for all of them and for a view, and freed memory is
+// reused without new slabs, but not under a live view.
 func TestSlabMode(t *testing.T) {
 	_, a, b := pair(t, `{"allow":["shm"],"slabs":true,"cluster_key":"`+slabKey+`","pool_bytes":16777216,"slab_bytes":8388608}`)
 	ctx := context.Background()
@@ -44,8 +44,14 @@ func TestSlabMode(t *testing.T) {
 		assert.Equal(t, want, unsafe.Slice((*byte)(p), m))
 		require.NoError(t, b.FreeMemory(p))
 	}
-	_, _, _, _, err = b.View(ctx, refs[0], ViewConfig{}, 0, 10*time.Second)
-	require.ErrorIs(t, err, ErrNoZeroCopy)
+	// A view maps nothing new and stays the object's bytes after the owner
+	// frees it and allocates again: the owner holds its range until
+	// ReleaseView.
+	hv, vp, vn, x, err := b.View(ctx, refs[0], ViewConfig{Populate: true}, 0, 10*time.Second)
+	require.NoError(t, err)
+	assert.True(t, x.Stats.ZeroCopy)
+	view := unsafe.Slice((*byte)(vp), vn)
+	assert.Equal(t, want, view)
 
 	sb := b.Stats()
 	assert.EqualValues(t, 1, sb.ShmSlabs["mapped"], "one mmap of the owner's slab for four objects: %v", sb.ShmSlabs)
@@ -54,14 +60,21 @@ func TestSlabMode(t *testing.T) {
 	slabs := sa.HostMemory.SlabCount
 	assert.EqualValues(t, 1, slabs, "the 16 MiB pool holds everything")
 
-	// Free and publish again: the ranges are reused, no slab is made.
+	// Free and publish again: the ranges are reused, no slab is made, and
+	// the view keeps its bytes.
 	for _, ref := range refs {
+		require.NoError(t, b.Release(ctx, ref))
 		require.NoError(t, a.Free(ctx, ref, 10*time.Second))
 	}
-	p, err := a.Alloc(ctx, n)
-	require.NoError(t, err)
-	defer a.FreeMemory(p)
+	for i := 0; i < 3; i++ {
+		p, err := a.Alloc(ctx, n)
+		require.NoError(t, err)
+		clear(unsafe.Slice((*byte)(p), n))
+		defer a.FreeMemory(p)
+	}
 	assert.Equal(t, slabs, a.Stats().HostMemory.SlabCount)
+	assert.Equal(t, want, view, "the view changed after the owner freed its object")
+	require.NoError(t, b.ReleaseView(hv))
 }
 
 // TestSlabConfig: slab mode needs a cluster key and host memory.

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorlane/tensorlane/fabric/shm"
 	"github.com/tensorlane/tensorlane/rdt"
 )
 
@@ -57,11 +56,6 @@ func (r *Runtime) View(ctx context.Context, refBytes []byte, cfg ViewConfig, op 
 	defer done()
 	start := time.Now()
 	v, err := r.actor.View(ctx, ref)
-	if errors.Is(err, shm.ErrSlabView) {
-		// The owner keeps the object in slab memory, whose ranges are
-		// reused: no view, the caller copies as for another host.
-		err = fmt.Errorf("%w: %w", ErrNoZeroCopy, err)
-	}
 	if err != nil {
 		if !errors.Is(err, rdt.ErrNoZeroCopy) {
 			r.count(rdt.Transfer{}, start, err)

@@ -115,18 +115,6 @@ def runtime() -> _runtime.Runtime:
     return _rt
 
 
-_slab_mode: Dict[int, bool] = {}
-
-
-def _slabs(rt: _runtime.Runtime) -> bool:
-    """Whether rt runs in slab mode: its objects' ranges are reused, so the
-    receiver copies (into its pre-faulted pool) instead of mapping views."""
-    k = id(rt)
-    if k not in _slab_mode:
-        _slab_mode[k] = bool(rt.stats()["host_memory"].get("slabs"))
-    return _slab_mode[k]
-
-
 def _timeout() -> float:
     if os.environ.get(ENV_TIMEOUT):
         return float(os.environ[ENV_TIMEOUT])
@@ -301,7 +289,7 @@ class TensorlaneTransport(TensorTransportManager):
         before = None  # copying gets' counters, read only when one copies
         # Zero-copy unless told otherwise, or torch (whose tensors over
         # read-only memory warn on every use), or the last try found no path.
-        view = self._view and not meta.torch and _recv_mode() == "view" and not _slabs(rt)
+        view = self._view and not meta.torch and _recv_mode() == "view"
         try:
             for i, ref in enumerate(meta.refs):
                 target = target_buffers[i] if target_buffers else None
