@@ -96,12 +96,12 @@ type Client struct {
 	cache *cache
 	slabs slabs // owners' slabs, mapped once each (slab.go)
 
-	mu     sync.Mutex
+	mu      sync.Mutex
 	pools   map[string]*ownerPool
 	all     map[*pconn]struct{}
 	anchors map[string]*pconn // per owner, while we hold slab views (slab.go)
-	closed bool
-	done   chan struct{} // closed by Close: wakes transfers waiting for a connection
+	closed  bool
+	done    chan struct{} // closed by Close: wakes transfers waiting for a connection
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
@@ -134,12 +134,12 @@ func NewClient(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:   cfg,
-		cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
+		cfg:     cfg,
+		cache:   newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
 		pools:   map[string]*ownerPool{},
 		all:     map[*pconn]struct{}{},
 		anchors: map[string]*pconn{},
-		done:  make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {

@@ -152,9 +152,9 @@ type grant struct {
 	flags    byte
 	mapID    uint64
 	fileSize int64
-	objOff   int64 // the first granted byte's offset in the file
-	objLen   int64 // how many bytes are granted
-	viewOff  int64 // the object byte at objOff: the published view's start when the file is a copy of it
+	objOff   int64  // the first granted byte's offset in the file
+	objLen   int64  // how many bytes are granted
+	viewOff  int64  // the object byte at objOff: the published view's start when the file is a copy of it
 	hold     uint64 // a view's hold on its slab range (opView of a slab object), else 0
 }
 
