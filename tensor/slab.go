@@ -87,6 +87,34 @@ type slab struct {
 	seg      *segment
 	ranges   *rangeAllocator
 	reserved bool // part of the start-up reserve: never unmapped before Close
+	// populated marks the popChunk-sized chunks whose pages were
+	// populated, so an allocation populates only what never was (a
+	// populate call walks the page tables even when nothing is missing).
+	populated []uint64
+}
+
+const popChunk = 2 << 20
+
+// toPopulate marks the chunks [off, off+n) covers and returns the span of
+// those that were not populated yet (n == 0: none); m.mu is held.
+func (s *slab) toPopulate(off, n int64) (start, end int64) {
+	first, last := off/popChunk, (off+n-1)/popChunk
+	start, end = -1, 0
+	for c := first; c <= last; c++ {
+		w, bit := c/64, uint64(1)<<(c%64)
+		if s.populated[w]&bit != 0 {
+			continue
+		}
+		s.populated[w] |= bit
+		if start < 0 {
+			start = c * popChunk
+		}
+		end = min((c+1)*popChunk, int64(len(s.seg.data)))
+	}
+	if start < 0 {
+		return 0, 0
+	}
+	return start, end
 }
 
 var _ Memory = (*SlabMemory)(nil)
@@ -120,6 +148,7 @@ func NewSlabMemory(cfg SlabConfig) (*SlabMemory, error) {
 			return nil, err
 		}
 		s.reserved = true
+		s.toPopulate(0, int64(len(s.seg.data))) // populate does it
 		m.slabs = append(m.slabs, s)
 		m.bytes += int64(len(s.seg.data))
 		m.populating.Add(1)
@@ -155,7 +184,7 @@ func (m *SlabMemory) newSlab(size int64) (*slab, error) {
 		return nil, fmt.Errorf("tensor: slab of %d bytes: %w", size, err)
 	}
 	m.created.Add(1)
-	return &slab{seg: seg, ranges: newRangeAllocator(size)}, nil
+	return &slab{seg: seg, ranges: newRangeAllocator(size), populated: make([]uint64, (size+popChunk*64-1)/(popChunk*64))}, nil
 }
 
 // populate makes the reserve's pages resident, a chunk at a time so Close
@@ -204,15 +233,35 @@ func (m *SlabMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	}
 	size := pageRound(n)
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.place(b, size); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	var start, end int64
+	if size >= 1<<20 {
+		start, end = b.s.toPopulate(b.off, size)
+	}
+	m.mu.Unlock()
+	if end > start {
+		// Populating fresh pages costs more than the copy that fills them;
+		// a chunk is populated once for the slab's life (kernels before
+		// 5.14 lack it: the first touch faults the pages).
+		_ = unix.Madvise(b.s.seg.data[start:end], unix.MADV_POPULATE_WRITE)
+	}
+	return b, nil
+}
+
+// place finds b a range of size bytes; m.mu is held.
+func (m *SlabMemory) place(b *slabBuffer, size int64) error {
+	n := b.n
 	if m.closed {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	for _, s := range m.slabs {
 		if off, ok := s.ranges.alloc(size); ok {
 			b.s, b.off, b.size = s, off, size
 			m.account(size)
-			return b, nil
+			return nil
 		}
 	}
 	want := max(size, m.cfg.SlabSize)
@@ -222,20 +271,21 @@ func (m *SlabMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 			want = size // a slab of just the allocation may still fit
 		}
 		if m.bytes+want > m.cfg.Capacity {
-			return nil, &OutOfMemoryError{Device: m.cfg.Device, Requested: n, Free: m.cfg.Capacity - m.used, LargestFree: m.largestFree()}
+			return &OutOfMemoryError{Device: m.cfg.Device, Requested: n, Free: m.cfg.Capacity - m.used, LargestFree: m.largestFree()}
 		}
 	}
 	s, err := m.newSlab(want)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m.slabs = append(m.slabs, s)
 	m.bytes += want
 	off, _ := s.ranges.alloc(size)
 	b.s, b.off, b.size = s, off, size
 	m.account(size)
-	return b, nil
+	return nil
 }
+
 
 func (m *SlabMemory) account(size int64) {
 	m.used += size

@@ -176,3 +176,18 @@ func TestSlabKeep(t *testing.T) {
 	b.Release()
 	c.Release()
 }
+
+// TestSlabToPopulate: each chunk is populated once for the slab's life.
+func TestSlabToPopulate(t *testing.T) {
+	s := &slab{seg: &segment{data: make([]byte, 9*popChunk)}, populated: make([]uint64, 1)}
+	for _, c := range []struct{ off, n, start, end int64 }{
+		{0, 1, 0, popChunk},
+		{100, popChunk, popChunk, 2 * popChunk}, // chunk 0 done already
+		{0, 2 * popChunk, 0, 0},
+		{8*popChunk + 5, 10, 8 * popChunk, 9 * popChunk},
+		{3 * popChunk, 3 * popChunk, 3 * popChunk, 6 * popChunk},
+	} {
+		start, end := s.toPopulate(c.off, c.n)
+		assert.Equal(t, [2]int64{c.start, c.end}, [2]int64{start, end}, "[%d,+%d)", c.off, c.n)
+	}
+}

@@ -48,7 +48,15 @@ type slabMap struct {
 	key  slabKey
 	data []byte
 	refs int // connections that received it, and copies using it
+	// populated marks the popChunk-sized chunks whose page tables this
+	// mapping has (guarded by pmu): the owner never gives a slab's
+	// pages back while it lives, so they stay, and a populate call walks
+	// the page tables even when nothing is missing.
+	populated []uint64
+	pmu       sync.Mutex
 }
+
+const popChunk = 2 << 20
 
 // slabs holds the slab mappings of every owner and which connection holds
 // which.
@@ -132,7 +140,7 @@ func (s *slabs) adopt(pc *pconn, key slabKey, fd int, size int64) error {
 		unix.Munmap(data)
 		s.reused++
 	} else {
-		m = &slabMap{key: key, data: data}
+		m = &slabMap{key: key, data: data, populated: make([]uint64, (int64(len(data))+popChunk*64-1)/(popChunk*64))}
 		if s.byKey == nil {
 			s.byKey = map[slabKey]*slabMap{}
 		}
@@ -185,9 +193,24 @@ func (s *slabs) dropConn(pc *pconn) {
 // previous read populated cost nothing more.
 func (m *slabMap) object(off, n int64) []byte {
 	p := m.data[off : off+n]
-	if n >= 1<<20 {
-		start := off &^ (pageSize - 1)
-		end := min((off+n+pageSize-1)&^(pageSize-1), int64(len(m.data)))
+	if n < 1<<20 {
+		return p
+	}
+	first, last := off/popChunk, (off+n-1)/popChunk
+	start, end := int64(-1), int64(0)
+	m.pmu.Lock()
+	for c := first; c <= last; c++ {
+		w, bit := c/64, uint64(1)<<(c%64)
+		if m.populated[w]&bit == 0 {
+			m.populated[w] |= bit
+			if start < 0 {
+				start = c * popChunk
+			}
+			end = min((c+1)*popChunk, int64(len(m.data)))
+		}
+	}
+	m.pmu.Unlock()
+	if start >= 0 {
 		_ = unix.Madvise(m.data[start:end], unix.MADV_POPULATE_READ)
 	}
 	return p
@@ -373,7 +396,9 @@ func (c *Client) slabViewOn(pc *pconn, g grant, fds []int, r fabric.Remote) (*sl
 		return nil, err
 	}
 	pc.anchor = true
-	return &slabView{c: c, m: m, owner: pc.owner, hold: g.hold, off: g.objOff + r.Offset - g.viewOff, n: r.Length}, nil
+	off := g.objOff + r.Offset - g.viewOff
+	m.object(off, r.Length) // page tables built once per chunk for the mapping's life
+	return &slabView{c: c, m: m, owner: pc.owner, hold: g.hold, off: off, n: r.Length}, nil
 }
 
 // unview releases a view's hold, on the owner's anchor. Without one (it

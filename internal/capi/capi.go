@@ -743,7 +743,9 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 		return nil, 0, rdt.Transfer{}, err
 	}
 	dst := unsafe.Slice((*byte)(p), n)
-	tensor.Populate(dst) // fresh pages in one call (a no-op for recycled ones)
+	if !r.slabs {
+		tensor.Populate(dst) // fresh pages in one call (slab memory comes populated)
+	}
 	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
 	if err != nil {
 		r.FreeMemory(p)
