@@ -96,6 +96,9 @@ type Plan struct {
 	// destination device the reader does not have); Problem is its text.
 	Err     error  `json:"-"`
 	Problem string `json:"problem,omitempty"`
+	// ZeroCopy: the chosen transport hands the reader the owner's own
+	// memory (a view) instead of a copy, and the reader allocates nothing.
+	ZeroCopy bool `json:"zero_copy,omitempty"`
 }
 
 // Label names a candidate distinctly: "p2p (cross-process)".
@@ -140,6 +143,9 @@ func (p Plan) String() string {
 		chosen = p.Candidates[i].Label()
 	}
 	fmt.Fprintf(&b, "%v -> %v: path %v, best %s, chosen %s", p.Src, p.Dst, p.Path, p.Best, chosen)
+	if p.ZeroCopy {
+		b.WriteString(" (zero-copy view)")
+	}
 	if p.Problem != "" {
 		fmt.Fprintf(&b, " (%s)", p.Problem)
 	}
@@ -296,11 +302,12 @@ func (p *Planner) Transports(name string) []Transport {
 	return out
 }
 
-// Read moves src into buf (which lives at dst) on the best usable transport,
-// retrying a path that failed for a passing reason and then falling back to
-// the next candidate. Every fallback and every degraded transfer is logged
-// and counted.
-func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor.Buffer) (Stats, Plan, error) {
+// PlanRead is the plan a read of src into memory at dst runs: Plan, with
+// the transports the owner publishes no address for ruled out, and marked
+// zero-copy when the reader may use the owner's memory in place (same
+// process, same device, a transport that can hand out views). Fetch and
+// Read execute exactly this value, so what Explain prints is what runs.
+func (p *Planner) PlanRead(src Remote, dst Endpoint) Plan {
 	plan := p.Plan(src.Endpoint, dst)
 	rule(&plan, func(t Transport) string {
 		if a, ok := t.(Addressed); ok && a.AddressOf(src) == "" {
@@ -308,15 +315,16 @@ func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor
 		}
 		return ""
 	})
-	st, err := p.run(ctx, &plan, src.Claim.Object, func(t Transport) (Stats, error) { return t.Read(ctx, src, buf) })
-	return st, plan, err
+	if i := plan.chosen(); i >= 0 && plan.Chosen == Local && src.Endpoint.Device == dst.Device {
+		_, plan.ZeroCopy = plan.Candidates[i].t.(Viewer)
+	}
+	return plan
 }
 
-// Write pushes buf, an object of this runtime that lives at src, into the
-// reader-allocated buffer that dst names, on the best transport that can
-// push (implements Writer), with the same retries, fallback and accounting
-// as Read.
-func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, dst Remote) (Stats, Plan, error) {
+// PlanWrite is the plan a push of an object at src into the reader-allocated
+// buffer dst names runs: Plan, with the transports that cannot push or that
+// the destination publishes no address for ruled out.
+func (p *Planner) PlanWrite(src Endpoint, dst Remote) Plan {
 	plan := p.Plan(src, dst.Endpoint)
 	rule(&plan, func(t Transport) string {
 		if _, ok := t.(Writer); !ok {
@@ -327,6 +335,92 @@ func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, ds
 		}
 		return ""
 	})
+	return plan
+}
+
+// PlanView is the plan of a zero-copy map of src from dst: only transports
+// that can hand the reader the owner's memory are usable. Nothing chosen
+// means no path can map it (another host): copy instead.
+func (p *Planner) PlanView(src Remote, dst Endpoint) Plan {
+	plan := p.Plan(src.Endpoint, dst)
+	rule(&plan, func(t Transport) string {
+		if _, ok := t.(Viewer); !ok {
+			return "copies only (cannot map the owner's memory)"
+		}
+		return ""
+	})
+	plan.ZeroCopy = plan.Chosen != ""
+	return plan
+}
+
+// Read moves src into buf (which lives at dst) on the best usable transport,
+// retrying a path that failed for a passing reason and then falling back to
+// the next candidate. Every fallback and every degraded transfer is logged
+// and counted.
+func (p *Planner) Read(ctx context.Context, src Remote, dst Endpoint, buf tensor.Buffer) (Stats, Plan, error) {
+	plan := p.PlanRead(src, dst)
+	plan.ZeroCopy = false // the caller gave the memory: always a copy
+	st, err := p.RunRead(ctx, &plan, src, buf)
+	return st, plan, err
+}
+
+// RunRead executes a read plan into buf; plan.Chosen ends up naming the
+// transport that moved the bytes.
+func (p *Planner) RunRead(ctx context.Context, plan *Plan, src Remote, buf tensor.Buffer) (Stats, error) {
+	return p.run(ctx, plan, src.Claim.Object, func(t Transport) (Stats, error) { return t.Read(ctx, src, buf) })
+}
+
+// Fetch executes a read plan into memory of its own: a zero-copy plan maps
+// the owner's memory in place; any other allocates with alloc and reads
+// into it, releasing the allocation again if the read fails.
+func (p *Planner) Fetch(ctx context.Context, plan *Plan, src Remote, alloc func(ctx context.Context, n int64) (tensor.Buffer, error)) (tensor.Buffer, Stats, error) {
+	if plan.ZeroCopy {
+		return p.RunView(ctx, plan, src)
+	}
+	buf, err := alloc(ctx, src.Length)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	st, err := p.RunRead(ctx, plan, src, buf)
+	if err != nil {
+		buf.Release()
+		return nil, st, err
+	}
+	return buf, st, nil
+}
+
+// RunView executes a zero-copy plan: the first usable candidate that maps
+// the object wins. The buffer pins the owner's object until released.
+func (p *Planner) RunView(ctx context.Context, plan *Plan, src Remote) (tensor.Buffer, Stats, error) {
+	if plan.Chosen == "" {
+		return nil, Stats{}, fmt.Errorf("%w: no zero-copy path %v -> %v", ErrNoPath, plan.Src, plan.Dst)
+	}
+	start := time.Now()
+	var err error
+	for _, c := range plan.Candidates {
+		v, ok := c.t.(Viewer)
+		if !c.Usable || !ok {
+			continue
+		}
+		var buf tensor.Buffer
+		if buf, err = v.View(ctx, src); err == nil {
+			plan.Chosen = c.Transport
+			return buf, Stats{Transport: c.Transport, Bytes: src.Length, Duration: time.Since(start), Streams: 1, ZeroCopy: true}, nil
+		}
+		err = &PathError{Transport: c.Transport, Attempt: 1, Err: err}
+		if Terminal(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, Stats{}, err
+}
+
+// Write pushes buf, an object of this runtime that lives at src, into the
+// reader-allocated buffer that dst names, on the best transport that can
+// push (implements Writer), with the same retries, fallback and accounting
+// as Read.
+func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, dst Remote) (Stats, Plan, error) {
+	plan := p.PlanWrite(src, dst)
 	st, err := p.run(ctx, &plan, dst.Claim.Object, func(t Transport) (Stats, error) { return t.(Writer).Write(ctx, buf, dst) })
 	return st, plan, err
 }

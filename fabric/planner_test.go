@@ -243,3 +243,50 @@ func TestNoPathIsNotRetried(t *testing.T) {
 	assert.Equal(t, fabric.TCP, st.Transport)
 	assert.Equal(t, 1, first.reads)
 }
+
+// viewer is a same-process transport that hands out the owner's memory.
+type viewer struct {
+	fake
+	views int
+}
+
+func (v *viewer) View(ctx context.Context, src fabric.Remote) (tensor.Buffer, error) {
+	v.views++
+	return nil, v.err
+}
+
+// The plan is one value: PlanRead decides zero-copy, Fetch runs it without
+// allocating; a plan that is not zero-copy allocates and reads; PlanView
+// keeps only transports that can map.
+func TestFetchRunsThePlanItIsGiven(t *testing.T) {
+	local := &viewer{fake: fake{name: fabric.Local}}
+	tcp := &fake{name: fabric.TCP}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t)}, local, tcp)
+	require.NoError(t, err)
+	gpu0 := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	gpu1 := gpu0
+	gpu1.Device = tensor.GPUDevice(1)
+	allocs := 0
+	alloc := func(ctx context.Context, n int64) (tensor.Buffer, error) {
+		allocs++
+		return nil, nil
+	}
+
+	plan := p.PlanRead(fabric.Remote{Endpoint: gpu0, Length: 8}, gpu0)
+	require.True(t, plan.ZeroCopy, "%v", plan)
+	_, st, err := p.Fetch(context.Background(), &plan, fabric.Remote{Endpoint: gpu0, Length: 8}, alloc)
+	require.NoError(t, err)
+	assert.True(t, st.ZeroCopy)
+	assert.Equal(t, []int{1, 0, 0}, []int{local.views, local.reads, allocs})
+
+	plan = p.PlanRead(fabric.Remote{Endpoint: gpu0, Length: 8}, gpu1)
+	require.False(t, plan.ZeroCopy, "another device gets a copy")
+	_, st, err = p.Fetch(context.Background(), &plan, fabric.Remote{Endpoint: gpu0, Length: 8}, alloc)
+	require.NoError(t, err)
+	assert.False(t, st.ZeroCopy)
+	assert.Equal(t, []int{1, 1, 1}, []int{local.views, local.reads, allocs})
+
+	view := p.PlanView(fabric.Remote{Endpoint: gpu0, Length: 8}, gpu1)
+	assert.Equal(t, fabric.Local, view.Chosen)
+	assert.Contains(t, view.String(), "copies only")
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
@@ -184,41 +183,26 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 	}
 	defer unguard()
 	remote := a.rt.remoteFor(ref)
-	dstEp := a.rt.endpoint(dst)
-	plan := a.rt.planner.Plan(remote.Endpoint, dstEp)
-
-	if plan.Chosen == fabric.Local && ref.Device == dst {
-		start := time.Now()
-		buf, err := plan.ChosenTransport().(fabric.Viewer).View(ctx, remote)
+	plan := a.rt.planner.PlanRead(remote, a.rt.endpoint(dst)) // what Explain prints
+	alloc := func(ctx context.Context, n int64) (tensor.Buffer, error) {
+		mem, err := a.rt.Memory(dst)
 		if err != nil {
-			return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
+			return nil, err
 		}
-		view, err := tensor.New(buf, ref.Desc)
-		if err != nil {
-			buf.Release()
-			return tensor.Tensor{}, Transfer{Plan: plan}, err
-		}
-		st := fabric.Stats{Transport: fabric.Local, Bytes: remote.Length, Duration: time.Since(start), ZeroCopy: true}
-		return view, Transfer{Plan: plan, Stats: st}, nil
+		return mem.Alloc(ctx, n)
 	}
-
-	mem, err := a.rt.Memory(dst)
+	// The reader never sees a partial tensor: on failure Fetch returns the
+	// buffer to its device before the error comes back. The owner's death
+	// cancels ctx: why says so, not "context canceled".
+	buf, st, err := a.rt.planner.Fetch(ctx, &plan, remote, alloc)
 	if err != nil {
-		return tensor.Tensor{}, Transfer{Plan: plan}, err
-	}
-	buf, err := mem.Alloc(ctx, remote.Length)
-	if err != nil {
-		// The owner's death cancels ctx: say so, not "context canceled".
 		return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
 	}
-	st, plan, err := a.rt.planner.Read(ctx, remote, dstEp, buf)
-	if err != nil {
-		// The reader never sees a partial tensor: the buffer goes back to
-		// its device before the error is returned.
-		buf.Release()
-		return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
+	desc := ref.Desc.Rebased()
+	if st.ZeroCopy {
+		desc = ref.Desc // the owner's own buffer: the view keeps its offset
 	}
-	out, err := tensor.New(buf, ref.Desc.Rebased())
+	out, err := tensor.New(buf, desc)
 	if err != nil {
 		buf.Release()
 		return tensor.Tensor{}, Transfer{Plan: plan}, err
@@ -452,7 +436,7 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 // A destination Get would refuse (a device the actor may not use, a
 // malformed ref) makes a plan with nothing chosen and Err saying why.
 func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
-	plan := a.rt.planner.Plan(a.rt.remoteFor(ref).Endpoint, a.rt.endpoint(dst))
+	plan := a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst)) // the value Get runs
 	noteViewCopy(&plan, ref)
 	if err := a.mayUse(dst); err != nil {
 		plan.Refuse(err)

@@ -216,13 +216,13 @@ func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
 		if n.Parent >= 0 {
 			parentEp = r.remoteFor(slots[n.Parent]).Endpoint
 		}
-		childEp := r.remoteFor(slots[i]).Endpoint
-		if parentEp.Process == childEp.Process {
+		child := r.remoteFor(slots[i])
+		if parentEp.Process == child.Endpoint.Process {
 			// Both in one other runtime: ask as that runtime would (the
 			// local transports serve only their own runtime's pairs).
-			parentEp.Process, childEp.Process = r.process, r.process
+			parentEp.Process, child.Endpoint.Process = r.process, r.process
 		}
-		n.Path = r.planner.Plan(parentEp, childEp).Chosen
+		n.Path = r.planner.PlanWrite(parentEp, child).Chosen // what the relay's push runs
 		if n.Path == "" {
 			n.Path = "none"
 		}

@@ -86,3 +86,39 @@ func TestExplainPCIeOnlyServer(t *testing.T) {
 		got.Release()
 	}
 }
+
+// What Explain prints is the plan Get runs (issue 16.3): an owner that
+// publishes no rdma address is ruled out of rdma in both, and a Get on the
+// owner's own device is a zero-copy view in both.
+func TestExplainIsWhatGetRuns(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, nil)
+	owner, _ := p.a.Spawn("owner")
+	far, _ := p.b.Spawn("far")
+	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16)
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	require.Equal(t, "rdma", far.Explain(ref, tensor.GPUDevice(0)).Chosen)
+
+	noRDMA := ref
+	noRDMA.DataAddrs = map[string]string{"tcp": ref.DataAddrs["tcp"]}
+	plan := far.Explain(noRDMA, tensor.GPUDevice(0))
+	assert.Equal(t, "tcp", plan.Chosen, "%v", plan)
+	assert.Contains(t, plan.String(), "publishes no rdma address")
+	got, x2, err := far.Fetch(ctx, noRDMA, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	defer got.Release()
+	assert.Equal(t, plan.Chosen, x2.Plan.Chosen)
+	assert.Equal(t, plan.Chosen, x2.Stats.Transport)
+	assert.Equal(t, plan.Candidates, x2.Plan.Candidates)
+
+	self := owner.Explain(ref, tensor.GPUDevice(0))
+	assert.True(t, self.ZeroCopy, "%v", self)
+	assert.Contains(t, self.String(), "zero-copy view")
+	view, x3, err := owner.Fetch(ctx, ref, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	defer view.Release()
+	assert.True(t, x3.Stats.ZeroCopy)
+	assert.Equal(t, self.Chosen, x3.Plan.Chosen)
+	assert.False(t, owner.Explain(ref, tensor.GPUDevice(1)).ZeroCopy, "another device is a copy")
+}

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -76,40 +74,16 @@ func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
 	remote := r.remoteFor(ref)
-	plan := r.planner.Plan(remote.Endpoint, r.endpoint(ref.Device))
-	var viewers []fabric.Viewer
-	var names []string
-	for _, c := range plan.Candidates {
-		if !c.Usable {
-			continue
-		}
-		for _, t := range r.planner.Transports(c.Transport) {
-			v, ok := t.(fabric.Viewer)
-			if _, reach := t.Reach(remote.Endpoint, r.endpoint(ref.Device)); ok && reach {
-				viewers, names = append(viewers, v), append(names, c.Transport)
-			}
-		}
-	}
-	if len(viewers) == 0 {
-		return nil, fmt.Errorf("%w: %v from %s (%s)", ErrNoZeroCopy, ref, r.cfg.Host, plan.Chosen)
+	plan := r.planner.PlanView(remote, r.endpoint(ref.Device))
+	if plan.Chosen == "" {
+		return nil, fmt.Errorf("%w: %v from %s", ErrNoZeroCopy, ref, r.cfg.Host)
 	}
 	ctx, unguard, err := r.guard(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	defer unguard()
-	start := time.Now()
-	var buf tensor.Buffer
-	var used string
-	for i, v := range viewers {
-		if buf, err = v.View(ctx, remote); err == nil {
-			used = names[i]
-			break
-		}
-		if fabric.Terminal(err) {
-			break
-		}
-	}
+	buf, st, err := r.planner.RunView(ctx, &plan, remote)
 	if err != nil {
 		return nil, r.why(ctx, ref, err)
 	}
@@ -123,7 +97,7 @@ func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
 		return nil, err
 	}
 	v := &View{Tensor: t, rt: r, key: keyOf(ref), revoked: make(chan struct{}),
-		Transfer: Transfer{Plan: plan, Stats: fabric.Stats{Transport: used, Bytes: remote.Length, Duration: time.Since(start), Streams: 1, ZeroCopy: true}}}
+		Transfer: Transfer{Plan: plan, Stats: st}}
 	if ref.Owner != r.host.ID() {
 		// The view keeps the lease the Get-like guard took, until its
 		// Release (lease.go: a lease with a use outlives its Get).
