@@ -286,7 +286,6 @@ func (m *SlabMemory) place(b *slabBuffer, size int64) error {
 	return nil
 }
 
-
 func (m *SlabMemory) account(size int64) {
 	m.used += size
 	m.allocs++

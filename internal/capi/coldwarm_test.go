@@ -89,4 +89,3 @@ func median(d []time.Duration) time.Duration {
 	}
 	return s[len(s)/2]
 }
-
