@@ -41,7 +41,8 @@ import (
 //     so no holder can truncate it under the owner's mapping (which would
 //     fault the owner).
 //   - Revocation by never recycling. Memory that was ever exported is
-//     never handed to another allocation: Release closes the owner's
+//     never handed to another allocation (except in SlabMemory, opt-in:
+//     within one trust scope, see slab.go): Release closes the owner's
 //     descriptor and mapping, and the pages are freed by the kernel once
 //     the last holder closes its descriptor and unmaps. So a former holder
 //     that keeps a mapping after Release sees the freed object's bytes (or

@@ -378,7 +378,7 @@ ENV_SLABS = "TENSORLANE_SLABS"
 #: The pre-faulted pool's size in slab mode (bytes, or 256M, 1G...), like
 #: Ray's object store memory. Ray workers default to :data:`RAY_POOL_DEFAULT`.
 ENV_POOL_BYTES = "TENSORLANE_POOL_BYTES"
-RAY_SLABS_DEFAULT = False
+RAY_SLABS_DEFAULT = True
 RAY_POOL_DEFAULT = 256 << 20
 
 
