@@ -680,6 +680,11 @@ func (c *Client) put(pc *pconn) {
 	if pc.anchor {
 		pc.anchor = false
 		if a := c.anchors[pc.owner]; a == nil || peerOpen(a.c) != nil {
+			if a != nil { // the owner closed it: its holds went with it
+				delete(c.all, a)
+				a.c.Close()
+				defer c.slabs.dropConn(a)
+			}
 			c.anchors[pc.owner] = pc // out of the pool for good
 			<-p.slots
 			return
