@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -211,7 +212,7 @@ func (m *slabMap) object(off, n int64) []byte {
 	}
 	m.pmu.Unlock()
 	if start >= 0 {
-		_ = unix.Madvise(m.data[start:end], unix.MADV_POPULATE_READ)
+		populateRead(m.data[start:end])
 	}
 	return p
 }
@@ -425,4 +426,22 @@ func (c *Client) unview(owner string, id uint64) {
 		a.c.Close()
 		c.slabs.dropConn(a)
 	}
+}
+
+// populateRead builds p's page tables (MADV_POPULATE_READ), on several
+// cores when p is large: the page-table locks are per table page, so
+// populating halves in parallel takes about half the time.
+func populateRead(p []byte) {
+	const part = 16 << 20
+	workers := min(runtime.GOMAXPROCS(0), 4, (len(p)+part-1)/part)
+	if workers < 2 {
+		_ = unix.Madvise(p, unix.MADV_POPULATE_READ)
+		return
+	}
+	per := (len(p)/workers + int(pageSize) - 1) &^ (int(pageSize) - 1)
+	var wg sync.WaitGroup
+	for off := 0; off < len(p); off += per {
+		wg.Go(func() { _ = unix.Madvise(p[off:min(off+per, len(p))], unix.MADV_POPULATE_READ) })
+	}
+	wg.Wait()
 }
