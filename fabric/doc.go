@@ -11,7 +11,9 @@
 // compressed). The owner side of every transport is a Source, which
 // resolves a Claim (object, incarnation, capability token) to pinned
 // memory. fabric/fabrictest is the conformance suite every transport
-// passes.
+// passes. fabric/stack builds, starts and closes a runtime's whole set of
+// transports from one Config, so callers above fabric (rdt) need not
+// import any of them.
 //
 // The Planner compares the owner's and reader's Endpoints in the topology,
 // ranks the transports that can reach (local, p2p, shm, rdma, tcp, best

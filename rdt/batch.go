@@ -207,29 +207,3 @@ func (a *Actor) PushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig
 	wg.Wait()
 	return xs, errs
 }
-
-// BroadcastBatch broadcasts srcs[i] to slots[i] for every i (a state dict
-// to a fleet: slots[i] holds each reader's slot for tensor i), two
-// broadcasts at a time so one's tail overlaps the next one's head.
-func (a *Actor) BroadcastBatch(ctx context.Context, srcs []Ref, slots [][]Ref, cfg BroadcastConfig) ([]*BroadcastResult, []error) {
-	res := make([]*BroadcastResult, len(srcs))
-	errs := make([]error, len(srcs))
-	if len(srcs) != len(slots) {
-		for i := range errs {
-			errs[i] = fmt.Errorf("%w: %d sources for %d slot lists", ErrMalformedRef, len(srcs), len(slots))
-		}
-		return res, errs
-	}
-	sem := make(chan struct{}, 2)
-	var wg sync.WaitGroup
-	for i := range srcs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			res[i], errs[i] = a.Broadcast(ctx, srcs[i], slots[i], cfg)
-		}()
-	}
-	wg.Wait()
-	return res, errs
-}

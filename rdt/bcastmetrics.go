@@ -5,7 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // bcastMetrics counts broadcasts and how they went.
 type bcastMetrics struct {
 	readers  *prometheus.CounterVec // per reader outcome
-	reroutes prometheus.Counter     // readers the owner fed itself after a failed parent
+	reroutes prometheus.Counter     // readers re-parented after a failed parent
 	bytes    prometheus.Counter
 }
 
@@ -14,7 +14,7 @@ func newBcastMetrics(reg prometheus.Registerer) *bcastMetrics {
 		readers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "tensorlane", Subsystem: "broadcast", Name: "readers_total",
 			Help: "Broadcast readers by outcome (ok, failed)."}, []string{"outcome"}),
 		reroutes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tensorlane", Subsystem: "broadcast", Name: "reroutes_total",
-			Help: "Readers the owner fed itself because their parent in the tree failed or died (a worse path, made visible)."}),
+			Help: "Readers re-parented because their parent in the tree failed or died: to a live ancestor, else the owner (a worse path, made visible)."}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tensorlane", Subsystem: "broadcast", Name: "bytes_total",
 			Help: "Bytes broadcast (object size × readers that got it)."}),
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // The broadcast's control messages ride the push-notice streams
@@ -49,7 +50,21 @@ type bcastMsg struct {
 	failed    fabric.ObjectID // report: the child slot a forward to failed (zero: complete)
 	text      string          // report: why
 	children  []Ref           // children
+	items     []bcastItem     // prepare: the reader's slot per object of a batch; children: the child's (one child a message); empty: the one slot named above
+	gens      []uint64        // report: each item's generation (a batch)
 }
+
+// bcastItem is one slot of a batch broadcast on the wire.
+type bcastItem struct {
+	slot  fabric.ObjectID
+	token []byte
+	n     int64        // prepare: the object's bytes
+	dtype tensor.DType // children: what the forwarder writes (its codec choice)
+}
+
+// maxBatchItems bounds the objects of one batch broadcast: a prepare or
+// children notice carries one item per object and must fit a notice.
+const maxBatchItems = 1024
 
 func (m bcastMsg) marshal() ([]byte, error) {
 	e := wire.Encoder{Buf: make([]byte, 0, 96+len(m.text))}
@@ -71,6 +86,17 @@ func (m bcastMsg) marshal() ([]byte, error) {
 			return nil, err
 		}
 		e.Bytes(b)
+	}
+	e.Uvarint(uint64(len(m.items)))
+	for _, it := range m.items {
+		e.Fixed(it.slot[:])
+		e.Bytes(it.token)
+		e.Uvarint(uint64(it.n))
+		e.Byte(byte(it.dtype))
+	}
+	e.Uvarint(uint64(len(m.gens)))
+	for _, g := range m.gens {
+		e.Uvarint(g)
 	}
 	return e.Buf, nil
 }
@@ -97,6 +123,21 @@ func parseBcastMsg(p []byte) (bcastMsg, error) {
 			return m, err
 		}
 		m.children = append(m.children, ref)
+	}
+	for c := d.Count(maxBatchItems); c > 0 && d.Err() == nil; c-- {
+		var it bcastItem
+		d.Fixed(it.slot[:])
+		it.token = d.Bytes(maxTokenLen)
+		n := d.Uvarint()
+		it.dtype = tensor.DType(d.Byte())
+		if n > 1<<62 {
+			return m, fmt.Errorf("%w: broadcast item of %d bytes", ErrMalformedRef, n)
+		}
+		it.n = int64(n)
+		m.items = append(m.items, it)
+	}
+	for c := d.Count(maxBatchItems); c > 0 && d.Err() == nil; c-- {
+		m.gens = append(m.gens, d.Uvarint())
 	}
 	if err := d.Finish(); err != nil {
 		return m, fmt.Errorf("%w: broadcast notice: %v", ErrMalformedRef, err)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,8 +30,12 @@ import (
 // the number of readers.
 //
 // A reader that dies, or that its parent cannot write to, is routed
-// around: the owner feeds the orphans itself. The result says, per reader,
-// whether it has the data, the generation it holds, and otherwise why not.
+// around: each orphan (with its subtree behind it) is re-parented to the
+// nearest live ancestor in the planned tree, which has the chunks or is
+// getting them, else to the owner. The result says, per reader, whether it
+// has the data, the generation it holds, who fed it in the end, and
+// otherwise why not; BroadcastResult.String draws the tree followed.
+// BroadcastBatch (bcastbatch.go) sends a set of objects along one tree.
 
 // BroadcastConfig tunes a broadcast; the zero value means the defaults.
 type BroadcastConfig struct {
@@ -57,10 +62,22 @@ func (c BroadcastConfig) withDefaults() BroadcastConfig {
 type ReaderResult struct {
 	Slot       Ref
 	Parent     int    // index of the reader it was fed by at first, -1 for the owner
-	Fed        string // who fed it in the end: "owner" or "reader N"
+	FedBy      int    // the reader feeding it in the end, -1 for the owner; not Parent when it was re-parented
+	Fed        string // FedBy in words: "owner" or "reader N"
+	Path       string // the transport from FedBy
 	Generation uint64 // the slot's generation now holding the data (0 if Err)
 	Err        error  // nil: the slot holds the whole object, verified by its transports
+
+	// A batch (BroadcastBatch): the reader's slot and its generation per
+	// object, in the batch's order; an object left out of the batch has
+	// generation 0. Slot and Generation are the first object's.
+	Slots       []Ref
+	Generations []uint64
 }
+
+// Reparented says whether the reader was fed by another node than the plan
+// said, because its parent died or could not write to it.
+func (r ReaderResult) Reparented() bool { return r.FedBy != r.Parent }
 
 // BroadcastResult is a broadcast's outcome, reader by reader.
 type BroadcastResult struct {
@@ -70,6 +87,39 @@ type BroadcastResult struct {
 	Plan     BroadcastPlan
 
 	rt *Runtime
+}
+
+// String draws the tree the broadcast followed in the end: re-parented
+// edges say where the plan had put the reader, failed readers say why.
+func (b *BroadcastResult) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "owner %s: %d of %d readers have the data (%d bytes in %v)\n", b.Plan.Owner, b.OK(), len(b.Readers), b.Bytes, b.Duration.Round(time.Microsecond))
+	seen := make([]bool, len(b.Readers))
+	var walk func(parent, depth int)
+	walk = func(parent, depth int) {
+		for i, rr := range b.Readers {
+			if rr.FedBy != parent || seen[i] {
+				continue
+			}
+			seen[i] = true
+			note := ""
+			if rr.Reparented() {
+				was := "the owner"
+				if rr.Parent >= 0 {
+					was = fmt.Sprintf("reader %d", rr.Parent)
+				}
+				note = " (re-parented; planned under " + was + ")"
+			}
+			outcome := fmt.Sprintf("ok, generation %d", rr.Generation)
+			if rr.Err != nil {
+				outcome = "FAILED: " + rr.Err.Error()
+			}
+			fmt.Fprintf(&s, "%s└─ reader %d %s/%s via %s%s: %s\n", strings.Repeat("   ", depth), i, rr.Slot.Host, rr.Slot.Device, rr.Path, note, outcome)
+			walk(i, depth+1)
+		}
+	}
+	walk(-1, 0)
+	return s.String()
 }
 
 // OK is the number of readers that have the data.
@@ -110,11 +160,21 @@ func (b *BroadcastResult) WaitConsumed(ctx context.Context) error {
 		if r.Err != nil {
 			continue
 		}
+		slots, gens := r.Slots, r.Generations
+		if len(slots) == 0 {
+			slots, gens = []Ref{r.Slot}, []uint64{r.Generation}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := a.WaitConsumed(ctx, r.Slot, r.Generation); err != nil {
-				errs[i] = fmt.Errorf("reader %d (%s): %w", i, r.Slot.Host, err)
+			for k, s := range slots {
+				if gens[k] == 0 {
+					continue // an object left out of the batch
+				}
+				if err := a.WaitConsumed(ctx, s, gens[k]); err != nil {
+					errs[i] = fmt.Errorf("reader %d (%s): %w", i, r.Slot.Host, err)
+					return
+				}
 			}
 		}()
 	}
@@ -212,22 +272,29 @@ func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
 	}
 	for i := range plan.Nodes {
 		n := &plan.Nodes[i]
-		parentEp := r.remoteFor(src).Endpoint
+		from := src
 		if n.Parent >= 0 {
-			parentEp = r.remoteFor(slots[n.Parent]).Endpoint
+			from = slots[n.Parent]
 		}
-		child := r.remoteFor(slots[i])
-		if parentEp.Process == child.Endpoint.Process {
-			// Both in one other runtime: ask as that runtime would (the
-			// local transports serve only their own runtime's pairs).
-			parentEp.Process, child.Endpoint.Process = r.process, r.process
-		}
-		n.Path = r.planner.PlanWrite(parentEp, child).Chosen // what the relay's push runs
-		if n.Path == "" {
-			n.Path = "none"
-		}
+		n.Path = r.edgePath(from, slots[i])
 	}
 	return plan
+}
+
+// edgePath is the transport a broadcast edge from from's memory into
+// slot to would take.
+func (r *Runtime) edgePath(from, to Ref) string {
+	parentEp := r.remoteFor(from).Endpoint
+	child := r.remoteFor(to)
+	if parentEp.Process == child.Endpoint.Process {
+		// Both in one other runtime: ask as that runtime would (the
+		// local transports serve only their own runtime's pairs).
+		parentEp.Process, child.Endpoint.Process = r.process, r.process
+	}
+	if p := r.planner.PlanWrite(parentEp, child).Chosen; p != "" { // what the relay's push runs
+		return p
+	}
+	return "none"
 }
 
 // hostDistance ranks how far host b is from a: 0 in one NVLink domain,
@@ -255,6 +322,12 @@ const minChunk = 64 << 10
 type bcastState struct {
 	mu   sync.Mutex
 	runs map[bcastID]*bcastRun
+
+	// Test hook: slots of this runtime take only the first chunk of a
+	// broadcast (the rest are acknowledged and dropped), so a reader is
+	// mid-transfer for as long as a test needs.
+	dropChunks atomic.Bool
+	prepares   atomic.Int64 // prepare notices this runtime's slots took (one per reader per broadcast)
 }
 
 // Node states.
@@ -265,7 +338,9 @@ const (
 )
 
 type bnode struct {
-	ref      Ref
+	ref      Ref   // its first slot: the reader's name in notices and reports
+	items    []Ref // its slot per object (one, or one per object of a batch)
+	gens     []uint64
 	parent   int // current feeder: -1 the owner
 	first    int // the parent planned at first
 	children []int
@@ -277,21 +352,27 @@ type bnode struct {
 
 type bcastEvent struct {
 	node   int
-	kind   byte // noteReport: gen/failedChild; 0: owner edge failed; 1: node died
-	failed int  // child that failed, -1 when the node completed
+	kind   byte // noteReport (gen, or failed: a child it could not feed), or one of ev*
+	failed int  // report: the child that failed, -1 when the node completed; evRefused: the refusing node
 	gen    uint64
+	gens   []uint64
 	err    error
 	from   peer.ID
 }
 
+// Event kinds besides noteReport.
+const (
+	evEdgeFailed byte = 0 // the owner could not feed the node, or tell it its children
+	evDied       byte = 1 // the node's runtime was declared dead
+	evRefused    byte = 2 // the node a orphan was re-parented to did not take it
+)
+
 type bcastRun struct {
 	r      *Runtime
 	id     bcastID
-	src    Ref
+	srcs   []bcastSrc
 	cfg    BroadcastConfig
-	pin    tensor.Buffer
-	start  int64 // the object's first byte in its buffer
-	total  int64
+	total  int64 // bytes per reader: every object's
 	nodes  []*bnode
 	plan   BroadcastPlan
 	bySlot map[fabric.ObjectID]int
@@ -302,6 +383,14 @@ type bcastRun struct {
 
 	done  atomic.Int64 // bytes delivered, for progress
 	edges sync.WaitGroup
+}
+
+// bcastSrc is one object a broadcast sends, pinned for the broadcast.
+type bcastSrc struct {
+	ref   Ref
+	pin   tensor.Buffer
+	start int64 // the object's first byte in its buffer
+	total int64
 }
 
 func (b *bcastRun) post(ev bcastEvent) {
@@ -334,7 +423,7 @@ func (r *Runtime) bcastReport(from peer.ID, m bcastMsg) error {
 	if !ok || b.nodes[i].ref.Owner != from {
 		return fmt.Errorf("%w: report for a slot of another runtime", ErrUnauthorized)
 	}
-	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, from: from}
+	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, gens: m.gens, from: from}
 	if m.failed != (fabric.ObjectID{}) {
 		c, ok := b.bySlot[m.failed]
 		if !ok {
@@ -357,17 +446,44 @@ func (a *Actor) Broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 }
 
 func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg BroadcastConfig, progress func(*bcastRun)) (*BroadcastResult, error) {
+	readers := make([][]Ref, len(slots))
+	for i, s := range slots {
+		readers[i] = []Ref{s}
+	}
+	res, itemErrs, err := a.broadcastSet(ctx, []Ref{src}, readers, cfg, progress)
+	if err == nil && itemErrs[0] != nil {
+		err = itemErrs[0]
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// broadcastSet sends every object of srcs to every reader, readers[j][k]
+// being reader j's slot for srcs[k], along one tree. An object that cannot
+// be sent (not owned, freed) is left out, its error in itemErrs; err is
+// non-nil when nothing could start.
+func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, cfg BroadcastConfig, progress func(*bcastRun)) (*BroadcastResult, []error, error) {
 	r := a.rt
 	if r.isClosed() {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
-	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
-		return nil, fmt.Errorf("%w: broadcast source %v is not owned by this runtime", ErrNotOwner, src)
+	if len(readers) == 0 {
+		return nil, nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
 	}
-	if len(slots) == 0 {
-		return nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
+	if len(srcs) == 0 || len(srcs) > maxBatchItems {
+		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), maxBatchItems)
+	}
+	for j, rs := range readers {
+		if len(rs) != len(srcs) {
+			return nil, nil, fmt.Errorf("%w: reader %d has %d slots for %d objects", ErrMalformedRef, j, len(rs), len(srcs))
+		}
 	}
 	cfg = cfg.withDefaults()
+	if cfg.ChunkSize < minChunk {
+		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, minChunk)
+	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
 	// Shutdown ends the broadcast; a runtime that is gone tells no reader
@@ -379,27 +495,45 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 		case <-ctx.Done():
 		}
 	}()
-	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
-	if err != nil {
-		return nil, err
-	}
-	defer pin.Release()
-	start, end := src.Desc.Span()
-	if end > pin.Len() {
-		return nil, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
-	}
-	if cfg.ChunkSize < minChunk || (end-start+cfg.ChunkSize-1)/cfg.ChunkSize > maxChunks {
-		return nil, fmt.Errorf("%w: chunks of %d bytes for %d (at least %d, at most %d chunks)", ErrMalformedRef, cfg.ChunkSize, end-start, minChunk, maxChunks)
-	}
-	b := &bcastRun{r: r, src: src, cfg: cfg, pin: pin, start: start, total: end - start, kick: make(chan struct{}, 1),
-		bySlot: map[fabric.ObjectID]int{}}
+	b := &bcastRun{r: r, cfg: cfg, kick: make(chan struct{}, 1), bySlot: map[fabric.ObjectID]int{}}
 	rand.Read(b.id[:])
-	for i, s := range slots {
-		if _, dup := b.bySlot[s.Object]; dup {
-			return nil, fmt.Errorf("%w: slot %v given twice", ErrMalformedRef, s.Object)
+	// Pin every object; one that cannot be is left out of the batch.
+	itemErrs := make([]error, len(srcs))
+	var valid []int
+	chunks := int64(0)
+	for k, src := range srcs {
+		bs, err := r.pinSource(ctx, src)
+		if err != nil {
+			itemErrs[k] = err
+			continue
 		}
-		b.bySlot[s.Object] = i
-		b.nodes = append(b.nodes, &bnode{ref: s, parent: -1, first: -1})
+		defer bs.pin.Release()
+		chunks += max(1, (bs.total+cfg.ChunkSize-1)/cfg.ChunkSize)
+		b.srcs = append(b.srcs, bs)
+		b.total += bs.total
+		valid = append(valid, k)
+	}
+	if len(b.srcs) == 0 {
+		return nil, itemErrs, errors.Join(itemErrs...)
+	}
+	if chunks > maxChunks {
+		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, maxChunks)
+	}
+	seen := map[fabric.ObjectID]bool{}
+	for j, rs := range readers {
+		n := &bnode{ref: rs[0], parent: -1, first: -1}
+		for _, k := range valid {
+			n.items = append(n.items, rs[k])
+		}
+		n.ref = n.items[0]
+		for _, it := range rs {
+			if seen[it.Object] {
+				return nil, itemErrs, fmt.Errorf("%w: slot %v given twice", ErrMalformedRef, it.Object)
+			}
+			seen[it.Object] = true
+		}
+		b.bySlot[n.ref.Object] = j // reports name the reader's first slot
+		b.nodes = append(b.nodes, n)
 	}
 	if progress != nil {
 		progress(b)
@@ -419,15 +553,31 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 	// the broadcast runs.
 	observed := make([]func(Transfer, error), len(b.nodes))
 	for i, n := range b.nodes {
-		observed[i] = r.obs.begin(a.name+" (broadcast)", src, fabric.Endpoint{Host: n.ref.Host, Device: n.ref.Device})
+		observed[i] = r.obs.begin(a.name+" (broadcast)", b.srcs[0].ref, fabric.Endpoint{Host: n.ref.Host, Device: n.ref.Device})
 	}
 	began := time.Now()
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
 	for i, n := range b.nodes {
-		rr := ReaderResult{Slot: n.ref, Parent: n.first, Generation: n.gen, Err: n.err, Fed: "owner"}
+		rr := ReaderResult{Slot: n.ref, Parent: n.first, FedBy: n.parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
+		if len(srcs) > 1 {
+			rr.Slots = readers[i]
+			rr.Generations = make([]uint64, len(srcs))
+			for x, k := range valid {
+				if x < len(n.gens) {
+					rr.Generations[k] = n.gens[x]
+				}
+			}
+		}
 		if n.parent >= 0 {
 			rr.Fed = fmt.Sprintf("reader %d", n.parent)
+		}
+		if rr.Reparented() {
+			from := b.srcs[0].ref
+			if n.parent >= 0 {
+				from = b.nodes[n.parent].ref
+			}
+			rr.Path = r.edgePath(from, n.ref)
 		}
 		if n.state == nodePending {
 			rr.Err = fmt.Errorf("rdt: reader %d did not complete: %w", i, context.Cause(ctx))
@@ -436,7 +586,24 @@ func (a *Actor) broadcast(ctx context.Context, src Ref, slots []Ref, cfg Broadca
 		observed[i](Transfer{Stats: fabric.Stats{Transport: b.plan.Nodes[i].Path, Bytes: b.total, Duration: res.Duration}}, rr.Err)
 	}
 	r.bcastMetrics(res)
-	return res, nil
+	return res, itemErrs, nil
+}
+
+// pinSource opens an object this runtime owns for a broadcast.
+func (r *Runtime) pinSource(ctx context.Context, src Ref) (bcastSrc, error) {
+	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
+		return bcastSrc{}, fmt.Errorf("%w: broadcast source %v is not owned by this runtime", ErrNotOwner, src)
+	}
+	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token})
+	if err != nil {
+		return bcastSrc{}, err
+	}
+	start, end := src.Desc.Span()
+	if end > pin.Len() {
+		pin.Release()
+		return bcastSrc{}, fmt.Errorf("%w: object of %d bytes, ref spans %d", tensor.ErrTooSmall, pin.Len(), end)
+	}
+	return bcastSrc{ref: src, pin: pin, start: start, total: end - start}, nil
 }
 
 // run drives one broadcast to its end.
@@ -465,7 +632,7 @@ func (b *bcastRun) run(ctx context.Context) {
 			liveRefs = append(liveRefs, n.ref)
 		}
 	}
-	sub := r.planBroadcast(b.src, liveRefs)
+	sub := r.planBroadcast(b.srcs[0].ref, liveRefs)
 	b.plan = BroadcastPlan{Owner: sub.Owner, Nodes: make([]PlanNode, len(b.nodes))}
 	for i := range b.nodes {
 		b.plan.Nodes[i] = PlanNode{Endpoint: b.nodes[i].ref.Host + "/" + b.nodes[i].ref.Device.String(), Parent: -1, Path: "none (not ready)"}
@@ -486,12 +653,11 @@ func (b *bcastRun) run(ctx context.Context) {
 		if n.state != nodePending || len(n.children) == 0 {
 			return
 		}
-		refs := make([]Ref, len(n.children))
-		for k, c := range n.children {
-			refs[k] = b.nodes[c].ref
-		}
-		if err := r.sendBcast(ectx, n.ref.Owner, bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, children: refs}); err != nil {
-			b.post(bcastEvent{node: i, kind: 0, err: err})
+		for _, m := range b.childrenMsgs(n, n.children) {
+			if err := r.sendBcast(ectx, n.ref.Owner, m); err != nil {
+				b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+				return
+			}
 		}
 	})
 	// Readers are watched: a dead one is routed around.
@@ -511,7 +677,7 @@ func (b *bcastRun) run(ctx context.Context) {
 			case <-death:
 				for j, m := range b.nodes {
 					if m.ref.Owner == id {
-						b.post(bcastEvent{node: j, kind: 1, err: fmt.Errorf("%w: %s", ErrReaderDied, shortID(id))})
+						b.post(bcastEvent{node: j, kind: evDied, err: fmt.Errorf("%w: %s", ErrReaderDied, shortID(id))})
 					}
 				}
 			case <-ectx.Done():
@@ -557,6 +723,29 @@ func (b *bcastRun) parallel(f func(i int, n *bnode)) {
 	wg.Wait()
 }
 
+// childrenMsgs tells reader n to forward to children: one notice for all
+// of them, or, in a batch, one per child with its slot per object.
+func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
+	m := bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token}
+	if len(b.srcs) == 1 {
+		for _, c := range children {
+			m.children = append(m.children, b.nodes[c].ref)
+		}
+		return []bcastMsg{m}
+	}
+	var out []bcastMsg
+	for _, c := range children {
+		cm := m
+		cn := b.nodes[c]
+		cm.children = []Ref{cn.ref}
+		for k, it := range cn.items {
+			cm.items = append(cm.items, bcastItem{slot: it.Object, token: it.Token, dtype: b.srcs[k].ref.Desc.DType})
+		}
+		out = append(out, cm)
+	}
+	return out
+}
+
 // prepare readies a reader's slot, waiting up to BusyWait for a
 // flow-controlled one whose reader is still consuming.
 func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
@@ -564,18 +753,29 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	if n.ref.Owner != r.host.ID() {
 		r.learnAddrs(n.ref)
 	}
-	if err := n.ref.Desc.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
-	if spanBytes(n.ref.Desc) != b.total {
-		return fmt.Errorf("%w: slot of %d bytes for an object of %d", tensor.ErrTooSmall, spanBytes(n.ref.Desc), b.total)
+	msg := bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
+		n: b.srcs[0].total, off: b.cfg.ChunkSize, originInc: r.incarnation}
+	for k, it := range n.items {
+		if err := it.Desc.Validate(); err != nil {
+			return fmt.Errorf("%w: slot %d: %v", ErrMalformedRef, k, err)
+		}
+		if spanBytes(it.Desc) != b.srcs[k].total {
+			return fmt.Errorf("%w: slot %d of %d bytes for an object of %d", tensor.ErrTooSmall, k, spanBytes(it.Desc), b.srcs[k].total)
+		}
+		// The reader's slots are written as one stream to one runtime,
+		// addressed as its first slot is.
+		if it.Owner != n.ref.Owner || it.Incarnation != n.ref.Incarnation || it.Host != n.ref.Host || it.Device != n.ref.Device {
+			return fmt.Errorf("%w: slot %d is on %s/%s, the reader's first on %s/%s (one runtime and device a reader)", ErrMalformedRef, k, it.Host, it.Device, n.ref.Host, n.ref.Device)
+		}
+		if len(b.srcs) > 1 {
+			msg.items = append(msg.items, bcastItem{slot: it.Object, token: it.Token, n: b.srcs[k].total})
+		}
 	}
 	wait := time.NewTimer(b.cfg.BusyWait)
 	defer wait.Stop()
 	for {
 		_, changed := r.gens.state(genKey{n.ref.Owner, n.ref.Object})
-		err := r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
-			n: b.total, off: b.cfg.ChunkSize, originInc: r.incarnation})
+		err := r.sendBcast(ctx, n.ref.Owner, msg)
 		if !errors.Is(err, ErrSlotBusy) {
 			return err
 		}
@@ -589,66 +789,113 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	}
 }
 
-// feed makes the owner write every chunk to reader i.
+// feed makes the owner write every chunk of every object to reader i.
 func (b *bcastRun) feed(ctx context.Context, i int) {
 	n := b.nodes[i]
 	n.parent, n.direct = -1, true
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
-		src := b.r.endpoint(b.src.Device)
-		for off := int64(0); off < b.total || off == 0; off += b.cfg.ChunkSize {
-			m := min(b.cfg.ChunkSize, b.total-off)
-			if err := b.r.writeChunk(ctx, b.id, &window{Buffer: b.pin, off: b.start + off, n: m}, src, n.ref, off, m); err != nil {
-				if ctx.Err() == nil {
-					b.post(bcastEvent{node: i, kind: 0, err: err})
+		for k, src := range b.srcs {
+			ep := b.r.endpoint(src.ref.Device)
+			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
+				m := min(b.cfg.ChunkSize, src.total-off)
+				if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m); err != nil {
+					if ctx.Err() == nil {
+						b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+					}
+					return
 				}
-				return
-			}
-			b.done.Add(m)
-			if b.total == 0 {
-				return
+				b.done.Add(m)
+				if src.total == 0 {
+					break
+				}
 			}
 		}
 	}()
 }
 
-// handle applies one event: completions, failed forwards (the owner feeds
-// the child itself), failed owner edges and deaths (the reader failed; the
-// owner feeds its pending children).
+// handle applies one event: completions, failed forwards and failed or
+// dead readers (their orphans are re-parented), refused re-parents.
 func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	n := b.nodes[ev.node]
 	switch {
 	case ev.kind == noteReport && ev.failed < 0:
 		if n.state == nodePending {
-			n.state, n.gen = nodeComplete, ev.gen
+			n.state, n.gen, n.gens = nodeComplete, ev.gen, ev.gens
 			if !n.direct {
 				b.done.Add(b.total)
 			}
 		}
-	case ev.kind == noteReport:
-		c := b.nodes[ev.failed]
-		if c.state == nodePending && !c.direct && c.parent == ev.node {
+	case ev.kind == noteReport: // reader ev.node could not feed its child
+		if c := b.nodes[ev.failed]; c.state == nodePending && !c.direct && c.parent == ev.node {
 			b.r.log.Info("broadcast routes around a failed forward", "reader", ev.failed, "from", ev.node, "err", ev.err)
-			b.r.bmet.reroutes.Inc()
-			b.feed(ctx, ev.failed)
+			b.reparent(ctx, ev.failed, ev.node)
+		}
+	case ev.kind == evRefused: // ev.failed did not take orphan ev.node
+		if n.state == nodePending && !n.direct && n.parent == ev.failed {
+			b.r.log.Info("broadcast re-parent refused", "reader", ev.node, "by", ev.failed, "err", ev.err)
+			b.reparent(ctx, ev.node, ev.failed)
 		}
 	default: // the owner's edge to it failed, or it died
 		if n.state != nodePending {
 			return
 		}
-		n.state, n.err = nodeFailed, ev.err
-		if ev.kind == 1 {
+		failed := []int{ev.node}
+		if ev.kind == evDied {
 			b.r.gens.forget(n.ref.Owner)
-		}
-		for _, c := range n.children {
-			if cn := b.nodes[c]; cn.state == nodePending && !cn.direct {
-				b.r.bmet.reroutes.Inc()
-				b.feed(ctx, c)
+			// Every reader of the dead runtime fails before any orphan is
+			// placed, so none is placed under a dead reader.
+			for j, m := range b.nodes {
+				if j != ev.node && m.state == nodePending && m.ref.Owner == n.ref.Owner {
+					m.state, m.err = nodeFailed, ev.err
+					failed = append(failed, j)
+				}
 			}
 		}
-		// A reader that fed it may no longer need it; nothing to undo.
+		n.state, n.err = nodeFailed, ev.err
+		for _, f := range failed {
+			for _, c := range b.nodes[f].children {
+				if cn := b.nodes[c]; cn.state == nodePending && !cn.direct && cn.parent == f {
+					b.reparent(ctx, c, f)
+				}
+			}
+		}
 	}
+}
+
+// reparent finds orphan c (whose feeder from failed it) a new feeder: the
+// nearest live planned ancestor of from, which has the chunks or is getting them
+// and forwards what it has at once (its relay stays open until the
+// broadcast ends), else the owner. Its own subtree follows it unchanged:
+// the chunks it already had are not sent again down the tree.
+func (b *bcastRun) reparent(ctx context.Context, c, from int) {
+	cn := b.nodes[c]
+	b.r.bmet.reroutes.Inc()
+	// Up the planned tree: a node's feeder is always one of its planned
+	// ancestors (or the owner), so no re-parent makes a cycle.
+	for p := b.nodes[from].first; p >= 0; p = b.nodes[p].first {
+		pn := b.nodes[p]
+		if pn.state == nodeFailed {
+			continue
+		}
+		cn.parent = p
+		if !slices.Contains(pn.children, c) {
+			pn.children = append(pn.children, c)
+		}
+		b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
+		b.edges.Add(1)
+		go func() {
+			defer b.edges.Done()
+			err := b.r.sendBcast(ctx, pn.ref.Owner, b.childrenMsgs(pn, []int{c})[0])
+			if err != nil && ctx.Err() == nil {
+				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
+			}
+		}()
+		return
+	}
+	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
+	b.feed(ctx, c)
 }
 
 func (b *bcastRun) finished() bool {
@@ -661,14 +908,19 @@ func (b *bcastRun) finished() bool {
 }
 
 // abortPending tells readers still waiting that the broadcast is over, so
-// their slots are released now rather than at their timeout.
+// their slots are released now rather than at their timeout, and readers
+// that forward that their relays may close.
 func (b *bcastRun) abortPending() {
 	if b.r.isClosed() {
 		return
 	}
 	var wg sync.WaitGroup
 	for _, n := range b.nodes {
-		if n.state == nodeComplete || isReaderGone(n.err) {
+		text := "the owner gave up"
+		switch {
+		case n.state == nodeComplete && len(n.children) > 0:
+			text = "over" // it forwards: its relay stays open for orphans until now
+		case n.state == nodeComplete || isReaderGone(n.err):
 			continue
 		}
 		wg.Add(1)
@@ -676,7 +928,7 @@ func (b *bcastRun) abortPending() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), b.r.cfg.HeartbeatInterval)
 			defer cancel()
-			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: "the owner gave up"})
+			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: text})
 		}()
 	}
 	wg.Wait()

@@ -63,3 +63,57 @@ func ExampleActor_Broadcast() {
 	//       └─ reader 3 h2/gpu:1 via p2p
 	// readers with step 1: 4 of 4 consumed: true
 }
+
+// A state dict to a fleet along one tree: each reader reserves a slot per
+// tensor and sends their refs; the trainer sends the whole set at once,
+// one setup round per reader, the tensors as one pipelined stream. A
+// tensor freed meanwhile is left out and named; the rest arrive.
+func ExampleActor_BroadcastBatch() {
+	ctx := context.Background()
+	cluster, _ := topology.Preset("dgx-h100", 3)
+	var rts []*rdt.Runtime
+	for _, h := range []string{"h0", "h1", "h2"} {
+		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true})
+		defer r.Shutdown(ctx)
+		rts = append(rts, r)
+	}
+	trainer, _ := rts[0].Spawn("trainer")
+	gpu0, _ := rts[0].Memory(tensor.GPUDevice(0))
+	var stateDict []rdt.Ref
+	for _, shape := range [][]int64{{512, 512}, {512}, {1024, 256}} {
+		w, _ := tensor.Alloc(ctx, gpu0, tensor.BFloat16, shape...)
+		ref, _ := trainer.Put(ctx, w)
+		stateDict = append(stateDict, ref)
+	}
+	var readers [][]rdt.Ref // per reader, its slot per tensor
+	for _, r := range rts[1:] {
+		_ = r.Connect(ctx, rts[0].AddrInfo())
+		worker, _ := r.Spawn("worker")
+		var refs []rdt.Ref
+		for _, ref := range stateDict {
+			s, _ := worker.Reserve(ctx, ref.Desc, tensor.GPUDevice(0))
+			defer s.Close()
+			refs = append(refs, s.Ref())
+		}
+		readers = append(readers, refs)
+	}
+	_ = trainer.Free(ctx, stateDict[1]) // the bias went away meanwhile
+
+	res, err := trainer.BroadcastBatch(ctx, stateDict, readers, rdt.BroadcastConfig{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for k, err := range res.Items {
+		fmt.Printf("tensor %d sent: %v\n", k, err == nil)
+	}
+	for i, rr := range res.Readers {
+		fmt.Printf("reader %d (%s) fed by %s, generations %v, err %v\n", i, rr.Slot.Host, rr.Fed, rr.Generations, rr.Err)
+	}
+	// Output:
+	// tensor 0 sent: true
+	// tensor 1 sent: false
+	// tensor 2 sent: true
+	// reader 0 (h1) fed by owner, generations [1 0 1], err <nil>
+	// reader 1 (h2) fed by reader 0, generations [1 0 1], err <nil>
+}

@@ -292,7 +292,8 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{kind: noteChildren, off: 7, n: 9, gen: 3, originInc: 5, text: "x", token: []byte("tok"), children: f.refs()[:2]}
+	m := bcastMsg{kind: noteChildren, off: 7, n: 9, gen: 3, originInc: 5, text: "x", token: []byte("tok"), children: f.refs()[:2],
+		items: []bcastItem{{token: []byte("a"), n: 5, dtype: tensor.BFloat16}, {n: 1 << 40}}, gens: []uint64{1, 2}}
 	rand.Read(m.id[:])
 	p, err := m.marshal()
 	require.NoError(t, err)
@@ -301,6 +302,8 @@ func TestBcastMsgEncoding(t *testing.T) {
 	assert.Equal(t, m.id, got.id)
 	assert.Equal(t, m.off, got.off)
 	assert.Len(t, got.children, 2)
+	assert.Equal(t, m.items, got.items)
+	assert.Equal(t, m.gens, got.gens)
 	for _, bad := range [][]byte{nil, {0}, {9}, p[:len(p)-1], append(bytes.Clone(p), 0)} {
 		_, err := parseBcastMsg(bad)
 		assert.ErrorIs(t, err, ErrMalformedRef, "%x", bad)
@@ -417,4 +420,80 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 	require.ErrorIs(t, err, ErrReaderDied)
 	assert.Contains(t, err.Error(), "h2")
 	assert.NoError(t, wctx.Err(), "it did not wait for the deadline")
+}
+
+// killMidway starts a broadcast over f's fleet, lets the readers of
+// runtime k take one chunk and no more, shuts k down as a crash would and
+// returns the result.
+func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
+	t.Helper()
+	ctx := context.Background()
+	f.rts[k].bcasts.dropChunks.Store(true)
+	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
+	for i, s := range f.slots {
+		if s.rt == f.rts[k] {
+			waitRelay(t, f.slots[i])
+		}
+	}
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	f.rts[k].abandonHolds = true
+	require.NoError(t, f.rts[k].Shutdown(dead))
+	res, err := h.Await(ctx)
+	require.NoError(t, err)
+	t.Logf("planned:\n%s\nfollowed:\n%s", res.Plan, res)
+	return res
+}
+
+// An inner reader of the chain of hosts dies mid-transfer: its orphan (the
+// next host's leader, with that host's other reader behind it) is
+// re-parented to the dead reader's parent, which has the chunks, not to the
+// owner; every other reader completes with the bytes; the result says who
+// has the data and which edge changed.
+func TestBroadcastReparent(t *testing.T) {
+	f := newFleet(t, 6<<20, 2)
+	// Chain: owner → h1 (readers 2, 3) → h2 (4, 5) → h3 (6, 7).
+	plan := f.owner.ExplainBroadcast(f.src, f.refs())
+	require.Equal(t, 2, plan.Nodes[4].Parent, "\n%s", plan)
+	require.Equal(t, 4, plan.Nodes[6].Parent, "\n%s", plan)
+	before := counter(t, f.rts[0], "tensorlane_broadcast_reroutes_total")
+	res := killMidway(t, f, 2)
+	for i, rr := range res.Readers {
+		if f.slots[i].rt == f.rts[2] {
+			assert.ErrorIs(t, rr.Err, ErrReaderDied, "reader %d", i)
+			continue
+		}
+		require.NoError(t, rr.Err, "reader %d", i)
+		checkSlot(t, f.slots[i], 0, f.data)
+	}
+	assert.Equal(t, 6, res.OK())
+	assert.Equal(t, 2, res.Readers[6].FedBy, "h3's leader is fed by h1's, the dead reader's parent")
+	assert.Equal(t, 4, res.Readers[6].Parent)
+	assert.True(t, res.Readers[6].Reparented())
+	assert.Equal(t, "reader 2", res.Readers[6].Fed)
+	assert.Equal(t, 6, res.Readers[7].FedBy, "its subtree follows it")
+	assert.False(t, res.Readers[7].Reparented())
+	assert.Contains(t, []string{fabric.RDMA, fabric.TCP}, res.Readers[6].Path)
+	assert.Contains(t, res.String(), "reader 6 h3/")
+	assert.Contains(t, res.String(), "re-parented; planned under reader 4")
+	// One re-parent, or two when h1's forward to h2 failed before h2 was
+	// declared dead (the owner then fed reader 4 until it was).
+	assert.GreaterOrEqual(t, counter(t, f.rts[0], "tensorlane_broadcast_reroutes_total"), before+1)
+}
+
+// A leaf that dies mid-transfer fails alone.
+func TestBroadcastDeadLeaf(t *testing.T) {
+	f := newFleet(t, 6<<20, 2)
+	res := killMidway(t, f, 3) // h3: the last host of the chain
+	for i, rr := range res.Readers {
+		if f.slots[i].rt == f.rts[3] {
+			assert.ErrorIs(t, rr.Err, ErrReaderDied, "reader %d", i)
+			continue
+		}
+		require.NoError(t, rr.Err, "reader %d", i)
+		assert.False(t, rr.Reparented())
+		checkSlot(t, f.slots[i], 0, f.data)
+	}
+	assert.Equal(t, 6, res.OK())
+	assert.ErrorContains(t, res.Err(), "6 of 8 readers")
 }

@@ -11,10 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/linkstat"
-	"github.com/tensorlane/tensorlane/fabric/rdma"
-	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -22,8 +19,10 @@ import (
 // Config configures a Runtime. The zero value is valid and means: a
 // simulated cluster of one dgx-h100 host, this runtime claiming host "h0"
 // with its eight simulated 80 GB GPUs (sparse memfd arenas) and host memory,
-// a fresh ed25519 identity, control and data listeners on loopback, every
-// transport allowed except as narrowed by TENSORLANE_TRANSPORTS, a 2-minute
+// a fresh ed25519 identity, the control listener on loopback, the data
+// transports as fabric/stack's zero Config sets them up (listeners on
+// loopback, every transport allowed except as narrowed by
+// TENSORLANE_TRANSPORTS, no link telemetry), a 2-minute
 // transfer timeout, 30 s stall timeout, leases renewed every 5 s and expiring
 // after 15 s, heartbeats every second with death after 3 misses, no cluster
 // key, no allowlist, unencrypted data connections, logs discarded and
@@ -39,8 +38,6 @@ type Config struct {
 	// ListenAddrs are libp2p multiaddrs for the control channel. Default:
 	// /ip4/127.0.0.1/tcp/0.
 	ListenAddrs []string
-	// DataAddr is the tcp data listener. Default: 127.0.0.1:0.
-	DataAddr string
 	// Devices replaces the simulated device memories built from the
 	// topology. The runtime does not close memories it did not create.
 	Devices []tensor.Memory
@@ -63,10 +60,15 @@ type Config struct {
 	DeviceMemory int64
 	// HostMemory caps host memory allocations (bytes); 0 = unbounded.
 	HostMemory int64
-	// Allow and Deny narrow the transports (names as in fabric.Preference).
-	// TENSORLANE_TRANSPORTS applies on top unless IgnoreEnv is set.
-	Allow, Deny []string
-	IgnoreEnv   bool
+	// Transports are the data transports' settings: which run (Allow,
+	// Deny, DisableSHM, DisableRDMA), where they listen (DataAddr,
+	// RDMAAddrs), how they are tuned (Streams, Compression, Limits), the
+	// rdma provider and link telemetry. The zero value means fabric/stack's
+	// defaults; see stack.Config.
+	Transports stack.Config
+	// IgnoreEnv makes the runtime read no environment variable (it sets
+	// Transports.IgnoreEnv too).
+	IgnoreEnv bool
 	// TransferTimeout bounds a Get whose context has no deadline. Default 2 min.
 	TransferTimeout time.Duration
 	// StallTimeout fails a transfer that makes no progress for this long.
@@ -94,76 +96,15 @@ type Config struct {
 	// EncryptData encrypts data connections (AES-256-GCM with session keys
 	// from an X25519 exchange inside the authenticated handshake). The
 	// control channel is always encrypted (Noise). An owner with
-	// EncryptData refuses unencrypted readers.
+	// EncryptData refuses unencrypted readers. RDMA does not encrypt, so
+	// EncryptData turns the rdma path off (tcp serves other hosts).
 	EncryptData bool
-	// DataLimits caps the connections each data listener (tcp, shm, each
-	// rdma rail) holds, in total and per peer, and closes authenticated
-	// data connections idle for longer than DataLimits.IdleTimeout. Zero
-	// values mean fabric's defaults (1024 in total, 128 per peer, 5 min);
-	// the caps and every rejection are in the tensorlane_listener_* metrics.
-	DataLimits fabric.ListenerLimits
-	// Streams is the most tcp connections one large read is striped over.
-	// Default 4.
-	Streams int
-	// Compression says when tcp transfers are compressed (lossless tensor
-	// codec): tcp.CompressAuto (default: only when the link to the peer is
-	// measured slower than the codec), tcp.CompressOff or
-	// tcp.CompressAlways.
-	Compression tcp.Compression
 	// InboxSize is each actor's message queue length. Default 1024.
 	InboxSize int
 	Logger    *slog.Logger
 	// Registerer receives the runtime's metrics. Default: a private
 	// registry, available from Runtime.Registry.
 	Registerer prometheus.Registerer
-
-	// DisableSHM turns off the cross-process same-host paths (p2p and shm
-	// over shared memory). SHMDir is the private directory of their Unix
-	// socket; default shm.DefaultDir().
-	DisableSHM bool
-	SHMDir     string
-	// RDMAProvider serves the rdma path (a verbs provider; see fabric/rdma).
-	// Default on simulated hosts: the software provider, one TCP listener
-	// per RDMA NIC of the topology host at RDMAAddrs[NIC name] (default:
-	// DataAddr's host, port 0), so each NIC is a real, separately measured
-	// rail. Queue pairs prove the ClusterKey when one is set (a provider
-	// that cannot must fail). RDMA moves bytes between device memories
-	// without encrypting them, so EncryptData turns the path off, whatever
-	// the provider (tcp serves instead, the log and Explain say so).
-	// DisableRDMA turns the path off.
-	RDMAProvider rdma.Provider
-	RDMAAddrs    map[string]string
-	DisableRDMA  bool
-	// RDMAProviderKind picks the provider when RDMAProvider is nil: "soft"
-	// (the default above) or "ofi" (libfabric, fabric/rdma/ofi; needs a
-	// binary built with -tags ofi; TENSORLANE_OFI_PROVIDER names the
-	// libfabric provider, unless IgnoreEnv). Default: TENSORLANE_RDMA_PROVIDER
-	// (unless IgnoreEnv), else "soft".
-	// An "ofi" (or unknown kind) that cannot start leaves the rdma path off
-	// with a warning naming why, as any rdma failure does: tcp serves the
-	// other hosts.
-	RDMAProviderKind string
-
-	// LinkMonitor, if set, measures the runtime's data connections (tcp
-	// streams and the software provider's rdma rails) and feeds path
-	// health: a rail whose connection it reports degraded (RTT far above
-	// its minimum, or retransmissions) gets no new slices until it
-	// recovers or LinkHealthPause passes. Owners' accepted rail
-	// connections are tracked too: for a READ they send the data, so they
-	// see a bad link first, and on a monitor shared by the runtimes of a
-	// process the owner's end speaks for the reader's rail (across
-	// processes only the reader's own end does). LinkTelemetry makes the
-	// runtime create its own (eBPF,
-	// else TCP_INFO polling; metrics on Registerer) and close it. Default
-	// off. Cost: a map lookup (eBPF) or a getsockopt (TCP_INFO) per
-	// connection and refresh (1 s), and in eBPF mode a sock_ops program on
-	// every TCP socket of the process's cgroup.
-	LinkMonitor   *linkstat.Monitor
-	LinkTelemetry bool
-	// LinkHealthPause is how long a degraded rail first gets no slices
-	// (then it is tried again; each time it is still degraded under
-	// traffic the pause doubles, up to 8x). Default 10 s.
-	LinkHealthPause time.Duration
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -194,18 +135,10 @@ func (c *Config) withDefaults() (Config, error) {
 	if len(out.ListenAddrs) == 0 {
 		out.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	}
-	if out.DataAddr == "" {
-		out.DataAddr = "127.0.0.1:0"
+	if out.IgnoreEnv {
+		out.Transports.IgnoreEnv = true
 	}
 	if !out.IgnoreEnv {
-		allow, deny, err := fabric.ParseSelection(os.Getenv(fabric.EnvTransports))
-		if err != nil {
-			return out, fmt.Errorf("rdt: %s: %w", fabric.EnvTransports, err)
-		}
-		if allow != nil {
-			out.Allow = allow
-		}
-		out.Deny = append(out.Deny, deny...)
 		if v, ok := os.LookupEnv(EnvDevices); ok {
 			vis, err := parseVisible(v)
 			if err != nil {

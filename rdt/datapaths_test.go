@@ -93,7 +93,7 @@ func TestPush(t *testing.T) {
 		{"same runtime over the device link", nil, func(p pair, _ *Runtime) *Actor { a, _ := p.a.Spawn("slot"); return a }, tensor.GPUDevice(1), fabric.P2P},
 		{"same host, other runtime", nil, func(_ pair, c *Runtime) *Actor { a, _ := c.Spawn("slot"); return a }, tensor.GPUDevice(2), fabric.P2P},
 		{"other host over rdma", nil, func(p pair, _ *Runtime) *Actor { a, _ := p.b.Spawn("slot"); return a }, tensor.GPUDevice(2), fabric.RDMA},
-		{"other host over tcp", func(c *Config) { c.DisableRDMA = true }, func(p pair, _ *Runtime) *Actor { a, _ := p.b.Spawn("slot"); return a }, tensor.GPUDevice(2), fabric.TCP},
+		{"other host over tcp", func(c *Config) { c.Transports.DisableRDMA = true }, func(p pair, _ *Runtime) *Actor { a, _ := p.b.Spawn("slot"); return a }, tensor.GPUDevice(2), fabric.TCP},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,7 +167,7 @@ func FuzzParsePushNotice(f *testing.F) {
 func TestMixedRDMAUsesTCPWithoutTryingRDMA(t *testing.T) {
 	ctx := context.Background()
 	p := newPair(t, nil) // both run rdma
-	plain := sameHostRuntime(t, p, func(c *Config) { c.Host, c.DisableRDMA = "h1", true })
+	plain := sameHostRuntime(t, p, func(c *Config) { c.Host, c.Transports.DisableRDMA = "h1", true })
 	withRDMA, _ := p.a.Spawn("with-rdma")
 	without, _ := plain.Spawn("without-rdma")
 

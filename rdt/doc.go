@@ -53,12 +53,14 @@
 // feeds one reader per host along a chain of hosts, each host's first
 // reader feeds the others there, chunks are forwarded as they land, so the
 // owner's egress carries each byte about once; a reader that dies is routed
-// around and the result says, per reader, who has the data. Slots reserved
+// around (its orphans re-parented to a live ancestor) and the result says,
+// per reader, who has the data and who fed it. Slots reserved
 // WithGenerations take no write while their reader has not said Done with
 // the generation it holds; WaitConsumed waits for a step's readers.
-// GetBatch, PushBatch and BroadcastBatch move a state dict with one lease
-// round trip per owner; GetAsync, GetBatchAsync and StartBroadcast return
-// a Handle to Await or Cancel, with Progress in bytes.
+// GetBatch and PushBatch move a state dict with one lease round trip per
+// owner; BroadcastBatch sends one along one tree, one setup round per
+// reader. GetAsync, GetBatchAsync, StartBroadcast and StartBroadcastBatch
+// return a Handle to Await or Cancel, with Progress in bytes.
 //
 // Security. Config.ClusterKey makes the control channel a libp2p private
 // network and adds proof of the key to the data handshake, so non-members

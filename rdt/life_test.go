@@ -226,7 +226,7 @@ func waitPinned(t *testing.T, r *Runtime) {
 func TestOwnerDiesMidTransfer(t *testing.T) {
 	p := newPair(t, func(c *Config) {
 		fastLife(c)
-		c.Streams = 1 // one slow stream keeps the transfer in flight longer
+		c.Transports.Streams = 1 // one slow stream keeps the transfer in flight longer
 	})
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
@@ -363,14 +363,14 @@ func TestRestartWithSameIdentity(t *testing.T) {
 	for _, m := range a.host.Addrs() {
 		addrs = append(addrs, m.String())
 	}
-	data := a.tcpSrv.Addr()
+	data := a.paths.TCPAddr()
 	require.NoError(t, a.Shutdown(ctx))
 	// The reader meets the owner down: its dials fail, and libp2p backs off
 	// from dialing it again for a while.
 	_, err = reader.Get(ctx, old, tensor.GPUDevice(0))
 	require.Error(t, err)
 	// Same identity, same addresses, new life.
-	a2 := mk("h0", func(c *Config) { c.Identity = key; c.ListenAddrs = addrs; c.DataAddr = data })
+	a2 := mk("h0", func(c *Config) { c.Identity = key; c.ListenAddrs = addrs; c.Transports.DataAddr = data })
 	require.Equal(t, a.ID(), a2.ID())
 	require.NotEqual(t, a.incarnation, a2.incarnation)
 	owner2, _ := a2.Spawn("owner")
@@ -422,7 +422,7 @@ func rawRead(t *testing.T, ref Ref, psk []byte) error {
 
 func rawReadAs(t *testing.T, ref Ref, k crypto.PrivKey, psk []byte, encrypt bool) error {
 	t.Helper()
-	tr, err := tcp.New(tcp.Config{Identity: k, PSK: psk, Encrypt: encrypt, DialTimeout: 5 * time.Second})
+	tr, err := tcp.New(tcp.Config{Security: fabric.Security{Identity: k, PSK: psk, Encrypt: encrypt}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer tr.Close()
 	mem := tensor.NewHostMemory(0)
@@ -447,7 +447,7 @@ func rawRDMARead(t *testing.T, ref Ref, psk []byte) error {
 	require.NoError(t, err)
 	prov, err := softrdma.New(softrdma.Config{NICs: []softrdma.NIC{{Name: "rogue0", Addr: "127.0.0.1:0"}}})
 	require.NoError(t, err)
-	tr, err := rdma.New(ctx, rdma.Config{Provider: prov, Identity: k, PSK: psk})
+	tr, err := rdma.New(ctx, rdma.Config{Provider: prov, Security: fabric.Security{Identity: k, PSK: psk}})
 	require.NoError(t, err)
 	defer tr.Close()
 	buf, err := tensor.NewHostMemory(0).Alloc(ctx, int64(ref.Desc.NBytes()))
@@ -559,7 +559,7 @@ func TestEncryptedData(t *testing.T) {
 }
 
 func TestShutdownAbortsGetsInFlight(t *testing.T) {
-	p := newPair(t, func(c *Config) { fastLife(c); c.Streams = 1 })
+	p := newPair(t, func(c *Config) { fastLife(c); c.Transports.Streams = 1 })
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
 	_, res := getLarge(t, owner, reader, 192<<20)
@@ -581,7 +581,7 @@ func TestShutdownAbortsGetsInFlight(t *testing.T) {
 }
 
 func TestShutdownFinishesGetsWithinGrace(t *testing.T) {
-	p := newPair(t, func(c *Config) { fastLife(c); c.Streams = 1 })
+	p := newPair(t, func(c *Config) { fastLife(c); c.Transports.Streams = 1 })
 	owner, _ := p.a.Spawn("owner")
 	reader, _ := p.b.Spawn("reader")
 	_, res := getLarge(t, owner, reader, 64<<20)

@@ -23,7 +23,7 @@ func TestMeasureFreshTCPGets(t *testing.T) {
 	}
 	ctx := context.Background()
 	for round := range 3 {
-		p := newPair(t, func(c *Config) { c.Allow = []string{"tcp", "local"} })
+		p := newPair(t, func(c *Config) { c.Transports.Allow = []string{"tcp", "local"} })
 		owner, _ := p.a.Spawn("owner")
 		reader, _ := p.b.Spawn("reader")
 		x := fill(t, p.a, tensor.GPUDevice(0), tensor.BFloat16, 1<<19)

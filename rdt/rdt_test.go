@@ -158,7 +158,7 @@ func TestExplain(t *testing.T) {
 }
 
 func TestExplainSaysWhatIsMissing(t *testing.T) {
-	p := newPair(t, func(c *Config) { c.DisableRDMA = true })
+	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA = true })
 	owner, _ := p.a.Spawn("owner")
 	far, _ := p.b.Spawn("far")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096)
@@ -173,7 +173,7 @@ func TestExplainSaysWhatIsMissing(t *testing.T) {
 
 func TestDenyListFallsBackLoudly(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, func(c *Config) { c.Deny = []string{fabric.P2P} })
+	p := newPair(t, func(c *Config) { c.Transports.Deny = []string{fabric.P2P} })
 	owner, _ := p.a.Spawn("owner")
 	x := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<20)
 	ref, _ := owner.Put(ctx, x)

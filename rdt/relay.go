@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // The reader side of a broadcast. The owner prepares each reader's slot for
@@ -20,17 +23,20 @@ import (
 // the owner's egress carries each byte about once. A child that fails is
 // reported to the owner, which routes around it.
 
-// relay is one broadcast into one slot.
+// relay is one broadcast into a reader's slots: one slot, or one per
+// object of a batch (a state dict), whose chunks are numbered in one space
+// so that the whole batch flows down the tree as one stream.
 type relay struct {
-	r            *Runtime
-	s            *Slot
-	id           bcastID
-	origin       peer.ID
-	originInc    uint64
-	total, chunk int64
-	nchunks      int
-	ctx          context.Context
-	cancel       context.CancelCauseFunc
+	r         *Runtime
+	items     []relayItem
+	byID      map[fabric.ObjectID]int
+	id        bcastID
+	origin    peer.ID
+	originInc uint64
+	chunk     int64
+	nchunks   int
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
 
 	mu         sync.Mutex
 	have       []bool
@@ -42,9 +48,28 @@ type relay struct {
 	wg         sync.WaitGroup
 }
 
+// relayItem is one slot of a relay.
+type relayItem struct {
+	s        *Slot
+	total    int64
+	first, n int // its chunks: [first, first+n) of the relay's
+	got      int
+	gen      uint64 // the slot's generation once every chunk landed
+	pinned   bool
+}
+
+// locate maps a chunk of the relay to its item and byte range.
+func (rl *relay) locate(g int) (k int, off, n int64) {
+	k = sort.Search(len(rl.items), func(k int) bool { return rl.items[k].first+rl.items[k].n > g })
+	it := &rl.items[k]
+	off = int64(g-it.first) * rl.chunk
+	return k, off, min(rl.chunk, it.total-off)
+}
+
 // forwarder sends the chunks a relay has to one child, in order of arrival.
 type forwarder struct {
-	child Ref
+	child Ref      // its first slot (where reports point)
+	items []Ref    // its slot per item
 	q     chan int // chunk indexes; capacity nchunks, so queueing never blocks
 }
 
@@ -52,44 +77,100 @@ type forwarder struct {
 const maxChunks = 1 << 20
 
 func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
-	s, err := r.sinks.lookup(m.slot, m.inc, m.token)
-	if err != nil {
-		return err
+	r.bcasts.prepares.Add(1)
+	items := m.items
+	if len(items) == 0 {
+		items = []bcastItem{{slot: m.slot, token: m.token, n: m.n}}
 	}
-	total, chunk := m.n, m.off
-	if total != s.buf.Len() {
-		return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, total, s.buf.Len())
-	}
-	if chunk <= 0 || (chunk < minChunk && total > chunk) || (total+chunk-1)/chunk > maxChunks {
-		return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, total)
-	}
-	n := int((total + chunk - 1) / chunk)
-	if n == 0 {
-		n = 1 // an empty tensor: one empty chunk says it landed
+	chunk := m.off
+	if chunk <= 0 {
+		return fmt.Errorf("%w: broadcast chunk size %d", ErrMalformedRef, chunk)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, s: s, id: m.id, origin: from, originInc: m.originInc, total: total, chunk: chunk, nchunks: n,
-		ctx: ctx, cancel: cancel, have: make([]bool, n), complete: make(chan struct{})}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		cancel(nil)
-		return ErrObjectFreed
+	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, ctx: ctx, cancel: cancel,
+		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
+	for k, it := range items {
+		s, err := r.sinks.lookup(it.slot, m.inc, it.token)
+		if err != nil {
+			cancel(nil)
+			return fmt.Errorf("slot %d of %d: %w", k+1, len(items), err)
+		}
+		if _, dup := rl.byID[it.slot]; dup {
+			cancel(nil)
+			return fmt.Errorf("%w: slot %v twice in one broadcast", ErrMalformedRef, it.slot)
+		}
+		if it.n != s.buf.Len() {
+			cancel(nil)
+			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.n, s.buf.Len())
+		}
+		if chunk < minChunk && it.n > chunk {
+			cancel(nil)
+			return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, it.n)
+		}
+		n := int((it.n + chunk - 1) / chunk)
+		if n == 0 {
+			n = 1 // an empty tensor: one empty chunk says it landed
+		}
+		if rl.nchunks+n > maxChunks {
+			cancel(nil)
+			return fmt.Errorf("%w: broadcast of more than %d chunks", ErrMalformedRef, maxChunks)
+		}
+		rl.byID[it.slot] = k
+		rl.items = append(rl.items, relayItem{s: s, total: it.n, first: rl.nchunks, n: n})
+		rl.nchunks += n
 	}
-	if s.flow && s.pushes > s.consumed {
+	rl.have = make([]bool, rl.nchunks)
+	// A closed or busy slot refuses the whole broadcast before any is
+	// taken (the owner retries a busy one), ...
+	for _, it := range rl.items {
+		s := it.s
+		s.mu.Lock()
+		closed, busy, gen := s.closed, s.flow && s.pushes > s.consumed, s.pushes
 		s.mu.Unlock()
-		cancel(nil)
-		return fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
+		if closed {
+			cancel(nil)
+			return ErrObjectFreed
+		}
+		if busy {
+			cancel(nil)
+			return fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, gen)
+		}
 	}
-	old := s.relay
-	s.relay, s.lastErr = rl, nil
-	s.pins++ // the relay reads the slot to forward it
-	s.mu.Unlock()
-	if old != nil {
-		old.cancel(fmt.Errorf("%w: replaced by a newer broadcast", ErrBroadcastAborted))
+	// ... then they are taken one by one; a slot that is closed or busy fails the
+	// reader's whole broadcast (run releases those taken already).
+	var err error
+	var old []*relay
+	for k := range rl.items {
+		it := &rl.items[k]
+		s := it.s
+		s.mu.Lock()
+		switch {
+		case s.closed:
+			err = ErrObjectFreed
+		case s.flow && s.pushes > s.consumed:
+			err = fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
+		default:
+			if s.relay != nil && !slices.Contains(old, s.relay) {
+				old = append(old, s.relay)
+			}
+			s.relay, s.lastErr = rl, nil
+			s.pins++ // the relay reads the slot to forward it
+			it.pinned = true
+		}
+		s.mu.Unlock()
+		if err != nil {
+			break
+		}
+	}
+	for _, o := range old {
+		o.cancel(fmt.Errorf("%w: replaced by a newer broadcast", ErrBroadcastAborted))
+	}
+	if err != nil {
+		rl.ownerEnded.Store(true) // the owner learns it from the answer
+		rl.cancel(err)
 	}
 	go rl.run()
-	return nil
+	return err
 }
 
 // run ends the relay: when every chunk landed and was forwarded, or when it
@@ -112,7 +193,7 @@ func (rl *relay) run() {
 			rl.cancel(ErrClosed)
 		case <-tctx.Done():
 			if rl.ctx.Err() == nil {
-				rl.cancel(fmt.Errorf("rdt: broadcast into slot %v: %w", rl.s.id, context.DeadlineExceeded))
+				rl.cancel(fmt.Errorf("rdt: broadcast into slot %v: %w", rl.items[0].s.id, context.DeadlineExceeded))
 			}
 		}
 	}
@@ -123,6 +204,13 @@ func (rl *relay) run() {
 	case <-rl.complete:
 	case <-rl.ctx.Done():
 	}
+	if rl.forwards() {
+		// A relay that forwards stays open after it completes, until the
+		// owner ends the broadcast (or dies, or the slot closes, or the
+		// transfer timeout): the owner may re-parent an orphan to it, and
+		// it has every chunk to give.
+		<-rl.ctx.Done()
+	}
 	rl.mu.Lock()
 	rl.finishing = true
 	rl.mu.Unlock()
@@ -132,21 +220,36 @@ func (rl *relay) run() {
 	<-stopped
 	rl.cancel(nil)
 
-	s := rl.s
-	s.mu.Lock()
-	if s.relay == rl {
-		s.relay = nil
-		if aborted != nil && !rl.isComplete() && !s.closed { // Close closed changed for good
-			s.lastErr = aborted
-			close(s.changed)
-			s.changed = make(chan struct{})
+	for k := range rl.items {
+		it := &rl.items[k]
+		if !it.pinned {
+			continue
 		}
+		rl.mu.Lock()
+		done := it.got == it.n
+		rl.mu.Unlock()
+		s := it.s
+		s.mu.Lock()
+		if s.relay == rl {
+			s.relay = nil
+			if aborted != nil && !done && !s.closed { // Close closed changed for good
+				s.lastErr = aborted
+				close(s.changed)
+				s.changed = make(chan struct{})
+			}
+		}
+		s.mu.Unlock()
+		s.unpin()
 	}
-	s.mu.Unlock()
 	if aborted != nil && !rl.isComplete() {
-		r.log.Info("broadcast into slot aborted", "slot", s.id, "err", aborted)
+		r.log.Info("broadcast into slot aborted", "slot", rl.items[0].s.id, "slots", len(rl.items), "err", aborted)
 	}
-	s.unpin()
+}
+
+func (rl *relay) forwards() bool {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return len(rl.fwd) > 0
 }
 
 func (rl *relay) isComplete() bool {
@@ -158,28 +261,33 @@ func (rl *relay) isComplete() bool {
 	}
 }
 
-// relayOf finds the relay a notice names, checking the slot's capability.
-func (r *Runtime) relayOf(m bcastMsg) (*relay, error) {
+// relayOf finds the relay a notice names, checking the slot's capability,
+// and the slot's item in it.
+func (r *Runtime) relayOf(m bcastMsg) (*relay, int, error) {
 	s, err := r.sinks.lookup(m.slot, m.inc, m.token)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	s.mu.Lock()
 	rl := s.relay
 	s.mu.Unlock()
 	if rl == nil || rl.id != m.id {
-		return nil, fmt.Errorf("%w: no broadcast %x into slot %v", ErrObjectNotFound, m.id[:4], m.slot)
+		return nil, 0, fmt.Errorf("%w: no broadcast %x into slot %v", ErrObjectNotFound, m.id[:4], m.slot)
 	}
-	return rl, nil
+	return rl, rl.byID[m.slot], nil
 }
 
 func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
-	rl, err := r.relayOf(m)
+	rl, _, err := r.relayOf(m)
 	if err != nil {
 		return err
 	}
 	if from != rl.origin {
 		return fmt.Errorf("%w: only the broadcast's owner names children", ErrUnauthorized)
+	}
+	// A batch names one child a notice, with its slot per item.
+	if (len(m.items) > 0 || len(rl.items) > 1) && (len(m.children) != 1 || len(m.items) != len(rl.items)) {
+		return fmt.Errorf("%w: %d children with %d slots for a broadcast of %d objects", ErrMalformedRef, len(m.children), len(m.items), len(rl.items))
 	}
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
@@ -188,7 +296,15 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 	}
 	for _, c := range m.children {
 		r.learnAddrs(c)
-		f := &forwarder{child: c, q: make(chan int, rl.nchunks)}
+		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks)}
+		if len(m.items) > 0 {
+			f.items = make([]Ref, len(m.items))
+			for k, it := range m.items {
+				x := c
+				x.Object, x.Token, x.Desc = it.slot, it.token, tensor.Desc{DType: it.dtype}
+				f.items[k] = x
+			}
+		}
 		for i, ok := range rl.have {
 			if ok {
 				f.q <- i
@@ -202,38 +318,53 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 }
 
 func (r *Runtime) relayChunk(m bcastMsg) error {
-	rl, err := r.relayOf(m)
+	rl, k, err := r.relayOf(m)
 	if err != nil {
 		return err
 	}
+	it := &rl.items[k]
 	i := int(m.off / rl.chunk)
-	if m.off%rl.chunk != 0 || i >= rl.nchunks || m.n != min(rl.chunk, rl.total-m.off) {
-		return fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, rl.total, rl.chunk)
+	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
+		return fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	}
+	g := it.first + i
+	if g > 0 && r.bcasts.dropChunks.Load() {
+		return nil
 	}
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
-	if rl.have[i] || rl.ctx.Err() != nil {
+	if rl.have[g] || rl.ctx.Err() != nil {
 		return nil // a repeat (the owner re-feeding after a failed parent)
 	}
-	rl.have[i] = true
+	rl.have[g] = true
 	rl.got++
+	it.got++
 	for _, f := range rl.fwd {
-		f.q <- i
+		f.q <- g
+	}
+	if it.got == it.n {
+		// Each object of a batch is the reader's as soon as it landed.
+		it.gen = it.s.completedBy(rl.origin)
 	}
 	if rl.got == rl.nchunks {
-		gen := rl.s.completedBy(rl.origin)
 		close(rl.complete)
+		rep := bcastMsg{kind: noteReport, gen: rl.items[0].gen}
+		if len(rl.items) > 1 {
+			for _, x := range rl.items {
+				rep.gens = append(rep.gens, x.gen)
+			}
+		}
 		rl.wg.Add(1)
 		go func() {
 			defer rl.wg.Done()
-			rl.report(bcastMsg{kind: noteReport, gen: gen})
+			rl.report(rep)
 		}()
 	}
 	return nil
 }
 
 func (r *Runtime) relayAbort(from peer.ID, m bcastMsg) error {
-	rl, err := r.relayOf(m)
+	rl, _, err := r.relayOf(m)
 	if err != nil {
 		return nil // already over
 	}
@@ -248,7 +379,7 @@ func (r *Runtime) relayAbort(from peer.ID, m bcastMsg) error {
 // report tells the owner about this slot; an owner that cannot be told is
 // gone or has given up on the broadcast, which then says so itself.
 func (rl *relay) report(m bcastMsg) {
-	m.id, m.slot, m.inc = rl.id, rl.s.id, rl.r.incarnation
+	m.id, m.slot, m.inc = rl.id, rl.items[0].s.id, rl.r.incarnation
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), controlTimeout)
 	defer cancel()
 	go func() { // not past Shutdown
@@ -259,7 +390,7 @@ func (rl *relay) report(m bcastMsg) {
 		}
 	}()
 	if err := rl.r.sendBcast(ctx, rl.origin, m); err != nil {
-		rl.r.log.Debug("broadcast report not delivered", "slot", rl.s.id, "err", err)
+		rl.r.log.Debug("broadcast report not delivered", "slot", rl.items[0].s.id, "err", err)
 	}
 }
 
@@ -268,7 +399,6 @@ func (rl *relay) report(m bcastMsg) {
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	r := rl.r
-	src := rl.r.endpoint(rl.s.buf.Device())
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
 		select {
@@ -284,9 +414,9 @@ func (rl *relay) forward(f *forwarder) {
 			}
 			return
 		}
-		off := int64(i) * rl.chunk
-		n := min(rl.chunk, rl.total-off)
-		err := r.writeChunk(rl.ctx, rl.id, &window{Buffer: rl.s.buf, off: off, n: n}, src, f.child, off, n)
+		k, off, n := rl.locate(i)
+		buf := rl.items[k].s.buf
+		err := r.writeChunk(rl.ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n)
 		if err != nil {
 			if rl.ctx.Err() == nil {
 				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})

@@ -28,15 +28,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/local"
-	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
 // Runtime is one tensorlane process, or one simulated host inside a process:
-// it owns device memory, an object table, a libp2p control host, data
-// servers, the transports and the actors spawned on it.
+// it owns device memory, an object table, a libp2p control host, the data
+// transports (a fabric/stack) and the actors spawned on it.
 type Runtime struct {
 	cfg         Config
 	log         *slog.Logger
@@ -50,20 +49,16 @@ type Runtime struct {
 
 	objects  *objectTable
 	sinks    *sinkTable
-	notices  noticePool // idle push-notice streams per slot runtime (notices.go)
-	paths    dataPaths
-	health   *linkHealth // link telemetry → rail health (health.go); nil when off
+	notices  noticePool   // idle push-notice streams per slot runtime (notices.go)
+	paths    *stack.Stack // the data transports and their servers (datapaths.go)
 	planner  *fabric.Planner
-	tcpSrv   *tcp.Server
-	tcpTr    *tcp.Transport
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	listen   *fabric.ListenerMetrics // every data listener's (tcp, shm, rdma rails)
-	obs      observer                // recent and live transfers, for dashboards (observe.go)
-	bcasts   bcastState              // broadcasts this runtime owns, in flight (broadcast.go)
-	gens     genTable                // generations readers are done with (generation.go)
-	bmet     *bcastMetrics           // broadcast outcomes (bcastmetrics.go)
-	views    viewTable               // zero-copy views this runtime holds (view.go)
+	obs      observer      // recent and live transfers, for dashboards (observe.go)
+	bcasts   bcastState    // broadcasts this runtime owns, in flight (broadcast.go)
+	gens     genTable      // generations readers are done with (generation.go)
+	bmet     *bcastMetrics // broadcast outcomes (bcastmetrics.go)
+	views    viewTable     // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -169,28 +164,17 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
-	r.listen = fabric.NewListenerMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.bmet = newBcastMetrics(reg)
 	r.obs.init(r, reg)
 
-	r.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Identity: c.Identity, Source: r.objects, Sink: r.sinks, StallTimeout: c.StallTimeout, Logger: r.log,
-		PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize, Limits: c.DataLimits, ListenerMetrics: r.listen})
-	if err != nil {
+	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
 		return nil, err
 	}
-	if r.health, err = r.startLinkHealth(); err != nil {
-		return nil, err
-	}
-	r.tcpTr, err = tcp.New(tcp.Config{Identity: c.Identity, Streams: c.Streams, StallTimeout: c.StallTimeout, Logger: r.log, Compression: c.Compression, Registerer: reg,
-		PSK: c.ClusterKey, Encrypt: c.EncryptData, Dial: r.health.tcpDial()})
-	if err != nil {
-		return nil, err
-	}
-	lc := local.Config{Process: r.process, Source: r.objects, Sink: r.sinks, Topology: c.Cluster}
+	tc := r.paths.Config()
 	r.planner, err = fabric.NewPlanner(fabric.PlannerConfig{
-		Topology: c.Cluster, Allow: c.Allow, Deny: c.Deny, Logger: r.log, Metrics: r.metrics,
-	}, append([]fabric.Transport{local.New(lc), local.NewP2P(lc)}, append(r.startDataPaths(ctx), r.tcpTr)...)...)
+		Topology: c.Cluster, Allow: tc.Allow, Deny: tc.Deny, Logger: r.log, Metrics: r.metrics,
+	}, r.paths.Transports()...)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +183,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.loops.Add(1)
 	go r.lifeLoop(lctx)
 	ok = true
-	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.tcpSrv.Addr(), "simulated", r.topoHost.Simulated)
+	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
 	return r, nil
 }
 
@@ -545,13 +529,9 @@ func (r *Runtime) teardown() error {
 		r.host.RemoveStreamHandler(controlProtocol)
 		errs = append(errs, r.host.Close())
 	}
-	if r.tcpSrv != nil {
-		errs = append(errs, r.tcpSrv.Close())
+	if r.paths != nil {
+		errs = append(errs, r.paths.Close())
 	}
-	if r.tcpTr != nil {
-		errs = append(errs, r.tcpTr.Close())
-	}
-	errs = append(errs, r.closeDataPaths())
 	for _, id := range r.objects.ids() {
 		if err := r.objects.free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
 			errs = append(errs, err)

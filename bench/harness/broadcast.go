@@ -125,7 +125,7 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 	for i := range cfg.Hosts {
 		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: size + 16<<20}
 		if tr == "tcp" {
-			c.Deny = []string{"rdma"}
+			c.Transports.Deny = []string{"rdma"}
 		}
 		r, err := rdt.New(ctx, c)
 		if err != nil {

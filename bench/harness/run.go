@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/bench"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -241,7 +242,7 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 		// Heartbeats are relaxed: a cell that saturates both cores (the codec
 		// at 8 in flight) must not get its owner declared dead; failure
 		// detection is tested elsewhere, not measured here.
-		c := rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: devMem, Compression: tcp.CompressOff,
+		c := rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: devMem, Transports: stack.Config{Compression: tcp.CompressOff},
 			RuntimeDir:        rdt.ProcessRuntimeDir(), // the whole cluster lives in this process
 			HeartbeatInterval: 5 * time.Second, HeartbeatMisses: 6}
 		if mutate != nil {
@@ -298,7 +299,7 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 			}
 		}
 		if need[PathRDMAOFI] {
-			ofi := func(c *rdt.Config) { c.RDMAProviderKind = "ofi" }
+			ofi := func(c *rdt.Config) { c.Transports.RDMAProviderKind = "ofi" }
 			if e.ro, err = start("h0", ofi); err != nil {
 				return err
 			}
@@ -313,7 +314,7 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 			}
 		}
 		if need[PathTCP] {
-			if e.rt, err = start("h1", func(c *rdt.Config) { c.DisableRDMA = true }); err != nil {
+			if e.rt, err = start("h1", func(c *rdt.Config) { c.Transports.DisableRDMA = true }); err != nil {
 				return err
 			}
 			if err := reader(e.rt, PathTCP, "bench-tcp", nearDev); err != nil {
@@ -322,7 +323,7 @@ func newEnv(ctx context.Context, cfg Config, specs []cellSpec, latency bool) (*e
 		}
 		if need[PathTCPZ] {
 			if e.rz, err = start("h1", func(c *rdt.Config) {
-				c.DisableRDMA, c.Compression, c.Logger = true, tcp.CompressAlways, slog.New(e.zlog)
+				c.Transports.DisableRDMA, c.Transports.Compression, c.Logger = true, tcp.CompressAlways, slog.New(e.zlog)
 			}); err != nil {
 				return err
 			}

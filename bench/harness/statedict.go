@@ -94,7 +94,7 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 2*total + 64<<20}
 		switch cfg.Transport {
 		case "tcp":
-			c.Deny = []string{"rdma"}
+			c.Transports.Deny = []string{"rdma"}
 		case "rdma":
 		default:
 			return rec, fmt.Errorf("harness: statedict transport %q (want rdma or tcp)", cfg.Transport)

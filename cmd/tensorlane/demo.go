@@ -15,6 +15,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/bench"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -31,7 +32,7 @@ type demoOptions struct {
 	verbose bool
 	bcast   bool // --broadcast: demo_broadcast.go
 	// linkMon, if set (the dashboard), measures every runtime's data
-	// connections and feeds rail health (rdt.Config.LinkMonitor).
+	// connections and feeds rail health (rdt.Config.Transports.LinkMonitor).
 	linkMon *linkstat.Monitor
 }
 
@@ -207,7 +208,7 @@ func newDemoRig(ctx context.Context, o demoOptions, logger *slog.Logger) (rig *d
 		}
 	}()
 	for _, h := range cluster.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger, LinkMonitor: o.linkMon,
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h.ID, Logger: logger, Transports: stack.Config{LinkMonitor: o.linkMon},
 			RuntimeDir: rdt.ProcessRuntimeDir()})
 		if err != nil {
 			return nil, err

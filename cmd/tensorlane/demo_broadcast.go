@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -69,8 +70,8 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 			return err
 		}
 	}
-	// The trainer collects them: per tensor, every reader's slot.
-	perTensor := make([][]rdt.Ref, len(rig.refs))
+	// The trainer collects them: per reader, its slot per tensor.
+	var perReader [][]rdt.Ref
 	for range rig.readers {
 		m, err := rig.trainer.Receive(ctx)
 		if err != nil {
@@ -79,12 +80,14 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 		if len(m.Refs) != len(rig.refs) {
 			return fmt.Errorf("reader %s sent %d slots for %d tensors", m.From, len(m.Refs), len(rig.refs))
 		}
-		for i, r := range m.Refs {
-			perTensor[i] = append(perTensor[i], r)
-		}
+		perReader = append(perReader, m.Refs)
+	}
+	firsts := make([]rdt.Ref, len(perReader))
+	for j, rs := range perReader {
+		firsts[j] = rs[0]
 	}
 	res := demoBroadcastResult{OK: true, Simulated: rig.simulated, Preset: o.preset, Hosts: o.hosts,
-		Tree: rig.trainer.ExplainBroadcast(rig.refs[0], perTensor[0]).String()}
+		Tree: rig.trainer.ExplainBroadcast(rig.refs[0], firsts).String()}
 	for step := 1; step <= o.steps; step++ {
 		// A training step changed the weights.
 		for i := range rig.refs {
@@ -93,15 +96,14 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 			}
 		}
 		start := time.Now()
-		results, errs := rig.trainer.BroadcastBatch(ctx, rig.refs, perTensor, rdt.BroadcastConfig{})
+		// The whole state dict along one tree, one setup round per reader.
+		result, err := rig.trainer.BroadcastBatch(ctx, rig.refs, perReader, rdt.BroadcastConfig{})
 		st := demoBroadcastStep{Step: step, Readers: len(rig.readers), Bytes: int64(len(rig.refs)) * rig.size, Seconds: time.Since(start).Seconds(), Verified: true}
-		for i, err := range errs {
-			if err == nil {
-				err = results[i].Err()
-			}
-			if err != nil {
-				return fmt.Errorf("step %d, tensor %d: %w", step, i, err)
-			}
+		if err == nil {
+			err = errors.Join(append(result.Items, result.Err())...)
+		}
+		if err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
 		}
 		// Every reader checks every byte of the new generation, then says
 		// it is done with it.
@@ -124,10 +126,8 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 			}
 			st.Verified = st.Verified && ok
 		}
-		for _, r := range results {
-			if err := r.WaitConsumed(ctx); err != nil {
-				return err
-			}
+		if err := result.WaitConsumed(ctx); err != nil {
+			return err
 		}
 		res.OK = res.OK && st.Verified
 		res.Steps = append(res.Steps, st)
@@ -140,7 +140,7 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 		fmt.Fprintf(out, "tensorlane demo --broadcast: %d simulated %s hosts, %d bf16 tensors of %s, %d readers\n",
 			o.hosts, o.preset, o.tensors, o.size, o.readers)
 		fmt.Fprintln(out, "(simulated devices: memfd-backed arenas, real copies; hosts talk over loopback)")
-		fmt.Fprintf(out, "broadcast tree of each tensor:\n%s", res.Tree)
+		fmt.Fprintf(out, "broadcast tree (the whole state dict follows it):\n%s", res.Tree)
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "step\treaders\tverified\tbytes/reader\tseconds\t")
 		for _, s := range res.Steps {

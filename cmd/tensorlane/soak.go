@@ -23,6 +23,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -155,6 +156,7 @@ type soak struct {
 	slots   []*soakSlot
 
 	transfers, faults, surfaced, hung, corrupted, attempts, moved, untyped, forgedOK atomic.Int64
+	bcastFaults                                                                      atomic.Int64 // broadcasts that ran with both their faults (soak_broadcast.go)
 
 	mu             sync.Mutex
 	faultKinds     map[string]int64
@@ -293,7 +295,8 @@ func settleGoroutines(before int, wait time.Duration) int {
 func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 	cfg := rdt.Config{
 		RuntimeDir: rdt.ProcessRuntimeDir(), // every simulated host lives in this process
-		Cluster:    s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen}, DataAddr: sl.data, RDMAAddrs: sl.rails,
+		Cluster:    s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen},
+		Transports:   stack.Config{DataAddr: sl.data, RDMAAddrs: sl.rails},
 		DeviceMemory: 256 << 20, TransferTimeout: s.o.bound, StallTimeout: s.o.stall, Logger: s.log, IgnoreEnv: true,
 	}
 	rt, err := rdt.New(ctx, cfg)
@@ -302,7 +305,7 @@ func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 		// the host, only old refs then fail to connect rather than as stale.
 		s.log.Warn("restart on the old addresses failed; using fresh ones", "host", sl.host, "err", err)
 		s.count(&s.faultKinds, "restart_on_new_port")
-		cfg.ListenAddrs, cfg.DataAddr, cfg.RDMAAddrs = []string{"/ip4/127.0.0.1/tcp/0"}, "127.0.0.1:0", nil
+		cfg.ListenAddrs, cfg.Transports.DataAddr, cfg.Transports.RDMAAddrs = []string{"/ip4/127.0.0.1/tcp/0"}, "127.0.0.1:0", nil
 		rt, err = rdt.New(ctx, cfg)
 	}
 	if err != nil {

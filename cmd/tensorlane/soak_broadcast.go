@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -13,7 +14,10 @@ import (
 // random tensor to slots two to four random readers reserved, while faults
 // (kills included) hit them; each reader the result says has the data is
 // verified byte for byte, every failure must be typed, and every slot is
-// closed whatever happened.
+// closed whatever happened. One broadcast in four also names a reader
+// that never reserved (a slot ref nobody holds: it must fail typed, and
+// one that "has the data" counts as forged_accepted), and one in four has
+// a reader leave mid-step (its slot closed once bytes flow).
 func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 	owner := s.slots[rng.IntN(len(s.slots))]
 	size := int64(8) << rng.IntN(64-clz(s.maxSize/8))
@@ -70,6 +74,22 @@ func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 	for i, r := range readers {
 		refs[i] = r.slot.Ref()
 	}
+	// Until one broadcast with both faults below has run, every one has
+	// them, so that every run, however short, checks them.
+	first := s.bcastFaults.Load() == 0
+	ghost := -1 // a reader that never reserved: not an attempt, it must fail typed
+	if first || rng.IntN(4) == 0 {
+		g := refs[rng.IntN(len(refs))]
+		for i := range g.Object {
+			g.Object[i] = byte(rng.Uint32())
+		}
+		ghost = len(refs)
+		refs = append(refs, g)
+	}
+	leaver := -1 // a reader whose slot closes mid-step
+	if first || rng.IntN(4) == 0 {
+		leaver = rng.IntN(len(readers))
+	}
 	s.attempts.Add(int64(len(readers))) // one verified transfer per reader
 	// Each reader's attempt ends in exactly one outcome (see transfer).
 	once := make([]sync.Once, len(readers))
@@ -95,7 +115,26 @@ func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 		owner.mu.RUnlock()
 		bctx, cancel := context.WithTimeout(ctx, s.o.bound)
 		defer cancel()
-		res, err := actor.Broadcast(bctx, ref, refs, rdt.BroadcastConfig{ChunkSize: 256 << 10})
+		h := actor.StartBroadcast(bctx, ref, refs, rdt.BroadcastConfig{ChunkSize: 256 << 10})
+		if leaver >= 0 {
+			// Leave once bytes flow (or at once when the tensor is
+			// small and already done).
+			for h.Progress().Done == 0 {
+				select {
+				case <-h.Done():
+				case <-bctx.Done():
+				case <-time.After(time.Millisecond):
+					continue
+				}
+				break
+			}
+			r := readers[leaver]
+			r.sl.mu.RLock()
+			r.slot.Close()
+			r.sl.mu.RUnlock()
+			s.count(&s.errCodes, "broadcast:reader_left_mid_step")
+		}
+		res, err := h.Await(bctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.surface("broadcast", err)
@@ -109,7 +148,27 @@ func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 			}
 			return
 		}
+		if ghost >= 0 && leaver >= 0 {
+			s.bcastFaults.Add(1)
+		}
+		if ghost >= 0 {
+			if err := res.Readers[ghost].Err; err == nil {
+				s.forgedOK.Add(1)
+				s.log.Error("broadcast says a slot nobody reserved has the data", "ref", refs[ghost])
+			} else {
+				s.surface("broadcast_ghost", err)
+			}
+			res.Readers = res.Readers[:ghost]
+		}
 		for i, rr := range res.Readers {
+			if i == leaver && ctx.Err() == nil {
+				// It left: whatever the result says, its slot is gone.
+				if rr.Err != nil {
+					s.surface("broadcast_left", rr.Err)
+				}
+				outcome(i, "skipped:reader_left")
+				continue
+			}
 			if rr.Err != nil {
 				failed(i, "broadcast_reader", rr.Err)
 				continue

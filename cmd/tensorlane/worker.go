@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -239,12 +240,12 @@ func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o worke
 		}
 	}
 	rt, err := rdt.New(ctx, rdt.Config{
-		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen, DataAddr: o.dataAddr,
-		DeviceMemory: devMem, HostMemory: hostMem, Allow: o.transports,
+		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen,
+		DeviceMemory: devMem, HostMemory: hostMem,
 		StallTimeout: o.stallTimeout, TransferTimeout: o.transferTimeout, Logger: logger,
 		HeartbeatInterval: o.heartbeat, HeartbeatMisses: o.heartbeatMisses, LeaseRenew: o.leaseRenew,
 		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.encrypt,
-		RDMAAddrs: rdmaAddrs, DisableRDMA: o.noRDMA,
+		Transports: stack.Config{DataAddr: o.dataAddr, Allow: o.transports, RDMAAddrs: rdmaAddrs, DisableRDMA: o.noRDMA},
 	})
 	if err != nil {
 		return err

@@ -140,7 +140,7 @@ func (w *worker) broadcast(ctx context.Context, req workerRequest) (workerReply,
 		r.Readers = append(r.Readers, o)
 	}
 	r.Bytes = res.Bytes * int64(res.OK())
-	r.Tree = res.Plan.String()
+	r.Tree = res.Plan.String() + "followed:\n" + res.String()
 	return r, nil
 }
 

@@ -41,7 +41,7 @@
 // Config.OnHealth (and every function given to Monitor.Subscribe) is called
 // on every transition. A transport that stripes over several rails or
 // streams can pause a degraded one and resume it when it recovers: rdt does
-// so for the RDMA rails (rdt.Config.LinkMonitor, rdma.Transport.Degrade);
+// so for the RDMA rails (rdt.Config.Transports.LinkMonitor, wired by fabric/stack; rdma.Transport.Degrade);
 // fabric/tcp's streams are measured but not paused.
 //
 // To measure fabric/tcp's data connections, give the transport the

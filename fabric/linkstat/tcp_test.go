@@ -34,7 +34,7 @@ func TestTCPTransportDial(t *testing.T) {
 			require.NoError(t, err)
 			defer obj.Release()
 			id := fabric.ObjectID{7}
-			srv, err := tcp.Listen(tcp.ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(
+			srv, err := tcp.Listen(tcp.ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: fabric.SourceFunc(
 				func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 					if c.Object != id {
 						return nil, fabric.ErrObjectNotFound
@@ -43,7 +43,7 @@ func TestTCPTransportDial(t *testing.T) {
 				})})
 			require.NoError(t, err)
 			defer srv.Close()
-			tr, err := tcp.New(tcp.Config{Identity: readerKey, Streams: 2, Compression: tcp.CompressOff, Dial: m.Dial})
+			tr, err := tcp.New(tcp.Config{Security: fabric.Security{Identity: readerKey}, Streams: 2, Compression: tcp.CompressOff, Dial: m.Dial})
 			require.NoError(t, err)
 			defer tr.Close()
 			dst, err := host.Alloc(ctx, n)

@@ -109,7 +109,7 @@ func newPushPair(b *testing.B, f *fixture, n int64) *pushPair {
 	b.Cleanup(func() { sink.Release() })
 	ownerKey, ownerID := key(b)
 	prov, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs(dgxRails...)})
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Identity: ownerKey,
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
 		Sink:   sinkFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nopRelease{sink}, nil })})
 	if err != nil {
@@ -117,7 +117,7 @@ func newPushPair(b *testing.B, f *fixture, n int64) *pushPair {
 	}
 	rk, _ := key(b)
 	rp, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs(dgxRails...)})
-	tr, err := rdma.New(ctx, rdma.Config{Provider: rp, Identity: rk, AllowLoopback: true})
+	tr, err := rdma.New(ctx, rdma.Config{Provider: rp, Security: fabric.Security{Identity: rk}, AllowLoopback: true})
 	if err != nil {
 		srv.Close()
 		b.Fatal(err)

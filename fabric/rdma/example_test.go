@@ -31,7 +31,7 @@ func Example() {
 	ownerID, _ := peer.IDFromPrivateKey(ownerKey)
 	nics := []softrdma.NIC{{Name: "nic0", Addr: "127.0.0.1:0"}, {Name: "nic1", Addr: "127.0.0.1:0"}}
 	ownerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey,
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
 			return nopRelease{obj}, nil // a real owner checks the claim and pins
 		})})
@@ -43,7 +43,7 @@ func Example() {
 
 	readerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 	readerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
-	tr, _ := rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, AllowLoopback: true})
+	tr, _ := rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true})
 	defer tr.Close()
 
 	dst, _ := mem.Alloc(ctx, 8<<20)

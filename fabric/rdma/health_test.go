@@ -117,7 +117,7 @@ func ExampleTransport_Degrade() {
 	ownerID, _ := peer.IDFromPrivateKey(ownerKey)
 	nics := []softrdma.NIC{{Name: "nic0", Addr: "127.0.0.1:0"}, {Name: "nic1", Addr: "127.0.0.1:0"}}
 	ownerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey,
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nopRelease{obj}, nil })})
 	if err != nil {
 		fmt.Println(err)
@@ -126,7 +126,7 @@ func ExampleTransport_Degrade() {
 	defer srv.Close()
 	readerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 	readerProv, _ := softrdma.New(softrdma.Config{NICs: nics})
-	tr, _ := rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, AllowLoopback: true})
+	tr, _ := rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true})
 	defer tr.Close()
 	src := fabric.Remote{Peer: ownerID.String(), Addrs: map[string]string{fabric.RDMA: srv.Addr()}, Length: 8 << 20}
 	dst, _ := mem.Alloc(ctx, 8<<20)

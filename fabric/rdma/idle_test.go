@@ -31,13 +31,13 @@ func TestIdleQueuePairsReconnect(t *testing.T) {
 	ownerKey, ownerID := key(t)
 	lm := fabric.NewListenerMetrics(nil)
 	prov, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs("nic0", "nic1")})
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Identity: ownerKey,
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey},
 		Limits: fabric.ListenerLimits{IdleTimeout: 100 * time.Millisecond}, ListenerMetrics: lm,
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return nopRelease{obj}, nil })})
 	require.NoError(t, err)
 	readerKey, _ := key(t)
 	rp, _ := softrdma.New(softrdma.Config{NICs: loopbackNICs("nic0", "nic1")})
-	tr, err := rdma.New(ctx, rdma.Config{Provider: rp, Identity: readerKey, AllowLoopback: true})
+	tr, err := rdma.New(ctx, rdma.Config{Provider: rp, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { tr.Close(); srv.Close() })
 	remote := fabric.Remote{Endpoint: fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(0)}, Peer: ownerID.String(),

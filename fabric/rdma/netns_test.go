@@ -65,7 +65,7 @@ func newTwoHosts(tb testing.TB, size int64, mutate func(*rdma.Config)) *twoHosts
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey,
+	h.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if !bytes.Equal(c.Token, h.token) {
 				return nil, fabric.ErrUnauthorized
@@ -92,7 +92,7 @@ func newTwoHosts(tb testing.TB, size int64, mutate func(*rdma.Config)) *twoHosts
 	}})
 	readerKey, _ := key(tb)
 	h.metrics = rdma.NewMetrics(prometheus.NewRegistry())
-	cfg := rdma.Config{Provider: readerProv, Identity: readerKey, Metrics: h.metrics}
+	cfg := rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey}, Metrics: h.metrics}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -52,12 +52,12 @@ func TestConformance(t *testing.T) {
 		ownerKey, ownerID := key(t)
 		readerKey, _ := key(t)
 		ownerProv := newTestProvider(t, "nic0", "nic1")
-		srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Identity: ownerKey, Source: src, Sink: sink})
+		srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: ownerProv, Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink})
 		if err != nil {
 			t.Fatal(err)
 		}
 		readerProv := newTestProvider(t, "nic0", "nic1")
-		tr, err := rdma.New(ctx, rdma.Config{Provider: readerProv, Identity: readerKey, AllowLoopback: true,
+		tr, err := rdma.New(ctx, rdma.Config{Provider: readerProv, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true,
 			PauseBase: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -120,7 +120,7 @@ func newFixtureNamed(t testing.TB, size int64, names []string, mutate func(*rdma
 	ownerKey, ownerID := key(t)
 	f.ownerID = ownerID
 	f.prov = newTestProvider(t, names...)
-	f.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: f.prov, Identity: ownerKey,
+	f.srv, err = rdma.Listen(ctx, rdma.ServerConfig{Provider: f.prov, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if c.Object != (fabric.ObjectID{1}) {
 				return nil, fabric.ErrObjectNotFound
@@ -136,7 +136,7 @@ func newFixtureNamed(t testing.TB, size int64, names []string, mutate func(*rdma
 	readerKey, _ := key(t)
 	rp := newTestProvider(t, names...)
 	f.metrics = rdma.NewMetrics(prometheus.NewRegistry())
-	cfg := rdma.Config{Provider: rp, Identity: readerKey, AllowLoopback: true, Metrics: f.metrics}
+	cfg := rdma.Config{Provider: rp, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true, Metrics: f.metrics}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -330,7 +330,7 @@ func TestPush(t *testing.T) {
 	sinkBuf, _ := mem.Alloc(ctx, 8<<20)
 	sinkBytes, _ := tensor.BytesOf(sinkBuf)
 	prov := newTestProvider(t, "a", "b")
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Identity: ownerKey,
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
 		Sink: sinkFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			return nopRelease{sinkBuf}, nil
@@ -341,7 +341,7 @@ func TestPush(t *testing.T) {
 	defer srv.Close()
 	rk, _ := key(t)
 	rp := newTestProvider(t, "a", "b")
-	tr, _ := rdma.New(ctx, rdma.Config{Provider: rp, Identity: rk, AllowLoopback: true})
+	tr, _ := rdma.New(ctx, rdma.Config{Provider: rp, Security: fabric.Security{Identity: rk}, AllowLoopback: true})
 	defer tr.Close()
 	src, _ := mem.Alloc(ctx, 8<<20)
 	sp, _ := tensor.BytesOf(src)

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -19,17 +16,19 @@ import (
 // ServerConfig configures the owner side of the rdma transport. Zero
 // values mean the documented defaults.
 type ServerConfig struct {
-	Provider Provider       // required
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	PSK      []byte         // the cluster key queue pairs must prove (OpenConfig.PSK)
-	Source   fabric.Source  // required: resolves claims to memory (and pins it)
+	Provider Provider // required
+	// Security: Identity (required), PSK (the cluster key queue pairs
+	// must prove, OpenConfig.PSK), Authorize (admits remote peers; nil
+	// admits every authenticated one) and Logger; see fabric.Security.
+	// rdma does not encrypt, so Encrypt is refused.
+	fabric.Security
+	Source fabric.Source // required: resolves claims to memory (and pins it)
 	// Sink, when set, accepts pushes (remote WRITEs into reader-allocated
 	// buffers).
 	Sink fabric.Sink
 	// NICs names the provider devices to serve on; default every device
 	// that has an address.
-	NICs      []string
-	Authorize func(peer.ID) error
+	NICs []string
 	// OpenTimeout bounds resolving a claim (Source.Open); default 5 s.
 	OpenTimeout time.Duration
 	// Limits caps the queue pairs each rail accepts (in total and per
@@ -39,7 +38,6 @@ type ServerConfig struct {
 	// ListenerMetrics counts each rail's listener ("rdma/<nic>"); nil: not
 	// counted.
 	ListenerMetrics *fabric.ListenerMetrics
-	Logger          *slog.Logger
 }
 
 // Server is the owner side: one listening device per NIC. A reader's
@@ -89,14 +87,17 @@ const tombstoneTTL = time.Minute
 
 // Listen opens the NICs and starts serving.
 func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
-	if cfg.Provider == nil || cfg.Identity == nil || cfg.Source == nil {
-		return nil, errors.New("rdma: ServerConfig needs Provider, Identity and Source")
+	if err := cfg.Security.Defaults("rdma: ServerConfig"); err != nil {
+		return nil, err
+	}
+	if cfg.Provider == nil || cfg.Source == nil {
+		return nil, errors.New("rdma: ServerConfig needs a Provider and a Source")
+	}
+	if cfg.Encrypt {
+		return nil, ErrEncrypt
 	}
 	if cfg.OpenTimeout <= 0 {
 		cfg.OpenTimeout = 5 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	names := cfg.NICs
 	if len(names) == 0 {
@@ -111,9 +112,8 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{}}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Listen: true,
-			Authorize: cfg.Authorize, Handler: &nicHandler{s: s, nic: name}, Logger: cfg.Logger,
-			Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Security: cfg.Security, Listen: true,
+			Handler: &nicHandler{s: s, nic: name}, Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
 		if err != nil {
 			s.Close()
 			return nil, err

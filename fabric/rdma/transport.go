@@ -6,13 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -24,9 +22,12 @@ import (
 // Config configures the reader side of the rdma transport. Zero values
 // mean the documented defaults.
 type Config struct {
-	Provider Provider       // required
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	PSK      []byte         // the cluster key queue pairs must prove (OpenConfig.PSK)
+	Provider Provider // required
+	// Security: Identity (required), PSK (the cluster key queue pairs
+	// must prove, OpenConfig.PSK) and Logger; see fabric.Security. rdma
+	// does not encrypt, so Encrypt is refused; progress is bounded by
+	// QPTimeout, not StallTimeout.
+	fabric.Security
 	// NICs names the local provider devices to use; default all.
 	NICs []string
 	// Topology and Host place this runtime: NICs are chosen nearest the
@@ -65,7 +66,6 @@ type Config struct {
 	// ControlTimeout bounds the control exchange when the caller's context
 	// has no deadline; default 30 s.
 	ControlTimeout time.Duration
-	Logger         *slog.Logger
 	Metrics        *Metrics
 
 	growSlices bool // SliceSize was defaulted: slices grow with the transfer
@@ -86,8 +86,14 @@ func (c *Config) sliceSize(n int64, rails int) int64 {
 }
 
 func (c *Config) defaults() error {
-	if c.Provider == nil || c.Identity == nil {
-		return errors.New("rdma: Config needs Provider and Identity")
+	if err := c.Security.Defaults("rdma: Config"); err != nil {
+		return err
+	}
+	if c.Provider == nil {
+		return errors.New("rdma: Config needs a Provider")
+	}
+	if c.Encrypt {
+		return ErrEncrypt
 	}
 	if c.SliceSize <= 0 {
 		c.SliceSize = 512 << 10
@@ -114,9 +120,6 @@ func (c *Config) defaults() error {
 	}
 	if c.ControlTimeout <= 0 {
 		c.ControlTimeout = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return nil
 }
@@ -172,7 +175,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("%w: provider %s has no device", ErrNoDevice, cfg.Provider.Name())
 	}
 	for _, name := range names {
-		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Identity: cfg.Identity, PSK: cfg.PSK, Logger: cfg.Logger})
+		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Security: cfg.Security})
 		if err != nil {
 			t.Close()
 			return nil, err

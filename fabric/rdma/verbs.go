@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -47,19 +45,17 @@ type Device struct {
 
 // OpenConfig configures an opened device.
 type OpenConfig struct {
-	// Identity authenticates this end of every queue pair (libp2p key).
-	// Required.
-	Identity crypto.PrivKey
-	// PSK is the cluster key (rdt.Config.ClusterKey): when set, both ends
-	// of every queue pair prove they hold it, and a peer that does not is
-	// refused, as on the control channel and the tcp data path. A provider
-	// that cannot prove it must fail Open rather than ignore it.
-	PSK []byte
+	// Security: Identity (required) authenticates this end of every queue
+	// pair; PSK is the cluster key (rdt.Config.ClusterKey): when set, both
+	// ends of every queue pair prove they hold it, and a peer that does
+	// not is refused, as on the control channel and the tcp data path (a
+	// provider that cannot prove it must fail Open rather than ignore it);
+	// Authorize admits remote peers on accepted queue pairs (nil: every
+	// authenticated peer); Logger. Encrypt must be off (ErrEncrypt): a
+	// provider moves registered memory as it is. See fabric.Security.
+	fabric.Security
 	// Listen makes the device accept remote queue pairs at its Addr.
 	Listen bool
-	// Authorize admits remote peers on accepted queue pairs; nil admits
-	// every authenticated peer.
-	Authorize func(peer.ID) error
 	// Handler answers messages (two-sided SEND/RECV, used for the control
 	// exchange) that arrive on accepted queue pairs. nil refuses them.
 	Handler MessageHandler
@@ -71,7 +67,6 @@ type OpenConfig struct {
 	// and remote accesses with keys never issued to the peer; nil: not
 	// counted.
 	ListenerMetrics *fabric.ListenerMetrics
-	Logger          *slog.Logger
 }
 
 // MessageHandler is the passive side's answer to messages sent with
@@ -254,4 +249,8 @@ var (
 	ErrQueueFull = errors.New("rdma: send queue full")
 	ErrNotConn   = errors.New("rdma: queue pair not connected")
 	ErrNoDevice  = errors.New("rdma: no such device")
+	// ErrEncrypt: a Config asked for encryption, which rdma does not do
+	// (bytes move between registered memories as they are); tcp serves
+	// a runtime that must encrypt.
+	ErrEncrypt = errors.New("rdma: Encrypt is set, and rdma does not encrypt")
 )

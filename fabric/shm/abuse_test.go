@@ -16,9 +16,8 @@ func abuseHarness() fabrictest.AbuseHarness {
 	return fabrictest.AbuseHarness{Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink, cfg fabrictest.AbuseConfig) fabrictest.AbuseTarget {
 		ownerKey, ownerID := key(t)
 		attacker, _ := key(t)
-		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink, Dir: t.TempDir(),
-			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics, HandshakeTimeout: cfg.HandshakeTimeout,
-			StallTimeout: cfg.StallTimeout, HoldTimeout: cfg.StallTimeout})
+		srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, StallTimeout: cfg.StallTimeout}, Source: src, Sink: sink, Dir: t.TempDir(),
+			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics, HandshakeTimeout: cfg.HandshakeTimeout, HoldTimeout: cfg.StallTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +47,7 @@ func abuseHarness() fabrictest.AbuseHarness {
 			},
 			Reader: func(t testing.TB) fabric.Transport {
 				readerKey, _ := key(t)
-				tr, err := New(Config{Identity: readerKey, Topology: dgx(t)})
+				tr, err := New(Config{Security: fabric.Security{Identity: readerKey}, Topology: dgx(t)})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -28,7 +28,7 @@ func BenchmarkCrossProcess(b *testing.B) {
 	sizes := []int64{1 << 20, 64 << 20, 1 << 30}
 	h := startHelper(b, sizes...)
 	k, _ := key(b)
-	cli, err := NewClient(Config{Identity: k, Topology: dgx(b)})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(b)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func BenchmarkCrossProcessLatency(b *testing.B) {
 	const n = 4096
 	h := startHelper(b, n)
 	k, _ := key(b)
-	cli, err := NewClient(Config{Identity: k})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}})
 	if err != nil {
 		b.Fatal(err)
 	}

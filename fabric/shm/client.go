@@ -4,18 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -24,19 +22,17 @@ import (
 // Config configures the reader (and pusher) side of the shm and p2p
 // transports. Zero values mean the documented defaults.
 type Config struct {
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
+	// Security: Identity (required), PSK (the cluster key, proven to
+	// owners that require it), StallTimeout (bounds each socket
+	// operation: request, grant, done; a silent owner fails the transfer
+	// with fabric.ErrStalled; default 30 s) and Logger; see
+	// fabric.Security. Encrypt is ignored (nothing to encrypt).
+	fabric.Security
 	// Topology tells p2p which devices share a device link; without it
 	// p2p reaches nothing (shm does not need it).
 	Topology *topology.Cluster
-	// PSK is the cluster key, proven to owners that require it (see
-	// peerauth.Options).
-	PSK []byte
 	// DialTimeout bounds connecting and authenticating; default 10 s.
 	DialTimeout time.Duration
-	// StallTimeout bounds each socket operation (request, grant, done);
-	// a silent owner fails the transfer with fabric.ErrStalled.
-	// Default 30 s.
-	StallTimeout time.Duration
 	// MaxConns bounds the connections to one owner (one transfer uses one
 	// at a time; more wait for a free one); default 16.
 	MaxConns int
@@ -51,21 +47,18 @@ type Config struct {
 	// ChunkSize is how many bytes are copied between context checks;
 	// default 8 MiB.
 	ChunkSize int
-	Logger    *slog.Logger
 	// Registerer, when set, gets the mapping cache's metrics
 	// (tensorlane_shm_*); nil registers nothing.
 	Registerer prometheus.Registerer
 }
 
 func (c *Config) defaults() error {
-	if c.Identity == nil {
-		return errors.New("shm: Config needs Identity")
+	if err := c.Security.Defaults("shm: Config"); err != nil {
+		return err
 	}
+	c.Encrypt = false // nothing to encrypt: descriptors and offsets only
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
-	}
-	if c.StallTimeout <= 0 {
-		c.StallTimeout = 30 * time.Second
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 16
@@ -82,9 +75,6 @@ func (c *Config) defaults() error {
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = 8 << 20
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
 	return nil
 }
 
@@ -96,24 +86,29 @@ type Client struct {
 	cache *cache
 	slabs slabs // owners' slabs, mapped once each (slab.go)
 
-	mu      sync.Mutex
-	pools   map[string]*ownerPool
-	all     map[*pconn]struct{}
-	anchors map[string]*pconn // per owner, while we hold slab views (slab.go)
-	closed  bool
-	done    chan struct{} // closed by Close: wakes transfers waiting for a connection
+	// pool holds the connections per owner (fabric/internal/kit): idle
+	// ones reused, at most MaxConns each, transfers queued past that.
+	pool *kit.Pool[connKey, *pconn]
+
+	// anchors holds, per owner, the connection that keeps our slab views'
+	// holds alive (slab.go): out of the pool's rotation (it keeps its
+	// slot), closed by the pool's Close.
+	anchorMu sync.Mutex
+	anchors  map[string]*pconn
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
 }
 
-type ownerPool struct {
-	slots chan struct{} // one token per connection in use
-	idle  []*pconn
+// connKey names an owner's socket and the identity it must prove.
+type connKey struct {
+	want        peer.ID
+	owner, addr string
 }
 
 type pconn struct {
 	c     *net.UnixConn
+	cli   *Client
 	owner string
 	buf   []byte // received packets
 	oob   []byte // received descriptors
@@ -128,19 +123,21 @@ type pconn struct {
 	wmu    sync.Mutex
 }
 
+// Close closes the connection and drops the slabs it received: the owner
+// forgets what it sent on it. The pool calls it whenever it closes one.
+func (pc *pconn) Close() error {
+	err := pc.c.Close()
+	pc.cli.slabs.dropConn(pc) // a copy in flight keeps its slab until it ends
+	return err
+}
+
 // NewClient returns a client; Close releases its connections and mappings.
 func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Client{
-		cfg:     cfg,
-		cache:   newCache(cfg.MaxMappings, cfg.MaxMappedBytes),
-		pools:   map[string]*ownerPool{},
-		all:     map[*pconn]struct{}{},
-		anchors: map[string]*pconn{},
-		done:    make(chan struct{}),
-	}
+	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}}
+	c.pool = kit.NewPool(kit.PoolConfig[connKey, *pconn]{Dial: c.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {
 			return nil, fmt.Errorf("shm: register metrics: %w", err)
@@ -158,22 +155,10 @@ func (c *Client) SlabStats() SlabStats { return c.slabs.snapshot() }
 // Close closes every connection (transfers in flight fail) and unmaps every
 // cached mapping once no copy uses it. It is idempotent.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	close(c.done)
-	all := c.all
-	for pc := range all {
-		pc.c.Close()
-	}
-	c.all, c.pools, c.anchors = nil, nil, nil
-	c.mu.Unlock()
-	for pc := range all {
-		c.slabs.dropConn(pc) // a copy in flight keeps its slab until it ends
-	}
+	c.pool.Close() // anchors too: they keep their pool slot
+	c.anchorMu.Lock()
+	clear(c.anchors)
+	c.anchorMu.Unlock()
 	c.cache.clear()
 	return nil
 }
@@ -270,7 +255,7 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 // ctx closes the connection, which unblocks any socket call at once.
 func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string, f func(*pconn) error) error {
 	for attempt := 0; ; attempt++ {
-		pc, pooled, err := c.get(ctx, want, owner, addr)
+		pc, pooled, err := c.pool.Get(ctx, connKey{want, owner, addr})
 		if err != nil {
 			if errors.Is(err, fabric.ErrPeerClosed) {
 				c.ownerGone(owner, err)
@@ -280,22 +265,25 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 		stop := context.AfterFunc(ctx, func() { pc.c.Close() })
 		err = f(pc)
 		if !stop() {
-			c.discard(pc)
+			c.pool.Discard(pc)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return err
 		}
 		if errors.Is(err, errConfirmedLost) {
-			c.discard(pc)
+			c.pool.Discard(pc)
 			return nil
 		}
 		var re *peerauth.RemoteError
 		if err == nil || errors.As(err, &re) {
-			c.put(pc) // still in step
+			if pc.anchor && c.keepAnchor(pc) {
+				return err
+			}
+			c.pool.Put(pc) // still in step
 			return err
 		}
-		c.discard(pc)
+		c.pool.Discard(pc)
 		if pooled && attempt == 0 && errors.Is(err, errStaleConn) {
 			continue
 		}
@@ -579,48 +567,8 @@ func (c *Client) ioError(err error) error {
 	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
 }
 
-// get takes a connection to owner: an idle one, or a new one once a slot
-// is free.
-func (c *Client) get(ctx context.Context, want peer.ID, owner, addr string) (*pconn, bool, error) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, false, fabric.ErrClosed
-	}
-	p := c.pools[owner]
-	if p == nil {
-		p = &ownerPool{slots: make(chan struct{}, c.cfg.MaxConns)}
-		c.pools[owner] = p
-	}
-	c.mu.Unlock()
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, false, ctx.Err()
-	case <-c.done:
-		return nil, false, fabric.ErrClosed
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, false, fabric.ErrClosed
-	}
-	if n := len(p.idle); n > 0 {
-		pc := p.idle[n-1]
-		p.idle = p.idle[:n-1]
-		c.mu.Unlock()
-		return pc, true, nil
-	}
-	c.mu.Unlock()
-	pc, err := c.dial(ctx, want, owner, addr)
-	if err != nil {
-		<-p.slots
-		return nil, false, err
-	}
-	return pc, false, nil
-}
-
-func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*pconn, error) {
+func (c *Client) dial(ctx context.Context, k connKey) (*pconn, error) {
+	want, owner, addr := k.want, k.owner, k.addr
 	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -639,7 +587,7 @@ func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*p
 	stop := context.AfterFunc(dctx, func() { uc.Close() })
 	uc.SetDeadline(time.Now().Add(c.cfg.DialTimeout))
 	rw := newPacketRW(uc)
-	_, err = peerauth.ClientWith(rw, c.cfg.Identity, want, peerauth.Options{PSK: c.cfg.PSK})
+	_, err = peerauth.ClientFor(rw, c.cfg.Security, want)
 	if !stop() && err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -657,57 +605,6 @@ func (c *Client) dial(ctx context.Context, want peer.ID, owner, addr string) (*p
 		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
 	}
 	uc.SetDeadline(time.Time{})
-	pc := &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken), slabs: map[uint64]*slabMap{}}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		uc.Close()
-		return nil, fabric.ErrClosed
-	}
-	c.all[pc] = struct{}{}
-	return pc, nil
-}
-
-func (c *Client) put(pc *pconn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		pc.c.Close()
-		c.slabs.dropConn(pc)
-		return
-	}
-	p := c.pools[pc.owner]
-	if pc.anchor {
-		pc.anchor = false
-		if a := c.anchors[pc.owner]; a == nil || peerOpen(a.c) != nil {
-			if a != nil { // the owner closed it: its holds went with it
-				delete(c.all, a)
-				a.c.Close()
-				defer c.slabs.dropConn(a)
-			}
-			c.anchors[pc.owner] = pc // out of the pool for good
-			<-p.slots
-			return
-		}
-	}
-	if len(p.idle) >= c.cfg.MaxIdle {
-		delete(c.all, pc)
-		pc.c.Close()
-		c.slabs.dropConn(pc)
-	} else {
-		p.idle = append(p.idle, pc)
-	}
-	<-p.slots
-}
-
-func (c *Client) discard(pc *pconn) {
-	pc.c.Close()
-	c.slabs.dropConn(pc)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	delete(c.all, pc)
-	<-c.pools[pc.owner].slots
+	return &pconn{c: uc, cli: c, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken),
+		slabs: map[uint64]*slabMap{}}, nil
 }

@@ -53,11 +53,11 @@ func TestCUDAMemory(t *testing.T) {
 				}
 			}
 			ownerKey, ownerID := key(t)
-			srv, err := Listen(ServerConfig{Identity: ownerKey, Source: open(obj), Sink: sinkFunc(open(sink))})
+			srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: open(obj), Sink: sinkFunc(open(sink))})
 			require.NoError(t, err)
 			defer srv.Close()
 			readerKey, _ := key(t)
-			tr, err := NewP2P(Config{Identity: readerKey, Topology: dgx(t)})
+			tr, err := NewP2P(Config{Security: fabric.Security{Identity: readerKey}, Topology: dgx(t)})
 			require.NoError(t, err)
 			defer tr.Close()
 			remote := fabric.Remote{
@@ -154,7 +154,7 @@ func TestCrossProcessCUDA(t *testing.T) {
 			sizes := []int64{4095, 5<<20 + 1}
 			h := startHelper(t, sizes...)
 			k, _ := key(t)
-			cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+			cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 			require.NoError(t, err)
 			defer cli.Close()
 			mem, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 1, Mode: mode})

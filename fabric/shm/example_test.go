@@ -27,7 +27,7 @@ func Example() {
 	ownerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 	ownerID, _ := peer.IDFromPrivateKey(ownerKey)
 	srv, err := shm.Listen(shm.ServerConfig{
-		Identity: ownerKey,
+		Security: fabric.Security{Identity: ownerKey},
 		// A real owner resolves the claim in its object table and pins.
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			return pin{obj}, nil
@@ -40,7 +40,7 @@ func Example() {
 	defer srv.Close()
 
 	readerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
-	tr, _ := shm.New(shm.Config{Identity: readerKey})
+	tr, _ := shm.New(shm.Config{Security: fabric.Security{Identity: readerKey}})
 	defer tr.Close()
 	dst, _ := tensor.NewHostMemory(0).Alloc(ctx, 1<<20)
 	defer dst.Release()

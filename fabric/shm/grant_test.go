@@ -156,7 +156,7 @@ func TestCrossProcessGrant(t *testing.T) {
 	sizes := []int64{3<<20 + 5, 1 << 20}
 	h := startHelper(t, sizes...)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 	require.NoError(t, err)
 	defer cli.Close()
 	got := receive(t, cli)
@@ -312,7 +312,7 @@ func TestViewGrantReachesOnlyTheView(t *testing.T) {
 	for _, tr := range []string{fabric.SHM, fabric.P2P} {
 		t.Run(tr, func(t *testing.T) {
 			k, _ := key(t)
-			cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+			cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 			require.NoError(t, err)
 			defer cli.Close()
 			got := receive(t, cli)
@@ -352,7 +352,7 @@ func TestCrossProcessViewGrant(t *testing.T) {
 	t.Setenv(helperViewEnv, strconv.Itoa(start)+","+strconv.Itoa(start+n))
 	h := startHelper(t, size)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 	require.NoError(t, err)
 	defer cli.Close()
 	got := receive(t, cli)

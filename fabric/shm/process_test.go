@@ -182,7 +182,7 @@ func helperMain() int {
 	}
 	// Every object is also a push destination, so a pusher can read back
 	// what it wrote.
-	srv, err := Listen(ServerConfig{Identity: key, Source: fabric.SourceFunc(read), Sink: sinkFunc(open)})
+	srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: key}, Source: fabric.SourceFunc(read), Sink: sinkFunc(open)})
 	if err != nil {
 		return fail(err)
 	}
@@ -332,7 +332,7 @@ func TestCrossProcess(t *testing.T) {
 	sizes := []int64{1, 4095, 8<<20 + 1, 64 << 20}
 	h := startHelper(t, sizes...)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 	require.NoError(t, err)
 	defer cli.Close()
 	mem, err := tensor.NewSimMemory(tensor.GPUDevice(1), 80<<20)
@@ -375,7 +375,7 @@ func TestCrossProcessPush(t *testing.T) {
 	const n = 16<<20 + 5
 	h := startHelper(t, n)
 	k, _ := key(t)
-	tr, err := New(Config{Identity: k})
+	tr, err := New(Config{Security: fabric.Security{Identity: k}})
 	require.NoError(t, err)
 	defer tr.Close()
 	src, p := hostDst(t, n)
@@ -405,7 +405,7 @@ func TestCrossProcessPushOwnerKilled(t *testing.T) {
 	const n = 4 << 20
 	h := startHelper(t, n)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}})
 	require.NoError(t, err)
 	defer cli.Close()
 	src, p := hostDst(t, n)
@@ -441,7 +441,7 @@ func TestCrossProcessOwnerKilled(t *testing.T) {
 	const n = 32 << 20
 	h := startHelper(t, n)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}})
 	require.NoError(t, err)
 	defer cli.Close()
 	dst, _ := hostDst(t, n)
@@ -477,7 +477,7 @@ func TestCrossProcessKilledUnderLoad(t *testing.T) {
 	const n = 8 << 20
 	h := startHelper(t, n)
 	k, _ := key(t)
-	cli, err := NewClient(Config{Identity: k, StallTimeout: 5 * time.Second})
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k, StallTimeout: 5 * time.Second}})
 	require.NoError(t, err)
 	defer cli.Close()
 	var wg sync.WaitGroup
@@ -552,7 +552,7 @@ func TestCrossNetworkNamespace(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, self, theirs, "the owner runs in its own network namespace")
 	k, _ := key(t)
-	tr, err := New(Config{Identity: k})
+	tr, err := New(Config{Security: fabric.Security{Identity: k}})
 	require.NoError(t, err)
 	defer tr.Close()
 	dst, got := hostDst(t, n)

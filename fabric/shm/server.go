@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -27,16 +25,16 @@ import (
 // ServerConfig configures the owner side of the shm and p2p transports.
 // Zero values mean the documented defaults.
 type ServerConfig struct {
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	Source   fabric.Source  // required: resolves read claims to memory
+	// Security: Identity (required), PSK (the cluster key: when set,
+	// clients must prove they hold it), Authorize, StallTimeout (bounds
+	// each socket operation, a reply; default 30 s) and Logger; see
+	// fabric.Security. Encrypt is ignored: no tensor byte crosses the
+	// socket, only descriptors and offsets.
+	fabric.Security
+	Source fabric.Source // required: resolves read claims to memory
 	// Sink, when set, lets writers push into buffers this runtime
 	// allocated (fabric.Writer); without it pushes are refused.
-	Sink      fabric.Sink
-	Authorize func(peer.ID) error
-	// PSK is the cluster key (see peerauth.Options): when set, clients must
-	// prove they hold it. There is no Encrypt: no tensor byte crosses the
-	// socket, only descriptors and offsets.
-	PSK []byte
+	Sink fabric.Sink
 	// Dir is the private directory the socket is created in; default
 	// DefaultDir(). It is created with mode 0700 and refused if another
 	// user owns it.
@@ -47,9 +45,6 @@ type ServerConfig struct {
 	// HandshakeTimeout bounds the authentication of a new connection and
 	// the Source's Open of one claim; default 10 s.
 	HandshakeTimeout time.Duration
-	// StallTimeout bounds each socket operation (a reply); default
-	// 30 s.
-	StallTimeout time.Duration
 	// HoldTimeout bounds how long one client may keep an object pinned
 	// between the grant and its "done" (the copy); default 60 s. A client
 	// that takes longer loses the connection and its transfer fails.
@@ -60,13 +55,16 @@ type ServerConfig struct {
 	Limits fabric.ListenerLimits
 	// ListenerMetrics counts the listener (label "shm"); nil: not counted.
 	ListenerMetrics *fabric.ListenerMetrics
-	Logger          *slog.Logger
 }
 
 func (c *ServerConfig) defaults() error {
-	if c.Identity == nil || c.Source == nil {
-		return errors.New("shm: ServerConfig needs Identity and Source")
+	if err := c.Security.Defaults("shm: ServerConfig"); err != nil {
+		return err
 	}
+	if c.Source == nil {
+		return errors.New("shm: ServerConfig needs a Source")
+	}
+	c.Encrypt = false // nothing to encrypt: descriptors and offsets only
 	if c.Dir == "" {
 		c.Dir = DefaultDir()
 	}
@@ -81,14 +79,8 @@ func (c *ServerConfig) defaults() error {
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
 	}
-	if c.StallTimeout <= 0 {
-		c.StallTimeout = 30 * time.Second
-	}
 	if c.HoldTimeout <= 0 {
 		c.HoldTimeout = 60 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c.Limits = c.Limits.WithDefaults()
 	return nil
@@ -152,7 +144,7 @@ func (s *Server) serve(c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	rw := newPacketRW(c)
-	res, err := peerauth.ServerWith(rw, s.cfg.Identity, s.cfg.Authorize, peerauth.Options{PSK: s.cfg.PSK})
+	res, err := peerauth.ServerFor(rw, s.cfg.Security)
 	who := res.Peer
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, errEOFPacket) {

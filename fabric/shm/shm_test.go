@@ -42,9 +42,9 @@ func harness(name string) fabrictest.Harness {
 	return fabrictest.Harness{Name: name, Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink) fabrictest.Env {
 		ownerKey, ownerID := key(t)
 		readerKey, _ := key(t)
-		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink})
+		srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink})
 		require.NoError(t, err)
-		cfg := Config{Identity: readerKey, Topology: dgx(t)}
+		cfg := Config{Security: fabric.Security{Identity: readerKey}, Topology: dgx(t)}
 		var tr *Transport
 		if name == fabric.P2P {
 			tr, err = NewP2P(cfg)
@@ -100,7 +100,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig, *Config)) *
 	fillPattern(f.data, 1)
 	ownerKey, ownerID := key(t)
 	f.ownerID = ownerID
-	scfg := ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	scfg := ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 		f.opens.Add(1)
 		switch {
 		case c.Object != f.claim.Object:
@@ -113,7 +113,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig, *Config)) *
 		return nopRelease{f.obj}, nil
 	})}
 	readerKey, _ := key(t)
-	ccfg := Config{Identity: readerKey, Topology: dgx(t)}
+	ccfg := Config{Security: fabric.Security{Identity: readerKey}, Topology: dgx(t)}
 	if mutate != nil {
 		mutate(&scfg, &ccfg)
 	}
@@ -218,9 +218,9 @@ func TestViewsShareClient(t *testing.T) {
 
 func TestReach(t *testing.T) {
 	k, _ := key(t)
-	withTopo, err := NewClient(Config{Identity: k, Topology: dgx(t)})
+	withTopo, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(t)})
 	require.NoError(t, err)
-	noTopo, err := NewClient(Config{Identity: k})
+	noTopo, err := NewClient(Config{Security: fabric.Security{Identity: k}})
 	require.NoError(t, err)
 	t.Cleanup(func() { withTopo.Close(); noTopo.Close() })
 	ep := func(proc, host string, dev tensor.DeviceID) fabric.Endpoint {
@@ -413,9 +413,9 @@ func TestServerConfig(t *testing.T) {
 	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound })
 	_, err := Listen(ServerConfig{Source: src})
 	require.Error(t, err)
-	_, err = Listen(ServerConfig{Identity: k, Source: src, Path: "/tmp/" + string(bytes.Repeat([]byte("x"), 120))})
+	_, err = Listen(ServerConfig{Security: fabric.Security{Identity: k}, Source: src, Path: "/tmp/" + string(bytes.Repeat([]byte("x"), 120))})
 	require.Error(t, err)
-	s, err := Listen(ServerConfig{Identity: k, Source: src})
+	s, err := Listen(ServerConfig{Security: fabric.Security{Identity: k}, Source: src})
 	require.NoError(t, err)
 	_, err = os.Stat(s.Addr())
 	require.NoError(t, err)
@@ -575,7 +575,7 @@ func TestSweepStale(t *testing.T) {
 		}
 	}()
 	k, _ := key(t)
-	srv, err := Listen(ServerConfig{Identity: k, Dir: dir, Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
+	srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: k}, Dir: dir, Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
 		return nil, fabric.ErrObjectNotFound
 	})})
 	require.NoError(t, err)

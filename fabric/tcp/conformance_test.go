@@ -12,12 +12,12 @@ import (
 func harness(mode Compression) fabrictest.Harness {
 	return fabrictest.Harness{Name: "tcp-compress-" + mode.String(), Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink) fabrictest.Env {
 		ownerKey, ownerID := testhelp.Key(t)
-		srv, err := Listen(ServerConfig{Identity: ownerKey, Source: src, Sink: sink})
+		srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink})
 		if err != nil {
 			t.Fatal(err)
 		}
 		readerKey, _ := testhelp.Key(t)
-		tr, err := New(Config{Identity: readerKey, Compression: mode})
+		tr, err := New(Config{Security: fabric.Security{Identity: readerKey}, Compression: mode})
 		if err != nil {
 			srv.Close()
 			t.Fatal(err)

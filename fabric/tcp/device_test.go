@@ -61,7 +61,7 @@ func TestDeviceMemory(t *testing.T) {
 		return func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return devPin{b}, nil }
 	}
 	ownerKey, ownerID := testhelp.Key(t)
-	srv, err := Listen(ServerConfig{Identity: ownerKey, Source: open(obj), Sink: sinkOf(open(sink))})
+	srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: open(obj), Sink: sinkOf(open(sink))})
 	require.NoError(t, err)
 	defer srv.Close()
 	remote := fabric.Remote{
@@ -72,7 +72,7 @@ func TestDeviceMemory(t *testing.T) {
 	for _, mode := range []Compression{CompressOff, CompressAlways} {
 		t.Run(mode.String(), func(t *testing.T) {
 			readerKey, _ := testhelp.Key(t)
-			tr, err := New(Config{Identity: readerKey, Compression: mode})
+			tr, err := New(Config{Security: fabric.Security{Identity: readerKey}, Compression: mode})
 			require.NoError(t, err)
 			defer tr.Close()
 			dst, err := reader.Alloc(ctx, n)

@@ -31,7 +31,7 @@ func Example() {
 		data[i] = byte(i >> 12) // something that compresses
 	}
 	id := fabric.ObjectID{42}
-	srv, err := tcp.Listen(tcp.ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(
+	srv, err := tcp.Listen(tcp.ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: fabric.SourceFunc(
 		func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			if c.Object != id {
 				return nil, fabric.ErrObjectNotFound
@@ -43,7 +43,7 @@ func Example() {
 	}
 	defer srv.Close()
 
-	tr, _ := tcp.New(tcp.Config{Identity: readerKey, Compression: tcp.CompressAlways})
+	tr, _ := tcp.New(tcp.Config{Security: fabric.Security{Identity: readerKey}, Compression: tcp.CompressAlways})
 	defer tr.Close()
 	dst, _ := host.Alloc(ctx, 1<<20)
 	defer dst.Release()

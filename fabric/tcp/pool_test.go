@@ -151,13 +151,10 @@ func TestPoolKeepsConcurrentConnections(t *testing.T) {
 	wg.Wait()
 	time.Sleep(40 * time.Millisecond) // let them go stale
 	require.NoError(t, <-f.readAsync(t, context.Background(), tr2, 4096))
-	tr2.mu.Lock()
-	defer tr2.mu.Unlock()
-	p := tr2.pools[connKey{f.ownerID.String(), f.srv.Addr()}]
-	require.NotNil(t, p)
-	assert.Len(t, p.idle, 1)
-	assert.Equal(t, 1, p.open)
-	assert.Len(t, tr2.all, 1)
+	open, idle, all := tr2.pool.Stats(connKey{f.ownerID.String(), f.srv.Addr()})
+	assert.Equal(t, 1, idle)
+	assert.Equal(t, 1, open)
+	assert.Equal(t, 1, all)
 }
 
 // A pooled connection the server reaped as idle (ServerConfig.Limits) is

@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
@@ -28,16 +24,16 @@ type ServerConfig struct {
 	// Listener, when set, is served instead of listening on Addr (a socket
 	// made in another network namespace, say). Close closes it.
 	Listener net.Listener
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	Source   fabric.Source  // required: resolves claims to memory
+	// Security: Identity (required), PSK and Encrypt (cluster membership
+	// and encryption in the data handshake), Authorize (nil admits every
+	// authenticated peer), StallTimeout (how long a transfer may make no
+	// progress: a reader that stopped reading, a pusher that stopped
+	// sending; default 30 s) and Logger; see fabric.Security.
+	fabric.Security
+	Source fabric.Source // required: resolves claims to memory
 	// Sink resolves the claims of pushes to the buffers they fill; nil:
 	// pushes are refused with fabric.ErrObjectNotFound.
-	Sink      fabric.Sink
-	Authorize func(peer.ID) error
-	// PSK (the cluster key) and Encrypt turn on cluster membership and
-	// encryption in the data handshake (see peerauth.Options).
-	PSK     []byte
-	Encrypt bool
+	Sink fabric.Sink
 	// ChunkSize is the unit of checksumming (and of compression) for
 	// reads; default 256 KiB, at most 1 MiB.
 	ChunkSize int
@@ -45,22 +41,20 @@ type ServerConfig struct {
 	// resolving a claim (a resolution that overruns is cancelled within
 	// 1/8 of it more); default 10 s.
 	HandshakeTimeout time.Duration
-	// StallTimeout bounds how long a transfer may make no progress (a
-	// reader that stopped reading, a pusher that stopped sending); default
-	// 30 s.
-	StallTimeout time.Duration
 	// Limits caps connections (in total and per peer) and closes
 	// authenticated connections idle for longer than Limits.IdleTimeout;
 	// zero values mean fabric's defaults (1024, 128, 5 min).
 	Limits fabric.ListenerLimits
 	// ListenerMetrics counts the listener (label "tcp"); nil: not counted.
 	ListenerMetrics *fabric.ListenerMetrics
-	Logger          *slog.Logger
 }
 
 func (c *ServerConfig) defaults() error {
-	if c.Identity == nil || c.Source == nil {
-		return errors.New("tcp: ServerConfig needs Identity and Source")
+	if err := c.Security.Defaults("tcp: ServerConfig"); err != nil {
+		return err
+	}
+	if c.Source == nil {
+		return errors.New("tcp: ServerConfig needs a Source")
 	}
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:0"
@@ -73,12 +67,6 @@ func (c *ServerConfig) defaults() error {
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
-	}
-	if c.StallTimeout <= 0 {
-		c.StallTimeout = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c.Limits = c.Limits.WithDefaults()
 	return nil
@@ -124,7 +112,7 @@ func (s *Server) serve(c net.Conn) {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
-	res, err := peerauth.ServerWith(c, s.cfg.Identity, s.cfg.Authorize, peerauth.Options{PSK: s.cfg.PSK, Encrypt: s.cfg.Encrypt})
+	res, err := peerauth.ServerFor(c, s.cfg.Security)
 	if err == nil {
 		c, err = res.Wrap(c)
 	}

@@ -85,7 +85,7 @@ func TestIdleConnectionOutlivesDeadlines(t *testing.T) {
 				c.Encrypt = encrypt
 			})
 			var dials atomic.Int64
-			tr := pf.transport(t, Config{Compression: CompressOff, Encrypt: encrypt, Dial: counting(&dials)})
+			tr := pf.transport(t, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: encrypt}, Dial: counting(&dials)})
 			src, _ := tensor.BytesOf(pf.src)
 			for i := range 3 {
 				clear(pf.sink)

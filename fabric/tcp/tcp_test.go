@@ -49,7 +49,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 	}
 	ownerKey, ownerID := testhelp.Key(t)
 	f.ownerID = ownerID
-	cfg := ServerConfig{Identity: ownerKey, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+	cfg := ServerConfig{Security: fabric.Security{Identity: ownerKey}, Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 		f.opens.Add(1)
 		if c.Object != (fabric.ObjectID{1}) {
 			return nil, fabric.ErrObjectNotFound
@@ -65,7 +65,7 @@ func newFixture(t testing.TB, size int64, mutate func(*ServerConfig)) *fixture {
 	f.srv, err = Listen(cfg)
 	require.NoError(t, err)
 	readerKey, _ := testhelp.Key(t)
-	f.tr, err = New(Config{Identity: readerKey, StripeMin: 1 << 20})
+	f.tr, err = New(Config{Security: fabric.Security{Identity: readerKey}, StripeMin: 1 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		f.tr.Close()
@@ -244,7 +244,7 @@ func TestStallDetected(t *testing.T) {
 		<-release
 	})
 	defer close(release)
-	err := readOnce(t, context.Background(), Config{StallTimeout: 100 * time.Millisecond}, r)
+	err := readOnce(t, context.Background(), Config{Security: fabric.Security{StallTimeout: 100 * time.Millisecond}}, r)
 	assert.ErrorIs(t, err, fabric.ErrStalled)
 }
 

@@ -4,20 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -27,10 +24,10 @@ import (
 // Config configures the reader side of the tcp transport (and the sending
 // side of pushes). Zero values mean the documented defaults.
 type Config struct {
-	Identity crypto.PrivKey // required: the runtime's libp2p identity key
-	// PSK (the cluster key) and Encrypt: see peerauth.Options.
-	PSK     []byte
-	Encrypt bool
+	// Security is who this runtime is and what its data connections
+	// prove: Identity (required), PSK, Encrypt, StallTimeout (default
+	// 30 s) and Logger; see fabric.Security.
+	fabric.Security
 	// Streams is the most connections one large transfer is striped over;
 	// default 4.
 	Streams int
@@ -42,10 +39,6 @@ type Config struct {
 	ChunkSize int
 	// DialTimeout bounds connecting and authenticating; default 10 s.
 	DialTimeout time.Duration
-	// StallTimeout is how long a transfer may make no progress before it
-	// fails with fabric.ErrStalled (reported within 1/8 of it); default
-	// 30 s.
-	StallTimeout time.Duration
 	// MaxConns is the most connections open to one owner at once; a
 	// transfer that finds them all busy waits (as long as its ctx allows)
 	// for the first one given back. Default 64.
@@ -70,12 +63,11 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Registerer receives the transport's metrics; nil: not registered.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
 }
 
 func (c *Config) defaults() error {
-	if c.Identity == nil {
-		return errors.New("tcp: Config needs Identity")
+	if err := c.Security.Defaults("tcp: Config"); err != nil {
+		return err
 	}
 	if c.Streams <= 0 {
 		c.Streams = 4
@@ -92,9 +84,6 @@ func (c *Config) defaults() error {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
 	}
-	if c.StallTimeout <= 0 {
-		c.StallTimeout = 30 * time.Second
-	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 64
 	}
@@ -106,9 +95,6 @@ func (c *Config) defaults() error {
 	}
 	if c.Compression > CompressAlways {
 		return fmt.Errorf("tcp: unknown %v", c.Compression)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return nil
 }
@@ -123,10 +109,9 @@ type Transport struct {
 	links links
 	m     *metrics
 
-	mu     sync.Mutex
-	pools  map[connKey]*ownerPool
-	all    map[*conn]struct{}
-	closed bool
+	// pool holds the connections per owner (fabric/internal/kit): idle
+	// ones reused, at most MaxConns each, transfers queued past that.
+	pool *kit.Pool[connKey, *conn]
 
 	corruptNext atomic.Bool // tests: damage the next pushed block
 }
@@ -143,8 +128,7 @@ type connKey struct{ peer, addr string }
 type conn struct {
 	*link
 	key   connKey
-	since time.Time // when it went idle
-	abort func()    // closes it; made once, for the per-transfer ctx watcher
+	abort func() // closes it; made once, for the per-transfer ctx watcher
 }
 
 // New returns a tcp transport.
@@ -156,7 +140,12 @@ func New(cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{cfg: cfg, m: m, pools: map[connKey]*ownerPool{}, all: map[*conn]struct{}{}}, nil
+	t := &Transport{cfg: cfg, m: m}
+	t.pool = kit.NewPool(kit.PoolConfig[connKey, *conn]{
+		Dial: t.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle, IdleTimeout: cfg.IdleTimeout,
+		OnWait: m.waits.Inc, OnDial: m.dials.Inc,
+	})
+	return t, nil
 }
 
 // Name returns "tcp".
@@ -309,7 +298,7 @@ func (t *Transport) codecBps() float64 {
 // that the owner has since closed is replaced once.
 func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte) (wire int64, err error) {
 	for attempt := 0; ; attempt++ {
-		c, pooled, err := t.get(ctx, x.key)
+		c, pooled, err := t.pool.Get(ctx, x.key)
 		if err != nil {
 			return wire, err
 		}
@@ -322,17 +311,17 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		w, inStep, err := t.exchange(c, x, off, p)
 		wire += w
 		if !stop() {
-			t.discard(c)
+			t.pool.Discard(c)
 			if ctx.Err() != nil {
 				return wire, ctx.Err()
 			}
 			return wire, err
 		}
 		if inStep {
-			t.put(c)
+			t.pool.Put(c)
 			return wire, err
 		}
-		t.discard(c)
+		t.pool.Discard(c)
 		if pooled && attempt == 0 && errors.Is(err, fabric.ErrPeerClosed) {
 			continue
 		}
@@ -426,129 +415,6 @@ func (t *Transport) ioError(err error) error {
 	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)
 }
 
-// get returns a connection to k: an idle one, a new one while fewer than
-// MaxConns are open, or else the first one another transfer gives back
-// (waiting at most as long as ctx allows). pooled reports a connection
-// that carried a request before, which the owner may have closed since.
-func (t *Transport) get(ctx context.Context, k connKey) (c *conn, pooled bool, err error) {
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil, false, fabric.ErrClosed
-	}
-	p := t.pools[k]
-	if p == nil {
-		p = &ownerPool{}
-		t.pools[k] = p
-	}
-	if n := len(p.idle); n > 0 {
-		c = p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		t.mu.Unlock()
-		return c, true, nil
-	}
-	if p.open < t.cfg.MaxConns {
-		p.open++
-		t.mu.Unlock()
-		return t.dialSlot(ctx, k)
-	}
-	// Every connection is busy: queue rather than open more, so a burst of
-	// transfers cannot make a storm of handshakes (each costs more than a
-	// small transfer) or exhaust the owner's sockets.
-	w := make(chan *conn, 1)
-	p.waiters = append(p.waiters, w)
-	t.mu.Unlock()
-	t.m.waits.Inc()
-	select {
-	case c, ok := <-w:
-		return t.handed(ctx, k, c, ok)
-	case <-ctx.Done():
-	}
-	t.mu.Lock()
-	if i := slices.Index(p.waiters, w); i >= 0 {
-		p.waiters = slices.Delete(p.waiters, i, i+1)
-		t.mu.Unlock()
-		return nil, false, ctx.Err()
-	}
-	t.mu.Unlock()
-	// Handed a connection (or a slot) just as ctx ended: pass it on.
-	if c, ok := <-w; ok {
-		if c != nil {
-			t.put(c)
-		} else {
-			t.release(k)
-		}
-	}
-	return nil, false, ctx.Err()
-}
-
-// handed takes what a waiter was given: a connection, nil (the slot of a
-// connection that closed: dial one), or nothing (the transport closed).
-func (t *Transport) handed(ctx context.Context, k connKey, c *conn, ok bool) (*conn, bool, error) {
-	switch {
-	case !ok:
-		return nil, false, fabric.ErrClosed
-	case c != nil:
-		return c, true, nil
-	}
-	return t.dialSlot(ctx, k)
-}
-
-// dialSlot dials for a slot already counted in the owner's open
-// connections, and gives the slot back if that fails.
-func (t *Transport) dialSlot(ctx context.Context, k connKey) (*conn, bool, error) {
-	c, err := t.dial(ctx, k)
-	if err != nil {
-		t.release(k)
-		return nil, false, err
-	}
-	t.m.dials.Inc()
-	return c, false, nil
-}
-
-// ownerPool is the connections to one owner. The caller holds t.mu.
-type ownerPool struct {
-	idle    []*conn      // most recently used last
-	open    int          // connections open or being dialed, idle or busy
-	waiters []chan *conn // transfers waiting for a connection, oldest first
-}
-
-// handOff gives c (or, when nil, the slot of a connection that closed) to
-// the oldest waiter, and reports whether there was one.
-func (p *ownerPool) handOff(c *conn) bool {
-	if len(p.waiters) == 0 {
-		return false
-	}
-	p.waiters[0] <- c // buffered: never blocks
-	p.waiters[0] = nil
-	p.waiters = p.waiters[1:]
-	return true
-}
-
-// release gives back the slot of a connection that closed or was never
-// made.
-func (t *Transport) release(k connKey) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.pools[k]
-	if p == nil { // the transport closed
-		return
-	}
-	if !p.handOff(nil) {
-		p.open--
-		t.forget(k, p)
-	}
-}
-
-// forget drops an owner's pool once nothing uses it, so the map does not
-// grow with every owner ever read from.
-func (t *Transport) forget(k connKey, p *ownerPool) {
-	if p.open == 0 && len(p.waiters) == 0 {
-		delete(t.pools, k)
-	}
-}
-
 func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 	want, err := peer.Decode(k.peer)
 	if err != nil {
@@ -572,7 +438,7 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 	}
 	stop := context.AfterFunc(dctx, func() { nc.Close() })
 	nc.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	res, err := peerauth.ClientWith(nc, t.cfg.Identity, want, peerauth.Options{PSK: t.cfg.PSK, Encrypt: t.cfg.Encrypt})
+	res, err := peerauth.ClientFor(nc, t.cfg.Security, want)
 	if !stop() && err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -594,81 +460,9 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 	}
 	c := &conn{link: newLink(sc, t.cfg.StallTimeout), key: k}
 	c.abort = func() { c.Close() }
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		nc.Close()
-		return nil, fabric.ErrClosed
-	}
-	t.all[c] = struct{}{}
 	return c, nil
-}
-
-// put returns a connection that is in step to the pool: to a waiting
-// transfer, else to the idle list while it has room. Idle connections
-// unused for IdleTimeout are closed on the way.
-func (t *Transport) put(c *conn) {
-	now := time.Now()
-	var drop []*conn
-	t.mu.Lock()
-	p := t.pools[c.key]
-	switch {
-	case t.closed || p == nil:
-		drop = append(drop, c)
-	case p.handOff(c):
-	case len(p.idle) < t.cfg.MaxIdle:
-		c.since = now
-		p.idle = append(p.idle, c)
-	default:
-		drop = append(drop, c)
-		p.open--
-	}
-	if p != nil {
-		for len(p.idle) > 0 && now.Sub(p.idle[0].since) > t.cfg.IdleTimeout {
-			drop = append(drop, p.idle[0])
-			p.idle[0] = nil
-			p.idle = p.idle[1:]
-			p.open--
-		}
-	}
-	for _, d := range drop {
-		delete(t.all, d)
-	}
-	if p != nil {
-		t.forget(c.key, p)
-	}
-	t.mu.Unlock()
-	for _, d := range drop {
-		d.Close()
-	}
-}
-
-// discard closes a connection that is out of step or broken.
-func (t *Transport) discard(c *conn) {
-	t.mu.Lock()
-	delete(t.all, c)
-	t.mu.Unlock()
-	c.Close()
-	t.release(c.key)
 }
 
 // Close closes every connection, aborting transfers in flight. It is
 // idempotent.
-func (t *Transport) Close() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil
-	}
-	t.closed = true
-	for c := range t.all {
-		c.Close()
-	}
-	for _, p := range t.pools {
-		for _, w := range p.waiters {
-			close(w)
-		}
-	}
-	t.all, t.pools = nil, nil
-	return nil
-}
+func (t *Transport) Close() error { return t.pool.Close() }

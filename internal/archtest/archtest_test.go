@@ -87,7 +87,8 @@ func TestCheck(t *testing.T) {
 		{"clean", []Package{
 			{Path: "tensor", Doc: doc},
 			{Path: "fabric/tcp", Imports: []string{"fabric", "internal/tcodec", "tensor", "topology"}, Doc: doc},
-			{Path: "rdt", Imports: []string{"fabric", "fabric/tcp"}, Doc: doc},
+			{Path: "rdt", Imports: []string{"fabric", "fabric/stack"}, Doc: doc},
+			{Path: "fabric/stack", Imports: []string{"fabric", "fabric/tcp", "fabric/rdma/softrdma"}, Doc: doc},
 			{Path: "rdt/placement", Imports: []string{"rdt", "sched"}, Doc: doc},
 		}, nil},
 		{"codec imports fabric (the old tcodec)", []Package{
@@ -103,6 +104,14 @@ func TestCheck(t *testing.T) {
 		{"sched imports a transport", []Package{
 			{Path: "sched", Imports: []string{"fabric/tcp"}, Doc: doc},
 		}, []string{"sched imports fabric/tcp: sched must not import fabric"}},
+		{"rdt imports a transport instead of fabric/stack", []Package{
+			{Path: "rdt", Imports: []string{"fabric", "fabric/stack", "fabric/tcp"}, Doc: doc},
+			{Path: "rdt/x", Imports: []string{"fabric/rdma/softrdma", "fabric/linkstat"}, Doc: doc},
+		}, []string{
+			"rdt imports fabric/tcp: rdt must not import fabric/tcp",
+			"rdt/x imports fabric/linkstat: rdt must not import fabric/linkstat",
+			"rdt/x imports fabric/rdma/softrdma: rdt must not import fabric/rdma",
+		}},
 		{"rdt imports sched outside rdt/placement", []Package{
 			{Path: "rdt", Imports: []string{"sched"}, Doc: doc},
 		}, []string{"rdt imports sched: rdt must not import sched"}},

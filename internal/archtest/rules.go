@@ -33,6 +33,8 @@ var Rules = []Rule{
 		Why: "transports move bytes for any caller; the user API is built on them, not in them"},
 	{Tree: "rdt", MustNot: []string{"sched", "bench", "dashboard"}, Except: []string{"rdt/placement"},
 		Why: "the runtime does not decide placement; rdt/placement joins the two"},
+	{Tree: "rdt", MustNot: []string{"fabric/local", "fabric/shm", "fabric/rdma", "fabric/tcp", "fabric/linkstat"},
+		Why: "fabric/stack builds, tunes and closes the transports; the user API reaches them through it and fabric's interfaces"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"}, Except: []string{"internal/capi"},

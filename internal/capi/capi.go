@@ -247,8 +247,8 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		}
 		out.Cluster, out.Host = cl, c.Host
 	}
-	out.ListenAddrs, out.DataAddr = c.Listen, c.DataAddr
-	out.Allow, out.Deny = c.Allow, c.Deny
+	out.ListenAddrs, out.Transports.DataAddr = c.Listen, c.DataAddr
+	out.Transports.Allow, out.Transports.Deny = c.Allow, c.Deny
 	key := c.ClusterKey
 	if key == "" {
 		key = os.Getenv(EnvClusterKey)

@@ -343,3 +343,19 @@ func ServerWith(rw io.ReadWriter, key crypto.PrivKey, authorize func(peer.ID) er
 }
 
 var errShortKey = errors.New("peerauth: session keys must be 32 bytes")
+
+// OptionsOf packs a transport's security block into handshake options:
+// its cluster key, and encryption when asked for.
+func OptionsOf(s fabric.Security) Options { return Options{PSK: s.PSK, Encrypt: s.Encrypt} }
+
+// ClientFor runs the client handshake as s says: s.Identity proves this
+// end, the owner must be want, s.PSK and s.Encrypt as in Options.
+func ClientFor(rw io.ReadWriter, s fabric.Security, want peer.ID) (Result, error) {
+	return ClientWith(rw, s.Identity, want, OptionsOf(s))
+}
+
+// ServerFor runs the server handshake as s says, admitting the peers
+// s.Authorize admits (all authenticated ones when nil).
+func ServerFor(rw io.ReadWriter, s fabric.Security) (Result, error) {
+	return ServerWith(rw, s.Identity, s.Authorize, OptionsOf(s))
+}

@@ -29,7 +29,7 @@ func TestAbuse(t *testing.T) {
 		attacker := testKey(t)
 		prov := loopback(t, "nic0")
 		prov.cfg.HandshakeTimeout = cfg.HandshakeTimeout
-		srv, err := rdma.Listen(context.Background(), rdma.ServerConfig{Provider: prov, Identity: ownerKey, Source: src, Sink: sink,
+		srv, err := rdma.Listen(context.Background(), rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink,
 			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics})
 		if err != nil {
 			t.Fatal(err)
@@ -60,7 +60,7 @@ func TestAbuse(t *testing.T) {
 			},
 			Oversized: oversized,
 			Reader: func(t testing.TB) fabric.Transport {
-				tr, err := rdma.New(context.Background(), rdma.Config{Provider: loopback(t, "nic0"), Identity: testKey(t), AllowLoopback: true})
+				tr, err := rdma.New(context.Background(), rdma.Config{Provider: loopback(t, "nic0"), Security: fabric.Security{Identity: testKey(t)}, AllowLoopback: true})
 				if err != nil {
 					t.Fatal(err)
 				}

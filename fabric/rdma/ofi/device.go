@@ -283,7 +283,7 @@ func (d *device) serve(c net.Conn) {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	res, err := peerauth.ServerWith(c, d.cfg.Identity, d.cfg.Authorize, peerauth.Options{PSK: d.cfg.PSK})
+	res, err := peerauth.ServerFor(c, d.cfg.Security)
 	if err != nil {
 		d.log.Warn("rdma queue pair refused", "remote", c.RemoteAddr(), "err", err)
 		return

@@ -29,7 +29,7 @@
 //     provider's wait object instead of spinning; where a provider has
 //     none, reads back off from a spin to 1 ms sleeps.
 //
-// Selecting it: TENSORLANE_RDMA_PROVIDER=ofi (or rdt.Config.RDMAProviderKind),
+// Selecting it: TENSORLANE_RDMA_PROVIDER=ofi (or rdt.Config.Transports.RDMAProviderKind, a stack.Config field),
 // TENSORLANE_OFI_PROVIDER=tcp|verbs|efa|... names the libfabric provider
 // (default: the first fi_getinfo offers, which is its preference order).
 // See docs/rdma-ofi.md for running it on a real cluster.

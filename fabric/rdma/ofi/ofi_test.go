@@ -14,6 +14,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
 
@@ -42,7 +43,7 @@ func TestOpenClose(t *testing.T) {
 	p := loopback(t, "nic0")
 	t.Log(p.Fabric(), p.Devices())
 	ctx := context.Background()
-	d, err := p.Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t), Listen: true})
+	d, err := p.Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}, Listen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +72,12 @@ func TestReadWrite(t *testing.T) {
 	ctx := context.Background()
 	owner := loopback(t, "nic0")
 	reader := loopback(t, "nic0")
-	od, err := owner.Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t), Listen: true})
+	od, err := owner.Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}, Listen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer od.Close()
-	rd, err := reader.Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t)})
+	rd, err := reader.Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,11 +154,11 @@ func newPair(t *testing.T, size int) *pair {
 	ctx := context.Background()
 	p := &pair{}
 	var err error
-	if p.od, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t), Listen: true}); err != nil {
+	if p.od, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}, Listen: true}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.od.Close() })
-	if p.rd, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Identity: testKey(t)}); err != nil {
+	if p.rd, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.rd.Close() })

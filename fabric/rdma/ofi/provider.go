@@ -9,7 +9,6 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -332,14 +331,17 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if nic == nil {
 		return nil, fmt.Errorf("%w: %q", rdma.ErrNoDevice, name)
 	}
-	if cfg.Identity == nil {
-		return nil, errors.New("ofi: OpenConfig needs Identity")
+	if cfg.Logger == nil {
+		cfg.Logger = p.log
+	}
+	if err := cfg.Security.Defaults("ofi: OpenConfig"); err != nil {
+		return nil, err
+	}
+	if cfg.Encrypt {
+		return nil, rdma.ErrEncrypt
 	}
 	if nic.Addr == "" {
 		return nil, fmt.Errorf("ofi: NIC %s (domain %s) has no IP address for its bootstrap listener: set NIC.Addr", nic.Name, nic.Domain)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = p.log
 	}
 	return openDevice(ctx, p, *nic, cfg)
 }

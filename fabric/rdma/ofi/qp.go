@@ -116,7 +116,7 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	_, err = peerauth.ClientWith(conn, d.cfg.Identity, want, peerauth.Options{PSK: d.cfg.PSK})
+	_, err = peerauth.ClientFor(conn, d.cfg.Security, want)
 	var name []byte
 	if err == nil {
 		name, err = peerauth.ReadField(conn, MaxAddr)

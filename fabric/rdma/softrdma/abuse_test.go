@@ -30,7 +30,7 @@ func abuseHarness() fabrictest.AbuseHarness {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := rdma.Listen(context.Background(), rdma.ServerConfig{Provider: prov, Identity: ownerKey, Source: src, Sink: sink,
+		srv, err := rdma.Listen(context.Background(), rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink,
 			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics})
 		if err != nil {
 			t.Fatal(err)
@@ -79,7 +79,7 @@ func abuseHarness() fabrictest.AbuseHarness {
 				if err != nil {
 					t.Fatal(err)
 				}
-				tr, err := rdma.New(context.Background(), rdma.Config{Provider: rp, Identity: readerKey, AllowLoopback: true})
+				tr, err := rdma.New(context.Background(), rdma.Config{Provider: rp, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true})
 				if err != nil {
 					t.Fatal(err)
 				}

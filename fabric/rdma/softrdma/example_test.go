@@ -8,6 +8,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 )
@@ -22,13 +23,13 @@ func Example() {
 	kb, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 
 	// Passive side: register memory for remote reads.
-	a, _ := prov.Open(ctx, "a", rdma.OpenConfig{Identity: ka, Listen: true})
+	a, _ := prov.Open(ctx, "a", rdma.OpenConfig{Security: fabric.Security{Identity: ka}, Listen: true})
 	defer a.Close()
 	pdA, _ := a.AllocPD()
 	remote, _ := pdA.RegisterMemory([]byte("hello, rdma"), rdma.AccessRemoteRead)
 
 	// Active side: a queue pair to a, and a READ into local memory.
-	b, _ := prov.Open(ctx, "b", rdma.OpenConfig{Identity: kb})
+	b, _ := prov.Open(ctx, "b", rdma.OpenConfig{Security: fabric.Security{Identity: kb}})
 	defer b.Close()
 	pdB, _ := b.AllocPD()
 	buf := make([]byte, 11)

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -134,11 +133,11 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if nic == nil {
 		return nil, fmt.Errorf("%w: %q", rdma.ErrNoDevice, name)
 	}
-	if cfg.Identity == nil {
-		return nil, errors.New("softrdma: OpenConfig needs Identity")
+	if err := cfg.Security.Defaults("softrdma: OpenConfig"); err != nil {
+		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Encrypt {
+		return nil, rdma.ErrEncrypt
 	}
 	cfg.Limits = cfg.Limits.WithDefaults()
 	d := &device{p: p, nic: *nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name),

@@ -107,7 +107,7 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	// The context's end closes the connection (above); the deadline only
 	// bounds a handshake the context does not.
 	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	_, err = peerauth.ClientWith(conn, d.cfg.Identity, want, peerauth.Options{PSK: d.cfg.PSK})
+	_, err = peerauth.ClientFor(conn, d.cfg.Security, want)
 	if !stop() {
 		conn.Close()
 		return ctx.Err()

@@ -63,7 +63,7 @@ func (r *responder) serve() {
 		tc.SetNoDelay(true)
 	}
 	r.conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	res, err := peerauth.ServerWith(r.conn, d.cfg.Identity, d.cfg.Authorize, peerauth.Options{PSK: d.cfg.PSK})
+	res, err := peerauth.ServerFor(r.conn, d.cfg.Security)
 	who := res.Peer
 	if err != nil {
 		d.log.Warn("rdma queue pair refused", "remote", r.conn.RemoteAddr(), "err", err)

@@ -83,7 +83,7 @@ func newPairWith(t *testing.T, size int, timeout time.Duration, server func(*rdm
 	ck, cid := newKey(t)
 	p := &pair{prov: prov, handler: &echoHandler{closed: make(chan rdma.RemoteQP, 4)}, clientID: cid}
 	ctx := context.Background()
-	scfg := rdma.OpenConfig{Identity: sk, Listen: true, Handler: p.handler}
+	scfg := rdma.OpenConfig{Security: fabric.Security{Identity: sk}, Listen: true, Handler: p.handler}
 	if server != nil {
 		server(&scfg)
 	}
@@ -92,7 +92,7 @@ func newPairWith(t *testing.T, size int, timeout time.Duration, server func(*rdm
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.server.Close() })
-	p.client, err = prov.Open(ctx, "c0", rdma.OpenConfig{Identity: ck})
+	p.client, err = prov.Open(ctx, "c0", rdma.OpenConfig{Security: fabric.Security{Identity: ck}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestStalledResponderTimesOut(t *testing.T) {
 	}()
 	prov, _ := New(Config{NICs: []NIC{{Name: "c", Addr: "127.0.0.1:0"}}})
 	k, _ := newKey(t)
-	dev, _ := prov.Open(context.Background(), "c", rdma.OpenConfig{Identity: k})
+	dev, _ := prov.Open(context.Background(), "c", rdma.OpenConfig{Security: fabric.Security{Identity: k}})
 	defer dev.Close()
 	pd, _ := dev.AllocPD()
 	cq, _ := dev.CreateCQ()
@@ -428,7 +428,7 @@ func TestBadConfig(t *testing.T) {
 	}
 	prov, _ := New(Config{})
 	k, _ := newKey(t)
-	if _, err := prov.Open(context.Background(), "x", rdma.OpenConfig{Identity: k}); !errors.Is(err, rdma.ErrNoDevice) {
+	if _, err := prov.Open(context.Background(), "x", rdma.OpenConfig{Security: fabric.Security{Identity: k}}); !errors.Is(err, rdma.ErrNoDevice) {
 		t.Errorf("Open of an unknown device: %v", err)
 	}
 }
@@ -495,13 +495,12 @@ func TestAuthorizeRefuses(t *testing.T) {
 	sk, sid := newKey(t)
 	ck, _ := newKey(t)
 	ctx := context.Background()
-	srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Identity: sk, Listen: true,
-		Authorize: func(peer.ID) error { return errors.New("not on the list") }})
+	srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, Authorize: func(peer.ID) error { return errors.New("not on the list") }}, Listen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Identity: ck})
+	cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Security: fabric.Security{Identity: ck}})
 	defer cli.Close()
 	pd, _ := cli.AllocPD()
 	cq, _ := cli.CreateCQ()
@@ -542,12 +541,12 @@ func TestClusterKeyOnQueuePairs(t *testing.T) {
 			sk, sid := newKey(t)
 			ck, _ := newKey(t)
 			ctx := context.Background()
-			srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Identity: sk, PSK: tc.server, Listen: true, Handler: &echoHandler{}})
+			srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, PSK: tc.server}, Listen: true, Handler: &echoHandler{}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer srv.Close()
-			cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Identity: ck, PSK: tc.client})
+			cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Security: fabric.Security{Identity: ck, PSK: tc.client}})
 			defer cli.Close()
 			pd, _ := cli.AllocPD()
 			cq, _ := cli.CreateCQ()

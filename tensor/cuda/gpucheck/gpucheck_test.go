@@ -296,7 +296,7 @@ func ownerMain() int {
 	key, _, _ := crypto.GenerateEd25519Key(rand.Reader)
 	id, _ := peer.IDFromPrivateKey(key)
 	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return pin{b}, nil })
-	srv, err := shm.Listen(shm.ServerConfig{Identity: key, Source: src, Sink: sinkFunc(src)})
+	srv, err := shm.Listen(shm.ServerConfig{Security: fabric.Security{Identity: key}, Source: src, Sink: sinkFunc(src)})
 	if err != nil {
 		return fail(err)
 	}
@@ -341,7 +341,7 @@ func TestCrossProcessP2PGet(t *testing.T) {
 			m := open(t, 0, mode)
 			dst, scratch := alloc(t, m, n), alloc(t, m, n)
 			key, _, _ := crypto.GenerateEd25519Key(rand.Reader)
-			cli, err := shm.NewClient(shm.Config{Identity: key})
+			cli, err := shm.NewClient(shm.Config{Security: fabric.Security{Identity: key}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -374,7 +374,7 @@ func TestTCPGet(t *testing.T) {
 		t.Fatal(err)
 	}
 	okey, oid := newKey(t)
-	srv, err := tcp.Listen(tcp.ServerConfig{Identity: okey, Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
+	srv, err := tcp.Listen(tcp.ServerConfig{Security: fabric.Security{Identity: okey}, Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) {
 		return pin{src}, nil
 	})})
 	if err != nil {
@@ -382,7 +382,7 @@ func TestTCPGet(t *testing.T) {
 	}
 	defer srv.Close()
 	rkey, _ := newKey(t)
-	tr, err := tcp.New(tcp.Config{Identity: rkey, Compression: tcp.CompressOff})
+	tr, err := tcp.New(tcp.Config{Security: fabric.Security{Identity: rkey}, Compression: tcp.CompressOff})
 	if err != nil {
 		t.Fatal(err)
 	}

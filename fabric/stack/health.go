@@ -1,4 +1,4 @@
-package rdt
+package stack
 
 import (
 	"context"
@@ -14,15 +14,15 @@ import (
 )
 
 // linkHealth joins link telemetry (fabric/linkstat) to the data paths: the
-// runtime's data connections are dialed through it, so each is tracked
+// stack's data connections are dialed through it, so each is tracked
 // under a label that names its transport, peer address and (rdma) rail,
 // and a health transition of a rail's connection marks the rail degraded
 // in the rdma transport (no new slices) until the link recovers or the
 // mark runs out. tcp streams are tracked and their state exposed
-// (Runtime.Links), not paused: that is fabric/tcp's to do.
+// (Stack.Links), not paused: that is fabric/tcp's to do.
 type linkHealth struct {
 	mon      *linkstat.Monitor
-	owned    bool // created by the runtime (Config.LinkTelemetry): closed with it
+	owned    bool // created by the stack (Config.LinkTelemetry): closed with it
 	log      *slog.Logger
 	host     string
 	pause    time.Duration // first mark of a degraded rail
@@ -35,7 +35,7 @@ type linkHealth struct {
 
 	mu    sync.Mutex
 	rdma  *rdma.Transport
-	links map[uint64]*healthLink // this runtime's tracked connections, by linkstat ID
+	links map[uint64]*healthLink // this stack's tracked connections, by linkstat ID
 }
 
 type healthLink struct {
@@ -57,21 +57,21 @@ type healthLink struct {
 }
 
 // startLinkHealth returns nil when link telemetry is off.
-func (r *Runtime) startLinkHealth() (*linkHealth, error) {
-	c := r.cfg
+func (s *Stack) startLinkHealth() (*linkHealth, error) {
+	c := s.cfg
 	mon, owned := c.LinkMonitor, false
 	if mon == nil {
 		if !c.LinkTelemetry {
 			return nil, nil
 		}
 		var err error
-		mon, err = linkstat.New(linkstat.Config{Registerer: r.registerer(), Logger: r.log})
+		mon, err = linkstat.New(linkstat.Config{Registerer: s.node.Registerer, Logger: s.log})
 		if err != nil {
 			return nil, err
 		}
 		owned = true
 	}
-	return newLinkHealth(mon, owned, r.log, c.Host, c.LinkHealthPause), nil
+	return newLinkHealth(mon, owned, s.log, s.node.Host, c.LinkHealthPause), nil
 }
 
 func newLinkHealth(mon *linkstat.Monitor, owned bool, log *slog.Logger, host string, pause time.Duration) *linkHealth {
@@ -218,7 +218,7 @@ func (h *linkHealth) onHealth(st linkstat.LinkStats) {
 	hl := h.railLocked(st)
 	if hl == nil || tr == nil {
 		h.mu.Unlock()
-		return // not a rail of this runtime's reader
+		return // not a rail of this stack's reader
 	}
 	last := h.mon.Last()
 	if !st.Degraded {
@@ -350,7 +350,7 @@ func (h *linkHealth) loop() {
 	}
 }
 
-// snapshot returns this runtime's links at the monitor's last refresh.
+// snapshot returns this stack's links at the monitor's last refresh.
 func (h *linkHealth) snapshot() []linkstat.LinkStats {
 	if h == nil {
 		return nil
@@ -366,7 +366,7 @@ func (h *linkHealth) snapshot() []linkstat.LinkStats {
 	return out
 }
 
-// close stops acting on health and closes a monitor the runtime created.
+// close stops acting on health and closes a monitor the stack created.
 // Idempotent.
 func (h *linkHealth) close() error {
 	if h == nil {
@@ -381,19 +381,4 @@ func (h *linkHealth) close() error {
 		}
 	})
 	return h.closeErr
-}
-
-// Links reports this runtime's data connections (tcp streams, rdma rails)
-// as link telemetry saw them at its last refresh, degraded ones with the
-// reason; nil when link telemetry is off (Config.LinkMonitor,
-// Config.LinkTelemetry).
-func (r *Runtime) Links() []linkstat.LinkStats { return r.health.snapshot() }
-
-// LinkMonitor is the monitor measuring this runtime's data connections
-// (nil when link telemetry is off), e.g. for a dashboard's Links.
-func (r *Runtime) LinkMonitor() *linkstat.Monitor {
-	if r.health == nil {
-		return nil
-	}
-	return r.health.mon
 }
