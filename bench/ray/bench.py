@@ -11,12 +11,14 @@ waits for the receiver's answer. Reported: median seconds, GB/s, and each
 transport's ratio to the plain object store measured in the same run.
 
 Transports: the object store (numpy: Ray copies the array into plasma once
-and the reader maps it read-only), TENSORLANE publishing the caller's numpy
-array (foreign memory: one staged copy for a same-node reader, made in the
-background at Put into pre-populated memory; the reader maps it read-only),
-TENSORLANE publishing an array from tensorlane.empty (no copy anywhere: the
-reader maps the sender's array read-only), TENSORLANE forced onto tcp (the
-reader's copy), and, when torch (and nixl)
+and the reader maps it read-only); TENSORLANE with per-object grants
+("views", TENSORLANE_SLABS=0) and in slab mode ("slabs", the plug-in's
+default: the reader maps the sender's slab once for every object), each
+publishing the caller's numpy array (foreign memory: one staged copy for a
+same-node reader, made in the background at Put into pre-populated memory;
+the reader maps it read-only) and an array from tensorlane.empty (no copy
+anywhere: the reader maps the sender's array read-only); TENSORLANE forced
+onto tcp (the reader's copy); and, when torch (and nixl)
 are installed, GLOO, NIXL and the zero-copy torch object store
 (RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1). Ones that cannot run are listed with
 the reason.

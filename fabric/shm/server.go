@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"

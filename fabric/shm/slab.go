@@ -405,9 +405,9 @@ func (c *Client) slabViewOn(pc *pconn, g grant, fds []int, r fabric.Remote) (*sl
 // unview releases a view's hold, on the owner's anchor. Without one (it
 // failed) the owner drops the hold with our last connection.
 func (c *Client) unview(owner string, id uint64) {
-	c.mu.Lock()
+	c.anchorMu.Lock()
 	a := c.anchors[owner]
-	c.mu.Unlock()
+	c.anchorMu.Unlock()
 	if a == nil {
 		return
 	}
@@ -417,15 +417,35 @@ func (c *Client) unview(owner string, id uint64) {
 	a.wmu.Unlock()
 	if err != nil {
 		c.cfg.Logger.Debug("shm: unview failed, dropping the anchor connection", "owner", owner, "err", err)
-		c.mu.Lock()
-		if c.anchors[owner] == a {
+		c.anchorMu.Lock()
+		drop := c.anchors[owner] == a
+		if drop {
 			delete(c.anchors, owner)
-			delete(c.all, a)
 		}
-		c.mu.Unlock()
-		a.c.Close()
-		c.slabs.dropConn(a)
+		c.anchorMu.Unlock()
+		if drop {
+			c.pool.Discard(a)
+		}
 	}
+}
+
+// keepAnchor makes pc, which carried a slab view, the owner's anchor
+// unless a live one exists, and reports whether it did (pc then stays out
+// of the pool's rotation, keeping its slot).
+func (c *Client) keepAnchor(pc *pconn) bool {
+	pc.anchor = false
+	c.anchorMu.Lock()
+	a := c.anchors[pc.owner]
+	if a != nil && peerOpen(a.c) == nil {
+		c.anchorMu.Unlock()
+		return false
+	}
+	c.anchors[pc.owner] = pc
+	c.anchorMu.Unlock()
+	if a != nil {
+		c.pool.Discard(a) // the owner closed it: its holds went with it
+	}
+	return true
 }
 
 // populateRead builds p's page tables (MADV_POPULATE_READ), on several

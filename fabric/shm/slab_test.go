@@ -36,7 +36,7 @@ func newSlabOwner(t *testing.T, psk []byte, authorize func(peer.ID) error) *slab
 	o := &slabOwner{mem: mem, objs: map[fabric.ObjectID]tensor.Buffer{}}
 	ownerKey, ownerID := key(t)
 	o.ownerID = ownerID
-	o.srv, err = Listen(ServerConfig{Identity: ownerKey, PSK: psk, Authorize: authorize,
+	o.srv, err = Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, PSK: psk, Authorize: authorize},
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			o.mu.Lock()
 			defer o.mu.Unlock()
@@ -90,7 +90,7 @@ func (o *slabOwner) remote(id byte, n int64) fabric.Remote {
 func slabReader(t *testing.T, psk []byte) (*Client, peer.ID) {
 	t.Helper()
 	readerKey, readerID := key(t)
-	c, err := NewClient(Config{Identity: readerKey, Topology: dgx(t), PSK: psk})
+	c, err := NewClient(Config{Security: fabric.Security{Identity: readerKey, PSK: psk}, Topology: dgx(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, readerID
