@@ -133,7 +133,8 @@ type Config struct {
 	// that may read one object of the runtime's can then read the others
 	// in the same slab: it needs a cluster key, which bounds who may read
 	// (docs/security-shm-grants.md). nil means TENSORLANE_SLABS ("1" on,
-	// "0" or unset off). Views of slab objects are refused (use Get).
+	// "0" or unset off). A view of a slab object holds its range on the
+	// owner until ReleaseView.
 	Slabs *bool `json:"slabs,omitempty"`
 	// PoolBytes is how much slab memory to create and populate at start
 	// (before NewRuntime returns: the pre-faulted pool Gets and
