@@ -166,8 +166,10 @@ class Runtime:
     config is the JSON config of the C ABI as a dict: ``preset``, ``hosts``,
     ``discover``, ``host``, ``listen``, ``data_addr``, ``cluster_key``,
     ``allow``, ``deny``, ``transfer_timeout_ms``, ``sim_devices``,
-    ``host_memory``, ``log_level``. TENSORLANE_TRANSPORTS and
-    TENSORLANE_CLUSTER_KEY apply from the environment.
+    ``host_memory``, ``log_level``, ``lazy_staging``, ``stage_pool_bytes``,
+    ``slabs``, ``pool_bytes``, ``slab_bytes`` (slab mode: docs/ray.md).
+    TENSORLANE_TRANSPORTS, TENSORLANE_CLUSTER_KEY, TENSORLANE_SLABS and
+    TENSORLANE_POOL_BYTES apply from the environment.
     """
 
     def __init__(self, config: Optional[Dict[str, Any]] = None):
