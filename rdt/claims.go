@@ -57,6 +57,33 @@ func (e *DeviceClaimError) Error() string {
 
 func (e *DeviceClaimError) Unwrap() error { return ErrDeviceClaimed }
 
+// EnvCUDAVisible is read when EnvDevices is not set: the accelerators a
+// scheduler gave this process, as host indices ("0,2"; "" or "-1": none).
+// Device UUIDs and MIG names are refused with a clear error, since the
+// simulated and discovered topologies number devices by index.
+const EnvCUDAVisible = "CUDA_VISIBLE_DEVICES"
+
+// parseCUDAVisible parses CUDA_VISIBLE_DEVICES. CUDA stops at the first
+// invalid index and hides every device after it; "-1" and "" hide all.
+func parseCUDAVisible(s string) ([]int, error) {
+	out := []int{}
+	for f := range strings.SplitSeq(strings.TrimSpace(s), ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a device index (UUIDs and MIG names are not mapped)", f)
+		}
+		if n < 0 {
+			break
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // parseVisible parses a TENSORLANE_DEVICES value; nil means all devices.
 func parseVisible(s string) ([]int, error) {
 	s = strings.TrimSpace(s)

@@ -68,6 +68,47 @@ func TestVisibleDevices(t *testing.T) {
 	assert.ErrorContains(t, err, EnvDevices)
 }
 
+// Without TENSORLANE_DEVICES, the devices a scheduler handed the process
+// through CUDA_VISIBLE_DEVICES are the ones the runtime claims.
+func TestCUDAVisibleDevices(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int
+		bad  bool
+	}{
+		{in: "0,2", want: []int{0, 2}},
+		{in: " 3 ", want: []int{3}},
+		{in: "", want: []int{}},
+		{in: "-1", want: []int{}},
+		{in: "1,-1,2", want: []int{1}},
+		{in: "GPU-8e6c0f3a", bad: true},
+	} {
+		got, err := parseCUDAVisible(tc.in)
+		if tc.bad {
+			assert.Error(t, err, tc.in)
+			continue
+		}
+		require.NoError(t, err, tc.in)
+		assert.Equal(t, tc.want, got, tc.in)
+	}
+
+	ctx := context.Background()
+	t.Setenv(EnvRuntimeDir, t.TempDir())
+	t.Setenv(EnvDevices, "") // restored after the test, then unset for it
+	os.Unsetenv(EnvDevices)
+	t.Setenv(EnvCUDAVisible, "2")
+	r, err := New(ctx, Config{DeviceMemory: 1 << 20})
+	require.NoError(t, err)
+	assert.Equal(t, []tensor.DeviceID{tensor.HostDevice, tensor.GPUDevice(2)}, r.Devices())
+	require.NoError(t, r.Shutdown(ctx))
+
+	t.Setenv(EnvDevices, "1")
+	r, err = New(ctx, Config{DeviceMemory: 1 << 20})
+	require.NoError(t, err)
+	assert.Equal(t, []tensor.DeviceID{tensor.HostDevice, tensor.GPUDevice(1)}, r.Devices(), "TENSORLANE_DEVICES wins")
+	require.NoError(t, r.Shutdown(ctx))
+}
+
 // The helper process for TestDeviceClaimsAcrossProcesses: a runtime that
 // claims TENSORLANE_DEVICES of h0 and holds them until stdin closes.
 func TestClaimHelperProcess(t *testing.T) {

@@ -45,7 +45,7 @@ type Config struct {
 	// runtime claims, as a scheduler hands them out (CUDA_VISIBLE_DEVICES,
 	// a Ray bundle): nil means all of them, an empty non-nil slice none
 	// (host memory only). TENSORLANE_DEVICES ("0,2", "none") sets it unless
-	// IgnoreEnv. Two live processes claiming one device of a host are
+	// IgnoreEnv; without it, CUDA_VISIBLE_DEVICES does when this field is nil. Two live processes claiming one device of a host are
 	// refused (ErrDeviceClaimed): see RuntimeDir.
 	VisibleDevices []int
 	// RuntimeDir holds the device claim locks, one file per (cluster, host,
@@ -147,6 +147,13 @@ func (c *Config) withDefaults() (Config, error) {
 			if vis != nil {
 				out.VisibleDevices = vis
 			}
+		} else if v, ok := os.LookupEnv(EnvCUDAVisible); ok && out.VisibleDevices == nil {
+			// What the scheduler handed this process (Ray, Slurm, k8s).
+			vis, err := parseCUDAVisible(v)
+			if err != nil {
+				return out, fmt.Errorf("rdt: %s: %w (set %s to override)", EnvCUDAVisible, err, EnvDevices)
+			}
+			out.VisibleDevices = vis
 		}
 		if out.RuntimeDir == "" {
 			out.RuntimeDir = os.Getenv(EnvRuntimeDir)

@@ -21,7 +21,7 @@
 // and counted.
 //
 // Several processes may share a host, each claiming some of its devices
-// (Config.VisibleDevices, TENSORLANE_DEVICES); a device claimed by another
+// (Config.VisibleDevices, TENSORLANE_DEVICES, else CUDA_VISIBLE_DEVICES); a device claimed by another
 // live process is refused with ErrDeviceClaimed. Actor addresses and refs
 // have text and binary forms (ParseActorAddr, ParseRef) for bootstrapping
 // over any channel. Every blocking call honours its context

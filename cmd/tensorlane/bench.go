@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -155,33 +154,12 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		fmt.Fprintf(out, "\npeak RSS %.1f MiB; took %.1f s\n", float64(res.PeakRSS)/(1<<20), res.Elapsed.Seconds())
 	}
 	if o.out != "" {
-		if err := os.MkdirAll(o.out, 0o755); err != nil {
-			return err
-		}
-		if err := harness.WriteFile(filepath.Join(o.out, "results.json"), file); err != nil {
-			return err
-		}
-		plots, err := harness.WritePlots(o.out, res.Records)
-		if err != nil {
-			return err
-		}
-		md, err := os.Create(filepath.Join(o.out, "report.md"))
-		if err != nil {
-			return err
-		}
-		err = harness.WriteMarkdown(md, file, relative(plots)...)
-		if cerr := md.Close(); err == nil {
-			err = cerr
-		}
+		files, err := harness.WriteReport(o.out, file, res.Records)
 		if err != nil {
 			return err
 		}
 		if !o.json {
-			fmt.Fprintf(out, "wrote %s, %s", filepath.Join(o.out, "results.json"), filepath.Join(o.out, "report.md"))
-			for _, p := range plots {
-				fmt.Fprintf(out, ", %s", p)
-			}
-			fmt.Fprintln(out)
+			fmt.Fprintf(out, "wrote %s\n", strings.Join(files, ", "))
 		}
 	}
 	if o.writeBaseline != "" {
@@ -281,12 +259,4 @@ func repeat(c byte, n int) []byte {
 		b[i] = c
 	}
 	return b
-}
-
-func relative(files []string) []string {
-	out := make([]string, len(files))
-	for i, f := range files {
-		out[i] = filepath.Base(f)
-	}
-	return out
 }

@@ -3,9 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -87,26 +86,12 @@ func runBroadcastBench(cmd *cobra.Command, o benchOptions) error {
 		}
 	}
 	if o.out != "" {
-		if err := os.MkdirAll(o.out, 0o755); err != nil {
-			return err
-		}
-		f, err := os.Create(filepath.Join(o.out, "broadcast.json"))
-		if err != nil {
-			return err
-		}
-		err = harness.WriteBroadcastJSON(f, recs)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		png, err := harness.WriteBroadcastPlot(o.out, recs)
+		files, err := harness.WriteBroadcastReport(o.out, recs)
 		if err != nil {
 			return err
 		}
 		if !o.json {
-			fmt.Fprintf(out, "wrote %s, %s\n", filepath.Join(o.out, "broadcast.json"), png)
+			fmt.Fprintf(out, "wrote %s\n", strings.Join(files, ", "))
 		}
 	}
 	return nil

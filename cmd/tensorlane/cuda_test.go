@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tensorlane/tensorlane/internal/envinfo"
 	"github.com/tensorlane/tensorlane/tensor/cuda"
 	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
 )
@@ -17,15 +18,15 @@ import (
 func TestCUDAInEnvAndTopo(t *testing.T) {
 	t.Setenv(cuda.LibraryEnv, filepath.Join(t.TempDir(), "libcuda.so.1"))
 	var out bytes.Buffer
-	writeEnv(&out, collectEnv(context.Background(), ""))
+	envinfo.Write(&out, envinfo.Collect(context.Background(), ""))
 	if !strings.Contains(out.String(), "cuda driver api:       not usable: cuda: unavailable") {
 		t.Errorf("env without a driver:\n%s", out.String())
 	}
 
 	t.Setenv(cuda.LibraryEnv, cudatest.FakeLibrary(t))
 	out.Reset()
-	m := collectEnv(context.Background(), "")
-	writeEnv(&out, m)
+	m := envinfo.Collect(context.Background(), "")
+	envinfo.Write(&out, m)
 	for _, want := range []string{"cuda device:           0: Fake H200 0 (tensorlane test double), 1 GiB, VMM+fd+fabric, peers [1]",
 		"cuda-driver-api:       12.8", "accelerator:           1 x nvidia Fake H200 1"} {
 		if !strings.Contains(out.String(), want) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/dashboard"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
+	"github.com/tensorlane/tensorlane/internal/demo"
 )
 
 type dashboardOptions struct {
@@ -102,19 +103,24 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 		return err
 	}
 	defer mon.Close()
-	rig, err := newDemoRig(ctx, demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size, linkMon: mon}, logger)
+	cfg, err := demoOptions{preset: o.preset, hosts: o.hosts, readers: o.readers, tensors: o.tensors, steps: 1, size: o.size}.config()
 	if err != nil {
 		return err
 	}
-	defer rig.close()
+	cfg.Logger, cfg.LinkMonitor = logger, mon
+	rig, err := demo.NewRig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer rig.Close()
 	if placements == nil {
-		pl := []demoPlacement{{"trainer", rig.runtimes[0].HostID(), rig.trainer.Devices()[0].String()}}
-		for _, r := range rig.readers {
-			pl = append(pl, demoPlacement{r.actor.Name(), r.host, r.dev.String()})
+		pl := []demoPlacement{{"trainer", rig.Runtimes()[0].HostID(), rig.Trainer().Devices()[0].String()}}
+		for _, r := range rig.Readers() {
+			pl = append(pl, demoPlacement{r.Actor.Name(), r.Host, r.Device.String()})
 		}
 		placements = pl
 	}
-	h, err := dashboard.New(dashboard.Config{Runtimes: rig.runtimes, Placements: func() any { return placements },
+	h, err := dashboard.New(dashboard.Config{Runtimes: rig.Runtimes(), Placements: func() any { return placements },
 		Links: func() any { return mon.Last() }, Gatherers: []prometheus.Gatherer{linkReg}, Logger: logger})
 	if err != nil {
 		return err
@@ -143,7 +149,7 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			demoLoop(loopCtx, rig, o.interval, logger)
+			rig.Loop(loopCtx, o.interval, logger)
 		}()
 	}
 	<-ctx.Done()
@@ -154,34 +160,4 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 	wg.Wait()
 	fmt.Fprintln(out, "tensorlane dashboard: stopped")
 	return err
-}
-
-// demoLoop runs demo steps until ctx ends. A failed step is logged and
-// counted in the runtimes' metrics (the page shows it); the loop goes on.
-func demoLoop(ctx context.Context, rig *demoRig, interval time.Duration, log *slog.Logger) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for step := 1; ; step++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		ts, err := rig.step(ctx, step, func(demoTransfer) {})
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			log.Warn("dashboard: demo step failed", "step", step, "err", err)
-			// Messages of a broken step may still sit in inboxes; drain so the
-			// next step's readers see their own refs.
-			rig.drain()
-		}
-		for _, x := range ts {
-			if !x.Verified {
-				log.Error("dashboard: demo transfer did not verify", "step", step, "reader", x.Reader)
-			}
-		}
-		t.Reset(interval)
-	}
 }

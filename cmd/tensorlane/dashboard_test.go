@@ -17,15 +17,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 )
 
 // dashboardBackground are goroutines libp2p keeps for the life of the
 // process, started by the first runtime of any test.
-var dashboardBackground = []goleak.Option{
-	goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
-	goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
-	goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
-}
+var dashboardBackground = testhelp.Libp2pBackground()
 
 // syncBuffer is an io.Writer safe for the server goroutine and the test.
 type syncBuffer struct {
@@ -139,6 +137,9 @@ func TestDashboardBadFlags(t *testing.T) {
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "nope", hosts: 1, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1}, nil))
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 1, addr: "bad addr", size: "1MiB", tensors: 1, readers: 1}, nil))
 	assert.Error(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 1, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1, placements: "/nonexistent.json"}, nil))
+	// A zero is refused, not read as the demo's default (and the server
+	// never starts).
+	assert.ErrorContains(t, runDashboard(context.Background(), &out, dashboardOptions{preset: "dgx-h100", hosts: 0, addr: "127.0.0.1:0", size: "1MiB", tensors: 1, readers: 1}, nil), "must be at least 1")
 }
 
 // findBrowser returns a Chromium-family browser, or "" when there is none.

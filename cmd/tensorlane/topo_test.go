@@ -164,11 +164,6 @@ func TestTopoRegistered(t *testing.T) {
 	assert.True(t, strings.Contains(newTopoCmd().Long, "gb200-nvl72"))
 }
 
-func TestDotQuote(t *testing.T) {
-	assert.Equal(t, `"a\nb"`, dotQuote("a\nb"))
-	assert.Equal(t, `"say \"hi\" \\ ok"`, dotQuote(`say "hi" \ ok`))
-}
-
 // The DOT output renders, and Graphviz shows two-line labels, not a literal
 // "\n" (issue 19.7). Needs Graphviz's dot: .ci/run installs it.
 func TestDotRendersWithGraphviz(t *testing.T) {

@@ -569,42 +569,26 @@ func (c *Client) ioError(err error) error {
 
 func (c *Client) dial(ctx context.Context, k connKey) (*pconn, error) {
 	want, owner, addr := k.want, k.owner, k.addr
-	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
-	defer cancel()
 	var d net.Dialer
-	nc, err := d.DialContext(dctx, "unixpacket", addr)
+	nc, err := kit.Connect(ctx, c.cfg.DialTimeout, "shm", addr,
+		func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "unixpacket", addr) },
+		func(nc net.Conn) error {
+			if err := sameUser(nc.(*net.UnixConn)); err != nil {
+				return err
+			}
+			rw := newPacketRW(nc.(*net.UnixConn))
+			if _, err := peerauth.ClientFor(rw, c.cfg.Security, want); err != nil {
+				return err
+			}
+			if rw.pending() != 0 {
+				return fmt.Errorf("%w: data after the handshake", fabric.ErrBadRequest)
+			}
+			return nil
+		})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: dial %s: %v", fabric.ErrPeerClosed, addr, err)
-	}
-	uc := nc.(*net.UnixConn)
-	if err := sameUser(uc); err != nil {
-		uc.Close()
 		return nil, err
 	}
-	stop := context.AfterFunc(dctx, func() { uc.Close() })
-	uc.SetDeadline(time.Now().Add(c.cfg.DialTimeout))
-	rw := newPacketRW(uc)
-	_, err = peerauth.ClientFor(rw, c.cfg.Security, want)
-	if !stop() && err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		err = fmt.Errorf("%w: handshake with %s timed out", fabric.ErrStalled, addr)
-	}
-	if err == nil && rw.pending() != 0 {
-		err = fmt.Errorf("%w: data after the handshake", fabric.ErrBadRequest)
-	}
-	if err != nil {
-		uc.Close()
-		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) || errors.Is(err, fabric.ErrStalled) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
-	}
-	uc.SetDeadline(time.Time{})
+	uc := nc.(*net.UnixConn)
 	return &pconn{c: uc, cli: c, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken),
 		slabs: map[uint64]*slabMap{}}, nil
 }

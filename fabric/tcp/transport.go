@@ -420,39 +420,20 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: owner peer id %q: %v", fabric.ErrBadRequest, k.peer, err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
-	defer cancel()
 	dial := t.cfg.Dial
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
 	}
-	nc, err := dial(dctx, "tcp", k.addr)
+	var res peerauth.Result
+	nc, err := kit.Connect(ctx, t.cfg.DialTimeout, "tcp", k.addr,
+		func(ctx context.Context) (net.Conn, error) { return dial(ctx, "tcp", k.addr) },
+		func(nc net.Conn) (err error) {
+			res, err = peerauth.ClientFor(nc, t.cfg.Security, want)
+			return err
+		})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: dial %s: %v", fabric.ErrPeerClosed, k.addr, err)
+		return nil, err
 	}
-	if tc, ok := nc.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	stop := context.AfterFunc(dctx, func() { nc.Close() })
-	nc.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	res, err := peerauth.ClientFor(nc, t.cfg.Security, want)
-	if !stop() && err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		err = fmt.Errorf("%w: handshake with %s timed out", fabric.ErrStalled, k.addr)
-	}
-	if err != nil {
-		nc.Close()
-		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: handshake with %s: %v", fabric.ErrPeerClosed, k.addr, err)
-	}
-	nc.SetDeadline(time.Time{})
 	sc, err := res.Wrap(nc)
 	if err != nil {
 		nc.Close()

@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
@@ -98,41 +99,21 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 		return fmt.Errorf("%w: ofi: queue pair closed or already connected", fabric.ErrClosed)
 	}
 	q.mu.Unlock()
-	dialer := net.Dialer{}
-	if h, _, err := net.SplitHostPort(d.nic.Addr); err == nil {
-		if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
-			dialer.LocalAddr = &net.TCPAddr{IP: ip}
-		}
-	}
-	conn, err := dialer.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: ofi: connect %s -> %s: %v", fabric.ErrPeerClosed, d.nic.Name, addr, err)
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	_, err = peerauth.ClientFor(conn, d.cfg.Security, want)
+	// The bootstrap connection leaves from this NIC's address.
+	laddr := kit.SourceAddr(d.nic.Addr)
 	var name []byte
-	if err == nil {
-		name, err = peerauth.ReadField(conn, MaxAddr)
-	}
-	if !stop() {
-		conn.Close()
-		return ctx.Err()
-	}
-	if err != nil {
-		conn.Close()
-		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) {
+	conn, err := kit.Connect(ctx, d.p.cfg.HandshakeTimeout, "ofi "+d.nic.Name, addr,
+		func(ctx context.Context) (net.Conn, error) { return kit.DialFrom(ctx, "tcp", laddr, addr) },
+		func(conn net.Conn) (err error) {
+			if _, err = peerauth.ClientFor(conn, d.cfg.Security, want); err != nil {
+				return err
+			}
+			name, err = peerauth.ReadField(conn, MaxAddr)
 			return err
-		}
-		return fmt.Errorf("%w: ofi: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
+		})
+	if err != nil {
+		return err
 	}
-	conn.SetDeadline(time.Time{})
 	if len(name) == 0 {
 		conn.Close()
 		return fmt.Errorf("%w: ofi: %s sent an empty endpoint address", fabric.ErrBadRequest, addr)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
+	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
 
@@ -40,15 +41,7 @@ type NIC struct {
 // traffic leaves through its own NIC's address. A Dial that wraps it (to
 // track the connection, or to dial inside a network namespace) calls it.
 func DialFrom(ctx context.Context, network, laddr, raddr string) (net.Conn, error) {
-	var d net.Dialer
-	if laddr != "" {
-		a, err := net.ResolveTCPAddr(network, laddr)
-		if err != nil {
-			return nil, err
-		}
-		d.LocalAddr = a
-	}
-	return d.DialContext(ctx, network, raddr)
+	return kit.DialFrom(ctx, network, laddr, raddr)
 }
 
 // Config configures the software provider. Zero values mean the defaults.

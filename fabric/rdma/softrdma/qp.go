@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 )
@@ -87,42 +88,18 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	if dial == nil {
 		dial = DialFrom
 	}
-	laddr := ""
-	if h, _, err := net.SplitHostPort(d.nic.Addr); err == nil && h != "" {
-		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
-			laddr = net.JoinHostPort(h, "0")
-		}
-	}
-	conn, err := dial(ctx, "tcp", laddr, addr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: softrdma: connect %s -> %s: %v", fabric.ErrPeerClosed, d.nic.Name, addr, err)
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	// The context's end closes the connection (above); the deadline only
-	// bounds a handshake the context does not.
-	conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	_, err = peerauth.ClientFor(conn, d.cfg.Security, want)
-	if !stop() {
-		conn.Close()
-		return ctx.Err()
-	}
-	if err != nil {
-		conn.Close()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, fabric.ErrUnauthorized) || errors.Is(err, fabric.ErrBadRequest) {
+	// The connection leaves from this NIC's address, so the rail is the
+	// NIC's own path.
+	laddr := kit.SourceAddr(d.nic.Addr)
+	conn, err := kit.Connect(ctx, d.p.cfg.HandshakeTimeout, "softrdma "+d.nic.Name, addr,
+		func(ctx context.Context) (net.Conn, error) { return dial(ctx, "tcp", laddr, addr) },
+		func(conn net.Conn) error {
+			_, err := peerauth.ClientFor(conn, d.cfg.Security, want)
 			return err
-		}
-		return fmt.Errorf("%w: softrdma: handshake with %s: %v", fabric.ErrPeerClosed, addr, err)
+		})
+	if err != nil {
+		return err
 	}
-	conn.SetDeadline(time.Time{})
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -11,22 +11,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// The engine's own tests are in internal/demo; these check what the
+// command prints.
+
 func TestDemoJSON(t *testing.T) {
 	var out bytes.Buffer
-	err := runDemo(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 2, readers: 4, tensors: 3, steps: 2, size: "1MiB", json: true})
+	err := runDemo(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 2, readers: 2, tensors: 1, steps: 1, size: "64KiB", json: true})
 	require.NoError(t, err)
-	var res demoResult
+	var res map[string]any
 	require.NoError(t, json.Unmarshal(out.Bytes(), &res))
-	assert.True(t, res.OK)
-	assert.True(t, res.Simulated)
-	require.Len(t, res.Transfers, 8)
-	paths := map[string]int{}
-	for _, tr := range res.Transfers {
-		assert.True(t, tr.Verified)
-		assert.Equal(t, int64(3<<20), tr.Bytes)
-		paths[tr.Path]++
+	for _, k := range []string{"ok", "simulated", "preset", "hosts", "memcpy_gbps", "transfers"} {
+		assert.Contains(t, res, k)
 	}
-	assert.Equal(t, map[string]int{"p2p": 4, "rdma": 4}, paths, "same-host readers use the NVLink path, others rdma (simulated NICs)")
+	assert.Equal(t, true, res["ok"])
 }
 
 // writes records each Write, to see rows leave as they complete.
@@ -58,6 +55,13 @@ func TestDemoTable(t *testing.T) {
 	assert.Equal(t, 2, rows)
 }
 
+func TestDemoBroadcastTable(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, runDemoBroadcast(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 2, readers: 2, tensors: 1, steps: 1, size: "64KiB"}))
+	assert.Contains(t, out.String(), "broadcast tree")
+	assert.Contains(t, out.String(), "bytes/reader")
+}
+
 func TestHumanBytes(t *testing.T) {
 	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1 KiB", 3 << 19: "1.5 MiB", 512 << 20: "512 MiB", 1 << 30: "1 GiB"} {
 		assert.Equal(t, want, humanBytes(n))
@@ -66,7 +70,14 @@ func TestHumanBytes(t *testing.T) {
 
 func TestDemoBadFlags(t *testing.T) {
 	var out bytes.Buffer
-	assert.Error(t, runDemo(context.Background(), &out, demoOptions{preset: "nope", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"}))
-	assert.Error(t, runDemo(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "lots"}))
-	assert.Error(t, runDemo(context.Background(), &out, demoOptions{preset: "dgx-h100", hosts: 0, readers: 1, tensors: 1, steps: 1, size: "1MiB"}))
+	for _, o := range []demoOptions{
+		{preset: "nope", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"},
+		{preset: "dgx-h100", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "lots"},
+		{preset: "dgx-h100", hosts: 0, readers: 1, tensors: 1, steps: 1, size: "1MiB"},
+		{preset: "", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "1MiB"},      // not read as the default preset
+		{preset: "dgx-h100", hosts: 1, readers: 1, tensors: 1, steps: 1, size: "4"}, // rounds to no 8-byte word
+	} {
+		assert.Error(t, runDemo(context.Background(), &out, o), "%+v", o)
+		assert.Error(t, runDemoBroadcast(context.Background(), &out, o), "%+v", o)
+	}
 }

@@ -1,13 +1,10 @@
-package main
+package demo
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/tensorlane/tensorlane/rdt"
@@ -20,7 +17,9 @@ import (
 // each reader verifies every byte and says Done with the generation, and
 // the trainer waits for all of them before the next step.
 
-type demoBroadcastStep struct {
+// BroadcastStep is one step of RunBroadcast: how many readers verified the
+// new generation of every tensor, and how long the broadcast took.
+type BroadcastStep struct {
 	Step     int     `json:"step"`
 	Readers  int     `json:"readers"`
 	OK       int     `json:"ok"`
@@ -29,24 +28,30 @@ type demoBroadcastStep struct {
 	Verified bool    `json:"verified"`
 }
 
-type demoBroadcastResult struct {
-	OK        bool                `json:"ok"`
-	Simulated bool                `json:"simulated"`
-	Preset    string              `json:"preset"`
-	Hosts     int                 `json:"hosts"`
-	Tree      string              `json:"tree"`
-	Steps     []demoBroadcastStep `json:"steps"`
+// BroadcastResult is what RunBroadcast reports; Tree is ExplainBroadcast's
+// tree of the first tensor.
+type BroadcastResult struct {
+	OK        bool            `json:"ok"`
+	Simulated bool            `json:"simulated"`
+	Preset    string          `json:"preset"`
+	Hosts     int             `json:"hosts"`
+	Tree      string          `json:"tree"`
+	Steps     []BroadcastStep `json:"steps"`
 }
 
-func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
+// RunBroadcast runs cfg.Steps steps of weight sync by broadcast on a new
+// rig. An error means the demo could not run or a step failed; a reader
+// that got wrong bytes shows in BroadcastResult.OK.
+func RunBroadcast(ctx context.Context, cfg Config) (*BroadcastResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	rig, err := startDemoRig(ctx, o)
+	o := cfg.withDefaults()
+	rig, err := NewRig(ctx, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer rig.close()
+	defer rig.Close()
 	// Each reader reserves its slots and sends their refs to the trainer.
 	slots := make([][]*rdt.Slot, len(rig.readers))
 	defer func() {
@@ -59,15 +64,15 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 	for i, rd := range rig.readers {
 		var refs []rdt.Ref
 		for _, ref := range rig.refs {
-			s, err := rd.actor.Reserve(ctx, ref.Desc, rd.dev, rdt.WithGenerations())
+			s, err := rd.Actor.Reserve(ctx, ref.Desc, rd.Device, rdt.WithGenerations())
 			if err != nil {
-				return fmt.Errorf("%s: reserve: %w", rd.actor.Name(), err)
+				return nil, fmt.Errorf("%s: reserve: %w", rd.Actor.Name(), err)
 			}
 			slots[i] = append(slots[i], s)
 			refs = append(refs, s.Ref())
 		}
-		if err := rd.actor.Send(ctx, rig.trainer.Addr(), rdt.Message{Payload: []byte("slots"), Refs: refs}); err != nil {
-			return err
+		if err := rd.Actor.Send(ctx, rig.trainer.Addr(), rdt.Message{Payload: []byte("slots"), Refs: refs}); err != nil {
+			return nil, err
 		}
 	}
 	// The trainer collects them: per reader, its slot per tensor.
@@ -75,10 +80,10 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 	for range rig.readers {
 		m, err := rig.trainer.Receive(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(m.Refs) != len(rig.refs) {
-			return fmt.Errorf("reader %s sent %d slots for %d tensors", m.From, len(m.Refs), len(rig.refs))
+			return nil, fmt.Errorf("reader %s sent %d slots for %d tensors", m.From, len(m.Refs), len(rig.refs))
 		}
 		perReader = append(perReader, m.Refs)
 	}
@@ -86,24 +91,24 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 	for j, rs := range perReader {
 		firsts[j] = rs[0]
 	}
-	res := demoBroadcastResult{OK: true, Simulated: rig.simulated, Preset: o.preset, Hosts: o.hosts,
+	res := &BroadcastResult{OK: true, Simulated: rig.simulated, Preset: o.Preset, Hosts: o.Hosts,
 		Tree: rig.trainer.ExplainBroadcast(rig.refs[0], firsts).String()}
-	for step := 1; step <= o.steps; step++ {
+	for step := 1; step <= o.Steps; step++ {
 		// A training step changed the weights.
 		for i := range rig.refs {
 			if err := demoWeights(rig, i, i+256*step); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		start := time.Now()
 		// The whole state dict along one tree, one setup round per reader.
 		result, err := rig.trainer.BroadcastBatch(ctx, rig.refs, perReader, rdt.BroadcastConfig{})
-		st := demoBroadcastStep{Step: step, Readers: len(rig.readers), Bytes: int64(len(rig.refs)) * rig.size, Seconds: time.Since(start).Seconds(), Verified: true}
+		st := BroadcastStep{Step: step, Readers: len(rig.readers), Bytes: int64(len(rig.refs)) * rig.size, Seconds: time.Since(start).Seconds(), Verified: true}
 		if err == nil {
 			err = errors.Join(append(result.Items, result.Err())...)
 		}
 		if err != nil {
-			return fmt.Errorf("step %d: %w", step, err)
+			return nil, fmt.Errorf("step %d: %w", step, err)
 		}
 		// Every reader checks every byte of the new generation, then says
 		// it is done with it.
@@ -112,13 +117,13 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 			for i, s := range slots[r] {
 				gen, x, err := s.Wait(ctx, uint64(step-1))
 				if err != nil {
-					return err
+					return nil, err
 				}
 				p, _ := x.SpanBytes()
 				pattern(rig.want, i+256*step)
 				ok = ok && bytes.Equal(p, rig.want)
 				if err := s.Done(ctx, gen); err != nil {
-					return err
+					return nil, err
 				}
 			}
 			if ok {
@@ -127,36 +132,17 @@ func runDemoBroadcast(ctx context.Context, out io.Writer, o demoOptions) error {
 			st.Verified = st.Verified && ok
 		}
 		if err := result.WaitConsumed(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		res.OK = res.OK && st.Verified
 		res.Steps = append(res.Steps, st)
 	}
-	if o.json {
-		if err := json.NewEncoder(out).Encode(res); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(out, "tensorlane demo --broadcast: %d simulated %s hosts, %d bf16 tensors of %s, %d readers\n",
-			o.hosts, o.preset, o.tensors, o.size, o.readers)
-		fmt.Fprintln(out, "(simulated devices: memfd-backed arenas, real copies; hosts talk over loopback)")
-		fmt.Fprintf(out, "broadcast tree (the whole state dict follows it):\n%s", res.Tree)
-		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "step\treaders\tverified\tbytes/reader\tseconds\t")
-		for _, s := range res.Steps {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.3f\t\n", s.Step, s.Readers, s.OK, s.Bytes, s.Seconds)
-		}
-		tw.Flush()
-	}
-	if !res.OK {
-		return fmt.Errorf("verification failed")
-	}
-	return nil
+	return res, nil
 }
 
 // demoWeights rewrites the trainer's tensor i with pattern k (the owner
 // writes its own memory; readers see it only through the broadcast).
-func demoWeights(rig *demoRig, i, k int) error {
+func demoWeights(rig *Rig, i, k int) error {
 	p, err := rig.tensors[i].SpanBytes()
 	if err != nil {
 		return err

@@ -1,10 +1,9 @@
-package main
+package worker
 
 import (
 	"bufio"
 	"context"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -22,9 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
-	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
@@ -51,7 +48,7 @@ import (
 //	{"id":4,"ok":false,"code":"peer_closed","error":"…"}
 //
 // Before the first request it prints {"event":"ready","info":{…}}. "code"
-// names the typed error (see errorCode) so a driver in another process can
+// names the typed error (see ErrorCode) so a driver in another process can
 // tell the conditions apart. Closing stdin, SIGTERM and "exit" all shut the
 // runtime down cleanly; SIGKILL is the abrupt death the fault tests want.
 // The message types live in internal/workerproto, shared with the driver.
@@ -63,69 +60,51 @@ type (
 	workerCluster = workerproto.Cluster
 )
 
-type workerOptions struct {
-	preset          string
-	hosts           int
-	host            string
-	deviceMemory    string
-	hostMemory      string
-	listen          []string
-	dataAddr        string
-	identityFile    string
-	transports      []string
-	stallTimeout    time.Duration
-	transferTimeout time.Duration
-	heartbeat       time.Duration
-	heartbeatMisses int
-	leaseRenew      time.Duration
-	clusterKeyFile  string
-	allowPeers      []string
-	encrypt         bool
-	rdmaIP          string
-	noRDMA          bool
-	verbose         bool
+// Config is what one worker runs with. Its zero value means the defaults
+// documented on each field (the same as the command's flags).
+type Config struct {
+	Preset       string   // topology preset (default "dgx-h100")
+	Hosts        int      // hosts in the preset cluster (default 3)
+	Host         string   // the host this worker claims (default "h0")
+	DeviceMemory int64    // capacity of each simulated device arena (default 1 GiB)
+	HostMemory   int64    // cap on host memory allocations (0: unbounded)
+	Listen       []string // libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)
+	DataAddr     string   // tcp data listener address (default 127.0.0.1:0)
+	IdentityFile string   // libp2p key file, created if missing (LoadIdentity)
+	Transports   []string // allowed transports (default all)
+	// The runtime's timers; zero means the runtime's defaults (rdt.Config).
+	StallTimeout    time.Duration
+	TransferTimeout time.Duration
+	Heartbeat       time.Duration
+	HeartbeatMisses int
+	LeaseRenew      time.Duration
+	ClusterKeyFile  string   // 32-byte key, raw or hex (LoadClusterKey)
+	AllowPeers      []string // admit only these peer ids
+	Encrypt         bool     // encrypt data connections
+	RDMAIP          string   // address the simulated NICs' rails listen on (default loopback)
+	NoRDMA          bool     // turn the rdma path off
+	Verbose         bool     // debug logs
 }
 
-func init() {
-	o := workerOptions{}
-	cmd := &cobra.Command{
-		Use:   "worker",
-		Short: "Run one runtime claiming a topology host, driven by JSON lines on stdin",
-		Long: `worker starts one tensorlane runtime that claims a host of a topology preset and
-serves a line-based JSON protocol on stdin/stdout (put, get, free, info, connect, exit),
-so that a test harness can run several runtimes as separate processes, for example one
-per network namespace, and inject faults (kill -9, link down, netem) from outside.
-Devices are simulated arenas; keep --device-memory small. Logs go to stderr.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runWorker(cmd.Context(), cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
-		},
+// withDefaults fills in the documented defaults of the zero fields.
+func (c Config) withDefaults() Config {
+	if c.Preset == "" {
+		c.Preset = "dgx-h100"
 	}
-	f := cmd.Flags()
-	f.StringVar(&o.preset, "preset", "dgx-h100", "topology preset")
-	f.IntVar(&o.hosts, "hosts", 3, "number of hosts in the preset cluster")
-	f.StringVar(&o.host, "host", "h0", "topology host this worker claims")
-	f.StringVar(&o.deviceMemory, "device-memory", "1GiB", "capacity of each simulated device arena")
-	f.StringVar(&o.hostMemory, "host-memory", "", "cap on host memory allocations (default unbounded)")
-	f.StringSliceVar(&o.listen, "listen", nil, "libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)")
-	f.StringVar(&o.dataAddr, "data-addr", "", "tcp data listener address (default 127.0.0.1:0)")
-	f.StringVar(&o.identityFile, "identity-file", "", "libp2p key file; created if missing, so a restarted worker keeps its peer id")
-	f.StringSliceVar(&o.transports, "transports", nil, "allowed transports (default all)")
-	f.DurationVar(&o.stallTimeout, "stall-timeout", 0, "fail a transfer with no progress for this long (default the runtime's, 30s)")
-	f.DurationVar(&o.transferTimeout, "transfer-timeout", 0, "bound on a get without timeout_ms (default the runtime's, 2m)")
-	f.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "ping watched peers this often (default the runtime's, 1s)")
-	f.IntVar(&o.heartbeatMisses, "heartbeat-misses", 0, "declare a peer dead after this many missed pings (default 3)")
-	f.DurationVar(&o.leaseRenew, "lease-renew", 0, "readers renew leases this often (default the runtime's, 5s)")
-	f.StringVar(&o.clusterKeyFile, "cluster-key-file", "", "file holding the 32-byte cluster key (raw or hex); only members connect")
-	f.StringSliceVar(&o.allowPeers, "allow-peers", nil, "admit only these peer ids")
-	f.BoolVar(&o.encrypt, "encrypt", false, "encrypt data connections")
-	f.StringVar(&o.rdmaIP, "rdma-ip", "", "address the simulated RDMA NICs' rails listen on (default loopback; set it to the host's address in a network namespace)")
-	f.BoolVar(&o.noRDMA, "no-rdma", false, "turn the rdma path off")
-	f.BoolVarP(&o.verbose, "verbose", "v", false, "debug logs on stderr")
-	rootCmd.AddCommand(cmd)
+	if c.Hosts == 0 {
+		c.Hosts = 3
+	}
+	if c.Host == "" {
+		c.Host = "h0"
+	}
+	if c.DeviceMemory == 0 {
+		c.DeviceMemory = 1 << 30
+	}
+	return c
 }
 
-// loadIdentity reads a libp2p private key, or creates and stores one.
-func loadIdentity(path string) (crypto.PrivKey, error) {
+// LoadIdentity reads a libp2p private key, or creates and stores one.
+func LoadIdentity(path string) (crypto.PrivKey, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -154,8 +133,8 @@ func loadIdentity(path string) (crypto.PrivKey, error) {
 	return k, nil
 }
 
-// loadClusterKey reads a 32-byte key, raw or hex-encoded.
-func loadClusterKey(path string) ([]byte, error) {
+// LoadClusterKey reads a 32-byte key, raw or hex-encoded.
+func LoadClusterKey(path string) ([]byte, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -184,42 +163,36 @@ type worker struct {
 
 	mu      sync.Mutex
 	objects map[string]tensor.Tensor // object id -> the tensor Put, until freed
-	bslots  workerSlots              // slots reserved for broadcasts (worker_bcast.go)
+	bslots  workerSlots              // slots reserved for broadcasts (bcast.go)
 }
 
-func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o workerOptions) error {
+// Run starts the worker's runtime and serves the protocol on in and out
+// until in closes, an "exit" request, SIGTERM/SIGINT or ctx ends; logs go to
+// errOut.
+func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	o := cfg.withDefaults()
 	level := slog.LevelInfo
-	if o.verbose {
+	if o.Verbose {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level})).With("worker", o.host)
-	devMem, err := parseSize(o.deviceMemory)
+	logger := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level})).With("worker", o.Host)
+	cluster, err := topology.Preset(o.Preset, o.Hosts)
 	if err != nil {
 		return err
 	}
-	var hostMem int64
-	if o.hostMemory != "" {
-		if hostMem, err = parseSize(o.hostMemory); err != nil {
-			return err
-		}
-	}
-	cluster, err := topology.Preset(o.preset, o.hosts)
+	key, err := LoadIdentity(o.IdentityFile)
 	if err != nil {
 		return err
 	}
-	key, err := loadIdentity(o.identityFile)
-	if err != nil {
-		return err
-	}
-	clusterKey, err := loadClusterKey(o.clusterKeyFile)
+	clusterKey, err := LoadClusterKey(o.ClusterKeyFile)
 	if err != nil {
 		return err
 	}
 	var allow []peer.ID
-	for _, s := range o.allowPeers {
+	for _, s := range o.AllowPeers {
 		id, err := peer.Decode(s)
 		if err != nil {
 			return fmt.Errorf("--allow-peers %q: %w", s, err)
@@ -227,25 +200,25 @@ func runWorker(ctx context.Context, in io.Reader, out, errOut io.Writer, o worke
 		allow = append(allow, id)
 	}
 	var rdmaAddrs map[string]string
-	if o.rdmaIP != "" {
-		h, ok := cluster.Host(o.host)
+	if o.RDMAIP != "" {
+		h, ok := cluster.Host(o.Host)
 		if !ok {
-			return fmt.Errorf("host %q is not in %s (hosts %v)", o.host, cluster.Name, cluster.HostIDs())
+			return fmt.Errorf("host %q is not in %s (hosts %v)", o.Host, cluster.Name, cluster.HostIDs())
 		}
 		rdmaAddrs = map[string]string{}
 		for _, n := range h.NICs {
 			if n.RDMA() {
-				rdmaAddrs[n.Name] = net.JoinHostPort(o.rdmaIP, "0")
+				rdmaAddrs[n.Name] = net.JoinHostPort(o.RDMAIP, "0")
 			}
 		}
 	}
 	rt, err := rdt.New(ctx, rdt.Config{
-		Cluster: cluster, Host: o.host, Identity: key, ListenAddrs: o.listen,
-		DeviceMemory: devMem, HostMemory: hostMem,
-		StallTimeout: o.stallTimeout, TransferTimeout: o.transferTimeout, Logger: logger,
-		HeartbeatInterval: o.heartbeat, HeartbeatMisses: o.heartbeatMisses, LeaseRenew: o.leaseRenew,
-		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.encrypt,
-		Transports: stack.Config{DataAddr: o.dataAddr, Allow: o.transports, RDMAAddrs: rdmaAddrs, DisableRDMA: o.noRDMA},
+		Cluster: cluster, Host: o.Host, Identity: key, ListenAddrs: o.Listen,
+		DeviceMemory: o.DeviceMemory, HostMemory: o.HostMemory,
+		StallTimeout: o.StallTimeout, TransferTimeout: o.TransferTimeout, Logger: logger,
+		HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses, LeaseRenew: o.LeaseRenew,
+		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.Encrypt,
+		Transports: stack.Config{DataAddr: o.DataAddr, Allow: o.Transports, RDMAAddrs: rdmaAddrs, DisableRDMA: o.NoRDMA},
 	})
 	if err != nil {
 		return err
@@ -331,7 +304,7 @@ func (w *worker) result(id int64, r workerReply, err error) workerReply {
 	r.ID = id
 	r.OK = err == nil
 	if err != nil {
-		r.Code, r.Error = errorCode(err), err.Error()
+		r.Code, r.Error = ErrorCode(err), err.Error()
 	}
 	return r
 }
@@ -357,7 +330,7 @@ func (w *worker) handle(ctx context.Context, req workerRequest) workerReply {
 	case "free":
 		return w.result(req.ID, workerReply{}, w.free(ctx, req))
 	}
-	if r, ok := w.handleBroadcast(ctx, req); ok { // worker_bcast.go
+	if r, ok := w.handleBroadcast(ctx, req); ok { // bcast.go
 		return r
 	}
 	return w.result(req.ID, workerReply{}, fmt.Errorf("%w: unknown op %q (info, connect, put, get, free, reserve, wait, broadcast, close-slot, exit)", errBadWorkerRequest, req.Op))
@@ -434,7 +407,7 @@ func (w *worker) put(ctx context.Context, req workerRequest) (workerReply, error
 		t.Release()
 		return workerReply{}, err
 	}
-	fillPattern(p, req.Seed)
+	FillPattern(p, req.Seed)
 	ref, err := w.actor.Put(ctx, t)
 	if err != nil {
 		t.Release()
@@ -485,7 +458,7 @@ func (w *worker) get(ctx context.Context, req workerRequest) (workerReply, error
 	if err != nil {
 		return r, err
 	}
-	if bad := checkPattern(p, req.Seed); bad >= 0 {
+	if bad := CheckPattern(p, req.Seed); bad >= 0 {
 		return r, fmt.Errorf("%w: byte %d of %d differs from the pattern of seed %d", errVerify, bad, len(p), req.Seed)
 	}
 	r.Verified = true
@@ -506,87 +479,4 @@ func (w *worker) free(ctx context.Context, req workerRequest) error {
 	delete(w.objects, ref.Object.String())
 	w.mu.Unlock()
 	return nil
-}
-
-// fillPattern writes the content of object seed: each 8-byte word encodes the
-// seed and its position, so a misplaced, stale or corrupted chunk fails
-// checkPattern.
-func fillPattern(p []byte, seed uint64) {
-	for off := 0; off+8 <= len(p); off += 8 {
-		binary.LittleEndian.PutUint64(p[off:], patternWord(seed, off))
-	}
-	for off := len(p) &^ 7; off < len(p); off++ {
-		p[off] = byte(patternWord(seed, off))
-	}
-}
-
-func patternWord(seed uint64, off int) uint64 {
-	return (seed+1)*0xD6E8FEB86659FD93 ^ uint64(off)*0x9E3779B97F4A7C15
-}
-
-// checkPattern returns the offset of the first byte that differs from
-// fillPattern(seed), or -1.
-func checkPattern(p []byte, seed uint64) int {
-	off := 0
-	for ; off+8 <= len(p); off += 8 {
-		if binary.LittleEndian.Uint64(p[off:]) != patternWord(seed, off) {
-			for i := 0; i < 8; i++ {
-				var want [8]byte
-				binary.LittleEndian.PutUint64(want[:], patternWord(seed, off))
-				if p[off+i] != want[i] {
-					return off + i
-				}
-			}
-		}
-	}
-	for ; off < len(p); off++ {
-		if p[off] != byte(patternWord(seed, off)) {
-			return off
-		}
-	}
-	return -1
-}
-
-// errorCode names the typed condition behind err, for drivers in other
-// processes and for the soak's tallies. "other" means the error matched no
-// sentinel: a bug in itself, since every failure should be typed.
-func errorCode(err error) string {
-	codes := []struct {
-		err  error
-		code string
-	}{
-		{errVerify, "corrupt"},
-		{errBadWorkerRequest, "bad_request"},
-		{rdt.ErrOwnerDied, "owner_died"},
-		{rdt.ErrPeerUnreachable, "peer_unreachable"},
-		{rdt.ErrStaleRef, "stale_ref"},
-		{rdt.ErrUnauthorized, "unauthorized"},
-		{rdt.ErrObjectFreed, "object_freed"},
-		{rdt.ErrObjectNotFound, "not_found"},
-		{rdt.ErrLayoutMismatch, "layout_mismatch"},
-		{rdt.ErrMalformedRef, "malformed_ref"},
-		{rdt.ErrOutOfMemory, "out_of_memory"},
-		{rdt.ErrNotOwner, "not_owner"},
-		{rdt.ErrUnknownDevice, "unknown_device"},
-		{rdt.ErrOwnerClosed, "owner_closed"},
-		{rdt.ErrClosed, "closed"},
-		{rdt.ErrReaderDied, "reader_died"},
-		{rdt.ErrSlotBusy, "slot_busy"},
-		{rdt.ErrBroadcastAborted, "broadcast_aborted"},
-		{rdt.ErrNoZeroCopy, "no_zero_copy"},
-		{fabric.ErrCorrupt, "corrupt"},
-		{fabric.ErrStalled, "stalled"},
-		{fabric.ErrPeerClosed, "peer_closed"},
-		{fabric.ErrNoPath, "no_path"},
-		{fabric.ErrBadRequest, "bad_request"},
-		{fabric.ErrClosed, "closed"},
-		{context.DeadlineExceeded, "timeout"},
-		{context.Canceled, "canceled"},
-	}
-	for _, c := range codes {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return "other"
 }

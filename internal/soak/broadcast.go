@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -113,7 +113,7 @@ func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 		owner.mu.RLock()
 		actor := owner.actor
 		owner.mu.RUnlock()
-		bctx, cancel := context.WithTimeout(ctx, s.o.bound)
+		bctx, cancel := context.WithTimeout(ctx, s.o.Bound)
 		defer cancel()
 		h := actor.StartBroadcast(bctx, ref, refs, rdt.BroadcastConfig{ChunkSize: 256 << 10})
 		if leaver >= 0 {
@@ -181,7 +181,7 @@ func (s *soak) broadcast(ctx context.Context, rng *rand.Rand) {
 				outcome(i, "skipped:reader_killed_after_success")
 				continue
 			}
-			wctx, wcancel := context.WithTimeout(ctx, s.o.bound)
+			wctx, wcancel := context.WithTimeout(ctx, s.o.Bound)
 			_, x, err := r.slot.Wait(wctx, 0)
 			wcancel()
 			if err == nil {

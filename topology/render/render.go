@@ -1,217 +1,57 @@
-package main
+package render
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"sort"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/spf13/cobra"
-
-	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-type topoOptions struct {
-	preset       string
-	hosts        int
-	hostsPerRack int
-	slice        string
-	file         string
-	sysfsRoot    string
-	host         string
-	matrix       bool
-	json         bool
-	dot          bool
-	dump         bool
-	rayLabels    bool
-	verbose      bool
-}
-
-func init() { rootCmd.AddCommand(newTopoCmd()) }
-
-// newTopoCmd builds the command; tests build fresh ones.
-func newTopoCmd() *cobra.Command {
-	o := topoOptions{}
-	cmd := &cobra.Command{
-		Use:   "topo",
-		Short: "Show the hardware topology: devices, NICs, NUMA, PCIe, device links, domains",
-		Long: `topo shows this machine's topology as discovered from sysfs (or a preset, a topology
-file, or a sysfs tree copied elsewhere): a tree by default, a device/NIC path matrix in the
-style of nvidia-smi topo -m with -m, JSON with --json, Graphviz with --dot, and the topology
-file (loadable with --file, and by the library's topology.LoadFile) with --dump.
-
-Path classes: SELF same device; NV# / XGMI / ICI / NL / ROCE# a direct device link; PIX one
-PCIe switch; PXB several switches; PHB through a host bridge; NODE across host bridges of one
-NUMA node; SYS across NUMA nodes; MNNVL other hosts of one NVLink domain or TPU slice; NET
-other hosts over the network.
-
-Presets: ` + strings.Join(topology.Presets(), ", ") + `.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runTopo(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&o.preset, "preset", "", "show a preset instead of this machine ("+strings.Join(topology.Presets(), ", ")+")")
-	f.IntVar(&o.hosts, "hosts", 1, "with --preset: number of hosts")
-	f.IntVar(&o.hostsPerRack, "hosts-per-rack", 0, "with --preset: hosts per rack (0 = the preset's default; gb200-nvl72 racks are NVLink domains of at most 18)")
-	f.StringVar(&o.slice, "slice", "", "with --preset tpu-v5p: slice shape such as 2x2x4")
-	f.StringVar(&o.file, "file", "", "show a topology file (as written by --dump)")
-	f.StringVar(&o.sysfsRoot, "sysfs-root", "", "discover from a copied system tree (holding sys/ and dev/, or a sysfs itself) instead of /")
-	f.StringVar(&o.host, "host", "", "show only this host (default: all hosts for --json/--dot, the first for the tree and matrix)")
-	f.BoolVarP(&o.matrix, "matrix", "m", false, "print the path matrix between devices and NICs")
-	f.BoolVar(&o.json, "json", false, "print JSON: hosts (devices with nearest NIC, NICs, NUMA) and domains")
-	f.BoolVar(&o.dot, "dot", false, "print a Graphviz graph")
-	f.BoolVar(&o.dump, "dump", false, "print the topology file (JSON that --file loads back unchanged)")
-	f.BoolVar(&o.rayLabels, "ray-labels", false, "print the ray start --labels each host's Ray node should carry (the vocabulary of place --ray's label selectors)")
-	f.BoolVarP(&o.verbose, "verbose", "v", false, "log discovery warnings to stderr as they are found")
-	return cmd
-}
-
-// topoSource is where the topology came from.
-type topoSource struct {
-	cluster  *topology.Cluster
-	kind     string // "discovered", "preset", "file"
-	warnings []topology.Warning
-	plugins  []topology.PluginRun
-}
-
-func loadTopo(ctx context.Context, stderr io.Writer, o topoOptions) (*topoSource, error) {
-	n := 0
-	for _, set := range []bool{o.preset != "", o.file != "", o.sysfsRoot != ""} {
-		if set {
-			n++
-		}
-	}
-	if n > 1 {
-		return nil, fmt.Errorf("topo: use one of --preset, --file and --sysfs-root")
-	}
-	switch {
-	case o.preset != "":
-		if o.hosts < 1 {
-			return nil, fmt.Errorf("topo: --hosts must be at least 1, got %d", o.hosts)
-		}
-		c, err := topology.NewCluster(topology.ClusterSpec{Preset: o.preset, Hosts: o.hosts, HostsPerRack: o.hostsPerRack, SliceShape: o.slice})
-		if err != nil {
-			return nil, err
-		}
-		return &topoSource{cluster: c, kind: "preset"}, nil
-	case o.file != "":
-		c, err := topology.LoadFile(o.file)
-		if err != nil {
-			return nil, err
-		}
-		return &topoSource{cluster: c, kind: "file"}, nil
-	}
-	cfg := topology.DiscoverConfig{Root: o.sysfsRoot}
-	if o.verbose {
-		cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
-	}
-	d, err := topology.Discover(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if o.sysfsRoot == "" {
-		// This machine: the CUDA driver's GPUs, with their real memory.
-		applyCUDA(d, probeCUDA())
-	}
-	return &topoSource{cluster: d.Cluster(), kind: "discovered", warnings: d.Warnings, plugins: d.Plugins}, nil
-}
-
-func runTopo(ctx context.Context, w, stderr io.Writer, o topoOptions) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	src, err := loadTopo(ctx, stderr, o)
-	if err != nil {
-		return err
-	}
-	c := src.cluster
-	if o.host != "" {
-		h, ok := c.Host(o.host)
-		if !ok {
-			return fmt.Errorf("topo: no host %q (have %s)", o.host, strings.Join(c.HostIDs(), ", "))
-		}
-		c = &topology.Cluster{Name: c.Name, Hosts: []*topology.Host{h}}
-	}
-	switch {
-	case o.rayLabels:
-		writeRayLabels(w, c, src)
-		return nil
-	case o.dump:
-		return topology.Dump(w, c)
-	case o.json:
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(topoView(c, src))
-	case o.dot:
-		return writeDot(w, c)
-	case o.matrix:
-		if len(c.Hosts) == 0 {
-			return fmt.Errorf("topo: no hosts")
-		}
-		if len(c.Hosts[0].Devices) == 0 {
-			fmt.Fprintln(w, "no accelerator found: the matrix shows NICs only")
-		}
-		writeMatrix(w, c, c.Hosts[0])
-		return nil
-	}
-	writeTree(w, c, src)
-	return nil
-}
-
-// writeRayLabels prints one ray start line per host, so Ray's label
-// selectors (and the placement groups place --ray exports) find the nodes.
-func writeRayLabels(w io.Writer, c *topology.Cluster, src *topoSource) {
-	for _, h := range c.Hosts {
-		labels, skipped := sched.RayNodeLabels(h)
-		what := src.kind
-		if h.Simulated {
-			what = "simulated, " + what
-		}
-		fmt.Fprintf(w, "# %s (%s): start its Ray node with\n", h.ID, what)
-		fmt.Fprintf(w, "ray start --labels=%q\n", sched.RayStartLabels(labels))
-		for _, s := range skipped {
-			fmt.Fprintf(w, "# skipped %s: not a valid Ray label\n", s)
-		}
-	}
+// Source says where a topology came from, for the renderers' headings.
+type Source struct {
+	Kind     string             // "discovered", "preset", "file"
+	Warnings []topology.Warning // discovery's warnings, listed after the tree and in JSON
 }
 
 // ---- JSON ----
 
-type topoJSON struct {
-	Name     string       `json:"name"`
-	Source   string       `json:"source"`
-	Hosts    []hostJSON   `json:"hosts"`
-	Domains  []domainJSON `json:"domains"`
-	Warnings []string     `json:"warnings,omitempty"`
+// View is the JSON form of a cluster (topo --json): hosts with their
+// NUMA nodes, devices (with the nearest NIC), NICs and device links, and
+// the cluster's domains.
+type View struct {
+	Name     string   `json:"name"`
+	Source   string   `json:"source"`
+	Hosts    []Host   `json:"hosts"`
+	Domains  []Domain `json:"domains"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
-type hostJSON struct {
+// Host is one host of a View.
+type Host struct {
 	Name         string            `json:"name"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	Simulated    bool              `json:"simulated,omitempty"`
 	Accelerators bool              `json:"accelerators"`
 	CPUs         int               `json:"cpus"`
-	NUMA         []numaJSON        `json:"numa"`
-	Devices      []deviceJSON      `json:"devices"`
-	NICs         []nicJSON         `json:"nics"`
-	Links        []linkJSON        `json:"links"`
+	NUMA         []NUMA            `json:"numa"`
+	Devices      []Device          `json:"devices"`
+	NICs         []NIC             `json:"nics"`
+	Links        []Link            `json:"links"`
 }
 
-type numaJSON struct {
+// NUMA is one NUMA node of a Host.
+type NUMA struct {
 	ID          int    `json:"id"`
 	CPUs        string `json:"cpus"`
 	MemoryBytes int64  `json:"memory_bytes,omitempty"`
 	Distances   []int  `json:"distances,omitempty"`
 }
 
-type deviceJSON struct {
+// Device is one accelerator of a Host.
+type Device struct {
 	ID          string `json:"id"`
 	Index       int    `json:"index"`
 	Kind        string `json:"kind"`
@@ -225,7 +65,8 @@ type deviceJSON struct {
 	NICPath     string `json:"nearest_nic_path,omitempty"`
 }
 
-type nicJSON struct {
+// NIC is one network interface of a Host.
+type NIC struct {
 	Name       string  `json:"name"`
 	RDMADevice string  `json:"rdma_device,omitempty"`
 	SpeedGbps  float64 `json:"speed_gbps"`
@@ -235,7 +76,8 @@ type nicJSON struct {
 	State      string  `json:"state,omitempty"`
 }
 
-type linkJSON struct {
+// Link is one direct device link of a Host.
+type Link struct {
 	A     string  `json:"a"`
 	B     string  `json:"b"`
 	Kind  string  `json:"kind"`
@@ -243,7 +85,8 @@ type linkJSON struct {
 	GBps  float64 `json:"gbps"`
 }
 
-type domainJSON struct {
+// Domain is one domain of the cluster: an NVLink domain, a rack, a TPU slice.
+type Domain struct {
 	Kind    string   `json:"kind"`
 	Name    string   `json:"name"`
 	Link    string   `json:"link,omitempty"`
@@ -251,16 +94,17 @@ type domainJSON struct {
 	Devices []string `json:"devices"`
 }
 
-func topoView(c *topology.Cluster, src *topoSource) topoJSON {
-	v := topoJSON{Name: c.Name, Source: src.kind, Hosts: []hostJSON{}, Domains: []domainJSON{}}
+// JSON builds the View of c.
+func JSON(c *topology.Cluster, src *Source) View {
+	v := View{Name: c.Name, Source: src.Kind, Hosts: []Host{}, Domains: []Domain{}}
 	for _, h := range c.Hosts {
-		hj := hostJSON{Name: h.ID, Labels: h.Labels, Simulated: h.Simulated, Accelerators: len(h.Devices) > 0,
-			CPUs: cpuCount(h), NUMA: []numaJSON{}, Devices: []deviceJSON{}, NICs: []nicJSON{}, Links: []linkJSON{}}
+		hj := Host{Name: h.ID, Labels: h.Labels, Simulated: h.Simulated, Accelerators: len(h.Devices) > 0,
+			CPUs: CPUCount(h), NUMA: []NUMA{}, Devices: []Device{}, NICs: []NIC{}, Links: []Link{}}
 		for _, n := range h.NUMA {
-			hj.NUMA = append(hj.NUMA, numaJSON{ID: n.ID, CPUs: n.CPUs, MemoryBytes: n.MemoryBytes, Distances: n.Distances})
+			hj.NUMA = append(hj.NUMA, NUMA{ID: n.ID, CPUs: n.CPUs, MemoryBytes: n.MemoryBytes, Distances: n.Distances})
 		}
 		for _, d := range h.Devices {
-			dj := deviceJSON{ID: topology.Endpoint{Host: h.ID, Device: d.Index}.String(), Index: d.Index, Kind: string(d.Kind),
+			dj := Device{ID: topology.Endpoint{Host: h.ID, Device: d.Index}.String(), Index: d.Index, Kind: string(d.Kind),
 				Vendor: d.Vendor, Model: d.Model, MemoryBytes: d.MemoryBytes, NUMA: d.NUMA, BusID: d.BusID, PCIeSwitch: d.PCIeSwitch}
 			if nics := h.NearestNICs(d.Index); len(nics) > 0 {
 				dj.NearestNIC = nics[0].RDMADevice
@@ -269,25 +113,26 @@ func topoView(c *topology.Cluster, src *topoSource) topoJSON {
 			hj.Devices = append(hj.Devices, dj)
 		}
 		for _, n := range h.NICs {
-			hj.NICs = append(hj.NICs, nicJSON{Name: n.Name, RDMADevice: n.RDMADevice, SpeedGbps: n.SpeedGbps, NUMA: n.NUMA,
+			hj.NICs = append(hj.NICs, NIC{Name: n.Name, RDMADevice: n.RDMADevice, SpeedGbps: n.SpeedGbps, NUMA: n.NUMA,
 				BusID: n.BusID, LinkLayer: n.LinkLayer, State: n.State})
 		}
 		for _, l := range h.Links {
-			hj.Links = append(hj.Links, linkJSON{A: topology.Endpoint{Host: h.ID, Device: l.A}.String(),
+			hj.Links = append(hj.Links, Link{A: topology.Endpoint{Host: h.ID, Device: l.A}.String(),
 				B: topology.Endpoint{Host: h.ID, Device: l.B}.String(), Kind: string(l.Kind), Lanes: l.Lanes, GBps: l.GBps})
 		}
 		v.Hosts = append(v.Hosts, hj)
 	}
 	for _, d := range c.Domains() {
-		v.Domains = append(v.Domains, domainJSON{Kind: string(d.Kind), Name: d.Name, Link: string(d.Link), Hosts: d.Hosts, Devices: d.DeviceIDs()})
+		v.Domains = append(v.Domains, Domain{Kind: string(d.Kind), Name: d.Name, Link: string(d.Link), Hosts: d.Hosts, Devices: d.DeviceIDs()})
 	}
-	for _, w := range src.warnings {
+	for _, w := range src.Warnings {
 		v.Warnings = append(v.Warnings, w.String())
 	}
 	return v
 }
 
-func cpuCount(h *topology.Host) int {
+// CPUCount is the number of CPUs h's NUMA nodes list.
+func CPUCount(h *topology.Host) int {
 	n := 0
 	for _, node := range h.NUMA {
 		cpus, err := topology.ParseCPUList(node.CPUs)
@@ -300,9 +145,12 @@ func cpuCount(h *topology.Host) int {
 
 // ---- tree ----
 
-func writeTree(w io.Writer, c *topology.Cluster, src *topoSource) {
+// Tree writes c as a tree (topo's default): the cluster's domains, the
+// first host's NUMA nodes, PCIe switches, devices and NICs, its device
+// links, and the warnings of src.
+func Tree(w io.Writer, c *topology.Cluster, src *Source) {
 	if len(c.Hosts) > 1 {
-		fmt.Fprintf(w, "cluster %s: %d hosts (%s)\n", c.Name, len(c.Hosts), src.kind)
+		fmt.Fprintf(w, "cluster %s: %d hosts (%s)\n", c.Name, len(c.Hosts), src.Kind)
 		writeDomains(w, c)
 		fmt.Fprintln(w)
 	}
@@ -313,9 +161,9 @@ func writeTree(w io.Writer, c *topology.Cluster, src *topoSource) {
 		}
 		writeHostTree(w, c, h, src)
 	}
-	if len(src.warnings) > 0 {
-		fmt.Fprintf(w, "\n%d warning(s):\n", len(src.warnings))
-		for _, wn := range src.warnings {
+	if len(src.Warnings) > 0 {
+		fmt.Fprintf(w, "\n%d warning(s):\n", len(src.Warnings))
+		for _, wn := range src.Warnings {
 			fmt.Fprintf(w, "  %s\n", wn)
 		}
 	}
@@ -346,13 +194,13 @@ type treeNode struct {
 	children []*treeNode
 }
 
-func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topoSource) {
-	kind := src.kind
+func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *Source) {
+	kind := src.Kind
 	if h.Simulated {
 		kind = "simulated, preset " + h.Preset
 	}
 	fmt.Fprintf(w, "host %s (%s): %d CPUs, %d NUMA node(s), %d device(s), %d NIC(s)\n",
-		h.ID, kind, cpuCount(h), len(h.NUMA), len(h.Devices), len(h.NICs))
+		h.ID, kind, CPUCount(h), len(h.NUMA), len(h.Devices), len(h.NICs))
 	if len(h.Labels) > 0 {
 		keys := make([]string, 0, len(h.Labels))
 		for k := range h.Labels {
@@ -448,7 +296,7 @@ func writeHostTree(w io.Writer, c *topology.Cluster, h *topology.Host, src *topo
 	for _, node := range h.NUMA {
 		label := fmt.Sprintf("NUMA %d: CPUs %s", node.ID, orDash(node.CPUs))
 		if node.MemoryBytes > 0 {
-			label += ", " + sizeString(node.MemoryBytes)
+			label += ", " + MemorySize(node.MemoryBytes)
 		}
 		if len(node.Distances) > 1 {
 			label += fmt.Sprintf(", distances %v", node.Distances)
@@ -492,7 +340,7 @@ func printTree(w io.Writer, n *treeNode, prefix string, last bool) {
 func deviceLabel(d topology.Device) string {
 	s := fmt.Sprintf("%s%d %s %s", strings.ToUpper(string(d.Kind)), d.Index, d.Vendor, d.Model)
 	if d.MemoryBytes > 0 {
-		s += " " + sizeString(d.MemoryBytes)
+		s += " " + MemorySize(d.MemoryBytes)
 	}
 	if d.BusID != "" {
 		s += " " + d.BusID
@@ -568,7 +416,8 @@ func linkSummary(h *topology.Host) string {
 	return "device links: " + strings.Join(parts, "; ")
 }
 
-func sizeString(b int64) string {
+// MemorySize writes a memory size as the tree shows it: "80 GiB", "7.5 GiB".
+func MemorySize(b int64) string {
 	const gibi = 1 << 30
 	if b%gibi == 0 || b >= 100*gibi {
 		return fmt.Sprintf("%d GiB", (b+gibi/2)/gibi)
@@ -585,7 +434,9 @@ func orDash(s string) string {
 
 // ---- matrix ----
 
-func writeMatrix(w io.Writer, c *topology.Cluster, h *topology.Host) {
+// Matrix writes the path matrix between h's devices and NICs, in the
+// style of nvidia-smi topo -m, with a legend.
+func Matrix(w io.Writer, c *topology.Cluster, h *topology.Host) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	var cols []string
 	for _, d := range h.Devices {
@@ -686,16 +537,18 @@ func nicNICPath(h *topology.Host, a, b topology.NIC) topology.Path {
 
 // ---- dot ----
 
-// dotQuote makes a Graphviz quoted string: quotes and backslashes escaped,
+// DotQuote makes a Graphviz quoted string: quotes and backslashes escaped,
 // newlines as Graphviz's \n line break (Go's %q would double the
 // backslash and Graphviz would print a literal "\n").
-func dotQuote(s string) string {
+func DotQuote(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
 }
 
-func writeDot(w io.Writer, c *topology.Cluster) error {
+// Dot writes c as a Graphviz graph: hosts, NUMA nodes, PCIe switches,
+// devices, NICs and device links.
+func Dot(w io.Writer, c *topology.Cluster) error {
 	var b strings.Builder
-	q := dotQuote
+	q := DotQuote
 	fmt.Fprintf(&b, "graph %s {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n", q(c.Name))
 	for hi, h := range c.Hosts {
 		id := func(s string) string { return q(h.ID + "/" + s) }

@@ -1,15 +1,16 @@
-package main
+package envinfo
 
 import (
 	"fmt"
 
 	"github.com/tensorlane/tensorlane/tensor/cuda"
 	"github.com/tensorlane/tensorlane/topology"
+	"github.com/tensorlane/tensorlane/topology/render"
 )
 
-// cudaReport is what the CUDA driver API (tensor/cuda, loaded at run time
+// CUDAReport is what the CUDA driver API (tensor/cuda, loaded at run time
 // without cgo) says on this machine: its devices, or why it cannot be used.
-type cudaReport struct {
+type CUDAReport struct {
 	Library     string   `json:"library"`
 	Version     string   `json:"version,omitempty"` // "12.8"
 	Devices     []string `json:"devices,omitempty"` // "0: NVIDIA H200, 141 GiB, VMM+fd, peers [1 2]"
@@ -18,9 +19,9 @@ type cudaReport struct {
 	topo []topology.CUDADevice
 }
 
-// probeCUDA loads the driver ($TENSORLANE_LIBCUDA or libcuda.so.1).
-func probeCUDA() cudaReport {
-	r := cudaReport{Library: cuda.LibraryPath()}
+// ProbeCUDA loads the driver ($TENSORLANE_LIBCUDA or libcuda.so.1).
+func ProbeCUDA() CUDAReport {
+	r := CUDAReport{Library: cuda.LibraryPath()}
 	d, err := cuda.Load("")
 	if err == nil {
 		var devs []cuda.DeviceInfo
@@ -34,7 +35,7 @@ func probeCUDA() cudaReport {
 						feat += "+fabric"
 					}
 				}
-				r.Devices = append(r.Devices, fmt.Sprintf("%d: %s, %s, %s, peers %v", i.Ordinal, i.Name, sizeString(i.TotalMemory), feat, i.Peers))
+				r.Devices = append(r.Devices, fmt.Sprintf("%d: %s, %s, %s, peers %v", i.Ordinal, i.Name, render.MemorySize(i.TotalMemory), feat, i.Peers))
 				r.topo = append(r.topo, topology.CUDADevice{Ordinal: i.Ordinal, Name: i.Name, UUID: i.UUID, BusID: i.PCIBusID,
 					MemoryBytes: i.TotalMemory, NUMA: i.NUMANode})
 			}
@@ -45,9 +46,9 @@ func probeCUDA() cudaReport {
 	return r
 }
 
-// applyCUDA merges the driver's GPUs into a live discovery and records the
+// ApplyCUDA merges the driver's GPUs into a live discovery and records the
 // driver as one more plugin run (with why it was not usable).
-func applyCUDA(d *topology.Discovery, r cudaReport) {
+func ApplyCUDA(d *topology.Discovery, r CUDAReport) {
 	run := topology.PluginRun{Name: "cuda-driver", Maturity: topology.Beta, Err: r.Unavailable}
 	before := len(d.Host.Devices)
 	for _, n := range topology.ApplyCUDA(d.Host, r.topo) {

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -106,7 +106,7 @@ func (w *worker) waitSlot(ctx context.Context, req workerRequest) (workerReply, 
 	if err != nil {
 		return r, err
 	}
-	if i := checkPattern(p, req.Seed); i >= 0 {
+	if i := CheckPattern(p, req.Seed); i >= 0 {
 		return r, fmt.Errorf("%w: slot byte %d differs", errVerify, i)
 	}
 	r.Verified, r.Bytes = true, int64(len(p))
@@ -135,7 +135,7 @@ func (w *worker) broadcast(ctx context.Context, req workerRequest) (workerReply,
 	for _, rr := range res.Readers {
 		o := workerproto.ReaderOutcome{OK: rr.Err == nil, Fed: rr.Fed, Generation: rr.Generation}
 		if rr.Err != nil {
-			o.Code, o.Error = errorCode(rr.Err), rr.Err.Error()
+			o.Code, o.Error = ErrorCode(rr.Err), rr.Err.Error()
 		}
 		r.Readers = append(r.Readers, o)
 	}

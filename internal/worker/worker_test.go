@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bufio"
@@ -19,7 +19,7 @@ import (
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-// pipeWorker runs runWorker in this process behind pipes, as the multihost
+// pipeWorker runs Run in this process behind pipes, as the multihost
 // harness runs the binary behind stdin/stdout.
 type pipeWorker struct {
 	t     *testing.T
@@ -37,7 +37,7 @@ func startPipeWorker(t *testing.T, host string) *pipeWorker {
 	w := &pipeWorker{t: t, in: inW, out: bufio.NewScanner(outR), done: make(chan error, 1)}
 	w.out.Buffer(nil, 1<<20)
 	go func() {
-		err := runWorker(context.Background(), inR, outW, io.Discard, workerOptions{preset: "dgx-h100", hosts: 3, host: host, deviceMemory: "16MiB", stallTimeout: 5 * time.Second})
+		err := Run(context.Background(), inR, outW, io.Discard, Config{Preset: "dgx-h100", Hosts: 3, Host: host, DeviceMemory: 16 << 20, StallTimeout: 5 * time.Second})
 		outW.Close()
 		w.done <- err
 	}()
@@ -140,19 +140,6 @@ func TestWorkerProtocol(t *testing.T) {
 
 // forge is the shared helper under the short name this package's tests use.
 var forge = rdttest.Forge
-
-func TestPatternCheck(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 8, 9, 4096 + 3} {
-		p := make([]byte, n)
-		fillPattern(p, 5)
-		assert.Equal(t, -1, checkPattern(p, 5), "n=%d", n)
-		if n > 0 {
-			p[n-1] ^= 0x40
-			assert.Equal(t, n-1, checkPattern(p, 5), "n=%d", n)
-			assert.Equal(t, 0, checkPattern(p, 6)&^7, "another seed differs in the first word, n=%d", n)
-		}
-	}
-}
 
 // FuzzWorkerRequest feeds arbitrary request lines to a live worker: every
 // one must be answered (typed error or result) without a panic or a hang.

@@ -1,16 +1,14 @@
-package main
+package soak
 
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime"
 	"sort"
@@ -19,84 +17,61 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/spf13/cobra"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/stack"
+	"github.com/tensorlane/tensorlane/internal/worker"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-type soakOptions struct {
-	duration    time.Duration
-	runtimes    int
-	concurrency int
-	maxSize     string
-	faultEvery  time.Duration
-	bound       time.Duration
-	stall       time.Duration
-	seed        uint64
-	json        bool
-	verbose     bool
+// Config is one soak run. Its zero value means the defaults documented on
+// each field (the same as the command's flags).
+type Config struct {
+	Duration    time.Duration // how long to run (default 1 min)
+	Runtimes    int           // runtimes, each a simulated host (default 3; at least 2)
+	Concurrency int           // transfers in flight at once (default 4)
+	MaxSize     int64         // largest tensor moved, in bytes (default 8 MiB)
+	FaultEvery  time.Duration // mean interval between injected faults (default 300 ms)
+	// Bound is every transfer's deadline; a call still running after
+	// Bound plus a grace period counts as hung (default 10 s).
+	Bound   time.Duration
+	Stall   time.Duration // the runtimes' stall detector (default 2 s)
+	Seed    uint64        // random seed (0: from the clock; reported in the Result)
+	Verbose bool          // log runtime events to stderr
 }
 
-func init() {
-	o := soakOptions{}
-	cmd := &cobra.Command{
-		Use:   "soak",
-		Short: "Random verified transfers between runtimes while injecting faults",
-		Long: `soak runs several runtimes in this process (simulated dgx-h100 hosts talking over
-loopback) and moves random tensors between them for --duration (one in eight a broadcast
-to slots two to four readers reserved), checking every byte,
-while a fault injector kills and restarts runtimes (same identity and addresses, so old
-refs meet a new incarnation), cuts data connections, blackholes and delays them (through
-TCP proxies the readers are routed over) and presents forged refs.
-
-It prints transfers, faults_injected, errors_surfaced, hung, bytes_corrupted and
-leaked_bytes (plus details). A call is hung when it did not return within its bound
-(--bound plus a grace period); leaked_bytes is device memory still in use at the end,
-after every object was freed. Exits non-zero if hung, bytes_corrupted, leaked_bytes,
-untyped_errors or forged_accepted is not zero.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			res, err := runSoak(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			if o.json {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(res); err != nil {
-					return err
-				}
-			} else {
-				printSoak(cmd.OutOrStdout(), res)
-			}
-			if !res.OK {
-				return fmt.Errorf("soak failed: hung %d, bytes_corrupted %d, leaked_bytes %d, untyped_errors %d, forged_accepted %d",
-					res.Hung, res.BytesCorrupted, res.LeakedBytes, res.UntypedErrors, res.ForgedAccepted)
-			}
-			return nil
-		},
+// withDefaults fills in the documented defaults of the zero fields.
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
 	}
-	f := cmd.Flags()
-	f.DurationVar(&o.duration, "duration", time.Minute, "how long to run")
-	f.IntVar(&o.runtimes, "runtimes", 3, "runtimes (simulated hosts) in the soak")
-	f.IntVar(&o.concurrency, "concurrency", 4, "transfers in flight at once")
-	f.StringVar(&o.maxSize, "max-size", "8MiB", "largest tensor moved")
-	f.DurationVar(&o.faultEvery, "fault-every", 300*time.Millisecond, "mean interval between injected faults")
-	f.DurationVar(&o.bound, "bound", 10*time.Second, "deadline of every transfer; a call still running after bound+grace counts as hung")
-	f.DurationVar(&o.stall, "stall-timeout", 2*time.Second, "runtimes' stall detector")
-	f.Uint64Var(&o.seed, "seed", 0, "random seed (0: from the clock; printed in the result)")
-	f.BoolVar(&o.json, "json", false, "print the result as JSON")
-	f.BoolVarP(&o.verbose, "verbose", "v", false, "log runtime events to stderr")
-	rootCmd.AddCommand(cmd)
+	def(&c.Duration, time.Minute)
+	def(&c.FaultEvery, 300*time.Millisecond)
+	def(&c.Bound, 10*time.Second)
+	def(&c.Stall, 2*time.Second)
+	if c.Runtimes == 0 {
+		c.Runtimes = 3
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+	}
+	if c.MaxSize == 0 {
+		c.MaxSize = 8 << 20
+	}
+	return c
 }
 
-// soakResult is what soak prints. The first six fields are the contract; the
-// rest explain them.
-type soakResult struct {
+// ErrBadConfig is what Run returns for a Config it cannot run.
+var ErrBadConfig = errors.New("soak: bad config")
+
+// Result is what a soak run reports. The first six fields are the
+// contract; the rest explain them.
+type Result struct {
 	Transfers      int64 `json:"transfers"` // completed and verified byte for byte
 	FaultsInjected int64 `json:"faults_injected"`
 	ErrorsSurfaced int64 `json:"errors_surfaced"` // calls that returned a typed error
@@ -114,7 +89,7 @@ type soakResult struct {
 	Outcomes         map[string]int64 `json:"outcomes"`
 	BytesMoved       int64            `json:"bytes_moved"`
 	Faults           map[string]int64 `json:"faults"`
-	Errors           map[string]int64 `json:"errors"` // by code (see errorCode)
+	Errors           map[string]int64 `json:"errors"` // by code (see worker.ErrorCode)
 	Paths            map[string]int64 `json:"paths"`
 	UntypedErrors    int64            `json:"untyped_errors"`
 	UntypedSamples   []string         `json:"untyped_samples,omitempty"`
@@ -148,7 +123,7 @@ type soakSlot struct {
 }
 
 type soak struct {
-	o       soakOptions
+	o       Config
 	grace   time.Duration // slack over the bound before a call counts as hung
 	cluster *topology.Cluster
 	log     *slog.Logger
@@ -156,7 +131,7 @@ type soak struct {
 	slots   []*soakSlot
 
 	transfers, faults, surfaced, hung, corrupted, attempts, moved, untyped, forgedOK atomic.Int64
-	bcastFaults                                                                      atomic.Int64 // broadcasts that ran with both their faults (soak_broadcast.go)
+	bcastFaults                                                                      atomic.Int64 // broadcasts that ran with both their faults (broadcast.go)
 
 	mu             sync.Mutex
 	faultKinds     map[string]int64
@@ -168,31 +143,32 @@ type soak struct {
 	maxKill        time.Duration
 }
 
-func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
+// Run runs one soak and reports what happened. It returns an error only
+// when the soak could not start (bad config, a runtime that would not
+// come up); what went wrong during the run is in the Result.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if o.runtimes < 2 || o.concurrency < 1 || o.duration <= 0 || o.bound <= 0 || o.faultEvery <= 0 {
-		return nil, fmt.Errorf("soak: need --runtimes >= 2, --concurrency >= 1 and positive --duration, --bound, --fault-every")
+	o := cfg.withDefaults()
+	if o.Runtimes < 2 || o.Concurrency < 1 || o.Duration <= 0 || o.Bound <= 0 || o.FaultEvery <= 0 || o.MaxSize < 8 {
+		return nil, fmt.Errorf("%w: need Runtimes >= 2, Concurrency >= 1, MaxSize >= 8 and positive Duration, Bound, FaultEvery (or zero for the defaults)", ErrBadConfig)
 	}
-	maxSize, err := parseSize(o.maxSize)
-	if err != nil {
-		return nil, err
+	maxSize := o.MaxSize
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
 	}
-	if o.seed == 0 {
-		o.seed = uint64(time.Now().UnixNano())
-	}
-	cluster, err := topology.Preset("dgx-h100", o.runtimes)
+	cluster, err := topology.Preset("dgx-h100", o.Runtimes)
 	if err != nil {
 		return nil, err
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if o.verbose {
+	if o.Verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	s := &soak{o: o, grace: 5 * time.Second, cluster: cluster, log: logger, maxSize: maxSize,
 		faultKinds: map[string]int64{}, errCodes: map[string]int64{}, paths: map[string]int64{}, outcomes: map[string]int64{}}
-	res := &soakResult{Seed: o.seed, GoroutinesBefore: runtime.NumGoroutine()}
+	res := &Result{Seed: o.Seed, GoroutinesBefore: runtime.NumGoroutine()}
 	start := time.Now()
 
 	defer s.closeAll()
@@ -211,16 +187,16 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 		s.connect(ctx, sl)
 	}
 
-	runCtx, stop := context.WithTimeout(ctx, o.duration)
+	runCtx, stop := context.WithTimeout(ctx, o.Duration)
 	defer stop()
 	var wg sync.WaitGroup
-	for i := 0; i < o.concurrency; i++ {
-		rng := rand.New(rand.NewPCG(o.seed, uint64(i)+1))
+	for i := 0; i < o.Concurrency; i++ {
+		rng := rand.New(rand.NewPCG(o.Seed, uint64(i)+1))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
-				if rng.IntN(8) == 0 { // soak_broadcast.go
+				if rng.IntN(8) == 0 { // broadcast.go
 					s.broadcast(runCtx, rng)
 					continue
 				}
@@ -231,7 +207,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.injectFaults(runCtx, rand.New(rand.NewPCG(o.seed, 0)))
+		s.injectFaults(runCtx, rand.New(rand.NewPCG(o.Seed, 0)))
 	}()
 	wg.Wait()
 
@@ -241,7 +217,7 @@ func runSoak(ctx context.Context, o soakOptions) (*soakResult, error) {
 	}
 	// Memory still in use is a leak unless it comes back within a bound:
 	// a broadcast cut short by the end of the run winds its relays down
-	// (and unpins their slots) just after (soak_broadcast.go).
+	// (and unpins their slots) just after (broadcast.go).
 	settle := time.Now().Add(3 * time.Second)
 	for {
 		res.LeakedBytes, res.LeakedObjects = 0, 0
@@ -297,7 +273,7 @@ func (s *soak) start(ctx context.Context, sl *soakSlot) error {
 		RuntimeDir: rdt.ProcessRuntimeDir(), // every simulated host lives in this process
 		Cluster:    s.cluster, Host: sl.host, Identity: sl.key, ListenAddrs: []string{sl.listen},
 		Transports:   stack.Config{DataAddr: sl.data, RDMAAddrs: sl.rails},
-		DeviceMemory: 256 << 20, TransferTimeout: s.o.bound, StallTimeout: s.o.stall, Logger: s.log, IgnoreEnv: true,
+		DeviceMemory: 256 << 20, TransferTimeout: s.o.Bound, StallTimeout: s.o.Stall, Logger: s.log, IgnoreEnv: true,
 	}
 	rt, err := rdt.New(ctx, cfg)
 	if err != nil && sl.gen > 0 {
@@ -406,7 +382,7 @@ func (s *soak) bounded(what string, fn func()) {
 		defer close(done)
 		fn()
 	}()
-	grace := s.o.bound + s.grace + 2*s.o.stall
+	grace := s.o.Bound + s.grace + 2*s.o.Stall
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
@@ -438,7 +414,7 @@ func (s *soak) bounded(what string, fn func()) {
 // surfaced records an error a call returned: typed (the contract) or not.
 // surface counts an error a call returned and reports whether it was typed.
 func (s *soak) surface(op string, err error) bool {
-	code := errorCode(err)
+	code := worker.ErrorCode(err)
 	s.surfaced.Add(1)
 	s.count(&s.errCodes, op+":"+code)
 	if code == "other" {
@@ -520,7 +496,7 @@ func (s *soak) transfer(ctx context.Context, rng *rand.Rand) {
 		reader.mu.RLock()
 		actor := reader.actor
 		reader.mu.RUnlock()
-		gctx, cancel := context.WithTimeout(ctx, s.o.bound)
+		gctx, cancel := context.WithTimeout(ctx, s.o.Bound)
 		defer cancel()
 		t, xfer, err := actor.Fetch(gctx, ref, readerDev)
 		if err != nil {
@@ -593,7 +569,7 @@ func soakPut(ctx context.Context, sl *soakSlot, dev tensor.DeviceID, size int64,
 		t.Release()
 		return rdt.Ref{}, err
 	}
-	fillPattern(p, seed)
+	worker.FillPattern(p, seed)
 	ref, err := sl.actor.Put(ctx, t)
 	if err != nil {
 		t.Release()
@@ -607,7 +583,7 @@ func (s *soak) free(sl *soakSlot, ref rdt.Ref) {
 	s.bounded("free", func() {
 		sl.mu.RLock()
 		defer sl.mu.RUnlock()
-		ctx, cancel := context.WithTimeout(context.Background(), s.o.bound)
+		ctx, cancel := context.WithTimeout(context.Background(), s.o.Bound)
 		defer cancel()
 		err := sl.actor.Free(ctx, ref)
 		switch {
@@ -621,18 +597,18 @@ func (s *soak) free(sl *soakSlot, ref rdt.Ref) {
 // countMismatches counts the bytes of p that differ from the pattern of
 // seed.
 func countMismatches(p []byte, seed uint64) int64 {
-	first := checkPattern(p, seed)
+	first := worker.CheckPattern(p, seed)
 	if first < 0 {
 		return 0
 	}
 	var bad int64
 	var want [8]byte
 	for off := first &^ 7; off < len(p); off += 8 {
-		binary.LittleEndian.PutUint64(want[:], patternWord(seed, off))
+		binary.LittleEndian.PutUint64(want[:], worker.PatternWord(seed, off))
 		for i := 0; i < 8 && off+i < len(p); i++ {
 			w := want[i]
-			if off+i >= len(p)&^7 { // the tail bytes fillPattern writes one by one
-				w = byte(patternWord(seed, off+i))
+			if off+i >= len(p)&^7 { // the tail bytes worker.FillPattern writes one by one
+				w = byte(worker.PatternWord(seed, off+i))
 			}
 			if p[off+i] != w {
 				bad++
@@ -646,7 +622,7 @@ func countMismatches(p []byte, seed uint64) int64 {
 // ends.
 func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 	for {
-		wait := time.Duration(rng.Int64N(int64(2*s.o.faultEvery)) + 1)
+		wait := time.Duration(rng.Int64N(int64(2*s.o.FaultEvery)) + 1)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -665,7 +641,7 @@ func (s *soak) injectFaults(ctx context.Context, rng *rand.Rand) {
 			sl.links.cut()
 		case k < 7:
 			kind = "blackhole"
-			sl.links.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.stall))))
+			sl.links.blackhole(time.Duration(rng.Int64N(int64(3 * s.o.Stall))))
 		default:
 			kind = "delay"
 			sl.links.delay(time.Duration(rng.Int64N(int64(20*time.Millisecond))), time.Second)
@@ -700,7 +676,7 @@ func (s *soak) kill(ctx context.Context, sl *soakSlot) {
 }
 
 // Unaccounted is how many attempts have no outcome: must be 0.
-func (r *soakResult) Unaccounted() int64 {
+func (r *Result) Unaccounted() int64 {
 	n := r.Attempts
 	for _, v := range r.Outcomes {
 		n -= v
@@ -708,7 +684,8 @@ func (r *soakResult) Unaccounted() int64 {
 	return n
 }
 
-func printSoak(w io.Writer, r *soakResult) {
+// Print writes r as the soak command shows it.
+func Print(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "tensorlane soak: %.1f s, seed %d (simulated hosts in one process, loopback)\n", r.Seconds, r.Seed)
 	fmt.Fprintf(w, "transfers %d verified of %d attempts (%d bytes), faults injected %d, errors surfaced %d\n",
 		r.Transfers, r.Attempts, r.BytesMoved, r.FaultsInjected, r.ErrorsSurfaced)
@@ -736,279 +713,4 @@ func printSoak(w io.Writer, r *soakResult) {
 		fmt.Fprintf(w, "UNACCOUNTED attempts: %d (every attempt must end as a transfer, a typed error or a named skip)\n", n)
 	}
 	fmt.Fprintf(w, "longest call %.2f s, longest kill+restart %.2f s; ok=%v\n", r.MaxCallSeconds, r.MaxKillSeconds, r.OK)
-}
-
-// faultLinks are the fault proxies in front of one runtime's data
-// services: its tcp server and each of its rdma rails.
-type faultLinks struct {
-	mu    sync.Mutex
-	tcp   *faultProxy
-	rails map[string]*faultProxy // by NIC
-}
-
-// target points the proxies at the runtime's current addresses, creating
-// them on first use.
-func (l *faultLinks) target(addrs map[string]string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	set := func(p **faultProxy, addr string) error {
-		if *p == nil {
-			np, err := newFaultProxy(addr)
-			if err != nil {
-				return err
-			}
-			*p = np
-			return nil
-		}
-		(*p).setTarget(addr)
-		return nil
-	}
-	if err := set(&l.tcp, addrs[fabric.TCP]); err != nil {
-		return err
-	}
-	if a := addrs[fabric.RDMA]; a != "" {
-		rails, err := rdma.ParseAddrs(a)
-		if err != nil {
-			return err
-		}
-		for _, r := range rails {
-			p := l.rails[r.NIC]
-			if err := set(&p, r.Addr); err != nil {
-				return err
-			}
-			l.rails[r.NIC] = p
-		}
-	}
-	return nil
-}
-
-// route rewrites a ref's data addresses to go through the proxies.
-func (l *faultLinks) route(addrs map[string]string) map[string]string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[string]string{fabric.TCP: l.tcp.Addr()}
-	if rails, err := rdma.ParseAddrs(addrs[fabric.RDMA]); err == nil {
-		for i, r := range rails {
-			if p := l.rails[r.NIC]; p != nil {
-				rails[i].Addr = p.Addr()
-			}
-		}
-		out[fabric.RDMA] = rdma.FormatAddrs(rails)
-	}
-	return out
-}
-
-func (l *faultLinks) each(f func(*faultProxy)) {
-	l.mu.Lock()
-	ps := []*faultProxy{l.tcp}
-	for _, p := range l.rails {
-		ps = append(ps, p)
-	}
-	l.mu.Unlock()
-	for _, p := range ps {
-		if p != nil {
-			f(p)
-		}
-	}
-}
-
-func (l *faultLinks) cut()                      { l.each((*faultProxy).cut) }
-func (l *faultLinks) heal()                     { l.each((*faultProxy).heal) }
-func (l *faultLinks) blackhole(d time.Duration) { l.each(func(p *faultProxy) { p.blackhole(d) }) }
-func (l *faultLinks) delay(by, d time.Duration) { l.each(func(p *faultProxy) { p.delay(by, d) }) }
-func (l *faultLinks) Close()                    { l.each(func(p *faultProxy) { p.Close() }) }
-
-// faultProxy forwards TCP connections to a runtime's data address and
-// injects link faults on command: cut (close every connection now),
-// blackhole (stop forwarding without closing, for a while) and delay
-// (hold each forwarded chunk back). Readers reach it through a rewritten
-// ref; peerauth runs end to end through it, so it cannot read or forge.
-type faultProxy struct {
-	ln net.Listener
-	wg sync.WaitGroup
-
-	mu        sync.Mutex
-	target    string
-	conns     map[net.Conn]struct{}
-	closed    bool
-	holdUntil time.Time // blackhole
-	delayBy   time.Duration
-	delayTill time.Time
-	healed    chan struct{} // closed and replaced when a blackhole ends early
-}
-
-func newFaultProxy(target string) (*faultProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &faultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, healed: make(chan struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	return p, nil
-}
-
-func (p *faultProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *faultProxy) setTarget(t string) {
-	p.mu.Lock()
-	p.target = t
-	p.mu.Unlock()
-}
-
-func (p *faultProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		c.Close()
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *faultProxy) untrack(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-	c.Close()
-}
-
-func (p *faultProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			return
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			defer p.untrack(c)
-			p.mu.Lock()
-			target := p.target
-			p.mu.Unlock()
-			up, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil {
-				return
-			}
-			if !p.track(up) {
-				return
-			}
-			defer p.untrack(up)
-			var pw sync.WaitGroup
-			pw.Add(2)
-			go func() { defer pw.Done(); p.pump(up, c) }()
-			go func() { defer pw.Done(); p.pump(c, up) }()
-			pw.Wait()
-		}()
-	}
-}
-
-// pump copies src to dst, applying the current faults to every chunk; it
-// closes both when either side ends.
-func (p *faultProxy) pump(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if !p.hold(src) {
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// hold applies a blackhole or delay before a chunk goes on; false means the
-// connection was cut or the proxy closed meanwhile.
-func (p *faultProxy) hold(c net.Conn) bool {
-	for {
-		p.mu.Lock()
-		_, live := p.conns[c]
-		if p.closed || !live {
-			p.mu.Unlock()
-			return false
-		}
-		now := time.Now()
-		wait, blackholed := p.holdUntil.Sub(now), true
-		if wait <= 0 {
-			wait, blackholed = 0, false
-			if now.Before(p.delayTill) {
-				wait = p.delayBy
-			}
-		}
-		healed := p.healed
-		p.mu.Unlock()
-		if wait <= 0 {
-			return true
-		}
-		// Wait in slices so that a cut during a blackhole is noticed.
-		t := time.NewTimer(min(wait, 100*time.Millisecond))
-		select {
-		case <-t.C:
-		case <-healed:
-			t.Stop()
-		}
-		if !blackholed {
-			return true
-		}
-	}
-}
-
-func (p *faultProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c) // pumps waiting in a blackhole see the cut
-	}
-}
-
-func (p *faultProxy) blackhole(d time.Duration) {
-	p.mu.Lock()
-	p.holdUntil = time.Now().Add(d)
-	p.mu.Unlock()
-}
-
-func (p *faultProxy) delay(by, d time.Duration) {
-	p.mu.Lock()
-	p.delayBy, p.delayTill = by, time.Now().Add(d)
-	p.mu.Unlock()
-}
-
-// heal ends every fault at once.
-func (p *faultProxy) heal() {
-	p.mu.Lock()
-	p.holdUntil, p.delayTill = time.Time{}, time.Time{}
-	close(p.healed)
-	p.healed = make(chan struct{})
-	p.mu.Unlock()
-}
-
-// Close stops the proxy and waits for its goroutines. It is idempotent.
-func (p *faultProxy) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil
-	}
-	p.closed = true
-	err := p.ln.Close()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-	return err
 }

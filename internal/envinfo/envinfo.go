@@ -1,79 +1,32 @@
-package main
+package envinfo
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"runtime"
 	"runtime/debug"
 	"sort"
 	"strings"
 
-	"github.com/spf13/cobra"
-
 	"github.com/tensorlane/tensorlane/topology"
+	"github.com/tensorlane/tensorlane/topology/render"
 )
 
-type envOptions struct {
-	json bool
-	root string
-}
-
-func init() { rootCmd.AddCommand(newEnvCmd()) }
-
-// newEnvCmd builds the command; tests build fresh ones.
-func newEnvCmd() *cobra.Command {
-	o := envOptions{}
-	cmd := &cobra.Command{
-		Use:   "env",
-		Short: "Print a manifest of exact versions (kernel, OS, Go, tensorlane, drivers, libraries, firmware)",
-		Long: `env prints what a bug report or a reproducible environment needs: kernel, distribution,
-Go, tensorlane, CPU, accelerators found, and whatever is installed of the NVIDIA driver and CUDA,
-ROCm, the Neuron and Gaudi drivers, libibverbs and NIC firmware. Everything is read from files
-(no tool is run); what is absent is left out. --json for machines.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.root != "" {
-				// A mistyped root would read nothing and report an empty
-				// machine as if it were true.
-				st, err := os.Stat(o.root)
-				if err != nil {
-					return fmt.Errorf("env: --root: %w", err)
-				}
-				if !st.IsDir() {
-					return fmt.Errorf("env: --root %s is not a directory", o.root)
-				}
-			}
-			m := collectEnv(cmd.Context(), o.root)
-			if o.json {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(m)
-			}
-			writeEnv(cmd.OutOrStdout(), m)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&o.json, "json", false, "print JSON")
-	cmd.Flags().StringVar(&o.root, "root", "", "read a copied system tree instead of / (as topo --sysfs-root)")
-	return cmd
-}
-
-// envManifest is the env report. Empty fields are omitted.
-type envManifest struct {
-	Kernel       string            `json:"kernel,omitempty"`
-	KernelBuild  string            `json:"kernel_build,omitempty"`
-	Distribution string            `json:"distribution,omitempty"`
-	Arch         string            `json:"arch"`
-	Go           string            `json:"go"`
-	Tensorlane   tensorlaneVersion `json:"tensorlane"`
-	CPU          string            `json:"cpu,omitempty"`
-	CPUs         int               `json:"cpus"`
-	NUMANodes    int               `json:"numa_nodes"`
-	Accelerators map[string]int    `json:"accelerators"`
+// Manifest is the env report. Empty fields are omitted.
+type Manifest struct {
+	Kernel       string         `json:"kernel,omitempty"`
+	KernelBuild  string         `json:"kernel_build,omitempty"`
+	Distribution string         `json:"distribution,omitempty"`
+	Arch         string         `json:"arch"`
+	Go           string         `json:"go"`
+	Tensorlane   Version        `json:"tensorlane"`
+	CPU          string         `json:"cpu,omitempty"`
+	CPUs         int            `json:"cpus"`
+	NUMANodes    int            `json:"numa_nodes"`
+	Accelerators map[string]int `json:"accelerators"`
 	// Components maps a component ("nvidia-driver", "cuda", "rocm",
 	// "neuron-driver", "habanalabs-driver", "libibverbs", "mlx5_core", ...)
 	// to its version.
@@ -85,10 +38,11 @@ type envManifest struct {
 	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
 	Warnings      int               `json:"discovery_warnings"`
 	// CUDA is what the CUDA driver API says (live machine only).
-	CUDA *cudaReport `json:"cuda_driver_api,omitempty"`
+	CUDA *CUDAReport `json:"cuda_driver_api,omitempty"`
 }
 
-type tensorlaneVersion struct {
+// Version is this binary's tensorlane version, from its build info.
+type Version struct {
 	Version string `json:"version"`
 	// Note says why Version is only "(devel)": nothing recorded one.
 	Note     string `json:"note,omitempty"`
@@ -97,13 +51,15 @@ type tensorlaneVersion struct {
 	Module   string `json:"module,omitempty"`
 }
 
-func collectEnv(ctx context.Context, root string) envManifest {
+// Collect reads the manifest of the system under root ("" or "/": this
+// machine, where the CUDA driver and the rdma providers are probed too).
+func Collect(ctx context.Context, root string) Manifest {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	fs := topology.NewFS(root)
 	live := fs.Root() == "/"
-	m := envManifest{Arch: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(),
+	m := Manifest{Arch: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(),
 		Accelerators: map[string]int{}, Components: map[string]string{}}
 	read := func(p string) string {
 		s, err := fs.ReadAttr(p)
@@ -115,7 +71,7 @@ func collectEnv(ctx context.Context, root string) envManifest {
 	m.Kernel = read("proc/sys/kernel/osrelease")
 	m.KernelBuild = read("proc/sys/kernel/version")
 	m.Distribution = osRelease(read("etc/os-release"))
-	m.Tensorlane = buildVersion()
+	m.Tensorlane = BuildVersion()
 	if ci := read("proc/cpuinfo"); ci != "" {
 		for _, line := range strings.Split(ci, "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -125,7 +81,7 @@ func collectEnv(ctx context.Context, root string) envManifest {
 		}
 	}
 	if live {
-		r := probeCUDA()
+		r := ProbeCUDA()
 		m.CUDA = &r
 		if r.Version != "" {
 			m.Components["cuda-driver-api"] = r.Version
@@ -133,10 +89,10 @@ func collectEnv(ctx context.Context, root string) envManifest {
 	}
 	if d, err := topology.Discover(ctx, topology.DiscoverConfig{Root: root}); err == nil {
 		if m.CUDA != nil {
-			applyCUDA(d, *m.CUDA)
+			ApplyCUDA(d, *m.CUDA)
 		}
 		m.NUMANodes = len(d.Host.NUMA)
-		m.CPUs = cpuCount(d.Host)
+		m.CPUs = render.CPUCount(d.Host)
 		for _, dev := range d.Host.Devices {
 			m.Accelerators[dev.Vendor+" "+dev.Model]++
 		}
@@ -232,8 +188,10 @@ func osRelease(s string) string {
 	return ""
 }
 
-func buildVersion() tensorlaneVersion {
-	v := tensorlaneVersion{Version: "(devel)"}
+// BuildVersion reads the version, revision and module of this binary
+// from its build info, and says why there is none when nothing was stamped.
+func BuildVersion() Version {
+	v := Version{Version: "(devel)"}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
@@ -256,7 +214,8 @@ func buildVersion() tensorlaneVersion {
 	return v
 }
 
-func writeEnv(w io.Writer, m envManifest) {
+// Write prints m as `tensorlane env` does, one "key: value" a line.
+func Write(w io.Writer, m Manifest) {
 	line := func(k, v string) {
 		if v != "" {
 			fmt.Fprintf(w, "%-22s %s\n", k+":", v)
