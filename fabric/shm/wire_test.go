@@ -127,6 +127,9 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(request{op: opView, length: 1}.marshal())
 	f.Add(unviewPacket(3))
 	f.Fuzz(func(t *testing.T, p []byte) {
+		if id, err := parseUnview(p); err == nil && !bytes.Equal(unviewPacket(id), p) {
+			t.Fatalf("unview %d does not round-trip", id)
+		}
 		r, err := parseRequest(p)
 		if err != nil {
 			if !errors.Is(err, fabric.ErrBadRequest) {
