@@ -95,6 +95,7 @@ type Client struct {
 	// slot), closed by the pool's Close.
 	anchorMu sync.Mutex
 	anchors  map[string]*pconn
+	unviewQ  map[string][]uint64 // unviews waiting for an anchor
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
@@ -136,7 +137,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}}
+	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}, unviewQ: map[string][]uint64{}}
 	c.pool = kit.NewPool(kit.PoolConfig[connKey, *pconn]{Dial: c.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {
@@ -158,6 +159,7 @@ func (c *Client) Close() error {
 	c.pool.Close() // anchors too: they keep their pool slot
 	c.anchorMu.Lock()
 	clear(c.anchors)
+	clear(c.unviewQ)
 	c.anchorMu.Unlock()
 	c.cache.clear()
 	return nil

@@ -277,6 +277,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[
 		unhold = keep()
 		defer func() {
 			if unhold != nil {
+				s.holds.abandon(who, g.hold)
 				unhold() // never confirmed: no view holds it
 			}
 		}()

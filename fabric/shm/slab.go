@@ -237,6 +237,10 @@ type viewHolds struct {
 type peerHolds struct {
 	conns int
 	holds map[uint64]func()
+	// pending are hold ids granted whose done has not been read yet; true
+	// once an unview for it came first (on another connection, the done
+	// and the unview race), so add releases it at once.
+	pending map[uint64]bool
 }
 
 func (v *viewHolds) connect(p peer.ID) {
@@ -247,7 +251,7 @@ func (v *viewHolds) connect(p peer.ID) {
 	}
 	ph := v.peers[p]
 	if ph == nil {
-		ph = &peerHolds{holds: map[uint64]func(){}}
+		ph = &peerHolds{holds: map[uint64]func(){}, pending: map[uint64]bool{}}
 		v.peers[p] = ph
 	}
 	ph.conns++
@@ -277,37 +281,59 @@ func (v *viewHolds) holding(p peer.ID) bool {
 	return ph != nil && len(ph.holds) > 0
 }
 
-// next returns a fresh hold id for p, or errTooManyHolds.
+// next returns a fresh hold id for p (pending until add or abandon), or
+// errTooManyHolds.
 func (v *viewHolds) next(p peer.ID) (uint64, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if ph := v.peers[p]; ph != nil && len(ph.holds) >= maxHolds {
+	ph := v.peers[p]
+	if ph == nil || len(ph.holds)+len(ph.pending) >= maxHolds {
 		return 0, errTooManyHolds
 	}
 	v.serial++
+	ph.pending[v.serial] = false
 	return v.serial, nil
 }
 
-// add records a confirmed view's hold.
+// add records a confirmed view's hold, or releases it at once when its
+// unview came first or the peer is gone.
 func (v *viewHolds) add(p peer.ID, id uint64, release func()) {
 	v.mu.Lock()
 	ph := v.peers[p]
+	keep := ph != nil && !ph.pending[id]
 	if ph != nil {
-		ph.holds[id] = release
+		delete(ph.pending, id)
+		if keep {
+			ph.holds[id] = release
+		}
 	}
 	v.mu.Unlock()
-	if ph == nil {
+	if !keep {
 		release()
 	}
 }
 
-// release drops p's hold id (an unview); unknown ids are ignored.
+// abandon forgets a pending id whose view was never confirmed.
+func (v *viewHolds) abandon(p peer.ID, id uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ph := v.peers[p]; ph != nil {
+		delete(ph.pending, id)
+	}
+}
+
+// release drops p's hold id (an unview). One still pending is released
+// when it is added; unknown ids are ignored.
 func (v *viewHolds) release(p peer.ID, id uint64) {
 	v.mu.Lock()
 	var release func()
 	if ph := v.peers[p]; ph != nil {
-		release = ph.holds[id]
-		delete(ph.holds, id)
+		if _, ok := ph.pending[id]; ok {
+			ph.pending[id] = true
+		} else {
+			release = ph.holds[id]
+			delete(ph.holds, id)
+		}
 	}
 	v.mu.Unlock()
 	if release != nil {
@@ -407,10 +433,20 @@ func (c *Client) slabViewOn(pc *pconn, g grant, fds []int, r fabric.Remote) (*sl
 func (c *Client) unview(owner string, id uint64) {
 	c.anchorMu.Lock()
 	a := c.anchors[owner]
-	c.anchorMu.Unlock()
 	if a == nil {
+		// The anchor died since the view was made: the next one carries
+		// it (until then the owner keeps the hold, at worst until our
+		// last connection to it closes).
+		c.unviewQ[owner] = append(c.unviewQ[owner], id)
+		c.anchorMu.Unlock()
 		return
 	}
+	c.anchorMu.Unlock()
+	c.sendUnview(a, owner, id)
+}
+
+// sendUnview sends one unview on the anchor a, and drops a if it fails.
+func (c *Client) sendUnview(a *pconn, owner string, id uint64) {
 	a.wmu.Lock()
 	a.c.SetWriteDeadline(time.Now().Add(c.cfg.StallTimeout))
 	err := sendPacket(a.c, unviewPacket(id), -1)
@@ -441,9 +477,14 @@ func (c *Client) keepAnchor(pc *pconn) bool {
 		return false
 	}
 	c.anchors[pc.owner] = pc
+	queued := c.unviewQ[pc.owner]
+	delete(c.unviewQ, pc.owner)
 	c.anchorMu.Unlock()
 	if a != nil {
 		c.pool.Discard(a) // the owner closed it: its holds went with it
+	}
+	for _, id := range queued {
+		c.sendUnview(pc, pc.owner, id)
 	}
 	return true
 }

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -344,4 +345,54 @@ func gatherCounter(t *testing.T, c *Client, name string, want map[string]string)
 	}
 	t.Fatalf("no %s %v series", name, want)
 	return 0
+}
+
+// TestSlabConcurrent: views, reads and frees of slab objects from several
+// goroutines at once; every byte read is the object's, and every hold
+// goes once the views are released.
+func TestSlabConcurrent(t *testing.T) {
+	o := newSlabOwner(t, slabPSK, nil)
+	const n = 256 << 10
+	wants := map[byte][]byte{}
+	for id := byte(1); id <= 4; id++ {
+		wants[id] = o.put(t, id, n, id*3)
+	}
+	c, readerID := slabReader(t, slabPSK)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := 0; g < 4; g++ {
+		wg.Go(func() {
+			for i := 0; i < 20; i++ {
+				id := byte(1 + (g+i)%4)
+				if i%2 == 0 {
+					v, err := c.SHM().View(context.Background(), o.remote(id, n))
+					if err != nil {
+						errs <- err
+						return
+					}
+					if p, _ := tensor.BytesOf(v); !bytes.Equal(p, wants[id]) {
+						errs <- errors.New("view bytes differ")
+					}
+					v.Release()
+					continue
+				}
+				dst, p := hostDst(t, n)
+				if _, err := c.SHM().Read(context.Background(), o.remote(id, n), dst); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(p, wants[id]) {
+					errs <- errors.New("read bytes differ")
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	waitFor(t, func() bool { return o.srv.holds.count(readerID) == 0 }, "every unview")
+	assert.Zero(t, o.mem.Held())
+	assert.EqualValues(t, 1, c.SlabStats().Mapped)
 }
