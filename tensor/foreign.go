@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 )
 
 // Foreign is a Buffer over host memory that something other than tensorlane
@@ -133,8 +135,15 @@ func (f *Foreign) stageLocked() error {
 		buf.Release()
 		return err
 	}
-	populate(p)
-	copy(p, f.data)
+	if _, pre := buf.(*slabBuffer); !pre {
+		populate(p) // slab memory comes populated
+	}
+	// Several cores when the copy is large (staging runs off the reader's
+	// critical path only when it started early enough).
+	if err := pcopy.Copy(context.Background(), p, f.data, pcopy.Options{}); err != nil {
+		buf.Release()
+		return err
+	}
 	f.staged = buf
 	f.copied.Store(true)
 	return nil

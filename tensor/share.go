@@ -41,7 +41,8 @@ import (
 //     so no holder can truncate it under the owner's mapping (which would
 //     fault the owner).
 //   - Revocation by never recycling. Memory that was ever exported is
-//     never handed to another allocation: Release closes the owner's
+//     never handed to another allocation (except in SlabMemory, opt-in:
+//     within one trust scope, see slab.go): Release closes the owner's
 //     descriptor and mapping, and the pages are freed by the kernel once
 //     the last holder closes its descriptor and unmaps. So a former holder
 //     that keeps a mapping after Release sees the freed object's bytes (or
@@ -96,6 +97,16 @@ type Handle struct {
 	// (a view's, see ViewShare), not the buffer's own memory: writes to
 	// the buffer after the copy was made do not show in it.
 	Copy bool
+	// Slab is set when the file is a slab of a SlabMemory: it holds other
+	// allocations of the same owner and trust scope too (Offset and Length
+	// place this one), and a holder may map it once for all of them.
+	Slab bool
+	// Keep, for slab handles, holds the allocation's range against reuse
+	// until the returned release is called, even after the buffer is
+	// released: a reader's zero-copy view of it must not see the range
+	// handed to another allocation while it lives. nil for other handles
+	// (their memory is never recycled once exported).
+	Keep func() (release func())
 	// Access is what FD allows.
 	Access Access
 	// Kind says what FD is: a memory file (the zero value), or a device

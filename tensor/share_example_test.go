@@ -79,3 +79,31 @@ func ExampleViewShare() {
 	// file starts with "the view"
 	// staged again: 0
 }
+
+// ExampleNewSlabMemory is slab memory (opt-in, one trust scope): two
+// allocations share one slab file, each export names its place in it, a
+// writable export is refused, and a released range is reused.
+func ExampleNewSlabMemory() {
+	ctx := context.Background()
+	mem, _ := tensor.NewSlabMemory(tensor.SlabConfig{Reserve: 8 << 20}) // one pre-faulted 8 MiB slab
+	defer mem.Close()
+	mem.WaitPopulated(ctx)
+	a, _ := mem.Alloc(ctx, 4096)
+	b, _ := mem.Alloc(ctx, 4096)
+	ha, _ := tensor.ExportOf(a, tensor.ReadOnly)
+	hb, _ := tensor.ExportOf(b, tensor.ReadOnly)
+	defer unix.Close(ha.FD)
+	defer unix.Close(hb.FD)
+	fmt.Println(ha.Slab, ha.Size, ha.Offset, hb.Offset)
+	_, err := tensor.ExportOf(a, tensor.Writable)
+	fmt.Println(errors.Is(err, tensor.ErrExportAccess))
+	a.Release()
+	c, _ := mem.Alloc(ctx, 100)
+	hc, _ := tensor.ExportOf(c, tensor.ReadOnly)
+	defer unix.Close(hc.FD)
+	fmt.Println(hc.Offset, mem.Slabs())
+	// Output:
+	// true 8388608 0 4096
+	// true
+	// 0 1
+}

@@ -74,6 +74,13 @@ func (v *ViewShare) Export(a Access) (h Handle, staged int64, err error) {
 		if err != nil {
 			return h, 0, err
 		}
+		if h.Slab {
+			// A slab is shared whole within its trust scope (slab.go):
+			// a copy would hide nothing, so the view is exported in place.
+			h.Offset += v.start
+			h.Start, h.Length = v.start, v.end-v.start
+			return h, 0, nil
+		}
 		// The buffer may itself be a view of a larger allocation (its
 		// handle then starts past 0 or its file is larger than its
 		// pages): stage then too.

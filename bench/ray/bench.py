@@ -11,12 +11,14 @@ waits for the receiver's answer. Reported: median seconds, GB/s, and each
 transport's ratio to the plain object store measured in the same run.
 
 Transports: the object store (numpy: Ray copies the array into plasma once
-and the reader maps it read-only), TENSORLANE publishing the caller's numpy
-array (foreign memory: one staged copy for a same-node reader, made in the
-background at Put into pre-populated memory; the reader maps it read-only),
-TENSORLANE publishing an array from tensorlane.empty (no copy anywhere: the
-reader maps the sender's array read-only), TENSORLANE forced onto tcp (the
-reader's copy), and, when torch (and nixl)
+and the reader maps it read-only); TENSORLANE with per-object grants
+("views", TENSORLANE_SLABS=0) and in slab mode ("slabs", the plug-in's
+default: the reader maps the sender's slab once for every object), each
+publishing the caller's numpy array (foreign memory: one staged copy for a
+same-node reader, made in the background at Put into pre-populated memory;
+the reader maps it read-only) and an array from tensorlane.empty (no copy
+anywhere: the reader maps the sender's array read-only); TENSORLANE forced
+onto tcp (the reader's copy); and, when torch (and nixl)
 are installed, GLOO, NIXL and the zero-copy torch object store
 (RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1). Ones that cannot run are listed with
 the reason.
@@ -62,7 +64,9 @@ class Sender:
         self.a = tensorlane.empty(count, np.float32) if shareable else np.empty(count, np.float32)
         self.a[:] = 1.0
 
-    def ready(self):
+    def ready(self, start_runtime=False):
+        if start_runtime:
+            tlr.runtime()  # see make_pair
         return True
 
     def plain(self):
@@ -75,7 +79,9 @@ class Sender:
 
 @ray.remote(enable_tensor_transport=True)
 class Receiver:
-    def ready(self):
+    def ready(self, start_runtime=False):
+        if start_runtime:
+            tlr.runtime()  # see make_pair
         return True
 
     def touch(self, a):
@@ -83,22 +89,42 @@ class Receiver:
 
     def transports(self):
         try:
-            return tlr.runtime().stats()["gets_by_transport"]
+            st = tlr.runtime().stats()
+            out = dict(st["gets_by_transport"])
+            if st.get("views"):
+                out["views"] = st["views"]
+            if st.get("shm_slabs", {}).get("mapped"):
+                out["slab mmaps"] = st["shm_slabs"]["mapped"]
+            return out
         except Exception:
             return {}
 
 
-TCP_ENV = {"env_vars": {"TENSORLANE_TRANSPORTS": "tcp"}}
+# Per-object grants (each object its own memfd; same-node readers map a
+# read-only view of it), and slab mode (objects in large memfds shared
+# within the job's trust scope, the reader maps each slab once and copies
+# into its pre-faulted pool; the plug-in's default). POOL sizes slab mode's
+# pre-faulted pool, the analogue of Ray's object store memory.
+POOL = os.environ.get("TENSORLANE_POOL_BYTES", "640M")
+VIEW_ENV = {"env_vars": {"TENSORLANE_SLABS": "0"}}
+SLAB_ENV = {"env_vars": {"TENSORLANE_SLABS": "1", "TENSORLANE_POOL_BYTES": POOL}}
+TCP_ENV = {"env_vars": {"TENSORLANE_TRANSPORTS": "tcp", "TENSORLANE_SLABS": "0"}}
 
 
 def transports(torch_ok: bool, nixl_ok: bool):
     """name -> (sender options, shareable, method name) or a skip reason."""
     out = {
         "object store": ({}, False, "plain"),
-        "TENSORLANE": ({}, False, "tensorlane"),
-        "TENSORLANE (tensorlane.empty)": ({}, True, "tensorlane"),
+        "TENSORLANE views": (VIEW_ENV, False, "tensorlane"),
+        "TENSORLANE views (tensorlane.empty)": (VIEW_ENV, True, "tensorlane"),
+        "TENSORLANE slabs": (SLAB_ENV, False, "tensorlane"),
+        "TENSORLANE slabs (tensorlane.empty)": (SLAB_ENV, True, "tensorlane"),
         "TENSORLANE tcp": (TCP_ENV, False, "tensorlane"),
     }
+    only = os.environ.get("BENCH_ONLY")  # a comma-separated subset, for quick looks
+    if only:
+        keep = {"object store", *[x.strip() for x in only.split(",")]}
+        out = {k: v for k, v in out.items() if k in keep}
     why = "torch is not installed (Ray's GLOO, NIXL and zero-copy store paths move torch tensors only)"
     out["object store zero-copy"] = why if not torch_ok else "torch installed: not wired in this script yet"
     out["GLOO"] = why if not torch_ok else "torch installed: not wired in this script yet"
@@ -106,10 +132,15 @@ def transports(torch_ok: bool, nixl_ok: bool):
     return out
 
 
-def make_pair(opts, n, shareable):
+def make_pair(opts, n, shareable, tensorlane_row):
+    """A fresh pair. For the tensorlane rows both actors start their runtime
+    before the clock starts (the plug-in starts it in the background when
+    Ray first asks whether the actor has the transport; slab mode populates
+    its pool then), as Ray's object store is up before its first transfer:
+    cold is the pair's first transfer, not the runtime's start."""
     s = Sender.options(runtime_env=opts or None).remote(n, shareable)
     r = Receiver.options(runtime_env=opts or None).remote()
-    ray.get([s.ready.remote(), r.ready.remote()])
+    ray.get([s.ready.remote(tensorlane_row), r.ready.remote(tensorlane_row)])
     return s, r
 
 
@@ -152,7 +183,7 @@ def main():
     for n in sizes:
         pairs, cold = {}, {}
         for name, (opts, shareable, method) in runnable.items():
-            pairs[name] = make_pair(opts, n, shareable)
+            pairs[name] = make_pair(opts, n, shareable, method == "tensorlane")
             cold[name] = once(pairs[name], method)
         warm = {name: [] for name in runnable}
         for _ in range(args.reps):

@@ -62,7 +62,9 @@ int tl_last_error(char *msg, size_t cap, size_t *len);
 /* Runtimes. config_json may be NULL or "" for the defaults (see
  * internal/capi.Config: preset, hosts, discover, host, listen, data_addr,
  * cluster_key, allow, deny, transfer_timeout_ms, sim_devices, host_memory,
- * log_level). tl_runtime_close is idempotent; tl_shutdown_all closes every
+ * log_level, lazy_staging, stage_pool_bytes, slabs, pool_bytes, slab_bytes;
+ * TENSORLANE_SLABS and TENSORLANE_POOL_BYTES apply when slabs/pool_bytes are
+ * absent). tl_runtime_close is idempotent; tl_shutdown_all closes every
  * runtime of the process (call it at exit). */
 int tl_runtime_new(const char *config_json, uint64_t *rt);
 int tl_runtime_close(uint64_t rt);

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -83,10 +84,18 @@ func (c *Config) defaults() error {
 type Client struct {
 	cfg   Config
 	cache *cache
+	slabs slabs // owners' slabs, mapped once each (slab.go)
 
 	// pool holds the connections per owner (fabric/internal/kit): idle
 	// ones reused, at most MaxConns each, transfers queued past that.
 	pool *kit.Pool[connKey, *pconn]
+
+	// anchors holds, per owner, the connection that keeps our slab views'
+	// holds alive (slab.go): out of the pool's rotation (it keeps its
+	// slot), closed by the pool's Close.
+	anchorMu sync.Mutex
+	anchors  map[string]*pconn
+	unviewQ  map[string][]uint64 // unviews waiting for an anchor
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
@@ -100,20 +109,35 @@ type connKey struct {
 
 type pconn struct {
 	c     *net.UnixConn
+	cli   *Client
 	owner string
 	buf   []byte // received packets
 	oob   []byte // received descriptors
 	out   []byte // requests being sent
+	// slabs are the owner's slabs whose descriptor came on this
+	// connection, by mapping id (guarded by Client.slabs.mu).
+	slabs map[uint64]*slabMap
+	// anchor: a slab view came on this connection; it becomes the
+	// owner's anchor unless there is one (slab.go). wmu orders an
+	// anchor's unviews.
+	anchor bool
+	wmu    sync.Mutex
 }
 
-func (pc *pconn) Close() error { return pc.c.Close() }
+// Close closes the connection and drops the slabs it received: the owner
+// forgets what it sent on it. The pool calls it whenever it closes one.
+func (pc *pconn) Close() error {
+	err := pc.c.Close()
+	pc.cli.slabs.dropConn(pc) // a copy in flight keeps its slab until it ends
+	return err
+}
 
 // NewClient returns a client; Close releases its connections and mappings.
 func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes)}
+	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}, unviewQ: map[string][]uint64{}}
 	c.pool = kit.NewPool(kit.PoolConfig[connKey, *pconn]{Dial: c.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {
@@ -126,10 +150,17 @@ func NewClient(cfg Config) (*Client, error) {
 // CacheStats reports what the mapping cache holds and has done.
 func (c *Client) CacheStats() CacheStats { return c.cache.snapshot() }
 
+// SlabStats reports the slab mappings (slab.go).
+func (c *Client) SlabStats() SlabStats { return c.slabs.snapshot() }
+
 // Close closes every connection (transfers in flight fail) and unmaps every
 // cached mapping once no copy uses it. It is idempotent.
 func (c *Client) Close() error {
-	c.pool.Close()
+	c.pool.Close() // anchors too: they keep their pool slot
+	c.anchorMu.Lock()
+	clear(c.anchors)
+	clear(c.unviewQ)
+	c.anchorMu.Unlock()
 	c.cache.clear()
 	return nil
 }
@@ -248,6 +279,9 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 		}
 		var re *peerauth.RemoteError
 		if err == nil || errors.As(err, &re) {
+			if pc.anchor && c.keepAnchor(pc) {
+				return err
+			}
 			c.pool.Put(pc) // still in step
 			return err
 		}
@@ -420,6 +454,9 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if copied != nil {
 		*copied = g.flags&flagCopy != 0
 	}
+	if g.flags&flagSlab != 0 {
+		return c.slabTransfer(ctx, pc, key, g, fds, r, p, dev)
+	}
 	if r.Length == 0 {
 		closeAll(fds)
 		return c.confirm(pc)
@@ -485,6 +522,42 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	return c.confirm(pc)
 }
 
+// slabTransfer is transferOn for a slab grant: the copy reads the object's
+// place in the owner's slab, mapped once for every object in it.
+func (c *Client) slabTransfer(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, r fabric.Remote, p []byte, dev tensor.Buffer) error {
+	if len(fds) == 1 && c.onFD != nil {
+		c.onFD(fds[0])
+	}
+	m, err := c.slabs.forGrant(pc, g, fds)
+	if err != nil {
+		return err
+	}
+	defer c.slabs.release(m)
+	if key.push {
+		// Owners never grant a slab writable: it reaches other objects.
+		return fmt.Errorf("%w: owner granted a push into a read-only slab", fabric.ErrCorrupt)
+	}
+	if r.Length == 0 {
+		return c.confirm(pc)
+	}
+	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
+		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
+	}
+	if c.afterMap != nil {
+		c.afterMap()
+	}
+	obj := m.object(g.objOff+r.Offset-g.viewOff, r.Length)
+	if dev != nil {
+		err = hostToDevice(ctx, false, obj, dev)
+	} else {
+		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
+	}
+	if err != nil {
+		return err
+	}
+	return c.confirm(pc)
+}
+
 func (c *Client) ioError(err error) error {
 	var ne net.Error
 	switch {
@@ -518,5 +591,6 @@ func (c *Client) dial(ctx context.Context, k connKey) (*pconn, error) {
 		return nil, err
 	}
 	uc := nc.(*net.UnixConn)
-	return &pconn{c: uc, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken)}, nil
+	return &pconn{c: uc, cli: c, owner: owner, buf: make([]byte, maxPacket), oob: make([]byte, oobSpace), out: make([]byte, 0, requestFixed+maxToken),
+		slabs: map[uint64]*slabMap{}}, nil
 }

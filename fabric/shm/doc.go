@@ -31,6 +31,18 @@
 // then sends "done"; the owner unpins. A read therefore costs one round
 // trip with the owner (done needs no answer), plus the copy.
 //
+// # Slab grants (opt-in, one trust scope)
+//
+// An owner whose memory is a tensor.SlabMemory shares its objects as
+// places in a few large slab files: the first grant of a slab on a
+// connection carries its descriptor, later ones only an offset and length,
+// and the reader maps each slab once, read-only, for all the objects in it
+// (no mmap and, once touched, no page fault for later objects). Slab
+// grants go only to readers that proved the owner's cluster key; a view of
+// a slab object makes the owner hold its range against reuse until the
+// reader's unview or its last connection closes. slab.go has the details,
+// docs/security-shm-grants.md what a slab reader can see.
+//
 // # Revocation
 //
 // Mappings are cached per (owner, object, incarnation, direction: read

@@ -14,12 +14,21 @@ var (
 		"Mapping cache events by direction (pull: reads, object pages mapped read-only; push: writes, a sink's pages mapped writable): "+
 			"mapped (a miss: descriptor received and mapped), hit (served by a cached mapping), revoked (owner refused the claim), evicted, purged (owner went away).",
 		[]string{"event", "direction"}, nil)
+	slabsDesc      = prometheus.NewDesc("tensorlane_shm_slabs", "Owner slabs (slab memory of one trust scope) mapped read-only by this reader.", nil, nil)
+	slabBytesDesc  = prometheus.NewDesc("tensorlane_shm_slab_bytes", "Bytes of owner slabs mapped by this reader.", nil, nil)
+	slabEventsDesc = prometheus.NewDesc("tensorlane_shm_slab_events_total",
+		"Slab grants: mapped (a descriptor received and mapped: one mmap), reused (a descriptor received for a slab already mapped: no mmap), "+
+			"hit (no descriptor needed), unmapped.",
+		[]string{"event"}, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- mappingsDesc
 	ch <- mappedDesc
 	ch <- eventsDesc
+	ch <- slabsDesc
+	ch <- slabBytesDesc
+	ch <- slabEventsDesc
 }
 
 func (k collector) Collect(ch chan<- prometheus.Metric) {
@@ -36,5 +45,14 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 		}{{"mapped", d.e.Mapped}, {"hit", d.e.Hits}, {"revoked", d.e.Revoked}, {"evicted", d.e.Evicted}, {"purged", d.e.Purged}} {
 			ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(e.n), e.name, d.name)
 		}
+	}
+	sl := k.c.slabs.snapshot()
+	ch <- prometheus.MustNewConstMetric(slabsDesc, prometheus.GaugeValue, float64(sl.Live))
+	ch <- prometheus.MustNewConstMetric(slabBytesDesc, prometheus.GaugeValue, float64(sl.Bytes))
+	for _, e := range []struct {
+		name string
+		n    int64
+	}{{"mapped", sl.Mapped}, {"reused", sl.Reused}, {"hit", sl.Hits}, {"unmapped", sl.Unmapped}} {
+		ch <- prometheus.MustNewConstMetric(slabEventsDesc, prometheus.CounterValue, float64(e.n), e.name)
 	}
 }

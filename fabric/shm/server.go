@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -98,6 +99,8 @@ type Server struct {
 
 	loop *acceptor.Loop
 
+	holds viewHolds // readers' views of slab objects (slab.go)
+
 	corrupt      atomic.Bool // test hook: damage the next grant
 	exportWarned atomic.Bool
 }
@@ -159,14 +162,32 @@ func (s *Server) serve(c *net.UnixConn) {
 	if err := s.loop.Admit(c, who.String()); err != nil {
 		return
 	}
+	s.holds.connect(who)
+	defer s.holds.disconnect(who) // the peer's last connection takes its holds
 	c.SetDeadline(time.Time{})
 	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
+	sent := map[uint64]bool{} // slabs whose descriptor this connection carried (slab.go)
 	for {
 		// An authenticated connection may wait for its next request at
 		// most IdleTimeout: each one pins a descriptor and a goroutine.
-		c.SetReadDeadline(time.Now().Add(s.cfg.Limits.IdleTimeout))
+		// Not while the peer holds views: closing its last connection
+		// would give their ranges to other objects under the views.
+		if s.holds.holding(who) {
+			c.SetReadDeadline(time.Time{})
+		} else {
+			c.SetReadDeadline(time.Now().Add(s.cfg.Limits.IdleTimeout))
+		}
 		p, fds, err := recvPacket(c, buf, oob)
 		closeAll(fds) // clients send no descriptors
+		if err == nil && len(p) > 0 && p[0] == opUnview {
+			id, err := parseUnview(p)
+			if err != nil {
+				s.cfg.Logger.Debug("bad shm unview", "peer", who, "err", err)
+				return
+			}
+			s.holds.release(who, id)
+			continue
+		}
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			s.loop.Dropped("idle", who.String())
 			return
@@ -184,7 +205,7 @@ func (s *Server) serve(c *net.UnixConn) {
 			s.cfg.Logger.Debug("bad shm request", "peer", who, "err", err)
 			return
 		}
-		if err := s.handle(c, buf, oob, req); err != nil {
+		if err := s.handle(c, buf, oob, req, sent, who); err != nil {
 			s.cfg.Logger.Debug("shm request ended the connection", "peer", who, "object", req.claim.Object, "err", err)
 			return
 		}
@@ -193,11 +214,11 @@ func (s *Server) serve(c *net.UnixConn) {
 
 // handle answers one request and holds the pin until the client's done.
 // It returns an error only when the connection cannot be used any more.
-func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err error) {
+func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[uint64]bool, who peer.ID) (err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	var pin tensor.Buffer
 	switch {
-	case req.op == opRead:
+	case req.op == opRead || req.op == opView:
 		pin, err = s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
 	case s.cfg.Sink == nil:
 		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
@@ -210,8 +231,9 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 	}
 	var g grant
 	fd := -1
+	var keep func() func()
 	if err == nil && req.length > 0 {
-		g, fd, err = s.export(pin, req)
+		g, fd, keep, err = s.export(pin, req, sent)
 		if err != nil && !errors.Is(err, tensor.ErrReleased) {
 			// The reader falls back to a worse path (and says so); say here
 			// why the owner could not grant, loudly the first time.
@@ -220,6 +242,16 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 				level = slog.LevelWarn
 			}
 			s.cfg.Logger.Log(s.ctx, level, "shm: cannot grant the object, the reader must take another path", "object", req.claim.Object, "push", req.op == opPush, "err", err)
+		}
+	}
+	if err == nil && keep != nil {
+		// A view of a slab object: it gets a hold id, or is refused (the
+		// slab's descriptor then did not travel after all).
+		if g.hold, err = s.holds.next(who); err != nil {
+			if fd >= 0 {
+				unix.Close(fd)
+				delete(sent, g.mapID)
+			}
 		}
 	}
 	if err != nil {
@@ -238,6 +270,18 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 		}
 		pin.Release()
 	}()
+	// Hold the view's range from now (the pin keeps it until the done);
+	// the hold is registered once the client confirms it has the view.
+	var unhold func()
+	if keep != nil {
+		unhold = keep()
+		defer func() {
+			if unhold != nil {
+				s.holds.abandon(who, g.hold)
+				unhold() // never confirmed: no view holds it
+			}
+		}()
+	}
 	reply := g.marshal()
 	if s.corrupt.Swap(false) {
 		reply[20] ^= 0x40 // inside the object offset: a wrong place to copy from
@@ -261,6 +305,10 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
 		return err
 	}
+	if unhold != nil {
+		s.holds.add(who, g.hold, unhold)
+		unhold = nil
+	}
 	// Unpin (the deferred Release) and wait for the next request (serve
 	// sets the idle deadline): the done is not acknowledged, so the client
 	// never waits for us in between.
@@ -274,22 +322,41 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request) (err erro
 // when the object is part of a larger allocation (tensor.ViewShare):
 // read-only (and sealed against writes) for reads, writable for pushes
 // into the sink.
-func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
+//
+// A slab object (tensor.Handle.Slab, slab.go) is granted only when this
+// owner requires the cluster key; its descriptor travels once per
+// connection (sent records which).
+func (s *Server) export(pin tensor.Buffer, req request, sent map[uint64]bool) (grant, int, func() func(), error) {
+	g, fd, h, err := s.exportHandle(pin, req, sent)
+	if err != nil || req.op != opView || g.flags&flagSlab == 0 {
+		return g, fd, nil, err
+	}
+	if h.Keep == nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return grant{}, -1, nil, fmt.Errorf("shm: a slab handle that cannot hold its range for a view")
+	}
+	return g, fd, h.Keep, nil
+}
+
+func (s *Server) exportHandle(pin tensor.Buffer, req request, sent map[uint64]bool) (grant, int, tensor.Handle, error) {
 	access := tensor.ReadOnly
 	if req.op == opPush {
 		access = tensor.Writable
 	}
 	h, err := tensor.ExportOf(pin, access)
 	if err != nil {
-		return grant{}, -1, fmt.Errorf("shm: export: %w", err)
+		return grant{}, -1, h, fmt.Errorf("shm: export: %w", err)
 	}
 	if h.Kind != tensor.HandleMemfd {
-		return s.exportDevice(pin, h, req)
+		g, fd, err := s.exportDevice(pin, h, req)
+		return g, fd, h, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(h.FD, &st); err != nil {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: stat exported allocation: %w", err)
+		return grant{}, -1, h, fmt.Errorf("shm: stat exported allocation: %w", err)
 	}
 	g := grant{mapID: s.mappingID(st.Dev, st.Ino, h.Offset, h.Length, h.Start), fileSize: h.Size, objOff: h.Offset, objLen: h.Length, viewOff: h.Start}
 	// The handle must hold the requested range (the claim's range was
@@ -298,21 +365,36 @@ func (s *Server) export(pin tensor.Buffer, req request) (grant, int, error) {
 	if h.Access != access || g.objOff < 0 || g.objLen < 0 || g.viewOff < 0 || g.objOff+g.objLen > g.fileSize || g.fileSize > st.Size ||
 		req.offset < g.viewOff || req.offset+req.length > g.viewOff+g.objLen || g.viewOff+g.objLen > pin.Len() {
 		unix.Close(h.FD)
-		return grant{}, -1, fmt.Errorf("shm: export handle [%d,+%d) (view start %d) %v of a %d-byte allocation (file %d bytes) does not hold [%d,+%d) or is inconsistent",
+		return grant{}, -1, h, fmt.Errorf("shm: export handle [%d,+%d) (view start %d) %v of a %d-byte allocation (file %d bytes) does not hold [%d,+%d) or is inconsistent",
 			h.Offset, h.Length, h.Start, h.Access, h.Size, st.Size, req.offset, req.length)
 	}
 	if h.Copy {
 		g.flags |= flagCopy
+	}
+	if h.Slab {
+		if len(s.cfg.PSK) == 0 || access != tensor.ReadOnly || h.Copy {
+			unix.Close(h.FD)
+			return grant{}, -1, h, errNoScope
+		}
+		g.flags |= flagSlab
+		g.mapID = s.mappingID(st.Dev, st.Ino, 0, h.Size, -1)
+		if sent[g.mapID] {
+			unix.Close(h.FD)
+			return g, -1, h, nil
+		}
+		sent[g.mapID] = true // if the send fails the connection ends with it
+		g.flags |= flagFD
+		return g, h.FD, h, nil
 	}
 	if req.have == g.mapID {
 		// The client maps this region already (read-only for a read,
 		// writable for a push: it keeps the two apart), and this grant
 		// re-validated the claim: no descriptor needs to travel.
 		unix.Close(h.FD)
-		return g, -1, nil
+		return g, -1, h, nil
 	}
 	g.flags |= flagFD
-	return g, h.FD, nil
+	return g, h.FD, h, nil
 }
 
 // mappingID names one object's place in one allocation file. It is salted per

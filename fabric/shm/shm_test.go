@@ -537,7 +537,7 @@ func eventMetric(t *testing.T, c *Client, event, direction string) float64 {
 	require.NoError(t, reg.Register(collector{c}))
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	assert.Equal(t, 12, n, "two gauges and five event counters per direction")
+	assert.Equal(t, 18, n, "two gauges and five event counters per direction; two slab gauges and four slab counters")
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
@@ -637,7 +637,7 @@ func TestCacheLimits(t *testing.T) {
 func TestReadDescriptorIsReadOnly(t *testing.T) {
 	f := newFixture(t, 8192, nil)
 	pin := nopRelease{f.obj}
-	g, fd, err := f.srv.export(pin, request{op: opRead, length: 8192})
+	g, fd, _, err := f.srv.exportHandle(pin, request{op: opRead, length: 8192}, nil)
 	require.NoError(t, err)
 	require.NotZero(t, g.flags&flagFD)
 	defer unix.Close(fd)
@@ -646,11 +646,11 @@ func TestReadDescriptorIsReadOnly(t *testing.T) {
 	ro, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	unix.Munmap(ro)
-	_, _, err = f.srv.export(pin, request{op: opPush, length: 8192})
+	_, _, _, err = f.srv.exportHandle(pin, request{op: opPush, length: 8192}, nil)
 	require.ErrorIs(t, err, tensor.ErrExportAccess, "a push into an object shared read-only")
 
 	// A reader that already maps the object gets no descriptor at all.
-	g2, fd2, err := f.srv.export(pin, request{op: opRead, length: 8192, have: g.mapID})
+	g2, fd2, _, err := f.srv.exportHandle(pin, request{op: opRead, length: 8192, have: g.mapID}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, -1, fd2)
 	assert.Zero(t, g2.flags&flagFD)
@@ -658,7 +658,7 @@ func TestReadDescriptorIsReadOnly(t *testing.T) {
 	sink, err := f.mem.Alloc(context.Background(), 8192)
 	require.NoError(t, err)
 	defer sink.Release()
-	_, pfd, err := f.srv.export(nopRelease{sink}, request{op: opPush, length: 8192})
+	_, pfd, _, err := f.srv.exportHandle(nopRelease{sink}, request{op: opPush, length: 8192}, nil)
 	require.NoError(t, err)
 	defer unix.Close(pfd)
 	rw, err := unix.Mmap(pfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

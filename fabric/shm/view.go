@@ -48,13 +48,21 @@ func (c *Client) view(ctx context.Context, name string, src fabric.Remote) (tens
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
 	var m *mapping
+	var sv *slabView
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
 		var err error
-		m, err = c.viewOn(pc, key, src)
+		m, sv, err = c.viewOn(pc, key, src)
 		return err
 	})
 	if err != nil {
+		if sv != nil {
+			sv.Release() // made, then the exchange was cancelled
+		}
 		return nil, err
+	}
+	if sv != nil {
+		sv.dev = src.Endpoint.Device
+		return sv, nil
 	}
 	return &viewBuffer{c: c, m: m, off: src.Offset, n: src.Length, dev: src.Endpoint.Device}, nil
 }
@@ -62,7 +70,7 @@ func (c *Client) view(ctx context.Context, name string, src fabric.Remote) (tens
 // viewOn asks the owner to grant src's claim on pc and returns the object's
 // mapping with a reference held for the view: the cached one when the
 // grant names it, else a new lazy read-only mapping.
-func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, error) {
+func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, *slabView, error) {
 	held := c.cache.acquire(key)
 	ok := false
 	defer func() {
@@ -70,26 +78,34 @@ func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, err
 			c.cache.release(held)
 		}
 	}()
-	req := request{op: opRead, claim: r.Claim, offset: r.Offset, length: r.Length}
+	req := request{op: opView, claim: r.Claim, offset: r.Offset, length: r.Length}
 	if held != nil {
 		req.have = held.id
 	}
 	g, fds, err := c.exchangeRequest(pc, req)
 	if err != nil {
 		c.refused(key, err)
-		return nil, err
+		return nil, nil, err
+	}
+	if g.flags&flagSlab != 0 {
+		sv, err := c.slabViewOn(pc, g, fds, r)
+		return nil, sv, err
+	}
+	if g.hold != 0 {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: a hold on a view of per-object memory", fabric.ErrCorrupt)
 	}
 	// A view's private copy starts at viewOff in the object (see
 	// tensor.ViewShare): the grant holds [viewOff, viewOff+objLen).
 	if r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
-		return nil, fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
+		return nil, nil, fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
 	if len(fds) == 1 {
 		data, base, err := mapRegionFlags(fds[0], g.objOff, g.objLen, false, 0)
 		unix.Close(fds[0])
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		m := &mapping{key: key, id: g.mapID, objOff: g.objOff, objLen: g.objLen, viewOff: g.viewOff, base: base, data: data, refs: 1}
 		c.cache.insert(m)
@@ -98,16 +114,16 @@ func (c *Client) viewOn(pc *pconn, key cacheKey, r fabric.Remote) (*mapping, err
 		}
 		held = m
 	} else if held == nil || held.id != g.mapID || held.objOff != g.objOff || held.objLen != g.objLen || held.viewOff != g.viewOff {
-		return nil, fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
+		return nil, nil, fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
 	}
 	// The owner pinned the object for this exchange only: done unpins it.
 	if err := c.confirm(pc); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ok = true
-	return held, nil
+	return held, nil, nil
 }
 
 // viewBuffer is a view: the object's bytes in a read-only mapping.

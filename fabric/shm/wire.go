@@ -25,6 +25,7 @@ import (
 //	refused:  status (1, not StatusOK) | message
 //	granted:  status (1, StatusOK) | version (1) | flags (1) | mapping id (8) |
 //	          file size (8) | offset in file (8) | length (8) | view start (8) |
+//	          hold id (8, 0 unless a view's slab range is held) |
 //	          crc32c of everything before it (4)
 //
 // meaning that the file's bytes [offset, offset+length) hold the object's
@@ -47,12 +48,24 @@ import (
 // hang-up) and sends done. Reads and pushes end the same way. Reads and pushes alike send have, so a cached
 // mapping (read-only for reads, writable for pushes: the client keeps the
 // two apart) needs no descriptor.
+//
+// A zero-copy view asks with opView (a read request otherwise). When the
+// object lives in a slab (flagSlab), the owner holds the object's range
+// against reuse from the done on, under the hold id the grant carries,
+// until the client releases it:
+//
+//	unview:   opUnview (1) | hold id (8)
+//
+// on any of its connections (no answer), or until the client has no
+// connection to the owner left (slab.go).
 const (
-	opRead byte = 1
-	opPush byte = 2
-	opDone byte = 3
+	opRead   byte = 1
+	opPush   byte = 2
+	opDone   byte = 3
+	opView   byte = 4
+	opUnview byte = 5
 
-	version  byte = 3 // 3: grants carry the view start
+	version  byte = 4 // 3: grants carry the view start; 4: and a hold id
 	flagFD   byte = 1
 	flagCopy byte = 2 // the file is a private copy of the object's view (tensor.Handle.Copy)
 	maxToken      = 64
@@ -64,9 +77,15 @@ const (
 	flagDevice byte = 4
 	kindShift       = 4
 
+	// flagSlab: the file is a slab of the owner's, shared within its
+	// trust scope (slab.go); the mapping id names the slab, and the
+	// descriptor rides only on the first grant of it on a connection.
+	flagSlab byte = 8
+
 	requestFixed = 1 + 16 + 8 + 8 + 8 + 8 + 1
-	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 4
+	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 8 + 4
 	doneLen      = 2
+	unviewLen    = 1 + 8
 
 	// maxPacket bounds every packet either side reads; the longest is a
 	// refusal with a status message.
@@ -107,7 +126,7 @@ func parseRequest(p []byte) (request, error) {
 	}
 	var r request
 	r.op = p[0]
-	if r.op != opRead && r.op != opPush {
+	if r.op != opRead && r.op != opPush && r.op != opView {
 		return request{}, fmt.Errorf("%w: unknown op %d", fabric.ErrBadRequest, r.op)
 	}
 	copy(r.claim.Object[:], p[1:17])
@@ -133,9 +152,10 @@ type grant struct {
 	flags    byte
 	mapID    uint64
 	fileSize int64
-	objOff   int64 // the first granted byte's offset in the file
-	objLen   int64 // how many bytes are granted
-	viewOff  int64 // the object byte at objOff: the published view's start when the file is a copy of it
+	objOff   int64  // the first granted byte's offset in the file
+	objLen   int64  // how many bytes are granted
+	viewOff  int64  // the object byte at objOff: the published view's start when the file is a copy of it
+	hold     uint64 // a view's hold on its slab range (opView of a slab object), else 0
 }
 
 func (g grant) marshal() []byte {
@@ -146,6 +166,7 @@ func (g grant) marshal() []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objOff))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.objLen))
 	b = binary.BigEndian.AppendUint64(b, uint64(g.viewOff))
+	b = binary.BigEndian.AppendUint64(b, g.hold)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
@@ -176,8 +197,14 @@ func parseReply(p []byte) (grant, error) {
 	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
 	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
 	view := binary.BigEndian.Uint64(p[35:43])
+	g.hold = binary.BigEndian.Uint64(p[43:51])
 	device := g.flags&flagDevice != 0
-	if g.flags&^(flagFD|flagCopy|flagDevice|0xf0) != 0 || device != (g.flags>>kindShift != 0) || (device && g.flags&flagCopy != 0) ||
+	slab := g.flags&flagSlab != 0
+	if g.hold != 0 && !slab {
+		return grant{}, fmt.Errorf("%w: a hold on a grant that is no slab's", fabric.ErrCorrupt)
+	}
+	if g.flags&^(flagFD|flagCopy|flagDevice|flagSlab|0xf0) != 0 || device != (g.flags>>kindShift != 0) || (device && g.flags&flagCopy != 0) ||
+		(slab && g.flags&(flagCopy|flagDevice) != 0) ||
 		size > 1<<62 || off > size || n > size-off || view > 1<<62 {
 		return grant{}, fmt.Errorf("%w: grant of [%d,+%d) (view start %d) in a file of %d bytes, flags %#x", fabric.ErrCorrupt, off, n, view, size, g.flags)
 	}
@@ -192,4 +219,16 @@ func refusal(err error) []byte {
 		msg = msg[:peerauth.MaxMessage]
 	}
 	return append([]byte{peerauth.StatusFor(err)}, msg...)
+}
+
+func unviewPacket(id uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{opUnview}, id)
+}
+
+// parseUnview decodes an unview packet.
+func parseUnview(p []byte) (uint64, error) {
+	if len(p) != unviewLen || p[0] != opUnview {
+		return 0, fmt.Errorf("%w: unview of %d bytes", fabric.ErrBadRequest, len(p))
+	}
+	return binary.BigEndian.Uint64(p[1:]), nil
 }

@@ -69,6 +69,11 @@ func TestParseReply(t *testing.T) {
 		{"object outside arena", grant{fileSize: 10, objOff: 8, objLen: 3}.marshal(), fabric.ErrCorrupt},
 		{"unknown flags", grant{flags: 0x80}.marshal(), fabric.ErrCorrupt},
 		{"view start past 2^62", grant{fileSize: 10, viewOff: -1}.marshal(), fabric.ErrCorrupt},
+		{"hold without a slab", grant{fileSize: 10, objLen: 1, hold: 7}.marshal(), fabric.ErrCorrupt},
+		{"slab and copy", grant{flags: flagSlab | flagCopy, fileSize: 10}.marshal(), fabric.ErrCorrupt},
+		// Version 3 grants have no hold id: a view of a slab object would
+		// not know how to give its range back.
+		{"version 3 server", withVersion(g.marshal(), 3), fabric.ErrBadRequest},
 		// Version 2 grants have no view start: a view's copy would be
 		// read at the wrong place.
 		{"version 2 server", withVersion(g.marshal(), 2), fabric.ErrBadRequest},
@@ -90,6 +95,22 @@ func TestParseReply(t *testing.T) {
 	assert.Equal(t, peerauth.StatusInternal, re.Code)
 }
 
+func TestSlabGrantAndUnview(t *testing.T) {
+	g := grant{flags: flagFD | flagSlab, mapID: 9, fileSize: 64 << 20, objOff: 1 << 20, objLen: 4096, hold: 77}
+	got, err := parseReply(g.marshal())
+	require.NoError(t, err)
+	assert.Equal(t, g, got)
+	id, err := parseUnview(unviewPacket(77))
+	require.NoError(t, err)
+	assert.EqualValues(t, 77, id)
+	_, err = parseUnview(unviewPacket(77)[:5])
+	require.ErrorIs(t, err, fabric.ErrBadRequest)
+	r := request{op: opView, claim: fabric.Claim{Object: fabric.ObjectID{4}}, length: 10}
+	back, err := parseRequest(r.marshal())
+	require.NoError(t, err)
+	assert.Equal(t, opView, back.op)
+}
+
 func flip(p []byte, i int) []byte { p[i] ^= 1; return p }
 
 // withVersion rewrites a grant's version byte and its checksum.
@@ -103,7 +124,12 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add(request{op: opRead, claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 2, Token: []byte("token")}, offset: 3, length: 4, have: 5}.marshal())
 	f.Add(request{op: opPush}.marshal())
 	f.Add([]byte{opDone, 0})
+	f.Add(request{op: opView, length: 1}.marshal())
+	f.Add(unviewPacket(3))
 	f.Fuzz(func(t *testing.T, p []byte) {
+		if id, err := parseUnview(p); err == nil && !bytes.Equal(unviewPacket(id), p) {
+			t.Fatalf("unview %d does not round-trip", id)
+		}
 		r, err := parseRequest(p)
 		if err != nil {
 			if !errors.Is(err, fabric.ErrBadRequest) {

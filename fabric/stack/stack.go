@@ -111,6 +111,7 @@ func (s *Stack) startSHM() error {
 	}
 	s.shmCli, err = shm.NewClient(shm.Config{
 		Security: n.Security, Topology: n.Cluster,
+		Registerer: n.Registerer, // tensorlane_shm_*: the mapping cache and slab mappings
 	})
 	return err
 }

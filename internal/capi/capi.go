@@ -29,11 +29,14 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
@@ -122,6 +125,84 @@ type Config struct {
 	// 0 means DefaultStagePool (256 MiB, filled only with sizes actually
 	// staged); negative turns the pool off.
 	StagePoolBytes int64 `json:"stage_pool_bytes,omitempty"`
+	// Slabs turns on slab memory for the runtime's shareable host memory
+	// (tensor.SlabMemory): allocations (Alloc, Get destinations, foreign
+	// Puts' staging copies) are carved from large memfds, a same-host
+	// reader maps each slab once for all the objects in it, and freed
+	// memory is reused, pages populated, within this runtime. A reader
+	// that may read one object of the runtime's can then read the others
+	// in the same slab: it needs a cluster key, which bounds who may read
+	// (docs/security-shm-grants.md). nil means TENSORLANE_SLABS ("1" on,
+	// "0" or unset off). A view of a slab object holds its range on the
+	// owner until ReleaseView.
+	Slabs *bool `json:"slabs,omitempty"`
+	// PoolBytes is how much slab memory to create and populate at start
+	// (before NewRuntime returns: the pre-faulted pool Gets and
+	// tensorlane.empty allocate from, like Ray's object store memory); 0
+	// means TENSORLANE_POOL_BYTES, or none. Only with Slabs.
+	PoolBytes int64 `json:"pool_bytes,omitempty"`
+	// SlabBytes is the size of one slab; default tensor.DefaultSlabSize
+	// (64 MiB). Larger allocations get a slab of their own size.
+	SlabBytes int64 `json:"slab_bytes,omitempty"`
+}
+
+// EnvSlabs turns slab memory on ("1") for runtimes whose config does not
+// say; EnvPoolBytes sizes its pre-faulted pool (bytes, or with a K, M or G
+// suffix).
+const (
+	EnvSlabs     = "TENSORLANE_SLABS"
+	EnvPoolBytes = "TENSORLANE_POOL_BYTES"
+)
+
+// slabs resolves Slabs and PoolBytes against the environment.
+func (c Config) slabs() (on bool, pool int64, err error) {
+	if c.Slabs != nil {
+		on = *c.Slabs
+	} else {
+		switch v := strings.ToLower(strings.TrimSpace(os.Getenv(EnvSlabs))); v {
+		case "", "0", "false", "off", "no":
+		case "1", "true", "on", "yes":
+			on = true
+		default:
+			return false, 0, invalid("%s=%q: want 1 or 0", EnvSlabs, v)
+		}
+	}
+	pool = c.PoolBytes
+	if pool == 0 {
+		if v := strings.TrimSpace(os.Getenv(EnvPoolBytes)); v != "" {
+			if pool, err = parseBytes(v); err != nil {
+				return false, 0, invalid("%s=%q: %v", EnvPoolBytes, v, err)
+			}
+		}
+	}
+	if pool < 0 || c.SlabBytes < 0 {
+		return false, 0, invalid("pool_bytes and slab_bytes must not be negative")
+	}
+	return on, pool, nil
+}
+
+// parseBytes reads "268435456", "256M", "256MiB", "1G".
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(s), "B"), "I")
+	mult := int64(1)
+	if n := len(s); n > 0 {
+		switch s[n-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			s = s[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("not a byte count")
+	}
+	return v * mult, nil
 }
 
 // EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
@@ -143,7 +224,7 @@ func ParseConfig(p []byte) (Config, error) {
 	return c, nil
 }
 
-func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory, error) {
+func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 	var out rdt.Config
 	switch {
 	case c.Discover:
@@ -185,8 +266,30 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory
 	}
 	out.TransferTimeout = time.Duration(c.TransferTimeoutMS) * time.Millisecond
 	out.HostMemory = c.HostMemory
-	var owned []*tensor.HostMemory
-	if !c.SimDevices {
+	slabs, pool, err := c.slabs()
+	if err != nil {
+		return out, nil, err
+	}
+	var owned []closer
+	switch {
+	case slabs && c.SimDevices:
+		return out, nil, invalid("slabs: slab memory is for host memory, not with sim_devices")
+	case slabs && out.ClusterKey == nil:
+		return out, nil, invalid("slabs: slab memory is shared within a trust scope: it needs a cluster key (cluster_key or %s)", EnvClusterKey)
+	case slabs:
+		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: c.SlabBytes, Reserve: pool, Capacity: c.HostMemory})
+		if err != nil {
+			return out, nil, invalid("slabs: %v", err)
+		}
+		// The pool is populated before the runtime starts, so the first
+		// transfer into it pays no page population (that is its point).
+		if err := sm.WaitPopulated(ctx); err != nil {
+			sm.Close()
+			return out, nil, err
+		}
+		out.Devices = []tensor.Memory{sm}
+		owned = append(owned, sm)
+	case !c.SimDevices:
 		hm := tensor.NewHostMemory(c.HostMemory)
 		out.Devices = []tensor.Memory{hm}
 		owned = append(owned, hm)
@@ -204,6 +307,9 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []*tensor.HostMemory
 	case "error":
 		level = slog.LevelError
 	default:
+		for _, m := range owned {
+			m.Close()
+		}
 		return out, nil, invalid("log_level %q (want debug, info, warn or error)", c.LogLevel)
 	}
 	if out.Logger == nil {
@@ -225,6 +331,9 @@ func shmSelected(allow, deny []string) bool {
 	}
 	return (len(allow) == 0 || slices.Contains(allow, fabric.SHM)) && !slices.Contains(deny, fabric.SHM)
 }
+
+// closer is memory the runtime made and closes at shutdown.
+type closer interface{ Close() error }
 
 // Library holds the runtimes of a process behind handles.
 type Library struct {
@@ -270,7 +379,11 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 	if limit == 0 {
 		limit = DefaultStagePool
 	}
-	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
+	_, isSlab := mem.(*tensor.SlabMemory)
+	if isSlab {
+		limit = 0 // slab memory is populated and recycled already
+	}
+	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, slabs: isSlab, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
 		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++
@@ -326,7 +439,8 @@ type Runtime struct {
 	actor *rdt.Actor
 	host  tensor.Memory
 	pool  *stagePool // where foreign Puts stage
-	owned []*tensor.HostMemory
+	owned []closer
+	slabs bool // host memory is slab memory (Config.Slabs)
 
 	mu      sync.Mutex
 	allocs  map[uintptr]*allocation
@@ -630,7 +744,9 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 		return nil, 0, rdt.Transfer{}, err
 	}
 	dst := unsafe.Slice((*byte)(p), n)
-	tensor.Populate(dst) // fresh pages in one call (a no-op for recycled ones)
+	if !r.slabs {
+		tensor.Populate(dst) // fresh pages in one call (slab memory comes populated)
+	}
 	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
 	if err != nil {
 		r.FreeMemory(p)
@@ -775,8 +891,12 @@ type Stats struct {
 	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
 	HostMemory   HostMemory       `json:"host_memory"`
 	StagePool    StagePool        `json:"stage_pool"`
-	Peer         string           `json:"peer"`
-	Host         string           `json:"host"`
+	// ShmSlabs counts the owners' slabs this runtime read from (slab
+	// mode): mapped (one mmap each), reused (a descriptor for a slab
+	// already mapped), hit (no descriptor needed), unmapped.
+	ShmSlabs map[string]int64 `json:"shm_slabs"`
+	Peer     string           `json:"peer"`
+	Host     string           `json:"host"`
 }
 
 // StagePool is the staging pool's state: bytes held ready (populated,
@@ -797,6 +917,10 @@ type HostMemory struct {
 	Peak   int64 `json:"peak"`
 	Allocs int   `json:"allocs"`
 	Cached int64 `json:"cached"`
+	// Slabs is set in slab mode (Config.Slabs); SlabCount is the slabs
+	// ever created (reusing a freed range creates none).
+	Slabs     bool  `json:"slabs"`
+	SlabCount int64 `json:"slab_count"`
 }
 
 // Stats returns the runtime's counters.
@@ -815,6 +939,10 @@ func (r *Runtime) Stats() Stats {
 	ready := r.pool.held.Load()
 	s.HostMemory = HostMemory{Used: ms.Used - ready, Peak: ms.Peak, Allocs: ms.Allocs, Cached: ms.Cached}
 	s.StagePool = StagePool{Ready: ready, Hits: r.pool.hits.Load(), Misses: r.pool.misses.Load()}
+	if sm, ok := r.host.(*tensor.SlabMemory); ok {
+		s.HostMemory.Slabs, s.HostMemory.SlabCount = true, sm.Slabs()
+	}
+	s.ShmSlabs = counterSeries(r.rt.Registry(), "tensorlane_shm_slab_events_total", "event")
 	for _, o := range r.rt.ObjectTable() {
 		s.ReadsServing += o.Pins
 	}
@@ -852,6 +980,29 @@ func planOf(p fabric.Plan) Plan {
 			g = 0
 		}
 		out.Candidates = append(out.Candidates, Candidate{Transport: c.Transport, Usable: c.Usable, GBps: g, Reason: c.Reason})
+	}
+	return out
+}
+
+// counterSeries reads one labelled counter family from reg, by the label's
+// value (empty when the family is not registered).
+func counterSeries(reg *prometheus.Registry, name, label string) map[string]int64 {
+	out := map[string]int64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] = int64(m.GetCounter().GetValue())
+				}
+			}
+		}
 	}
 	return out
 }

@@ -29,6 +29,8 @@ func pair(t *testing.T, config string) (*Library, *Runtime, *Runtime) {
 	t.Helper()
 	t.Setenv(fabric.EnvTransports, "")
 	t.Setenv(EnvClusterKey, "")
+	t.Setenv(EnvSlabs, "")
+	t.Setenv(EnvPoolBytes, "")
 	ctx := context.Background()
 	lib := New()
 	ha, err := lib.NewRuntime(ctx, []byte(config))

@@ -70,7 +70,9 @@ func (r *Runtime) View(ctx context.Context, refBytes []byte, cfg ViewConfig, op 
 		v.Release()
 		return 0, nil, 0, rdt.Transfer{}, err
 	}
-	if cfg.Populate {
+	if cfg.Populate && !r.slabs {
+		// (A view of a slab object comes with its page tables, built
+		// once per slab chunk: fabric/shm's slab.go.)
 		populateRead(p)
 	}
 	x := v.Transfer

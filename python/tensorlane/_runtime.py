@@ -166,8 +166,10 @@ class Runtime:
     config is the JSON config of the C ABI as a dict: ``preset``, ``hosts``,
     ``discover``, ``host``, ``listen``, ``data_addr``, ``cluster_key``,
     ``allow``, ``deny``, ``transfer_timeout_ms``, ``sim_devices``,
-    ``host_memory``, ``log_level``. TENSORLANE_TRANSPORTS and
-    TENSORLANE_CLUSTER_KEY apply from the environment.
+    ``host_memory``, ``log_level``, ``lazy_staging``, ``stage_pool_bytes``,
+    ``slabs``, ``pool_bytes``, ``slab_bytes`` (slab mode: docs/ray.md).
+    TENSORLANE_TRANSPORTS, TENSORLANE_CLUSTER_KEY, TENSORLANE_SLABS and
+    TENSORLANE_POOL_BYTES apply from the environment.
     """
 
     def __init__(self, config: Optional[Dict[str, Any]] = None):
@@ -371,14 +373,58 @@ def in_ray_worker() -> bool:
         return False
 
 
+#: Slab mode (shareable host memory from large memfds shared within one
+#: trust scope, and a pre-faulted pool; see docs/security-shm-grants.md):
+#: ``1`` on, ``0`` off. Ray workers default to :data:`RAY_SLABS_DEFAULT`.
+ENV_SLABS = "TENSORLANE_SLABS"
+#: The pre-faulted pool's size in slab mode (bytes, or 256M, 1G...), like
+#: Ray's object store memory. Ray workers default to :data:`RAY_POOL_DEFAULT`.
+ENV_POOL_BYTES = "TENSORLANE_POOL_BYTES"
+RAY_SLABS_DEFAULT = True
+RAY_POOL_DEFAULT = 256 << 20
+
+
+def _ray_scope_key() -> str:
+    """A cluster key every worker of this Ray cluster derives alike (from
+    the session name), so the actors of one Ray cluster form one trust
+    scope. It scopes (another Ray session's runtimes are refused), but the
+    session name is no secret: set TENSORLANE_CLUSTER_KEY to a secret for a
+    key that also authenticates."""
+    import hashlib
+
+    import ray
+
+    session = ray._private.worker.global_worker.node.session_name
+    return hashlib.sha256(b"tensorlane ray session scope\0" + session.encode()).hexdigest()
+
+
+def ray_slab_config() -> Dict[str, Any]:
+    """The slab settings of a Ray worker's runtime: slab mode unless
+    TENSORLANE_SLABS=0, with TENSORLANE_CLUSTER_KEY or a key derived from
+    the Ray session, and a pool of TENSORLANE_POOL_BYTES (default 256 MiB)."""
+    v = (os.environ.get(ENV_SLABS) or ("1" if RAY_SLABS_DEFAULT else "0")).strip().lower()
+    if v in ("0", "false", "off", "no"):
+        return {"slabs": False}
+    cfg: Dict[str, Any] = {"slabs": True}
+    if not os.environ.get("TENSORLANE_CLUSTER_KEY"):
+        try:
+            cfg["cluster_key"] = _ray_scope_key()
+        except Exception:
+            return {"slabs": False}  # no session to scope by: per-object grants
+    if not os.environ.get(ENV_POOL_BYTES):
+        cfg["pool_bytes"] = RAY_POOL_DEFAULT
+    return cfg
+
+
 def default_config() -> Dict[str, Any]:
     """TENSORLANE_CONFIG (JSON) if set; else, in a Ray worker, ``{"discover":
-    true}`` (this machine's topology, as the Ray transport uses); else ``{}``
-    (the simulated dgx-h100 host h0)."""
+    true}`` (this machine's topology, as the Ray transport uses) with slab
+    mode (:func:`ray_slab_config`); else ``{}`` (the simulated dgx-h100
+    host h0)."""
     env = os.environ.get(ENV_CONFIG)
     if env:
         return json.loads(env)
-    return {"discover": True} if in_ray_worker() else {}
+    return {"discover": True, **ray_slab_config()} if in_ray_worker() else {}
 
 
 def runtime() -> Runtime:

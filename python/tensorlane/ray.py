@@ -21,8 +21,12 @@ machine's topology, host named after the machine, so actors on one node
 share a host and take shm, and actors on others take rdma or tcp),
 TENSORLANE_TRANSPORTS (``tcp``, ``^rdma``, ...), TENSORLANE_CLUSTER_KEY (64
 hex digits), TENSORLANE_TIMEOUT_S (a read's bound; default Ray's RDT
-fetch timeout, 60 s) and TENSORLANE_RECV (``view``, the default, or
-``copy``).
+fetch timeout, 60 s), TENSORLANE_RECV (``view``, the default, or
+``copy``), TENSORLANE_SLABS (slab mode, on by default here: the job's
+actors share their objects' memory in large slabs, mapped once per reader,
+with a pre-faulted pool of TENSORLANE_POOL_BYTES, default 256 MiB; ``0``
+gives every object its own memory) and, with no TENSORLANE_CLUSTER_KEY, a
+cluster key derived from the Ray session (docs/security-shm-grants.md).
 
 On one node the receiver gets **read-only** numpy arrays mapped straight
 from the sender's memory (zero copies, as Ray's object store hands out
@@ -109,7 +113,8 @@ def runtime() -> _runtime.Runtime:
                 if _runtime.in_ray_worker():
                     _rt = _runtime.runtime()
                 else:
-                    config = json.loads(os.environ.get(_runtime.ENV_CONFIG) or '{"discover": true}')
+                    env = os.environ.get(_runtime.ENV_CONFIG)
+                    config = json.loads(env) if env else {"discover": True}
                     _rt = _runtime.Runtime(config)
     return _rt
 

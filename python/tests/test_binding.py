@@ -219,3 +219,52 @@ def test_view_survives_runtime_close():
     a.close()
     np.testing.assert_array_equal(y, x)
     del y  # the reader's runtime is gone: the release is skipped, no error
+
+
+SLAB_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+
+
+def test_slab_mode_maps_each_slab_once():
+    """Slab mode (one trust scope: the cluster key): the reader maps the
+    owner's slab once for every object in it, copies and views alike; a
+    view keeps its bytes after the owner frees the object and allocates
+    again (the owner holds the range until the view goes)."""
+    cfg = {"allow": ["shm"], "slabs": True, "cluster_key": SLAB_KEY, "pool_bytes": 16 << 20}
+    a, b = tl.Runtime(cfg), tl.Runtime(cfg)
+    try:
+        assert a.stats()["host_memory"]["slabs"]
+        refs, want = [], []
+        for i in range(3):
+            x = a.empty(1 << 18, np.float32)
+            x[:] = i
+            refs.append(a.put(x))
+            want.append(x.copy())
+        f = np.arange(1 << 16, dtype=np.int32)
+        refs.append(a.put(f))  # foreign: staged into a slab
+        want.append(f)
+        for ref, w in zip(refs, want):
+            y = b.get(ref)
+            np.testing.assert_array_equal(y, w)
+            assert y.flags.writeable
+        v = b.view(refs[0])
+        assert not v.flags.writeable
+        np.testing.assert_array_equal(v, want[0])
+        assert b.stats()["shm_slabs"]["mapped"] == 1, b.stats()["shm_slabs"]
+        slabs = a.stats()["host_memory"]["slab_count"]
+        for ref in refs:
+            b.release(ref)
+            a.free(ref)
+        xs = [a.empty(1 << 18, np.float32) for _ in range(4)]  # freed ranges again: no new slab
+        for x in xs:
+            x[:] = -1
+        assert a.stats()["host_memory"]["slab_count"] == slabs
+        np.testing.assert_array_equal(v, want[0])  # its range was not reused
+        del v, xs
+    finally:
+        a.close()
+        b.close()
+
+
+def test_slab_mode_needs_a_cluster_key():
+    with pytest.raises(errors.InvalidArgument, match="cluster key"):
+        tl.Runtime({"slabs": True})

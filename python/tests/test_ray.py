@@ -236,3 +236,29 @@ def test_bad_input_gives_clear_error(method, match):
 def test_corrupted_ref_is_malformed_ref():
     name, msg = ray.get(Receiver.remote().corrupted_ref.remote())
     assert name == "MalformedRef", msg
+
+
+def test_slab_mode_through_ray():
+    """TENSORLANE_SLABS=1 (the job's trust scope: a key derived from the Ray
+    session): the receiver maps the sender's slab once for every transfer,
+    bytes verified, and the sender's memory returns to its baseline."""
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="", TENSORLANE_SLABS="1", TENSORLANE_POOL_BYTES="64M")}
+    s, r = Sender.options(runtime_env=env).remote(), Receiver.options(runtime_env=env).remote()
+    n = 4 * MiB // 4
+    base = ray.get(s.stats.remote())
+    assert base["host_memory"]["slabs"]
+    for seed in range(3):
+        ok, _, rstats = ray.get(r.keep.remote(s.produce.remote(n, seed), n, seed))
+        assert ok, "bytes differ"
+    ok, _, rstats = ray.get(r.keep.remote(s.produce_shareable.remote(n, 9), n, 9))
+    assert ok
+    assert rstats["shm_slabs"]["mapped"] == 1, rstats["shm_slabs"]
+    assert rstats["gets_by_transport"] == {"shm": 4}
+    ray.get(r.drop_kept.remote())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = ray.get(s.stats.remote())
+        if now["objects"] == base["objects"] and now["host_memory"]["used"] == base["host_memory"]["used"]:
+            break
+        time.sleep(0.2)
+    assert now["host_memory"]["used"] == base["host_memory"]["used"], now
