@@ -842,6 +842,11 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 			return
 		}
 		failed := []int{ev.node}
+		// A reader whose runtime refuses the push because it is shutting
+		// down has left, whether or not its death notice came first.
+		if ev.kind == evEdgeFailed && errors.Is(ev.err, fabric.ErrOwnerClosed) && !b.r.isClosed() {
+			ev.kind, ev.err = evDied, fmt.Errorf("%w: %s is shutting down: %w", ErrReaderDied, shortID(n.ref.Owner), ev.err)
+		}
 		if ev.kind == evDied {
 			b.r.gens.forget(n.ref.Owner)
 			// Every reader of the dead runtime fails before any orphan is
