@@ -104,7 +104,25 @@ func (a *Actor) StartBroadcast(ctx context.Context, src Ref, slots []Ref, cfg Br
 		return a.broadcast(ctx, src, slots, cfg, func(b *bcastRun) { run.Store(b) })
 	})
 	total := spanBytes(src.Desc) * int64(len(slots))
-	h.progress = func() Progress {
+	h.progress = broadcastProgress(h, &run, total)
+	return h
+}
+
+// deliverer is a broadcast result: the bytes it delivered, all readers
+// together (a nil result delivered nothing).
+type deliverer interface{ delivered() int64 }
+
+func (r *BroadcastResult) delivered() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.Bytes * int64(r.OK())
+}
+
+// broadcastProgress reports a broadcast handle's progress: the run's count
+// while it runs, what its result says once it is done.
+func broadcastProgress[T deliverer](h *Handle[T], run *atomic.Pointer[bcastRun], total int64) func() Progress {
+	return func() Progress {
 		b := run.Load()
 		if b == nil {
 			return Progress{Total: total}
@@ -112,12 +130,11 @@ func (a *Actor) StartBroadcast(ctx context.Context, src Ref, slots []Ref, cfg Br
 		d, t := b.progress()
 		select {
 		case <-h.done:
-			if h.err == nil && h.res != nil {
-				d = h.res.Bytes * int64(h.res.OK())
+			if h.err == nil {
+				d = h.res.delivered()
 			}
 		default:
 		}
 		return Progress{Done: min(d, t), Total: t}
 	}
-	return h
 }

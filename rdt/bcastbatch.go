@@ -46,20 +46,13 @@ func (a *Actor) StartBroadcastBatch(ctx context.Context, srcs []Ref, readers [][
 		total += spanBytes(s.Desc)
 	}
 	total *= int64(len(readers))
-	h.progress = func() Progress {
-		b := run.Load()
-		if b == nil {
-			return Progress{Total: total}
-		}
-		d, t := b.progress()
-		select {
-		case <-h.done:
-			if h.err == nil && h.res != nil {
-				d = h.res.Bytes * int64(h.res.OK())
-			}
-		default:
-		}
-		return Progress{Done: min(d, t), Total: t}
-	}
+	h.progress = broadcastProgress(h, &run, total)
 	return h
+}
+
+func (r *BatchBroadcastResult) delivered() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.BroadcastResult.delivered()
 }
