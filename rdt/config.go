@@ -46,8 +46,9 @@ type Config struct {
 	// runtime claims, as a scheduler hands them out (CUDA_VISIBLE_DEVICES,
 	// a Ray bundle): nil means all of them, an empty non-nil slice none
 	// (host memory only). TENSORLANE_DEVICES ("0,2", "none") sets it unless
-	// IgnoreEnv; without it, CUDA_VISIBLE_DEVICES does when this field is nil. Two live processes claiming one device of a host are
-	// refused (ErrDeviceClaimed): see RuntimeDir.
+	// IgnoreEnv; without it, CUDA_VISIBLE_DEVICES does when this field is
+	// nil. Two live processes claiming one device of a host are refused
+	// (ErrDeviceClaimed): see RuntimeDir.
 	VisibleDevices []int
 	// RuntimeDir holds the device claim locks, one file per (cluster, host,
 	// device), flock'ed for the runtime's life. Default:
