@@ -50,6 +50,7 @@ func mapRegionFlags(fd int, off, n int64, writable bool, flags int) (data []byte
 	if err != nil {
 		return nil, 0, fmt.Errorf("shm: map %d bytes of the owner's allocation: %w", end-base, err)
 	}
+	tensor.AdviseHuge(data) // map the owner's huge pages as such, where it has them
 	return data, base, nil
 }
 
