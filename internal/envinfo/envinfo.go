@@ -37,6 +37,11 @@ type Manifest struct {
 	// ("soft", "ofi") and why not, and which one is selected.
 	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
 	Warnings      int               `json:"discovery_warnings"`
+	// SharedMemoryHugePages is the kernel's transparent huge page policy
+	// for shared memory (never, advise, within_size, always, ...): with
+	// "never", mapping a fresh grant builds a page-table entry per 4 KiB
+	// page, which is most of a cold on-host transfer's cost.
+	SharedMemoryHugePages string `json:"shmem_huge_pages,omitempty"`
 	// CUDA is what the CUDA driver API says (live machine only).
 	CUDA *CUDAReport `json:"cuda_driver_api,omitempty"`
 }
@@ -72,6 +77,7 @@ func Collect(ctx context.Context, root string) Manifest {
 	m.KernelBuild = read("proc/sys/kernel/version")
 	m.Distribution = osRelease(read("etc/os-release"))
 	m.Tensorlane = BuildVersion()
+	m.SharedMemoryHugePages = selected(read("sys/kernel/mm/transparent_hugepage/shmem_enabled"))
 	if ci := read("proc/cpuinfo"); ci != "" {
 		for _, line := range strings.Split(ci, "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -239,6 +245,13 @@ func Write(w io.Writer, m Manifest) {
 	line("tensorlane", tv)
 	line("cpu", m.CPU)
 	line("cpus", fmt.Sprintf("%d on %d NUMA node(s)", m.CPUs, m.NUMANodes))
+	switch m.SharedMemoryHugePages {
+	case "":
+	case "never", "deny":
+		line("shmem huge pages", m.SharedMemoryHugePages+" (cold on-host transfers build 4 KiB page tables; \"advise\" in /sys/kernel/mm/transparent_hugepage/shmem_enabled lets tensorlane use 2 MiB pages)")
+	default:
+		line("shmem huge pages", m.SharedMemoryHugePages)
+	}
 	if len(m.Accelerators) == 0 {
 		line("accelerators", "none found")
 	}
@@ -277,4 +290,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// selected returns the bracketed choice of a sysfs policy file
+// ("always within_size advise [never] deny force" -> "never").
+func selected(policy string) string {
+	_, rest, ok := strings.Cut(policy, "[")
+	if !ok {
+		return strings.TrimSpace(policy)
+	}
+	choice, _, _ := strings.Cut(rest, "]")
+	return choice
 }
