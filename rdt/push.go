@@ -409,17 +409,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	if err != nil {
 		return err
 	}
-	switch status {
-	case 0:
-		return nil
-	case 1:
-		return ErrObjectNotFound
-	case 2:
-		return ErrUnauthorized
-	case 3:
-		return ErrStaleRef
-	}
-	return fmt.Errorf("%w: push notice refused (status %d)", ErrMalformedRef, status)
+	return noticeError(status) // bcastwire.go: one table of notice answers
 }
 
 func (r *Runtime) pushed(from peer.ID, n pushNotice) error {

@@ -61,11 +61,7 @@ func marshalResolveBatch(reqs []resolveReq) []byte {
 	e.Uvarint(uint64(len(reqs)))
 	for _, r := range reqs {
 		e.Uvarint(r.id)
-		e.Fixed(r.claim.Object[:])
-		e.Uint64(r.claim.Incarnation)
-		e.Bytes(r.claim.Token)
-		e.Uvarint(uint64(r.offset))
-		e.Uvarint(uint64(r.length))
+		r.encodeClaim(&e)
 	}
 	return e.Buf
 }
@@ -103,10 +99,7 @@ func decodeResolveBatch(p []byte) ([]resolveReq, error) {
 	for i := range out {
 		r := &out[i]
 		r.id = d.Uvarint()
-		d.Fixed(r.claim.Object[:])
-		r.claim.Incarnation = d.Uint64()
-		r.claim.Token = d.Bytes(maxToken)
-		off, length := d.Uvarint(), d.Uvarint()
+		off, length := r.decodeClaim(d)
 		if d.Err() == nil && (off > 1<<62 || length > 1<<62) {
 			return nil, fmt.Errorf("%w: rdma control batch: item %d range [%d,+%d)", fabric.ErrBadRequest, i, off, length)
 		}

@@ -49,12 +49,27 @@ func (r resolveReq) marshal() []byte {
 		b = 1
 	}
 	e.Byte(b)
+	r.encodeClaim(&e)
+	return e.Buf
+}
+
+// encodeClaim writes the claim and byte range of a resolve request, as a
+// single resolve and every item of a resolve batch carry them.
+func (r *resolveReq) encodeClaim(e *wire.Encoder) {
 	e.Fixed(r.claim.Object[:])
 	e.Uint64(r.claim.Incarnation)
 	e.Bytes(r.claim.Token)
 	e.Uvarint(uint64(r.offset))
 	e.Uvarint(uint64(r.length))
-	return e.Buf
+}
+
+// decodeClaim reads what encodeClaim wrote; the caller checks d.Err and
+// the range (off, n) before using them.
+func (r *resolveReq) decodeClaim(d *wire.Decoder) (off, n uint64) {
+	d.Fixed(r.claim.Object[:])
+	r.claim.Incarnation = d.Uint64()
+	r.claim.Token = d.Bytes(maxToken)
+	return d.Uvarint(), d.Uvarint()
 }
 
 // decodeControl decodes a control request: exactly one of the results is
@@ -71,10 +86,7 @@ func decodeControl(p []byte) (res *resolveReq, done uint64, err error) {
 		default:
 			return nil, 0, fmt.Errorf("%w: rdma control: bad push flag", fabric.ErrBadRequest)
 		}
-		d.Fixed(r.claim.Object[:])
-		r.claim.Incarnation = d.Uint64()
-		r.claim.Token = d.Bytes(maxToken)
-		off, n := d.Uvarint(), d.Uvarint()
+		off, n := r.decodeClaim(d)
 		if err := d.Finish(); err != nil {
 			return nil, 0, fmt.Errorf("%w: rdma control: %v", fabric.ErrBadRequest, err)
 		}
