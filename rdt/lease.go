@@ -174,18 +174,25 @@ func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
 	}
 	r.holdMu.Unlock()
 	for owner, cl := range byOwner {
-		for start := 0; start < len(cl); start += maxClaims {
-			cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
-			end := min(start+maxClaims, len(cl))
-			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[owner][start:end])
-			cancel()
-			if err != nil {
-				r.log.Info("lease release not delivered; it will expire", "owner", shortID(owner), "leases", len(cl), "err", err)
-				break
-			}
-		}
+		r.releaseAt(ctx, owner, cl, layouts[owner], "lease release not delivered; it will expire")
 	}
 	return more
+}
+
+// releaseAt tells owner this runtime no longer holds the claims, in
+// messages of at most maxClaims, each bounded by a heartbeat interval. An
+// owner that does not answer is logged (why) and left to expire them.
+func (r *Runtime) releaseAt(ctx context.Context, owner peer.ID, cl []fabric.Claim, layouts []layoutSum, why string) {
+	for start := 0; start < len(cl); start += maxClaims {
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
+		end := min(start+maxClaims, len(cl))
+		_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[start:end])
+		cancel()
+		if err != nil {
+			r.log.Info(why, "owner", shortID(owner), "leases", len(cl), "err", err)
+			return
+		}
+	}
 }
 
 // unhold drops actor's hold on ref and the runtime's lease with it when it
@@ -353,16 +360,7 @@ func (r *Runtime) releaseAllHolds(ctx context.Context) {
 		if owner == r.host.ID() {
 			continue
 		}
-		for start := 0; start < len(cl); start += maxClaims {
-			cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
-			end := min(start+maxClaims, len(cl))
-			_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[owner][start:end])
-			cancel()
-			if err != nil {
-				r.log.Info("lease release at shutdown not delivered; it will expire", "owner", shortID(owner), "err", err)
-				break
-			}
-		}
+		r.releaseAt(ctx, owner, cl, layouts[owner], "lease release at shutdown not delivered; it will expire")
 	}
 }
 
