@@ -60,7 +60,7 @@ func newSegment(name string, size int64, populate bool) (*segment, error) {
 		// allocation.
 		return fail("map memfd", err)
 	}
-	adviseHuge(data)
+	AdviseHuge(data)
 	if populate {
 		// Device memory is resident once allocated; populating now keeps
 		// page faults out of the transfers that measure copies. Kernels
@@ -228,18 +228,15 @@ func freeAll(segs []*segment) error {
 // hugePage is the size of a transparent huge page on the platforms we run.
 const hugePage = 2 << 20
 
-// adviseHuge asks for transparent huge pages on a shared mapping of 2 MiB
-// or more: where the kernel allows them for shared memory
+// AdviseHuge asks for transparent huge pages on a shared mapping of 2 MiB
+// or more (an owner's allocation, a reader's mapping of its grant): where
+// the kernel allows them for shared memory
 // (/sys/kernel/mm/transparent_hugepage/shmem_enabled "advise" or more),
 // populating it and every reader's page tables cost 512 times fewer
 // entries, which is most of a cold transfer's cost. Elsewhere it does
 // nothing, and a refusal is not an error.
-func adviseHuge(data []byte) {
+func AdviseHuge(data []byte) {
 	if len(data) >= hugePage {
 		_ = unix.Madvise(data, unix.MADV_HUGEPAGE)
 	}
 }
-
-// AdviseHuge is adviseHuge for a mapping of shared memory made outside
-// this package (a reader's mapping of an owner's grant).
-func AdviseHuge(data []byte) { adviseHuge(data) }
