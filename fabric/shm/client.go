@@ -85,6 +85,7 @@ type Client struct {
 	cfg   Config
 	cache *cache
 	slabs slabs // owners' slabs, mapped once each (slab.go)
+	batch batchCounters
 
 	// pool holds the connections per owner (fabric/internal/kit): idle
 	// ones reused, at most MaxConns each, transfers queued past that.
@@ -114,6 +115,9 @@ type pconn struct {
 	buf   []byte // received packets
 	oob   []byte // received descriptors
 	out   []byte // requests being sent
+	// bbuf and boob receive batch replies and their descriptors
+	// (batch.go), made on a connection's first batch.
+	bbuf, boob []byte
 	// slabs are the owner's slabs whose descriptor came on this
 	// connection, by mapping id (guarded by Client.slabs.mu).
 	slabs map[uint64]*slabMap
@@ -434,11 +438,6 @@ func (c *Client) refused(key cacheKey, err error) {
 // device (see importDevice and deviceCopy).
 func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, dev tensor.Buffer, copied *bool) error {
 	held := c.cache.acquire(key)
-	defer func() {
-		if held != nil {
-			c.cache.release(held)
-		}
-	}()
 	req := request{op: opRead, claim: r.Claim, offset: r.Offset, length: r.Length}
 	if key.push {
 		req.op = opPush
@@ -448,18 +447,38 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	}
 	g, fds, err := c.exchangeRequest(pc, req)
 	if err != nil {
+		if held != nil {
+			c.cache.release(held)
+		}
 		c.refused(key, err)
 		return err
 	}
 	if copied != nil {
 		*copied = g.flags&flagCopy != 0
 	}
+	if err := c.useGrant(ctx, pc, key, g, fds, held, r, p, dev); err != nil {
+		return err
+	}
+	return c.confirm(pc)
+}
+
+// useGrant copies under the owner's grant g (with the descriptor it
+// carried, if any, in fds) as transferOn describes, and releases held, the
+// cached mapping of key the request named (or nil). It closes every
+// descriptor in fds. The caller confirms the copy (confirm) once it has
+// made every copy of its exchange.
+func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, held *mapping, r fabric.Remote, p []byte, dev tensor.Buffer) (err error) {
+	defer func() {
+		if held != nil {
+			c.cache.release(held)
+		}
+	}()
 	if g.flags&flagSlab != 0 {
-		return c.slabTransfer(ctx, pc, key, g, fds, r, p, dev)
+		return c.slabCopy(ctx, pc, key, g, fds, r, p, dev)
 	}
 	if r.Length == 0 {
 		closeAll(fds)
-		return c.confirm(pc)
+		return nil
 	}
 	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
@@ -492,6 +511,7 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		held = m
 	} else if m == nil || m.id != g.mapID || m.objOff != g.objOff || m.objLen != g.objLen || m.viewOff != g.viewOff ||
 		(m.dev != nil) != (g.flags&flagDevice != 0) {
+		closeAll(fds)
 		return fmt.Errorf("%w: owner granted mapping %#x without a descriptor, which we do not hold", fabric.ErrCorrupt, g.mapID)
 	} else {
 		c.cache.hit(key)
@@ -500,31 +520,24 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 		c.afterMap()
 	}
 	if m.dev != nil {
-		if err := deviceCopy(ctx, key.push, m.dev, r.Offset-m.viewOff, r.Length, p, dev); err != nil {
-			return err
-		}
-		return c.confirm(pc)
+		return deviceCopy(ctx, key.push, m.dev, r.Offset-m.viewOff, r.Length, p, dev)
 	}
 	obj := m.bytes()[r.Offset-m.viewOff : r.Offset-m.viewOff+r.Length]
-	if dev != nil {
-		err = hostToDevice(ctx, key.push, obj, dev)
-	} else if key.push {
+	switch {
+	case dev != nil:
+		return hostToDevice(ctx, key.push, obj, dev)
+	case key.push:
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink
 		// right after, and the pages may then belong to something else).
-		err = guardedCopy(ctx, obj, p, c.cfg.ChunkSize, func() error { return peerOpen(pc.c) })
-	} else {
-		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
+		return guardedCopy(ctx, obj, p, c.cfg.ChunkSize, func() error { return peerOpen(pc.c) })
 	}
-	if err != nil {
-		return err
-	}
-	return c.confirm(pc)
+	return guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
 }
 
-// slabTransfer is transferOn for a slab grant: the copy reads the object's
+// slabCopy is useGrant for a slab grant: the copy reads the object's
 // place in the owner's slab, mapped once for every object in it.
-func (c *Client) slabTransfer(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, r fabric.Remote, p []byte, dev tensor.Buffer) error {
+func (c *Client) slabCopy(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, r fabric.Remote, p []byte, dev tensor.Buffer) error {
 	if len(fds) == 1 && c.onFD != nil {
 		c.onFD(fds[0])
 	}
@@ -538,7 +551,7 @@ func (c *Client) slabTransfer(ctx context.Context, pc *pconn, key cacheKey, g gr
 		return fmt.Errorf("%w: owner granted a push into a read-only slab", fabric.ErrCorrupt)
 	}
 	if r.Length == 0 {
-		return c.confirm(pc)
+		return nil
 	}
 	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
@@ -548,14 +561,9 @@ func (c *Client) slabTransfer(ctx context.Context, pc *pconn, key cacheKey, g gr
 	}
 	obj := m.object(g.objOff+r.Offset-g.viewOff, r.Length)
 	if dev != nil {
-		err = hostToDevice(ctx, false, obj, dev)
-	} else {
-		err = guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
+		return hostToDevice(ctx, false, obj, dev)
 	}
-	if err != nil {
-		return err
-	}
-	return c.confirm(pc)
+	return guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
 }
 
 func (c *Client) ioError(err error) error {
@@ -563,7 +571,7 @@ func (c *Client) ioError(err error) error {
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
 		return fmt.Errorf("%w: no answer from the owner for %v: %v", fabric.ErrStalled, c.cfg.StallTimeout, err)
-	case errors.Is(err, fabric.ErrCorrupt):
+	case errors.Is(err, fabric.ErrCorrupt), errors.Is(err, ErrDescriptorLimit):
 		return err
 	}
 	return fmt.Errorf("%w: %v", fabric.ErrPeerClosed, err)

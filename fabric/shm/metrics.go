@@ -20,6 +20,10 @@ var (
 		"Slab grants: mapped (a descriptor received and mapped: one mmap), reused (a descriptor received for a slab already mapped: no mmap), "+
 			"hit (no descriptor needed), unmapped.",
 		[]string{"event"}, nil)
+	batchDesc = prometheus.NewDesc("tensorlane_shm_batch_events_total",
+		"Batch reads (ReadBatch): frames (one request and reply per owner and up to 256 objects), items, descriptors and the packets they came in, "+
+			"one_by_one (items read singly because the owner refused batches).",
+		[]string{"event"}, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
@@ -29,6 +33,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- slabsDesc
 	ch <- slabBytesDesc
 	ch <- slabEventsDesc
+	ch <- batchDesc
 }
 
 func (k collector) Collect(ch chan<- prometheus.Metric) {
@@ -54,5 +59,12 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 		n    int64
 	}{{"mapped", sl.Mapped}, {"reused", sl.Reused}, {"hit", sl.Hits}, {"unmapped", sl.Unmapped}} {
 		ch <- prometheus.MustNewConstMetric(slabEventsDesc, prometheus.CounterValue, float64(e.n), e.name)
+	}
+	b := k.c.BatchStats()
+	for _, e := range []struct {
+		name string
+		n    int64
+	}{{"frames", b.Frames}, {"items", b.Items}, {"descriptors", b.Descriptors}, {"packets", b.Packets}, {"one_by_one", b.OneByOne}} {
+		ch <- prometheus.MustNewConstMetric(batchDesc, prometheus.CounterValue, float64(e.n), e.name)
 	}
 }

@@ -165,7 +165,8 @@ func (s *Server) serve(c *net.UnixConn) {
 	s.holds.connect(who)
 	defer s.holds.disconnect(who) // the peer's last connection takes its holds
 	c.SetDeadline(time.Time{})
-	buf, oob := make([]byte, maxPacket), make([]byte, oobSpace)
+	// Room for a batch request, the longest packet a client sends.
+	buf, oob := make([]byte, max(maxPacket, maxBatchReq)), make([]byte, oobSpace)
 	sent := map[uint64]bool{} // slabs whose descriptor this connection carried (slab.go)
 	for {
 		// An authenticated connection may wait for its next request at
@@ -197,6 +198,20 @@ func (s *Server) serve(c *net.UnixConn) {
 				s.cfg.Logger.Debug("shm connection ended", "peer", who, "err", err)
 			}
 			return
+		}
+		if p[0] == opBatch {
+			reqs, err := parseBatch(p)
+			if err == nil {
+				err = s.handleBatch(c, buf, oob, reqs, sent, who)
+			} else {
+				c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+				sendPacket(c, refusal(err), -1)
+			}
+			if err != nil {
+				s.cfg.Logger.Debug("shm batch ended the connection", "peer", who, "err", err)
+				return
+			}
+			continue
 		}
 		req, err := parseRequest(p)
 		if err != nil {

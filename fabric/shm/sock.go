@@ -190,6 +190,11 @@ func recvPacket(c *net.UnixConn, buf, oob []byte) (p []byte, fds []int, err erro
 	if err == nil && n == 0 {
 		err = errEOFPacket
 	}
+	if err == nil && flags&unix.MSG_CTRUNC != 0 && flags&unix.MSG_TRUNC == 0 && len(fds) < (len(oob)-unix.CmsgSpace(0))/4 {
+		// The control buffer had room for more: the kernel could not
+		// install them (it drops those), because our table is full.
+		err = ErrDescriptorLimit
+	}
 	if err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 		err = fmt.Errorf("%w: packet or its descriptors truncated (flags %#x)", fabric.ErrCorrupt, flags)
 	}

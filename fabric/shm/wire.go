@@ -107,8 +107,10 @@ func (r request) marshal() []byte {
 }
 
 // appendTo appends the encoded request to b.
-func (r request) appendTo(b []byte) []byte {
-	b = append(b, r.op)
+func (r request) appendTo(b []byte) []byte { return r.appendItem(append(b, r.op)) }
+
+// appendItem appends the request without its op: a batch item.
+func (r request) appendItem(b []byte) []byte {
 	b = append(b, r.claim.Object[:]...)
 	b = binary.BigEndian.AppendUint64(b, r.claim.Incarnation)
 	b = binary.BigEndian.AppendUint64(b, uint64(r.offset))
@@ -194,10 +196,17 @@ func parseReply(p []byte) (grant, error) {
 	if p[1] != version {
 		return grant{}, fmt.Errorf("%w: protocol version %d, want %d", fabric.ErrBadRequest, p[1], version)
 	}
-	g := grant{flags: p[2], mapID: binary.BigEndian.Uint64(p[3:11])}
-	size, off, n := binary.BigEndian.Uint64(p[11:19]), binary.BigEndian.Uint64(p[19:27]), binary.BigEndian.Uint64(p[27:35])
-	view := binary.BigEndian.Uint64(p[35:43])
-	g.hold = binary.BigEndian.Uint64(p[43:51])
+	return checkGrant(p[2], p[3:43], binary.BigEndian.Uint64(p[43:51]))
+}
+
+// checkGrant decodes and checks a grant's fields after its status and
+// version: flags, and mapping id | file size | offset | length | view start
+// (40 bytes); hold is its hold id. An inconsistent grant yields
+// fabric.ErrCorrupt.
+func checkGrant(flags byte, f []byte, hold uint64) (grant, error) {
+	g := grant{flags: flags, mapID: binary.BigEndian.Uint64(f[0:8]), hold: hold}
+	size, off, n := binary.BigEndian.Uint64(f[8:16]), binary.BigEndian.Uint64(f[16:24]), binary.BigEndian.Uint64(f[24:32])
+	view := binary.BigEndian.Uint64(f[32:40])
 	device := g.flags&flagDevice != 0
 	slab := g.flags&flagSlab != 0
 	if g.hold != 0 && !slab {

@@ -1,0 +1,317 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+// Batches (fabric.BatchReader). Read pays one grant round trip per object,
+// each carrying its own descriptor. ReadBatch asks one owner for up to
+// maxBatch objects in one request (a frame, batchwire.go), gets every
+// grant in one reply and the descriptors in as few messages as the kernel
+// allows, copies the objects (large ones on several cores, as Read does),
+// and ends the frame with one done. Nothing of the security model changes:
+// every item is a read-only grant of its own object (or a place in a slab
+// this connection holds), checked against the claim's range by the owner
+// and against the grant by us, re-validated every time, its mapping
+// cached as Read caches it; an item the owner refuses fails alone.
+
+var _ fabric.BatchReader = (*Transport)(nil)
+
+const (
+	// batchFrameBytes bounds the bytes one frame pins and copies, so
+	// a large batch moves as several frames, batchConns of them at once
+	// per owner: one is granted while another copies.
+	batchFrameBytes = 256 << 20
+	batchConns      = 2
+)
+
+// ErrDescriptorLimit is the failure of a batch whose descriptors this
+// process could not take: its descriptor table is full (RLIMIT_NOFILE).
+// Nothing is leaked (the kernel drops what it could not install, and the
+// connection, which the owner pins the batch's objects for, is closed);
+// the planner reads the items again one by one, one descriptor at a time.
+var ErrDescriptorLimit = fmt.Errorf("shm: this process's descriptor table is full (RLIMIT_NOFILE): the owner's grants could not be received: %w", unix.EMFILE)
+
+// batchOOB is room for one packet's descriptors (at most SCM_MAX_FD).
+var batchOOB = unix.CmsgSpace(maxFDsPerPacket * 4)
+
+// ReadBatch pulls srcs[i] into dsts[i] for every i; see fabric.BatchReader.
+func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
+	sts := make([]fabric.Stats, len(srcs))
+	if errs := fabric.CheckBatch(srcs, dsts); errs != nil {
+		return sts, errs
+	}
+	errs := make([]error, len(srcs))
+	if t.closed.Load() {
+		for i := range errs {
+			errs[i] = fabric.ErrClosed
+		}
+		return sts, errs
+	}
+	t.c.readBatch(ctx, t.name, srcs, dsts, sts, errs)
+	return sts, errs
+}
+
+// BatchStats counts the client's batch frames (ReadBatch).
+type BatchStats struct {
+	Frames      int64 // batch requests answered (one round trip each)
+	Items       int64 // items those frames granted or refused
+	Descriptors int64 // descriptors received with them
+	Packets     int64 // packets those descriptors came in (SCM_MAX_FD each)
+	OneByOne    int64 // items read one by one because the owner refused batches
+}
+
+// batchCounters are BatchStats, updated as frames end.
+type batchCounters struct {
+	frames, items, fds, packets, oneByOne atomic.Int64
+}
+
+// BatchStats reports the batch frames this client ran.
+func (c *Client) BatchStats() BatchStats {
+	b := &c.batch
+	return BatchStats{Frames: b.frames.Load(), Items: b.items.Load(), Descriptors: b.fds.Load(), Packets: b.packets.Load(), OneByOne: b.oneByOne.Load()}
+}
+
+// batchJob is one item of a batch: where it goes.
+type batchJob struct {
+	i   int // its index in the caller's slices
+	src fabric.Remote
+	buf tensor.Buffer // the caller's destination
+	p   []byte        // host-visible destination, or nil
+	dev tensor.Buffer // device destination when p is nil
+}
+
+// ownerJobs are the items of one owner.
+type ownerJobs struct {
+	want        peer.ID
+	owner, addr string
+	jobs        []batchJob
+}
+
+func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
+	groups := map[string]*ownerJobs{}
+	var order []*ownerJobs
+	for i, src := range srcs {
+		want, addr, err := c.target(name, src)
+		var p []byte
+		var dev tensor.Buffer
+		switch {
+		case err != nil:
+		case len(src.Claim.Token) > maxToken:
+			err = fmt.Errorf("%w: claim token of %d bytes", fabric.ErrBadRequest, len(src.Claim.Token))
+		case dsts[i].Len() < src.Length:
+			err = fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dsts[i].Len(), src.Length)
+		default:
+			p, dev, err = hostOrDevice(dsts[i], src.Length)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		owner := ownerKey(want, addr)
+		g := groups[owner]
+		if g == nil {
+			g = &ownerJobs{want: want, owner: owner, addr: addr}
+			groups[owner] = g
+			order = append(order, g)
+		}
+		g.jobs = append(g.jobs, batchJob{i: i, src: src, buf: dsts[i], p: p, dev: dev})
+	}
+	var wg sync.WaitGroup
+	for _, g := range order {
+		sem := make(chan struct{}, batchConns)
+		for _, frame := range frames(g.jobs) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					for _, j := range frame {
+						errs[j.i] = ctx.Err()
+					}
+					return
+				}
+				defer func() { <-sem }()
+				c.readFrame(ctx, name, g, frame, len(g.jobs), sts, errs)
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// frames cuts one owner's items into frames of at most maxBatch items and
+// batchFrameBytes bytes (a larger item goes alone).
+func frames(jobs []batchJob) [][]batchJob {
+	var out [][]batchJob
+	start, bytes := 0, int64(0)
+	for k, j := range jobs {
+		if k > start && (k-start == maxBatch || bytes+j.src.Length > batchFrameBytes) {
+			out = append(out, jobs[start:k])
+			start, bytes = k, 0
+		}
+		bytes += j.src.Length
+	}
+	if start < len(jobs) {
+		out = append(out, jobs[start:])
+	}
+	return out
+}
+
+// errBatchRefused marks an owner's refusal of a whole batch.
+var errBatchRefused = errors.New("shm: owner refused the batch")
+
+// readFrame reads one frame of g's items and fills in their results;
+// coalesced is how many items of g the batch moves together.
+func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs []batchJob, coalesced int, sts []fabric.Stats, errs []error) {
+	start := time.Now()
+	res := make([]error, len(jobs))
+	done := make([]time.Duration, len(jobs))
+	copied := make([]bool, len(jobs))
+	err := ctx.Err()
+	if err == nil {
+		err = c.withConn(ctx, g.want, g.owner, g.addr, func(pc *pconn) error {
+			clear(res)
+			return c.frameOn(ctx, pc, g.owner, jobs, res, copied, done, start)
+		})
+	}
+	if errors.Is(err, errBatchRefused) && errors.Is(err, fabric.ErrBadRequest) {
+		// An owner without batches (wire version 4): one by one.
+		c.cfg.Logger.Info("shm owner refused a batch (an older owner?); reading its items one by one", "owner", g.owner, "items", len(jobs), "err", err)
+		c.batch.oneByOne.Add(int64(len(jobs)))
+		for _, j := range jobs {
+			if err := ctx.Err(); err != nil {
+				errs[j.i] = err
+				continue
+			}
+			sts[j.i], errs[j.i] = c.read(ctx, name, j.src, j.buf)
+		}
+		return
+	}
+	for k, j := range jobs {
+		switch {
+		case res[k] != nil:
+			errs[j.i] = res[k]
+		case err != nil:
+			// Not confirmed (or never granted): the copy must not be used.
+			errs[j.i] = err
+		default:
+			sts[j.i] = fabric.Stats{Transport: name, Bytes: j.src.Length, Duration: done[k], Streams: 1, ViewCopy: copied[k], Coalesced: coalesced}
+		}
+	}
+}
+
+// frameOn runs one frame's exchange on pc: one request, one reply (and
+// descriptor packets), a copy per granted item, one done. res gets each
+// item's own failure; the error returned fails every item res leaves nil.
+func (c *Client) frameOn(ctx context.Context, pc *pconn, owner string, jobs []batchJob, res []error, copied []bool, done []time.Duration, start time.Time) error {
+	keys := make([]cacheKey, len(jobs))
+	helds := make([]*mapping, len(jobs))
+	reqs := make([]request, len(jobs))
+	for k, j := range jobs {
+		keys[k] = cacheKey{owner: owner, object: j.src.Claim.Object, incarnation: j.src.Claim.Incarnation}
+		reqs[k] = request{op: opRead, claim: j.src.Claim, offset: j.src.Offset, length: j.src.Length}
+		if helds[k] = c.cache.acquire(keys[k]); helds[k] != nil {
+			reqs[k].have = helds[k].id
+		}
+	}
+	items, fds, err := c.exchangeBatch(pc, reqs)
+	if err != nil {
+		for _, m := range helds {
+			if m != nil {
+				c.cache.release(m)
+			}
+		}
+		return err
+	}
+	next := 0
+	for k, it := range items {
+		var mine []int
+		if it.code == peerauth.StatusOK && it.g.flags&flagFD != 0 {
+			mine = fds[next : next+1]
+			next++
+		}
+		if err := it.err(); err != nil {
+			if helds[k] != nil {
+				c.cache.release(helds[k])
+			}
+			c.refused(keys[k], err)
+			res[k] = err
+			continue
+		}
+		copied[k] = it.g.flags&flagCopy != 0
+		if err := ctx.Err(); err != nil && it.g.flags&flagSlab == 0 {
+			// A slab's descriptor is adopted whatever happens (useGrant):
+			// the owner will not send it again on this connection.
+			closeAll(mine)
+			if helds[k] != nil {
+				c.cache.release(helds[k])
+			}
+			res[k] = err
+			continue
+		}
+		j := jobs[k]
+		res[k] = c.useGrant(ctx, pc, keys[k], it.g, mine, helds[k], j.src, j.p, j.dev)
+		done[k] = time.Since(start)
+	}
+	return c.confirm(pc)
+}
+
+// exchangeBatch sends a frame's request and reads the owner's reply and
+// every descriptor it announced, in item order.
+func (c *Client) exchangeBatch(pc *pconn, reqs []request) ([]batchItem, []int, error) {
+	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	pc.out = appendBatch(pc.out[:0], reqs)
+	if err := sendPacket(pc.c, pc.out, -1); err != nil {
+		return nil, nil, staleOr(c.ioError(err))
+	}
+	if pc.bbuf == nil {
+		pc.bbuf, pc.boob = make([]byte, maxBatchReply), make([]byte, batchOOB)
+	}
+	p, fds, err := recvPacket(pc.c, pc.bbuf, pc.boob)
+	if err != nil {
+		return nil, nil, staleOr(c.ioError(err))
+	}
+	items, n, err := parseBatchReply(p, len(reqs))
+	if err != nil {
+		closeAll(fds)
+		if _, ok := errors.AsType[*peerauth.RemoteError](err); ok {
+			return nil, nil, fmt.Errorf("%w: %w", errBatchRefused, err)
+		}
+		return nil, nil, err
+	}
+	if len(fds) != min(n, maxFDsPerPacket) {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("%w: batch reply announced %d descriptors and carried %d", fabric.ErrCorrupt, n, len(fds))
+	}
+	c.batch.frames.Add(1)
+	c.batch.items.Add(int64(len(items)))
+	c.batch.fds.Add(int64(n))
+	c.batch.packets.Add(1)
+	for len(fds) < n {
+		c.batch.packets.Add(1)
+		p, more, err := recvPacket(pc.c, pc.bbuf, pc.boob)
+		fds = append(fds, more...)
+		if err != nil {
+			closeAll(fds)
+			return nil, nil, c.ioError(err)
+		}
+		if want, err := parseFDs(p); err != nil || want != len(more) || len(fds) > n {
+			closeAll(fds)
+			return nil, nil, fmt.Errorf("%w: descriptor packet of %d descriptors (%v), %d of %d received", fabric.ErrCorrupt, len(more), err, len(fds), n)
+		}
+	}
+	return items, fds, nil
+}
