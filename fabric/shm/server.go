@@ -102,6 +102,7 @@ type Server struct {
 	holds viewHolds // readers' views of slab objects (slab.go)
 
 	corrupt      atomic.Bool // test hook: damage the next grant
+	noBatch      atomic.Bool // test hook: refuse batches as a version 4 owner does
 	exportWarned atomic.Bool
 }
 
@@ -199,7 +200,7 @@ func (s *Server) serve(c *net.UnixConn) {
 			}
 			return
 		}
-		if p[0] == opBatch {
+		if p[0] == opBatch && !s.noBatch.Load() {
 			reqs, err := parseBatch(p)
 			if err == nil {
 				err = s.handleBatch(c, buf, oob, reqs, sent, who)
