@@ -21,7 +21,8 @@ import (
 // BatchReader is the optional capability of transports that move many
 // objects together: tcp pipelines the requests of one owner on its
 // connections, rdma resolves every object of one owner in one control
-// round trip before posting the reads.
+// round trip before posting the reads, shm and p2p grant every object of
+// one owner in one request and reply before copying them.
 type BatchReader interface {
 	// ReadBatch pulls srcs[i] into dsts[i] for every i and returns each
 	// item's Stats and error; both slices have len(srcs) entries. Items

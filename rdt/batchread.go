@@ -16,7 +16,7 @@ import (
 // Coalesced reads. After holdBatch leased a batch's refs (one round trip
 // per owner), the refs of each other runtime go to the planner together
 // (fabric.Planner.ReadBatch): the items whose path is a
-// fabric.BatchReader (tcp, rdma) move coalesced per (owner, path), the
+// fabric.BatchReader (tcp, rdma, shm, p2p) move coalesced per (owner, path), the
 // others one by one. Each item's Transfer.Stats.Coalesced says how many
 // moved together with it.
 

@@ -18,11 +18,24 @@ import (
 // the batch-capable path (every item says with how many others), freed
 // and forged refs among them fail on their own.
 func TestGetBatchCoalesced(t *testing.T) {
-	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+	// tcp and rdma between two hosts; p2p (onto GPU 1, NVLink-linked to
+	// the owner's GPU 0) and shm (host memory) between two runtimes of one
+	// host, two processes to the planner.
+	for _, c := range []struct {
+		tr  string
+		dst tensor.DeviceID
+	}{{fabric.TCP, tensor.GPUDevice(1)}, {fabric.RDMA, tensor.GPUDevice(1)}, {fabric.P2P, tensor.GPUDevice(1)}, {fabric.SHM, tensor.HostDevice}} {
+		tr := c.tr
 		t.Run(tr, func(t *testing.T) {
 			ctx := context.Background()
-			only := func(c *Config) { c.Transports.Allow = []string{tr} }
-			rts := cluster(t, only, only)
+			var rts []*Runtime
+			if tr == fabric.P2P || tr == fabric.SHM {
+				a, b := sameHost(t)
+				rts = []*Runtime{a, b}
+			} else {
+				only := func(c *Config) { c.Transports.Allow = []string{tr} }
+				rts = cluster(t, only, only)
+			}
 			owner, _ := rts[0].Spawn("trainer")
 			reader, _ := rts[1].Spawn("worker")
 			var refs []Ref
@@ -38,12 +51,12 @@ func TestGetBatchCoalesced(t *testing.T) {
 			forged := refs[9]
 			forged.Token = []byte("not the token")
 			refs = append(refs, forged)
-			bp := reader.ExplainBatch(refs, tensor.GPUDevice(1))
+			bp := reader.ExplainBatch(refs, c.dst)
 			require.Len(t, bp.Groups, 1, "%v", bp)
 			assert.Equal(t, BatchGroup{Owner: shortID(rts[0].host.ID()), Transport: tr, Refs: 61, Bytes: bp.Groups[0].Bytes, Coalesced: true,
 				Reason: tr + " moves many objects of one owner together"}, bp.Groups[0])
 			assert.Contains(t, bp.String(), "coalesced")
-			items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(1), BatchConfig{})
+			items, err := reader.GetBatch(ctx, refs, c.dst, BatchConfig{})
 			require.NoError(t, err)
 			defer ReleaseBatch(items)
 			for i, it := range items {

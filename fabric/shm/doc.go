@@ -31,6 +31,24 @@
 // then sends "done"; the owner unpins. A read therefore costs one round
 // trip with the owner (done needs no answer), plus the copy.
 //
+// # Batches
+//
+// Transport also implements fabric.BatchReader: ReadBatch asks an owner
+// for up to 256 objects in one request (a frame) and gets one reply with
+// every item's grant or refusal; the granted items' descriptors come with
+// it, as many per message as the kernel allows (SCM_MAX_FD, 253), and an
+// item whose mapping this reader caches, or whose slab this connection
+// holds, needs none. The reader copies every item (large ones on several
+// cores) and sends one done; the owner holds every pin of the frame until
+// then. Each item is checked as a single read is (its claim and range by
+// the owner, its grant by the reader) and fails alone: freed, unknown,
+// forged, stale, or a range outside the object. A batch pins at most 256
+// MiB per frame, two frames per owner at a time. A reader whose
+// descriptor table fills up mid-batch gets ErrDescriptorLimit; an owner
+// that does not know batches (wire version 4) refuses them, and the items
+// are read one by one. batchwire.go has the frames (wire version 5:
+// single exchanges are unchanged and still say version 4).
+//
 // # Slab grants (opt-in, one trust scope)
 //
 // An owner whose memory is a tensor.SlabMemory shares its objects as

@@ -58,6 +58,10 @@ import (
 //
 // on any of its connections (no answer), or until the client has no
 // connection to the owner left (slab.go).
+//
+// Version 5 adds batches of reads (opBatch, answered with one reply and
+// descriptor packets, opFDs; batchwire.go). The exchanges above are
+// unchanged, and their grants still say version 4.
 const (
 	opRead   byte = 1
 	opPush   byte = 2
