@@ -41,7 +41,7 @@ func StateDictShape(scale int) []int64 {
 // StateDictConfig selects the measurement; zero values mean the defaults.
 type StateDictConfig struct {
 	Scale     int    // divides every tensor size; default 1 (2.05 GiB)
-	Transport string // between the two hosts: rdma (default) or tcp
+	Transport string // between the two hosts: rdma (default) or tcp; on one host: p2p or shm
 	Rounds    int    // interleaved rounds, median kept; default 3
 	Parallel  int    // GetBatch's transfers at once (0: rdt's default)
 	// Shape is the state dict: "1b" (default, StateDictShape) or "small"
@@ -123,14 +123,22 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 			}
 		}
 	}()
+	// The reader's destination: a GPU of the second host (rdma, tcp); on
+	// the owner's host, in a second runtime (another process to the
+	// planner), its NVLink-linked GPU (p2p) or host memory (shm).
+	dstDev := srcDev
 	for i := range 2 {
-		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 2*total + 64<<20}
+		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 2*total + 64<<20, RuntimeDir: rdt.ProcessRuntimeDir()}
 		switch cfg.Transport {
 		case "tcp":
 			c.Transports.Deny = []string{"rdma"}
 		case "rdma":
+		case "p2p":
+			c.Host, dstDev = cl.Hosts[0].ID, nearDev
+		case "shm":
+			c.Host, dstDev = cl.Hosts[0].ID, tensor.HostDevice
 		default:
-			return rec, fmt.Errorf("harness: statedict transport %q (want rdma or tcp)", cfg.Transport)
+			return rec, fmt.Errorf("harness: statedict transport %q (want rdma, tcp, p2p or shm)", cfg.Transport)
 		}
 		r, err := rdt.New(ctx, c)
 		if err != nil {
@@ -181,7 +189,7 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	var bt, st, ot []float64
 	batch := func(separate bool) (float64, error) {
 		start := time.Now()
-		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel, Separate: separate})
+		items, err := reader.GetBatch(ctx, refs, dstDev, rdt.BatchConfig{Parallel: cfg.Parallel, Separate: separate})
 		if err != nil {
 			return 0, err
 		}
@@ -190,6 +198,9 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		for i, it := range items {
 			if it.Err != nil {
 				return 0, fmt.Errorf("harness: statedict tensor %d: %w", i, it.Err)
+			}
+			if got := it.Transfer.Stats.Transport; got != cfg.Transport {
+				return 0, fmt.Errorf("harness: statedict tensor %d moved over %s, not %s", i, got, cfg.Transport)
 			}
 		}
 		return d, nil
@@ -211,7 +222,7 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 			return rec, err
 		}
 		start := time.Now()
-		x, err := reader.Get(ctx, one, srcDev)
+		x, err := reader.Get(ctx, one, dstDev)
 		if err != nil {
 			return rec, err
 		}

@@ -26,7 +26,7 @@ type broadcastOptions struct {
 
 func (b *broadcastOptions) flags(f *pflag.FlagSet) {
 	f.IntSliceVar(&b.readers, "readers", nil, "with --paths broadcast: reader counts (default 1,2,4,8,16)")
-	f.StringSliceVar(&b.transports, "broadcast-transports", nil, "with --paths broadcast: transports between hosts (default rdma,tcp)")
+	f.StringSliceVar(&b.transports, "broadcast-transports", nil, "with --paths broadcast: transports between hosts (default rdma,tcp); with --paths statedict: rdma, tcp, or p2p, shm (a second runtime on the owner's host; default rdma)")
 	f.IntVar(&b.hosts, "hosts", 0, "with --paths broadcast: simulated hosts (default 4)")
 	f.IntVar(&b.rounds, "rounds", 0, "with --paths broadcast: timed rounds per cell, median kept (default 3)")
 	f.StringVar(&b.chunk, "chunk", "", "with --paths broadcast: the pipelining chunk (default rdt's, 4MiB)")
@@ -121,8 +121,8 @@ func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
 				}
 				continue
 			}
-			fmt.Fprintf(out, "statedict %s over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",
-				shape, tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.OneSeconds, rec.Ratio)
+			fmt.Fprintf(out, "statedict %s over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's; object by object %.3f s (coalescing %.2fx)\n",
+				shape, tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.OneSeconds, rec.Ratio, rec.SeparateSeconds, rec.Coalescing)
 		}
 	}
 	return nil

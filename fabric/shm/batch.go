@@ -103,8 +103,25 @@ type ownerJobs struct {
 func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
 	groups := map[string]*ownerJobs{}
 	var order []*ownerJobs
+	// Decoding a peer ID and naming its owner cost more than granting a
+	// small object: once per owner.
+	type target struct {
+		want peer.ID
+		addr string
+		err  error
+	}
+	targets := map[[2]string]target{}
 	for i, src := range srcs {
-		want, addr, err := c.target(name, src)
+		tk := [2]string{src.Peer, addrOf(name, src)}
+		tg, ok := targets[tk]
+		if !ok {
+			tg.want, tg.addr, tg.err = c.target(name, fabric.Remote{Peer: src.Peer, Addrs: src.Addrs})
+			targets[tk] = tg
+		}
+		want, addr, err := tg.want, tg.addr, tg.err
+		if err == nil && (src.Offset < 0 || src.Length < 0) {
+			err = fmt.Errorf("%w: range [%d,+%d)", fabric.ErrBadRequest, src.Offset, src.Length)
+		}
 		var p []byte
 		var dev tensor.Buffer
 		switch {
@@ -120,11 +137,10 @@ func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remot
 			errs[i] = err
 			continue
 		}
-		owner := ownerKey(want, addr)
-		g := groups[owner]
+		g := groups[tk[0]+"@"+addr]
 		if g == nil {
-			g = &ownerJobs{want: want, owner: owner, addr: addr}
-			groups[owner] = g
+			g = &ownerJobs{want: want, owner: ownerKey(want, addr), addr: addr}
+			groups[tk[0]+"@"+addr] = g
 			order = append(order, g)
 		}
 		g.jobs = append(g.jobs, batchJob{i: i, src: src, buf: dsts[i], p: p, dev: dev})

@@ -179,3 +179,79 @@ func BenchmarkCrossProcessLatency(b *testing.B) {
 
 // median is the shared helper under the short name this package's benchmarks use.
 var median = testhelp.Median[float64]
+
+// BenchmarkBatch reads n objects of a real second process as one
+// ReadBatch (coalesced: one request, one reply and one done per 256) and
+// one Read at a time (a round trip each), in the same run, into
+// destinations allocated once. Both run warm: the objects' mappings are
+// cached after the first pass, as they are for weights synced step after
+// step. ratio is the one-by-one time over the batch's.
+func BenchmarkBatch(b *testing.B) {
+	for _, c := range []struct {
+		n    int
+		size int64
+	}{{1000, 4 << 10}, {1000, 64 << 10}} {
+		b.Run(fmt.Sprintf("%dx%dKiB", c.n, c.size>>10), func(b *testing.B) {
+			sizes := make([]int64, c.n)
+			for i := range sizes {
+				sizes[i] = c.size
+			}
+			h := startHelper(b, sizes...)
+			k, _ := key(b)
+			cli, err := NewClient(Config{Security: fabric.Security{Identity: k}, Topology: dgx(b), MaxMappings: 2 * c.n})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cli.Close()
+			mem, err := tensor.NewSimMemory(tensor.GPUDevice(1), int64(c.n)*c.size+64<<20)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer mem.Close()
+			var srcs []fabric.Remote
+			var dsts []tensor.Buffer
+			for i := range c.n {
+				d, err := mem.Alloc(context.Background(), c.size)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer d.Release()
+				srcs, dsts = append(srcs, h.remote(i, 0, c.size)), append(dsts, d)
+			}
+			tr := cli.SHM()
+			batch := func() time.Duration {
+				start := time.Now()
+				_, errs := tr.ReadBatch(context.Background(), srcs, dsts)
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				return time.Since(start)
+			}
+			single := func() time.Duration {
+				start := time.Now()
+				for i := range srcs {
+					if _, err := tr.Read(context.Background(), srcs[i], dsts[i]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				return time.Since(start)
+			}
+			batch() // map every object once
+			var bt, st []float64
+			b.ResetTimer()
+			for range b.N {
+				bt = append(bt, batch().Seconds())
+				st = append(st, single().Seconds())
+			}
+			b.StopTimer()
+			mb, ms := median(bt), median(st)
+			b.ReportMetric(mb*1e3, "batch-ms")
+			b.ReportMetric(ms*1e3, "one-by-one-ms")
+			b.ReportMetric(ms/mb, "ratio")
+			b.SetBytes(int64(c.n) * c.size)
+		})
+	}
+}
+
