@@ -32,7 +32,9 @@ var _ fabric.BatchReader = (*Transport)(nil)
 const (
 	// batchFrameBytes bounds the bytes one frame pins and copies, so
 	// a large batch moves as several frames, batchConns of them at once
-	// per owner: one is granted while another copies.
+	// per owner: one is granted while another copies. The copies of one
+	// owner's frames take turns (ownerJobs.copying): a large one runs on
+	// every core already.
 	batchFrameBytes = 256 << 20
 	batchConns      = 2
 )
@@ -98,6 +100,7 @@ type ownerJobs struct {
 	want        peer.ID
 	owner, addr string
 	jobs        []batchJob
+	copying     chan struct{} // held by the frame whose item is copying
 }
 
 func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
@@ -139,7 +142,7 @@ func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remot
 		}
 		g := groups[tk[0]+"@"+addr]
 		if g == nil {
-			g = &ownerJobs{want: want, owner: ownerKey(want, addr), addr: addr}
+			g = &ownerJobs{want: want, owner: ownerKey(want, addr), addr: addr, copying: make(chan struct{}, 1)}
 			groups[tk[0]+"@"+addr] = g
 			order = append(order, g)
 		}
@@ -200,7 +203,7 @@ func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs 
 	if err == nil {
 		err = c.withConn(ctx, g.want, g.owner, g.addr, func(pc *pconn) error {
 			clear(res)
-			return c.frameOn(ctx, pc, g.owner, jobs, res, copied, done, start)
+			return c.frameOn(ctx, pc, g, jobs, res, copied, done, start)
 		})
 	}
 	if errors.Is(err, errBatchRefused) && errors.Is(err, fabric.ErrBadRequest) {
@@ -232,7 +235,8 @@ func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs 
 // frameOn runs one frame's exchange on pc: one request, one reply (and
 // descriptor packets), a copy per granted item, one done. res gets each
 // item's own failure; the error returned fails every item res leaves nil.
-func (c *Client) frameOn(ctx context.Context, pc *pconn, owner string, jobs []batchJob, res []error, copied []bool, done []time.Duration, start time.Time) error {
+func (c *Client) frameOn(ctx context.Context, pc *pconn, g *ownerJobs, jobs []batchJob, res []error, copied []bool, done []time.Duration, start time.Time) error {
+	owner := g.owner
 	keys := make([]cacheKey, len(jobs))
 	helds := make([]*mapping, len(jobs))
 	reqs := make([]request, len(jobs))
@@ -279,7 +283,9 @@ func (c *Client) frameOn(ctx context.Context, pc *pconn, owner string, jobs []ba
 			continue
 		}
 		j := jobs[k]
+		g.copying <- struct{}{} // no wait on ctx: a copy checks it between chunks
 		res[k] = c.useGrant(ctx, pc, keys[k], it.g, mine, helds[k], j.src, j.p, j.dev)
+		<-g.copying
 		done[k] = time.Since(start)
 	}
 	return c.confirm(pc)
