@@ -51,6 +51,11 @@ func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, s
 			if pin != nil {
 				pin.Release()
 			}
+			if s.ctx.Err() != nil {
+				// Close cancelled the opens: the reader must learn that the
+				// owner is going away, not of an internal error.
+				err = fmt.Errorf("%w: %v", fabric.ErrOwnerClosed, err)
+			}
 			items[i] = refusedItem(err)
 			continue
 		}
