@@ -1,10 +1,12 @@
 package shm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -354,4 +356,62 @@ func openFDs(t *testing.T) int {
 	es, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(es)
+}
+
+// TestBatchViewGrant: the object is a 16 KiB view in the middle of a
+// larger allocation that holds a secret. In one batch, ranges inside the
+// view get its bytes (from the private copy of the view, which is all the
+// descriptors reach), and ranges reaching outside it fail alone, writing
+// nothing.
+func TestBatchViewGrant(t *testing.T) {
+	const size, start, n = 1 << 20, 512<<10 + 100, 16 << 10
+	var share *tensor.ViewShare
+	f := newFixture(t, size, func(s *ServerConfig, _ *Config) {
+		s.Source = fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
+			if c.Offset < start || c.Offset+c.Length > start+n {
+				return nil, fabric.ErrUnauthorized
+			}
+			return viewPin{Buffer: share.Src(), share: share, end: start + n}, nil
+		})
+	})
+	share = tensor.NewViewShare(f.mem, f.obj, start, start+n)
+	defer share.Release()
+	for i := range f.data {
+		f.data[i] = 0x5E
+	}
+	fillPattern(f.data[start:start+n], 9)
+	got := receive(t, f.cli)
+	ranges := []struct {
+		off, n int64
+		ok     bool
+	}{{start, n, true}, {start + 100, 1000, true}, {start - 10, 20, false}, {start + n - 10, 20, false}, {0, size, false}, {start + n - 1, 1, true}}
+	var srcs []fabric.Remote
+	var dsts []tensor.Buffer
+	for _, r := range ranges {
+		src := f.remote(r.n)
+		src.Offset = r.off
+		d, _ := hostDst(t, r.n)
+		srcs, dsts = append(srcs, src), append(dsts, d)
+	}
+	sts, errs := f.cli.SHM().ReadBatch(context.Background(), srcs, dsts)
+	for i, r := range ranges {
+		p, _ := tensor.BytesOf(dsts[i])
+		if !r.ok {
+			require.ErrorIs(t, errs[i], fabric.ErrUnauthorized, "range %d", i)
+			require.Equal(t, make([]byte, r.n), p[:r.n], "range %d: a refused item wrote", i)
+			continue
+		}
+		require.NoError(t, errs[i], "range %d", i)
+		require.Equal(t, f.data[r.off:r.off+r.n], p[:r.n], "range %d", i)
+		assert.True(t, sts[i].ViewCopy, "range %d: served from the view's copy", i)
+	}
+	got.mu.Lock()
+	fds := slices.Clone(got.fds)
+	got.mu.Unlock()
+	require.NotEmpty(t, fds)
+	for _, fd := range fds {
+		file := wholeFile(t, fd)
+		require.Equal(t, int((n+pageSize-1)&^(pageSize-1)), len(file), "a descriptor reaches more than the view's pages")
+		assert.False(t, bytes.Contains(file, bytes.Repeat([]byte{0x5E}, 64)), "the parent's secret is reachable")
+	}
 }
