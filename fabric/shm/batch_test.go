@@ -415,3 +415,40 @@ func TestBatchViewGrant(t *testing.T) {
 		assert.False(t, bytes.Contains(file, bytes.Repeat([]byte{0x5E}, 64)), "the parent's secret is reachable")
 	}
 }
+
+// TestBatchOwnerKilled: the owner process is killed (SIGKILL) while a
+// reader copies its batch. Every item ends within the bound with
+// fabric.ErrPeerClosed (the copy was not confirmed under a live pin, so
+// none may be used), and the dead owner's mappings are dropped.
+func TestBatchOwnerKilled(t *testing.T) {
+	sizes := repeat(40, 1<<20)
+	h := startHelper(t, sizes...)
+	k, _ := key(t)
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: k}})
+	require.NoError(t, err)
+	defer cli.Close()
+	var srcs []fabric.Remote
+	var dsts []tensor.Buffer
+	for i, n := range sizes {
+		srcs = append(srcs, h.remote(i, 0, n))
+		d, _ := hostDst(t, n)
+		dsts = append(dsts, d)
+	}
+	var once sync.Once
+	cli.afterMap = func() { once.Do(func() { h.kill(t) }) }
+	done := make(chan []error, 1)
+	go func() {
+		_, errs := cli.SHM().ReadBatch(context.Background(), srcs, dsts)
+		done <- errs
+	}()
+	select {
+	case errs := <-done:
+		for i, err := range errs {
+			require.ErrorIs(t, err, fabric.ErrPeerClosed, "item %d", i)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("HUNG: a batch from a killed owner did not return within 30 s")
+	}
+	cli.afterMap = nil
+	assert.Zero(t, cli.CacheStats().Live, "a dead owner's mappings are dropped")
+}
