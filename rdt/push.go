@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -98,6 +99,9 @@ type sinkTable struct {
 	mu          sync.Mutex
 	slots       map[fabric.ObjectID]*Slot
 	closing     bool // Shutdown began: no new pushes
+	// notices counts the push notices taken from other runtimes (single
+	// and batch), for tests of PushBatch's coalescing.
+	notices atomic.Int64
 }
 
 // close refuses new pushes from now on (Shutdown); those writing finish.
@@ -438,6 +442,19 @@ func (r *Runtime) handlePush(s network.Stream) {
 			return // closed, reset, quiet for noticeIdle, or malformed
 		}
 		from := s.Conn().RemotePeer()
+		if len(p) > 0 && p[0] == notePushBatch { // many pushes (pushbatch.go)
+			r.sinks.notices.Add(1)
+			answer := []byte{4}
+			if n, err := parsePushBatchNotice(p); err == nil {
+				answer = answerPushBatch(r.pushedBatch(from, n))
+			} else {
+				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
+			}
+			if _, err := s.Write(answer); err != nil {
+				return
+			}
+			continue
+		}
 		if len(p) > 0 && p[0] != 1 { // a broadcast notice (bcastwire.go)
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
@@ -445,6 +462,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			}
 		} else {
 			var n pushNotice
+			r.sinks.notices.Add(1)
 			if n, err = parsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}
