@@ -303,3 +303,27 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n pushBatchNoti
 	}
 	return errs
 }
+
+// ExplainPushBatch says how PushBatch of srcs into dsts would move them:
+// the items grouped by slot runtime (BatchGroup.Owner) and chosen path,
+// and whether each group's writes move coalesced. Each group's completed
+// pushes are announced in one notice.
+func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
+	r := a.rt
+	var g batchGrouper
+	for i, dst := range dsts {
+		if i >= len(srcs) || srcs[i].Owner != r.host.ID() {
+			g.out.Refused++
+			continue
+		}
+		remote := r.remoteFor(dst)
+		remote.Offset, remote.Length = 0, spanBytes(dst.Desc)
+		plan := r.planner.PlanWrite(r.endpoint(srcs[i].Device), remote)
+		own := ""
+		if dst.Owner == r.host.ID() {
+			own = "slots of this runtime: a local copy each"
+		}
+		g.add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
+	}
+	return g.done()
+}

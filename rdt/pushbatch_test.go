@@ -51,6 +51,11 @@ func TestPushBatchCoalesced(t *testing.T) {
 			srcs, dsts = append(srcs, srcs[0]), append(dsts, dsts[0])
 			bad := map[int]error{3: ErrObjectNotFound, 5: ErrUnauthorized, 7: ErrNotOwner, n: ErrMalformedRef}
 
+			bp := owner.ExplainPushBatch(srcs, dsts)
+			require.Len(t, bp.Groups, 1, "%v", bp)
+			assert.Equal(t, BatchGroup{Owner: shortID(rts[1].host.ID()), Transport: tr, Refs: n, Bytes: bp.Groups[0].Bytes, Coalesced: true,
+				Reason: tr + " moves many objects to one destination together"}, bp.Groups[0])
+			assert.Equal(t, 1, bp.Refused, "the source this runtime does not own")
 			before := rts[1].sinks.notices.Load()
 			xs, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{})
 			require.Len(t, errs, n+1)
