@@ -100,8 +100,9 @@ type sinkTable struct {
 	slots       map[fabric.ObjectID]*Slot
 	closing     bool // Shutdown began: no new pushes
 	// notices counts the push notices taken from other runtimes (single
-	// and batch), for tests of PushBatch's coalescing.
-	notices atomic.Int64
+	// and batch) and noticed the pushes they reported (pushbatch.go's
+	// metrics).
+	notices, noticed atomic.Int64
 }
 
 // close refuses new pushes from now on (Shutdown); those writing finish.
@@ -446,6 +447,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			r.sinks.notices.Add(1)
 			answer := []byte{4}
 			if n, err := parsePushBatchNotice(p); err == nil {
+				r.sinks.noticed.Add(int64(len(n.items)))
 				answer = answerPushBatch(r.pushedBatch(from, n))
 			} else {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
@@ -463,6 +465,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 		} else {
 			var n pushNotice
 			r.sinks.notices.Add(1)
+			r.sinks.noticed.Add(1)
 			if n, err = parsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
@@ -46,6 +47,19 @@ const (
 	// pushBatchBudget bounds an encoded notice below maxNotice.
 	pushBatchBudget = maxNotice - 1024
 )
+
+// register exports the notice counters: pushes over notices taken is how
+// much PushBatch coalesced the control round trips into this runtime.
+func (t *sinkTable) register(reg prometheus.Registerer) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tensorlane_push_notices_total",
+			Help: "Push notices this runtime took as a slot owner (one per Push, one per destination and PushBatch)."},
+			func() float64 { return float64(t.notices.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tensorlane_push_notice_items_total",
+			Help: "Pushes those notices reported: over tensorlane_push_notices_total, how many pushes shared a notice."},
+			func() float64 { return float64(t.noticed.Load()) }),
+	)
+}
 
 // pushBatchNotice is the decoded notice.
 type pushBatchNotice struct {

@@ -76,6 +76,8 @@ func TestPushBatchCoalesced(t *testing.T) {
 				sameBytes(t, want[i], got)
 			}
 			assert.Equal(t, int64(1), rts[1].sinks.notices.Load()-before, "one push notice for the whole batch")
+			assert.Equal(t, 1.0, counter(t, rts[1], "tensorlane_push_notices_total"))
+			assert.Equal(t, float64(n-3), counter(t, rts[1], "tensorlane_push_notice_items_total"), "the pushes that landed")
 			for _, i := range []int{5, 7} {
 				cur, _ := slots[i].Generation()
 				assert.Zero(t, cur, "slot %d of a failed item did not advance", i)
