@@ -25,7 +25,10 @@ import (
 // and its blocks are skipped, so the lane stays in step; a write whose
 // data breaks the connection (corrupt, destination gone) fails, and the
 // writes queued behind it on that lane fail with fabric.ErrPeerClosed,
-// which the planner pushes again on their own. Objects large enough to be
+// which the planner pushes again on their own. A refused write's blocks
+// are sent all the same (the server skips them): at most 2 x StripeMin
+// wasted per refused item, the price of not waiting for a go-ahead.
+// Objects large enough to be
 // striped (2 x StripeMin and up) and device sources are pushed with Write,
 // beside the lanes.
 
