@@ -412,7 +412,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	r.learnAddrs(dst)
 	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
 	return noticeError(status) // bcastwire.go: one table of notice answers
 }

@@ -303,7 +303,7 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n pushBatchNoti
 	status, items, err := r.sendNoticeItems(ctx, to, n.marshal(), len(n.items))
 	switch {
 	case err != nil:
-		return fail(err)
+		return fail(fmt.Errorf("%w: %w", ErrPeerUnreachable, err))
 	case status == 0:
 		return errs
 	case status != statusItems:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -233,4 +234,66 @@ func TestPushedBatchOncePerSlot(t *testing.T) {
 	assert.ErrorIs(t, errs[2], ErrObjectNotFound)
 	assert.Equal(t, uint64(1), s.Pushes())
 	assert.Equal(t, []byte{statusItems, 0, 4, 1}, answerPushBatch(errs))
+}
+
+// TestPushBatchReaderLeaves: the slot runtime shuts down while a push
+// batch into it is moving; the batch ends within the bound, and each item
+// either completed or failed with a typed error.
+func TestPushBatchReaderLeaves(t *testing.T) {
+	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+		t.Run(tr, func(t *testing.T) {
+			ctx := context.Background()
+			only := func(c *Config) { c.Transports.Allow = []string{tr} }
+			rts := cluster(t, only, only)
+			owner, _ := rts[0].Spawn("trainer")
+			reader, _ := rts[1].Spawn("worker")
+			var srcs, dsts []Ref
+			var slots []*Slot
+			for range 40 {
+				ref, err := owner.Put(ctx, fill(t, rts[0], tensor.GPUDevice(0), tensor.Uint8, 1<<20))
+				require.NoError(t, err)
+				s, err := reader.Reserve(ctx, ref.Desc, tensor.GPUDevice(1))
+				require.NoError(t, err)
+				srcs, dsts, slots = append(srcs, ref), append(dsts, s.Ref()), append(slots, s)
+			}
+			done := make(chan []error, 1)
+			go func() {
+				_, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{})
+				done <- errs
+			}()
+			// Leave once a write into one of the slots has begun (or soon).
+			writing := func() bool {
+				for _, s := range slots {
+					s.mu.Lock()
+					pinned := s.pins > 0
+					s.mu.Unlock()
+					if pinned {
+						return true
+					}
+				}
+				return false
+			}
+			for deadline := time.Now().Add(2 * time.Second); !writing() && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Microsecond)
+			}
+			require.NoError(t, rts[1].Shutdown(ctx))
+			var errs []error
+			select {
+			case errs = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("HUNG: PushBatch into a runtime that shut down")
+			}
+			failed := 0
+			for i, err := range errs {
+				if err == nil {
+					continue
+				}
+				failed++
+				typed := errors.Is(err, ErrOwnerClosed) || errors.Is(err, fabric.ErrPeerClosed) || errors.Is(err, ErrObjectNotFound) ||
+					errors.Is(err, ErrPeerUnreachable) || errors.Is(err, fabric.ErrNoPath) || errors.Is(err, ErrClosed) || errors.Is(err, fabric.ErrStalled)
+				assert.True(t, typed, "item %d: untyped %v", i, err)
+			}
+			t.Logf("%d of %d pushes failed as the slot runtime left", failed, len(errs))
+		})
+	}
 }
