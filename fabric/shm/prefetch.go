@@ -1,0 +1,208 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+)
+
+// Slab prefetch. Where the kernel gives shared memory no huge pages
+// (shmem_enabled=never), the cost of a reader's first transfer out of an
+// owner's slab is mostly building its page tables for the slab's pages
+// (about 5 ms per 64 MiB on a small VM): the copy itself is as fast as a
+// warm one. So after a reader's first exchange with an owner that serves
+// slab memory (its first slab grant), it asks the owner for its slabs
+// (opSlabs), maps them read-only, and populates their
+// page tables in the background, a chunk at a time, so a later first Get
+// finds them built.
+//
+// It is bounded (Config.PrefetchBytes of slabs mapped in all; the owner
+// sends at most maxAnnounce slabs), cancelled by Close (which waits for
+// it), counted (SlabStats, tensorlane_shm_slab_events_total) and logged.
+// It asks once per owner for the client's life; slabs the owner creates
+// later are mapped at their first grant, as without prefetch. The
+// announced slabs belong to the connection that carried them, as a
+// grant's would: they stay mapped while that connection lives.
+//
+// The security model is the slab grants': the owner announces only to
+// readers that proved its cluster key and passed its Authorize, read-only
+// and sealed (docs/security-shm-grants.md).
+
+// maybePrefetch starts the prefetch of owner's slabs unless it ran or
+// runs already, prefetch is off, or the client is closing.
+func (c *Client) maybePrefetch(want peer.ID, owner, addr string) {
+	if c.cfg.PrefetchBytes <= 0 {
+		return
+	}
+	c.pfMu.Lock()
+	defer c.pfMu.Unlock()
+	if c.pfClosed || c.pfAsked[owner] {
+		return
+	}
+	c.pfAsked[owner] = true
+	c.pfWG.Add(1)
+	go func() {
+		defer c.pfWG.Done()
+		c.prefetch(want, owner, addr)
+	}()
+}
+
+// prefetch asks owner for its slabs and populates what it maps.
+func (c *Client) prefetch(want peer.ID, owner, addr string) {
+	start := time.Now()
+	ctx := c.pfCtx
+	c.slabs.prefetching.Add(1)
+	defer c.slabs.prefetching.Add(-1)
+	budget := c.cfg.PrefetchBytes - c.slabs.snapshot().Bytes
+	if budget <= 0 {
+		c.slabs.count(func(s *slabs) { s.pfOverBudget++ })
+		c.cfg.Logger.Info("shm: slab prefetch skipped: the slabs mapped already fill its budget", "owner", owner, "budget", c.cfg.PrefetchBytes)
+		return
+	}
+	var held []*slabMap
+	err := c.withConn(ctx, want, owner, addr, func(pc *pconn) (err error) {
+		held, err = c.announced(pc, budget)
+		return err
+	})
+	defer func() {
+		for _, m := range held {
+			c.slabs.release(m)
+		}
+	}()
+	var re *peerauth.RemoteError
+	switch {
+	case errors.As(err, &re):
+		c.cfg.Logger.Debug("shm: owner announces no slabs", "owner", owner, "err", err)
+		return
+	case err != nil:
+		c.cfg.Logger.Debug("shm: slab prefetch failed; first reads map slabs as they come", "owner", owner, "err", err)
+		return
+	}
+	// The slabs of this owner that came with grants (on this connection
+	// or another) were not announced again: populate them too.
+	held = c.slabs.holdOwner(owner, held)
+	var bytes int64
+	for _, m := range held {
+		n, err := m.populateAll(ctx)
+		bytes += n
+		c.slabs.count(func(s *slabs) { s.pfBytes += n })
+		if err != nil {
+			c.cfg.Logger.Debug("shm: slab prefetch stopped", "owner", owner, "err", err)
+			break
+		}
+	}
+	c.slabs.count(func(s *slabs) { s.pfDone++ })
+	if len(held) > 0 {
+		c.cfg.Logger.Debug("shm: prefetched the owner's slabs", "owner", owner, "slabs", len(held), "populated_bytes", bytes, "took", time.Since(start))
+	}
+}
+
+// announced runs one opSlabs exchange on pc and maps what the owner
+// announced, returning the slabs with a reference held for the caller.
+func (c *Client) announced(pc *pconn, budget int64) ([]*slabMap, error) {
+	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	pc.out = request{op: opSlabs, length: budget}.appendTo(pc.out[:0])
+	if err := sendPacket(pc.c, pc.out, -1); err != nil {
+		return nil, staleOr(c.ioError(err))
+	}
+	p, fds, err := recvPacket(pc.c, pc.buf, pc.oob)
+	if err != nil {
+		return nil, staleOr(c.ioError(err))
+	}
+	list, err := parseAnnounce(p, len(fds))
+	if err != nil {
+		closeAll(fds)
+		return nil, err
+	}
+	var held []*slabMap
+	for i, a := range list {
+		if c.onFD != nil {
+			c.onFD(fds[i])
+		}
+		err = errors.Join(err, c.slabs.adopt(pc, slabKey{owner: pc.owner, id: a.mapID}, fds[i], a.size))
+		unix.Close(fds[i])
+		if m := c.slabs.hold(pc, a.mapID); m != nil {
+			held = append(held, m)
+		}
+	}
+	c.slabs.count(func(s *slabs) { s.announced += int64(len(list)) })
+	if err != nil {
+		for _, m := range held {
+			c.slabs.release(m)
+		}
+		return nil, fmt.Errorf("shm: map announced slabs: %w", err)
+	}
+	return held, nil
+}
+
+// holds reports whether pc received a slab: its owner serves slab memory.
+func (s *slabs) holds(pc *pconn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(pc.slabs) > 0
+}
+
+// hold returns the slab pc received under id with a reference held, or
+// nil.
+func (s *slabs) hold(pc *pconn, id uint64) *slabMap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := pc.slabs[id]
+	if m != nil {
+		m.refs++
+	}
+	return m
+}
+
+// holdOwner adds to held the other slabs of owner mapped now, each with
+// a reference held.
+func (s *slabs) holdOwner(owner string, held []*slabMap) []*slabMap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, m := range s.byKey {
+		if k.owner == owner && !slices.Contains(held, m) {
+			m.refs++
+			held = append(held, m)
+		}
+	}
+	return held
+}
+
+// count updates the counters under s.mu.
+func (s *slabs) count(f func(*slabs)) {
+	s.mu.Lock()
+	f(s)
+	s.mu.Unlock()
+}
+
+// populateAll builds the page tables of every chunk of m that no read has
+// claimed yet, one chunk at a time (a read that needs a chunk meanwhile
+// populates it itself, or faults it in), and returns the bytes it
+// populated. It stops when ctx ends.
+func (m *slabMap) populateAll(ctx context.Context) (int64, error) {
+	var done int64
+	for c := int64(0); c*popChunk < int64(len(m.data)); c++ {
+		if err := ctx.Err(); err != nil {
+			return done, err
+		}
+		w, bit := c/64, uint64(1)<<(c%64)
+		m.pmu.Lock()
+		claimed := m.populated[w]&bit != 0
+		m.populated[w] |= bit
+		m.pmu.Unlock()
+		if claimed {
+			continue
+		}
+		end := min((c+1)*popChunk, int64(len(m.data)))
+		_ = unix.Madvise(m.data[c*popChunk:end], unix.MADV_POPULATE_READ)
+		done += end - c*popChunk
+	}
+	return done, nil
+}
