@@ -11,7 +11,9 @@ import (
 )
 
 // coldWarmModes are the reader setups BenchmarkColdWarmGet and
-// BenchmarkColdWarmView compare: per-object grants; slab mode with the
+// BenchmarkColdWarmView compare: per-object grants, without and with a
+// pool (memory made resident at start for the first large Get's
+// destination: tensor.HostMemory.Prefault); slab mode with the
 // first big read right after the reader's first contact with the owner
 // (its slab prefetch still running); and slab mode once that prefetch has
 // finished (a reader that met the owner a little earlier).
@@ -20,6 +22,7 @@ var coldWarmModes = []struct {
 	prefetched   bool
 }{
 	{"per-object", `{"allow":["shm"],"cluster_key":"` + slabKey + `"}`, false},
+	{"per-object-pool", `{"allow":["shm"],"pool_bytes":67108864,"cluster_key":"` + slabKey + `"}`, false},
 	{"slabs", `{"allow":["shm"],"slabs":true,"pool_bytes":134217728,"cluster_key":"` + slabKey + `"}`, false},
 	{"slabs-prefetched", `{"allow":["shm"],"slabs":true,"pool_bytes":134217728,"cluster_key":"` + slabKey + `"}`, true},
 }
