@@ -118,6 +118,7 @@ type Client struct {
 	pfWG     sync.WaitGroup
 	pfCtx    context.Context
 	pfCancel context.CancelFunc
+	idle     idleGate // transfers in flight: the prefetch waits for none
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
@@ -162,6 +163,7 @@ func NewClient(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}, unviewQ: map[string][]uint64{},
 		pfAsked: map[string]bool{}}
 	c.pfCtx, c.pfCancel = context.WithCancel(context.Background())
+	c.idle.init()
 	c.pool = kit.NewPool(kit.PoolConfig[connKey, *pconn]{Dial: c.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {
@@ -243,6 +245,8 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	}
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	c.idle.enter()
+	defer c.idle.leave()
 	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
 		return c.transferOn(ctx, pc, key, src, to, dev, &copied)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -34,6 +35,52 @@ import (
 // The security model is the slab grants': the owner announces only to
 // readers that proved its cluster key and passed its Authorize, read-only
 // and sealed (docs/security-shm-grants.md).
+
+// The prefetch gives way to reads: it populates only while no transfer of
+// this client is in flight (between chunks it waits for them), so it never
+// takes a core from a Get's own populate and copy; what it did before
+// is already saved.
+
+// idleGate counts the client's transfers in flight, and lets the prefetch
+// wait until there are none.
+type idleGate struct {
+	mu   sync.Mutex
+	cond sync.Cond // L is &mu (init)
+	busy int
+}
+
+func (g *idleGate) init() { g.cond.L = &g.mu }
+
+func (g *idleGate) enter() {
+	g.mu.Lock()
+	g.busy++
+	g.mu.Unlock()
+}
+
+func (g *idleGate) leave() {
+	g.mu.Lock()
+	if g.busy--; g.busy == 0 {
+		g.cond.Broadcast()
+	}
+	g.mu.Unlock()
+}
+
+// wait returns when no transfer is in flight, or ctx's error when it ends
+// first.
+func (g *idleGate) wait(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		g.mu.Lock()
+		g.cond.Broadcast()
+		g.mu.Unlock()
+	})
+	defer stop()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.busy > 0 && ctx.Err() == nil {
+		g.cond.Wait()
+	}
+	return ctx.Err()
+}
 
 // maybePrefetch starts the prefetch of owner's slabs unless it ran or
 // runs already, prefetch is off, or the client is closing.
@@ -90,7 +137,7 @@ func (c *Client) prefetch(want peer.ID, owner, addr string) {
 	held = c.slabs.holdOwner(owner, held)
 	var bytes int64
 	for _, m := range held {
-		n, err := m.populateAll(ctx)
+		n, err := m.populateAll(ctx, &c.idle)
 		bytes += n
 		c.slabs.count(func(s *slabs) { s.pfBytes += n })
 		if err != nil {
@@ -185,11 +232,12 @@ func (s *slabs) count(f func(*slabs)) {
 // populateAll builds the page tables of every chunk of m that no read has
 // claimed yet, one chunk at a time (a read that needs a chunk meanwhile
 // populates it itself, or faults it in), and returns the bytes it
-// populated. It stops when ctx ends.
-func (m *slabMap) populateAll(ctx context.Context) (int64, error) {
+// populated. Before each chunk it waits until idle has no transfer in
+// flight. It stops when ctx ends.
+func (m *slabMap) populateAll(ctx context.Context, idle *idleGate) (int64, error) {
 	var done int64
 	for c := int64(0); c*popChunk < int64(len(m.data)); c++ {
-		if err := ctx.Err(); err != nil {
+		if err := idle.wait(ctx); err != nil {
 			return done, err
 		}
 		w, bit := c/64, uint64(1)<<(c%64)

@@ -196,3 +196,28 @@ func TestSlabPrefetchClose(t *testing.T) {
 	assert.Zero(t, st.Prefetching)
 	assert.Zero(t, st.Live, fmt.Sprintf("%+v", st))
 }
+
+// TestIdleGate: the prefetch's wait returns at once with no transfer in
+// flight, waits while one is, and gives up when its context ends.
+func TestIdleGate(t *testing.T) {
+	var g idleGate
+	g.init()
+	require.NoError(t, g.wait(context.Background()))
+	g.enter()
+	done := make(chan error, 1)
+	go func() { done <- g.wait(context.Background()) }()
+	select {
+	case <-done:
+		t.Fatal("wait returned with a transfer in flight")
+	case <-time.After(20 * time.Millisecond):
+	}
+	g.leave()
+	require.NoError(t, <-done)
+
+	g.enter()
+	defer g.leave()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { done <- g.wait(ctx) }()
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
