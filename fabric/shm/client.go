@@ -249,7 +249,10 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	defer c.idle.leave()
 	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to, dev, &copied)
+		if err := c.transferOn(ctx, pc, key, src, to, dev, &copied); err != nil {
+			return err
+		}
+		return c.prefetchOnce(pc) // after the first slab grant of this owner (prefetch.go)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -312,13 +315,10 @@ func (c *Client) withConn(ctx context.Context, want peer.ID, owner, addr string,
 		}
 		var re *peerauth.RemoteError
 		if err == nil || errors.As(err, &re) {
-			slabOwner := err == nil && c.slabs.holds(pc)
-			if !(pc.anchor && c.keepAnchor(pc)) {
-				c.pool.Put(pc) // still in step
+			if pc.anchor && c.keepAnchor(pc) {
+				return err
 			}
-			if slabOwner {
-				c.maybePrefetch(want, owner, addr)
-			}
+			c.pool.Put(pc) // still in step
 			return err
 		}
 		c.pool.Discard(pc)

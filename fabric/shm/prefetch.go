@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 )
 
@@ -18,11 +18,13 @@ import (
 // (shmem_enabled=never), the cost of a reader's first transfer out of an
 // owner's slab is mostly building its page tables for the slab's pages
 // (about 5 ms per 64 MiB on a small VM): the copy itself is as fast as a
-// warm one. So after a reader's first exchange with an owner that serves
-// slab memory (its first slab grant), it asks the owner for its slabs
-// (opSlabs), maps them read-only, and populates their
-// page tables in the background, a chunk at a time, so a later first Get
-// finds them built.
+// warm one. So right after a reader's first read of an object in one of
+// an owner's slabs, on the same connection, it asks the owner for its
+// slabs (opSlabs), maps them read-only, and populates their page tables
+// (and those of the owner's slabs it mapped already) in the background, a
+// chunk at a time, so a later first Get finds them built. (A view does not
+// ask: its connection keeps the view's hold, and an exchange that failed
+// would drop it; the next read asks.)
 //
 // It is bounded (Config.PrefetchBytes of slabs mapped in all; the owner
 // sends at most maxAnnounce slabs), cancelled by Close (which waits for
@@ -38,8 +40,8 @@ import (
 
 // The prefetch gives way to reads: it populates only while no transfer of
 // this client is in flight (between chunks it waits for them), so it never
-// takes a core from a Get's own populate and copy; what it did before
-// is already saved.
+// takes a core from a Get's own populate and copy (the chunks it built
+// before stay built).
 
 // idleGate counts the client's transfers in flight, and lets the prefetch
 // wait until there are none.
@@ -82,62 +84,80 @@ func (g *idleGate) wait(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// maybePrefetch starts the prefetch of owner's slabs unless it ran or
-// runs already, prefetch is off, or the client is closing.
-func (c *Client) maybePrefetch(want peer.ID, owner, addr string) {
-	if c.cfg.PrefetchBytes <= 0 {
-		return
+// prefetchOnce runs, on pc, right after a transfer that succeeded, the
+// announcement exchange with pc's owner when pc carried a slab grant and
+// this client never asked that owner (nor is closing, nor has prefetch
+// off); then it populates, in the background, the slabs it mapped and the
+// owner's others mapped already. On pc, because another connection would
+// cost the next read a dial; one round trip (bounded by
+// announceTimeout), not a transfer. A refusal leaves pc in step; any
+// other failure returns errConfirmedLost: the transfer stands, and pc is
+// dropped.
+func (c *Client) prefetchOnce(pc *pconn) error {
+	if c.cfg.PrefetchBytes <= 0 || !c.slabs.holds(pc) {
+		return nil
 	}
 	c.pfMu.Lock()
-	defer c.pfMu.Unlock()
-	if c.pfClosed || c.pfAsked[owner] {
-		return
+	if c.pfClosed || c.pfAsked[pc.owner] {
+		c.pfMu.Unlock()
+		return nil
 	}
-	c.pfAsked[owner] = true
+	c.pfAsked[pc.owner] = true
+	c.pfMu.Unlock()
+	owner := pc.owner
+	var held []*slabMap
+	if budget := c.cfg.PrefetchBytes - c.slabs.snapshot().Bytes; budget <= 0 {
+		c.slabs.count(func(s *slabs) { s.pfOverBudget++ })
+		c.cfg.Logger.Info("shm: slab prefetch skipped: the slabs mapped already fill its budget", "owner", owner, "budget", c.cfg.PrefetchBytes)
+	} else {
+		var err error
+		held, err = c.announced(pc, budget)
+		var re *peerauth.RemoteError
+		switch {
+		case errors.As(err, &re):
+			c.cfg.Logger.Debug("shm: owner announces no slabs", "owner", owner, "err", err)
+		case err != nil:
+			c.cfg.Logger.Debug("shm: slab announcement failed; first reads map slabs as they come", "owner", owner, "err", err)
+			return fmt.Errorf("%w: %w", errConfirmedLost, err)
+		}
+	}
+	// The slabs of this owner that came with grants were not announced
+	// again: populate them too.
+	held = c.slabs.holdOwner(owner, held)
+	c.pfMu.Lock()
+	defer c.pfMu.Unlock()
+	if c.pfClosed {
+		for _, m := range held {
+			c.slabs.release(m)
+		}
+		return nil
+	}
 	c.pfWG.Add(1)
 	go func() {
 		defer c.pfWG.Done()
-		c.prefetch(want, owner, addr)
+		c.populate(owner, held)
 	}()
+	return nil
 }
 
-// prefetch asks owner for its slabs and populates what it maps.
-func (c *Client) prefetch(want peer.ID, owner, addr string) {
+// announceTimeout bounds the announcement exchange, which runs after a
+// transfer has its bytes: a slow owner costs that read at most this.
+const announceTimeout = 2 * time.Second
+
+// populate builds the page tables of held's slabs (prefetch.go) and drops
+// their references.
+func (c *Client) populate(owner string, held []*slabMap) {
 	start := time.Now()
-	ctx := c.pfCtx
 	c.slabs.prefetching.Add(1)
 	defer c.slabs.prefetching.Add(-1)
-	budget := c.cfg.PrefetchBytes - c.slabs.snapshot().Bytes
-	if budget <= 0 {
-		c.slabs.count(func(s *slabs) { s.pfOverBudget++ })
-		c.cfg.Logger.Info("shm: slab prefetch skipped: the slabs mapped already fill its budget", "owner", owner, "budget", c.cfg.PrefetchBytes)
-		return
-	}
-	var held []*slabMap
-	err := c.withConn(ctx, want, owner, addr, func(pc *pconn) (err error) {
-		held, err = c.announced(pc, budget)
-		return err
-	})
 	defer func() {
 		for _, m := range held {
 			c.slabs.release(m)
 		}
 	}()
-	var re *peerauth.RemoteError
-	switch {
-	case errors.As(err, &re):
-		c.cfg.Logger.Debug("shm: owner announces no slabs", "owner", owner, "err", err)
-		return
-	case err != nil:
-		c.cfg.Logger.Debug("shm: slab prefetch failed; first reads map slabs as they come", "owner", owner, "err", err)
-		return
-	}
-	// The slabs of this owner that came with grants (on this connection
-	// or another) were not announced again: populate them too.
-	held = c.slabs.holdOwner(owner, held)
 	var bytes int64
 	for _, m := range held {
-		n, err := m.populateAll(ctx, &c.idle)
+		n, err := m.populateAll(c.pfCtx, &c.idle)
 		bytes += n
 		c.slabs.count(func(s *slabs) { s.pfBytes += n })
 		if err != nil {
@@ -154,7 +174,7 @@ func (c *Client) prefetch(want peer.ID, owner, addr string) {
 // announced runs one opSlabs exchange on pc and maps what the owner
 // announced, returning the slabs with a reference held for the caller.
 func (c *Client) announced(pc *pconn, budget int64) ([]*slabMap, error) {
-	pc.c.SetDeadline(time.Now().Add(c.cfg.StallTimeout))
+	pc.c.SetDeadline(time.Now().Add(min(c.cfg.StallTimeout, announceTimeout)))
 	pc.out = request{op: opSlabs, length: budget}.appendTo(pc.out[:0])
 	if err := sendPacket(pc.c, pc.out, -1); err != nil {
 		return nil, staleOr(c.ioError(err))
@@ -169,10 +189,18 @@ func (c *Client) announced(pc *pconn, budget int64) ([]*slabMap, error) {
 		return nil, err
 	}
 	var held []*slabMap
+	left := budget
 	for i, a := range list {
 		if c.onFD != nil {
 			c.onFD(fds[i])
 		}
+		if a.size > left {
+			// The owner ignored our budget: map no more than it.
+			unix.Close(fds[i])
+			err = errors.Join(err, fmt.Errorf("%w: owner announced a slab of %d bytes past the %d-byte budget", fabric.ErrBadRequest, a.size, budget))
+			continue
+		}
+		left -= a.size
 		err = errors.Join(err, c.slabs.adopt(pc, slabKey{owner: pc.owner, id: a.mapID}, fds[i], a.size))
 		unix.Close(fds[i])
 		if m := c.slabs.hold(pc, a.mapID); m != nil {
