@@ -24,8 +24,21 @@ func (r *Runtime) startDataPaths(ctx context.Context, reg prometheus.Registerer)
 		Security: fabric.Security{Identity: c.Identity, PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize,
 			StallTimeout: c.StallTimeout, Logger: r.log},
 		Process: r.process, Cluster: c.Cluster, Host: c.Host,
-		Source: r.objects, Sink: r.sinks, Registerer: reg,
+		Source: r.objects, Sink: r.sinks, Registerer: reg, Slabs: r.slabExporters(),
 	})
+}
+
+// slabExporters are the runtime's slab memories: the shm owner announces
+// their slabs to same-host readers of its trust scope, which then build
+// their page tables before their first read (fabric/shm prefetch).
+func (r *Runtime) slabExporters() []tensor.SlabExporter {
+	var out []tensor.SlabExporter
+	for _, m := range r.devices {
+		if se, ok := m.(tensor.SlabExporter); ok {
+			out = append(out, se)
+		}
+	}
+	return out
 }
 
 // Export shares a pinned object's published view with another process

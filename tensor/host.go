@@ -38,6 +38,7 @@ type HostMemory struct {
 	allocs int
 	closed bool
 	cache  segmentCache // released, never-exported segments
+	ready  *segment     // Prefault's memory, until a large allocation takes it
 }
 
 // DefaultHostCache is the most released host memory kept for reuse.
@@ -73,8 +74,64 @@ func (m *HostMemory) Close() error {
 	m.closed = true
 	m.cache.limit = 0
 	drop := m.cache.trim()
+	if m.ready != nil {
+		drop = append(drop, m.ready)
+		m.ready = nil
+	}
 	m.mu.Unlock()
 	return freeAll(drop)
+}
+
+// Prefault makes n bytes (page-rounded) of fresh memory resident now, and
+// holds them for the next allocation of at least PrefaultMin bytes that
+// finds no released buffer of its size: it gets them, shrunk to its size
+// (the pages past it go back to the system), so its first write faults
+// nothing. That allocation is usually a reader's first Get into host
+// memory (its destination): populating fresh pages costs more than the
+// copy into them, and on a VM several times more. It serves one
+// allocation: later ones reuse released buffers (see above), or pay for
+// fresh pages. A second Prefault replaces the first's memory. The bytes
+// held count in Stats as Cached, not Used.
+func (m *HostMemory) Prefault(n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	seg, err := newSegmentSealed("tensorlane-host", pageRound(n), true, false)
+	if err != nil {
+		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
+			return &OutOfMemoryError{Device: m.dev, Requested: n}
+		}
+		return fmt.Errorf("tensor: prefault %d bytes: %w", n, err)
+	}
+	m.mu.Lock()
+	old := m.ready
+	if m.closed {
+		old, seg = seg, nil
+	}
+	m.ready = seg
+	m.mu.Unlock()
+	if old != nil {
+		old.free()
+	}
+	if seg == nil {
+		return ErrClosed
+	}
+	return nil
+}
+
+// PrefaultMin is the smallest allocation Prefault's memory serves: under
+// it, fresh pages cost little, and shrinking the held memory would waste it.
+const PrefaultMin = 1 << 20
+
+// takeReady returns Prefault's memory for an allocation of size bytes, or
+// nil; m.mu is held.
+func (m *HostMemory) takeReady(size int64) *segment {
+	s := m.ready
+	if s == nil || size < PrefaultMin || int64(len(s.data)) < size {
+		return nil
+	}
+	m.ready = nil
+	return s
 }
 
 // Device returns HostDevice.
@@ -105,10 +162,20 @@ func (m *HostMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	}
 	b := &hostBuffer{mem: m, n: n}
 	size := pageRound(n)
+	var ready *segment
 	if n > 0 {
-		b.seg = m.cache.take(size)
+		if b.seg = m.cache.take(size); b.seg == nil {
+			ready = m.takeReady(size)
+		}
 	}
 	m.mu.Unlock()
+	if ready != nil {
+		if err := ready.fit(size); err != nil {
+			ready.free()
+		} else {
+			b.seg = ready
+		}
+	}
 	if n > 0 && b.seg == nil {
 		seg, err := newSegment("tensorlane-host", size, false)
 		if err != nil {
@@ -139,6 +206,9 @@ func (m *HostMemory) Stats() MemStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := MemStats{Device: m.dev, Capacity: m.capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.cache.bytes}
+	if m.ready != nil {
+		s.Cached += int64(len(m.ready.data))
+	}
 	if m.capacity > 0 {
 		s.Free = m.capacity - m.used
 		s.LargestFree = s.Free

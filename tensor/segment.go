@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +23,9 @@ type segment struct {
 	exported bool // a handle was made: never recycle, another process may map it
 	sealed   bool // F_SEAL_FUTURE_WRITE is set (shared read-only)
 	writable bool // a writable handle was made: it cannot be sealed read-only
+	// untracked: data was mapped with MmapPtr (newSegmentSealed without
+	// sealSize), so fit can unmap its tail; free unmaps it the same way.
+	untracked bool
 }
 
 // newSegment creates a memfd of size bytes (page-rounded by the caller),
@@ -34,6 +38,12 @@ type segment struct {
 // still allowed); and it is sealed against shrinking and growing, so
 // nobody can truncate it under the owner's mapping (a SIGBUS in the owner).
 func newSegment(name string, size int64, populate bool) (*segment, error) {
+	return newSegmentSealed(name, size, populate, true)
+}
+
+// newSegmentSealed is newSegment; without sealSize the file's size is not
+// sealed yet (a reserve whose size fit sets when an allocation takes it).
+func newSegmentSealed(name string, size int64, populate, sealSize bool) (*segment, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
 		return nil, fmt.Errorf("memfd: %w (every live allocation holds one descriptor: raise RLIMIT_NOFILE)", err)
@@ -51,10 +61,23 @@ func newSegment(name string, size int64, populate bool) (*segment, error) {
 	if err := unix.Fchmod(fd, 0o400); err != nil {
 		return fail("make memfd read-only to reopeners", err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
-		return fail("seal memfd size", err)
+	if sealSize {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+			return fail("seal memfd size", err)
+		}
 	}
-	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	var data []byte
+	if sealSize {
+		data, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	} else {
+		// Mapped outside x/sys's bookkeeping, which unmaps only whole
+		// mappings: fit unmaps this one's tail.
+		var ptr unsafe.Pointer
+		ptr, err = unix.MmapPtr(fd, 0, nil, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err == nil {
+			data = unsafe.Slice((*byte)(ptr), size)
+		}
+	}
 	if err != nil {
 		// ENOMEM here may also be vm.max_map_count: one mapping per live
 		// allocation.
@@ -67,7 +90,32 @@ func newSegment(name string, size int64, populate bool) (*segment, error) {
 		// without MADV_POPULATE_WRITE (before 5.14) fault on first touch.
 		_ = unix.Madvise(data, unix.MADV_POPULATE_WRITE)
 	}
-	return &segment{fd: fd, ro: -1, data: data}, nil
+	return &segment{fd: fd, ro: -1, data: data, untracked: !sealSize}, nil
+}
+
+// fit shrinks a segment made without size seals to size bytes (page
+// rounded, at most its size), giving the pages past it back, and seals its
+// size as newSegment does. The mapping keeps its length (the tail is
+// never touched: data ends at size), so free unmaps all of it.
+func (s *segment) fit(size int64) error {
+	if size < int64(len(s.data)) {
+		if !s.untracked {
+			return fmt.Errorf("tensor: only an unsealed segment can shrink")
+		}
+		// The tail's mapping first: touching it past the file's end would
+		// fault (SIGBUS).
+		if err := unix.MunmapPtr(unsafe.Pointer(&s.data[size]), uintptr(int64(len(s.data))-size)); err != nil {
+			return fmt.Errorf("unmap memfd tail: %w", err)
+		}
+		s.data = s.data[:size:size]
+		if err := unix.Ftruncate(s.fd, size); err != nil {
+			return fmt.Errorf("shrink memfd: %w", err)
+		}
+	}
+	if _, err := unix.FcntlInt(uintptr(s.fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		return fmt.Errorf("seal memfd size: %w", err)
+	}
+	return nil
 }
 
 // export makes a handle of the segment for another process. n is the
@@ -150,7 +198,12 @@ func (s *segment) free() error {
 	if s.data == nil {
 		return nil
 	}
-	err := unix.Munmap(s.data)
+	var err error
+	if s.untracked {
+		err = unix.MunmapPtr(unsafe.Pointer(&s.data[0]), uintptr(len(s.data)))
+	} else {
+		err = unix.Munmap(s.data)
+	}
 	if cerr := unix.Close(s.fd); err == nil {
 		err = cerr
 	}

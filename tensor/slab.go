@@ -1,9 +1,11 @@
 package tensor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -465,4 +467,57 @@ func (b *slabBuffer) Release() error {
 		b.mem.release(b)
 	}
 	return nil
+}
+
+// SlabExporter is memory that can share its slabs whole, read-only, with
+// readers of its trust scope before they ask for any object in them: the
+// shm owner announces them, and a reader maps them and builds its page
+// tables in the background, off the first transfer's critical path.
+type SlabExporter interface {
+	// ExportSlabs returns read-only handles (Handle.Slab, Offset 0,
+	// Length 0) of at most max live slabs, largest first; the caller
+	// closes their descriptors.
+	ExportSlabs(max int) ([]Handle, error)
+}
+
+var _ SlabExporter = (*SlabMemory)(nil)
+
+// ExportSlabs shares up to max of m's slabs whole, read-only and sealed,
+// the reserve (the pool most allocations come from) first, then the
+// larger. The same rule as Export holds: only readers of m's trust scope
+// may get them (docs/security-shm-grants.md).
+func (m *SlabMemory) ExportSlabs(max int) ([]Handle, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	segs := make([]*slab, len(m.slabs))
+	copy(segs, m.slabs)
+	m.mu.Unlock()
+	slices.SortStableFunc(segs, func(a, b *slab) int {
+		if a.reserved != b.reserved {
+			if a.reserved {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(len(b.seg.data), len(a.seg.data))
+	})
+	var out []Handle
+	for _, s := range segs[:min(max, len(segs))] {
+		h, err := s.seg.export(ReadOnly, int64(len(s.seg.data)))
+		if errors.Is(err, ErrReleased) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			for _, o := range out {
+				unix.Close(o.FD)
+			}
+			return nil, fmt.Errorf("tensor: export slab: %w", err)
+		}
+		h.Offset, h.Length, h.Slab = 0, 0, true
+		out = append(out, h)
+	}
+	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -406,4 +407,68 @@ func ExampleSimMemory() {
 	// bfloat16[1024 1024] on gpu:0 2097152
 	// true
 	// 0
+}
+
+// resident counts the pages of p whose memory exists (mincore).
+func resident(t *testing.T, p []byte) int {
+	t.Helper()
+	vec := make([]byte, (len(p)+int(pageSize)-1)/int(pageSize))
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), uintptr(unsafe.Pointer(&vec[0])))
+	require.Zero(t, errno, "mincore")
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestHostPrefault: Prefault's memory is resident before anyone writes
+// it, serves the first large allocation that finds no released buffer
+// (shrunk to its size and sealed, so a handle reaches that allocation
+// alone), and only that one.
+func TestHostPrefault(t *testing.T) {
+	ctx := context.Background()
+	m := NewHostMemory(0)
+	defer m.Close()
+	require.NoError(t, m.Prefault(8<<20))
+	assert.EqualValues(t, 8<<20, m.Stats().Cached)
+
+	small, err := m.Alloc(ctx, 100<<10)
+	require.NoError(t, err)
+	defer small.Release()
+	assert.EqualValues(t, 8<<20, m.Stats().Cached, "under PrefaultMin: fresh memory")
+
+	b, err := m.Alloc(ctx, 3<<20+5)
+	require.NoError(t, err)
+	defer b.Release()
+	p, _ := BytesOf(b)
+	assert.Equal(t, (len(p)+int(pageSize)-1)/int(pageSize), resident(t, p), "every page resident before the first write")
+	assert.Zero(t, m.Stats().Cached)
+	fillBytes(p)
+
+	h, err := b.(Exportable).Export(ReadOnly)
+	require.NoError(t, err)
+	defer unix.Close(h.FD)
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(h.FD, &st))
+	assert.EqualValues(t, pageRound(3<<20+5), st.Size, "the file holds the allocation and nothing more")
+	seals, err := unix.FcntlInt(uintptr(h.FD), unix.F_GET_SEALS, 0)
+	require.NoError(t, err)
+	assert.NotZero(t, seals&unix.F_SEAL_GROW)
+	assert.NotZero(t, seals&unix.F_SEAL_SHRINK)
+
+	again, err := m.Alloc(ctx, 3<<20+5)
+	require.NoError(t, err)
+	defer again.Release()
+	q, _ := BytesOf(again)
+	assert.Zero(t, resident(t, q), "one allocation only: the next gets fresh pages")
+
+	m.Close()
+	assert.ErrorIs(t, m.Prefault(1<<20), ErrClosed)
+}
+
+func fillBytes(p []byte) {
+	for i := range p {
+		p[i] = byte(i)
+	}
 }

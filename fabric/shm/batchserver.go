@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
@@ -107,14 +106,4 @@ func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, s
 		return err
 	}
 	return nil
-}
-
-// sendPacketFDs writes one packet with fds attached (none when empty).
-func sendPacketFDs(c *net.UnixConn, p []byte, fds []int) error {
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	_, _, err := c.WriteMsgUnix(p, oob, nil)
-	return err
 }

@@ -50,7 +50,17 @@ type Config struct {
 	// Registerer, when set, gets the mapping cache's metrics
 	// (tensorlane_shm_*); nil registers nothing.
 	Registerer prometheus.Registerer
+	// PrefetchBytes bounds the owners' slabs this reader maps and
+	// populates ahead of its reads (prefetch.go): after its first
+	// exchange with an owner, it asks for the owner's slabs while the
+	// slabs it maps stay within this many bytes. Default
+	// DefaultPrefetchBytes; negative turns prefetch off.
+	PrefetchBytes int64
 }
+
+// DefaultPrefetchBytes is Config.PrefetchBytes's default: address space
+// only (the pages are the owner's), and 2 MiB of page tables per GiB.
+const DefaultPrefetchBytes = 4 << 30
 
 func (c *Config) defaults() error {
 	if err := c.Security.Defaults("shm: Config"); err != nil {
@@ -75,6 +85,9 @@ func (c *Config) defaults() error {
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = 8 << 20
 	}
+	if c.PrefetchBytes == 0 {
+		c.PrefetchBytes = DefaultPrefetchBytes
+	}
 	return nil
 }
 
@@ -97,6 +110,16 @@ type Client struct {
 	anchorMu sync.Mutex
 	anchors  map[string]*pconn
 	unviewQ  map[string][]uint64 // unviews waiting for an anchor
+
+	// Slab prefetch (prefetch.go): the owners asked once, the
+	// goroutines in flight, and what stops them.
+	pfMu     sync.Mutex
+	pfAsked  map[string]bool
+	pfClosed bool
+	pfWG     sync.WaitGroup
+	pfCtx    context.Context
+	pfCancel context.CancelFunc
+	idle     idleGate // transfers in flight: the prefetch waits for none
 
 	afterMap func()       // test hook: runs between mapping and copying
 	onFD     func(fd int) // test hook: sees each received descriptor before it is mapped
@@ -141,7 +164,10 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}, unviewQ: map[string][]uint64{}}
+	c := &Client{cfg: cfg, cache: newCache(cfg.MaxMappings, cfg.MaxMappedBytes), anchors: map[string]*pconn{}, unviewQ: map[string][]uint64{},
+		pfAsked: map[string]bool{}}
+	c.pfCtx, c.pfCancel = context.WithCancel(context.Background())
+	c.idle.init()
 	c.pool = kit.NewPool(kit.PoolConfig[connKey, *pconn]{Dial: c.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(collector{c}); err != nil {
@@ -160,7 +186,12 @@ func (c *Client) SlabStats() SlabStats { return c.slabs.snapshot() }
 // Close closes every connection (transfers in flight fail) and unmaps every
 // cached mapping once no copy uses it. It is idempotent.
 func (c *Client) Close() error {
+	c.pfMu.Lock()
+	c.pfClosed = true
+	c.pfMu.Unlock()
+	c.pfCancel()
 	c.pool.Close() // anchors too: they keep their pool slot
+	c.pfWG.Wait()  // prefetches end at their next chunk, or when their connection closes
 	c.anchorMu.Lock()
 	clear(c.anchors)
 	clear(c.unviewQ)
@@ -218,9 +249,14 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	}
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	c.idle.enter()
+	defer c.idle.leave()
 	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, src, to, dev, &copied)
+		if err := c.transferOn(ctx, pc, key, src, to, dev, &copied); err != nil {
+			return err
+		}
+		return c.prefetchOnce(pc) // after the first slab grant of this owner (prefetch.go)
 	})
 	if err != nil {
 		return fabric.Stats{}, err

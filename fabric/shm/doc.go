@@ -61,6 +61,12 @@
 // reader's unview or its last connection closes. slab.go has the details,
 // docs/security-shm-grants.md what a slab reader can see.
 //
+// After its first slab grant from an owner, a reader asks for the owner's
+// other slabs and builds the page tables of all of them in the background,
+// while no transfer of its own runs (prefetch.go, Config.PrefetchBytes):
+// without huge pages for shared memory, those page tables are most of what
+// a first read of a slab range costs over a later one.
+//
 // # Revocation
 //
 // Mappings are cached per (owner, object, incarnation, direction: read

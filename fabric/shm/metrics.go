@@ -18,12 +18,16 @@ var (
 	slabBytesDesc  = prometheus.NewDesc("tensorlane_shm_slab_bytes", "Bytes of owner slabs mapped by this reader.", nil, nil)
 	slabEventsDesc = prometheus.NewDesc("tensorlane_shm_slab_events_total",
 		"Slab grants: mapped (a descriptor received and mapped: one mmap), reused (a descriptor received for a slab already mapped: no mmap), "+
-			"hit (no descriptor needed), unmapped.",
+			"hit (no descriptor needed), unmapped, announced (a descriptor the owner sent ahead of any read: prefetch), "+
+			"prefetched (a prefetch of an owner's slabs finished), over_budget (a prefetch skipped: the slabs mapped fill its budget).",
 		[]string{"event"}, nil)
 	batchDesc = prometheus.NewDesc("tensorlane_shm_batch_events_total",
 		"Batch reads (ReadBatch): frames (one request and reply per owner and up to 256 objects), items, descriptors and the packets they came in, "+
 			"one_by_one (items read singly because the owner refused batches).",
 		[]string{"event"}, nil)
+	prefetchBytesDesc = prometheus.NewDesc("tensorlane_shm_slab_prefetch_bytes_total",
+		"Bytes of owners' slabs whose page tables this reader built in the background, ahead of its reads.", nil, nil)
+	prefetchingDesc = prometheus.NewDesc("tensorlane_shm_slab_prefetches", "Slab prefetches in flight.", nil, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
@@ -34,6 +38,8 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- slabBytesDesc
 	ch <- slabEventsDesc
 	ch <- batchDesc
+	ch <- prefetchBytesDesc
+	ch <- prefetchingDesc
 }
 
 func (k collector) Collect(ch chan<- prometheus.Metric) {
@@ -57,7 +63,8 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range []struct {
 		name string
 		n    int64
-	}{{"mapped", sl.Mapped}, {"reused", sl.Reused}, {"hit", sl.Hits}, {"unmapped", sl.Unmapped}} {
+	}{{"mapped", sl.Mapped}, {"reused", sl.Reused}, {"hit", sl.Hits}, {"unmapped", sl.Unmapped},
+		{"announced", sl.Announced}, {"prefetched", sl.Prefetches}, {"over_budget", sl.OverBudget}} {
 		ch <- prometheus.MustNewConstMetric(slabEventsDesc, prometheus.CounterValue, float64(e.n), e.name)
 	}
 	b := k.c.BatchStats()
@@ -67,4 +74,6 @@ func (k collector) Collect(ch chan<- prometheus.Metric) {
 	}{{"frames", b.Frames}, {"items", b.Items}, {"descriptors", b.Descriptors}, {"packets", b.Packets}, {"one_by_one", b.OneByOne}} {
 		ch <- prometheus.MustNewConstMetric(batchDesc, prometheus.CounterValue, float64(e.n), e.name)
 	}
+	ch <- prometheus.MustNewConstMetric(prefetchBytesDesc, prometheus.CounterValue, float64(sl.PrefetchedBytes))
+	ch <- prometheus.MustNewConstMetric(prefetchingDesc, prometheus.GaugeValue, float64(sl.Prefetching))
 }

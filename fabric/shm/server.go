@@ -56,6 +56,12 @@ type ServerConfig struct {
 	Limits fabric.ListenerLimits
 	// ListenerMetrics counts the listener (label "shm"); nil: not counted.
 	ListenerMetrics *fabric.ListenerMetrics
+	// Slabs are the owner's slab memories (tensor.SlabMemory) whose slabs
+	// it announces to readers of its trust scope that ask (opSlabs), so
+	// they map them and build their page tables before their first
+	// transfer (prefetch.go). Only with PSK: without a trust scope
+	// nothing is announced, as no slab object is granted.
+	Slabs []tensor.SlabExporter
 }
 
 func (c *ServerConfig) defaults() error {
@@ -220,6 +226,13 @@ func (s *Server) serve(c *net.UnixConn) {
 			sendPacket(c, refusal(err), -1)
 			s.cfg.Logger.Debug("bad shm request", "peer", who, "err", err)
 			return
+		}
+		if req.op == opSlabs {
+			if err := s.announce(c, req, sent, who); err != nil {
+				s.cfg.Logger.Debug("shm slab announcement ended the connection", "peer", who, "err", err)
+				return
+			}
+			continue
 		}
 		if err := s.handle(c, buf, oob, req, sent, who); err != nil {
 			s.cfg.Logger.Debug("shm request ended the connection", "peer", who, "object", req.claim.Object, "err", err)
@@ -411,6 +424,48 @@ func (s *Server) exportHandle(pin tensor.Buffer, req request, sent map[uint64]bo
 	}
 	g.flags |= flagFD
 	return g, h.FD, h, nil
+}
+
+// announce answers opSlabs: the owner's slabs this connection has not
+// carried yet, as many as fit the reader's budget (req.length bytes) and
+// one packet, largest first. Slabs go only to readers of the trust scope
+// (the handshake proved the cluster key, and Authorize admitted them), as
+// slab grants do. It returns an error only when the connection is lost.
+func (s *Server) announce(c *net.UnixConn, req request, sent map[uint64]bool, who peer.ID) error {
+	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
+	if len(s.cfg.PSK) == 0 {
+		return sendPacket(c, refusal(errNoScope), -1)
+	}
+	var list []announced
+	var fds []int
+	defer func() { closeAll(fds) }()
+	budget := req.length
+	for _, m := range s.cfg.Slabs {
+		hs, err := m.ExportSlabs(maxAnnounce)
+		if err != nil {
+			s.cfg.Logger.Debug("shm: cannot announce slabs", "peer", who, "err", err)
+			continue
+		}
+		for _, h := range hs {
+			var st unix.Stat_t
+			id := uint64(0)
+			if unix.Fstat(h.FD, &st) == nil {
+				id = s.mappingID(st.Dev, st.Ino, 0, h.Size, -1) // as slab grants name it
+			}
+			if id == 0 || sent[id] || h.Size > budget || len(list) == maxAnnounce {
+				unix.Close(h.FD)
+				continue
+			}
+			budget -= h.Size
+			list = append(list, announced{mapID: id, size: h.Size})
+			fds = append(fds, h.FD)
+		}
+	}
+	for _, a := range list {
+		sent[a.mapID] = true // if the send fails the connection ends with it
+	}
+	s.cfg.Logger.Debug("shm: announced slabs", "peer", who, "slabs", len(list))
+	return sendPacketFDs(c, announcePacket(list), fds)
 }
 
 // mappingID names one object's place in one allocation file. It is salted per

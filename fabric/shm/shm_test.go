@@ -537,7 +537,7 @@ func eventMetric(t *testing.T, c *Client, event, direction string) float64 {
 	require.NoError(t, reg.Register(collector{c}))
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	assert.Equal(t, 23, n, "two gauges and five event counters per direction; two slab gauges and four slab counters; five batch counters")
+	assert.Equal(t, 28, n, "two gauges and five event counters per direction; two slab gauges and seven slab counters; prefetch bytes and prefetches in flight; five batch counters")
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -69,6 +70,12 @@ type slabs struct {
 	reused int64 // descriptors received for a slab already mapped (no mmap)
 	hits   int64 // grants served by a slab the connection holds
 	unmaps int64
+	// prefetch.go
+	announced    int64 // slab descriptors received by announcement
+	pfBytes      int64 // bytes whose page tables prefetch built
+	pfDone       int64 // prefetches finished
+	pfOverBudget int64 // prefetches skipped: the budget was full
+	prefetching  atomic.Int64
 }
 
 // SlabStats counts the reader's slab mappings.
@@ -79,12 +86,21 @@ type SlabStats struct {
 	Reused   int64 // slab descriptors received while already mapped (no mmap)
 	Hits     int64 // slab grants that needed no descriptor
 	Unmapped int64
+	// Prefetch (prefetch.go): slabs announced ahead of any read,
+	// bytes whose page tables were built in the background, prefetches
+	// finished, skipped (budget full), and in flight now.
+	Announced       int64
+	PrefetchedBytes int64
+	Prefetches      int64
+	OverBudget      int64
+	Prefetching     int64
 }
 
 func (s *slabs) snapshot() SlabStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return SlabStats{Live: len(s.byKey), Bytes: s.bytes, Mapped: s.mapped, Reused: s.reused, Hits: s.hits, Unmapped: s.unmaps}
+	return SlabStats{Live: len(s.byKey), Bytes: s.bytes, Mapped: s.mapped, Reused: s.reused, Hits: s.hits, Unmapped: s.unmaps,
+		Announced: s.announced, PrefetchedBytes: s.pfBytes, Prefetches: s.pfDone, OverBudget: s.pfOverBudget, Prefetching: s.prefetching.Load()}
 }
 
 // forGrant returns the slab a slab grant on pc names, with a reference held

@@ -32,12 +32,23 @@ type slabOwner struct {
 
 func newSlabOwner(t *testing.T, psk []byte, authorize func(peer.ID) error) *slabOwner {
 	t.Helper()
-	mem, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: 8 << 20})
+	return newSlabOwnerWith(t, psk, authorize, tensor.SlabConfig{SlabSize: 8 << 20}, false)
+}
+
+// newSlabOwnerWith is newSlabOwner with its memory's config, announcing
+// its slabs (prefetch.go) when announce is set.
+func newSlabOwnerWith(t *testing.T, psk []byte, authorize func(peer.ID) error, mc tensor.SlabConfig, announce bool) *slabOwner {
+	t.Helper()
+	mem, err := tensor.NewSlabMemory(mc)
 	require.NoError(t, err)
 	o := &slabOwner{mem: mem, objs: map[fabric.ObjectID]tensor.Buffer{}}
 	ownerKey, ownerID := key(t)
 	o.ownerID = ownerID
-	o.srv, err = Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, PSK: psk, Authorize: authorize},
+	var slabs []tensor.SlabExporter
+	if announce {
+		slabs = append(slabs, mem)
+	}
+	o.srv, err = Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, PSK: psk, Authorize: authorize}, Slabs: slabs,
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			o.mu.Lock()
 			defer o.mu.Unlock()

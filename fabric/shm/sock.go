@@ -171,7 +171,7 @@ var errEOFPacket = errors.New("shm: connection closed")
 // oobSpace is the control buffer recvPacket needs: room for more
 // descriptors than any packet may carry, so extra ones are seen (and
 // closed) rather than silently truncated.
-var oobSpace = unix.CmsgSpace(4 * 4)
+var oobSpace = unix.CmsgSpace(4 * (maxAnnounce + 4))
 
 // recvPacket reads one packet into buf, and any descriptors sent with it
 // through oob (oobSpace bytes, reused by the caller). Descriptors of a
@@ -207,9 +207,17 @@ func recvPacket(c *net.UnixConn, buf, oob []byte) (p []byte, fds []int, err erro
 
 // sendPacket writes one packet, with fd attached when fd >= 0.
 func sendPacket(c *net.UnixConn, p []byte, fd int) error {
-	var oob []byte
 	if fd >= 0 {
-		oob = unix.UnixRights(fd)
+		return sendPacketFDs(c, p, []int{fd})
+	}
+	return sendPacketFDs(c, p, nil)
+}
+
+// sendPacketFDs writes one packet with fds attached (none when empty).
+func sendPacketFDs(c *net.UnixConn, p []byte, fds []int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
 	}
 	_, _, err := c.WriteMsgUnix(p, oob, nil)
 	return err

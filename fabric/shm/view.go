@@ -47,6 +47,8 @@ func (c *Client) view(ctx context.Context, name string, src fabric.Remote) (tens
 	}
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: src.Claim.Object, incarnation: src.Claim.Incarnation}
+	c.idle.enter() // the slab prefetch waits (prefetch.go)
+	defer c.idle.leave()
 	var m *mapping
 	var sv *slabView
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {

@@ -62,12 +62,25 @@ import (
 // Version 5 adds batches of reads (opBatch, answered with one reply and
 // descriptor packets, opFDs; batchwire.go). The exchanges above are
 // unchanged, and their grants still say version 4.
+//
+// A reader in the owner's trust scope may ask for the owner's slabs ahead
+// of any object (prefetch.go) with opSlabs (a request whose claim is
+// empty and whose length is the most slab bytes it will map). The owner
+// answers with the slabs it has not sent on this connection yet, largest
+// first, as many as fit, each descriptor attached in order:
+//
+//	announce: status (1, StatusOK) | version (1) | count (1) |
+//	          count x (mapping id (8) | file size (8)) | crc32c (4)
+//
+// or refuses (no trust scope). Later grants of objects in an announced
+// slab carry no descriptor, as after a grant that carried one.
 const (
 	opRead   byte = 1
 	opPush   byte = 2
 	opDone   byte = 3
 	opView   byte = 4
 	opUnview byte = 5
+	opSlabs  byte = 8 // 6 and 7 are the batch ops (batchwire.go)
 
 	version  byte = 4 // 3: grants carry the view start; 4: and a hold id
 	flagFD   byte = 1
@@ -90,6 +103,12 @@ const (
 	grantLen     = 1 + 1 + 1 + 8 + 8 + 8 + 8 + 8 + 8 + 4
 	doneLen      = 2
 	unviewLen    = 1 + 8
+
+	// maxAnnounce bounds the slabs one announcement carries (and so the
+	// descriptors of one packet).
+	maxAnnounce = 8
+	announceMin = 1 + 1 + 1 + 4
+	announceEnt = 8 + 8
 
 	// maxPacket bounds every packet either side reads; the longest is a
 	// refusal with a status message.
@@ -132,7 +151,7 @@ func parseRequest(p []byte) (request, error) {
 	}
 	var r request
 	r.op = p[0]
-	if r.op != opRead && r.op != opPush && r.op != opView {
+	if r.op != opRead && r.op != opPush && r.op != opView && r.op != opSlabs {
 		return request{}, fmt.Errorf("%w: unknown op %d", fabric.ErrBadRequest, r.op)
 	}
 	copy(r.claim.Object[:], p[1:17])
@@ -244,4 +263,60 @@ func parseUnview(p []byte) (uint64, error) {
 		return 0, fmt.Errorf("%w: unview of %d bytes", fabric.ErrBadRequest, len(p))
 	}
 	return binary.BigEndian.Uint64(p[1:]), nil
+}
+
+// announced is one slab of an announcement: its mapping id (as its
+// objects' grants name it) and its file's size.
+type announced struct {
+	mapID uint64
+	size  int64
+}
+
+func announcePacket(slabs []announced) []byte {
+	b := make([]byte, 0, announceMin+len(slabs)*announceEnt)
+	b = append(b, peerauth.StatusOK, version, byte(len(slabs)))
+	for _, a := range slabs {
+		b = binary.BigEndian.AppendUint64(b, a.mapID)
+		b = binary.BigEndian.AppendUint64(b, uint64(a.size))
+	}
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// parseAnnounce decodes the owner's answer to opSlabs: the slabs, whose
+// descriptors came with it in order (nfds of them), or the owner's
+// refusal. It never panics; a damaged announcement yields fabric.ErrCorrupt.
+func parseAnnounce(p []byte, nfds int) ([]announced, error) {
+	if len(p) == 0 {
+		return nil, fmt.Errorf("%w: empty announcement", fabric.ErrCorrupt)
+	}
+	if p[0] != peerauth.StatusOK {
+		msg := p[1:]
+		if len(msg) > peerauth.MaxMessage {
+			msg = msg[:peerauth.MaxMessage]
+		}
+		return nil, peerauth.StatusError(p[0], string(msg))
+	}
+	if len(p) < announceMin {
+		return nil, fmt.Errorf("%w: announcement of %d bytes", fabric.ErrCorrupt, len(p))
+	}
+	n := int(p[2])
+	switch {
+	case n > maxAnnounce || len(p) != announceMin+n*announceEnt:
+		return nil, fmt.Errorf("%w: announcement of %d slabs in %d bytes", fabric.ErrCorrupt, n, len(p))
+	case crc32.Checksum(p[:len(p)-4], castagnoli) != binary.BigEndian.Uint32(p[len(p)-4:]):
+		return nil, fmt.Errorf("%w: announcement checksum mismatch", fabric.ErrCorrupt)
+	case p[1] != version:
+		return nil, fmt.Errorf("%w: protocol version %d, want %d", fabric.ErrBadRequest, p[1], version)
+	case nfds != n:
+		return nil, fmt.Errorf("%w: announcement of %d slabs with %d descriptors", fabric.ErrCorrupt, n, nfds)
+	}
+	out := make([]announced, n)
+	for i := range out {
+		e := p[3+i*announceEnt:]
+		out[i] = announced{mapID: binary.BigEndian.Uint64(e), size: int64(binary.BigEndian.Uint64(e[8:]))}
+		if out[i].mapID == 0 || out[i].size <= 0 || out[i].size > 1<<46 {
+			return nil, fmt.Errorf("%w: announced slab %#x of %d bytes", fabric.ErrCorrupt, out[i].mapID, out[i].size)
+		}
+	}
+	return out, nil
 }

@@ -173,3 +173,54 @@ func FuzzParseReply(f *testing.F) {
 		}
 	})
 }
+
+func TestAnnounceRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		slabs []announced
+	}{
+		{"none", nil},
+		{"two", []announced{{mapID: 7, size: 64 << 20}, {mapID: 1 << 63, size: 4096}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := announcePacket(tc.slabs)
+			got, err := parseAnnounce(p, len(tc.slabs))
+			require.NoError(t, err)
+			assert.Equal(t, len(tc.slabs), len(got))
+			for i := range got {
+				assert.Equal(t, tc.slabs[i], got[i])
+			}
+			_, err = parseAnnounce(p, len(tc.slabs)+1)
+			assert.ErrorIs(t, err, fabric.ErrCorrupt, "descriptors must match the count")
+		})
+	}
+	_, err := parseAnnounce(refusal(errNoScope), 0)
+	assert.Error(t, err)
+}
+
+func FuzzParseAnnounce(f *testing.F) {
+	f.Add(announcePacket([]announced{{mapID: 3, size: 1 << 20}}), 1, true)
+	f.Add(announcePacket(nil), 0, false)
+	f.Add(refusal(errNoScope), 0, false)
+	f.Fuzz(func(t *testing.T, p []byte, nfds int, fixCRC bool) {
+		if fixCRC && len(p) >= announceMin {
+			p = bytes.Clone(p)
+			binary.BigEndian.PutUint32(p[len(p)-4:], crc32.Checksum(p[:len(p)-4], castagnoli))
+		}
+		got, err := parseAnnounce(p, nfds)
+		if err != nil {
+			return
+		}
+		if len(got) != nfds || len(got) > maxAnnounce {
+			t.Fatalf("accepted %d slabs with %d descriptors", len(got), nfds)
+		}
+		for _, a := range got {
+			if a.mapID == 0 || a.size <= 0 {
+				t.Fatalf("accepted slab %+v", a)
+			}
+		}
+		if !bytes.Equal(announcePacket(got), p) {
+			t.Fatalf("announcement does not round-trip: %x", p)
+		}
+	})
+}

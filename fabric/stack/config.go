@@ -12,6 +12,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -132,6 +133,10 @@ type Node struct {
 	// resolves the claims of pushes into its slots (nil refuses pushes).
 	Source fabric.Source
 	Sink   fabric.Sink
+	// Slabs are the runtime's slab memories, whose slabs the shm owner
+	// announces to same-host readers of its trust scope (see
+	// fabric/shm's prefetch); nil announces none.
+	Slabs []tensor.SlabExporter
 	// Registerer receives the transports' and listeners' metrics; default
 	// a private registry.
 	Registerer prometheus.Registerer

@@ -103,7 +103,7 @@ func (s *Stack) startSHM() error {
 	c, n := s.cfg, s.node
 	var err error
 	s.shmSrv, err = shm.Listen(shm.ServerConfig{
-		Security: n.Security, Source: n.Source, Sink: n.Sink,
+		Security: n.Security, Source: n.Source, Sink: n.Sink, Slabs: n.Slabs,
 		Dir: c.SHMDir, Limits: c.Limits, ListenerMetrics: s.listen,
 	})
 	if err != nil {

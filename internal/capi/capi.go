@@ -136,10 +136,13 @@ type Config struct {
 	// "0" or unset off). A view of a slab object holds its range on the
 	// owner until ReleaseView.
 	Slabs *bool `json:"slabs,omitempty"`
-	// PoolBytes is how much slab memory to create and populate at start
-	// (before NewRuntime returns: the pre-faulted pool Gets and
-	// tensorlane.empty allocate from, like Ray's object store memory); 0
-	// means TENSORLANE_POOL_BYTES, or none. Only with Slabs.
+	// PoolBytes is how much memory to make resident at start (before
+	// NewRuntime returns): with Slabs, a slab that Gets and
+	// tensorlane.empty allocate from for the runtime's life, like Ray's
+	// object store memory; without, memory held for the first large host
+	// allocation (usually the first Get's destination: see
+	// tensor.HostMemory.Prefault), so a cold Get pays no page population
+	// either. 0 means TENSORLANE_POOL_BYTES, or none.
 	PoolBytes int64 `json:"pool_bytes,omitempty"`
 	// SlabBytes is the size of one slab; default tensor.DefaultSlabSize
 	// (64 MiB). Larger allocations get a slab of their own size.
@@ -291,6 +294,10 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		owned = append(owned, sm)
 	case !c.SimDevices:
 		hm := tensor.NewHostMemory(c.HostMemory)
+		if err := hm.Prefault(pool); err != nil {
+			hm.Close()
+			return out, nil, err
+		}
 		out.Devices = []tensor.Memory{hm}
 		owned = append(owned, hm)
 	}

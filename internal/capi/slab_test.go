@@ -117,3 +117,22 @@ func TestSlabConfig(t *testing.T) {
 	_, err = parseBytes("lots")
 	assert.Error(t, err)
 }
+
+// TestPoolWithoutSlabs: with per-object grants, pool_bytes holds resident
+// memory for the first large Get's destination (tensor.HostMemory.Prefault):
+// counted as cached until that Get takes it, and the bytes arrive intact.
+func TestPoolWithoutSlabs(t *testing.T) {
+	_, a, b := pair(t, `{"allow":["shm"],"pool_bytes":8388608}`)
+	ctx := context.Background()
+	assert.EqualValues(t, 8<<20, b.Stats().HostMemory.Cached)
+	const n = 4 << 20
+	want := pattern(n)
+	ref, err := a.Put(ctx, Region{Mem: append([]byte(nil), want...), DType: "uint8", Shape: []int64{n}})
+	require.NoError(t, err)
+	p, m, x, err := b.Get(ctx, ref, 0, 10*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "shm", x.Stats.Transport)
+	assert.Equal(t, want, unsafe.Slice((*byte)(p), m))
+	assert.Zero(t, b.Stats().HostMemory.Cached, "the Get's destination took the pool")
+	require.NoError(t, b.FreeMemory(p))
+}
