@@ -45,7 +45,7 @@ type bcastMsg struct {
 	inc       uint64          // slot runtime's incarnation
 	token     []byte          // slot capability (messages to the slot's runtime)
 	off, n    int64           // chunk: the range; prepare: n = total bytes, off = chunk size
-	gen       uint64          // report, consumed: the slot's generation
+	gen       uint64          // report, consumed: the slot's generation; prepare: chunks in flight per forward (0: 1)
 	originInc uint64          // prepare: the owner's incarnation (watched for death)
 	failed    fabric.ObjectID // report: the child slot a forward to failed (zero: complete)
 	text      string          // report: why

@@ -35,6 +35,7 @@ type relay struct {
 	originInc uint64
 	chunk     int64
 	nchunks   int
+	window    int // chunks in flight per forward
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 
@@ -86,8 +87,11 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	if chunk <= 0 {
 		return fmt.Errorf("%w: broadcast chunk size %d", ErrMalformedRef, chunk)
 	}
+	if m.gen > MaxBroadcastWindow {
+		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.gen, MaxBroadcastWindow)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, ctx: ctx, cancel: cancel,
+	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, window: max(1, int(m.gen)), ctx: ctx, cancel: cancel,
 		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
 	for k, it := range items {
 		s, err := r.sinks.lookup(it.slot, m.inc, it.token)
@@ -331,6 +335,7 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	if g > 0 && r.bcasts.dropChunks.Load() {
 		return nil
 	}
+	r.bcasts.holdChunk()
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] || rl.ctx.Err() != nil {
@@ -395,33 +400,43 @@ func (rl *relay) report(m bcastMsg) {
 }
 
 // forward writes each chunk queued to f into its child's slot, then tells
-// the child it landed. The first failure is reported and ends f.
+// the child it landed, rl.window chunks in flight. The first failure is
+// reported and ends f.
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	r := rl.r
+	w := newEdgeWindow(rl.ctx, rl.window)
+chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
 		select {
 		case i = <-f.q:
-		case <-rl.ctx.Done():
-			// Stopped before the child had everything: unless the owner
-			// ended it (or died, or this runtime is shutting down), the
-			// owner must feed the child itself.
-			if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
-				// Told from a goroutine of its own, so the slot's pin
-				// (held until the forwarders end) does not wait on it.
-				go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
-			}
-			return
+		case <-w.done():
+			break chunks
 		}
 		k, off, n := rl.locate(i)
 		buf := rl.items[k].s.buf
-		err := r.writeChunk(rl.ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n)
-		if err != nil {
-			if rl.ctx.Err() == nil {
-				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})
-			}
-			return
+		started := w.send(func(ctx context.Context) error {
+			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n)
+		})
+		if !started {
+			break chunks
+		}
+	}
+	// The writes in flight read the slot, pinned until the forwarders end.
+	ok, err := w.wait()
+	switch {
+	case ok == rl.nchunks:
+	case err != nil && rl.ctx.Err() == nil:
+		rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})
+	case rl.ctx.Err() != nil:
+		// Stopped before the child had everything: unless the owner
+		// ended it (or died, or this runtime is shutting down), the
+		// owner must feed the child itself.
+		if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
+			// Told from a goroutine of its own, so the slot's pin
+			// (held until the forwarders end) does not wait on it.
+			go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
 		}
 	}
 }
