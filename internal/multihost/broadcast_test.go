@@ -71,7 +71,8 @@ func shapeAll(t *testing.T, ctx context.Context, c *Cluster, rate string) {
 // TENSORLANE_BCAST_WINDOWS lists the chunks in flight per edge to compare
 // (default rdt's), TENSORLANE_BCAST_CHUNK the chunk in KiB (default rdt's)
 // and TENSORLANE_BCAST_RATE the links' rate (default 1gbit; "none" leaves
-// them unshaped).
+// them unshaped); TENSORLANE_BCAST_DELAY (a Go duration) adds that delay
+// (netem) to each side of every link, so a round trip crosses it 4 times.
 func TestBroadcastShaped(t *testing.T) {
 	if os.Getenv("TENSORLANE_BCAST_SHAPED") == "" {
 		t.Skip("a measurement: set TENSORLANE_BCAST_SHAPED=1 to run it")
@@ -105,6 +106,11 @@ func TestBroadcastShaped(t *testing.T) {
 	if v := os.Getenv("TENSORLANE_BCAST_RATE"); v != "" {
 		sc.rate = v
 	}
+	if v := os.Getenv("TENSORLANE_BCAST_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "TENSORLANE_BCAST_DELAY is a duration")
+		sc.delay = d
+	}
 	var recs []harness.BroadcastRecord
 	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
 		t.Run(tc.name, func(t *testing.T) { recs = append(recs, broadcastShaped(t, tc, sc)...) })
@@ -115,6 +121,9 @@ func TestBroadcastShaped(t *testing.T) {
 	}
 	if sc.rate != "1gbit" {
 		name += "-" + sc.rate
+	}
+	if sc.delay > 0 {
+		name += "-" + sc.delay.String()
 	}
 	// TENSORLANE_BCAST_OUT=dir also writes the records and the plot there.
 	if dir := os.Getenv("TENSORLANE_BCAST_OUT"); dir != "" {
@@ -135,6 +144,7 @@ type shapedCase struct {
 	windows []int  // chunks in flight per edge (0: rdt's default)
 	chunk   int64  // 0: rdt's default
 	rate    string // each link's, or "none"
+	delay   time.Duration
 }
 
 func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.BroadcastRecord) {
@@ -144,10 +154,20 @@ func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.B
 	mem := fmt.Sprintf("%dMiB", max(512, size>>20+64))
 	c := New(t, Options{Hosts: 4, Args: tc.args, DeviceMemory: mem})
 	ctx := testCtx(t, 5*time.Minute+time.Duration(size>>20)*150*time.Millisecond)
-	if sc.rate != "none" {
-		shapeAll(t, ctx, c, sc.rate)
-	}
+	shape := netns.Shape{Rate: sc.rate, Delay: sc.delay}
 	links := sc.rate + " netns"
+	if sc.rate == "none" {
+		shape.Rate = ""
+	}
+	if sc.delay > 0 {
+		links += fmt.Sprintf(" +%v each side", sc.delay)
+	}
+	if shape != (netns.Shape{}) {
+		for _, h := range c.Hosts {
+			require.NoError(t, h.NS.Shape(ctx, h.Dev, shape))
+			require.NoError(t, c.Bridge.NS.Shape(ctx, h.Port, shape))
+		}
+	}
 	if sc.chunk != 0 {
 		links += fmt.Sprintf(", %d KiB chunks", sc.chunk>>10)
 	}
