@@ -343,6 +343,7 @@ type bcastState struct {
 	hold    atomic.Pointer[chan struct{}]
 	held    atomic.Int64
 	heldMax atomic.Int64
+	skipped atomic.Int64 // probes this runtime's slots answered "have it already"
 }
 
 // holdChunk waits while the test hook hold is set.
@@ -718,7 +719,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	// 4. Feed the owner's children.
 	for i, n := range b.nodes {
 		if n.state == nodePending && n.parent == -1 {
-			b.feed(ectx, i)
+			b.feed(ectx, i, false)
 		}
 	}
 	// 5. Follow reports until every reader is done or failed.
@@ -821,8 +822,9 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 }
 
 // feed makes the owner write every chunk of every object to reader i,
-// Window chunks in flight.
-func (b *bcastRun) feed(ctx context.Context, i int) {
+// Window chunks in flight; a re-parented reader is asked before each
+// chunk whether it lacks it (probe).
+func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 	n := b.nodes[i]
 	n.parent, n.direct = -1, true
 	b.edges.Add(1)
@@ -835,7 +837,7 @@ func (b *bcastRun) feed(ctx context.Context, i int) {
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
 				off, m := off, min(b.cfg.ChunkSize, src.total-off)
 				started := w.send(func(ctx context.Context) error {
-					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m); err != nil {
+					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m, probe); err != nil {
 						return err
 					}
 					b.done.Add(m)
@@ -913,7 +915,9 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 // nearest live planned ancestor of from, which has the chunks or is getting them
 // and forwards what it has at once (its relay stays open until the
 // broadcast ends), else the owner. Its own subtree follows it unchanged:
-// the chunks it already had are not sent again down the tree.
+// the new feeder asks before each chunk whether the orphan lacks it (a
+// probe notice, overlapped by the window), so the chunks it already had
+// cross neither the new edge nor, being no news to it, its subtree.
 func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 	cn := b.nodes[c]
 	b.r.bmet.reroutes.Inc()
@@ -932,7 +936,9 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		b.edges.Add(1)
 		go func() {
 			defer b.edges.Done()
-			err := b.r.sendBcast(ctx, pn.ref.Owner, b.childrenMsgs(pn, []int{c})[0])
+			m := b.childrenMsgs(pn, []int{c})[0]
+			m.gen = 1 // re-parented: its new feeder asks before each chunk
+			err := b.r.sendBcast(ctx, pn.ref.Owner, m)
 			if err != nil && ctx.Err() == nil {
 				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
 			}
@@ -940,7 +946,7 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		return
 	}
 	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
-	b.feed(ctx, c)
+	b.feed(ctx, c, true)
 }
 
 func (b *bcastRun) finished() bool {

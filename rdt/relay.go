@@ -72,6 +72,7 @@ type forwarder struct {
 	child Ref      // its first slot (where reports point)
 	items []Ref    // its slot per item
 	q     chan int // chunk indexes; capacity nchunks, so queueing never blocks
+	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
 // maxChunks bounds a broadcast's chunk count (its bookkeeping per slot).
@@ -300,7 +301,7 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 	}
 	for _, c := range m.children {
 		r.learnAddrs(c)
-		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks)}
+		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.gen == 1}
 		if len(m.items) > 0 {
 			f.items = make([]Ref, len(m.items))
 			for k, it := range m.items {
@@ -321,17 +322,49 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 	return nil
 }
 
+// chunkOf is the relay's chunk number for the range a chunk or probe
+// notice names in item k.
+func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
+	it := &rl.items[k]
+	i := int(m.off / rl.chunk)
+	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
+		return 0, fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	}
+	return it.first + i, nil
+}
+
+// relayProbe answers a re-parented slot's new feeder: errChunkHeld when
+// the slot has the chunk already, so that only the chunks it lacks cross
+// the new edge (and a flow-controlled slot whose object has landed is not
+// written again).
+func (r *Runtime) relayProbe(m bcastMsg) error {
+	rl, k, err := r.relayOf(m)
+	if err != nil {
+		return err
+	}
+	g, err := rl.chunkOf(k, m)
+	if err != nil {
+		return err
+	}
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.have[g] {
+		r.bcasts.skipped.Add(1)
+		return errChunkHeld
+	}
+	return nil
+}
+
 func (r *Runtime) relayChunk(m bcastMsg) error {
 	rl, k, err := r.relayOf(m)
 	if err != nil {
 		return err
 	}
 	it := &rl.items[k]
-	i := int(m.off / rl.chunk)
-	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
-		return fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	g, err := rl.chunkOf(k, m)
+	if err != nil {
+		return err
 	}
-	g := it.first + i
 	if g > 0 && r.bcasts.dropChunks.Load() {
 		return nil
 	}
@@ -417,7 +450,7 @@ chunks:
 		k, off, n := rl.locate(i)
 		buf := rl.items[k].s.buf
 		started := w.send(func(ctx context.Context) error {
-			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n)
+			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
 		})
 		if !started {
 			break chunks
@@ -442,8 +475,19 @@ chunks:
 }
 
 // writeChunk writes n bytes of src into dst's slot at off and tells the
-// slot's runtime they landed.
-func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64) error {
+// slot's runtime they landed. With probe (dst was re-parented) it first
+// asks whether the slot lacks them, and skips them when it does not.
+func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
+	note := bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n}
+	if probe {
+		q := note
+		q.kind = noteProbe
+		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errChunkHeld) {
+			return nil
+		}
+		// Any other answer: write it; the write or its notice says
+		// what is wrong, if anything.
+	}
 	if n > 0 {
 		remote := r.remoteFor(dst)
 		remote.Offset, remote.Length = off, n
@@ -451,5 +495,5 @@ func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp
 			return err
 		}
 	}
-	return r.sendBcast(ctx, dst.Owner, bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n})
+	return r.sendBcast(ctx, dst.Owner, note)
 }
