@@ -213,7 +213,7 @@ func TestBroadcastBatchReparentFlow(t *testing.T) {
 	t.Logf("planned:\n%s\nfollowed:\n%s", res.Plan, res)
 	assert.ErrorIs(t, res.Readers[2].Err, ErrReaderDied)
 	assert.True(t, res.Readers[3].Reparented())
-	assert.Positive(t, f.rts[3].bcasts.skipped.Load(), "the first object was not sent to h3 again")
+	assert.Positive(t, counter(t, f.rts[3], "tensorlane_broadcast_repeats_skipped_total"), "the first object was not sent to h3 again")
 	for _, j := range []int{0, 1, 3} {
 		require.NoError(t, res.Readers[j].Err, "reader %d", j)
 		for k, s := range slots[j] {

@@ -343,7 +343,6 @@ type bcastState struct {
 	hold    atomic.Pointer[chan struct{}]
 	held    atomic.Int64
 	heldMax atomic.Int64
-	skipped atomic.Int64 // probes this runtime's slots answered "have it already"
 }
 
 // holdChunk waits while the test hook hold is set.

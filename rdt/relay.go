@@ -349,7 +349,7 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] {
-		r.bcasts.skipped.Add(1)
+		r.bmet.skipped.Inc()
 		return errChunkHeld
 	}
 	return nil
