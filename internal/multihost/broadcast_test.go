@@ -125,6 +125,12 @@ func TestBroadcastShaped(t *testing.T) {
 	if sc.delay > 0 {
 		name += "-" + sc.delay.String()
 	}
+	if sc.chunk != 0 {
+		name += fmt.Sprintf("-%dKiB-chunks", sc.chunk>>10)
+	}
+	if len(sc.windows) > 1 || sc.windows[0] != 0 {
+		name += "-windows"
+	}
 	// TENSORLANE_BCAST_OUT=dir also writes the records and the plot there.
 	if dir := os.Getenv("TENSORLANE_BCAST_OUT"); dir != "" {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
