@@ -29,7 +29,7 @@ const (
 // Status bytes of notice replies beyond push.go's 0..4.
 const (
 	statusBusy byte = 5
-	statusHave byte = 6 // probe: the slot has that chunk already
+	statusHave byte = 7 // probe: the slot has that chunk already (6 is pushbatch.go's statusItems)
 )
 
 // errChunkHeld answers a probe for a chunk the slot has already: its new
