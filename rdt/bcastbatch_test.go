@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -185,6 +186,38 @@ func TestBroadcastBatchReparent(t *testing.T) {
 		require.NoError(t, res.Readers[j].Err, "reader %d", j)
 		for k, s := range slots[j] {
 			checkSlot(t, s, 0, data[k])
+		}
+	}
+}
+
+// The same with flow-controlled slots, the orphan having a whole object
+// already when its parent dies: the new feeder's repeat of that object
+// meets a slot that is not done with its generation, which means the
+// orphan has it, not that the orphan failed.
+func TestBroadcastBatchReparentFlow(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, 1024, 1)
+	srcs, data := stateDict(t, f, 3000, 2<<20, 1<<20+1)
+	slots, refs := reserveDict(t, f, srcs, WithGenerations())
+	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3); h2
+	// takes the first chunk only (the whole first object) and forwards it.
+	f.rts[2].bcasts.dropChunks.Store(true)
+	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
+	require.Eventually(t, func() bool { return slots[3][0].Pushes() == 1 }, 20*time.Second, time.Millisecond, "h3 has the first object")
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	f.rts[2].abandonHolds = true
+	require.NoError(t, f.rts[2].Shutdown(dead))
+	res, err := h.Await(ctx)
+	require.NoError(t, err)
+	t.Logf("planned:\n%s\nfollowed:\n%s", res.Plan, res)
+	assert.ErrorIs(t, res.Readers[2].Err, ErrReaderDied)
+	assert.True(t, res.Readers[3].Reparented())
+	assert.Positive(t, counter(t, f.rts[3], "tensorlane_broadcast_repeats_skipped_total"), "the first object was not sent to h3 again")
+	for _, j := range []int{0, 1, 3} {
+		require.NoError(t, res.Readers[j].Err, "reader %d", j)
+		for k, s := range slots[j] {
+			assert.Equal(t, uint64(1), checkSlot(t, s, 0, data[k]), "reader %d object %d: one generation", j, k)
 		}
 	}
 }

@@ -7,6 +7,7 @@ type bcastMetrics struct {
 	readers  *prometheus.CounterVec // per reader outcome
 	reroutes prometheus.Counter     // readers re-parented after a failed parent
 	bytes    prometheus.Counter
+	skipped  prometheus.Counter // chunks a re-parented reader had, not sent again
 }
 
 func newBcastMetrics(reg prometheus.Registerer) *bcastMetrics {
@@ -17,8 +18,10 @@ func newBcastMetrics(reg prometheus.Registerer) *bcastMetrics {
 			Help: "Readers re-parented because their parent in the tree failed or died: to a live ancestor, else the owner (a worse path, made visible)."}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tensorlane", Subsystem: "broadcast", Name: "bytes_total",
 			Help: "Bytes broadcast (object size × readers that got it)."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "tensorlane", Subsystem: "broadcast", Name: "repeats_skipped_total",
+			Help: "Chunks a re-parented reader of this runtime had already, so its new feeder did not send them again."}),
 	}
-	reg.MustRegister(m.readers, m.reroutes, m.bytes)
+	reg.MustRegister(m.readers, m.reroutes, m.bytes, m.skipped)
 	return m
 }
 

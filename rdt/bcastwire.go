@@ -23,10 +23,19 @@ const (
 	noteReport   byte = 5 // reader → owner: slot complete (gen), or a child failed (failed, text)
 	noteConsumed byte = 6 // reader → writer: done with generation gen of slot
 	noteAbort    byte = 7 // owner → reader: broadcast id ends without you
+	noteProbe    byte = 8 // feeder → re-parented reader: do you lack chunk [off, off+n)? (answered 0, or statusHave)
 )
 
 // Status bytes of notice replies beyond push.go's 0..4.
-const statusBusy byte = 5
+const (
+	statusBusy byte = 5
+	statusHave byte = 7 // probe: the slot has that chunk already (6 is pushbatch.go's statusItems)
+)
+
+// errChunkHeld answers a probe for a chunk the slot has already: its new
+// feeder skips it. (A reader of an older version refuses the probe as a
+// malformed notice, and the feeder writes the chunk as before.)
+var errChunkHeld = errors.New("rdt: the reader has this broadcast chunk already")
 
 // maxNotice bounds a notice: a children message carries a few refs.
 const maxNotice = 64 << 10
@@ -45,7 +54,7 @@ type bcastMsg struct {
 	inc       uint64          // slot runtime's incarnation
 	token     []byte          // slot capability (messages to the slot's runtime)
 	off, n    int64           // chunk: the range; prepare: n = total bytes, off = chunk size
-	gen       uint64          // report, consumed: the slot's generation
+	gen       uint64          // report, consumed: the slot's generation; prepare: chunks in flight per forward (0: 1); children: 1 when re-parented (probe before each write)
 	originInc uint64          // prepare: the owner's incarnation (watched for death)
 	failed    fabric.ObjectID // report: the child slot a forward to failed (zero: complete)
 	text      string          // report: why
@@ -105,7 +114,7 @@ func parseBcastMsg(p []byte) (bcastMsg, error) {
 	d := wire.NewDecoder(p)
 	var m bcastMsg
 	m.kind = d.Byte()
-	if d.Err() == nil && (m.kind < noteChunk || m.kind > noteAbort) {
+	if d.Err() == nil && (m.kind < noteChunk || m.kind > noteProbe) {
 		return m, fmt.Errorf("%w: broadcast notice kind %d", ErrMalformedRef, m.kind)
 	}
 	d.Fixed(m.id[:])
@@ -162,6 +171,8 @@ func noticeStatus(err error) byte {
 		return 3
 	case errors.Is(err, ErrSlotBusy):
 		return statusBusy
+	case errors.Is(err, errChunkHeld):
+		return statusHave
 	}
 	return 4
 }
@@ -178,6 +189,8 @@ func noticeError(status byte) error {
 		return ErrStaleRef
 	case statusBusy:
 		return ErrSlotBusy
+	case statusHave:
+		return errChunkHeld
 	}
 	return fmt.Errorf("%w: notice refused (status %d)", ErrMalformedRef, status)
 }
@@ -208,6 +221,8 @@ func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
 		return r.relayChildren(from, m)
 	case noteChunk:
 		return r.relayChunk(m)
+	case noteProbe:
+		return r.relayProbe(m)
 	case noteAbort:
 		return r.relayAbort(from, m)
 	case noteReport:

@@ -46,11 +46,20 @@ type BroadcastConfig struct {
 	// Done with its generation is waited for before it is skipped with
 	// ErrSlotBusy. Default 10 s.
 	BusyWait time.Duration
+	// Window is how many chunks each edge of the tree keeps in flight,
+	// the owner's feeds and the readers' forwards alike: with one, an edge
+	// idles for a push and a notice round trip between chunks. Default 4,
+	// at most MaxBroadcastWindow. Readers of an older version forward one
+	// chunk at a time whatever it says.
+	Window int
 }
 
 func (c BroadcastConfig) withDefaults() BroadcastConfig {
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = 4 << 20
+	}
+	if c.Window == 0 {
+		c.Window = defaultWindow
 	}
 	if c.BusyWait <= 0 {
 		c.BusyWait = 10 * time.Second
@@ -328,6 +337,25 @@ type bcastState struct {
 	// mid-transfer for as long as a test needs.
 	dropChunks atomic.Bool
 	prepares   atomic.Int64 // prepare notices this runtime's slots took (one per reader per broadcast)
+	// Test hook: chunk notices to this runtime's slots wait while hold is
+	// set (until it is closed), so a test sees how many chunks a writer
+	// keeps in flight: held counts those waiting, heldMax the most at once.
+	hold    atomic.Pointer[chan struct{}]
+	held    atomic.Int64
+	heldMax atomic.Int64
+}
+
+// holdChunk waits while the test hook hold is set.
+func (s *bcastState) holdChunk() {
+	h := s.hold.Load()
+	if h == nil {
+		return
+	}
+	n := s.held.Add(1)
+	for m := s.heldMax.Load(); n > m && !s.heldMax.CompareAndSwap(m, n); m = s.heldMax.Load() {
+	}
+	<-*h
+	s.held.Add(-1)
 }
 
 // Node states.
@@ -483,6 +511,9 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	cfg = cfg.withDefaults()
 	if cfg.ChunkSize < minChunk {
 		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, minChunk)
+	}
+	if cfg.Window < 1 || cfg.Window > MaxBroadcastWindow {
+		return nil, nil, fmt.Errorf("%w: a window of %d chunks per edge (1 to %d)", ErrMalformedRef, cfg.Window, MaxBroadcastWindow)
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
@@ -687,7 +718,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	// 4. Feed the owner's children.
 	for i, n := range b.nodes {
 		if n.state == nodePending && n.parent == -1 {
-			b.feed(ectx, i)
+			b.feed(ectx, i, false)
 		}
 	}
 	// 5. Follow reports until every reader is done or failed.
@@ -754,7 +785,7 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 		r.learnAddrs(n.ref)
 	}
 	msg := bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
-		n: b.srcs[0].total, off: b.cfg.ChunkSize, originInc: r.incarnation}
+		n: b.srcs[0].total, off: b.cfg.ChunkSize, gen: uint64(b.cfg.Window), originInc: r.incarnation}
 	for k, it := range n.items {
 		if err := it.Desc.Validate(); err != nil {
 			return fmt.Errorf("%w: slot %d: %v", ErrMalformedRef, k, err)
@@ -789,28 +820,38 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	}
 }
 
-// feed makes the owner write every chunk of every object to reader i.
-func (b *bcastRun) feed(ctx context.Context, i int) {
+// feed makes the owner write every chunk of every object to reader i,
+// Window chunks in flight; a re-parented reader is asked before each
+// chunk whether it lacks it (probe).
+func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 	n := b.nodes[i]
 	n.parent, n.direct = -1, true
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
+		w := newEdgeWindow(ctx, b.cfg.Window)
+	objects:
 		for k, src := range b.srcs {
 			ep := b.r.endpoint(src.ref.Device)
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
-				m := min(b.cfg.ChunkSize, src.total-off)
-				if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m); err != nil {
-					if ctx.Err() == nil {
-						b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
+				off, m := off, min(b.cfg.ChunkSize, src.total-off)
+				started := w.send(func(ctx context.Context) error {
+					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m, probe); err != nil {
+						return err
 					}
-					return
+					b.done.Add(m)
+					return nil
+				})
+				if !started {
+					break objects
 				}
-				b.done.Add(m)
 				if src.total == 0 {
 					break
 				}
 			}
+		}
+		if _, err := w.wait(); err != nil && ctx.Err() == nil {
+			b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 		}
 	}()
 }
@@ -873,7 +914,9 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 // nearest live planned ancestor of from, which has the chunks or is getting them
 // and forwards what it has at once (its relay stays open until the
 // broadcast ends), else the owner. Its own subtree follows it unchanged:
-// the chunks it already had are not sent again down the tree.
+// the new feeder asks before each chunk whether the orphan lacks it (a
+// probe notice, overlapped by the window), so the chunks it already had
+// cross neither the new edge nor, being no news to it, its subtree.
 func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 	cn := b.nodes[c]
 	b.r.bmet.reroutes.Inc()
@@ -892,7 +935,9 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		b.edges.Add(1)
 		go func() {
 			defer b.edges.Done()
-			err := b.r.sendBcast(ctx, pn.ref.Owner, b.childrenMsgs(pn, []int{c})[0])
+			m := b.childrenMsgs(pn, []int{c})[0]
+			m.gen = 1 // re-parented: its new feeder asks before each chunk
+			err := b.r.sendBcast(ctx, pn.ref.Owner, m)
 			if err != nil && ctx.Err() == nil {
 				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
 			}
@@ -900,7 +945,7 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		return
 	}
 	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
-	b.feed(ctx, c)
+	b.feed(ctx, c, true)
 }
 
 func (b *bcastRun) finished() bool {

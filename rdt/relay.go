@@ -35,6 +35,7 @@ type relay struct {
 	originInc uint64
 	chunk     int64
 	nchunks   int
+	window    int // chunks in flight per forward
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 
@@ -71,6 +72,7 @@ type forwarder struct {
 	child Ref      // its first slot (where reports point)
 	items []Ref    // its slot per item
 	q     chan int // chunk indexes; capacity nchunks, so queueing never blocks
+	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
 // maxChunks bounds a broadcast's chunk count (its bookkeeping per slot).
@@ -86,8 +88,11 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	if chunk <= 0 {
 		return fmt.Errorf("%w: broadcast chunk size %d", ErrMalformedRef, chunk)
 	}
+	if m.gen > MaxBroadcastWindow {
+		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.gen, MaxBroadcastWindow)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, ctx: ctx, cancel: cancel,
+	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, window: max(1, int(m.gen)), ctx: ctx, cancel: cancel,
 		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
 	for k, it := range items {
 		s, err := r.sinks.lookup(it.slot, m.inc, it.token)
@@ -296,7 +301,7 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 	}
 	for _, c := range m.children {
 		r.learnAddrs(c)
-		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks)}
+		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.gen == 1}
 		if len(m.items) > 0 {
 			f.items = make([]Ref, len(m.items))
 			for k, it := range m.items {
@@ -317,20 +322,53 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 	return nil
 }
 
+// chunkOf is the relay's chunk number for the range a chunk or probe
+// notice names in item k.
+func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
+	it := &rl.items[k]
+	i := int(m.off / rl.chunk)
+	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
+		return 0, fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	}
+	return it.first + i, nil
+}
+
+// relayProbe answers a re-parented slot's new feeder: errChunkHeld when
+// the slot has the chunk already, so that only the chunks it lacks cross
+// the new edge (and a flow-controlled slot whose object has landed is not
+// written again).
+func (r *Runtime) relayProbe(m bcastMsg) error {
+	rl, k, err := r.relayOf(m)
+	if err != nil {
+		return err
+	}
+	g, err := rl.chunkOf(k, m)
+	if err != nil {
+		return err
+	}
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.have[g] {
+		r.bmet.skipped.Inc()
+		return errChunkHeld
+	}
+	return nil
+}
+
 func (r *Runtime) relayChunk(m bcastMsg) error {
 	rl, k, err := r.relayOf(m)
 	if err != nil {
 		return err
 	}
 	it := &rl.items[k]
-	i := int(m.off / rl.chunk)
-	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
-		return fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	g, err := rl.chunkOf(k, m)
+	if err != nil {
+		return err
 	}
-	g := it.first + i
 	if g > 0 && r.bcasts.dropChunks.Load() {
 		return nil
 	}
+	r.bcasts.holdChunk()
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] || rl.ctx.Err() != nil {
@@ -395,40 +433,61 @@ func (rl *relay) report(m bcastMsg) {
 }
 
 // forward writes each chunk queued to f into its child's slot, then tells
-// the child it landed. The first failure is reported and ends f.
+// the child it landed, rl.window chunks in flight. The first failure is
+// reported and ends f.
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	r := rl.r
+	w := newEdgeWindow(rl.ctx, rl.window)
+chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
 		select {
 		case i = <-f.q:
-		case <-rl.ctx.Done():
-			// Stopped before the child had everything: unless the owner
-			// ended it (or died, or this runtime is shutting down), the
-			// owner must feed the child itself.
-			if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
-				// Told from a goroutine of its own, so the slot's pin
-				// (held until the forwarders end) does not wait on it.
-				go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
-			}
-			return
+		case <-w.done():
+			break chunks
 		}
 		k, off, n := rl.locate(i)
 		buf := rl.items[k].s.buf
-		err := r.writeChunk(rl.ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n)
-		if err != nil {
-			if rl.ctx.Err() == nil {
-				rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})
-			}
-			return
+		started := w.send(func(ctx context.Context) error {
+			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
+		})
+		if !started {
+			break chunks
+		}
+	}
+	// The writes in flight read the slot, pinned until the forwarders end.
+	ok, err := w.wait()
+	switch {
+	case ok == rl.nchunks:
+	case err != nil && rl.ctx.Err() == nil:
+		rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})
+	case rl.ctx.Err() != nil:
+		// Stopped before the child had everything: unless the owner
+		// ended it (or died, or this runtime is shutting down), the
+		// owner must feed the child itself.
+		if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
+			// Told from a goroutine of its own, so the slot's pin
+			// (held until the forwarders end) does not wait on it.
+			go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
 		}
 	}
 }
 
 // writeChunk writes n bytes of src into dst's slot at off and tells the
-// slot's runtime they landed.
-func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64) error {
+// slot's runtime they landed. With probe (dst was re-parented) it first
+// asks whether the slot lacks them, and skips them when it does not.
+func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
+	note := bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n}
+	if probe {
+		q := note
+		q.kind = noteProbe
+		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errChunkHeld) {
+			return nil
+		}
+		// Any other answer: write it; the write or its notice says
+		// what is wrong, if anything.
+	}
 	if n > 0 {
 		remote := r.remoteFor(dst)
 		remote.Offset, remote.Length = off, n
@@ -436,5 +495,5 @@ func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp
 			return err
 		}
 	}
-	return r.sendBcast(ctx, dst.Owner, bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n})
+	return r.sendBcast(ctx, dst.Owner, note)
 }

@@ -39,6 +39,10 @@ type BroadcastConfig struct {
 	Rounds int
 	// ChunkSize is the broadcast's pipelining unit (0: rdt's default).
 	ChunkSize int64
+	// Windows are the chunks in flight per tree edge to measure (0:
+	// rdt's default), each cell against the one-reader time of its own
+	// window, rounds interleaved across them. Default: rdt's only.
+	Windows []int
 	// Naive also times N separate pushes (today's way) per cell.
 	Naive bool
 	// MaxBytes bounds size × readers per cell (the readers' slots);
@@ -53,6 +57,7 @@ type BroadcastRecord struct {
 	Readers     int     `json:"readers"`
 	Hosts       int     `json:"hosts"`
 	Size        int64   `json:"size"`
+	Window      int     `json:"window,omitempty"` // chunks in flight per tree edge; 0: rdt's default
 	Seconds     float64 `json:"seconds"`
 	RatioVsOne  float64 `json:"ratio_vs_one"`
 	ColdSeconds float64 `json:"cold_seconds"`           // the first round, into fresh reader memory
@@ -77,6 +82,9 @@ func (c BroadcastConfig) withDefaults() BroadcastConfig {
 	}
 	if c.Rounds <= 0 {
 		c.Rounds = 3
+	}
+	if c.Windows == nil {
+		c.Windows = []int{0}
 	}
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = 4 << 30
@@ -189,19 +197,21 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 		}
 		slots = append(slots, s)
 	}
-	bcfg := rdt.BroadcastConfig{ChunkSize: cfg.ChunkSize}
-	// Rounds are interleaved across the reader counts (round 1 for every
-	// N, then round 2...), so load from elsewhere on the machine shifts
-	// every N alike and the ratios hold; round 0 is the cold one.
+	// Rounds are interleaved across the reader counts and windows (round
+	// 1 for every cell, then round 2...), so load from elsewhere on the
+	// machine shifts every cell alike and the ratios hold; round 0 is the
+	// cold one.
 	var cells []*BroadcastRecord
-	times := map[int][]float64{}
-	naive := map[int][]float64{}
-	for _, n := range cfg.Readers {
-		rec := &BroadcastRecord{Path: PathBroadcast, Transport: tr, Readers: n, Hosts: cfg.Hosts, Size: size}
-		if n > len(slots) {
-			rec.Status, rec.Note = StatusSkipped, fmt.Sprintf("%d readers × %s exceed MaxBytes %s", n, SizeString(size), SizeString(cfg.MaxBytes))
+	times := map[*BroadcastRecord][]float64{}
+	naive := map[*BroadcastRecord][]float64{}
+	for _, w := range cfg.Windows {
+		for _, n := range cfg.Readers {
+			rec := &BroadcastRecord{Path: PathBroadcast, Transport: tr, Readers: n, Hosts: cfg.Hosts, Size: size, Window: w}
+			if n > len(slots) {
+				rec.Status, rec.Note = StatusSkipped, fmt.Sprintf("%d readers × %s exceed MaxBytes %s", n, SizeString(size), SizeString(cfg.MaxBytes))
+			}
+			cells = append(cells, rec)
 		}
-		cells = append(cells, rec)
 	}
 	refsOf := func(n int) []rdt.Ref {
 		refs := make([]rdt.Ref, n)
@@ -218,7 +228,7 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 			n := rec.Readers
 			refs := refsOf(n)
 			start := time.Now()
-			res, err := owner.Broadcast(ctx, src, refs, bcfg)
+			res, err := owner.Broadcast(ctx, src, refs, rdt.BroadcastConfig{ChunkSize: cfg.ChunkSize, Window: rec.Window})
 			if err != nil {
 				return out, err
 			}
@@ -233,29 +243,35 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 				}
 				continue
 			}
-			times[n] = append(times[n], d)
-			if cfg.Naive {
+			times[rec] = append(times[rec], d)
+			if cfg.Naive && rec == cellFor(cells, rec.Readers) {
 				start := time.Now()
 				for _, r := range refs {
 					if _, err := owner.Push(ctx, src, r); err != nil {
 						return out, err
 					}
 				}
-				naive[n] = append(naive[n], time.Since(start).Seconds())
+				naive[rec] = append(naive[rec], time.Since(start).Seconds())
 			}
 		}
 	}
 	var one, oneNaive float64
-	for _, rec := range cells {
+	for i, rec := range cells {
+		if i > 0 && rec.Window != cells[i-1].Window {
+			one = 0 // each window against its own one reader
+		}
 		if rec.Status == "" {
-			rec.Seconds, rec.Naive = median(times[rec.Readers]), median(naive[rec.Readers])
+			rec.Seconds, rec.Naive = median(times[rec]), median(naive[rec])
 			if rec.Readers == 1 {
-				one, oneNaive = rec.Seconds, rec.Naive
+				one = rec.Seconds
+				if rec.Naive > 0 {
+					oneNaive = rec.Naive
+				}
 			}
 			if one > 0 {
 				rec.RatioVsOne = rec.Seconds / one
 			}
-			if oneNaive > 0 {
+			if rec.Naive > 0 && oneNaive > 0 {
 				rec.NaiveRatio = rec.Naive / oneNaive
 			}
 		}
@@ -265,6 +281,17 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 		}
 	}
 	return out, nil
+}
+
+// cellFor is the first cell (the first window's) for n readers: N pushes
+// do not depend on the window, so they are timed there only.
+func cellFor(cells []*BroadcastRecord, n int) *BroadcastRecord {
+	for _, c := range cells {
+		if c.Readers == n {
+			return c
+		}
+	}
+	return nil
 }
 
 func fillPattern(p []byte) {
@@ -306,23 +333,30 @@ func WriteBroadcastJSON(w io.Writer, recs []BroadcastRecord) error {
 
 // WriteBroadcastTable writes the records as a Markdown table.
 func WriteBroadcastTable(w io.Writer, recs []BroadcastRecord) error {
-	if _, err := fmt.Fprintln(w, "| transport | size | readers | seconds | ratio vs 1 | cold s | N pushes s | N pushes ratio |\n|---|---|---|---|---|---|---|---|"); err != nil {
+	if _, err := fmt.Fprintln(w, "| transport | size | window | readers | seconds | ratio vs 1 | cold s | N pushes s | N pushes ratio |\n|---|---|---|---|---|---|---|---|---|"); err != nil {
 		return err
 	}
 	for _, r := range recs {
 		if r.Status != "" {
-			fmt.Fprintf(w, "| %s | %s | %d | %s: %s | | | | |\n", r.Transport, SizeString(r.Size), r.Readers, r.Status, r.Note)
+			fmt.Fprintf(w, "| %s | %s | %s | %d | %s: %s | | | | |\n", r.Transport, SizeString(r.Size), windowString(r.Window), r.Readers, r.Status, r.Note)
 			continue
 		}
 		naive, nr := "", ""
 		if r.Naive > 0 {
 			naive, nr = fmt.Sprintf("%.3f", r.Naive), fmt.Sprintf("%.2f", r.NaiveRatio)
 		}
-		if _, err := fmt.Fprintf(w, "| %s | %s | %d | %.3f | %.2f | %.3f | %s | %s |\n", r.Transport, SizeString(r.Size), r.Readers, r.Seconds, r.RatioVsOne, r.ColdSeconds, naive, nr); err != nil {
+		if _, err := fmt.Fprintf(w, "| %s | %s | %s | %d | %.3f | %.2f | %.3f | %s | %s |\n", r.Transport, SizeString(r.Size), windowString(r.Window), r.Readers, r.Seconds, r.RatioVsOne, r.ColdSeconds, naive, nr); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func windowString(w int) string {
+	if w == 0 {
+		return "default"
+	}
+	return fmt.Sprint(w)
 }
 
 // WriteBroadcastPlot draws time against readers, one line per transport and
@@ -351,7 +385,11 @@ func WriteBroadcastPlotFile(file, title string, recs []BroadcastRecord) error {
 		if r.Status != "" {
 			continue
 		}
-		add(key{fmt.Sprintf("broadcast %s %s", r.Transport, SizeString(r.Size)), false}, r.Readers, r.Seconds)
+		name := fmt.Sprintf("broadcast %s %s", r.Transport, SizeString(r.Size))
+		if r.Window != 0 {
+			name += fmt.Sprintf(" window %d", r.Window)
+		}
+		add(key{name, false}, r.Readers, r.Seconds)
 		if r.Naive > 0 {
 			add(key{fmt.Sprintf("N pushes / Gets %s %s", r.Transport, SizeString(r.Size)), true}, r.Readers, r.Naive)
 		}

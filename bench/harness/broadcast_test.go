@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/rdt"
 )
 
 func TestRunBroadcastSmall(t *testing.T) {
@@ -33,6 +35,28 @@ func TestRunBroadcastSmall(t *testing.T) {
 	assert.FileExists(t, f)
 	_, err = RunBroadcast(context.Background(), BroadcastConfig{Transports: []string{"carrier-pigeon"}}, nil)
 	assert.Error(t, err)
+}
+
+// Windows compared in one run: each window's cells against its own one
+// reader, N pushes timed once (with the first window).
+func TestRunBroadcastWindows(t *testing.T) {
+	recs, err := RunBroadcast(context.Background(), BroadcastConfig{Sizes: []int64{1 << 20}, Readers: []int{1, 2}, Transports: []string{"rdma"},
+		Rounds: 1, ChunkSize: 64 << 10, Windows: []int{1, 4}, Naive: true}, nil)
+	require.NoError(t, err)
+	require.Len(t, recs, 4)
+	for i, w := range []int{1, 1, 4, 4} {
+		assert.Equal(t, w, recs[i].Window)
+		assert.Positive(t, recs[i].Seconds)
+	}
+	assert.Equal(t, 1.0, recs[0].RatioVsOne)
+	assert.Equal(t, 1.0, recs[2].RatioVsOne, "window 4 against its own one reader")
+	assert.Positive(t, recs[1].Naive)
+	assert.Zero(t, recs[3].Naive)
+	var buf bytes.Buffer
+	require.NoError(t, WriteBroadcastTable(&buf, recs))
+	assert.Contains(t, buf.String(), "| rdma | 1MiB | 4 | 2 |")
+	_, err = RunBroadcast(context.Background(), BroadcastConfig{Sizes: []int64{1 << 20}, Readers: []int{1}, Transports: []string{"tcp"}, Rounds: 1, Windows: []int{99}}, nil)
+	assert.ErrorIs(t, err, rdt.ErrMalformedRef)
 }
 
 func TestStateDictShape(t *testing.T) {

@@ -20,6 +20,7 @@ type broadcastOptions struct {
 	rounds     int
 	naive      bool
 	chunk      string
+	windows    []int
 	scale      int
 	shapes     []string
 	push       bool
@@ -31,6 +32,7 @@ func (b *broadcastOptions) flags(f *pflag.FlagSet) {
 	f.IntVar(&b.hosts, "hosts", 0, "with --paths broadcast: simulated hosts (default 4)")
 	f.IntVar(&b.rounds, "rounds", 0, "with --paths broadcast: timed rounds per cell, median kept (default 3)")
 	f.StringVar(&b.chunk, "chunk", "", "with --paths broadcast: the pipelining chunk (default rdt's, 4MiB)")
+	f.IntSliceVar(&b.windows, "window", nil, "with --paths broadcast: chunks in flight per tree edge, one or more to compare in one run (default rdt's, 4)")
 	f.StringSliceVar(&b.shapes, "statedict-shapes", nil, "with --paths statedict: the state dicts to fetch: 1b (200 tensors, 2.05 GiB), small (1000 x 64 KiB); default 1b")
 	f.BoolVar(&b.push, "statedict-push", false, "with --paths statedict: the trainer pushes the state dict into slots the reader reserved (one PushBatch, coalesced per path with one push notice, vs the same batch pushed item by item, vs one Push of the same size) instead of the reader fetching it")
 	f.IntVar(&b.scale, "scale", 0, "with --paths statedict: divide every tensor of the 1B-parameter state dict by this (default 1: 2.05 GiB)")
@@ -49,7 +51,7 @@ func takePath(o *benchOptions, path string) bool {
 
 func runBroadcastBench(cmd *cobra.Command, o benchOptions) error {
 	out := cmd.OutOrStdout()
-	cfg := harness.BroadcastConfig{Readers: o.bcast.readers, Transports: o.bcast.transports, Hosts: o.bcast.hosts, Rounds: o.bcast.rounds, Naive: o.bcast.naive}
+	cfg := harness.BroadcastConfig{Readers: o.bcast.readers, Transports: o.bcast.transports, Hosts: o.bcast.hosts, Rounds: o.bcast.rounds, Naive: o.bcast.naive, Windows: o.bcast.windows}
 	if o.bcast.chunk != "" {
 		n, err := parseSize(o.bcast.chunk)
 		if err != nil {

@@ -68,23 +68,48 @@ func shapeAll(t *testing.T, ctx context.Context, c *Cluster, rate string) {
 // MiB (default 64) and TENSORLANE_BCAST_READERS the reader counts (default
 // 1,2,4,8,16); the concurrent Gets it compares with run only up to 64 MiB
 // (1 GiB to 8 readers through one 1 Gbit/s link is over a minute).
+// TENSORLANE_BCAST_WINDOWS lists the chunks in flight per edge to compare
+// (default rdt's), TENSORLANE_BCAST_CHUNK the chunk in KiB (default rdt's)
+// and TENSORLANE_BCAST_RATE the links' rate (default 1gbit; "none" leaves
+// them unshaped); TENSORLANE_BCAST_DELAY (a Go duration) adds that delay
+// (netem) to each side of every link, so a round trip crosses it 4 times.
 func TestBroadcastShaped(t *testing.T) {
 	if os.Getenv("TENSORLANE_BCAST_SHAPED") == "" {
 		t.Skip("a measurement: set TENSORLANE_BCAST_SHAPED=1 to run it")
 	}
-	sc := shapedCase{size: 64 << 20, readers: []int{1, 2, 4, 8, 16}}
+	sc := shapedCase{size: 64 << 20, readers: []int{1, 2, 4, 8, 16}, windows: []int{0}, rate: "1gbit"}
 	if v := os.Getenv("TENSORLANE_BCAST_SIZE"); v != "" {
 		mib, err := strconv.Atoi(v)
 		require.NoError(t, err, "TENSORLANE_BCAST_SIZE is MiB")
 		sc.size = int64(mib) << 20
 	}
-	if v := os.Getenv("TENSORLANE_BCAST_READERS"); v != "" {
-		sc.readers = nil
-		for _, f := range strings.Split(v, ",") {
+	counts := func(name string) []int {
+		var out []int
+		for _, f := range strings.Split(os.Getenv(name), ",") {
 			n, err := strconv.Atoi(f)
-			require.NoError(t, err, "TENSORLANE_BCAST_READERS is a list of counts")
-			sc.readers = append(sc.readers, n)
+			require.NoError(t, err, "%s is a list of counts", name)
+			out = append(out, n)
 		}
+		return out
+	}
+	if os.Getenv("TENSORLANE_BCAST_READERS") != "" {
+		sc.readers = counts("TENSORLANE_BCAST_READERS")
+	}
+	if os.Getenv("TENSORLANE_BCAST_WINDOWS") != "" {
+		sc.windows = counts("TENSORLANE_BCAST_WINDOWS")
+	}
+	if v := os.Getenv("TENSORLANE_BCAST_CHUNK"); v != "" {
+		kib, err := strconv.Atoi(v)
+		require.NoError(t, err, "TENSORLANE_BCAST_CHUNK is KiB")
+		sc.chunk = int64(kib) << 10
+	}
+	if v := os.Getenv("TENSORLANE_BCAST_RATE"); v != "" {
+		sc.rate = v
+	}
+	if v := os.Getenv("TENSORLANE_BCAST_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "TENSORLANE_BCAST_DELAY is a duration")
+		sc.delay = d
 	}
 	var recs []harness.BroadcastRecord
 	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
@@ -94,6 +119,18 @@ func TestBroadcastShaped(t *testing.T) {
 	if sc.size != 64<<20 {
 		name = fmt.Sprintf("broadcast-shaped-%dMiB", sc.size>>20)
 	}
+	if sc.rate != "1gbit" {
+		name += "-" + sc.rate
+	}
+	if sc.delay > 0 {
+		name += "-" + sc.delay.String()
+	}
+	if sc.chunk != 0 {
+		name += fmt.Sprintf("-%dKiB-chunks", sc.chunk>>10)
+	}
+	if len(sc.windows) > 1 || sc.windows[0] != 0 {
+		name += "-windows"
+	}
 	// TENSORLANE_BCAST_OUT=dir also writes the records and the plot there.
 	if dir := os.Getenv("TENSORLANE_BCAST_OUT"); dir != "" {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
@@ -102,7 +139,7 @@ func TestBroadcastShaped(t *testing.T) {
 		require.NoError(t, harness.WriteBroadcastJSON(f, recs))
 		require.NoError(t, f.Close())
 		require.NoError(t, harness.WriteBroadcastPlotFile(filepath.Join(dir, name+".png"),
-			fmt.Sprintf("tensorlane broadcast of %d MiB over 1 Gbit/s shaped netns links (4 hosts, 1 process each)", sc.size>>20), recs))
+			fmt.Sprintf("tensorlane broadcast of %d MiB over %s netns links (4 hosts, 1 process each)", sc.size>>20, sc.rate), recs))
 	}
 }
 
@@ -110,6 +147,10 @@ func TestBroadcastShaped(t *testing.T) {
 type shapedCase struct {
 	size    int64
 	readers []int
+	windows []int  // chunks in flight per edge (0: rdt's default)
+	chunk   int64  // 0: rdt's default
+	rate    string // each link's, or "none"
+	delay   time.Duration
 }
 
 func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.BroadcastRecord) {
@@ -119,38 +160,58 @@ func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.B
 	mem := fmt.Sprintf("%dMiB", max(512, size>>20+64))
 	c := New(t, Options{Hosts: 4, Args: tc.args, DeviceMemory: mem})
 	ctx := testCtx(t, 5*time.Minute+time.Duration(size>>20)*150*time.Millisecond)
-	shapeAll(t, ctx, c, "1gbit")
+	shape := netns.Shape{Rate: sc.rate, Delay: sc.delay}
+	links := sc.rate + " netns"
+	if sc.rate == "none" {
+		shape.Rate = ""
+	}
+	if sc.delay > 0 {
+		links += fmt.Sprintf(" +%v each side", sc.delay)
+	}
+	if shape != (netns.Shape{}) {
+		for _, h := range c.Hosts {
+			require.NoError(t, h.NS.Shape(ctx, h.Dev, shape))
+			require.NoError(t, c.Bridge.NS.Shape(ctx, h.Port, shape))
+		}
+	}
+	if sc.chunk != 0 {
+		links += fmt.Sprintf(", %d KiB chunks", sc.chunk>>10)
+	}
 	src := put(t, ctx, c.Hosts[0].W, size, 7)
 	slots := reserveSpread(t, ctx, c.Hosts[1:], most, size)
 	gen := map[string]uint64{}
-	var one float64
+	one := map[int]float64{} // per window
+	// Windows are interleaved per reader count, so load from elsewhere
+	// shifts them alike.
 	for _, n := range sc.readers {
-		best := 0.0
-		for range 2 {
-			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), TimeoutMS: 120_000 + size>>20*100})
-			require.NoError(t, err)
-			require.True(t, r.OK, "broadcast: %s", r.Error)
-			for i, o := range r.Readers {
-				require.True(t, o.OK, "reader %d: %s", i, o.Error)
-			}
-			for _, s := range slots[:n] {
-				w, err := s.h.W.Call(ctx, Request{Op: "wait", Ref: s.ref, Seed: 7, After: gen[s.ref], TimeoutMS: 30_000})
+		for _, window := range sc.windows {
+			best := 0.0
+			for range 2 {
+				r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), ChunkSize: sc.chunk, Window: window, TimeoutMS: 120_000 + size>>20*100})
 				require.NoError(t, err)
-				require.True(t, w.OK && w.Verified, "wait: %s", w.Error)
-				gen[s.ref] = w.Generation
+				require.True(t, r.OK, "broadcast: %s", r.Error)
+				for i, o := range r.Readers {
+					require.True(t, o.OK, "reader %d: %s", i, o.Error)
+				}
+				for _, s := range slots[:n] {
+					w, err := s.h.W.Call(ctx, Request{Op: "wait", Ref: s.ref, Seed: 7, After: gen[s.ref], TimeoutMS: 30_000})
+					require.NoError(t, err)
+					require.True(t, w.OK && w.Verified, "wait: %s", w.Error)
+					gen[s.ref] = w.Generation
+				}
+				if best == 0 || r.Seconds < best {
+					best = r.Seconds
+				}
+				if n == most {
+					t.Logf("tree:\n%s", r.Tree)
+				}
 			}
-			if best == 0 || r.Seconds < best {
-				best = r.Seconds
+			if one[window] == 0 { // the first count, 1 unless told otherwise
+				one[window] = best
 			}
-			if n == most {
-				t.Logf("tree:\n%s", r.Tree)
-			}
+			recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", " + links, Readers: n, Hosts: 4, Size: size, Window: window, Seconds: best, RatioVsOne: best / one[window]})
+			record(t, fmt.Sprintf("broadcast %dMiB to %2d readers, %s, %s, window %d", size>>20, n, links, tc.name, window), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one[window]))
 		}
-		if one == 0 { // the first count, 1 unless told otherwise
-			one = best
-		}
-		recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", 1gbit netns", Readers: n, Hosts: 4, Size: size, Seconds: best, RatioVsOne: best / one})
-		record(t, fmt.Sprintf("broadcast %dMiB to %2d readers, 1gbit links, %s", size>>20, n, tc.name), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one))
 	}
 	if size > 64<<20 || !slices.Contains(sc.readers, 1) || !slices.Contains(sc.readers, 8) {
 		return recs
@@ -167,16 +228,16 @@ func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.B
 			require.True(t, r.OK, "get: %s", r.Error)
 		}
 		d := time.Since(start)
-		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, 1gbit links, %s", n, tc.name), d, "")
+		record(t, fmt.Sprintf("%d concurrent Gets of 64MiB, %s links, %s", n, sc.rate, tc.name), d, "")
 		for i := range recs {
-			if recs[i].Readers == n {
+			if recs[i].Readers == n && recs[i].Window == sc.windows[0] {
 				recs[i].Naive = d.Seconds() // N readers Get at once: all through the owner's link
 			}
 		}
 	}
 	for i := range recs {
 		recs[i].NaiveRatio = recs[i].Naive / recs[0].Naive
-		if recs[i].Naive == 0 {
+		if recs[i].Naive == 0 || recs[0].Naive == 0 {
 			recs[i].NaiveRatio = 0
 		}
 	}

@@ -127,7 +127,7 @@ func (w *worker) broadcast(ctx context.Context, req workerRequest) (workerReply,
 		slots = append(slots, ref)
 	}
 	start := time.Now()
-	res, err := w.actor.Broadcast(ctx, src, slots, rdt.BroadcastConfig{ChunkSize: req.ChunkSize})
+	res, err := w.actor.Broadcast(ctx, src, slots, rdt.BroadcastConfig{ChunkSize: req.ChunkSize, Window: req.Window})
 	r := workerReply{Seconds: time.Since(start).Seconds()}
 	if err != nil {
 		return r, err

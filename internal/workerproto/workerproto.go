@@ -25,6 +25,8 @@ type Request struct {
 	Refs      []string `json:"refs,omitempty"`
 	ChunkSize int64    `json:"chunk_size,omitempty"`
 	After     uint64   `json:"after,omitempty"`
+	// Broadcast: chunks in flight per tree edge (0: rdt's default).
+	Window int `json:"window,omitempty"`
 }
 
 // ReaderOutcome is one reader's result of a broadcast.
