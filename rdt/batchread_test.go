@@ -169,3 +169,32 @@ func TestGetBatchOwnerDies(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldOwnerWatched: an actor that holds refs of an owner, with nothing
+// moving from it, still learns when that owner stops answering: its holds
+// are dropped once the owner is declared dead. Before, owners were watched
+// only while a Get was in flight, so a batch that ended before the death
+// was noticed left its holds renewing forever.
+func TestHeldOwnerWatched(t *testing.T) {
+	p := newPair(t, fastLife)
+	ctx := context.Background()
+	owner, _ := p.a.Spawn("owner")
+	reader, _ := p.b.Spawn("reader")
+	require.NoError(t, p.b.Connect(ctx, p.a.AddrInfo()))
+	var refs []Ref
+	for range 3 {
+		ref, err := owner.Put(ctx, fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 4096))
+		require.NoError(t, err)
+		refs = append(refs, ref)
+	}
+	items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(0), BatchConfig{})
+	require.NoError(t, err)
+	for _, it := range items {
+		require.NoError(t, it.Err)
+	}
+	ReleaseBatch(items)
+	require.Equal(t, len(refs), p.b.holdCount(), "the reader's actor holds every ref")
+	p.a.blackholed.Store(true) // a hung owner: no heartbeat answers, nothing closed
+	require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"holds on an owner that stopped answering are dropped")
+}

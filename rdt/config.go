@@ -92,7 +92,9 @@ type Config struct {
 	// bound) and the times of PeerEvents. Default: the wall clock. Tests
 	// pass a clockwork.FakeClock to expire a lease or miss heartbeats by
 	// advancing it instead of sleeping. Network and transfer timeouts
-	// (StallTimeout, TransferTimeout) stay on the wall clock.
+	// (StallTimeout, TransferTimeout) stay on the wall clock. The
+	// transports' timers (rail pauses, link-health marks) run on it too
+	// unless Transports.Clock names another.
 	Clock clockwork.Clock
 	// ClusterKey, when set (32 bytes), makes the runtime a member of a
 	// private cluster: the control channel is a libp2p private network
@@ -194,6 +196,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Clock == nil {
 		out.Clock = clockwork.NewRealClock()
+	}
+	if out.Transports.Clock == nil {
+		out.Transports.Clock = out.Clock // one clock for the whole runtime
 	}
 	if out.ClusterKey != nil && len(out.ClusterKey) != 32 {
 		return out, fmt.Errorf("rdt: ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))

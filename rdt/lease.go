@@ -229,8 +229,12 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 }
 
 // renewLeases renews every lease this runtime holds, one request per owner,
-// and forgets those whose objects are gone.
-func (r *Runtime) renewLeases(ctx context.Context) {
+// and forgets those whose objects are gone. It keeps every owner it holds
+// leases on watched (watching: the life loop's own map of peer uses), so
+// an owner that goes away while nothing moves from it is still declared
+// dead and its holds dropped; without that, a Get that ended before the
+// death was noticed would leave its actor's holds renewing in vain.
+func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) {
 	byOwner := map[peer.ID][]holdKey{}
 	claims := map[peer.ID][]fabric.Claim{}
 	layouts := map[peer.ID][]layoutSum{}
@@ -241,6 +245,17 @@ func (r *Runtime) renewLeases(ctx context.Context) {
 		layouts[k.owner] = append(layouts[k.owner], h.layout)
 	}
 	r.holdMu.Unlock()
+	for owner := range byOwner {
+		if _, ok := watching[owner]; !ok && owner != r.host.ID() {
+			watching[owner] = r.peers.use(owner)
+		}
+	}
+	for owner, unuse := range watching {
+		if _, ok := byOwner[owner]; !ok {
+			unuse()
+			delete(watching, owner)
+		}
+	}
 	// Owners are renewed concurrently (a few at a time) so one that hangs
 	// cannot delay the others' renewals past their expiry.
 	sem := make(chan struct{}, 8)
@@ -314,6 +329,12 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 	expire := clk.NewTicker(r.cfg.LeaseExpiry / 4)
 	defer expire.Stop()
 	var idle <-chan time.Time // armed while Get-only leases linger
+	watching := map[peer.ID]func(){} // owners of held leases (renewLeases)
+	defer func() {
+		for _, unuse := range watching {
+			unuse()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -328,7 +349,7 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 				idle = clk.After(r.linger())
 			}
 		case <-renew.Chan():
-			r.renewLeases(ctx)
+			r.renewLeases(ctx, watching)
 		case <-expire.Chan():
 			r.expireLeases()
 		case <-r.reap:
