@@ -36,6 +36,9 @@ Floor rows (sizes up to 1 MiB; floor.py):
 - ``TENSORLANE no inline`` : TENSORLANE_INLINE_BYTES=0 (a tensorlane read).
 - ``TENSORLANE ask`` : as TENSORLANE, but Ray's per-call "does the actor have
   the transport" check asks the actor every time (the old behaviour, and NIXL's).
+- ``TENSORLANE nested get`` : the ref passed inside a list; the receiver's own
+  ray.get fetches it in its thread (Ray's one path without ``__ray_recv__``),
+  after the driver waited for the sender (on the clock; Ray needs it).
 """
 
 from __future__ import annotations
@@ -159,6 +162,12 @@ class Receiver:
             return float(np.add.reduce(a, dtype=np.float64))  # every byte read
         return float(a.sum(dtype=torch.float64))
 
+    def touch_nested(self, refs):
+        # The ref arrived inside a list, so Ray resolved nothing: this
+        # ray.get fetches the RDT object here, in this thread, through the
+        # transport's fetch_multiple_tensors, with no __ray_recv__ task.
+        return self.touch(ray.get(refs[0]))
+
     def transports(self):
         try:
             st = tlr.runtime().stats()
@@ -193,6 +202,7 @@ def rows():
         "NULL": (env(), "numpy", "null", "", SMALL),
         "TENSORLANE no inline": (env(TENSORLANE_INLINE_BYTES="0"), "numpy", "tensorlane", "tensorlane", SMALL),
         "TENSORLANE ask": (env(), "numpy", "ask", "tensorlane", SMALL),
+        "TENSORLANE nested get": (env(), "numpy", "tensorlane+nested", "tensorlane", SMALL),
     }
     why = "torch is not installed (Ray's GLOO, NIXL and zero-copy store paths move torch tensors only)"
     torch_rows = {
@@ -232,6 +242,17 @@ def make_pair(opts, n, kind, warm):
 def once(pair, method) -> float:
     s, r = pair
     t = time.perf_counter()
+    if method.endswith("+nested"):
+        # Ray can pass a borrowed RDT ref only once the owner has its
+        # metadata (else NotImplementedError, Ray issue #59644): wait for
+        # the sender first, on the clock.
+        ref = getattr(s, method.removesuffix("+nested")).remote()
+        ray.wait([ref], fetch_local=False)
+        ray._private.worker.global_worker.rdt_manager.wait_for_tensor_transport_metadata(ref.hex(), 60)
+        ray.get(r.touch_nested.remote([ref]))
+        took = time.perf_counter() - t
+        del ref
+        return took
     ref = getattr(s, method).remote()
     ray.get(r.touch.remote(ref))
     took = time.perf_counter() - t
@@ -261,11 +282,15 @@ def main():
                 pairs[name] = make_pair(opts, n, kind, warm)
                 cold[name] = once(pairs[name], method)
             except Exception as e:  # a transport that cannot run here: say why, measure the rest
-                failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
         warm_t = {name: [] for name in cold}
         for _ in range(args.reps):
-            for name in cold:
-                warm_t[name].append(once(pairs[name], runnable[name][2]))
+            for name in list(cold):
+                try:
+                    warm_t[name].append(once(pairs[name], runnable[name][2]))
+                except Exception as e:
+                    failed[name] = f"warm: {type(e).__name__}: {' '.join(str(e).split())[:600]}"
+                    del cold[name], warm_t[name]
         seen = {name: ray.get(pairs[name][1].transports.remote()) for name in cold
                 if runnable[name][2].startswith(("tensorlane", "ask"))}
         for name in cold:
@@ -326,7 +351,7 @@ def report(results, skipped, args, load0, load1):
     if small:
         ray_rows = ["store", "store torch", "store zero-copy torch", "GLOO", "NIXL"]
         print("\nThe small-transfer floor, warm ms (cold ms):\n")
-        names = ray_rows + ["NULL", "TENSORLANE", "TENSORLANE no inline", "TENSORLANE ask"]
+        names = ray_rows + ["NULL", "TENSORLANE", "TENSORLANE no inline", "TENSORLANE ask", "TENSORLANE nested get"]
         print("| size | " + " | ".join(names) + " | Ray's fastest |")
         print("|---|" + "---:|" * (len(names) + 1))
         for n in small:
