@@ -160,6 +160,8 @@ class Receiver:
     def touch(self, a):
         if isinstance(a, np.ndarray):
             return float(np.add.reduce(a, dtype=np.float64))  # every byte read
+        import torch
+
         return float(a.sum(dtype=torch.float64))
 
     def touch_nested(self, refs):
@@ -183,13 +185,24 @@ class Receiver:
 
 # PYTHONPATH: workers import floor.py (NULL, TENSORLANE_ASK) from here.
 PY = {"PYTHONPATH": HERE}
-POOL = os.environ.get("TENSORLANE_POOL_BYTES", "640M")
-TL = dict(PY, TENSORLANE_POOL_BYTES=POOL)
 SMALL = 1 << 20  # floor rows only up to this size (NULL carries the bytes through Ray's control plane)
 
 
 def env(**kw):
-    return {"env_vars": dict(TL, **kw)}
+    return {"env_vars": dict(PY, **kw)}
+
+
+def pools(n: int, copies: bool):
+    """Slab mode's pre-faulted pools (TENSORLANE_POOL_BYTES), sized to the
+    transfer, as Ray's object store memory would be, so a dozen actor pairs
+    fit in a small machine's memory: the sender stages a caller's array
+    anew for each transfer (two in flight at most: the last one is freed when
+    its ObjectRef dies), and a receiver that copies needs one destination; a
+    receiver that maps the sender's memory needs none."""
+    mib = 1 << 20
+    sender = 2 * n + 32 * mib
+    receiver = n + 32 * mib if copies else 0
+    return str(sender), str(receiver)
 
 
 def rows():
@@ -222,15 +235,23 @@ def rows():
     return out
 
 
-def make_pair(opts, n, kind, warm):
+def make_pair(opts, n, kind, warm, method=""):
     """A fresh pair, set up before the clock as each transport's own
     machinery is: tensorlane's runtimes (the plug-in starts them in the
     background when Ray first asks whether the actor has the transport;
     slab mode populates its pool then), NIXL's agents, the gloo group. Ray's
     object store is up before its first transfer too: cold is the pair's
     first transfer, not the transport's start."""
-    s = Sender.options(runtime_env=opts).remote(n, kind)
-    r = Receiver.options(runtime_env=opts).remote()
+    sopts, ropts = opts, opts
+    if warm == "tensorlane" and "TENSORLANE_POOL_BYTES" not in os.environ:
+        v = opts["env_vars"]
+        copies = v.get("TENSORLANE_TRANSPORTS") == "tcp" or (method.startswith("tensorlane_torch")
+                                                             and v.get("TENSORLANE_RECV") != "view")
+        sp, rp = pools(n, copies)
+        sopts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=sp)}
+        ropts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=rp)}
+    s = Sender.options(runtime_env=sopts).remote(n, kind)
+    r = Receiver.options(runtime_env=ropts).remote()
     ray.get([s.ready.remote(warm), r.ready.remote(warm)])
     if warm == "gloo":
         from ray.experimental.collective import create_collective_group
@@ -279,7 +300,7 @@ def main():
         pairs, cold, failed = {}, {}, {}
         for name, (opts, kind, method, warm, _) in runnable.items():
             try:
-                pairs[name] = make_pair(opts, n, kind, warm)
+                pairs[name] = make_pair(opts, n, kind, warm, method)
                 cold[name] = once(pairs[name], method)
             except Exception as e:  # a transport that cannot run here: say why, measure the rest
                 failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
