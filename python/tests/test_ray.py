@@ -281,7 +281,9 @@ class InlineSender:
     def stats(self):
         return tlr.runtime().stats()
 
-    @ray.method(tensor_transport="TENSORLANE_TORCH")
+    # No decorator: Ray validates a decorator's transport name when the
+    # class is defined, and TENSORLANE_TORCH exists only where torch does.
+    # The test names the transport with .options() instead.
     def torch_state(self):
         import torch
 
@@ -389,7 +391,7 @@ def test_torch_tensors_end_to_end():
     tensors with the sender's dtypes and bytes."""
     pytest.importorskip("torch")
     s, r = InlineSender.remote(), InlineReceiver.remote()
-    got = ray.get(r.check_torch.remote(s.torch_state.remote()))
+    got = ray.get(r.check_torch.remote(s.torch_state.options(tensor_transport="TENSORLANE_TORCH").remote()))
     for k, (typ, dtype, equal) in got.items():
         assert typ == "Tensor", (k, typ)
         assert equal, (k, dtype)
