@@ -99,6 +99,13 @@ def _nixl_agent():
     get_tensor_transport_manager("NIXL").get_nixl_agent()
 
 
+def _rdt_ready():
+    from ray.experimental.rdt.util import _ensure_default_transports_registered
+
+    _ensure_default_transports_registered()
+    return True
+
+
 @ray.remote(enable_tensor_transport=True)
 class Sender:
     def __init__(self, n: int, kind: str):
@@ -119,6 +126,9 @@ class Sender:
         elif warm == "nixl":
             _nixl_agent()
         return True
+
+    def rdt_ready(self):
+        return _rdt_ready()
 
     def plain(self):
         return self.a
@@ -150,6 +160,9 @@ class Sender:
 
 @ray.remote(enable_tensor_transport=True)
 class Receiver:
+    def rdt_ready(self):
+        return _rdt_ready()
+
     def ready(self, warm: str = ""):
         if warm == "tensorlane":
             tlr.runtime()
@@ -237,7 +250,7 @@ def rows():
 
 def make_pair(opts, n, kind, warm, method=""):
     """A fresh pair, set up before the clock as each transport's own
-    machinery is: tensorlane's runtimes (the plug-in starts them in the
+    machinery is: Ray's RDT set-up in both actors, tensorlane's runtimes (the plug-in starts them in the
     background when Ray first asks whether the actor has the transport;
     slab mode populates its pool then), NIXL's agents, the gloo group. Ray's
     object store is up before its first transfer too: cold is the pair's
@@ -253,6 +266,15 @@ def make_pair(opts, n, kind, warm, method=""):
     s = Sender.options(runtime_env=sopts).remote(n, kind)
     r = Receiver.options(runtime_env=ropts).remote()
     ray.get([s.ready.remote(warm), r.ready.remote(warm)])
+    if method != "plain":
+        # Ray's own once-per-actor RDT set-up, for every transport alike:
+        # the custom transports registered on each actor (a task the owner
+        # waits for on the first transfer to it) and Ray's default ones
+        # (which imports torch in the actor, seconds under load).
+        rdt = ray._private.worker.global_worker.rdt_manager
+        rdt.wait_until_custom_transports_registered(s)
+        rdt.wait_until_custom_transports_registered(r)
+        ray.get([s.rdt_ready.remote(), r.rdt_ready.remote()])
     if warm == "gloo":
         from ray.experimental.collective import create_collective_group
 
