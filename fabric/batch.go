@@ -73,6 +73,45 @@ func (p *Planner) ReadBatch(ctx context.Context, srcs []Remote, dst Endpoint, bu
 		}
 		return res
 	}
+	for i, src := range srcs {
+		res[i].Plan = p.PlanRead(src, dst)
+		res[i].Plan.ZeroCopy = false // the caller gave the memory: always a copy
+	}
+	p.runBatch(ctx, res, parallel, batchOps{
+		peer:      func(i int) string { return srcs[i].Peer },
+		object:    func(i int) ObjectID { return srcs[i].Claim.Object },
+		coalesces: Plan.Coalesces,
+		together: func(t Transport, idx []int) ([]Stats, []error) {
+			s := make([]Remote, len(idx))
+			b := make([]tensor.Buffer, len(idx))
+			for k, i := range idx {
+				s[k], b[k] = srcs[i], bufs[i]
+			}
+			return t.(BatchReader).ReadBatch(ctx, s, b)
+		},
+		alone: func(i int) (Stats, Plan, error) { return p.Read(ctx, srcs[i], dst, bufs[i]) },
+	})
+	return res
+}
+
+// batchOps is what runBatch needs to know of a batch's direction (reads
+// or pushes): the other side's peer and the object of item i, whether a
+// plan's transport moves many items together, how to move a group of
+// items together on one transport, and how to move one item on its own
+// (with the planner's retries and fallback).
+type batchOps struct {
+	peer      func(i int) string
+	object    func(i int) ObjectID
+	coalesces func(Plan) bool
+	together  func(t Transport, idx []int) ([]Stats, []error)
+	alone     func(i int) (Stats, Plan, error)
+}
+
+// runBatch moves the items of a batch whose plans are in res: one
+// coalesced call per (transport, peer) with two items or more, the rest
+// (and the items a coalesced call failed for a passing reason) on their
+// own, parallel at a time (default 4).
+func (p *Planner) runBatch(ctx context.Context, res []BatchResult, parallel int, ops batchOps) {
 	if parallel <= 0 {
 		parallel = 4
 	}
@@ -83,15 +122,12 @@ func (p *Planner) ReadBatch(ctx context.Context, srcs []Remote, dst Endpoint, bu
 	groups := map[groupKey][]int{}
 	var order []groupKey
 	var single []int
-	for i, src := range srcs {
-		res[i].Plan = p.PlanRead(src, dst)
-		res[i].Plan.ZeroCopy = false // the caller gave the memory: always a copy
-		t := res[i].Plan.ChosenTransport()
-		if !res[i].Plan.Coalesces() {
+	for i := range res {
+		if !ops.coalesces(res[i].Plan) {
 			single = append(single, i)
 			continue
 		}
-		k := groupKey{t, src.Peer}
+		k := groupKey{res[i].Plan.ChosenTransport(), ops.peer(i)}
 		if groups[k] == nil {
 			order = append(order, k)
 		}
@@ -99,11 +135,11 @@ func (p *Planner) ReadBatch(ctx context.Context, srcs []Remote, dst Endpoint, bu
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, parallel)
-	readAlone := func(i int) {
+	moveAlone := func(i int) {
 		defer wg.Done()
 		sem <- struct{}{}
 		defer func() { <-sem }()
-		st, plan, err := p.Read(ctx, srcs[i], dst, bufs[i])
+		st, plan, err := ops.alone(i)
 		res[i] = BatchResult{Stats: st, Plan: plan, Err: err}
 	}
 	for _, k := range order {
@@ -115,36 +151,30 @@ func (p *Planner) ReadBatch(ctx context.Context, srcs []Remote, dst Endpoint, bu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			retry := p.coalesce(ctx, k.t, idx, srcs, bufs, res)
+			retry := p.coalesce(ctx, k.t, idx, res, ops)
 			for _, i := range retry {
 				wg.Add(1)
-				go readAlone(i)
+				go moveAlone(i)
 			}
 		}()
 	}
 	for _, i := range single {
 		wg.Add(1)
-		go readAlone(i)
+		go moveAlone(i)
 	}
 	wg.Wait()
-	return res
 }
 
-// coalesce runs one ReadBatch for the items idx of one owner on t, fills
-// in their results and returns the items worth reading again on their own.
-func (p *Planner) coalesce(ctx context.Context, t Transport, idx []int, srcs []Remote, bufs []tensor.Buffer, res []BatchResult) (retry []int) {
+// coalesce moves the items idx of one peer together on t, fills in their
+// results and returns the items worth moving again on their own.
+func (p *Planner) coalesce(ctx context.Context, t Transport, idx []int, res []BatchResult, ops batchOps) (retry []int) {
 	name := t.Name()
 	plan := res[idx[0]].Plan
 	if quality(name, plan.Src, plan.Dst) > quality(plan.Best, plan.Src, plan.Dst) {
 		p.warnDegraded(plan.Best, name, plan.Path, plan.Src, plan.Dst)
 	}
-	s := make([]Remote, len(idx))
-	b := make([]tensor.Buffer, len(idx))
-	for k, i := range idx {
-		s[k], b[k] = srcs[i], bufs[i]
-	}
 	start := time.Now()
-	sts, errs := t.(BatchReader).ReadBatch(ctx, s, b)
+	sts, errs := ops.together(t, idx)
 	d := time.Since(start)
 	m := p.cfg.Metrics
 	for k, i := range idx {
@@ -165,7 +195,7 @@ func (p *Planner) coalesce(ctx context.Context, t Transport, idx []int, srcs []R
 			res[i].Err = &PathError{Transport: name, Attempt: 1, Err: err}
 			continue
 		}
-		p.log.Info("batch item failed on its coalesced path; reading it on its own", "transport", name, "object", srcs[i].Claim.Object, "err", err)
+		p.log.Info("batch item failed on its coalesced path; moving it on its own", "transport", name, "object", ops.object(i), "err", err)
 		if m != nil {
 			m.Retries.WithLabelValues(name).Inc()
 		}

@@ -28,5 +28,8 @@
 // resolves up to 256 objects per control round trip); Planner.ReadBatch
 // coalesces a batch's items per (transport, owner) onto it, reads the rest
 // one by one, and reads an item the batch path failed for a passing reason
-// again on its own. Stats.Coalesced says how many moved together.
+// again on its own. Stats.Coalesced says how many moved together. Pushes
+// have the same: BatchWriter (tcp pipelines eager writes, rdma resolves up
+// to 256 sinks per round trip) and Planner.WriteBatch, grouped per
+// (transport, destination) by the same code.
 package fabric

@@ -100,7 +100,7 @@ type Stats struct {
 	// because the view is only part of its allocation and the path hands
 	// the reader a descriptor (shm, p2p between processes).
 	ViewCopy bool
-	// Coalesced is, for an item of a batch (BatchReader), how many items of
+	// Coalesced is, for an item of a batch (BatchReader, BatchWriter), how many items of
 	// the same owner and path moved together with it (itself included):
 	// they shared the owner round trips. 0 for a transfer on its own.
 	Coalesced int

@@ -139,6 +139,10 @@ func (r *Runtime) refFor(o *object) Ref {
 type Transfer struct {
 	Plan  fabric.Plan
 	Stats fabric.Stats
+	// Notified is, for an item of a PushBatch, how many pushes shared its
+	// push notice to the slot's runtime (itself included): one control
+	// round trip for all of them. 0 otherwise.
+	Notified int
 }
 
 // Get fetches the ref's tensor into memory on dst. A reader on the owner's

@@ -205,8 +205,15 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 	}
 }
 
-// PushBatch pushes srcs[i] into dsts[i] for every i, Parallel at a time,
-// and returns each push's outcome.
+// PushBatch pushes srcs[i] into the slot dsts[i] names for every i and
+// returns each push's outcome. The writes move coalesced per (path,
+// destination runtime) where the path can (tcp, rdma; Transfer.Stats.Coalesced
+// says how many moved together), the rest Parallel at a time, and each
+// destination runtime hears of all its completed pushes in one notice
+// (Transfer.Notified; pushbatch.go). A slot named twice, a source this
+// runtime does not own, or a size mismatch fails that item alone; a failed
+// item does not advance its slot's generation. cfg.Separate pushes every
+// item on its own with Push instead, for comparisons.
 func (a *Actor) PushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig) ([]Transfer, []error) {
 	xs := make([]Transfer, len(srcs))
 	errs := make([]error, len(srcs))
@@ -218,6 +225,9 @@ func (a *Actor) PushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig
 	}
 	if cfg.Parallel <= 0 {
 		cfg.Parallel = 4
+	}
+	if !cfg.Separate {
+		return a.pushBatch(ctx, srcs, dsts, cfg)
 	}
 	sem := make(chan struct{}, cfg.Parallel)
 	var wg sync.WaitGroup

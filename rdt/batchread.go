@@ -164,43 +164,67 @@ func (p BatchPlan) String() string {
 
 // ExplainBatch says how GetBatch of refs onto dst would move them.
 func (a *Actor) ExplainBatch(refs []Ref, dst tensor.DeviceID) BatchPlan {
-	var out BatchPlan
-	type key struct{ owner, transport string }
-	at := map[key]int{}
+	var g batchGrouper
 	for _, ref := range refs {
 		plan := a.Explain(ref, dst)
 		if plan.Err == nil && ref.Owner != a.rt.host.ID() {
 			plan = a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst))
 		}
-		if plan.Err != nil || plan.Chosen == "" {
-			out.Refused++
-			continue
+		own := ""
+		if ref.Owner == a.rt.host.ID() {
+			own = "this runtime's own objects: a view or a local copy each"
 		}
-		k := key{shortID(ref.Owner), plan.Chosen}
-		i, ok := at[k]
-		if !ok {
-			i = len(out.Groups)
-			at[k] = i
-			g := BatchGroup{Owner: k.owner, Transport: k.transport}
-			switch {
-			case ref.Owner == a.rt.host.ID():
-				g.Reason = "this runtime's own objects: a view or a local copy each"
-			case plan.Coalesces():
-				g.Coalesced = true
-				g.Reason = plan.Chosen + " moves many objects of one owner together"
-			default:
-				g.Reason = plan.Chosen + " reads one object at a time"
-			}
-			out.Groups = append(out.Groups, g)
-		}
-		out.Groups[i].Refs++
-		out.Groups[i].Bytes += spanBytes(ref.Desc)
+		g.add(shortID(ref.Owner), plan, plan.Coalesces(), own, spanBytes(ref.Desc), "reads", "of one owner")
 	}
-	for i, g := range out.Groups {
-		if g.Coalesced && g.Refs < 2 {
-			out.Groups[i].Coalesced = false
-			out.Groups[i].Reason = "a single object: nothing to coalesce"
+	return g.done()
+}
+
+// batchGrouper builds a BatchPlan one planned item at a time.
+type batchGrouper struct {
+	out BatchPlan
+	at  map[[2]string]int
+}
+
+// add puts an item of plan into the group of (peer, chosen transport);
+// coalesces says whether that transport moves many items of one peer
+// together, own (when not "") why it is not a transfer between runtimes,
+// verb what the transport does one at a time ("reads", "pushes"), whose
+// whose objects it moves together ("of one owner").
+func (g *batchGrouper) add(peer string, plan fabric.Plan, coalesces bool, own string, bytes int64, verb, whose string) {
+	if plan.Err != nil || plan.Chosen == "" {
+		g.out.Refused++
+		return
+	}
+	if g.at == nil {
+		g.at = map[[2]string]int{}
+	}
+	k := [2]string{peer, plan.Chosen}
+	i, ok := g.at[k]
+	if !ok {
+		i = len(g.out.Groups)
+		g.at[k] = i
+		b := BatchGroup{Owner: peer, Transport: plan.Chosen}
+		switch {
+		case own != "":
+			b.Reason = own
+		case coalesces:
+			b.Coalesced = true
+			b.Reason = plan.Chosen + " moves many objects " + whose + " together"
+		default:
+			b.Reason = plan.Chosen + " " + verb + " one object at a time"
+		}
+		g.out.Groups = append(g.out.Groups, b)
+	}
+	g.out.Groups[i].Refs++
+	g.out.Groups[i].Bytes += bytes
+}
+
+func (g *batchGrouper) done() BatchPlan {
+	for i, b := range g.out.Groups {
+		if b.Coalesced && b.Refs < 2 {
+			g.out.Groups[i].Coalesced = false
+			g.out.Groups[i].Reason = "a single object: nothing to coalesce"
 		}
 	}
-	return out
+	return g.out
 }

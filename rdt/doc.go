@@ -57,8 +57,9 @@
 // per reader, who has the data and who fed it. Slots reserved
 // WithGenerations take no write while their reader has not said Done with
 // the generation it holds; WaitConsumed waits for a step's readers.
-// GetBatch and PushBatch move a state dict with one lease round trip per
-// owner; BroadcastBatch sends one along one tree, one setup round per
+// GetBatch moves a state dict with one lease round trip per owner, and
+// PushBatch with one push notice per slot runtime, both coalesced per path
+// where the path can (tcp, rdma); BroadcastBatch sends one along one tree, one setup round per
 // reader. GetAsync, GetBatchAsync, StartBroadcast and StartBroadcastBatch
 // return a Handle to Await or Cancel, with Progress in bytes.
 //

@@ -328,7 +328,7 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 	// its deadline by at most a quarter of it.
 	expire := clk.NewTicker(r.cfg.LeaseExpiry / 4)
 	defer expire.Stop()
-	var idle <-chan time.Time // armed while Get-only leases linger
+	var idle <-chan time.Time        // armed while Get-only leases linger
 	watching := map[peer.ID]func(){} // owners of held leases (renewLeases)
 	defer func() {
 		for _, unuse := range watching {

@@ -90,28 +90,36 @@ func (p *noticePool) close() {
 // connection lost after the notice was read and before its answer came
 // back makes the slot count that push twice; its bytes are the same.)
 func (r *Runtime) sendNotice(ctx context.Context, to peer.ID, note []byte) (byte, error) {
+	status, _, err := r.sendNoticeItems(ctx, to, note, 0)
+	return status, err
+}
+
+// sendNoticeItems is sendNotice for a notice about items slots
+// (pushbatch.go): an answer of statusItems is followed by one status byte
+// per item, returned too.
+func (r *Runtime) sendNoticeItems(ctx context.Context, to peer.ID, note []byte, items int) (byte, []byte, error) {
 	for {
 		s, pooled := r.notices.take(to), true
 		if s == nil {
 			var err error
 			if s, err = r.host.NewStream(ctx, to, pushProtocol); err != nil {
-				return 0, fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
+				return 0, nil, fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
 			}
 			pooled = false
 		}
-		status, err := exchangeNotice(ctx, s, note)
+		status, each, err := exchangeNotice(ctx, s, note, items)
 		if err == nil {
 			r.notices.put(to, s)
-			return status, nil
+			return status, each, nil
 		}
 		s.Reset()
 		if !pooled || ctx.Err() != nil {
-			return 0, fmt.Errorf("rdt: notify push: %w", err)
+			return 0, nil, fmt.Errorf("rdt: notify push: %w", err)
 		}
 	}
 }
 
-func exchangeNotice(ctx context.Context, s network.Stream, note []byte) (byte, error) {
+func exchangeNotice(ctx context.Context, s network.Stream, note []byte, items int) (byte, []byte, error) {
 	deadline := time.Now().Add(controlTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -120,15 +128,25 @@ func exchangeNotice(ctx context.Context, s network.Stream, note []byte) (byte, e
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
 	if err := writeMsg(s, note); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	var status [1]byte
-	if _, err := io.ReadFull(s, status[:]); err != nil {
+	status := make([]byte, 1, 1+items)
+	if _, err := io.ReadFull(s, status); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return 0, err
+		return 0, nil, err
+	}
+	var each []byte
+	if items > 0 && status[0] == statusItems {
+		each = status[1 : 1+items]
+		if _, err := io.ReadFull(s, each); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
+		}
 	}
 	s.SetDeadline(time.Time{})
-	return status[0], nil
+	return status[0], each, nil
 }

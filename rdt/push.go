@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -98,6 +99,10 @@ type sinkTable struct {
 	mu          sync.Mutex
 	slots       map[fabric.ObjectID]*Slot
 	closing     bool // Shutdown began: no new pushes
+	// notices counts the push notices taken from other runtimes (single
+	// and batch) and noticed the pushes they reported (pushbatch.go's
+	// metrics).
+	notices, noticed atomic.Int64
 }
 
 // close refuses new pushes from now on (Shutdown); those writing finish.
@@ -407,7 +412,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	r.learnAddrs(dst)
 	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
 	return noticeError(status) // bcastwire.go: one table of notice answers
 }
@@ -438,6 +443,20 @@ func (r *Runtime) handlePush(s network.Stream) {
 			return // closed, reset, quiet for noticeIdle, or malformed
 		}
 		from := s.Conn().RemotePeer()
+		if len(p) > 0 && p[0] == notePushBatch { // many pushes (pushbatch.go)
+			r.sinks.notices.Add(1)
+			answer := []byte{4}
+			if n, err := parsePushBatchNotice(p); err == nil {
+				r.sinks.noticed.Add(int64(len(n.items)))
+				answer = answerPushBatch(r.pushedBatch(from, n))
+			} else {
+				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
+			}
+			if _, err := s.Write(answer); err != nil {
+				return
+			}
+			continue
+		}
 		if len(p) > 0 && p[0] != 1 { // a broadcast notice (bcastwire.go)
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
@@ -445,6 +464,8 @@ func (r *Runtime) handlePush(s network.Stream) {
 			}
 		} else {
 			var n pushNotice
+			r.sinks.notices.Add(1)
+			r.sinks.noticed.Add(1)
 			if n, err = parsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}

@@ -166,6 +166,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
 	r.bmet = newBcastMetrics(reg)
+	r.sinks.register(reg) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {

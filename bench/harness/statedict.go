@@ -47,6 +47,10 @@ type StateDictConfig struct {
 	// Shape is the state dict: "1b" (default, StateDictShape) or "small"
 	// (SmallShape: many small tensors, where per-object costs dominate).
 	Shape string
+	// Push measures the trainer pushing the state dict into slots the
+	// reader reserved (PushBatch, statedictpush.go) instead of the reader
+	// fetching it (GetBatch).
+	Push bool
 }
 
 // SmallShape is 1000 bf16 tensors of 64 KiB each (62.5 MiB), divided by
@@ -66,6 +70,7 @@ func SmallShape(scale int) []int64 {
 // StateDictRecord is the result.
 type StateDictRecord struct {
 	Path         string  `json:"path"` // "statedict"
+	Mode         string  `json:"mode"` // "get" (GetBatch) or "push" (PushBatch)
 	Shape        string  `json:"shape"`
 	Transport    string  `json:"transport"`
 	Tensors      int     `json:"tensors"`
@@ -110,7 +115,10 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		total += 2 * n
 		largest = max(largest, 2*n)
 	}
-	rec = StateDictRecord{Path: PathStateDict, Shape: cfg.Shape, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
+	rec = StateDictRecord{Path: PathStateDict, Mode: "get", Shape: cfg.Shape, Transport: cfg.Transport, Tensors: len(shape), Size: total, Largest: largest}
+	if cfg.Push {
+		rec.Mode = "push"
+	}
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return rec, err
@@ -178,7 +186,9 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	if err != nil {
 		return rec, err
 	}
-	var bt, st, ot []float64
+	if cfg.Push {
+		return runStateDictPush(ctx, rec, cfg, owner, reader, refs, one)
+	}
 	batch := func(separate bool) (float64, error) {
 		start := time.Now()
 		items, err := reader.GetBatch(ctx, refs, srcDev, rdt.BatchConfig{Parallel: cfg.Parallel, Separate: separate})
@@ -194,10 +204,29 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		}
 		return d, nil
 	}
-	for round := range cfg.Rounds + 1 {
+	single := func() (float64, error) {
+		start := time.Now()
+		x, err := reader.Get(ctx, one, srcDev)
+		if err != nil {
+			return 0, err
+		}
+		d := time.Since(start).Seconds()
+		x.Release()
+		return d, nil
+	}
+	return rec, rec.measure(cfg.Rounds, batch, single)
+}
+
+// measure times batch coalesced, batch separate and single, interleaved
+// over rounds (after one warm-up round), and fills in the medians and
+// ratios.
+func (rec *StateDictRecord) measure(rounds int, batch func(separate bool) (float64, error), single func() (float64, error)) error {
+	var bt, st, ot []float64
+	for round := range rounds + 1 {
 		// The order turns each round, so neither batch always runs right
 		// after the other's memory was released.
 		var d, ds float64
+		var err error
 		if round%2 == 0 {
 			if d, err = batch(false); err == nil {
 				ds, err = batch(true)
@@ -208,15 +237,12 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 			}
 		}
 		if err != nil {
-			return rec, err
+			return err
 		}
-		start := time.Now()
-		x, err := reader.Get(ctx, one, srcDev)
+		d1, err := single()
 		if err != nil {
-			return rec, err
+			return err
 		}
-		d1 := time.Since(start).Seconds()
-		x.Release()
 		if round > 0 { // round 0 warms both (page population of the arenas)
 			bt, st, ot = append(bt, d), append(st, ds), append(ot, d1)
 		}
@@ -226,5 +252,5 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 	rec.Coalescing = rec.SeparateSeconds / median(bt)
 	rec.BatchSeconds, rec.OneSeconds = median(bt), median(ot)
 	rec.Ratio = rec.OneSeconds / rec.BatchSeconds
-	return rec, nil
+	return nil
 }

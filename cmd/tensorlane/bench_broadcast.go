@@ -22,6 +22,7 @@ type broadcastOptions struct {
 	chunk      string
 	scale      int
 	shapes     []string
+	push       bool
 }
 
 func (b *broadcastOptions) flags(f *pflag.FlagSet) {
@@ -31,6 +32,7 @@ func (b *broadcastOptions) flags(f *pflag.FlagSet) {
 	f.IntVar(&b.rounds, "rounds", 0, "with --paths broadcast: timed rounds per cell, median kept (default 3)")
 	f.StringVar(&b.chunk, "chunk", "", "with --paths broadcast: the pipelining chunk (default rdt's, 4MiB)")
 	f.StringSliceVar(&b.shapes, "statedict-shapes", nil, "with --paths statedict: the state dicts to fetch: 1b (200 tensors, 2.05 GiB), small (1000 x 64 KiB); default 1b")
+	f.BoolVar(&b.push, "statedict-push", false, "with --paths statedict: the trainer pushes the state dict into slots the reader reserved (one PushBatch, coalesced per path with one push notice, vs the same batch pushed item by item, vs one Push of the same size) instead of the reader fetching it")
 	f.IntVar(&b.scale, "scale", 0, "with --paths statedict: divide every tensor of the 1B-parameter state dict by this (default 1: 2.05 GiB)")
 	f.BoolVar(&b.naive, "naive", false, "with --paths broadcast: also time N pushes one after another (today's way)")
 }
@@ -111,7 +113,7 @@ func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
 	}
 	for _, shape := range shapes {
 		for _, tr := range trs {
-			rec, err := harness.RunStateDict(cmd.Context(), harness.StateDictConfig{Scale: o.bcast.scale, Transport: tr, Rounds: o.bcast.rounds, Shape: shape})
+			rec, err := harness.RunStateDict(cmd.Context(), harness.StateDictConfig{Scale: o.bcast.scale, Transport: tr, Rounds: o.bcast.rounds, Shape: shape, Push: o.bcast.push})
 			if err != nil {
 				return err
 			}
@@ -119,6 +121,11 @@ func runStateDictBench(cmd *cobra.Command, o benchOptions) error {
 				if err := json.NewEncoder(out).Encode(rec); err != nil {
 					return err
 				}
+				continue
+			}
+			if o.bcast.push {
+				fmt.Fprintf(out, "statedict push %s over %s: %d bf16 tensors, %s (largest %s) as one PushBatch %.3f s; item by item %.3f s (coalescing %.2f x); one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",
+					shape, tr, rec.Tensors, harness.SizeString(rec.Size), harness.SizeString(rec.Largest), rec.BatchSeconds, rec.SeparateSeconds, rec.Coalescing, rec.OneSeconds, rec.Ratio)
 				continue
 			}
 			fmt.Fprintf(out, "statedict %s over %s: %d bf16 tensors, %s (largest %s) as one GetBatch %.3f s; one tensor of the same size %.3f s; batch throughput %.2f x one tensor's\n",

@@ -15,7 +15,8 @@
 // incarnations, unknown objects, push (for transports that implement
 // fabric.Writer) and batches (for fabric.BatchReader: mixed valid, freed,
 // unknown and forged objects, a cancelled batch, the owner closing or
-// stalling mid-batch). Every case must end in success with the right bytes or in
+// stalling mid-batch; the same for fabric.BatchWriter's push batches, with
+// closed, unknown and forged sinks). Every case must end in success with the right bytes or in
 // a typed error (errors.Is against the fabric sentinels) within a bounded
 // time, with every pin the owner handed out released and no goroutine left
 // behind once the harness has cleaned up.

@@ -78,6 +78,10 @@ func Run(t *testing.T, h Harness) {
 		{"BatchCancelled", (*suite).batchCancel},
 		{"BatchOwnerCloses", (*suite).batchOwnerCloses},
 		{"BatchStalledOwner", (*suite).batchStalled},
+		{"BatchWriteMixed", (*suite).batchWriteMixed},
+		{"BatchWriteCancelled", (*suite).batchWriteCancel},
+		{"BatchWriteOwnerCloses", (*suite).batchWriteOwnerCloses},
+		{"BatchWriteStalledOwner", (*suite).batchWriteStalled},
 		{"CloseIdempotent", (*suite).closeTwice},
 	} {
 		leaks := goleak.IgnoreCurrent()

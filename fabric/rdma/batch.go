@@ -39,11 +39,18 @@ const (
 
 // ReadBatch pulls srcs[i] into dsts[i] for every i; see fabric.BatchReader.
 func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
-	sts := make([]fabric.Stats, len(srcs))
 	if errs := fabric.CheckBatch(srcs, dsts); errs != nil {
-		return sts, errs
+		return make([]fabric.Stats, len(srcs)), errs
 	}
-	errs := make([]error, len(srcs))
+	return t.batch(ctx, srcs, dsts, false)
+}
+
+// batch moves the items of a read batch (remotes[i] into locals[i]) or a
+// write batch (push: locals[i] into the sink remotes[i] names), grouped per
+// (owner, local device); the two lists have one length.
+func (t *Transport) batch(ctx context.Context, remotes []fabric.Remote, locals []tensor.Buffer, push bool) ([]fabric.Stats, []error) {
+	sts := make([]fabric.Stats, len(remotes))
+	errs := make([]error, len(remotes))
 	type groupKey struct {
 		peer, addr string
 		dev        tensor.DeviceID
@@ -51,15 +58,19 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 	groups := map[groupKey][]int{}
 	var keys []groupKey
 	var alone []int
-	for i, src := range srcs {
-		_, hostErr := tensor.BytesOf(dsts[i])
+	for i, r := range remotes {
+		_, hostErr := tensor.BytesOf(locals[i])
 		switch {
-		case src.Length < 0 || dsts[i].Len() < src.Length:
-			errs[i] = fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dsts[i].Len(), src.Length)
-		case tensor.IsDevice(dsts[i]) || hostErr != nil:
-			alone = append(alone, i) // staged through host memory: Read does it
+		case r.Length < 0 || locals[i].Len() < r.Length:
+			side := "destination"
+			if push {
+				side = "source"
+			}
+			errs[i] = fmt.Errorf("%w: %s holds %d of %d bytes", tensor.ErrTooSmall, side, locals[i].Len(), r.Length)
+		case tensor.IsDevice(locals[i]) || hostErr != nil:
+			alone = append(alone, i) // staged through host memory: Read or Write does it
 		default:
-			k := groupKey{src.Peer, src.Addrs[fabric.RDMA], dsts[i].Device()}
+			k := groupKey{r.Peer, r.Addrs[fabric.RDMA], locals[i].Device()}
 			if groups[k] == nil {
 				keys = append(keys, k)
 			}
@@ -76,7 +87,7 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 					errs[i] = err
 					continue
 				}
-				sts[i], errs[i] = t.Read(ctx, srcs[i], dsts[i])
+				sts[i], errs[i] = t.single(ctx, remotes[i], locals[i], push)
 			}
 		}()
 	}
@@ -84,16 +95,24 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t.readOwner(ctx, groups[k], srcs, dsts, sts, errs)
+			t.batchOwner(ctx, groups[k], remotes, locals, push, sts, errs)
 		}()
 	}
 	wg.Wait()
 	return sts, errs
 }
 
-// readOwner reads the items idx, all of one owner into memory of one
-// device.
-func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
+// single moves one item of a batch on its own.
+func (t *Transport) single(ctx context.Context, remote fabric.Remote, local tensor.Buffer, push bool) (fabric.Stats, error) {
+	if push {
+		return t.Write(ctx, local, remote)
+	}
+	return t.Read(ctx, remote, local)
+}
+
+// batchOwner moves the items idx, all of one owner and memory of one local
+// device: resolved (or, push, their sinks resolved) many per round trip.
+func (t *Transport) batchOwner(ctx context.Context, idx []int, remotes []fabric.Remote, locals []tensor.Buffer, push bool, sts []fabric.Stats, errs []error) {
 	fail := func(err error, idx []int) {
 		for _, i := range idx {
 			errs[i] = err
@@ -101,9 +120,9 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 	}
 	// Largest first: the small ones fill the gaps the large ones leave.
 	idx = slices.Clone(idx)
-	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(srcs[b].Length, srcs[a].Length) })
-	first := srcs[idx[0]]
-	rails, _, err := t.railsFor(first, dsts[idx[0]].Device())
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(remotes[b].Length, remotes[a].Length) })
+	first := remotes[idx[0]]
+	rails, _, err := t.railsFor(first, locals[idx[0]].Device())
 	if err != nil {
 		fail(err, idx)
 		return
@@ -111,7 +130,7 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 	remote, _ := ParseAddrs(first.Addrs[fabric.RDMA])
 	var total int64
 	for _, i := range idx {
-		total += srcs[i].Length
+		total += remotes[i].Length
 	}
 	if total > t.cfg.SliceSize {
 		// Connect every rail now, so their handshakes overlap the control
@@ -143,8 +162,8 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 		reqBytes, repBytes := 0, 0
 		end := start
 		for ; end < len(idx) && len(reqs) < maxBatch; end++ {
-			src := srcs[idx[end]]
-			req := resolveReq{id: randomID(), claim: src.Claim, offset: src.Offset, length: src.Length}
+			src := remotes[idx[end]]
+			req := resolveReq{id: randomID(), push: push, claim: src.Claim, offset: src.Offset, length: src.Length}
 			if len(reqs) > 0 && (reqBytes+batchRequestSize(req) > batchBudget || repBytes+replySize > batchBudget) {
 				break
 			}
@@ -173,13 +192,13 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 		if errors.Is(err, fabric.ErrBadRequest) && len(reqs) > 0 {
 			// An owner without batches (or one that refused the whole
 			// message): object by object.
-			t.log.Debug("rdma batch resolve refused; reading one by one", "owner", first.Peer, "err", err)
+			t.log.Debug("rdma batch resolve refused; moving one by one", "owner", first.Peer, "push", push, "err", err)
 			for _, i := range chunk {
 				wg.Add(1)
 				sem <- struct{}{}
 				go func() {
 					defer func() { <-sem; wg.Done() }()
-					sts[i], errs[i] = t.Read(ctx, srcs[i], dsts[i])
+					sts[i], errs[i] = t.single(ctx, remotes[i], locals[i], push)
 				}()
 			}
 			continue
@@ -203,7 +222,7 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 			for _, key := range it.resp.keys {
 				sess.keys[key.NIC] = key
 			}
-			weight := min(max(srcs[i].Length, 1), batchBytes)
+			weight := min(max(remotes[i].Length, 1), batchBytes)
 			if err := room.Acquire(ctx, weight); err != nil {
 				errs[i] = err
 				mu.Lock()
@@ -215,9 +234,9 @@ func (t *Transport) readOwner(ctx context.Context, idx []int, srcs []fabric.Remo
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; room.Release(weight); wg.Done() }()
-				p, err := tensor.BytesOf(dsts[i])
+				p, err := tensor.BytesOf(locals[i])
 				if err == nil {
-					sts[i], err = t.move(ctx, at, rails, sess, srcs[i], p[:srcs[i].Length], false)
+					sts[i], err = t.move(ctx, at, rails, sess, remotes[i], p[:remotes[i].Length], push)
 				}
 				errs[i] = err
 				sts[i].Coalesced = len(idx)

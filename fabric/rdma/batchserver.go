@@ -10,8 +10,8 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 )
 
-// handleBatch answers a resolve batch (every claim registered as if alone,
-// each item with its own outcome) or a done batch.
+// handleBatch answers a resolve or write batch (every claim registered as
+// if alone, each item with its own outcome) or a done batch.
 func (s *Server) handleBatch(ctx context.Context, qp qpRef, who peer.ID, msg []byte) ([]byte, error) {
 	if msg[0] == msgDoneBatch {
 		ids, err := decodeDoneBatch(msg)

@@ -18,6 +18,8 @@ import (
 //	               keys (uvarint) | keys x (NIC (string) | rkey (uvarint) | addr (uvarint));
 //	               any other status: message (string))
 //	done batch:    kind (1) = 4 | count (uvarint) | count x registration id (uvarint); reply empty
+//	write batch:   kind (1) = 5 | then as resolve batch; every claim names a sink to push into
+//	        reply: as resolve batch
 //
 // Each item is a registration of its own, as if resolved alone: the done of
 // one id, the queue pair going away or Revoke release it. The items of a
@@ -26,6 +28,9 @@ import (
 const (
 	msgResolveBatch = 3
 	msgDoneBatch    = 4
+	// msgWriteBatch resolves sinks (fabric.BatchWriter): the items are
+	// registered for remote writes, as a resolve with its push flag.
+	msgWriteBatch = 5
 
 	// maxBatch bounds the items of one batch message.
 	maxBatch = 256
@@ -55,9 +60,16 @@ func (b batchItem) err() error {
 	return peerauth.StatusError(b.code, b.text)
 }
 
+// marshalResolveBatch encodes a resolve batch, or a write batch when the
+// items are pushes (a batch goes one way: the first item's push says
+// which).
 func marshalResolveBatch(reqs []resolveReq) []byte {
 	e := wire.Encoder{}
-	e.Byte(msgResolveBatch)
+	kind := byte(msgResolveBatch)
+	if len(reqs) > 0 && reqs[0].push {
+		kind = msgWriteBatch
+	}
+	e.Byte(kind)
 	e.Uvarint(uint64(len(reqs)))
 	for _, r := range reqs {
 		e.Uvarint(r.id)
@@ -80,12 +92,14 @@ func batchReplySize(nics []Rail) int {
 	return max(ok, 1+10+maxItemText)
 }
 
-// decodeResolveBatch decodes a resolve batch request (msg[0] is its kind).
-// A count beyond maxBatch, or beyond what the message can hold, is refused
-// before anything is allocated for it.
+// decodeResolveBatch decodes a resolve or write batch request (msg[0] is
+// its kind; a write batch's items have push set). A count beyond
+// maxBatch, or beyond what the message can hold, is refused before
+// anything is allocated for it.
 func decodeResolveBatch(p []byte) ([]resolveReq, error) {
 	d := wire.NewDecoder(p)
-	if kind := d.Byte(); kind != msgResolveBatch {
+	kind := d.Byte()
+	if kind != msgResolveBatch && kind != msgWriteBatch {
 		return nil, fmt.Errorf("%w: rdma control: not a resolve batch (kind %d)", fabric.ErrBadRequest, kind)
 	}
 	n := d.Count(maxBatch)
@@ -98,6 +112,7 @@ func decodeResolveBatch(p []byte) ([]resolveReq, error) {
 	out := make([]resolveReq, n)
 	for i := range out {
 		r := &out[i]
+		r.push = kind == msgWriteBatch
 		r.id = d.Uvarint()
 		off, length := r.decodeClaim(d)
 		if d.Err() == nil && (off > 1<<62 || length > 1<<62) {

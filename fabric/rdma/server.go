@@ -207,7 +207,7 @@ type nicHandler struct {
 }
 
 func (h *nicHandler) HandleMessage(ctx context.Context, from RemoteQP, msg []byte) ([]byte, error) {
-	if len(msg) > 0 && (msg[0] == msgResolveBatch || msg[0] == msgDoneBatch) {
+	if len(msg) > 0 && (msg[0] == msgResolveBatch || msg[0] == msgDoneBatch || msg[0] == msgWriteBatch) {
 		return h.s.handleBatch(ctx, qpRef{nic: h.nic, id: from.ID}, from.Peer, msg) // batchserver.go
 	}
 	res, done, err := decodeControl(msg)

@@ -91,7 +91,9 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				t.lane(ctx, k, lane, len(idx), srcs, dsts, sts, errs)
+				t.lane(ctx, k, lane, errs, func(c *conn) (int, bool, error) {
+					return t.pipeline(c, lane, len(idx), srcs, dsts, sts, errs)
+				})
 			}()
 		}
 	}
@@ -124,9 +126,12 @@ func (t *Transport) lanes(idx []int, srcs []fabric.Remote) [][]int {
 	return out
 }
 
-// lane moves items over one connection, pipelined. A pooled connection
-// the owner closed before answering anything is replaced once.
-func (t *Transport) lane(ctx context.Context, k connKey, items []int, coalesced int, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
+// lane moves items over one connection with run (pipeline, or
+// pipelineWrites for pushes), which returns how many items it finished,
+// whether the connection is still in step, and what put it out of step. A
+// pooled connection the owner closed before answering anything is
+// replaced once.
+func (t *Transport) lane(ctx context.Context, k connKey, items []int, errs []error, run func(c *conn) (int, bool, error)) {
 	for attempt := 0; ; attempt++ {
 		c, pooled, err := t.pool.Get(ctx, k)
 		if err != nil {
@@ -139,7 +144,7 @@ func (t *Transport) lane(ctx context.Context, k connKey, items []int, coalesced 
 		if ctx.Done() != nil {
 			stop = context.AfterFunc(ctx, c.abort)
 		}
-		done, inStep, err := t.pipeline(c, items, coalesced, srcs, dsts, sts, errs)
+		done, inStep, err := run(c)
 		if !stop() {
 			t.pool.Discard(c)
 			cerr := ctx.Err()
