@@ -396,3 +396,17 @@ def test_torch_tensors_end_to_end():
         assert typ == "Tensor", (k, typ)
         assert equal, (k, dtype)
     assert got["w16"][1] == got["b16"][1] == "torch.bfloat16"
+
+
+@pytest.mark.parametrize("value, want", [("", tlr.INLINE_DEFAULT), ("0", 0), ("4096", 4096), ("64K", 65536),
+                                         ("1MiB", 1 << 20), (" 8kb ", 8192)])
+def test_inline_threshold_from_environment(monkeypatch, value, want):
+    monkeypatch.setenv(tlr.ENV_INLINE, value)
+    assert tlr._inline_limit() == want
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1.5M", "K"])
+def test_bad_inline_threshold_is_invalid_argument(monkeypatch, value):
+    monkeypatch.setenv(tlr.ENV_INLINE, value)
+    with pytest.raises(tl.InvalidArgument, match=tlr.ENV_INLINE):
+        tlr._inline_limit()
