@@ -21,8 +21,8 @@ machine's topology, host named after the machine, so actors on one node
 share a host and take shm, and actors on others take rdma or tcp),
 TENSORLANE_TRANSPORTS (``tcp``, ``^rdma``, ...), TENSORLANE_CLUSTER_KEY (64
 hex digits), TENSORLANE_TIMEOUT_S (a read's bound; default Ray's RDT
-fetch timeout, 60 s), TENSORLANE_RECV (``view``, the default, or
-``copy``), TENSORLANE_SLABS (slab mode, on by default here: the job's
+fetch timeout, 60 s), TENSORLANE_RECV (``view``, the default for numpy, or
+``copy``, the default for torch), TENSORLANE_SLABS (slab mode, on by default here: the job's
 actors share their objects' memory in large slabs, mapped once per reader,
 with a pre-faulted pool of TENSORLANE_POOL_BYTES, default 256 MiB; ``0``
 gives every object its own memory) and, with no TENSORLANE_CLUSTER_KEY, a
