@@ -1,27 +1,44 @@
 """Ray transports side by side: the same actor pair, interleaved in one run.
 
-    .venv/bin/python bench/ray/bench.py [--sizes 4K,1M,64M,256M] [--reps 5] [--json out.json]
+    /work/benchvenv/bin/python bench/ray/bench.py [--sizes 4K,1M,64M,256M] [--reps 5] [--json out.json]
 
 For each size, a fresh sender/receiver pair per transport measures the cold
 transfer (the pair's first), then warm transfers interleaved round-robin
 across transports, so drift on a shared machine hits them alike. A transfer
-is timed from the driver: the sender returns a prepared array, the receiver
-gets it as a task argument and touches every byte (sums it), and the driver
-waits for the receiver's answer. Reported: median seconds, GB/s, and each
-transport's ratio to the plain object store measured in the same run.
+is timed from the driver: the sender returns a prepared array or tensor
+(made once, before the clock), the receiver gets it as a task argument and
+touches every byte (sums it), and the driver waits for the receiver's
+answer. Reported: median seconds, GB/s, ratios measured in the same run.
 
-Transports: the object store (numpy: Ray copies the array into plasma once
-and the reader maps it read-only); TENSORLANE with per-object grants
-("views", TENSORLANE_SLABS=0) and in slab mode ("slabs", the plug-in's
-default: the reader maps the sender's slab once for every object), each
-publishing the caller's numpy array (foreign memory: one staged copy for a
-same-node reader, made in the background at Put into pre-populated memory;
-the reader maps it read-only) and an array from tensorlane.empty (no copy
-anywhere: the reader maps the sender's array read-only); TENSORLANE forced
-onto tcp (the reader's copy); and, when torch (and nixl)
-are installed, GLOO, NIXL and the zero-copy torch object store
-(RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1). Ones that cannot run are listed with
-the reason.
+Rows, numpy (need only ray and numpy):
+- ``store`` : Ray's object store (one copy into plasma; the reader maps it).
+- ``TENSORLANE`` : the plug-in's defaults (slab mode; a caller's array is
+  staged once on the sender; the same-node reader maps it read-only; under
+  TENSORLANE_INLINE_BYTES, 64 KiB, the bytes ride inline in the metadata).
+- ``TENSORLANE empty`` : the array comes from tensorlane.empty (no copy anywhere).
+- ``TENSORLANE tcp`` : forced onto tcp (the reader's copy), for GLOO's peer.
+Rows, torch (when torch is importable):
+- ``store torch`` : Ray's object store, torch's own pickling.
+- ``store zero-copy torch`` : RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1 in both
+  actors' runtime_env (ray/_private/ray_constants.py; the tensor is pickled
+  as a uint8 numpy view, so the reader maps plasma as with numpy).
+- ``GLOO`` : Ray's collective transport, a gloo group over the pair
+  (ray.experimental.collective.create_collective_group, made before the clock).
+- ``NIXL`` : Ray's NIXL transport on CPU tensors (UCX; both agents made
+  before the clock).
+- ``TENSORLANE torch`` : TENSORLANE_TORCH, the reader copies into its own
+  writable memory (the plug-in's torch default).
+- ``TENSORLANE torch view`` : TENSORLANE_RECV=view, read-only torch tensors
+  mapped from the sender (as the zero-copy store gives).
+Floor rows (sizes up to 1 MiB; floor.py):
+- ``NULL`` : a trivial one-sided transport with the bytes in its metadata:
+  what any plug-in transport pays Ray.
+- ``TENSORLANE no inline`` : TENSORLANE_INLINE_BYTES=0 (a tensorlane read).
+- ``TENSORLANE ask`` : as TENSORLANE, but Ray's per-call "does the actor have
+  the transport" check asks the actor every time (the old behaviour, and NIXL's).
+- ``TENSORLANE nested get`` : the ref passed inside a list; the receiver's own
+  ray.get fetches it in its thread (Ray's one path without ``__ray_recv__``),
+  after the driver waited for the sender (on the clock; Ray needs it).
 """
 
 from __future__ import annotations
@@ -40,9 +57,28 @@ import ray
 import tensorlane
 import tensorlane.ray as tlr
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import floor  # noqa: E402
+
 tlr.register()
+floor.register()
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+try:
+    import torch
+
+    TORCH = True
+except ImportError:
+    torch = None
+    TORCH = False
+try:
+    import nixl  # noqa: F401
+
+    NIXL = True
+except ImportError:
+    NIXL = False
 
 
 def parse_size(s: str) -> int:
@@ -57,17 +93,42 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
+def _nixl_agent():
+    from ray.experimental.rdt.util import get_tensor_transport_manager
+
+    get_tensor_transport_manager("NIXL").get_nixl_agent()
+
+
+def _rdt_ready():
+    from ray.experimental.rdt.util import _ensure_default_transports_registered
+
+    _ensure_default_transports_registered()
+    return True
+
+
 @ray.remote(enable_tensor_transport=True)
 class Sender:
-    def __init__(self, n: int, shareable: bool):
+    def __init__(self, n: int, kind: str):
         count = n // 4
-        self.a = tensorlane.empty(count, np.float32) if shareable else np.empty(count, np.float32)
+        if kind == "empty":
+            self.a = tensorlane.empty(count, np.float32)
+        else:
+            self.a = np.empty(count, np.float32)
         self.a[:] = 1.0
+        if kind == "torch":
+            import torch
 
-    def ready(self, start_runtime=False):
-        if start_runtime:
+            self.a = torch.from_numpy(self.a)
+
+    def ready(self, warm: str = ""):
+        if warm == "tensorlane":
             tlr.runtime()  # see make_pair
+        elif warm == "nixl":
+            _nixl_agent()
         return True
+
+    def rdt_ready(self):
+        return _rdt_ready()
 
     def plain(self):
         return self.a
@@ -76,16 +137,52 @@ class Sender:
     def tensorlane(self):
         return self.a
 
+    @ray.method(tensor_transport="TENSORLANE_TORCH")
+    def tensorlane_torch(self):
+        return self.a
+
+    @ray.method(tensor_transport="GLOO")
+    def gloo(self):
+        return self.a
+
+    @ray.method(tensor_transport="NIXL")
+    def nixl(self):
+        return self.a
+
+    @ray.method(tensor_transport="NULL")
+    def null(self):
+        return self.a
+
+    @ray.method(tensor_transport="TENSORLANE_ASK")
+    def ask(self):
+        return self.a
+
 
 @ray.remote(enable_tensor_transport=True)
 class Receiver:
-    def ready(self, start_runtime=False):
-        if start_runtime:
-            tlr.runtime()  # see make_pair
+    def rdt_ready(self):
+        return _rdt_ready()
+
+    def ready(self, warm: str = ""):
+        if warm == "tensorlane":
+            tlr.runtime()
+        elif warm == "nixl":
+            _nixl_agent()
         return True
 
     def touch(self, a):
-        return float(np.add.reduce(a, dtype=np.float64))  # every byte read
+        # Every byte read, by the same numpy reduction for every row: a CPU
+        # torch tensor's .numpy() is a view (torch's own sum to float64 is
+        # several times slower and would hide the transports' differences).
+        if not isinstance(a, np.ndarray):
+            a = a.numpy()
+        return float(np.add.reduce(a, dtype=np.float64))
+
+    def touch_nested(self, refs):
+        # The ref arrived inside a list, so Ray resolved nothing: this
+        # ray.get fetches the RDT object here, in this thread, through the
+        # transport's fetch_multiple_tensors, with no __ray_recv__ task.
+        return self.touch(ray.get(refs[0]))
 
     def transports(self):
         try:
@@ -100,53 +197,106 @@ class Receiver:
             return {}
 
 
-# Per-object grants (each object its own memfd; same-node readers map a
-# read-only view of it), and slab mode (objects in large memfds shared
-# within the job's trust scope, the reader maps each slab once and copies
-# into its pre-faulted pool; the plug-in's default). POOL sizes slab mode's
-# pre-faulted pool, the analogue of Ray's object store memory.
-POOL = os.environ.get("TENSORLANE_POOL_BYTES", "640M")
-VIEW_ENV = {"env_vars": {"TENSORLANE_SLABS": "0"}}
-SLAB_ENV = {"env_vars": {"TENSORLANE_SLABS": "1", "TENSORLANE_POOL_BYTES": POOL}}
-TCP_ENV = {"env_vars": {"TENSORLANE_TRANSPORTS": "tcp", "TENSORLANE_SLABS": "0"}}
+# PYTHONPATH: workers import floor.py (NULL, TENSORLANE_ASK) from here.
+PY = {"PYTHONPATH": HERE}
+SMALL = 1 << 20  # floor rows only up to this size (NULL carries the bytes through Ray's control plane)
 
 
-def transports(torch_ok: bool, nixl_ok: bool):
-    """name -> (sender options, shareable, method name) or a skip reason."""
+def env(**kw):
+    return {"env_vars": dict(PY, **kw)}
+
+
+def pools(n: int, copies: bool):
+    """Slab mode's pre-faulted pools (TENSORLANE_POOL_BYTES), sized to the
+    transfer, as Ray's object store memory would be, so a dozen actor pairs
+    fit in a small machine's memory: the sender stages a caller's array
+    anew for each transfer (two in flight at most: the last one is freed when
+    its ObjectRef dies), and a receiver that copies needs one destination; a
+    receiver that maps the sender's memory needs none."""
+    mib = 1 << 20
+    sender = 2 * n + 32 * mib
+    receiver = n + 32 * mib if copies else 0
+    return str(sender), str(receiver)
+
+
+def rows():
+    """name -> (runtime_env, sender kind, method, warm-up, max size) or a skip reason."""
     out = {
-        "object store": ({}, False, "plain"),
-        "TENSORLANE views": (VIEW_ENV, False, "tensorlane"),
-        "TENSORLANE views (tensorlane.empty)": (VIEW_ENV, True, "tensorlane"),
-        "TENSORLANE slabs": (SLAB_ENV, False, "tensorlane"),
-        "TENSORLANE slabs (tensorlane.empty)": (SLAB_ENV, True, "tensorlane"),
-        "TENSORLANE tcp": (TCP_ENV, False, "tensorlane"),
+        "store": (env(), "numpy", "plain", "", None),
+        "TENSORLANE": (env(), "numpy", "tensorlane", "tensorlane", None),
+        "TENSORLANE empty": (env(), "empty", "tensorlane", "tensorlane", None),
+        "TENSORLANE tcp": (env(TENSORLANE_TRANSPORTS="tcp"), "numpy", "tensorlane", "tensorlane", None),
+        "NULL": (env(), "numpy", "null", "", SMALL),
+        "TENSORLANE no inline": (env(TENSORLANE_INLINE_BYTES="0"), "numpy", "tensorlane", "tensorlane", SMALL),
+        "TENSORLANE ask": (env(), "numpy", "ask", "tensorlane", SMALL),
+        "TENSORLANE nested get": (env(), "numpy", "tensorlane+nested", "tensorlane", SMALL),
     }
+    why = "torch is not installed (Ray's GLOO, NIXL and zero-copy store paths move torch tensors only)"
+    torch_rows = {
+        "store torch": (env(), "torch", "plain", "", None),
+        "store zero-copy torch": (env(RAY_ENABLE_ZERO_COPY_TORCH_TENSORS="1"), "torch", "plain", "", None),
+        "GLOO": (env(), "torch", "gloo", "gloo", None),
+        "NIXL": (env(), "torch", "nixl", "nixl", None) if NIXL else "nixl is not installed",
+        "TENSORLANE torch": (env(), "torch", "tensorlane_torch", "tensorlane", None),
+        "TENSORLANE torch view": (env(TENSORLANE_RECV="view"), "torch", "tensorlane_torch", "tensorlane", None),
+    }
+    for k, v in torch_rows.items():
+        out[k] = v if TORCH else why
     only = os.environ.get("BENCH_ONLY")  # a comma-separated subset, for quick looks
     if only:
-        keep = {"object store", *[x.strip() for x in only.split(",")]}
+        keep = {"store", *[x.strip() for x in only.split(",")]}
         out = {k: v for k, v in out.items() if k in keep}
-    why = "torch is not installed (Ray's GLOO, NIXL and zero-copy store paths move torch tensors only)"
-    out["object store zero-copy"] = why if not torch_ok else "torch installed: not wired in this script yet"
-    out["GLOO"] = why if not torch_ok else "torch installed: not wired in this script yet"
-    out["NIXL"] = why if not torch_ok else ("nixl is not installed" if not nixl_ok else "not wired in this script yet")
     return out
 
 
-def make_pair(opts, n, shareable, tensorlane_row):
-    """A fresh pair. For the tensorlane rows both actors start their runtime
-    before the clock starts (the plug-in starts it in the background when
-    Ray first asks whether the actor has the transport; slab mode populates
-    its pool then), as Ray's object store is up before its first transfer:
-    cold is the pair's first transfer, not the runtime's start."""
-    s = Sender.options(runtime_env=opts or None).remote(n, shareable)
-    r = Receiver.options(runtime_env=opts or None).remote()
-    ray.get([s.ready.remote(tensorlane_row), r.ready.remote(tensorlane_row)])
+def make_pair(opts, n, kind, warm, method=""):
+    """A fresh pair, set up before the clock as each transport's own
+    machinery is: Ray's RDT set-up in both actors, tensorlane's runtimes (the plug-in starts them in the
+    background when Ray first asks whether the actor has the transport;
+    slab mode populates its pool then), NIXL's agents, the gloo group. Ray's
+    object store is up before its first transfer too: cold is the pair's
+    first transfer, not the transport's start."""
+    sopts, ropts = opts, opts
+    if warm == "tensorlane" and "TENSORLANE_POOL_BYTES" not in os.environ:
+        v = opts["env_vars"]
+        copies = v.get("TENSORLANE_TRANSPORTS") == "tcp" or (method.startswith("tensorlane_torch")
+                                                             and v.get("TENSORLANE_RECV") != "view")
+        sp, rp = pools(n, copies)
+        sopts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=sp)}
+        ropts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=rp)}
+    s = Sender.options(runtime_env=sopts).remote(n, kind)
+    r = Receiver.options(runtime_env=ropts).remote()
+    ray.get([s.ready.remote(warm), r.ready.remote(warm)])
+    if method != "plain":
+        # Ray's own once-per-actor RDT set-up, for every transport alike:
+        # the custom transports registered on each actor (a task the owner
+        # waits for on the first transfer to it) and Ray's default ones
+        # (which imports torch in the actor, seconds under load).
+        rdt = ray._private.worker.global_worker.rdt_manager
+        rdt.wait_until_custom_transports_registered(s)
+        rdt.wait_until_custom_transports_registered(r)
+        ray.get([s.rdt_ready.remote(), r.rdt_ready.remote()])
+    if warm == "gloo":
+        from ray.experimental.collective import create_collective_group
+
+        create_collective_group([s, r], backend="gloo")
     return s, r
 
 
 def once(pair, method) -> float:
     s, r = pair
     t = time.perf_counter()
+    if method.endswith("+nested"):
+        # Ray can pass a borrowed RDT ref only once the owner has its
+        # metadata (else NotImplementedError, Ray issue #59644): wait for
+        # the sender first, on the clock.
+        ref = getattr(s, method.removesuffix("+nested")).remote()
+        ray.wait([ref], fetch_local=False)
+        ray._private.worker.global_worker.rdt_manager.wait_for_tensor_transport_metadata(ref.hex(), 60)
+        ray.get(r.touch_nested.remote([ref]))
+        took = time.perf_counter() - t
+        del ref
+        return took
     ref = getattr(s, method).remote()
     ray.get(r.touch.remote(ref))
     took = time.perf_counter() - t
@@ -162,65 +312,107 @@ def main():
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
-    try:
-        import torch  # noqa: F401
-
-        torch_ok = True
-    except ImportError:
-        torch_ok = False
-    try:
-        import nixl  # noqa: F401
-
-        nixl_ok = True
-    except ImportError:
-        nixl_ok = False
-
-    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
-    plan = transports(torch_ok, nixl_ok)
-    runnable = {k: v for k, v in plan.items() if not isinstance(v, str)}
+    load0 = os.getloadavg()[0]
+    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": PY})
+    plan = rows()
     skipped = {k: v for k, v in plan.items() if isinstance(v, str)}
     results = []
     for n in sizes:
-        pairs, cold = {}, {}
-        for name, (opts, shareable, method) in runnable.items():
-            pairs[name] = make_pair(opts, n, shareable, method == "tensorlane")
-            cold[name] = once(pairs[name], method)
-        warm = {name: [] for name in runnable}
+        runnable = {k: v for k, v in plan.items() if not isinstance(v, str) and (v[4] is None or n <= v[4])}
+        pairs, cold, failed = {}, {}, {}
+        for name, (opts, kind, method, warm, _) in runnable.items():
+            try:
+                pairs[name] = make_pair(opts, n, kind, warm, method)
+                cold[name] = once(pairs[name], method)
+            except Exception as e:  # a transport that cannot run here: say why, measure the rest
+                failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+        warm_t = {name: [] for name in cold}
         for _ in range(args.reps):
-            for name, (_, _, method) in runnable.items():
-                warm[name].append(once(pairs[name], method))
-        seen = {name: ray.get(pairs[name][1].transports.remote()) for name in runnable}
-        base_w = statistics.median(warm["object store"])
-        base_c = cold["object store"]
-        for name in runnable:
-            w = statistics.median(warm[name])
-            results.append({
-                "size": n, "transport": name, "warm_s": w, "cold_s": cold[name],
-                "warm_gbps": n / w / 1e9, "cold_gbps": n / cold[name] / 1e9,
-                "warm_vs_store": base_w / w, "cold_vs_store": base_c / cold[name],
-                "paths": seen[name],
-            })
+            for name in list(cold):
+                try:
+                    warm_t[name].append(once(pairs[name], runnable[name][2]))
+                except Exception as e:
+                    failed[name] = f"warm: {type(e).__name__}: {' '.join(str(e).split())[:600]}"
+                    del cold[name], warm_t[name]
+        seen = {name: ray.get(pairs[name][1].transports.remote()) for name in cold
+                if runnable[name][2].startswith(("tensorlane", "ask"))}
+        for name in cold:
+            w = statistics.median(warm_t[name])
+            results.append({"size": n, "transport": name, "warm_s": w, "cold_s": cold[name],
+                            "warm_all_s": warm_t[name], "warm_gbps": n / w / 1e9, "cold_gbps": n / cold[name] / 1e9,
+                            "paths": seen.get(name, {})})
+        for name, why in failed.items():
+            results.append({"size": n, "transport": name, "error": why})
         for s, r in pairs.values():
             ray.kill(s)
             ray.kill(r)
         print(f"{human(n)} done", file=sys.stderr, flush=True)
     ray.shutdown()
+    load1 = os.getloadavg()[0]
+    report(results, skipped, args, load0, load1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ray": ray.__version__, "torch": getattr(torch, "__version__", None), "load": [load0, load1],
+                       "results": results, "skipped": skipped}, f, indent=2)
 
-    print(f"Ray {ray.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs; {args.reps} warm transfers per cell (median); ratios are the object store's time over the transport's (higher is faster)\n")
-    print("| size | transport | warm ms | warm GB/s | × store warm | cold ms | × store cold | paths taken |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
-    for r in results:
+
+# TENSORLANE row, Ray row: the goals' comparisons (the issue's), each at every size.
+VERSUS = [
+    ("TENSORLANE", "store"), ("TENSORLANE empty", "store"),
+    ("TENSORLANE torch", "store torch"),
+    ("TENSORLANE torch", "store zero-copy torch"), ("TENSORLANE torch view", "store zero-copy torch"),
+    ("TENSORLANE empty", "store zero-copy torch"),
+    ("TENSORLANE torch", "GLOO"), ("TENSORLANE tcp", "GLOO"),
+    ("TENSORLANE torch", "NIXL"), ("TENSORLANE torch view", "NIXL"),
+]
+
+
+def report(results, skipped, args, load0, load1):
+    print(f"Ray {ray.__version__}, numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
+          f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load0:.1f} -> {load1:.1f}; "
+          f"{args.reps} warm transfers per cell (median)\n")
+    ok = [r for r in results if "error" not in r]
+    by = {(r["size"], r["transport"]): r for r in ok}
+    print("| size | transport | warm ms | warm GB/s | cold ms | cold GB/s | paths (receiver) |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for r in ok:
         paths = ", ".join(f"{k} {v}" for k, v in sorted(r["paths"].items())) or "-"
         print(f"| {human(r['size'])} | {r['transport']} | {r['warm_s'] * 1e3:.2f} | {r['warm_gbps']:.2f} | "
-              f"{r['warm_vs_store']:.2f} | {r['cold_s'] * 1e3:.2f} | {r['cold_vs_store']:.2f} | {paths} |")
-    if skipped:
+              f"{r['cold_s'] * 1e3:.2f} | {r['cold_gbps']:.2f} | {paths} |")
+    sizes = sorted({r["size"] for r in ok})
+    print("\nRatios, the Ray row's time over the TENSORLANE row's (above 1: TENSORLANE is faster), warm / cold:\n")
+    print("| TENSORLANE row | × Ray row | " + " | ".join(human(n) for n in sizes) + " |")
+    print("|---|---|" + "---:|" * len(sizes))
+    for a, b in VERSUS:
+        cells = []
+        for n in sizes:
+            ra, rb = by.get((n, a)), by.get((n, b))
+            cells.append(f"{rb['warm_s'] / ra['warm_s']:.2f} / {rb['cold_s'] / ra['cold_s']:.2f}" if ra and rb else "-")
+        if any(c != "-" for c in cells):
+            print(f"| {a} | {b} | " + " | ".join(cells) + " |")
+    small = [n for n in sizes if n <= SMALL]
+    if small:
+        ray_rows = ["store", "store torch", "store zero-copy torch", "GLOO", "NIXL"]
+        print("\nThe small-transfer floor, warm ms (cold ms):\n")
+        names = ray_rows + ["NULL", "TENSORLANE", "TENSORLANE no inline", "TENSORLANE ask", "TENSORLANE nested get"]
+        print("| size | " + " | ".join(names) + " | Ray's fastest |")
+        print("|---|" + "---:|" * (len(names) + 1))
+        for n in small:
+            cells = []
+            for name in names:
+                r = by.get((n, name))
+                cells.append(f"{r['warm_s'] * 1e3:.2f} ({r['cold_s'] * 1e3:.2f})" if r else "-")
+            fastest = min((by[(n, x)] for x in ray_rows if (n, x) in by), key=lambda r: r["warm_s"], default=None)
+            cells.append(fastest["transport"] if fastest else "-")
+            print(f"| {human(n)} | " + " | ".join(cells) + " |")
+    errs = [r for r in results if "error" in r]
+    if skipped or errs:
         print("\nNot measured:")
         for k, v in skipped.items():
             print(f"- {k}: {v}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ray": ray.__version__, "results": results, "skipped": skipped}, f, indent=2)
+        for r in errs:
+            print(f"- {r['transport']} at {human(r['size'])}: {r['error']}")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,10 @@ def as_array(x: Any) -> np.ndarray:
     if mod.startswith("torch"):
         if x.device.type != "cpu":
             raise errors.InvalidArgument(f"tensor on {x.device}: tensorlane's Python binding moves CPU memory")
+        if str(x.dtype) == "torch.bfloat16":  # numpy has none: its 16-bit pattern (put names it bfloat16)
+            import torch
+
+            return x.detach().view(torch.int16).numpy()
         return x.detach().numpy()
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x)
@@ -232,7 +236,7 @@ class Runtime:
                 f"non-contiguous array (shape {a.shape}, strides {a.strides}): "
                 "pass numpy.ascontiguousarray(a) (one copy) or publish a contiguous array"
             )
-        name = tl_dtype(a.dtype)
+        name = "bfloat16" if str(getattr(x, "dtype", "")) == "torch.bfloat16" else tl_dtype(a.dtype)
         if a.nbytes == 0:
             raise errors.InvalidArgument(f"empty array (shape {a.shape}): nothing to publish")
         shape = _shape_array(a.shape)

@@ -262,3 +262,151 @@ def test_slab_mode_through_ray():
             break
         time.sleep(0.2)
     assert now["host_memory"]["used"] == base["host_memory"]["used"], now
+
+
+# Inline (eager) small tensors: below TENSORLANE_INLINE_BYTES (read on the
+# sender, default 64 KiB) a tensor rides inside the transport metadata.
+
+@ray.remote(enable_tensor_transport=True)
+class InlineSender:
+    @ray.method(tensor_transport="TENSORLANE")
+    def state_dict(self, count):
+        return {f"layer{i}.weight": np.full((i + 1, 7), i, np.float32) for i in range(count)}
+
+    @ray.method(tensor_transport="TENSORLANE")
+    def mixed(self):
+        return {"small": expected(1024, 7), "big": expected(MiB // 4, 8), "flags": np.arange(5, dtype=np.int8),
+                "empty": np.zeros((0, 3), np.float64)}
+
+    def stats(self):
+        return tlr.runtime().stats()
+
+    # No decorator: Ray validates a decorator's transport name when the
+    # class is defined, and TENSORLANE_TORCH exists only where torch does.
+    # The test names the transport with .options() instead.
+    def torch_state(self):
+        import torch
+
+        g = torch.Generator().manual_seed(11)
+        return {"w": torch.randn(MiB // 4, generator=g), "b": torch.randn(100, generator=g),
+                "w16": torch.randn(MiB // 2, generator=g).to(torch.bfloat16),
+                "b16": torch.randn(33, generator=g).to(torch.bfloat16), "step": torch.tensor([7], dtype=torch.int64)}
+
+
+@ray.remote(enable_tensor_transport=True)
+class InlineReceiver:
+    def check_state_dict(self, sd):
+        ok = all(np.array_equal(v, np.full((i + 1, 7), i, np.float32)) for i, v in enumerate(sd.values()))
+        return len(sd), ok, all(v.flags.writeable for v in sd.values()), tlr.runtime().stats()
+
+    def check_mixed(self, d):
+        ok = (np.array_equal(d["small"], expected(1024, 7)) and np.array_equal(d["big"], expected(MiB // 4, 8))
+              and np.array_equal(d["flags"], np.arange(5, dtype=np.int8)) and d["empty"].shape == (0, 3))
+        return ok, tlr.runtime().stats()
+
+    def check_torch(self, d):
+        import torch
+
+        g = torch.Generator().manual_seed(11)
+        want = {"w": torch.randn(MiB // 4, generator=g), "b": torch.randn(100, generator=g),
+                "w16": torch.randn(MiB // 2, generator=g).to(torch.bfloat16),
+                "b16": torch.randn(33, generator=g).to(torch.bfloat16), "step": torch.tensor([7], dtype=torch.int64)}
+        return {k: (type(d[k]).__name__, str(d[k].dtype), bool(torch.equal(d[k], want[k]))) for k in want}
+
+    def corrupted_inline(self):
+        """Each broken metadata must raise a tensorlane error, never return."""
+        a = np.arange(4, dtype=np.float32)
+        raw = a.tobytes()
+        import zlib
+
+        good = (a.dtype.str, (4,), raw, zlib.crc32(raw))
+        cases = {
+            "crc": (a.dtype.str, (4,), raw[:-1] + b"\x01", zlib.crc32(raw)),
+            "length": (a.dtype.str, (5,), raw, zlib.crc32(raw)),
+            "dtype": ("<c8", (2,), raw, zlib.crc32(raw)),
+            "garbage dtype": ("not a dtype", (4,), raw, zlib.crc32(raw)),
+            "not a tuple": b"junk",
+            "missing": None,
+        }
+        out = {}
+        for name, entry in cases.items():
+            shape = (5,) if name == "length" else (2,) if name == "dtype" else (4,)
+            meta = tlr.TensorlaneTransportMetadata(tensor_meta=[(shape, a.dtype)], tensor_device="cpu",
+                                                   refs=[b""], inline=[entry])
+            try:
+                tlr.TensorlaneTransport().recv_multiple_tensors("x", meta, tlr.TensorlaneCommunicatorMetadata())
+                out[name] = ("no error", "")
+            except tl.Error as e:
+                out[name] = (type(e).__name__, str(e))
+        # inline list and refs disagree in length
+        meta = tlr.TensorlaneTransportMetadata(tensor_meta=[((4,), a.dtype)] * 2, tensor_device="cpu",
+                                               refs=[b"", b""], inline=[good])
+        try:
+            tlr.TensorlaneTransport().recv_multiple_tensors("x", meta, tlr.TensorlaneCommunicatorMetadata())
+            out["count"] = ("no error", "")
+        except tl.Error as e:
+            out["count"] = (type(e).__name__, str(e))
+        return out
+
+
+def test_inline_state_dict_needs_no_transfer():
+    s, r = InlineSender.remote(), InlineReceiver.remote()
+    base = ray.get(s.stats.remote())
+    ref = s.state_dict.remote(100)
+    n, ok, writable, rstats = ray.get(r.check_state_dict.remote(ref))
+    assert (n, ok, writable) == (100, True, True)
+    assert rstats["gets_by_transport"] == {} and rstats["views"] == 0, "no tensorlane read for inline tensors"
+    assert ray.get(s.stats.remote())["objects"] == base["objects"], "nothing published on the sender"
+    del ref  # garbage_collect has nothing to free: must not fail
+
+
+def test_inline_mixed_with_large():
+    s, r = InlineSender.remote(), InlineReceiver.remote()
+    ok, rstats = ray.get(r.check_mixed.remote(s.mixed.remote()))
+    assert ok, "bytes differ"
+    assert sum(rstats["gets_by_transport"].values()) == 1, "only the 1 MiB array is read (views count there too)"
+
+
+def test_inline_disabled_sends_refs():
+    env = {"env_vars": dict(PATH, TENSORLANE_TRANSPORTS="", TENSORLANE_INLINE_BYTES="0")}
+    s, r = InlineSender.options(runtime_env=env).remote(), InlineReceiver.remote()
+    base = ray.get(s.stats.remote())
+    ref = s.state_dict.remote(20)
+    n, ok, _, rstats = ray.get(r.check_state_dict.remote(ref))
+    assert (n, ok) == (20, True)
+    assert sum(rstats["gets_by_transport"].values()) == 20, rstats
+    assert ray.get(s.stats.remote())["objects"] == base["objects"] + 20
+
+
+def test_corrupted_inline_metadata_is_a_clear_error():
+    out = ray.get(InlineReceiver.remote().corrupted_inline.remote())
+    for name, (kind, msg) in out.items():
+        assert kind == "Corrupt", (name, kind, msg)
+        assert "inline" in msg, (name, msg)
+
+
+def test_torch_tensors_end_to_end():
+    """TENSORLANE_TORCH: a state dict of torch tensors (float32 and bfloat16,
+    large ones read through tensorlane, small ones inline) arrives as torch
+    tensors with the sender's dtypes and bytes."""
+    pytest.importorskip("torch")
+    s, r = InlineSender.remote(), InlineReceiver.remote()
+    got = ray.get(r.check_torch.remote(s.torch_state.options(tensor_transport="TENSORLANE_TORCH").remote()))
+    for k, (typ, dtype, equal) in got.items():
+        assert typ == "Tensor", (k, typ)
+        assert equal, (k, dtype)
+    assert got["w16"][1] == got["b16"][1] == "torch.bfloat16"
+
+
+@pytest.mark.parametrize("value, want", [("", tlr.INLINE_DEFAULT), ("0", 0), ("4096", 4096), ("64K", 65536),
+                                         ("1MiB", 1 << 20), (" 8kb ", 8192)])
+def test_inline_threshold_from_environment(monkeypatch, value, want):
+    monkeypatch.setenv(tlr.ENV_INLINE, value)
+    assert tlr._inline_limit() == want
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1.5M", "K"])
+def test_bad_inline_threshold_is_invalid_argument(monkeypatch, value):
+    monkeypatch.setenv(tlr.ENV_INLINE, value)
+    with pytest.raises(tl.InvalidArgument, match=tlr.ENV_INLINE):
+        tlr._inline_limit()
