@@ -171,7 +171,9 @@ class Runtime:
     ``discover``, ``host``, ``listen``, ``data_addr``, ``cluster_key``,
     ``allow``, ``deny``, ``transfer_timeout_ms``, ``sim_devices``,
     ``host_memory``, ``log_level``, ``lazy_staging``, ``stage_pool_bytes``,
-    ``slabs``, ``pool_bytes``, ``slab_bytes`` (slab mode: docs/ray.md).
+    ``slabs``, ``pool_bytes``, ``slab_bytes`` (slab mode: docs/ray.md;
+    ``pool_bytes`` also works without slabs: that much host memory is made
+    resident at start for the first large Get's destination).
     TENSORLANE_TRANSPORTS, TENSORLANE_CLUSTER_KEY, TENSORLANE_SLABS and
     TENSORLANE_POOL_BYTES apply from the environment.
     """
