@@ -42,22 +42,49 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 		return sts, errs
 	}
 	errs := make([]error, len(srcs))
+	t.runBatch(ctx, srcs, dsts, sts, errs, batchSide{
+		peer: "owner",
+		tooSmall: func(i int) error {
+			return fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dsts[i].Len(), srcs[i].Length)
+		},
+		alone: func(ctx context.Context, i int) (fabric.Stats, error) { return t.Read(ctx, srcs[i], dsts[i]) },
+		pipeline: func(c *conn, lane []int, coalesced int) (int, bool, error) {
+			return t.pipeline(c, lane, coalesced, srcs, dsts, sts, errs)
+		},
+	})
+	return sts, errs
+}
+
+// batchSide is what a read batch and a write batch do differently; the
+// grouping into lanes is the same (runBatch).
+type batchSide struct {
+	peer     string                                                      // "owner" or "destination", for errors
+	tooSmall func(i int) error                                           // the local buffer cannot hold remote i
+	alone    func(ctx context.Context, i int) (fabric.Stats, error)      // one item on its own (striped, device)
+	pipeline func(c *conn, lane []int, coalesced int) (int, bool, error) // a lane's items, pipelined on c
+}
+
+// runBatch checks every item, moves the striped and device ones on their
+// own (two at a time: each uses several connections already), and
+// spreads the rest of each remote peer over lanes run by side.pipeline.
+// rems[i] is item i's remote end, bufs[i] its local buffer.
+func (t *Transport) runBatch(ctx context.Context, rems []fabric.Remote, bufs []tensor.Buffer, sts []fabric.Stats, errs []error, side batchSide) {
 	groups := map[connKey][]int{}
 	var keys []connKey
 	var alone []int
-	for i, src := range srcs {
-		addr := src.Addrs[fabric.TCP]
+	for i, rem := range rems {
+		addr := rem.Addrs[fabric.TCP]
 		switch {
-		case src.Length < 0 || dsts[i].Len() < src.Length:
-			errs[i] = fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dsts[i].Len(), src.Length)
+		case rem.Length < 0 || bufs[i].Len() < rem.Length:
+			errs[i] = side.tooSmall(i)
 		case addr == "":
-			errs[i] = fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, src.Peer)
-		case len(src.Claim.Token) > maxToken:
-			errs[i] = fmt.Errorf("%w: token of %d bytes", fabric.ErrUnauthorized, len(src.Claim.Token))
-		case tensor.IsDevice(dsts[i]) || src.Length >= 2*t.cfg.StripeMin || !hostVisible(dsts[i]):
+			errs[i] = fmt.Errorf("%w: %s %s serves no tcp address", fabric.ErrNoPath, side.peer, rem.Peer)
+		case len(rem.Claim.Token) > maxToken:
+			errs[i] = fmt.Errorf("%w: token of %d bytes", fabric.ErrUnauthorized, len(rem.Claim.Token))
+		case tensor.IsDevice(bufs[i]) || rem.Length >= 2*t.cfg.StripeMin || !hostVisible(bufs[i]):
 			alone = append(alone, i)
 		default:
-			k := connKey{src.Peer, addr}
+			k := connKey{rem.Peer, addr}
 			if groups[k] == nil {
 				keys = append(keys, k)
 			}
@@ -65,8 +92,6 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 		}
 	}
 	var wg sync.WaitGroup
-	// Striped objects use several connections each already: two at a
-	// time, beside the lanes.
 	next := make(chan int, len(alone))
 	for _, i := range alone {
 		next <- i
@@ -81,24 +106,23 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 					errs[i] = err
 					continue
 				}
-				sts[i], errs[i] = t.Read(ctx, srcs[i], dsts[i])
+				sts[i], errs[i] = side.alone(ctx, i)
 			}
 		}()
 	}
 	for _, k := range keys {
 		idx := groups[k]
-		for _, lane := range t.lanes(idx, srcs) {
+		for _, lane := range t.lanes(idx, rems) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				t.lane(ctx, k, lane, errs, func(c *conn) (int, bool, error) {
-					return t.pipeline(c, lane, len(idx), srcs, dsts, sts, errs)
+					return side.pipeline(c, lane, len(idx))
 				})
 			}()
 		}
 	}
 	wg.Wait()
-	return sts, errs
 }
 
 // lanes spreads one owner's items over up to Streams lanes, largest first

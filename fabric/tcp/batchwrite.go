@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,62 +41,16 @@ func (t *Transport) WriteBatch(ctx context.Context, srcs []tensor.Buffer, dsts [
 		return sts, errs
 	}
 	errs := make([]error, len(dsts))
-	groups := map[connKey][]int{}
-	var keys []connKey
-	var alone []int
-	for i, dst := range dsts {
-		addr := dst.Addrs[fabric.TCP]
-		switch {
-		case dst.Length < 0 || srcs[i].Len() < dst.Length:
-			errs[i] = fmt.Errorf("%w: source holds %d of %d bytes", fabric.ErrBadRequest, srcs[i].Len(), dst.Length)
-		case addr == "":
-			errs[i] = fmt.Errorf("%w: destination %s serves no tcp address", fabric.ErrNoPath, dst.Peer)
-		case len(dst.Claim.Token) > maxToken:
-			errs[i] = fmt.Errorf("%w: token of %d bytes", fabric.ErrUnauthorized, len(dst.Claim.Token))
-		case tensor.IsDevice(srcs[i]) || dst.Length >= 2*t.cfg.StripeMin || !hostVisible(srcs[i]):
-			alone = append(alone, i)
-		default:
-			k := connKey{dst.Peer, addr}
-			if groups[k] == nil {
-				keys = append(keys, k)
-			}
-			groups[k] = append(groups[k], i)
-		}
-	}
-	var wg sync.WaitGroup
-	// Striped pushes use several connections each already: two at a time,
-	// beside the lanes.
-	next := make(chan int, len(alone))
-	for _, i := range alone {
-		next <- i
-	}
-	close(next)
-	for range min(2, len(alone)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := ctx.Err(); err != nil {
-					errs[i] = err
-					continue
-				}
-				sts[i], errs[i] = t.Write(ctx, srcs[i], dsts[i])
-			}
-		}()
-	}
-	for _, k := range keys {
-		idx := groups[k]
-		for _, lane := range t.lanes(idx, dsts) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				t.lane(ctx, k, lane, errs, func(c *conn) (int, bool, error) {
-					return t.pipelineWrites(c, lane, len(idx), srcs, dsts, sts, errs)
-				})
-			}()
-		}
-	}
-	wg.Wait()
+	t.runBatch(ctx, dsts, srcs, sts, errs, batchSide{
+		peer: "destination",
+		tooSmall: func(i int) error {
+			return fmt.Errorf("%w: source holds %d of %d bytes", fabric.ErrBadRequest, srcs[i].Len(), dsts[i].Length)
+		},
+		alone: func(ctx context.Context, i int) (fabric.Stats, error) { return t.Write(ctx, srcs[i], dsts[i]) },
+		pipeline: func(c *conn, lane []int, coalesced int) (int, bool, error) {
+			return t.pipelineWrites(c, lane, coalesced, srcs, dsts, sts, errs)
+		},
+	})
 	return sts, errs
 }
 
