@@ -25,6 +25,11 @@ var (
 	// ErrOwnerClosed: the owner is shutting down and takes no new reads,
 	// leases or pushes (those in flight finish within its grace period).
 	ErrOwnerClosed = fmt.Errorf("fabric: owner is shutting down: %w", net.ErrClosed)
+	// ErrSinkBusy: a push's sink takes no writes yet (its reader has not
+	// said it is done with the generation it holds). Every path would be
+	// refused alike, so it is terminal for this push; the writer waits for
+	// the reader and pushes again.
+	ErrSinkBusy = errors.New("fabric: sink busy: its reader is still consuming a generation")
 )
 
 // Terminal reports whether err would fail on any path, so falling back to
@@ -32,7 +37,7 @@ var (
 // the caller gave up, or the destination cannot hold it.
 func Terminal(err error) bool {
 	for _, t := range []error{ErrObjectNotFound, ErrObjectFreed, ErrStaleRef, ErrUnauthorized,
-		ErrBadRequest, ErrOwnerClosed, tensor.ErrOutOfMemory, tensor.ErrTooSmall, context.Canceled, context.DeadlineExceeded} {
+		ErrBadRequest, ErrOwnerClosed, ErrSinkBusy, tensor.ErrOutOfMemory, tensor.ErrTooSmall, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, t) {
 			return true
 		}

@@ -49,8 +49,9 @@ var (
 // Broadcast and flow-control conditions.
 var (
 	// ErrSlotBusy: the slot's reader has not said Done with the
-	// generation it holds, so the slot takes no writes yet.
-	ErrSlotBusy = fmt.Errorf("rdt: slot busy: its reader is still consuming a generation")
+	// generation it holds, so the slot takes no writes yet. It is
+	// fabric.ErrSinkBusy, so a writer on any path learns it as such.
+	ErrSlotBusy = fabric.ErrSinkBusy
 	// ErrReaderDied: a broadcast reader's runtime was declared dead.
 	ErrReaderDied = errors.New("rdt: reader died")
 	// ErrBroadcastAborted: the broadcast filling a slot ended without

@@ -93,7 +93,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 			}
 			_, errs = owner.PushBatch(ctx, s2, d2, BatchConfig{})
 			for k, err := range errs {
-				assert.ErrorContains(t, err, "slot busy", "item %d (over the data path the owner's ErrSlotBusy arrives as its text)", k)
+				assert.ErrorIs(t, err, ErrSlotBusy, "item %d: the owner's refusal arrives typed over the data path", k)
 				cur, _ := slots[good[k]].Generation()
 				assert.Equal(t, uint64(1), cur)
 			}

@@ -96,6 +96,7 @@ const (
 	StatusBadRequest
 	StatusInternal
 	StatusClosing // the owner is shutting down (fabric.ErrOwnerClosed)
+	StatusBusy    // the sink takes no writes yet (fabric.ErrSinkBusy)
 )
 
 // StatusFor maps an error to the status code that carries it over the wire.
@@ -115,6 +116,8 @@ func StatusFor(err error) byte {
 		// A transport of the owner that is closed is the owner shutting
 		// down; the reader must learn that, not an internal error.
 		return StatusClosing
+	case errors.Is(err, fabric.ErrSinkBusy):
+		return StatusBusy
 	}
 	return StatusInternal
 }
@@ -136,6 +139,7 @@ func StatusError(code byte, msg string) error {
 		StatusNotFound: fabric.ErrObjectNotFound, StatusFreed: fabric.ErrObjectFreed,
 		StatusStale: fabric.ErrStaleRef, StatusUnauthorized: fabric.ErrUnauthorized,
 		StatusBadRequest: fabric.ErrBadRequest, StatusClosing: fabric.ErrOwnerClosed,
+		StatusBusy: fabric.ErrSinkBusy,
 	}[code]
 	if kind == nil {
 		kind = errors.New("fabric: owner internal error")

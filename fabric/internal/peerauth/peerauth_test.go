@@ -266,6 +266,7 @@ func TestStatusRoundTrip(t *testing.T) {
 		{fabric.ErrBadRequest, fabric.ErrBadRequest},
 		{fabric.ErrOwnerClosed, fabric.ErrOwnerClosed},
 		{fmt.Errorf("rdma: register on nic0: %w", fabric.ErrClosed), fabric.ErrOwnerClosed},
+		{fmt.Errorf("%w: generation 3 not done yet", fabric.ErrSinkBusy), fabric.ErrSinkBusy},
 	} {
 		got := StatusError(StatusFor(tc.owner), tc.owner.Error())
 		assert.ErrorIs(t, got, tc.want, "owner said %v", tc.owner)
