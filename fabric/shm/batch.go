@@ -26,8 +26,18 @@ import (
 // this connection holds), checked against the claim's range by the owner
 // and against the grant by us, re-validated every time, its mapping
 // cached as Read caches it; an item the owner refuses fails alone.
+//
+// WriteBatch (fabric.BatchWriter) is the same exchange in the push
+// direction (opBatchPush): one request per owner listing up to maxBatch
+// sinks, one reply granting each sink's own pages writable (exactly what
+// a single push grant reaches), a copy of each source into its sink, one
+// done. A closed, unknown, forged or busy sink (fabric.ErrSinkBusy) fails
+// its item alone.
 
-var _ fabric.BatchReader = (*Transport)(nil)
+var (
+	_ fabric.BatchReader = (*Transport)(nil)
+	_ fabric.BatchWriter = (*Transport)(nil)
+)
 
 const (
 	// batchFrameBytes bounds the bytes one frame pins and copies, so
@@ -62,17 +72,35 @@ func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []
 		}
 		return sts, errs
 	}
-	t.c.readBatch(ctx, t.name, srcs, dsts, sts, errs)
+	t.c.runBatch(ctx, t.name, false, srcs, dsts, sts, errs)
 	return sts, errs
 }
 
-// BatchStats counts the client's batch frames (ReadBatch).
+// WriteBatch pushes srcs[i] into the sink dsts[i] names for every i; see
+// fabric.BatchWriter.
+func (t *Transport) WriteBatch(ctx context.Context, srcs []tensor.Buffer, dsts []fabric.Remote) ([]fabric.Stats, []error) {
+	sts := make([]fabric.Stats, len(dsts))
+	if errs := fabric.CheckWriteBatch(srcs, dsts); errs != nil {
+		return sts, errs
+	}
+	errs := make([]error, len(dsts))
+	if t.closed.Load() {
+		for i := range errs {
+			errs[i] = fabric.ErrClosed
+		}
+		return sts, errs
+	}
+	t.c.runBatch(ctx, t.name, true, dsts, srcs, sts, errs)
+	return sts, errs
+}
+
+// BatchStats counts the client's batch frames (ReadBatch and WriteBatch).
 type BatchStats struct {
 	Frames      int64 // batch requests answered (one round trip each)
 	Items       int64 // items those frames granted or refused
 	Descriptors int64 // descriptors received with them
 	Packets     int64 // packets those descriptors came in (SCM_MAX_FD each)
-	OneByOne    int64 // items read one by one because the owner refused batches
+	OneByOne    int64 // items read or pushed one by one because the owner refused batches
 }
 
 // batchCounters are BatchStats, updated as frames end.
@@ -86,24 +114,27 @@ func (c *Client) BatchStats() BatchStats {
 	return BatchStats{Frames: b.frames.Load(), Items: b.items.Load(), Descriptors: b.fds.Load(), Packets: b.packets.Load(), OneByOne: b.oneByOne.Load()}
 }
 
-// batchJob is one item of a batch: where it goes.
+// batchJob is one item of a batch: the owner's side and ours.
 type batchJob struct {
-	i   int // its index in the caller's slices
-	src fabric.Remote
-	buf tensor.Buffer // the caller's destination
-	p   []byte        // host-visible destination, or nil
-	dev tensor.Buffer // device destination when p is nil
+	i   int           // its index in the caller's slices
+	src fabric.Remote // the owner's object (read) or sink (push)
+	buf tensor.Buffer // the caller's destination (read) or source (push)
+	p   []byte        // host-visible buf, or nil
+	dev tensor.Buffer // device buf when p is nil
 }
 
 // ownerJobs are the items of one owner.
 type ownerJobs struct {
 	want        peer.ID
 	owner, addr string
+	push        bool // the items are pushes into the owner's sinks
 	jobs        []batchJob
 	copying     chan struct{} // held by the frame whose item is copying
 }
 
-func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
+// runBatch moves every item: srcs[i] (the owner's side) into bufs[i] for
+// a read, bufs[i] into srcs[i] for a push.
+func (c *Client) runBatch(ctx context.Context, name string, push bool, srcs []fabric.Remote, dsts []tensor.Buffer, sts []fabric.Stats, errs []error) {
 	groups := map[string]*ownerJobs{}
 	var order []*ownerJobs
 	// Decoding a peer ID and naming its owner cost more than granting a
@@ -131,6 +162,8 @@ func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remot
 		case err != nil:
 		case len(src.Claim.Token) > maxToken:
 			err = fmt.Errorf("%w: claim token of %d bytes", fabric.ErrBadRequest, len(src.Claim.Token))
+		case dsts[i].Len() < src.Length && push:
+			err = fmt.Errorf("%w: source holds %d of the %d bytes to push", tensor.ErrTooSmall, dsts[i].Len(), src.Length)
 		case dsts[i].Len() < src.Length:
 			err = fmt.Errorf("%w: destination holds %d of %d bytes", tensor.ErrTooSmall, dsts[i].Len(), src.Length)
 		default:
@@ -142,7 +175,7 @@ func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remot
 		}
 		g := groups[tk[0]+"@"+addr]
 		if g == nil {
-			g = &ownerJobs{want: want, owner: ownerKey(want, addr), addr: addr, copying: make(chan struct{}, 1)}
+			g = &ownerJobs{want: want, owner: ownerKey(want, addr), addr: addr, push: push, copying: make(chan struct{}, 1)}
 			groups[tk[0]+"@"+addr] = g
 			order = append(order, g)
 		}
@@ -164,7 +197,7 @@ func (c *Client) readBatch(ctx context.Context, name string, srcs []fabric.Remot
 					return
 				}
 				defer func() { <-sem }()
-				c.readFrame(ctx, name, g, frame, len(g.jobs), sts, errs)
+				c.runFrame(ctx, name, g, frame, len(g.jobs), sts, errs)
 			}()
 		}
 	}
@@ -192,9 +225,9 @@ func frames(jobs []batchJob) [][]batchJob {
 // errBatchRefused marks an owner's refusal of a whole batch.
 var errBatchRefused = errors.New("shm: owner refused the batch")
 
-// readFrame reads one frame of g's items and fills in their results;
+// runFrame moves one frame of g's items and fills in their results;
 // coalesced is how many items of g the batch moves together.
-func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs []batchJob, coalesced int, sts []fabric.Stats, errs []error) {
+func (c *Client) runFrame(ctx context.Context, name string, g *ownerJobs, jobs []batchJob, coalesced int, sts []fabric.Stats, errs []error) {
 	start := time.Now()
 	res := make([]error, len(jobs))
 	done := make([]time.Duration, len(jobs))
@@ -207,15 +240,20 @@ func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs 
 		})
 	}
 	if errors.Is(err, errBatchRefused) && errors.Is(err, fabric.ErrBadRequest) {
-		// An owner without batches (wire version 4): one by one.
-		c.cfg.Logger.Info("shm owner refused a batch (an older owner?); reading its items one by one", "owner", g.owner, "items", len(jobs), "err", err)
+		// An owner without batches (wire version 4, or of reads only):
+		// one by one.
+		c.cfg.Logger.Info("shm owner refused a batch (an older owner?); moving its items one by one", "owner", g.owner, "items", len(jobs), "push", g.push, "err", err)
 		c.batch.oneByOne.Add(int64(len(jobs)))
 		for _, j := range jobs {
 			if err := ctx.Err(); err != nil {
 				errs[j.i] = err
 				continue
 			}
-			sts[j.i], errs[j.i] = c.read(ctx, name, j.src, j.buf)
+			if g.push {
+				sts[j.i], errs[j.i] = c.write(ctx, name, j.buf, j.src)
+			} else {
+				sts[j.i], errs[j.i] = c.read(ctx, name, j.src, j.buf)
+			}
 		}
 		return
 	}
@@ -227,7 +265,7 @@ func (c *Client) readFrame(ctx context.Context, name string, g *ownerJobs, jobs 
 			// Not confirmed (or never granted): the copy must not be used.
 			errs[j.i] = err
 		default:
-			sts[j.i] = fabric.Stats{Transport: name, Bytes: j.src.Length, Duration: done[k], Streams: 1, ViewCopy: copied[k], Coalesced: coalesced}
+			sts[j.i] = fabric.Stats{Transport: name, Bytes: j.src.Length, Duration: done[k], Streams: 1, ViewCopy: copied[k] && !g.push, Coalesced: coalesced}
 		}
 	}
 }
@@ -241,8 +279,11 @@ func (c *Client) frameOn(ctx context.Context, pc *pconn, g *ownerJobs, jobs []ba
 	helds := make([]*mapping, len(jobs))
 	reqs := make([]request, len(jobs))
 	for k, j := range jobs {
-		keys[k] = cacheKey{owner: owner, object: j.src.Claim.Object, incarnation: j.src.Claim.Incarnation}
+		keys[k] = cacheKey{owner: owner, object: j.src.Claim.Object, incarnation: j.src.Claim.Incarnation, push: g.push}
 		reqs[k] = request{op: opRead, claim: j.src.Claim, offset: j.src.Offset, length: j.src.Length}
+		if g.push {
+			reqs[k].op = opPush
+		}
 		if helds[k] = c.cache.acquire(keys[k]); helds[k] != nil {
 			reqs[k].have = helds[k].id
 		}

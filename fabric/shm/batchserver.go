@@ -15,12 +15,14 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// handleBatch answers a batch of read requests (batchwire.go): it opens
-// and grants each item as handle does one request, answers with every
-// item's grant or refusal and the granted items' descriptors, and holds
-// every pin until the client's one done. Each item is checked as a single
-// request is (the Source's Open with the claim's range, CheckRange, the
-// export's own range checks), and fails alone. It returns an error only
+// handleBatch answers a batch of read or push requests (batchwire.go): it
+// opens and grants each item as handle does one request, answers with
+// every item's grant or refusal and the granted items' descriptors, and
+// holds every pin until the client's one done. Each item is checked as a
+// single request is (the Source's Open with the claim's range, or the
+// Sink's OpenSink for a push; CheckRange; the export's own range checks:
+// a push descriptor reaches its sink's pages alone, writable), and fails
+// alone (a busy sink with fabric.ErrSinkBusy, typed). It returns an error only
 // when the connection cannot be used any more.
 func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, sent map[uint64]bool, who peer.ID) (err error) {
 	items := make([]batchItem, len(reqs))
@@ -30,7 +32,7 @@ func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, s
 	// connection for a timeout per item.
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	for i, req := range reqs {
-		pin, err := s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
+		pin, err := s.open(ctx, req)
 		if err == nil {
 			err = fabric.CheckRange(req.offset, req.length, pin.Len())
 		}
@@ -43,7 +45,7 @@ func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, s
 				if !s.exportWarned.Swap(true) {
 					level = slog.LevelWarn
 				}
-				s.cfg.Logger.Log(s.ctx, level, "shm: cannot grant the object, the reader must take another path", "object", req.claim.Object, "batch", true, "err", err)
+				s.cfg.Logger.Log(s.ctx, level, "shm: cannot grant the object, the reader must take another path", "object", req.claim.Object, "batch", true, "push", req.op == opPush, "err", err)
 			}
 		}
 		if err != nil {

@@ -9,16 +9,20 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 )
 
-// The batch exchange (fabric.BatchReader, wire version 5): many read
-// claims of one owner granted in one round trip. All integers are big
-// endian; every message is one packet, as in wire.go.
+// The batch exchange (fabric.BatchReader and fabric.BatchWriter, wire
+// version 5): many read claims, or many push sinks, of one owner granted
+// in one round trip. All integers are big endian; every message is one
+// packet, as in wire.go.
 //
-//	batch:       opBatch (1) | count (2) | count x (object (16) | incarnation (8) |
+//	batch:       op (1) | count (2) | count x (object (16) | incarnation (8) |
 //	             offset (8) | length (8) | have (8) | token length (1) | token)
 //
-// Each item is a read request without its op byte (wire.go): have is the
-// mapping id the client already maps for that claim, or 0. The owner opens
-// (pins) every item, and answers with one packet:
+// op is opBatch (every item a read) or opBatchPush (every item a push:
+// the push flag). Each item is a request of that direction without its op
+// byte (wire.go): have is the mapping id the client already maps for that
+// claim (read-only for reads, writable for pushes), or 0. The owner opens
+// (pins) every item, its Source's object for a read and its Sink's slot
+// for a push, and answers with one packet:
 //
 //	refused:     status (1, not StatusOK) | message           (the whole batch)
 //	granted:     status (1, StatusOK) | version (1) = 5 | count (2) | descriptors (2) |
@@ -28,7 +32,9 @@ import (
 //	          or status (1, not StatusOK) | message length (1) | message
 //
 // A granted item means what a single grant (wire.go) means; it carries no
-// hold id, since a batch only reads (views go one by one). A refused item
+// hold id, since a batch reads or pushes (views go one by one). A push
+// item's descriptor reaches exactly its sink's pages, writable, as a
+// single push grant's does. A refused item
 // fails alone. descriptors counts the items whose flags have flagFD: their
 // descriptors, in item order, ride with the reply, at most maxFDsPerPacket
 // of them (the kernel's SCM_MAX_FD), and the rest in as few packets after
@@ -41,10 +47,13 @@ import (
 // client whose connection is still open after its copies knows every pin
 // held for all of them. A version 4 owner does not know opBatch: it
 // refuses the request (fabric.ErrBadRequest) and closes the connection,
-// and the client then reads the items one by one.
+// and the client then reads the items one by one. An owner that knows
+// reads only refuses opBatchPush the same way, and the client then pushes
+// the items one by one.
 const (
-	opBatch byte = 6
-	opFDs   byte = 7
+	opBatch     byte = 6
+	opFDs       byte = 7
+	opBatchPush byte = 9
 
 	batchVersion byte = 5
 
@@ -89,9 +98,14 @@ func refusedItem(err error) batchItem {
 	return batchItem{code: peerauth.StatusFor(err), text: text}
 }
 
-// appendBatch appends the encoded batch request of reqs (all reads) to b.
+// appendBatch appends the encoded batch request of reqs to b: all reads,
+// or all pushes (the first item's op says which).
 func appendBatch(b []byte, reqs []request) []byte {
-	b = append(b, opBatch)
+	op := opBatch
+	if len(reqs) > 0 && reqs[0].op == opPush {
+		op = opBatchPush
+	}
+	b = append(b, op)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(reqs)))
 	for _, r := range reqs {
 		b = r.appendItem(b)
@@ -103,8 +117,12 @@ func appendBatch(b []byte, reqs []request) []byte {
 // what the packet can hold, is refused before anything is allocated for
 // it; malformed input yields fabric.ErrBadRequest and never a panic.
 func parseBatch(p []byte) ([]request, error) {
-	if len(p) < batchHead || p[0] != opBatch {
+	if len(p) < batchHead || (p[0] != opBatch && p[0] != opBatchPush) {
 		return nil, fmt.Errorf("%w: batch of %d bytes", fabric.ErrBadRequest, len(p))
+	}
+	op := opRead
+	if p[0] == opBatchPush {
+		op = opPush
 	}
 	n := int(binary.BigEndian.Uint16(p[1:3]))
 	if n == 0 || n > maxBatch || n > (len(p)-batchHead)/batchItemMin {
@@ -121,7 +139,7 @@ func parseBatch(p []byte) ([]request, error) {
 			return nil, fmt.Errorf("%w: batch item %d: token of %d bytes in %d", fabric.ErrBadRequest, i, tl, len(p))
 		}
 		item := make([]byte, 0, requestFixed+tl) // parseRequest checks the rest
-		item = append(append(item, opRead), p[:batchItemMin+tl]...)
+		item = append(append(item, op), p[:batchItemMin+tl]...)
 		r, err := parseRequest(item)
 		if err != nil {
 			return nil, fmt.Errorf("batch item %d: %w", i, err)

@@ -42,6 +42,10 @@ func TestBatchFramesGolden(t *testing.T) {
 				"02" + "04" + "676f6e65" +
 				"b2fd3cac"},
 		{"descriptors", fdsPacket(3), "07" + "0003"},
+		// The push flag is the op: the items are encoded as for reads.
+		{"push batch", appendBatch(nil, []request{{op: opPush, claim: fabric.Claim{Object: goldenObj, Incarnation: 7, Token: []byte("tk")}, offset: 1, length: 300, have: 9}}),
+			"09" + "0001" +
+				"aa0102030405060708090a0b0c0d0ebb" + "0000000000000007" + "0000000000000001" + "000000000000012c" + "0000000000000009" + "02" + "746b"},
 	} {
 		if h := hex.EncodeToString(c.got); h != c.want {
 			t.Errorf("%s:\n got %s\nwant %s", c.name, h, c.want)
@@ -58,6 +62,15 @@ func TestBatchFramesRoundTrip(t *testing.T) {
 	p := appendBatch(nil, reqs)
 	require.LessOrEqual(t, len(p), maxBatchReq)
 	got, err := parseBatch(p)
+	require.NoError(t, err)
+	assert.Equal(t, reqs, got)
+	for i := range reqs {
+		reqs[i].op = opPush // the same items as pushes: only the op differs
+	}
+	pp := appendBatch(nil, reqs)
+	require.Equal(t, opBatchPush, pp[0])
+	require.Equal(t, p[1:], pp[1:])
+	got, err = parseBatch(pp)
 	require.NoError(t, err)
 	assert.Equal(t, reqs, got)
 
@@ -166,6 +179,8 @@ func FuzzParseBatch(f *testing.F) {
 	f.Add(appendBatch(nil, []request{{op: opRead, claim: fabric.Claim{Object: goldenObj, Incarnation: 2, Token: []byte("token")}, offset: 3, length: 4, have: 5}}))
 	f.Add(appendBatch(nil, []request{{op: opRead}, {op: opRead, length: 1}}))
 	f.Add([]byte{opBatch, 0xff, 0xff})
+	f.Add(appendBatch(nil, []request{{op: opPush, claim: fabric.Claim{Object: goldenObj, Incarnation: 2, Token: []byte("t")}, length: 4}, {op: opPush}}))
+	f.Add([]byte{opBatchPush, 0, 1})
 	f.Fuzz(func(t *testing.T, p []byte) {
 		reqs, err := parseBatch(p)
 		if err != nil {
@@ -177,8 +192,12 @@ func FuzzParseBatch(f *testing.F) {
 		if len(reqs) == 0 || len(reqs) > maxBatch {
 			t.Fatalf("accepted a batch of %d items", len(reqs))
 		}
+		op := opRead
+		if p[0] == opBatchPush {
+			op = opPush // the push flag: every item a push, none a read
+		}
 		for _, r := range reqs {
-			if r.op != opRead || r.offset < 0 || r.length < 0 || len(r.claim.Token) > maxToken {
+			if r.op != op || r.offset < 0 || r.length < 0 || len(r.claim.Token) > maxToken {
 				t.Fatalf("accepted a bad item %+v", r)
 			}
 		}

@@ -49,6 +49,14 @@
 // are read one by one. batchwire.go has the frames (wire version 5:
 // single exchanges are unchanged and still say version 4).
 //
+// It implements fabric.BatchWriter the same way: WriteBatch asks an owner
+// for up to 256 of its sinks in one request (opBatchPush), each granted
+// as a single push is (writable, exactly the sink's own pages, its
+// writable mapping cached), copies every source into its sink and sends
+// one done. A closed, unknown, forged, stale or busy sink
+// (fabric.ErrSinkBusy) fails its item alone; an owner that knows only
+// read batches refuses the frame and the items are pushed one by one.
+//
 // # Slab grants (opt-in, one trust scope)
 //
 // An owner whose memory is a tensor.SlabMemory shares its objects as

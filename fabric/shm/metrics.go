@@ -22,8 +22,8 @@ var (
 			"prefetched (a prefetch of an owner's slabs finished), over_budget (a prefetch skipped: the slabs mapped fill its budget).",
 		[]string{"event"}, nil)
 	batchDesc = prometheus.NewDesc("tensorlane_shm_batch_events_total",
-		"Batch reads (ReadBatch): frames (one request and reply per owner and up to 256 objects), items, descriptors and the packets they came in, "+
-			"one_by_one (items read singly because the owner refused batches).",
+		"Batches (ReadBatch, WriteBatch): frames (one request and reply per owner and up to 256 objects or sinks), items, descriptors and the packets they came in, "+
+			"one_by_one (items read or pushed singly because the owner refused batches).",
 		[]string{"event"}, nil)
 	prefetchBytesDesc = prometheus.NewDesc("tensorlane_shm_slab_prefetch_bytes_total",
 		"Bytes of owners' slabs whose page tables this reader built in the background, ahead of its reads.", nil, nil)

@@ -206,7 +206,7 @@ func (s *Server) serve(c *net.UnixConn) {
 			}
 			return
 		}
-		if p[0] == opBatch && !s.noBatch.Load() {
+		if (p[0] == opBatch || p[0] == opBatchPush) && !s.noBatch.Load() {
 			reqs, err := parseBatch(p)
 			if err == nil {
 				err = s.handleBatch(c, buf, oob, reqs, sent, who)
@@ -246,14 +246,7 @@ func (s *Server) serve(c *net.UnixConn) {
 func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[uint64]bool, who peer.ID) (err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	var pin tensor.Buffer
-	switch {
-	case req.op == opRead || req.op == opView:
-		pin, err = s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
-	case s.cfg.Sink == nil:
-		err = fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
-	default:
-		pin, err = s.cfg.Sink.OpenSink(ctx, req.claim)
-	}
+	pin, err = s.open(ctx, req)
 	cancel()
 	if err == nil {
 		err = fabric.CheckRange(req.offset, req.length, pin.Len())
@@ -342,6 +335,18 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[
 	// sets the idle deadline): the done is not acknowledged, so the client
 	// never waits for us in between.
 	return nil
+}
+
+// open pins what req names: the Source's object for a read or a view, the
+// Sink's slot for a push.
+func (s *Server) open(ctx context.Context, req request) (tensor.Buffer, error) {
+	switch {
+	case req.op == opRead || req.op == opView:
+		return s.cfg.Source.Open(ctx, req.claim.For(req.offset, req.length))
+	case s.cfg.Sink == nil:
+		return nil, fmt.Errorf("%w: this runtime accepts no pushes", fabric.ErrBadRequest)
+	}
+	return s.cfg.Sink.OpenSink(ctx, req.claim)
 }
 
 // export describes pin's place in its allocation's file and, unless the

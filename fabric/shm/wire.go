@@ -59,8 +59,8 @@ import (
 // on any of its connections (no answer), or until the client has no
 // connection to the owner left (slab.go).
 //
-// Version 5 adds batches of reads (opBatch, answered with one reply and
-// descriptor packets, opFDs; batchwire.go). The exchanges above are
+// Version 5 adds batches of reads and of pushes (opBatch, opBatchPush,
+// answered with one reply and descriptor packets, opFDs; batchwire.go). The exchanges above are
 // unchanged, and their grants still say version 4.
 //
 // A reader in the owner's trust scope may ask for the owner's slabs ahead
@@ -80,7 +80,7 @@ const (
 	opDone   byte = 3
 	opView   byte = 4
 	opUnview byte = 5
-	opSlabs  byte = 8 // 6 and 7 are the batch ops (batchwire.go)
+	opSlabs  byte = 8 // 6, 7 and 9 are the batch ops (batchwire.go)
 
 	version  byte = 4 // 3: grants carry the view start; 4: and a hold id
 	flagFD   byte = 1
