@@ -15,16 +15,28 @@ import (
 )
 
 // TestPushBatchCoalesced: a batch of pushes into another host's slots
+// (tcp, rdma), or into slots of another runtime of the same host (p2p
+// onto GPU 1, NVLink-linked to the owner's GPU 0; shm into host memory),
 // moves coalesced over the batch-capable path and is announced in one
 // notice; a closed slot, a forged one, a source not this runtime's and a
 // slot named twice fail on their own and leave their slots' generations
 // where they were; every good slot advances exactly once.
 func TestPushBatchCoalesced(t *testing.T) {
-	for _, tr := range []string{fabric.TCP, fabric.RDMA} {
+	for _, c := range []struct {
+		tr  string
+		dst tensor.DeviceID
+	}{{fabric.TCP, tensor.GPUDevice(1)}, {fabric.RDMA, tensor.GPUDevice(1)}, {fabric.P2P, tensor.GPUDevice(1)}, {fabric.SHM, tensor.HostDevice}} {
+		tr := c.tr
 		t.Run(tr, func(t *testing.T) {
 			ctx := context.Background()
-			only := func(c *Config) { c.Transports.Allow = []string{tr} }
-			rts := cluster(t, only, only)
+			var rts []*Runtime
+			if tr == fabric.P2P || tr == fabric.SHM {
+				a, b := sameHost(t)
+				rts = []*Runtime{a, b}
+			} else {
+				only := func(c *Config) { c.Transports.Allow = []string{tr} }
+				rts = cluster(t, only, only)
+			}
 			owner, _ := rts[0].Spawn("trainer")
 			reader, _ := rts[1].Spawn("worker")
 			const n = 40
@@ -35,7 +47,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 				x := fill(t, rts[0], tensor.GPUDevice(0), tensor.BFloat16, int64(1+i%5), 2048)
 				ref, err := owner.Put(ctx, x)
 				require.NoError(t, err)
-				s, err := reader.Reserve(ctx, ref.Desc, tensor.GPUDevice(1), WithGenerations())
+				s, err := reader.Reserve(ctx, ref.Desc, c.dst, WithGenerations())
 				require.NoError(t, err)
 				t.Cleanup(func() { s.Close() })
 				srcs, dsts, want, slots = append(srcs, ref), append(dsts, s.Ref()), append(want, x), append(slots, s)
@@ -46,7 +58,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 			forged := dsts[5]
 			forged.Token = []byte("not the token")
 			dsts[5] = forged
-			foreign, err := reader.Put(ctx, fill(t, rts[1], tensor.GPUDevice(1), tensor.BFloat16, 1, 2048))
+			foreign, err := reader.Put(ctx, fill(t, rts[1], c.dst, tensor.BFloat16, 1, 2048))
 			require.NoError(t, err)
 			srcs[7] = foreign
 			srcs, dsts = append(srcs, srcs[0]), append(dsts, dsts[0])
