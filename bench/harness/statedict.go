@@ -195,10 +195,7 @@ func RunStateDict(ctx context.Context, cfg StateDictConfig) (rec StateDictRecord
 		return rec, err
 	}
 	if cfg.Push {
-		if dstDev != srcDev {
-			return rec, fmt.Errorf("harness: statedict push over %s is not measured (push reserves on the reader's GPU 0)", cfg.Transport)
-		}
-		return runStateDictPush(ctx, rec, cfg, owner, reader, refs, one)
+		return runStateDictPush(ctx, rec, cfg, owner, reader, refs, one, dstDev)
 	}
 	batch := func(separate bool) (float64, error) {
 		start := time.Now()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // runStateDictPush measures the trainer pushing the state dict refs into
@@ -13,7 +14,10 @@ import (
 // push notice) and as the same batch pushed item by item
 // (BatchConfig.Separate), against one Push of a tensor of the same total
 // size, interleaved round by round; then every slot's bytes are checked.
-func runStateDictPush(ctx context.Context, rec StateDictRecord, cfg StateDictConfig, owner, reader *rdt.Actor, refs []rdt.Ref, one rdt.Ref) (StateDictRecord, error) {
+// The slots are on the reader's dev (its GPU 0 on the second host; on the
+// owner's host, a GPU NVLink-linked to the owner's for p2p, host memory
+// for shm).
+func runStateDictPush(ctx context.Context, rec StateDictRecord, cfg StateDictConfig, owner, reader *rdt.Actor, refs []rdt.Ref, one rdt.Ref, dev tensor.DeviceID) (StateDictRecord, error) {
 	var slots []*rdt.Slot
 	defer func() {
 		for _, s := range slots {
@@ -21,7 +25,7 @@ func runStateDictPush(ctx context.Context, rec StateDictRecord, cfg StateDictCon
 		}
 	}()
 	reserve := func(ref rdt.Ref) (rdt.Ref, error) {
-		s, err := reader.Reserve(ctx, ref.Desc, srcDev)
+		s, err := reader.Reserve(ctx, ref.Desc, dev)
 		if err != nil {
 			return rdt.Ref{}, err
 		}
