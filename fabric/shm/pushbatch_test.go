@@ -114,3 +114,21 @@ func TestPushBatchOldOwner(t *testing.T) {
 	assert.EqualValues(t, 20, cli.BatchStats().OneByOne)
 	assert.EqualValues(t, 20, cli.CacheStats().Push.Mapped)
 }
+
+// TestPushBatchNoSink: an owner that accepts no pushes refuses every item
+// of a push batch, typed, and writes nothing; the connection stays usable
+// for a read batch afterwards.
+func TestPushBatchNoSink(t *testing.T) {
+	o := newManyOwner(t, nil)
+	readerKey, _ := key(t)
+	cli, err := NewClient(Config{Security: fabric.Security{Identity: readerKey}})
+	require.NoError(t, err)
+	defer cli.Close()
+	for i, err := range o.push(t, cli.SHM(), 5, 9) {
+		require.ErrorIs(t, err, fabric.ErrBadRequest, "item %d", i)
+	}
+	for _, err := range o.batch(t, cli.SHM(), 5) {
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, 2, cli.BatchStats().Frames)
+}
