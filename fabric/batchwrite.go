@@ -18,7 +18,8 @@ import (
 // BatchWriter is the optional capability of Writers that push many
 // objects together: tcp pipelines the writes of one destination on its
 // connections, rdma resolves every sink of one destination in one control
-// round trip before posting the writes.
+// round trip before posting the writes, shm and p2p get every sink of one
+// destination granted (writable, each its own pages) in one round trip.
 type BatchWriter interface {
 	// WriteBatch pushes the first dsts[i].Length bytes of srcs[i] into the
 	// sink dsts[i] names, for every i, and returns each item's Stats and
