@@ -36,12 +36,18 @@ type BatchReader interface {
 // CheckBatch returns per-item errors for arguments a ReadBatch cannot run
 // on at all (mismatched lengths), or nil.
 func CheckBatch(srcs []Remote, dsts []tensor.Buffer) []error {
-	if len(srcs) == len(dsts) {
+	return checkLengths(len(srcs), len(dsts), len(srcs), "destinations")
+}
+
+// checkLengths fails each of items when a batch has srcs sources and dsts
+// destinations (what names them) and the two differ, or returns nil.
+func checkLengths(srcs, dsts, items int, what string) []error {
+	if srcs == dsts {
 		return nil
 	}
-	errs := make([]error, len(srcs))
+	errs := make([]error, items)
 	for i := range errs {
-		errs[i] = fmt.Errorf("%w: batch of %d sources and %d destinations", ErrBadRequest, len(srcs), len(dsts))
+		errs[i] = fmt.Errorf("%w: batch of %d sources and %d %s", ErrBadRequest, srcs, dsts, what)
 	}
 	return errs
 }

@@ -2,7 +2,6 @@ package fabric
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -34,14 +33,7 @@ type BatchWriter interface {
 // CheckWriteBatch returns per-item errors for arguments a WriteBatch
 // cannot run on at all (mismatched lengths), or nil.
 func CheckWriteBatch(srcs []tensor.Buffer, dsts []Remote) []error {
-	if len(srcs) == len(dsts) {
-		return nil
-	}
-	errs := make([]error, len(dsts))
-	for i := range errs {
-		errs[i] = fmt.Errorf("%w: batch of %d sources and %d sinks", ErrBadRequest, len(srcs), len(dsts))
-	}
-	return errs
+	return checkLengths(len(srcs), len(dsts), len(dsts), "sinks")
 }
 
 // CoalescesWrites reports whether WriteBatch would coalesce a push plan's

@@ -53,12 +53,7 @@ type batchItem struct {
 }
 
 // err returns the item's refusal as a typed error, or nil.
-func (b batchItem) err() error {
-	if b.code == peerauth.StatusOK {
-		return nil
-	}
-	return peerauth.StatusError(b.code, b.text)
-}
+func (b batchItem) err() error { return peerauth.ItemError(b.code, b.text) }
 
 // marshalResolveBatch encodes a resolve batch, or a write batch when the
 // items are pushes (a batch goes one way: the first item's push says

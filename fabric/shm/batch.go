@@ -61,36 +61,32 @@ var batchOOB = unix.CmsgSpace(maxFDsPerPacket * 4)
 
 // ReadBatch pulls srcs[i] into dsts[i] for every i; see fabric.BatchReader.
 func (t *Transport) ReadBatch(ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
-	sts := make([]fabric.Stats, len(srcs))
 	if errs := fabric.CheckBatch(srcs, dsts); errs != nil {
-		return sts, errs
+		return make([]fabric.Stats, len(srcs)), errs
 	}
-	errs := make([]error, len(srcs))
-	if t.closed.Load() {
-		for i := range errs {
-			errs[i] = fabric.ErrClosed
-		}
-		return sts, errs
-	}
-	t.c.runBatch(ctx, t.name, false, srcs, dsts, sts, errs)
-	return sts, errs
+	return t.batch(ctx, false, srcs, dsts)
 }
 
 // WriteBatch pushes srcs[i] into the sink dsts[i] names for every i; see
 // fabric.BatchWriter.
 func (t *Transport) WriteBatch(ctx context.Context, srcs []tensor.Buffer, dsts []fabric.Remote) ([]fabric.Stats, []error) {
-	sts := make([]fabric.Stats, len(dsts))
 	if errs := fabric.CheckWriteBatch(srcs, dsts); errs != nil {
-		return sts, errs
+		return make([]fabric.Stats, len(dsts)), errs
 	}
-	errs := make([]error, len(dsts))
+	return t.batch(ctx, true, dsts, srcs)
+}
+
+// batch moves the items of a read (push false) or push batch: rems[i] is
+// item i's remote object or sink, bufs[i] its local buffer.
+func (t *Transport) batch(ctx context.Context, push bool, rems []fabric.Remote, bufs []tensor.Buffer) ([]fabric.Stats, []error) {
+	sts, errs := make([]fabric.Stats, len(rems)), make([]error, len(rems))
 	if t.closed.Load() {
 		for i := range errs {
 			errs[i] = fabric.ErrClosed
 		}
 		return sts, errs
 	}
-	t.c.runBatch(ctx, t.name, true, dsts, srcs, sts, errs)
+	t.c.runBatch(ctx, t.name, push, rems, bufs, sts, errs)
 	return sts, errs
 }
 

@@ -97,15 +97,5 @@ func (s *Server) handleBatch(c *net.UnixConn, buf, oob []byte, reqs []request, s
 	// reads them): ours go at once, whatever the client does.
 	closeAll(fds)
 	fds = nil
-	c.SetReadDeadline(time.Now().Add(s.cfg.HoldTimeout))
-	p, got, err := recvPacket(c, buf, oob)
-	closeAll(got)
-	if err != nil {
-		return err
-	}
-	if len(p) != doneLen || p[0] != opDone {
-		err = fmt.Errorf("%w: expected done after a batch, got %d bytes", fabric.ErrBadRequest, len(p))
-		return err
-	}
-	return nil
+	return s.awaitDone(c, buf, oob, " after a batch")
 }

@@ -82,12 +82,7 @@ type batchItem struct {
 }
 
 // err returns the item's refusal as a typed error, or nil.
-func (b batchItem) err() error {
-	if b.code == peerauth.StatusOK {
-		return nil
-	}
-	return peerauth.StatusError(b.code, b.text)
-}
+func (b batchItem) err() error { return peerauth.ItemError(b.code, b.text) }
 
 // refusedItem encodes err as an item's refusal.
 func refusedItem(err error) batchItem {

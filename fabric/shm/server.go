@@ -317,14 +317,7 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[
 		return err
 	}
 	// The client maps and copies now; the pin stays held until it is done.
-	c.SetReadDeadline(time.Now().Add(s.cfg.HoldTimeout))
-	p, fds, err := recvPacket(c, buf, oob)
-	closeAll(fds)
-	if err != nil {
-		return err
-	}
-	if len(p) != doneLen || p[0] != opDone {
-		err = fmt.Errorf("%w: expected done, got %d bytes", fabric.ErrBadRequest, len(p))
+	if err = s.awaitDone(c, buf, oob, ""); err != nil {
 		return err
 	}
 	if unhold != nil {
@@ -334,6 +327,21 @@ func (s *Server) handle(c *net.UnixConn, buf, oob []byte, req request, sent map[
 	// Unpin (the deferred Release) and wait for the next request (serve
 	// sets the idle deadline): the done is not acknowledged, so the client
 	// never waits for us in between.
+	return nil
+}
+
+// awaitDone waits, at most HoldTimeout, for the client's done after a
+// grant or a batch reply (what names the exchange in the error).
+func (s *Server) awaitDone(c *net.UnixConn, buf, oob []byte, what string) error {
+	c.SetReadDeadline(time.Now().Add(s.cfg.HoldTimeout))
+	p, fds, err := recvPacket(c, buf, oob)
+	closeAll(fds)
+	if err != nil {
+		return err
+	}
+	if len(p) != doneLen || p[0] != opDone {
+		return fmt.Errorf("%w: expected done%s, got %d bytes", fabric.ErrBadRequest, what, len(p))
+	}
 	return nil
 }
 

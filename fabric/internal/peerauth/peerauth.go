@@ -122,6 +122,16 @@ func StatusFor(err error) byte {
 	return StatusInternal
 }
 
+// ItemError is the typed error of one item of a batch answer: nil for
+// StatusOK, else StatusError(code, msg). Each item of a batch fails on its
+// own, with the status its owner gave it.
+func ItemError(code byte, msg string) error {
+	if code == StatusOK {
+		return nil
+	}
+	return StatusError(code, msg)
+}
+
 // RemoteError is an error the owner reported for a request.
 type RemoteError struct {
 	Code    byte
