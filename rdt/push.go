@@ -348,28 +348,40 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	if r.isClosed() {
 		return Transfer{}, ErrClosed
 	}
-	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
-		return Transfer{}, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
-	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	start, end := src.Desc.Span()
-	pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token}.For(start, end-start))
+	pin, win, remote, err := r.openPush(ctx, src, dst)
 	if err != nil {
 		return Transfer{}, err
 	}
 	defer pin.Release()
-	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
-		return Transfer{}, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
-	}
-	remote := r.remoteFor(dst)
-	remote.Offset, remote.Length = 0, end-start
-	st, plan, err := r.planner.Write(ctx, r.endpoint(src.Device), &window{Buffer: pin, off: start, n: end - start}, remote)
+	st, plan, err := r.planner.Write(ctx, r.endpoint(src.Device), win, remote)
 	tr := Transfer{Plan: plan, Stats: st}
 	if err != nil {
 		return tr, err
 	}
-	return tr, r.notifyPush(ctx, dst, end-start)
+	return tr, r.notifyPush(ctx, dst, win.n)
+}
+
+// openPush checks that this runtime owns src and that its bytes fit dst's
+// slot exactly, pins them and returns them (the window of pin that moves)
+// with the slot's Remote. The caller releases pin.
+func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *window, remote fabric.Remote, err error) {
+	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
+		return nil, nil, remote, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
+	}
+	start, end := src.Desc.Span()
+	pin, err = r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token}.For(start, end-start))
+	if err != nil {
+		return nil, nil, remote, err
+	}
+	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
+		pin.Release()
+		return nil, nil, remote, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
+	}
+	remote = r.remoteFor(dst)
+	remote.Offset, remote.Length = 0, end-start
+	return pin, &window{Buffer: pin, off: start, n: end - start}, remote, nil
 }
 
 func spanBytes(d tensor.Desc) int64 {

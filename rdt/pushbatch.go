@@ -203,20 +203,12 @@ func (a *Actor) pushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig
 			continue
 		}
 		first[k] = i
-		start, end := src.Desc.Span()
-		pin, err := r.objects.Open(ctx, fabric.Claim{Object: src.Object, Incarnation: src.Incarnation, Token: src.Token}.For(start, end-start))
+		pin, win, remote, err := r.openPush(ctx, src, dst)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		if end-start != spanBytes(dst.Desc) || end > pin.Len() {
-			pin.Release()
-			errs[i] = fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
-			continue
-		}
-		remote := r.remoteFor(dst)
-		remote.Offset, remote.Length = 0, end-start
-		moving = append(moving, pushOne{i: i, pin: pin, src: &window{Buffer: pin, off: start, n: end - start}, remote: remote})
+		moving = append(moving, pushOne{i: i, pin: pin, src: win, remote: remote})
 	}
 	eps := make([]fabric.Endpoint, len(moving))
 	bufs := make([]tensor.Buffer, len(moving))
@@ -311,7 +303,8 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n pushBatchNoti
 	}
 	for i, s := range items {
 		if s == statusItems { // not an item's status: the answer is garbled
-			s = 4
+			errs[i] = fmt.Errorf("%w: push batch answer with status %d for an item", ErrMalformedRef, s)
+			continue
 		}
 		errs[i] = noticeError(s)
 	}
