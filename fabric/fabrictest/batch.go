@@ -20,23 +20,37 @@ import (
 // afterwards.
 
 func (s *suite) batchReader(t *testing.T, env Env) fabric.BatchReader {
-	br, ok := env.Reader.(fabric.BatchReader)
-	if !ok {
-		t.Skipf("%s does not implement fabric.BatchReader (items are read one by one)", env.Reader.Name())
-	}
-	return br
+	return capable[fabric.BatchReader](t, env, "fabric.BatchReader (items are read one by one)")
 }
 
 func (s *suite) readBatch(t *testing.T, br fabric.BatchReader, ctx context.Context, srcs []fabric.Remote, dsts []tensor.Buffer) ([]fabric.Stats, []error) {
 	t.Helper()
+	return batchWithin(t, "ReadBatch", len(srcs), func() ([]fabric.Stats, []error) { return br.ReadBatch(ctx, srcs, dsts) })
+}
+
+// capable returns env.Reader as the optional capability T, or skips the
+// case: it is for transports that have T (what names it and what happens
+// without it).
+func capable[T any](t *testing.T, env Env, what string) T {
+	c, ok := env.Reader.(T)
+	if !ok {
+		t.Skipf("%s does not implement %s", env.Reader.Name(), what)
+	}
+	return c
+}
+
+// batchWithin runs a batch call of n items within the fault bound and
+// fails the test unless it answered every item.
+func batchWithin(t *testing.T, name string, n int, call func() ([]fabric.Stats, []error)) ([]fabric.Stats, []error) {
+	t.Helper()
 	var sts []fabric.Stats
 	var errs []error
-	within(t, faultBound, fmt.Sprintf("ReadBatch of %d items", len(srcs)), func() error {
-		sts, errs = br.ReadBatch(ctx, srcs, dsts)
+	within(t, faultBound, fmt.Sprintf("%s of %d items", name, n), func() error {
+		sts, errs = call()
 		return nil
 	})
-	if len(sts) != len(srcs) || len(errs) != len(srcs) {
-		t.Fatalf("ReadBatch of %d items returned %d stats and %d errors", len(srcs), len(sts), len(errs))
+	if len(sts) != n || len(errs) != n {
+		t.Fatalf("%s of %d items returned %d stats and %d errors", name, n, len(sts), len(errs))
 	}
 	return sts, errs
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -23,25 +22,12 @@ import (
 // bound, and the transport works afterwards.
 
 func (s *suite) batchWriter(t *testing.T, env Env) fabric.BatchWriter {
-	bw, ok := env.Reader.(fabric.BatchWriter)
-	if !ok {
-		t.Skipf("%s does not implement fabric.BatchWriter (items are pushed one by one)", env.Reader.Name())
-	}
-	return bw
+	return capable[fabric.BatchWriter](t, env, "fabric.BatchWriter (items are pushed one by one)")
 }
 
 func (s *suite) writeBatch(t *testing.T, bw fabric.BatchWriter, ctx context.Context, srcs []tensor.Buffer, dsts []fabric.Remote) ([]fabric.Stats, []error) {
 	t.Helper()
-	var sts []fabric.Stats
-	var errs []error
-	within(t, faultBound, fmt.Sprintf("WriteBatch of %d items", len(dsts)), func() error {
-		sts, errs = bw.WriteBatch(ctx, srcs, dsts)
-		return nil
-	})
-	if len(sts) != len(dsts) || len(errs) != len(dsts) {
-		t.Fatalf("WriteBatch of %d items returned %d stats and %d errors", len(dsts), len(sts), len(errs))
-	}
-	return sts, errs
+	return batchWithin(t, "WriteBatch", len(dsts), func() ([]fabric.Stats, []error) { return bw.WriteBatch(ctx, srcs, dsts) })
 }
 
 // pushItem is one item of a push batch: the source, the sink it goes to
