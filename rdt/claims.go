@@ -3,6 +3,7 @@ package rdt
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorlane/tensorlane/internal/privdir"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -30,7 +32,8 @@ import (
 const EnvDevices = "TENSORLANE_DEVICES"
 
 // EnvRuntimeDir overrides the directory of device claim locks (default
-// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid>). Honoured unless
+// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid>, else, when another
+// user holds that one, <user cache>/tensorlane/run). Honoured unless
 // Config.IgnoreEnv is set.
 const EnvRuntimeDir = "TENSORLANE_RUNTIME_DIR"
 
@@ -110,21 +113,37 @@ func parseVisible(s string) ([]int, error) {
 // two such programs on one machine must not refuse each other. Set it as
 // Config.RuntimeDir. It is removed when its last claim goes.
 func ProcessRuntimeDir() string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("tensorlane-%d", os.Getuid()), fmt.Sprintf("pid-%d", os.Getpid()))
+	return filepath.Join(userRuntimeDir(nil), fmt.Sprintf("pid-%d", os.Getpid()))
+}
+
+// userRuntimeDir is this user's private directory for claims: the first of
+// privdir.Candidates that is ours alone. One planted by another local user
+// (a shared /tmp without XDG_RUNTIME_DIR: services, containers, Ray
+// workers) is skipped and logged, never written through.
+func userRuntimeDir(log *slog.Logger) string {
+	dir, skipped, err := privdir.UserDir()
+	if log != nil {
+		for _, s := range skipped {
+			log.Warn("rdt: skipped a claims directory that is not ours alone; another local user may have planted it", "err", s)
+		}
+	}
+	if err != nil {
+		// Nothing is private: claimDevices refuses the first candidate with
+		// the reason, rather than claiming through it.
+		return privdir.Candidates()[0]
+	}
+	return dir
 }
 
 // defaultRuntimeDir is where claims live when neither Config nor the
 // environment says. A test binary gets a directory of its own: go test runs
 // packages in parallel processes that simulate the same hosts, and they
 // must not refuse each other (tests of the guard set RuntimeDir).
-func defaultRuntimeDir() string {
+func defaultRuntimeDir(log *slog.Logger) string {
 	if testing.Testing() {
 		return ProcessRuntimeDir()
 	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "tensorlane")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("tensorlane-%d", os.Getuid()))
+	return userRuntimeDir(log)
 }
 
 // processClaims are the locks this process holds, shared by its runtimes.
@@ -164,7 +183,7 @@ func claimDevices(dir, cluster, host string, devs []tensor.DeviceID) (release fu
 	processClaims.Lock()
 	defer processClaims.Unlock()
 	// Under the lock: a release in this process may remove a private dir.
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := privdir.Ensure(dir); err != nil {
 		return nil, fmt.Errorf("rdt: device claims: %w", err)
 	}
 	for _, d := range devs {
@@ -210,7 +229,8 @@ func lockName(cluster, host string, d tensor.DeviceID) string {
 // EWOULDBLOCK and pid is the holder's.
 func lockFile(path string) (*os.File, int, error) {
 	for range 8 { // retries only when a releaser unlinked the file under us
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		// No links followed, nothing truncated that is not a lock of ours.
+		f, err := privdir.OpenFile(path)
 		if err != nil {
 			return nil, 0, err
 		}

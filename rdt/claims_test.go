@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/internal/privdir"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -170,4 +172,40 @@ func TestDeviceClaimsAcrossProcesses(t *testing.T) {
 	stdin.Close()
 	left, _ := os.ReadDir(dir)
 	assert.Empty(t, left, "released claims leave no lock files")
+}
+
+// A lock file name planted as a symbolic link (another local user, or a
+// stale link in a directory we were tricked into) is refused, and the file
+// it points at is never opened for writing or truncated.
+func TestClaimRefusesPlantedLockLink(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("precious\n"), 0o600))
+	// Learn the lock's name from a first, honest claim.
+	r, err := New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{0}})
+	require.NoError(t, err)
+	locks, _ := filepath.Glob(filepath.Join(dir, "*.lock"))
+	require.Len(t, locks, 1)
+	require.NoError(t, r.Shutdown(ctx))
+	require.NoError(t, os.Symlink(victim, locks[0]))
+
+	_, err = New(ctx, Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{0}})
+	require.ErrorIs(t, err, privdir.ErrNotPrivate)
+	got, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "precious\n", string(got))
+}
+
+// A claims directory owned by another user is refused, not claimed
+// through: its owner could swap any lock for a link.
+func TestClaimRefusesAnotherUsersDirectory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("planting another user's directory needs root")
+	}
+	dir := filepath.Join(t.TempDir(), "planted")
+	require.NoError(t, os.Mkdir(dir, 0o777))
+	require.NoError(t, os.Chown(dir, 54321, 54321))
+	_, err := New(context.Background(), Config{IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 1 << 20, VisibleDevices: []int{0}})
+	require.ErrorIs(t, err, privdir.ErrNotPrivate)
 }

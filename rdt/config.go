@@ -53,7 +53,8 @@ type Config struct {
 	// RuntimeDir holds the device claim locks, one file per (cluster, host,
 	// device), flock'ed for the runtime's life. Default:
 	// TENSORLANE_RUNTIME_DIR unless IgnoreEnv, else
-	// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid> (a test
+	// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid> unless another
+	// local user holds it, else <user cache>/tensorlane/run (a test
 	// binary gets a directory of its own, so parallel test packages do
 	// not refuse each other).
 	RuntimeDir string
@@ -171,7 +172,7 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 	}
 	if out.RuntimeDir == "" {
-		out.RuntimeDir = defaultRuntimeDir()
+		out.RuntimeDir = defaultRuntimeDir(out.Logger)
 	}
 	if out.TransferTimeout <= 0 {
 		out.TransferTimeout = 2 * time.Minute

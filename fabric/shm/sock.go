@@ -10,41 +10,32 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/privdir"
 )
 
 // DefaultDir returns the private directory sockets are created in by
-// default: $TMPDIR/tensorlane-<uid>.
+// default: the first of $XDG_RUNTIME_DIR/tensorlane, $TMPDIR/tensorlane-<uid>
+// and <user cache>/tensorlane/run that is ours alone. A directory another
+// local user planted in a shared tmp is skipped, so it can neither hijack
+// our sockets nor switch shm off.
 func DefaultDir() string {
-	return filepath.Join(os.TempDir(), "tensorlane-"+strconv.Itoa(os.Getuid()))
+	dir, _, err := privdir.UserDir()
+	if err != nil {
+		return privdir.Candidates()[0] // privateDir then says why it is refused
+	}
+	return dir
 }
 
 // privateDir makes sure dir exists, is a real directory (not a link), is
 // ours and is closed to everyone else, so no other user can plant or swap a
 // socket in it.
 func privateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := privdir.Ensure(dir); err != nil {
 		return fmt.Errorf("shm: socket directory: %w", err)
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("shm: socket directory: %w", err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("shm: socket directory %s is not a directory", dir)
-	case !ok || int(st.Uid) != os.Getuid():
-		return fmt.Errorf("shm: socket directory %s belongs to another user", dir)
-	case fi.Mode().Perm()&0o077 != 0:
-		// Ours, but open to others (an old umask): close it.
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("shm: socket directory %s: %w", dir, err)
-		}
 	}
 	return nil
 }
