@@ -123,12 +123,8 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 }
 
 func (r *Runtime) refFor(o *object) Ref {
-	addrs := make([]string, 0, 2)
-	for _, m := range r.host.Addrs() {
-		addrs = append(addrs, m.String())
-	}
 	return Ref{
-		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
+		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refAddrs(r.host.Addrs()),
 		DataAddrs: r.dataAddrs(), Host: r.cfg.Host,
 		Device: o.buf.Device(), Desc: o.desc, Transports: r.servedTransports(),
 		Token: o.token,

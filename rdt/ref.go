@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
@@ -73,8 +75,44 @@ var (
 
 const maxPeerStrings = 1 << 12
 
-// MarshalBinary encodes the ref (version 1).
+// refAddrs picks the control addresses a ref carries: at most maxRefAddrs
+// (what every reader parses), the ones most likely to reach the owner from
+// another host first. A runtime listening on 0.0.0.0 of a host with many
+// addresses (container bridges, many NICs) would otherwise write a ref that
+// no reader can parse.
+func refAddrs(ms []multiaddr.Multiaddr) []string {
+	rank := func(m multiaddr.Multiaddr) int {
+		ip, err := manet.ToIP(m)
+		switch {
+		case err != nil:
+			return 1 // dns and the like: may well be routable
+		case ip.IsLoopback():
+			return 3
+		case ip.IsLinkLocalUnicast():
+			return 2
+		default:
+			return 0
+		}
+	}
+	ms = slices.Clone(ms)
+	slices.SortStableFunc(ms, func(a, b multiaddr.Multiaddr) int { return rank(a) - rank(b) })
+	out := make([]string, 0, min(len(ms), maxRefAddrs))
+	for _, m := range ms {
+		if s := m.String(); len(out) < maxRefAddrs && len(s) <= maxRefString && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// MarshalBinary encodes the ref (version 1). A ref with more addresses than
+// a reader accepts is refused here, where the mistake is, rather than on
+// every reader.
 func (r Ref) MarshalBinary() ([]byte, error) {
+	if len(r.Addrs) > maxRefAddrs || len(r.DataAddrs) > maxRefAddrs {
+		return nil, fmt.Errorf("rdt: a ref carries at most %d control and %d data addresses (have %d and %d)",
+			maxRefAddrs, maxRefAddrs, len(r.Addrs), len(r.DataAddrs))
+	}
 	e := wire.Encoder{Buf: make([]byte, 0, 256)}
 	e.Byte(refMagic0)
 	e.Byte(refMagic1)

@@ -1,0 +1,67 @@
+package rdt
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/multiformats/go-multiaddr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/tensor"
+)
+
+func TestRefAddrsRanksAndCaps(t *testing.T) {
+	var ms []multiaddr.Multiaddr
+	add := func(s string) { ms = append(ms, multiaddr.StringCast(s)) }
+	add("/ip4/127.0.0.1/tcp/1")
+	add("/ip4/169.254.0.9/tcp/1")
+	for i := range 20 {
+		add(fmt.Sprintf("/ip4/10.1.0.%d/tcp/1", i+1))
+	}
+	add("/ip4/10.1.0.1/tcp/1") // a duplicate
+	got := refAddrs(ms)
+	require.Len(t, got, maxRefAddrs)
+	assert.Equal(t, "/ip4/10.1.0.1/tcp/1", got[0], "routable addresses first, in their order")
+	assert.NotContains(t, got, "/ip4/127.0.0.1/tcp/1", "loopback is the first to go when there are too many")
+
+	few := refAddrs(ms[:2])
+	assert.Equal(t, []string{"/ip4/169.254.0.9/tcp/1", "/ip4/127.0.0.1/tcp/1"}, few)
+}
+
+// An owner listening on more addresses than a ref carries (0.0.0.0 on a
+// host with container bridges and many NICs) still writes refs that every
+// reader parses and reads through (issue 29, item 8).
+func TestRefFromOwnerWithManyAddresses(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, func(c *Config) {
+		if c.Host != "h0" {
+			return
+		}
+		for i := range 20 {
+			c.ListenAddrs = append(c.ListenAddrs, fmt.Sprintf("/ip4/127.0.0.%d/tcp/0", i+2))
+		}
+	})
+	owner, err := p.a.Spawn("owner")
+	require.NoError(t, err)
+	reader, err := p.b.Spawn("reader")
+	require.NoError(t, err)
+	x := fill(t, p.a, tensor.HostDevice, tensor.Float32, 64)
+	ref, err := owner.Put(ctx, x)
+	require.NoError(t, err)
+	require.Len(t, ref.Addrs, maxRefAddrs)
+
+	b, err := ref.MarshalBinary()
+	require.NoError(t, err)
+	var back Ref
+	require.NoError(t, back.UnmarshalBinary(b))
+	got, err := reader.Get(ctx, back, tensor.HostDevice)
+	require.NoError(t, err)
+	defer got.Release()
+	sameBytes(t, x, got)
+
+	ref.Addrs = append(ref.Addrs, "/ip4/127.0.0.1/tcp/9")
+	_, err = ref.MarshalBinary()
+	assert.Error(t, err, "a ref no reader could parse is refused when it is written")
+}
