@@ -54,12 +54,27 @@ type Config struct {
 	// RecentLimit bounds /api/transfers' recent list. Default 200.
 	RecentLimit int
 	Logger      *slog.Logger
+
+	// Token is the access token every request must present (see
+	// access.go). Default: a random one, read back with Handler.Token.
+	Token string
+	// NoAuth serves without a token: only for a handler mounted behind
+	// your own authentication.
+	NoAuth bool
+	// AllowedHosts are the host names (besides IP literals and localhost)
+	// clients may use to reach the dashboard, e.g. the machine's DNS name.
+	AllowedHosts []string
+	// Pprof also serves /debug/pprof (goroutine dumps, profiles) to
+	// authorized clients. Default off.
+	Pprof bool
 }
 
-// Handler serves the page, the JSON API, /metrics and /debug/pprof. Mount
-// it at the root of a server (or under a prefix with http.StripPrefix).
+// Handler serves the page, the JSON API, /metrics and, if enabled,
+// /debug/pprof, to clients that present its token. Mount it at the root of
+// a server (or under a prefix with http.StripPrefix).
 type Handler struct {
 	cfg     Config
+	token   string
 	mux     *http.ServeMux
 	log     *slog.Logger
 	process *prometheus.Registry
@@ -91,7 +106,10 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	h := &Handler{cfg: cfg, mux: http.NewServeMux(), log: cfg.Logger, process: prometheus.NewRegistry(), started: time.Now()}
+	if cfg.Token == "" {
+		cfg.Token = newToken()
+	}
+	h := &Handler{cfg: cfg, token: cfg.Token, mux: http.NewServeMux(), log: cfg.Logger, process: prometheus.NewRegistry(), started: time.Now()}
 	h.process.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	sub, _ := fs.Sub(static, "static")
@@ -106,16 +124,15 @@ func New(cfg Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /api/links", h.links)
 	h.mux.HandleFunc("GET /api/info", h.info)
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(h.gatherer(), promhttp.HandlerOpts{ErrorLog: slogAdapter{h.log}, ErrorHandling: promhttp.ContinueOnError}))
-	h.mux.HandleFunc("/debug/pprof/", pprof.Index)
-	h.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	h.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	h.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	h.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if cfg.Pprof {
+		h.mux.HandleFunc("/debug/pprof/", pprof.Index)
+		h.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		h.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		h.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		h.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return h, nil
 }
-
-// ServeHTTP implements http.Handler.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
 func (h *Handler) writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")

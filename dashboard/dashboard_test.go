@@ -67,9 +67,13 @@ func twoHosts(t *testing.T) []*rdt.Runtime {
 	return rts
 }
 
+// get fetches path with the token that testToken's handlers use.
 func get(t *testing.T, srv *httptest.Server, path string) (string, http.Header) {
 	t.Helper()
-	resp, err := srv.Client().Get(srv.URL + path)
+	req, err := http.NewRequest("GET", srv.URL+path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := srv.Client().Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -80,7 +84,7 @@ func get(t *testing.T, srv *httptest.Server, path string) (string, http.Header) 
 
 func TestHandler(t *testing.T) {
 	rts := twoHosts(t)
-	h, err := New(Config{Runtimes: rts, Placements: func() any { return map[string]string{"trainer": "h0/gpu:0"} }})
+	h, err := New(Config{Runtimes: rts, Placements: func() any { return map[string]string{"trainer": "h0/gpu:0"} }, Token: testToken, Pprof: true})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -173,7 +177,7 @@ func TestNewErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoCluster)
 	cl, err := topology.Preset("gb200-nvl72", 2)
 	require.NoError(t, err)
-	h, err := New(Config{Cluster: cl})
+	h, err := New(Config{Cluster: cl, Token: testToken})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -228,7 +232,7 @@ func TestLinks(t *testing.T) {
 
 	cl, err := topology.Preset("dgx-h100", 1)
 	require.NoError(t, err)
-	h, err := New(Config{Cluster: cl, Links: func() any { return m.Snapshot() }, Gatherers: []prometheus.Gatherer{reg}})
+	h, err := New(Config{Cluster: cl, Links: func() any { return m.Snapshot() }, Gatherers: []prometheus.Gatherer{reg}, Token: testToken})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()

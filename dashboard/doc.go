@@ -6,7 +6,13 @@
 // (/api/topology, /api/topology.svg, /api/transfers, /api/objects,
 // /api/memory, /api/links, /api/placements, /api/info), Prometheus metrics
 // at /metrics (every runtime's registry, each series labelled with its
-// host, plus Go and process metrics) and pprof at /debug/pprof.
+// host, plus Go and process metrics) and, when Config.Pprof is set, pprof at
+// /debug/pprof.
+//
+// It shows the object table and what moves where, so it is not public: every
+// request presents the handler's token (a bearer header, or the cookie that
+// opening the printed URL with ?token= sets), and a Host header other than an
+// IP literal, localhost or Config.AllowedHosts is refused (DNS rebinding).
 //
 // Everything the page needs is embedded: it works with no network access.
 // The Handler is an ordinary http.Handler, so a worker mounts it in its own

@@ -3,6 +3,7 @@ package dashboard_test
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 
@@ -12,7 +13,8 @@ import (
 
 // A worker mounts the dashboard in its own server; here it only draws a
 // preset's topology (with runtimes in Config.Runtimes it also shows their
-// transfers, objects and memory).
+// transfers, objects and memory). Every request presents the handler's
+// token; a person opens the page at /?token=<token>.
 func Example() {
 	cl, _ := topology.Preset("dgx-h100", 2)
 	h, err := dashboard.New(dashboard.Config{Cluster: cl})
@@ -21,7 +23,9 @@ func Example() {
 	}
 	srv := httptest.NewServer(h) // or http.Handle("/", h) in your server
 	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL + "/api/topology.svg")
+	req, _ := http.NewRequest("GET", srv.URL+"/api/topology.svg", nil)
+	req.Header.Set("Authorization", "Bearer "+h.Token())
+	resp, err := srv.Client().Do(req)
 	if err != nil {
 		panic(err)
 	}

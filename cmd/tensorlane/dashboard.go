@@ -34,6 +34,8 @@ type dashboardOptions struct {
 	interval   time.Duration
 	placements string
 	verbose    bool
+	pprof      bool
+	allowHosts []string
 }
 
 func init() {
@@ -43,9 +45,12 @@ func init() {
 		Short: "Serve the dashboard (topology, transfers, objects, memory, metrics) over a simulated cluster",
 		Long: `dashboard builds the demo's simulated cluster (one runtime per host of a preset, in
 this process, talking over loopback), serves the dashboard page, its JSON API,
-/metrics and /debug/pprof, and with --demo-traffic runs the demo's weight-sync
+/metrics and (with --pprof) /debug/pprof, and with --demo-traffic runs the demo's weight-sync
 steps in a loop so the page has transfers to show. Devices are simulated
 (memfd-backed arenas, real copies) and the page says so. Stops on SIGINT/SIGTERM.
+Every request needs the access token in the URL it prints (the page keeps it in
+a cookie) or an Authorization: Bearer header; host names other than IP
+addresses, localhost and --allow-host are refused.
 
   tensorlane dashboard --preset dgx-h100 --hosts 2 --demo-traffic --addr 127.0.0.1:8080`,
 		Args: cobra.NoArgs,
@@ -66,6 +71,8 @@ steps in a loop so the page has transfers to show. Devices are simulated
 	f.DurationVar(&o.interval, "interval", time.Second, "pause between demo steps")
 	f.StringVar(&o.placements, "placements", "", "JSON file to show as placements (e.g. the output of tensorlane place --json); default: the demo actors' devices")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "log runtime events to stderr")
+	f.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof (goroutine dumps, profiles) to clients with the token")
+	f.StringSliceVar(&o.allowHosts, "allow-host", nil, "host names clients may use besides IP addresses and localhost (DNS-rebinding guard)")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -121,7 +128,8 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 		placements = pl
 	}
 	h, err := dashboard.New(dashboard.Config{Runtimes: rig.Runtimes(), Placements: func() any { return placements },
-		Links: func() any { return mon.Last() }, Gatherers: []prometheus.Gatherer{linkReg}, Logger: logger})
+		Links: func() any { return mon.Last() }, Gatherers: []prometheus.Gatherer{linkReg}, Logger: logger,
+		Pprof: o.pprof, AllowedHosts: o.allowHosts})
 	if err != nil {
 		return err
 	}
@@ -138,8 +146,10 @@ func runDashboard(ctx context.Context, out io.Writer, o dashboardOptions, ready 
 			logger.Error("dashboard: serve", "err", err)
 		}
 	}()
-	url := "http://" + ln.Addr().String() + "/"
-	fmt.Fprintf(out, "tensorlane dashboard: %s\n(%d simulated %s hosts in this process; demo traffic %v; Ctrl-C stops)\n", url, o.hosts, o.preset, o.demo)
+	// The token is in the URL the person opens; the page then holds it in
+	// a cookie. Scrapers send it as a bearer token.
+	url := "http://" + ln.Addr().String() + "/?token=" + h.Token()
+	fmt.Fprintf(out, "tensorlane dashboard: %s\n(%d simulated %s hosts in this process; demo traffic %v; Ctrl-C stops;\n scrape /metrics with Authorization: Bearer %s)\n", url, o.hosts, o.preset, o.demo, h.Token())
 	if ready != nil {
 		ready(url)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,10 +81,25 @@ func startDashboard(t *testing.T) string {
 }
 
 func TestDashboardAPI(t *testing.T) {
-	url := startDashboard(t)
+	full := startDashboard(t)
+	url, token, ok := strings.Cut(full, "?token=")
+	require.True(t, ok, "the printed URL carries the access token: %s", full)
 	client := &http.Client{Timeout: 10 * time.Second}
+	authGet := func(path string) (*http.Response, error) {
+		req, err := http.NewRequest("GET", url+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		return client.Do(req)
+	}
+	// Without the token nothing is served.
+	resp, err := client.Get(url + "api/objects")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	getJSON := func(path string, v any) {
-		resp, err := client.Get(url + path)
+		resp, err := authGet(path)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		require.Equal(t, 200, resp.StatusCode)
@@ -123,7 +139,7 @@ func TestDashboardAPI(t *testing.T) {
 	var pl []demoPlacement
 	getJSON("api/placements", &pl)
 	assert.Len(t, pl, 5, "trainer and four readers")
-	resp, err := client.Get(url + "metrics")
+	resp, err = authGet("metrics")
 	require.NoError(t, err)
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
