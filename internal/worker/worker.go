@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -239,19 +240,7 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 
 	lines := make(chan []byte)
 	readErr := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(in)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			b := append([]byte(nil), sc.Bytes()...)
-			select {
-			case lines <- b:
-			case <-reqCtx.Done():
-				return
-			}
-		}
-		readErr <- sc.Err()
-	}()
+	go func() { readErr <- readRequests(reqCtx, in, MaxRequestLine, lines) }()
 
 	info := w.info()
 	w.reply(workerReply{Event: "ready", OK: true, Info: &info})
@@ -264,11 +253,21 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 			logger.Info("signal: shutting down")
 			return nil
 		case err := <-readErr:
-			logger.Info("stdin closed: shutting down", "err", err)
+			if err != nil && !errors.Is(err, context.Canceled) {
+				// Not a clean end of input: the driver must not mistake it
+				// for one (exit status 0).
+				logger.Error("reading requests failed: shutting down", "err", err)
+				return fmt.Errorf("worker: reading requests: %w", err)
+			}
+			logger.Info("stdin closed: shutting down")
 			return nil
 		case <-ctx.Done():
 			return nil
 		case line := <-lines:
+			if line == nil { // longer than MaxRequestLine, skipped
+				w.reply(workerReply{ID: -1, Code: "bad_request", Error: fmt.Sprintf("request line longer than %d bytes: skipped", MaxRequestLine)})
+				continue
+			}
 			var req workerRequest
 			if err := json.Unmarshal(line, &req); err != nil {
 				w.reply(workerReply{ID: -1, Code: "bad_request", Error: "not a JSON request: " + err.Error()})
@@ -288,6 +287,58 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 				defer wg.Done()
 				w.reply(w.handle(reqCtx, req))
 			}()
+		}
+	}
+}
+
+// MaxRequestLine bounds one request line. Refs are a few hundred bytes, so
+// a longer line is a driver bug or an attack: it is skipped and answered
+// with bad_request, and the worker goes on.
+const MaxRequestLine = 1 << 20
+
+// readRequests sends each line of in (without its newline) on lines. A line
+// longer than max is read to its end without being kept and sent as nil. It
+// returns nil at the end of input, ctx's error when told to stop, and any
+// other read error as it is.
+func readRequests(ctx context.Context, in io.Reader, max int, lines chan<- []byte) error {
+	br := bufio.NewReaderSize(in, 64<<10)
+	for {
+		var line []byte
+		tooLong := false
+		for {
+			frag, err := br.ReadSlice('\n')
+			if !tooLong {
+				if len(line)+len(frag) > max+1 { // +1: the newline
+					tooLong, line = true, nil
+				} else {
+					line = append(line, frag...)
+				}
+			}
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err == io.EOF && (len(line) > 0 || tooLong) {
+				break // a last line without a newline still counts
+			}
+			if err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
+			break
+		}
+		var msg []byte
+		if !tooLong {
+			msg = bytes.TrimRight(line, "\r\n")
+			if len(msg) == 0 {
+				continue
+			}
+		}
+		select {
+		case lines <- msg:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }
