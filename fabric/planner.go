@@ -52,8 +52,8 @@ func ParseSelection(s string) (allow, deny []string, err error) {
 		if n == "" {
 			continue
 		}
-		if !slices.Contains(Preference, n) {
-			return nil, nil, fmt.Errorf("fabric: unknown transport %q in %q (known: %s)", n, s, strings.Join(Preference, ","))
+		if !Known(n) {
+			return nil, nil, fmt.Errorf("fabric: unknown transport %q in %q (known: %s)", n, s, strings.Join(Names(), ","))
 		}
 		names = append(names, n)
 	}
@@ -177,8 +177,8 @@ func orNone(s string) string {
 // NewPlanner builds a planner over the given transports.
 func NewPlanner(cfg PlannerConfig, transports ...Transport) (*Planner, error) {
 	for _, n := range append(slices.Clone(cfg.Allow), cfg.Deny...) {
-		if !slices.Contains(Preference, n) {
-			return nil, fmt.Errorf("fabric: unknown transport %q in allow/deny list", n)
+		if !Known(n) {
+			return nil, fmt.Errorf("fabric: unknown transport %q in allow/deny list (known: %s)", n, strings.Join(Names(), ","))
 		}
 	}
 	if cfg.Attempts <= 0 {
@@ -195,16 +195,17 @@ func NewPlanner(cfg PlannerConfig, transports ...Transport) (*Planner, error) {
 }
 
 // quality orders transports for one pair of endpoints, best (lowest) first.
-// It follows Preference, except that "local" between two different devices
-// is a copy staged through host memory: better than leaving the process,
-// worse than a device link.
+// It follows the registry's ranks, except that "local" between two
+// different devices is a copy staged through host memory: better than
+// leaving the process, worse than a device link.
 func quality(name string, src, dst Endpoint) int {
-	q := len(Preference) * 2
-	if i := slices.Index(Preference, name); i >= 0 {
-		q = i * 2
+	q := len(registry) * 2
+	if t, ok := Lookup(name); ok {
+		q = t.Rank * 2
 	}
 	if name == Local && src.Device != dst.Device {
-		q = slices.Index(Preference, P2P)*2 + 1
+		p2p, _ := Lookup(P2P)
+		q = p2p.Rank*2 + 1
 	}
 	return q
 }

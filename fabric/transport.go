@@ -10,7 +10,8 @@ import (
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-// Transport names, best path first.
+// Transport names, best path first; registry.go says everything else
+// about them.
 const (
 	Local = "local" // same process: zero-copy on one device, a direct copy otherwise
 	P2P   = "p2p"   // device to device over a device link
@@ -18,10 +19,6 @@ const (
 	RDMA  = "rdma"  // one-sided reads of registered memory through NICs
 	TCP   = "tcp"   // anything reachable
 )
-
-// Preference orders transport names best first; the planner breaks cost ties
-// with it.
-var Preference = []string{Local, P2P, SHM, RDMA, TCP}
 
 // Endpoint says where bytes live, as the planner needs it: which runtime
 // (Process), which simulated or real host, which device of that host.

@@ -151,13 +151,7 @@ func (r Ref) MarshalBinary() ([]byte, error) {
 		}
 	}
 	e.Uvarint(uint64(r.Desc.Offset))
-	var mask byte
-	for _, t := range r.Transports {
-		if i := slices.Index(fabric.Preference, t); i >= 0 {
-			mask |= 1 << i
-		}
-	}
-	e.Byte(mask)
+	e.Byte(fabric.WireMask(r.Transports))
 	e.Bytes(r.Token)
 	return e.Buf, nil
 }
@@ -207,12 +201,7 @@ func (r *Ref) UnmarshalBinary(p []byte) error {
 		}
 	}
 	out.Desc.Offset = int64(min(d.Uvarint(), 1<<62))
-	mask := d.Byte()
-	for i, t := range fabric.Preference {
-		if mask&(1<<i) != 0 {
-			out.Transports = append(out.Transports, t)
-		}
-	}
+	out.Transports = fabric.FromWireMask(d.Byte())
 	out.Token = d.Bytes(maxTokenLen)
 	if err := d.Finish(); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformedRef, err)

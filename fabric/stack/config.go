@@ -38,7 +38,7 @@ const (
 // and no link telemetry.
 type Config struct {
 	// Allow and Deny narrow the transports (names as in
-	// fabric.Preference). TENSORLANE_TRANSPORTS applies on top unless
+	// fabric.Names()). TENSORLANE_TRANSPORTS applies on top unless
 	// IgnoreEnv is set.
 	Allow, Deny []string
 	// IgnoreEnv makes the stack read no environment variable.

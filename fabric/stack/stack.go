@@ -154,14 +154,14 @@ func (s *Stack) TCPAddr() string { return s.tcpSrv.Addr() }
 
 // Served lists the transports refs say the owner serves, best first.
 func (s *Stack) Served() []string {
-	out := []string{fabric.Local, fabric.P2P}
+	out := []string{fabric.Local, fabric.P2P, fabric.TCP}
 	if s.shmUp() {
 		out = append(out, fabric.SHM)
 	}
 	if s.rdmaUp() {
 		out = append(out, fabric.RDMA)
 	}
-	return append(out, fabric.TCP)
+	return fabric.Ordered(out)
 }
 
 // Revoke drops the rdma registrations of a freed object at once, so a
