@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,40 +15,59 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// listModule runs go list over the whole module.
+// tagSets are the build configurations the rules are checked under: the
+// default build and every opt-in tag at once (ofi, nvml, gpu), so files
+// behind a tag do not escape the rules. Files behind a negated tag
+// (!ofi) are only in the first.
+var tagSets = []string{"", "ofi,nvml,gpu"}
+
+// listModule runs go list over the whole module under every tag set and
+// merges what each package imports.
 func listModule(t *testing.T) []Package {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
 	require.NoError(t, err, "go list -m")
-	cmd := exec.CommandContext(ctx, "go", "list", "-json=ImportPath,Imports,Doc", "./...")
-	cmd.Dir = strings.TrimSpace(string(root))
-	out, err := cmd.Output()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		t.Fatalf("go list ./...: %v\n%s", err, ee.Stderr)
-	}
-	require.NoError(t, err)
-	var pkgs []Package
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	for {
-		var p struct {
-			ImportPath, Doc string
-			Imports         []string
+	byPath := map[string]*Package{}
+	var order []string
+	for _, tags := range tagSets {
+		cmd := exec.CommandContext(ctx, "go", "list", "-tags", tags, "-json=ImportPath,Imports,Doc", "./...")
+		cmd.Dir = strings.TrimSpace(string(root))
+		out, err := cmd.Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list -tags %q ./...: %v\n%s", tags, err, ee.Stderr)
 		}
-		if err := dec.Decode(&p); err == io.EOF {
-			break
-		} else {
-			require.NoError(t, err)
-		}
-		pkg := Package{Path: rel(p.ImportPath), Doc: p.Doc}
-		for _, imp := range p.Imports {
-			if strings.HasPrefix(imp, Module+"/") {
-				pkg.Imports = append(pkg.Imports, rel(imp))
+		require.NoError(t, err)
+		dec := json.NewDecoder(strings.NewReader(string(out)))
+		for {
+			var p struct {
+				ImportPath, Doc string
+				Imports         []string
+			}
+			if err := dec.Decode(&p); err == io.EOF {
+				break
+			} else {
+				require.NoError(t, err)
+			}
+			path := rel(p.ImportPath)
+			pkg, ok := byPath[path]
+			if !ok {
+				pkg = &Package{Path: path, Doc: p.Doc}
+				byPath[path] = pkg
+				order = append(order, path)
+			}
+			for _, imp := range p.Imports {
+				if strings.HasPrefix(imp, Module+"/") && !slices.Contains(pkg.Imports, rel(imp)) {
+					pkg.Imports = append(pkg.Imports, rel(imp))
+				}
 			}
 		}
-		pkgs = append(pkgs, pkg)
+	}
+	pkgs := make([]Package, 0, len(order))
+	for _, p := range order {
+		pkgs = append(pkgs, *byPath[p])
 	}
 	return pkgs
 }
