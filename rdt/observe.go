@@ -1,8 +1,6 @@
 package rdt
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -63,37 +61,6 @@ type ObjectInfo struct {
 	StagedBytes int64 `json:"staged_bytes,omitempty"`
 }
 
-// ErrorKind names the condition behind a transfer error for metrics and
-// dashboards: one of the sentinel conditions, "timeout", "canceled", or
-// "other".
-func ErrorKind(err error) string {
-	if err == nil {
-		return ""
-	}
-	for _, k := range errorKinds {
-		if errors.Is(err, k.err) {
-			return k.kind
-		}
-	}
-	return "other"
-}
-
-// errorKinds maps conditions to the names ErrorKind reports, most specific
-// first.
-var errorKinds = []struct {
-	err  error
-	kind string
-}{
-	{ErrOwnerDied, "owner_died"}, {ErrPeerUnreachable, "peer_unreachable"},
-	{ErrObjectNotFound, "object_not_found"}, {ErrObjectFreed, "object_freed"}, {ErrStaleRef, "stale_ref"},
-	{ErrUnauthorized, "unauthorized"}, {ErrLayoutMismatch, "layout_mismatch"}, {ErrMalformedRef, "malformed_ref"}, {ErrOutOfMemory, "out_of_memory"},
-	{ErrTooSmall, "too_small"}, {ErrNoPath, "no_path"}, {ErrUnknownDevice, "unknown_device"},
-	{ErrReaderDied, "reader_died"}, {ErrSlotBusy, "slot_busy"}, {ErrBroadcastAborted, "broadcast_aborted"}, {ErrNoZeroCopy, "no_zero_copy"},
-	{fabric.ErrCorrupt, "corrupt"}, {fabric.ErrStalled, "stalled"}, {fabric.ErrPeerClosed, "peer_closed"},
-	{fabric.ErrBadRequest, "bad_request"}, {ErrOwnerClosed, "owner_closed"}, {ErrClosed, "closed"}, {fabric.ErrClosed, "closed"},
-	{context.DeadlineExceeded, "timeout"}, {context.Canceled, "canceled"},
-}
-
 // observer keeps what the dashboard shows of a runtime: a bounded ring of
 // finished transfers and the set in flight. Recording costs a mutex and a
 // small struct per transfer, nothing per byte.
@@ -121,10 +88,9 @@ func (o *observer) init(r *Runtime, reg prometheus.Registerer) {
 	}, []string{"kind"})
 	// Every kind starts at zero, so rates and alerts see the series before
 	// the first error.
-	for _, k := range errorKinds {
-		o.errors.WithLabelValues(k.kind)
+	for _, k := range Kinds() {
+		o.errors.WithLabelValues(k.Name)
 	}
-	o.errors.WithLabelValues("other")
 	o.viewCopies = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tensorlane_view_copies_total",
 		Help: "Published views of part of an allocation staged as a private copy for on-host grants (shm, p2p), so no reader gets the rest of the allocation.",

@@ -46,35 +46,23 @@ import (
 
 // ErrInvalidArgument is a caller's mistake: an unknown handle, a bad
 // dtype, a region that does not hold the tensor, malformed JSON.
-var ErrInvalidArgument = errors.New("invalid argument")
+var ErrInvalidArgument = rdt.ErrInvalidArgument
 
 // Kinds are the error kinds the C ABI returns, in their stable numbering:
-// the index is the code (0 is success). They are rdt.ErrorKind's names plus
-// invalid_argument; "other" is everything else.
-var Kinds = []string{
-	"ok", "other", "invalid_argument",
-	"owner_died", "peer_unreachable", "object_not_found", "object_freed", "stale_ref",
-	"unauthorized", "malformed_ref", "out_of_memory", "too_small", "no_path", "unknown_device",
-	"corrupt", "stalled", "peer_closed", "bad_request", "closed", "timeout", "canceled",
-	"owner_closed", "layout_mismatch", "no_zero_copy", // new kinds go at the end: codes never change
-}
+// the index is the code (0 is success, 1 "other"). They come from
+// rdt.Kinds, the one table of error kinds.
+var Kinds = func() []string {
+	ks := rdt.Kinds()
+	out := make([]string, ks[len(ks)-1].Code+1)
+	out[0] = "ok"
+	for _, k := range ks {
+		out[k.Code] = k.Name
+	}
+	return out
+}()
 
 // Code returns err's kind as its number in Kinds (0 for nil).
-func Code(err error) int {
-	if err == nil {
-		return 0
-	}
-	if errors.Is(err, ErrInvalidArgument) || errors.Is(err, tensor.ErrBadDesc) {
-		return 2
-	}
-	k := rdt.ErrorKind(err)
-	for i, name := range Kinds {
-		if name == k {
-			return i
-		}
-	}
-	return 1
-}
+func Code(err error) int { return rdt.KindCode(err) }
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)

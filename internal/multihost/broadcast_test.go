@@ -358,7 +358,7 @@ func TestBroadcastReaderFaults(t *testing.T) {
 	require.Len(t, r.Readers, len(slots)+1)
 	ghost := r.Readers[len(slots)]
 	assert.False(t, ghost.OK)
-	assert.Equal(t, "not_found", ghost.Code, ghost.Error)
+	assert.Equal(t, "object_not_found", ghost.Code, ghost.Error)
 	for i := range slots {
 		require.True(t, r.Readers[i].OK, "reader %d: %s", i, r.Readers[i].Error)
 		verify(i, 0)

@@ -392,7 +392,7 @@ func TestForgedRef(t *testing.T) {
 		{"flipped token bit", rdttest.Forge(t, ref, func(r *rdt.Ref) { r.Token[3] ^= 0x10 }), "unauthorized"},
 		{"random token", rdttest.Forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Token) }), "unauthorized"},
 		{"no token", rdttest.Forge(t, ref, func(r *rdt.Ref) { r.Token = nil }), "unauthorized"},
-		{"guessed object id", rdttest.Forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Object[:]) }), "not_found"},
+		{"guessed object id", rdttest.Forge(t, ref, func(r *rdt.Ref) { rand.Read(r.Object[:]) }), "object_not_found"},
 		{"the real ref", ref, ""},
 	}
 	for _, tc := range cases {

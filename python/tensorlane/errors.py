@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
+from . import _kinds
+
 
 class Error(Exception):
     """Base class of every tensorlane error. ``kind`` names the condition."""
@@ -157,20 +159,42 @@ class NoZeroCopy(Error):
     kind = "no_zero_copy"
 
 
+class ReaderDied(Error):
+    """A reader of a push or broadcast went away."""
+
+    kind = "reader_died"
+
+
+class SlotBusy(Error):
+    """The slot is being written by another push."""
+
+    kind = "slot_busy"
+
+
+class BroadcastAborted(Error):
+    """The broadcast was aborted before this reader was fed."""
+
+    kind = "broadcast_aborted"
+
+
+class NotOwner(Error, PermissionError):
+    """Only the object's owner may do this (free, push into it)."""
+
+    kind = "not_owner"
+
+
+class UnknownActor(Error, LookupError):
+    """No actor of that name."""
+
+    kind = "unknown_actor"
+
+
 #: The C ABI's kind codes, in order (tensorlane.h, TL_E_*); 0 is success.
-KINDS = [
-    "ok", "other", "invalid_argument", "owner_died", "peer_unreachable", "object_not_found",
-    "object_freed", "stale_ref", "unauthorized", "malformed_ref", "out_of_memory", "too_small",
-    "no_path", "unknown_device", "corrupt", "stalled", "peer_closed", "bad_request", "closed",
-    "timeout", "canceled", "owner_closed", "layout_mismatch", "no_zero_copy",
-]
+#: Generated from Go's one table of error kinds (see _kinds.py).
+KINDS = list(_kinds.KINDS)
 
 BY_KIND: Dict[str, Type[Error]] = {
-    c.kind: c
-    for c in (Other, InvalidArgument, OwnerDied, PeerUnreachable, ObjectNotFound, ObjectFreed,
-              StaleRef, Unauthorized, MalformedRef, OutOfMemory, TooSmall, NoPath, UnknownDevice,
-              Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled, OwnerClosed,
-              LayoutMismatch, NoZeroCopy)
+    c.kind: c for c in Error.__subclasses__() + [c for b in Error.__subclasses__() for c in b.__subclasses__()]
 }
 
 
