@@ -1,6 +1,6 @@
 package rdt
 
-//go:generate go run ../internal/errgen -root ..
+//go:generate go run ./internal/errgen -root ..
 
 import (
 	"context"
@@ -33,7 +33,7 @@ type Kind struct {
 // malformed_ref) comes first. Codes 0 (success) and 1 ("other") are not
 // kinds of an error that matched; new kinds take the next free code.
 // `go generate ./rdt` writes the C header's enum and Python's table from it
-// (internal/errgen); a test checks that they agree.
+// (rdt/internal/errgen); a test checks that they agree.
 var kinds = []Kind{
 	// First: a caller's bad layout says so even when the refusal also
 	// wraps a transport's condition.

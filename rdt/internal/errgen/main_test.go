@@ -12,7 +12,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt"
 )
 
-const root = "../.."
+const root = "../../.."
 
 // The C header's enum and Python's table are what rdt.Kinds says now.
 func TestGeneratedTablesAreCurrent(t *testing.T) {
