@@ -2,7 +2,6 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -13,29 +12,9 @@ import (
 )
 
 // The broadcast's control messages ride the push-notice streams
-// (notices.go): the first byte of a notice says its kind, 1 being the plain
-// push notice of push.go. They are small (a few refs at most) and answered
-// with one status byte like push notices.
-const (
-	noteChunk    byte = 2 // parent → reader: bytes [off, off+n) of broadcast id landed in your slot
-	notePrepare  byte = 3 // owner → reader: broadcast id of n bytes in chunks of chunk is coming
-	noteChildren byte = 4 // owner → reader: forward what lands to these slots
-	noteReport   byte = 5 // reader → owner: slot complete (gen), or a child failed (failed, text)
-	noteConsumed byte = 6 // reader → writer: done with generation gen of slot
-	noteAbort    byte = 7 // owner → reader: broadcast id ends without you
-	noteProbe    byte = 8 // feeder → re-parented reader: do you lack chunk [off, off+n)? (answered 0, or statusHave)
-)
-
-// Status bytes of notice replies beyond push.go's 0..4.
-const (
-	statusBusy byte = 5
-	statusHave byte = 7 // probe: the slot has that chunk already (6 is pushbatch.go's statusItems)
-)
-
-// errChunkHeld answers a probe for a chunk the slot has already: its new
-// feeder skips it. (A reader of an older version refuses the probe as a
-// malformed notice, and the feeder writes the chunk as before.)
-var errChunkHeld = errors.New("rdt: the reader has this broadcast chunk already")
+// (notices.go); their kinds and status bytes are in noticewire.go's table.
+// They are small (a few refs at most) and answered with one status byte
+// like push notices.
 
 // maxNotice bounds a notice: a children message carries a few refs.
 const maxNotice = 64 << 10
@@ -156,43 +135,6 @@ func parseBcastMsg(p []byte) (bcastMsg, error) {
 	}
 	m.off, m.n = int64(off), int64(n)
 	return m, nil
-}
-
-// noticeStatus is the status byte a refused notice is answered with.
-func noticeStatus(err error) byte {
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, ErrObjectNotFound):
-		return 1
-	case errors.Is(err, ErrUnauthorized):
-		return 2
-	case errors.Is(err, ErrStaleRef):
-		return 3
-	case errors.Is(err, ErrSlotBusy):
-		return statusBusy
-	case errors.Is(err, errChunkHeld):
-		return statusHave
-	}
-	return 4
-}
-
-func noticeError(status byte) error {
-	switch status {
-	case 0:
-		return nil
-	case 1:
-		return ErrObjectNotFound
-	case 2:
-		return ErrUnauthorized
-	case 3:
-		return ErrStaleRef
-	case statusBusy:
-		return ErrSlotBusy
-	case statusHave:
-		return errChunkHeld
-	}
-	return fmt.Errorf("%w: notice refused (status %d)", ErrMalformedRef, status)
 }
 
 // sendBcast delivers a broadcast notice to runtime to (this one included)

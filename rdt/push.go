@@ -42,7 +42,7 @@ type pushNotice struct {
 
 func (n pushNotice) marshal() []byte {
 	e := wire.Encoder{Buf: make([]byte, 0, 64)}
-	e.Byte(1)
+	e.Byte(notePush)
 	e.Fixed(n.slot[:])
 	e.Uvarint(n.incarnation)
 	e.Bytes(n.token)
@@ -53,7 +53,7 @@ func (n pushNotice) marshal() []byte {
 func parsePushNotice(p []byte) (pushNotice, error) {
 	d := wire.NewDecoder(p)
 	var n pushNotice
-	if v := d.Byte(); v != 1 && d.Err() == nil {
+	if v := d.Byte(); v != notePush && d.Err() == nil {
 		return n, fmt.Errorf("%w: push notice version %d", ErrMalformedRef, v)
 	}
 	d.Fixed(n.slot[:])
@@ -450,14 +450,14 @@ func (r *Runtime) handlePush(s network.Stream) {
 		p, err := readMsg(s, maxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
-				s.Write([]byte{4}) // the framing is lost: answer and hang up
+				s.Write([]byte{statusRefused}) // the framing is lost: answer and hang up
 			}
 			return // closed, reset, quiet for noticeIdle, or malformed
 		}
 		from := s.Conn().RemotePeer()
 		if len(p) > 0 && p[0] == notePushBatch { // many pushes (pushbatch.go)
 			r.sinks.notices.Add(1)
-			answer := []byte{4}
+			answer := []byte{statusRefused}
 			if n, err := parsePushBatchNotice(p); err == nil {
 				r.sinks.noticed.Add(int64(len(n.items)))
 				answer = answerPushBatch(r.pushedBatch(from, n))
@@ -469,7 +469,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			}
 			continue
 		}
-		if len(p) > 0 && p[0] != 1 { // a broadcast notice (bcastwire.go)
+		if len(p) > 0 && p[0] != notePush { // a broadcast notice (bcastwire.go)
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
 				err = r.onBcast(from, m)

@@ -33,10 +33,8 @@ import (
 // followed by count status bytes (one per item, in order) when some were
 // not, or another status when the notice as a whole was refused (nothing
 // taken).
-const notePushBatch byte = 16
-
-// statusItems answers a push batch notice whose items fared differently.
-const statusItems byte = 6
+//
+// (notePushBatch and statusItems are in noticewire.go's table.)
 
 // maxPushBatch bounds the items of one push batch notice; minPushItem is
 // the fewest bytes an item takes, so a count the notice cannot hold is
@@ -145,7 +143,7 @@ func answerPushBatch(errs []error) []byte {
 			out[0] = statusItems
 		}
 	}
-	if out[0] == 0 {
+	if out[0] == statusOK {
 		return out
 	}
 	for _, err := range errs {
