@@ -153,10 +153,11 @@ type Info struct {
 	Simulated bool      `json:"simulated"`
 	Runtimes  []string  `json:"runtimes"` // the hosts the runtimes claim
 	Started   time.Time `json:"started"`
+	Pprof     bool      `json:"pprof"` // /debug/pprof is served
 }
 
 func (h *Handler) info(w http.ResponseWriter, _ *http.Request) {
-	in := Info{Title: h.cfg.Title, Cluster: h.cfg.Cluster.Name, Started: h.started}
+	in := Info{Title: h.cfg.Title, Cluster: h.cfg.Cluster.Name, Started: h.started, Pprof: h.cfg.Pprof}
 	for _, ho := range h.cfg.Cluster.Hosts {
 		if ho == nil {
 			continue

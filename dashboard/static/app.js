@@ -29,6 +29,7 @@ async function loadInfo() {
   document.title = info.title;
   $("#summary").textContent = `${info.hosts} hosts · ${info.devices} devices · runtimes on ${(info.runtimes || []).join(", ") || "none"}`;
   $("#simulated").hidden = !info.simulated;
+  $("#pprof-link").hidden = !info.pprof;
   const topo = await get("/api/topology");
   colors = topo.colors || {};
   $("#legend").innerHTML = Object.entries(colors).map(([k, c]) => `<span><i style="background:${esc(c)}"></i>${esc(k)}</span>`).join("");
