@@ -56,7 +56,7 @@ func TestSoakShort(t *testing.T) {
 	assert.Positive(t, res.Paths["tcp"])
 	// Broadcast faults: a reader that never reserved fails typed (one that
 	// "got the data" would be forged_accepted), a reader leaves mid-step.
-	assert.Positive(t, res.Errors["broadcast_ghost:not_found"], "%v", res.Errors)
+	assert.Positive(t, res.Errors["broadcast_ghost:object_not_found"], "%v", res.Errors)
 	assert.Positive(t, res.Errors["broadcast:reader_left_mid_step"], "%v", res.Errors)
 }
 
