@@ -736,7 +736,10 @@ func (r *Runtime) GetInto(ctx context.Context, refBytes, dst []byte, op uint64, 
 
 // Get reads the ref's tensor into new shareable memory and returns its
 // address and length (give it back with FreeMemory; Put of it costs no
-// copy).
+// copy). The memory is allocated by rdt's Fetch, after the owner confirmed
+// the ref's layout (a lease, or this runtime's own object table): a ref
+// whose shape was forged larger fails with an error of kind
+// layout_mismatch and costs this runtime no memory, in slab mode no slab.
 func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout time.Duration) (unsafe.Pointer, int64, rdt.Transfer, error) {
 	ref, err := parseRef(refBytes)
 	if err != nil {
@@ -746,20 +749,48 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	if n == 0 {
 		return nil, 0, rdt.Transfer{}, invalid("the object is empty")
 	}
-	p, err := r.Alloc(ctx, n)
+	ctx, done := r.begin(ctx, op, timeout)
+	defer done()
+	start := time.Now()
+	t, x, err := r.actor.Fetch(ctx, ref, tensor.HostDevice)
+	r.count(x, start, err)
 	if err != nil {
-		return nil, 0, rdt.Transfer{}, err
-	}
-	dst := unsafe.Slice((*byte)(p), n)
-	if !r.slabs {
-		tensor.Populate(dst) // fresh pages in one call (slab memory comes populated)
-	}
-	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
-	if err != nil {
-		r.FreeMemory(p)
 		return nil, 0, x, err
 	}
-	return p, n, x, nil
+	if x.Stats.ZeroCopy {
+		// The owner's own buffer (a ref this runtime owns, read in
+		// place): the caller gets memory of its own, which it may write
+		// and must free, as from any other Get. The layout is confirmed
+		// by now, so this allocation is the object's true size.
+		src, err := t.SpanBytes()
+		if err != nil {
+			t.Release()
+			return nil, 0, x, err
+		}
+		p, err := r.Alloc(ctx, int64(len(src)))
+		if err != nil {
+			t.Release()
+			return nil, 0, x, err
+		}
+		copy(unsafe.Slice((*byte)(p), len(src)), src)
+		t.Release()
+		return p, int64(len(src)), x, nil
+	}
+	buf := t.Buffer()
+	p, err := tensor.BytesOf(buf)
+	if err == nil && int64(len(p)) < n {
+		err = fmt.Errorf("capi: a Get delivered %d bytes of a %d-byte object", len(p), n)
+	}
+	if err != nil {
+		buf.Release()
+		return nil, 0, x, err
+	}
+	// The memory is a mapping, not Go's heap: its address is stable.
+	a := &allocation{shared: tensor.NewShared(buf), base: uintptr(unsafe.Pointer(&p[0])), n: n}
+	r.mu.Lock()
+	r.allocs[a.base] = a
+	r.mu.Unlock()
+	return unsafe.Pointer(&p[0]), n, x, nil
 }
 
 func spanOf(d tensor.Desc) (int64, int64) {
