@@ -116,19 +116,22 @@ def ref_info(ref: bytes) -> Dict[str, Any]:
 
 class _Block:
     """Owns one block of shareable memory; numpy arrays over it keep it
-    (their base) alive, and it is given back when the last one goes."""
+    (their base) alive, and it is given back when the last one goes. It
+    remembers its runtime's handle, not the runtime: closing the runtime
+    leaves the memory mapped (arrays may outlive it, at interpreter exit
+    too), and the last array gives it back with that handle."""
 
-    __slots__ = ("_rt", "_ptr", "_n", "__array_interface__", "__weakref__")
+    __slots__ = ("_handle", "_ptr", "_n", "__array_interface__", "__weakref__")
 
-    def __init__(self, rt: "Runtime", ptr: int, n: int):
-        self._rt, self._ptr, self._n = rt, ptr, n
+    def __init__(self, handle: int, ptr: int, n: int):
+        self._handle, self._ptr, self._n = handle, ptr, n
         self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
-    def __del__(self):
-        rt, self._rt = self._rt, None
-        if rt is not None and rt._handle:
+    def __del__(self) -> None:
+        h, self._handle = self._handle, 0
+        if h and _lib.usable():
             try:
-                _lib.lib().tl_free_memory(rt._handle, self._ptr)
+                _lib.lib().tl_free_memory(h, self._ptr)
             except Exception:
                 pass
 
@@ -136,19 +139,20 @@ class _Block:
 class _View:
     """Owns one zero-copy view (a read-only mapping of another process's
     object); numpy arrays over it keep it alive, and it is unmapped when the
-    last one goes."""
+    last one goes (with its runtime's handle, also after the runtime
+    closed: the view then holds a private copy of the bytes)."""
 
-    __slots__ = ("_rt", "_view", "__array_interface__", "__weakref__")
+    __slots__ = ("_handle", "_view", "__array_interface__", "__weakref__")
 
-    def __init__(self, rt: "Runtime", view: int, ptr: int, n: int):
-        self._rt, self._view = rt, view
+    def __init__(self, handle: int, view: int, ptr: int, n: int):
+        self._handle, self._view = handle, view
         self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, True), "version": 3}
 
-    def __del__(self):
-        rt, self._rt = self._rt, None
-        if rt is not None and rt._handle:
+    def __del__(self) -> None:
+        h, self._handle = self._handle, 0
+        if h and _lib.usable():
             try:
-                _lib.lib().tl_view_release(rt._handle, self._view)
+                _lib.lib().tl_view_release(h, self._view)
             except Exception:
                 pass
 
@@ -190,7 +194,10 @@ class Runtime:
     # Lifecycle
 
     def close(self) -> None:
-        """Shuts the runtime down (idempotent). Objects it owns are gone."""
+        """Shuts the runtime down (idempotent). Objects it owns are gone.
+        Arrays from :meth:`empty`, :meth:`get` and :meth:`view` stay valid
+        (their memory is given back when the last array over it goes; a
+        view's bytes become a private copy at close)."""
         h, self._handle = self._handle, 0
         if h:
             _lib.check(_lib.lib().tl_runtime_close(h))
@@ -221,9 +228,10 @@ class Runtime:
         return self._block(max(n, 1))[:n].view(dt).reshape(shape)
 
     def _block(self, n: int) -> np.ndarray:
+        h = self._h()
         p = ctypes.c_void_p(0)
-        _lib.check(_lib.lib().tl_alloc(self._h(), n, ctypes.byref(p)))
-        return np.asarray(_Block(self, p.value, n))
+        _lib.check(_lib.lib().tl_alloc(h, n, ctypes.byref(p)))
+        return np.asarray(_Block(h, p.value, n))
 
     # Objects
 
@@ -233,6 +241,8 @@ class Runtime:
         copy; they must be C-contiguous. The runtime keeps the array alive,
         and it must not change, until :meth:`free`."""
         a = as_array(x)
+        if a.ndim > 16:
+            raise errors.InvalidArgument(f"{a.ndim} dimensions: tensorlane takes at most 16")
         if not a.flags.c_contiguous:
             raise errors.InvalidArgument(
                 f"non-contiguous array (shape {a.shape}, strides {a.strides}): "
@@ -247,8 +257,13 @@ class Runtime:
         ptr = a.__array_interface__["data"][0]
         _lib.check(_lib.lib().tl_put(self._h(), ptr, a.nbytes, name.encode(), a.ndim, shape, None, out, len(out), ctypes.byref(n)))
         ref = Ref(out.raw[: n.value])
+        # Both the object and the array over its memory: a DLPack producer
+        # may hand out a buffer it does not own (the capsule, kept by the
+        # array, owns it), and an array over a buffer export (mmap) keeps
+        # the export alive, so the producer cannot close it under the
+        # published object.
         with self._lock:
-            self._held[bytes(ref)] = x if x is not a else a
+            self._held[bytes(ref)] = (x, a)
         return ref
 
     def get(self, ref: bytes, out: Optional[np.ndarray] = None, *, timeout: Optional[float] = None,
@@ -261,23 +276,29 @@ class Runtime:
         info = ref_info(ref)
         nbytes = int(info["nbytes"])
         dt = np_dtype(info["dtype"])
-        shape = tuple(info["shape"])
-        if out is None:
-            buf = self._block(max(nbytes, 1))[:nbytes]
-            target = buf
-        else:
+        shape = tuple(info["shape"] or ())
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        if out is not None:
             target = as_array(out)
             if not target.flags.c_contiguous or not target.flags.writeable:
                 raise errors.InvalidArgument("out must be a writable C-contiguous array")
             if target.nbytes != nbytes:
                 raise errors.TooSmall(f"out holds {target.nbytes} bytes, the tensor has {nbytes}")
-        ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        ptr = target.__array_interface__["data"][0]
-        _lib.check(_lib.lib().tl_get_into(self._h(), bytes(ref), len(ref), ptr, nbytes, op or 0, ms))
-        if out is not None:
+            ptr = target.__array_interface__["data"][0]
+            _lib.check(_lib.lib().tl_get_into(self._h(), bytes(ref), len(ref), ptr, nbytes, op or 0, ms))
             return out
-        strides = tuple(int(s) * dt.itemsize for s in info["strides"])
-        arr = buf.view(dt) if nbytes else np.empty(0, dt)
+        # tl_get allocates only after the owner confirmed the ref's layout:
+        # a shape forged larger than the object costs this process nothing
+        # (allocating nbytes first, as before, made a forged 1 GiB resident,
+        # in slab mode for good).
+        h = self._h()
+        p, n = ctypes.c_void_p(0), ctypes.c_int64(0)
+        _lib.check(_lib.lib().tl_get(h, bytes(ref), len(ref), op or 0, ms, ctypes.byref(p), ctypes.byref(n)))
+        buf = np.asarray(_Block(h, p.value, n.value))
+        if n.value != nbytes:  # the owner confirmed this ref's layout: a bug if so
+            raise errors.LayoutMismatch(f"the read delivered {n.value} bytes, the ref says {nbytes}")
+        strides = tuple(int(s) * dt.itemsize for s in info["strides"] or ())
+        arr = buf.view(dt)
         if strides == _c_strides(shape, dt.itemsize):
             return arr.reshape(shape)
         return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides)
@@ -291,22 +312,24 @@ class Runtime:
         after the owner frees the object. ``populate`` builds the page
         tables up front, for readers that touch every byte. Raises
         :class:`~tensorlane.NoZeroCopy` when no path maps the object (another
-        host, or shm not allowed): use :meth:`get` then. ``shape`` and
+        host, shm not allowed, or this runtime's own object, whose array the
+        caller has already): use :meth:`get` then. ``shape`` and
         ``dtype``, when the caller knows them (Ray's metadata does), save
         decoding the ref; the ref's tensor must then be C-contiguous."""
         if shape is None or dtype is None:
             info = ref_info(ref)
             dt = np_dtype(info["dtype"])
-            shape = tuple(info["shape"])
-            strides = tuple(int(s) * dt.itemsize for s in info["strides"])
+            shape = tuple(info["shape"] or ())
+            strides = tuple(int(s) * dt.itemsize for s in info["strides"] or ())
         else:
             dt, shape, strides = np.dtype(dtype), tuple(shape), None
         ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        handle = self._h()
         h, p, n = ctypes.c_uint64(0), ctypes.c_void_p(0), ctypes.c_int64(0)
         flags = VIEW_POPULATE if populate else 0
-        _lib.check(_lib.lib().tl_view(self._h(), bytes(ref), len(ref), flags, op or 0, ms,
+        _lib.check(_lib.lib().tl_view(handle, bytes(ref), len(ref), flags, op or 0, ms,
                                       ctypes.byref(h), ctypes.byref(p), ctypes.byref(n)))
-        raw = np.asarray(_View(self, h.value, p.value, n.value))
+        raw = np.asarray(_View(handle, h.value, p.value, n.value))
         arr = raw.view(dt)
         if strides is None:
             if arr.size != int(np.prod(shape, dtype=np.int64)):
@@ -328,8 +351,17 @@ class Runtime:
         _lib.check(code)
         return True
 
+    def hold(self, ref: bytes, timeout: Optional[float] = None) -> None:
+        """Keeps another runtime's object alive for this reader until
+        :meth:`release` (a read's own lease lasts for the read only). The
+        owner confirms the ref's layout: a forged one raises
+        :class:`~tensorlane.LayoutMismatch`."""
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        _lib.check(_lib.lib().tl_hold(self._h(), bytes(ref), len(ref), ms))
+
     def release(self, ref: bytes) -> None:
-        """A reader is done with a ref (drops its lease on the owner)."""
+        """A reader is done with a ref (drops its :meth:`hold`); the owner
+        asks for its object to be freed once no reader holds it."""
         _lib.check(_lib.lib().tl_release(self._h(), bytes(ref), len(ref)))
 
     def free(self, ref: bytes, timeout: float = 30.0) -> None:
