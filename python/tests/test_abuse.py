@@ -514,3 +514,25 @@ def test_hold_keeps_the_object():
     finally:
         a.close()
         b.close()
+
+
+def test_torch_never_over_a_read_only_mapping():
+    """torch has no read-only tensors: one over a view would take an in-place
+    write and crash the worker. The Ray receive path copies a read-only
+    array before torch sees it (needs torch; skipped without it)."""
+    torch = pytest.importorskip("torch")
+    from tensorlane.ray import _torch_from_array
+
+    a, b = tl.Runtime(CONFIGS["per-object"]), tl.Runtime(CONFIGS["per-object"])
+    try:
+        ref = a.put(np.arange(1024, dtype=np.float32))
+        v = b.view(ref)
+        assert not v.flags.writeable
+        t = _torch_from_array(v, torch.float32)
+        t.add_(1)  # would fault on the mapping
+        assert float(t[0]) == 1.0 and float(v[0]) == 0.0
+        w = np.arange(4, dtype=np.float32)
+        assert _torch_from_array(w, None).data_ptr() == w.__array_interface__["data"][0], "writable arrays are not copied"
+    finally:
+        a.close()
+        b.close()
