@@ -22,7 +22,7 @@ import (
 
 // forge returns ref with its shape replaced (strides made row-major): a
 // reader that trusts it would allocate for that shape.
-func forge(t *testing.T, ref []byte, shape ...int64) []byte {
+func forge(t testing.TB, ref []byte, shape ...int64) []byte {
 	t.Helper()
 	r, err := rdt.ParseRef(ref)
 	require.NoError(t, err)
