@@ -129,11 +129,11 @@ class _Block:
 
     def __del__(self) -> None:
         h, self._handle = self._handle, 0
-        if h and _lib.usable():
-            try:
+        try:  # (at interpreter exit too, and never in a forked child)
+            if h and _lib.usable():
                 _lib.lib().tl_free_memory(h, self._ptr)
-            except Exception:
-                pass
+        except Exception:
+            pass
 
 
 class _View:
@@ -150,11 +150,11 @@ class _View:
 
     def __del__(self) -> None:
         h, self._handle = self._handle, 0
-        if h and _lib.usable():
-            try:
+        try:  # (at interpreter exit too, and never in a forked child)
+            if h and _lib.usable():
                 _lib.lib().tl_view_release(h, self._view)
-            except Exception:
-                pass
+        except Exception:
+            pass
 
 
 #: tl_view's flag: build the page tables in the call.
