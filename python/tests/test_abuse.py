@@ -536,3 +536,37 @@ def test_torch_never_over_a_read_only_mapping():
     finally:
         a.close()
         b.close()
+
+
+def test_hostile_python_arguments_are_typed():
+    """What a Python caller can pass wrong: each a tensorlane error (the
+    C ABI would otherwise wrap a negative op id, truncate a huge one, or
+    fail with a bare TypeError deep inside)."""
+    with tl.Runtime({}) as a, tl.Runtime({}) as b:
+        ref = a.put(np.ones(4, np.float32))
+        cases = {
+            "negative dim": lambda: a.empty((-1, 4)),
+            "dims past 2^63": lambda: a.empty((1 << 40, 1 << 40)),
+            "float dim": lambda: a.empty((2.5,)),
+            "17 dims": lambda: a.empty((1,) * 17),
+            "negative op": lambda: a.get(ref, op=-1),
+            "op past 2^64": lambda: a.get(ref, op=1 << 70),
+            "cancel of a negative op": lambda: a.cancel(-1),
+            "negative timeout": lambda: a.get(ref, timeout=-5),
+            "NaN timeout": lambda: a.get(ref, timeout=float("nan")),
+            "infinite timeout": lambda: a.free(ref, timeout=float("inf")),
+            "str ref": lambda: a.get("abc"),
+            "None ref": lambda: a.get(None),
+            "int ref": lambda: a.view(5),
+            "None ref info": lambda: tl.ref_info(None),
+            "config not JSON": lambda: tl.Runtime({"x": object()}),
+            "view shape not the object's": lambda: b.view(ref, shape=(3,), dtype=np.float32),
+            "view dtype not the object's": lambda: b.view(ref, shape=(4,), dtype=np.float64),
+            "view dtype not a dtype": lambda: b.view(ref, shape=(4,), dtype="no such dtype"),
+        }
+        for name, call in cases.items():
+            with pytest.raises(errors.Error) as e:
+                call()
+            assert e.value.kind != "no_zero_copy", name
+        np.testing.assert_array_equal(a.get(ref), np.ones(4, np.float32))
+        a.free(ref)
