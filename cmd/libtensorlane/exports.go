@@ -24,18 +24,41 @@ var kindNames = func() []*C.char {
 	return out
 }()
 
+// maxInput bounds a byte string a caller passes in (refs, a few hundred
+// bytes each): a length past it is a caller's mistake (a negative int
+// converted to size_t, a wrong variable), refused before anything is copied.
+const maxInput = 64 << 20
+
+// maxOutput bounds the capacity an output buffer is taken at: no output is
+// that large, so a larger claimed capacity is harmless once bounded, and
+// an int conversion of it could not go negative.
+const maxOutput = 1 << 30
+
+// bytesIn copies a caller's (pointer, length) input. It runs inside
+// protect, like every conversion here: a hostile length panics with an
+// argument error that protect returns as invalid_argument (it used to be
+// truncated to 32 bits, or to panic inside the runtime as an internal
+// error).
 func bytesIn(p *C.uint8_t, n C.size_t) []byte {
 	if p == nil || n == 0 {
+		if p == nil && n != 0 {
+			panic(argPanic{errArg("NULL input pointer with length %d", uint64(n))})
+		}
 		return nil
 	}
-	return C.GoBytes(unsafe.Pointer(p), C.int(n)) // a copy: Go keeps no C pointer
+	if uint64(n) > maxInput {
+		panic(argPanic{errArg("input length %d is over the %d-byte bound (a negative length passed as size_t?)", uint64(n), maxInput)})
+	}
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n))...) // a copy: Go keeps no C pointer
 }
 
+// bytesOut is the caller's output buffer (nil when p is NULL: its
+// capacity is then 0, whatever it says).
 func bytesOut(p *C.char, n C.size_t) []byte {
 	if p == nil || n == 0 {
 		return nil
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n))
+	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(min(uint64(n), maxOutput)))
 }
 
 func setLen(dst *C.size_t, n int) {
@@ -66,9 +89,12 @@ func tl_kind_name(kind C.int) *C.char {
 func tl_last_error(msg *C.char, capacity C.size_t, n *C.size_t) C.int {
 	e := lastErrorOfThread()
 	var written int
-	if err := output([]byte(e.msg), bytesOut(msg, capacity), &written); err != nil && capacity > 0 {
+	// A NULL msg has no room, whatever capacity says: only the length is
+	// reported (it used to index the NULL buffer, a panic outside protect
+	// that aborted the host process).
+	out := bytesOut(msg, capacity)
+	if err := output([]byte(e.msg), out, &written); err != nil && len(out) > 0 {
 		// Truncate rather than fail: a message is for people.
-		out := bytesOut(msg, capacity)
 		copy(out, e.msg)
 		out[len(out)-1] = 0
 	}
@@ -194,6 +220,11 @@ func tl_cancel(rt C.uint64_t, op C.uint64_t) C.int {
 //export tl_release
 func tl_release(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t) C.int {
 	return C.int(protect(func() error { return release(uint64(rt), bytesIn(ref, refLen)) }))
+}
+
+//export tl_hold
+func tl_hold(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, timeoutMS C.int64_t) C.int {
+	return C.int(protect(func() error { return hold(uint64(rt), bytesIn(ref, refLen), int64(timeoutMS)) }))
 }
 
 //export tl_free

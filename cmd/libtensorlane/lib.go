@@ -67,11 +67,20 @@ func lastErrorOfThread() lastError {
 func protect(f func() error) (code int) {
 	defer func() {
 		if r := recover(); r != nil {
+			if a, ok := r.(argPanic); ok {
+				code = fail(a.err)
+				return
+			}
 			code = fail(fmt.Errorf("tensorlane: internal error (please report): %v\n%s", r, debug.Stack()))
 		}
 	}()
 	return fail(f())
 }
+
+// argPanic carries a caller's mistake found by a conversion helper
+// (bytesIn) out of the export it runs in, to protect, which returns it as
+// its error: the helpers keep their simple signatures.
+type argPanic struct{ err error }
 
 // output copies p and a terminating NUL into out, or says how much room
 // is needed.
@@ -127,12 +136,14 @@ func alloc(h uint64, n int64) (unsafe.Pointer, error) {
 }
 
 func freeMemory(h uint64, p unsafe.Pointer) error {
-	r, err := lib.Runtime(h)
-	if err != nil {
-		return err
-	}
-	return r.FreeMemory(p)
+	// Also after the runtime closed: its memory stayed mapped for arrays
+	// still over it until now.
+	return lib.FreeMemory(h, p)
 }
+
+// maxRegion bounds a region's length: no process has a larger address
+// space (48-bit user addresses), and unsafe.Slice panics past it.
+const maxRegion = 1 << 47
 
 // region checks a caller's (pointer, length) pair.
 func region(p unsafe.Pointer, n int64) ([]byte, error) {
@@ -143,6 +154,8 @@ func region(p unsafe.Pointer, n int64) ([]byte, error) {
 		return nil, fmt.Errorf("%w: NULL pointer with length %d", capi.ErrInvalidArgument, n)
 	case n == 0:
 		return nil, nil
+	case n > maxRegion || uintptr(p)+uintptr(n) < uintptr(p):
+		return nil, fmt.Errorf("%w: region of %d bytes at %p is larger than any address space", capi.ErrInvalidArgument, n, p)
 	}
 	return unsafe.Slice((*byte)(p), n), nil
 }
@@ -222,11 +235,8 @@ func viewOf(h uint64, ref []byte, flags uint32, op uint64, timeoutMS int64) (uin
 }
 
 func viewRelease(h, view uint64) error {
-	r, err := lib.Runtime(h)
-	if err != nil {
-		return err
-	}
-	return r.ReleaseView(view)
+	// Also after the runtime closed: the view stayed mapped until now.
+	return lib.ReleaseView(h, view)
 }
 
 func cancelOp(h uint64, op uint64) error {
@@ -248,6 +258,18 @@ func release(h uint64, ref []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return r.Release(ctx, ref)
+}
+
+func hold(h uint64, ref []byte, timeoutMS int64) error {
+	r, err := lib.Runtime(h)
+	if err != nil {
+		return err
+	}
+	d, err := timeout(timeoutMS)
+	if err != nil {
+		return err
+	}
+	return r.Hold(context.Background(), ref, d)
 }
 
 func free(h uint64, ref []byte, timeoutMS int64) error {

@@ -124,8 +124,10 @@ func TestLastErrorPerThread(t *testing.T) {
 	wg.Wait()
 }
 
-// The real thing: build the shared library, compile a C program against
-// tensorlane.h with gcc, and run it.
+// The real thing: build the shared library, compile C programs against
+// tensorlane.h with gcc, and run them: abi_test.c uses the ABI as a caller
+// would, abuse_test.c passes hostile lengths, pointers and handles to every
+// entry point (issue 29) and must get a kind back from each, never a crash.
 func TestCProgram(t *testing.T) {
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc not installed: the C ABI test needs it (apt-get install gcc)")
@@ -136,13 +138,17 @@ func TestCProgram(t *testing.T) {
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	outp, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", outp)
-	bin := filepath.Join(dir, "abi_test")
-	outp, err = exec.Command("gcc", "-Wall", "-Wextra", "-Werror", "-I.", "-o", bin, "testdata/abi_test.c",
-		"-L"+dir, "-ltensorlane", "-lpthread").CombinedOutput()
-	require.NoError(t, err, "%s", outp)
-	run := exec.Command(bin)
-	run.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, "TENSORLANE_TRANSPORTS=")
-	outp, err = run.CombinedOutput()
-	require.NoError(t, err, "%s", outp)
-	assert.Contains(t, string(outp), "all checks passed")
+	for _, prog := range []string{"abi_test", "abuse_test"} {
+		t.Run(prog, func(t *testing.T) {
+			bin := filepath.Join(dir, prog)
+			outp, err := exec.Command("gcc", "-Wall", "-Wextra", "-Werror", "-I.", "-o", bin, "testdata/"+prog+".c",
+				"-L"+dir, "-ltensorlane", "-lpthread").CombinedOutput()
+			require.NoError(t, err, "%s", outp)
+			run := exec.Command(bin)
+			run.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, "TENSORLANE_TRANSPORTS=")
+			outp, err = run.CombinedOutput()
+			require.NoError(t, err, "%s", outp)
+			assert.Contains(t, string(outp), "all checks passed")
+		})
+	}
 }

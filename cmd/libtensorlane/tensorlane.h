@@ -60,26 +60,46 @@ enum {
 };
 /* end of generated error kinds */
 
-/* The ABI version (1) and the kind names ("owner_died", ...). */
+/* The ABI version (1) and the kind names ("owner_died", ...; "other" for a
+ * number that is no kind). */
 int tl_abi_version(void);
 const char *tl_kind_name(int kind);
-/* The calling thread's last error: returns its kind, copies the message. */
+/* The calling thread's last error: returns its kind, copies the message
+ * (truncated to cap, NUL-terminated) and sets *len (when len is not NULL)
+ * to the room the whole message needs. A NULL msg has no room, whatever
+ * cap says. */
 int tl_last_error(char *msg, size_t cap, size_t *len);
 
-/* Runtimes. config_json may be NULL or "" for the defaults (see
+/* Input checks. Pointers and lengths are checked where they can be: a NULL
+ * pointer with a non-zero length, a negative length, a ref length over
+ * 64 MiB (a negative number passed as size_t), a region longer than any
+ * address space (2^47 bytes), a shape with a zero or negative dimension, an
+ * unknown or closed handle: TL_E_INVALID_ARGUMENT, nothing read. A
+ * non-NULL pointer to less memory than its length says cannot be checked
+ * by any C library: that stays the caller's duty.
+ *
+ * Runtimes. config_json may be NULL or "" for the defaults (see
  * internal/capi.Config: preset, hosts, discover, host, listen, data_addr,
  * cluster_key, allow, deny, transfer_timeout_ms, sim_devices, host_memory,
  * log_level, lazy_staging, stage_pool_bytes, slabs, pool_bytes, slab_bytes;
  * TENSORLANE_SLABS and TENSORLANE_POOL_BYTES apply when slabs/pool_bytes are
  * absent). tl_runtime_close is idempotent; tl_shutdown_all closes every
- * runtime of the process (call it at exit). */
+ * runtime of the process (call it at exit). Closing unmaps nothing the
+ * caller still holds: memory from tl_alloc and tl_get stays mapped until
+ * tl_free_memory (with the closed runtime's handle), and each live view
+ * becomes a private read-only copy of its bytes at the same address (the
+ * owner may reuse its memory once this runtime's leases go) until
+ * tl_view_release; that copy costs the live views' bytes, so release views
+ * before closing where it matters. The library is unusable in a child made
+ * by fork() after it was loaded (the Go runtime does not survive fork):
+ * use it from the parent, or exec. */
 int tl_runtime_new(const char *config_json, uint64_t *rt);
 int tl_runtime_close(uint64_t rt);
 int tl_shutdown_all(void);
 
 /* Shareable host memory (memfd backed): Put of a region inside it costs no
- * copy on any path. Free with tl_free_memory; published objects keep their
- * part alive until they are freed. */
+ * copy on any path. Free with tl_free_memory (also after tl_runtime_close);
+ * published objects keep their part alive until they are freed. */
 int tl_alloc(uint64_t rt, int64_t nbytes, void **ptr);
 int tl_free_memory(uint64_t rt, void *ptr);
 
@@ -95,20 +115,28 @@ int tl_put(uint64_t rt, void *ptr, int64_t nbytes, const char *dtype, int32_t nd
 
 /* Read a Ref's tensor into the caller's buffer (dst_len >= its span), or
  * into new shareable memory (*ptr, *nbytes; free with tl_free_memory). op,
- * when not 0, names the read for tl_cancel. */
+ * when not 0, names the read for tl_cancel. The owner confirms the Ref's
+ * layout before anything is allocated: a Ref whose shape or dtype was
+ * altered fails with TL_E_LAYOUT_MISMATCH and costs the reader no memory.
+ * A read leases the object from its owner for the read only (and about
+ * 100 ms after, for a loop of reads); to keep it alive longer, tl_hold. */
 int tl_get_into(uint64_t rt, const uint8_t *ref, size_t ref_len, void *dst, int64_t dst_len,
                 uint64_t op, int64_t timeout_ms);
 int tl_get(uint64_t rt, const uint8_t *ref, size_t ref_len, uint64_t op, int64_t timeout_ms,
            void **ptr, int64_t *nbytes);
 /* Zero-copy read on one host: map the Ref's tensor read-only into this
  * process (*ptr, *nbytes: its span; writing faults) under a fresh grant,
- * and return a handle for tl_view_release, which unmaps it. The mapping
- * stays valid until then, even after the owner frees the object (its
- * memory is never reused). Like tl_get it takes a lease: drop it with
- * tl_release when done with the Ref. Fails when no path
- * maps the object (TL_E_NO_ZERO_COPY: another host, or shm not allowed): copy with tl_get
- * then. Flags: TL_VIEW_POPULATE builds the page tables in the call, for a
- * reader that will touch every byte. tl_view_release is idempotent. */
+ * and return a handle for tl_view_release, which unmaps it. The view
+ * holds the object on its owner until then; its bytes stay the object's
+ * even after the owner frees it or this runtime closes (see above). The
+ * owner's descriptor is mapped only if it is sealed against shrinking, so
+ * an owner cannot fault the reader by truncating it. Fails when no path
+ * maps the object (TL_E_NO_ZERO_COPY: another host, shm not allowed, or
+ * the runtime's own object, which it has already): copy with tl_get then.
+ * Flags: TL_VIEW_POPULATE builds the page tables in the call, for a reader
+ * that will touch every byte. View handles are unique in the process: a
+ * handle given to another runtime's tl_view_release releases nothing.
+ * tl_view_release is idempotent. */
 #define TL_VIEW_POPULATE 1u
 int tl_view(uint64_t rt, const uint8_t *ref, size_t ref_len, uint32_t flags, uint64_t op, int64_t timeout_ms,
             uint64_t *view, void **ptr, int64_t *nbytes);
@@ -117,8 +145,12 @@ int tl_view_release(uint64_t rt, uint64_t view);
  * TL_E_OBJECT_NOT_FOUND. */
 int tl_cancel(uint64_t rt, uint64_t op);
 
-/* A reader is done with a Ref (drops its lease); the owner asks for the
- * object to be freed once no reader holds it. */
+/* tl_hold keeps another runtime's object alive for this reader until
+ * tl_release (the owner confirms the layout, as for a read); the owner's
+ * tl_release then frees it only once no reader holds it. A reader's
+ * tl_release drops its hold; the owner's asks for the object to be freed
+ * once no reader holds it. */
+int tl_hold(uint64_t rt, const uint8_t *ref, size_t ref_len, int64_t timeout_ms);
 int tl_release(uint64_t rt, const uint8_t *ref, size_t ref_len);
 /* The owner revokes an object and waits (timeout_ms) until no read uses its
  * memory; then foreign memory may be let go. Idempotent. */

@@ -40,6 +40,16 @@ func mapRegionFlags(fd int, off, n int64, writable bool, flags int) (data []byte
 	if off < 0 || n <= 0 || off+n > st.Size {
 		return nil, 0, fmt.Errorf("%w: range [%d,+%d) beyond the %d-byte allocation file", fabric.ErrCorrupt, off, n, st.Size)
 	}
+	// The size checked above must hold for as long as the mapping lives:
+	// a file its owner can still shrink would fault (SIGBUS) a reader
+	// that touches the mapping afterwards, in a view outside any guarded
+	// copy. Our owners seal their files' size (tensor's segments); a
+	// descriptor without F_SEAL_SHRINK comes from a peer that could
+	// truncate it, and is refused before it is mapped.
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, 0, fmt.Errorf("%w: received descriptor is not sealed against shrinking (seals %#x, %v): the owner could truncate it under the mapping", fabric.ErrCorrupt, seals, err)
+	}
 	base = off &^ (pageSize - 1)
 	end := (off + n + pageSize - 1) &^ (pageSize - 1)
 	prot := unix.PROT_READ

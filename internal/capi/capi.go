@@ -335,10 +335,25 @@ type Library struct {
 	mu       sync.Mutex
 	next     uint64
 	runtimes map[uint64]*Runtime
+	// What closed runtimes' callers still held: memory from Alloc and Get
+	// (by address) and views (by handle). Closing a runtime must not unmap
+	// memory that live arrays use (touching them would crash the host
+	// process); it stays mapped here until FreeMemory or ReleaseView.
+	orphanMem   map[uintptr]orphan[*allocation]
+	orphanViews map[uint64]orphan[*heldView]
+}
+
+// orphan is what a closed runtime's caller still holds, with the handle of
+// that runtime: only it gives it back.
+type orphan[T any] struct {
+	rt uint64
+	v  T
 }
 
 // New returns an empty Library.
-func New() *Library { return &Library{runtimes: map[uint64]*Runtime{}} }
+func New() *Library {
+	return &Library{runtimes: map[uint64]*Runtime{}, orphanMem: map[uintptr]orphan[*allocation]{}, orphanViews: map[uint64]orphan[*heldView]{}}
+}
 
 // NewRuntime starts a runtime from a JSON config and returns its handle.
 func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, error) {
@@ -409,7 +424,77 @@ func (l *Library) Close(ctx context.Context, h uint64) error {
 	if !ok {
 		return nil
 	}
-	return r.shutdown(ctx)
+	mem, views, err := r.shutdown(ctx)
+	l.mu.Lock()
+	for a, m := range mem {
+		l.orphanMem[a] = orphan[*allocation]{h, m}
+	}
+	for v, hv := range views {
+		l.orphanViews[v] = orphan[*heldView]{h, hv}
+	}
+	l.mu.Unlock()
+	return err
+}
+
+// FreeMemory gives back memory from runtime h's Alloc or Get, also after h
+// was closed (the memory stayed mapped for the caller until now).
+func (l *Library) FreeMemory(h uint64, p unsafe.Pointer) error {
+	r, err := l.Runtime(h)
+	if err == nil {
+		if err = r.FreeMemory(p); err == nil {
+			return nil
+		}
+	}
+	l.mu.Lock()
+	o, ok := l.orphanMem[uintptr(p)]
+	if ok && o.rt == h {
+		delete(l.orphanMem, uintptr(p))
+	}
+	l.mu.Unlock()
+	if !ok || o.rt != h {
+		return err
+	}
+	return o.v.shared.Release()
+}
+
+// ReleaseView unmaps a view of runtime h, also after h was closed.
+// Releasing twice is not an error; nor is a handle of another runtime, and
+// it releases nothing.
+func (l *Library) ReleaseView(h, view uint64) error {
+	if r, err := l.Runtime(h); err == nil {
+		r.mu.Lock()
+		_, live := r.views[view]
+		r.mu.Unlock()
+		if live {
+			return r.ReleaseView(view)
+		}
+	}
+	l.mu.Lock()
+	o, ok := l.orphanViews[view]
+	if ok && o.rt == h {
+		delete(l.orphanViews, view)
+	}
+	l.mu.Unlock()
+	if !ok || o.rt != h {
+		l.mu.Lock()
+		_, open := l.runtimes[h]
+		closed := !open && h != 0 && h <= l.next
+		l.mu.Unlock()
+		if !open && !closed {
+			_, err := l.Runtime(h)
+			return err
+		}
+		return nil // released before, or never this runtime's
+	}
+	return o.v.v.Release()
+}
+
+// Orphans is what closed runtimes' callers still hold: allocations and
+// views not yet given back.
+func (l *Library) Orphans() (allocs, views int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.orphanMem), len(l.orphanViews)
 }
 
 // CloseAll shuts every runtime down (at process exit).
@@ -443,8 +528,7 @@ type Runtime struct {
 	ops     map[uint64]context.CancelFunc
 	views   map[uint64]*heldView
 
-	nextView uint64
-	stats    counters
+	stats counters
 
 	lazyStaging bool
 	staging     sync.WaitGroup // background staging copies (Put)
@@ -470,28 +554,33 @@ type counters struct {
 	byTransport                                       map[string]int64
 }
 
-func (r *Runtime) shutdown(ctx context.Context) error {
+// shutdown stops the runtime. The memory and views its caller still holds
+// stay mapped and are returned, for the Library to give back when the
+// caller does (FreeMemory, ReleaseView): unmapping them under live arrays
+// would crash the process (at interpreter exit, an atexit hook that runs
+// after tl_shutdown_all). Live views are first made private copies
+// (detachViews), as the owner takes back what they held once this
+// runtime's leases go.
+func (r *Runtime) shutdown(ctx context.Context) (map[uintptr]*allocation, map[uint64]*heldView, error) {
 	r.mu.Lock()
 	for _, cancel := range r.ops {
 		cancel()
 	}
 	r.mu.Unlock()
+	detachErr := r.detachViews()
 	err := r.rt.Shutdown(ctx)
 	r.staging.Wait() // each ends with its copy; the objects are gone
 	r.pool.close()
 	r.mu.Lock()
-	allocs := r.allocs
-	r.allocs = map[uintptr]*allocation{}
-	// Views stay mapped: arrays over them may outlive the runtime (at
-	// interpreter exit), and unmapping under them would crash the process.
+	allocs, views := r.allocs, r.views
+	r.allocs, r.views = map[uintptr]*allocation{}, map[uint64]*heldView{}
 	r.mu.Unlock()
-	for _, a := range allocs {
-		a.shared.Release()
-	}
 	for _, m := range r.owned {
+		// Memory still allocated stays mapped: Close gives back only
+		// what nothing uses (cached and reserved memory).
 		m.Close()
 	}
-	return err
+	return allocs, views, errors.Join(err, detachErr)
 }
 
 // Rdt returns the runtime itself (for Go code in the same process).
@@ -503,6 +592,9 @@ func (r *Runtime) Rdt() *rdt.Runtime { return r.rt }
 func (r *Runtime) Alloc(ctx context.Context, n int64) (unsafe.Pointer, error) {
 	if n <= 0 {
 		return nil, invalid("allocation of %d bytes", n)
+	}
+	if n > maxAlloc {
+		return nil, invalid("allocation of %d bytes: more than any address space holds", n)
 	}
 	buf, err := r.host.Alloc(ctx, n)
 	if err != nil {
@@ -520,6 +612,10 @@ func (r *Runtime) Alloc(ctx context.Context, n int64) (unsafe.Pointer, error) {
 	r.mu.Unlock()
 	return unsafe.Pointer(&p[0]), nil
 }
+
+// maxAlloc bounds one allocation: 48-bit user address spaces hold no more
+// (and a memfd of INT64_MAX bytes fails as an untyped error).
+const maxAlloc = 1 << 47
 
 // FreeMemory gives back memory from Alloc or Get. Objects published from it
 // keep their part until they are freed.
@@ -591,6 +687,11 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 		return nil, invalid("empty region: nothing to publish")
 	}
 	_, end := d.Span()
+	if end == 0 {
+		// A shape with a zero dimension ([0, 5]): no bytes to publish,
+		// and no first byte to take the address of.
+		return nil, invalid("%v holds no bytes: nothing to publish", d)
+	}
 	mem := g.Mem[:end]
 	addr := uintptr(unsafe.Pointer(&mem[0]))
 	var buf tensor.Buffer
@@ -724,7 +825,10 @@ func (r *Runtime) GetInto(ctx context.Context, refBytes, dst []byte, op uint64, 
 
 // Get reads the ref's tensor into new shareable memory and returns its
 // address and length (give it back with FreeMemory; Put of it costs no
-// copy).
+// copy). The memory is allocated by rdt's Fetch, after the owner confirmed
+// the ref's layout (a lease, or this runtime's own object table): a ref
+// whose shape was forged larger fails with an error of kind
+// layout_mismatch and costs this runtime no memory, in slab mode no slab.
 func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout time.Duration) (unsafe.Pointer, int64, rdt.Transfer, error) {
 	ref, err := parseRef(refBytes)
 	if err != nil {
@@ -734,20 +838,48 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	if n == 0 {
 		return nil, 0, rdt.Transfer{}, invalid("the object is empty")
 	}
-	p, err := r.Alloc(ctx, n)
+	ctx, done := r.begin(ctx, op, timeout)
+	defer done()
+	start := time.Now()
+	t, x, err := r.actor.Fetch(ctx, ref, tensor.HostDevice)
+	r.count(x, start, err)
 	if err != nil {
-		return nil, 0, rdt.Transfer{}, err
-	}
-	dst := unsafe.Slice((*byte)(p), n)
-	if !r.slabs {
-		tensor.Populate(dst) // fresh pages in one call (slab memory comes populated)
-	}
-	x, err := r.GetInto(ctx, refBytes, dst, op, timeout)
-	if err != nil {
-		r.FreeMemory(p)
 		return nil, 0, x, err
 	}
-	return p, n, x, nil
+	if x.Stats.ZeroCopy {
+		// The owner's own buffer (a ref this runtime owns, read in
+		// place): the caller gets memory of its own, which it may write
+		// and must free, as from any other Get. The layout is confirmed
+		// by now, so this allocation is the object's true size.
+		src, err := t.SpanBytes()
+		if err != nil {
+			t.Release()
+			return nil, 0, x, err
+		}
+		p, err := r.Alloc(ctx, int64(len(src)))
+		if err != nil {
+			t.Release()
+			return nil, 0, x, err
+		}
+		copy(unsafe.Slice((*byte)(p), len(src)), src)
+		t.Release()
+		return p, int64(len(src)), x, nil
+	}
+	buf := t.Buffer()
+	p, err := tensor.BytesOf(buf)
+	if err == nil && int64(len(p)) < n {
+		err = fmt.Errorf("capi: a Get delivered %d bytes of a %d-byte object", len(p), n)
+	}
+	if err != nil {
+		buf.Release()
+		return nil, 0, x, err
+	}
+	// The memory is a mapping, not Go's heap: its address is stable.
+	a := &allocation{shared: tensor.NewShared(buf), base: uintptr(unsafe.Pointer(&p[0])), n: n}
+	r.mu.Lock()
+	r.allocs[a.base] = a
+	r.mu.Unlock()
+	return unsafe.Pointer(&p[0]), n, x, nil
 }
 
 func spanOf(d tensor.Desc) (int64, int64) {
@@ -758,7 +890,24 @@ func spanOf(d tensor.Desc) (int64, int64) {
 	return start, end - start
 }
 
-// Release says this runtime is done with a ref: a reader drops its hold;
+// Hold keeps another runtime's object alive for this reader until Release
+// (rdt.Actor.Hold): a Get's own lease lasts only for the Get (and a moment
+// after). The owner confirms the ref's layout, as for a Get. A ref this
+// runtime owns needs no hold.
+func (r *Runtime) Hold(ctx context.Context, refBytes []byte, timeout time.Duration) error {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return err
+	}
+	if err := ref.Desc.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", rdt.ErrMalformedRef, err)
+	}
+	ctx, done := r.begin(ctx, 0, timeout)
+	defer done()
+	return r.actor.Hold(ctx, ref)
+}
+
+// Release says this runtime is done with a ref: a reader drops its Hold;
 // the owner frees the object once no reader holds it.
 func (r *Runtime) Release(ctx context.Context, refBytes []byte) error {
 	ref, err := parseRef(refBytes)
@@ -864,7 +1013,16 @@ func DescribeRef(refBytes []byte) (RefInfo, error) {
 	if st == nil {
 		st = tensor.ContiguousStrides(d.Shape)
 	}
-	return RefInfo{DType: d.DType.String(), Shape: d.Shape, Strides: st, Offset: d.Offset, NBytes: n,
+	// A 0-d tensor (a scalar) has shape [] and strides []: in JSON that
+	// must be a list, not null, or a binding cannot build its array.
+	shape := d.Shape
+	if shape == nil {
+		shape = []int64{}
+	}
+	if st == nil {
+		st = []int64{}
+	}
+	return RefInfo{DType: d.DType.String(), Shape: shape, Strides: st, Offset: d.Offset, NBytes: n,
 		Host: ref.Host, Device: ref.Device.String(), Owner: ref.Owner.String(), Object: fmt.Sprint(ref.Object)}, nil
 }
 

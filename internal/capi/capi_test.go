@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 
 // pair starts two runtimes on one simulated host (as two Ray actors on a
 // node are) from the same JSON config.
-func pair(t *testing.T, config string) (*Library, *Runtime, *Runtime) {
+func pair(t testing.TB, config string) (*Library, *Runtime, *Runtime) {
 	t.Helper()
 	t.Setenv(fabric.EnvTransports, "")
 	t.Setenv(EnvClusterKey, "")

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
 )
 
@@ -34,9 +37,16 @@ type ViewConfig struct {
 
 // heldView is a live view behind a handle.
 type heldView struct {
-	v   *rdt.View
-	ref rdt.Ref
+	v    *rdt.View
+	ref  rdt.Ref
+	span []byte // the mapped bytes handed to the caller
 }
+
+// viewHandles numbers views across every runtime of the process, so a
+// handle names one view only: given to another runtime's ReleaseView it
+// matches nothing there (it used to count from 1 in each runtime, so one
+// runtime's handle released another's view).
+var viewHandles atomic.Uint64
 
 // View maps the ref's tensor read-only and returns a handle for
 // ReleaseView, the address of its first byte and its span in bytes. Writing
@@ -51,6 +61,13 @@ func (r *Runtime) View(ctx context.Context, refBytes []byte, cfg ViewConfig, op 
 	}
 	if _, n := spanOf(ref.Desc); n == 0 {
 		return 0, nil, 0, rdt.Transfer{}, invalid("the object is empty")
+	}
+	if ref.Owner == r.rt.ID() {
+		// The runtime's own object: a view would be the owner's memory
+		// itself, pinned (Free would wait for its release, and Close for
+		// its whole grace), and writable through the array it was
+		// published from. The caller has the bytes already; Get copies.
+		return 0, nil, 0, rdt.Transfer{}, fmt.Errorf("%w: %v is this runtime's own object (use the array it was published from, or Get for a copy)", ErrNoZeroCopy, ref)
 	}
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
@@ -78,16 +95,16 @@ func (r *Runtime) View(ctx context.Context, refBytes []byte, cfg ViewConfig, op 
 	x := v.Transfer
 	r.count(x, start, nil)
 	r.stats.views.Add(1)
+	h := viewHandles.Add(1)
 	r.mu.Lock()
-	r.nextView++
-	h := r.nextView
-	r.views[h] = &heldView{v: v, ref: ref}
+	r.views[h] = &heldView{v: v, ref: ref, span: p}
 	r.mu.Unlock()
 	return h, unsafe.Pointer(&p[0]), int64(len(p)), x, nil
 }
 
 // ReleaseView unmaps a view (once nothing else in this process uses the
-// mapping). Releasing a handle twice is not an error.
+// mapping). Releasing a handle twice, or one this runtime never gave out,
+// is not an error and releases nothing.
 func (r *Runtime) ReleaseView(h uint64) error {
 	r.mu.Lock()
 	hv, ok := r.views[h]
@@ -97,6 +114,78 @@ func (r *Runtime) ReleaseView(h uint64) error {
 		return nil
 	}
 	return hv.v.Release()
+}
+
+// detachViews makes every live view's bytes private to this process, at
+// shutdown, before the runtime's leases go: the owner then takes back what
+// the views held (in slab mode it reuses the ranges for other objects), so
+// a mapping of its memory would start showing other bytes, while the
+// caller was promised the object's until ReleaseView. Each view's pages
+// are copied into anonymous memory that replaces the shared pages at the
+// same address in one mremap, so a reader in another thread never sees a
+// hole. It costs a copy of the live views' bytes; views released before
+// Close cost nothing. A view whose copy fails (its owner truncated the
+// file under it) keeps its shared mapping; the errors are returned.
+func (r *Runtime) detachViews() error {
+	r.mu.Lock()
+	spans := make([][]byte, 0, len(r.views))
+	for _, hv := range r.views {
+		spans = append(spans, hv.span)
+	}
+	r.mu.Unlock()
+	var errs []error
+	for _, p := range spans {
+		if err := privatize(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// privatize replaces the pages under p with a private, read-only copy of
+// them (see detachViews).
+func privatize(p []byte) (err error) {
+	if len(p) == 0 {
+		return nil
+	}
+	page := uintptr(unix.Getpagesize())
+	lead := uintptr(unsafe.Pointer(&p[0])) & (page - 1)
+	n := (lead + uintptr(len(p)) + page - 1) &^ (page - 1)
+	start := unsafe.Add(unsafe.Pointer(&p[0]), -int(lead))
+	tmp, err := unix.MmapPtr(-1, 0, nil, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("capi: copy of a view at close: %w", err)
+	}
+	moved := false
+	defer func() {
+		if !moved {
+			unix.MunmapPtr(tmp, n)
+		}
+	}()
+	if err := copyGuarded(unsafe.Slice((*byte)(tmp), n), unsafe.Slice((*byte)(start), n)); err != nil {
+		return err
+	}
+	if err := unix.Mprotect(unsafe.Slice((*byte)(tmp), n), unix.PROT_READ); err != nil {
+		return fmt.Errorf("capi: copy of a view at close: %w", err)
+	}
+	if _, err := unix.MremapPtr(tmp, n, start, n, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED); err != nil {
+		return fmt.Errorf("capi: copy of a view at close: %w", err)
+	}
+	moved = true
+	return nil
+}
+
+// copyGuarded copies a mapping of another process's file: a fault (the
+// file shrank under it) is an error, not a crash.
+func copyGuarded(to, from []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: the owner's memory faulted while a view was copied: %v", fabric.ErrCorrupt, r)
+		}
+	}()
+	copy(to, from)
+	return nil
 }
 
 // Views is the number of views this runtime holds.

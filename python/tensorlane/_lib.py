@@ -15,6 +15,11 @@ from . import errors
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
+#: The process that loaded the library. The Go runtime inside it does not
+#: survive fork(): a child has the library's memory but none of its
+#: threads, and any call into it (the inherited atexit hook included) waits
+#: for ever on them.
+_pid: Optional[int] = None
 
 #: Environment variable naming the shared library to load instead of the
 #: one built into the package (for development builds).
@@ -42,6 +47,7 @@ _PROTOS = {
     "tl_explain": ([u64, cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_ref_info": ([cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_stats": ([u64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_hold": ([u64, cp, sz, i64], ctypes.c_int),
 }
 
 
@@ -53,10 +59,34 @@ def path() -> Path:
     return Path(__file__).resolve().parent / "_lib" / "libtensorlane.so"
 
 
+def usable() -> bool:
+    """Whether this process may call into the library: it is loaded here,
+    not inherited through fork() from the process that loaded it."""
+    return _lib is not None and _pid == os.getpid()
+
+
+def _forked() -> errors.Closed:
+    return errors.Closed(
+        f"tensorlane: the library was loaded by process {_pid} before it forked this one ({os.getpid()}); "
+        "its Go runtime does not survive fork(), so no call into it can work here. Use tensorlane from the "
+        "parent, or start children with multiprocessing's 'spawn' or 'forkserver' method"
+    )
+
+
+def _shutdown_at_exit() -> None:
+    # Only in the process that loaded the library: in a forked child the
+    # call would never return, and the child never exit.
+    if usable():
+        _lib.tl_shutdown_all()
+
+
 def lib() -> ctypes.CDLL:
-    """The loaded library (loaded once, on first use)."""
-    global _lib
+    """The loaded library (loaded once, on first use). Raises
+    :class:`~tensorlane.Closed` in a child forked after it was loaded."""
+    global _lib, _pid
     if _lib is not None:
+        if _pid != os.getpid():
+            raise _forked()
         return _lib
     with _lock:
         if _lib is None:
@@ -74,9 +104,11 @@ def lib() -> ctypes.CDLL:
                 f.argtypes, f.restype = args, res
             if l.tl_abi_version() != 1:
                 raise errors.Other(f"tensorlane: {p} has ABI version {l.tl_abi_version()}, want 1")
-            _lib = l
+            _lib, _pid = l, os.getpid()
             # Leave cleanly at interpreter exit: peers see the runtimes go.
-            atexit.register(l.tl_shutdown_all)
+            atexit.register(_shutdown_at_exit)
+    if _pid != os.getpid():
+        raise _forked()
     return _lib
 
 

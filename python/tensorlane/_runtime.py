@@ -92,6 +92,57 @@ def as_array(x: Any) -> np.ndarray:
         ) from None
 
 
+# Argument checks. What a caller passes goes to C as fixed-width integers
+# and byte strings, where ctypes would wrap a negative op id or truncate a
+# huge one silently, and a wrong type would fail deep inside with a bare
+# TypeError: here each is a typed error that names the argument.
+
+_U64 = 1 << 64
+
+
+def _refb(ref: Any) -> bytes:
+    """A ref's bytes, or MalformedRef for anything that is not bytes-like."""
+    if isinstance(ref, (bytes, bytearray, memoryview)):
+        return bytes(ref)
+    raise errors.MalformedRef(f"a ref is bytes (a tensorlane.Ref), not {type(ref).__name__}")
+
+
+def _ms(timeout: Optional[float], default: int = 0) -> int:
+    """A timeout in seconds as whole milliseconds (at least 1); None is
+    default (0: the runtime's transfer timeout)."""
+    if timeout is None:
+        return default
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgument(f"timeout {timeout!r}: want seconds as a number") from None
+    if not (t >= 0 and t * 1000 < (1 << 62)):  # also NaN and infinity
+        raise errors.InvalidArgument(f"timeout {timeout!r}: want a finite, non-negative number of seconds")
+    return max(1, int(t * 1000))
+
+
+def _op(op: Optional[int]) -> int:
+    """An operation id for the C ABI: 0 (none) to 2^64-1."""
+    if op is None:
+        return 0
+    if isinstance(op, bool) or not isinstance(op, (int, np.integer)) or not 0 <= int(op) < _U64:
+        raise errors.InvalidArgument(f"op {op!r}: want an int in [0, 2^64) (Runtime.next_op gives one)")
+    return int(op)
+
+
+def _dims(shape: Any) -> Tuple[int, ...]:
+    """A shape as non-negative ints, or InvalidArgument."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise errors.InvalidArgument(f"shape {shape!r}: want a sequence of ints") from None
+    if len(dims) > 16 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise errors.InvalidArgument(f"shape {shape!r}: want at most 16 non-negative ints")
+    return tuple(int(d) for d in dims)
+
+
 class Ref(bytes):
     """A marshalled tensorlane reference: a few hundred bytes that travel on
     any channel (a Ray task argument, a socket, a file)."""
@@ -111,46 +162,51 @@ class Ref(bytes):
 def ref_info(ref: bytes) -> Dict[str, Any]:
     """Decodes a ref's description; raises MalformedRef for bad bytes."""
     l = _lib.lib()
-    return json.loads(_lib.call_json(l.tl_ref_info, bytes(ref), len(ref)))
+    ref = _refb(ref)
+    return json.loads(_lib.call_json(l.tl_ref_info, ref, len(ref)))
 
 
 class _Block:
     """Owns one block of shareable memory; numpy arrays over it keep it
-    (their base) alive, and it is given back when the last one goes."""
+    (their base) alive, and it is given back when the last one goes. It
+    remembers its runtime's handle, not the runtime: closing the runtime
+    leaves the memory mapped (arrays may outlive it, at interpreter exit
+    too), and the last array gives it back with that handle."""
 
-    __slots__ = ("_rt", "_ptr", "_n", "__array_interface__", "__weakref__")
+    __slots__ = ("_handle", "_ptr", "_n", "__array_interface__", "__weakref__")
 
-    def __init__(self, rt: "Runtime", ptr: int, n: int):
-        self._rt, self._ptr, self._n = rt, ptr, n
+    def __init__(self, handle: int, ptr: int, n: int):
+        self._handle, self._ptr, self._n = handle, ptr, n
         self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
-    def __del__(self):
-        rt, self._rt = self._rt, None
-        if rt is not None and rt._handle:
-            try:
-                _lib.lib().tl_free_memory(rt._handle, self._ptr)
-            except Exception:
-                pass
+    def __del__(self) -> None:
+        h, self._handle = self._handle, 0
+        try:  # (at interpreter exit too, and never in a forked child)
+            if h and _lib.usable():
+                _lib.lib().tl_free_memory(h, self._ptr)
+        except Exception:
+            pass
 
 
 class _View:
     """Owns one zero-copy view (a read-only mapping of another process's
     object); numpy arrays over it keep it alive, and it is unmapped when the
-    last one goes."""
+    last one goes (with its runtime's handle, also after the runtime
+    closed: the view then holds a private copy of the bytes)."""
 
-    __slots__ = ("_rt", "_view", "__array_interface__", "__weakref__")
+    __slots__ = ("_handle", "_view", "__array_interface__", "__weakref__")
 
-    def __init__(self, rt: "Runtime", view: int, ptr: int, n: int):
-        self._rt, self._view = rt, view
+    def __init__(self, handle: int, view: int, ptr: int, n: int):
+        self._handle, self._view = handle, view
         self.__array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, True), "version": 3}
 
-    def __del__(self):
-        rt, self._rt = self._rt, None
-        if rt is not None and rt._handle:
-            try:
-                _lib.lib().tl_view_release(rt._handle, self._view)
-            except Exception:
-                pass
+    def __del__(self) -> None:
+        h, self._handle = self._handle, 0
+        try:  # (at interpreter exit too, and never in a forked child)
+            if h and _lib.usable():
+                _lib.lib().tl_view_release(h, self._view)
+        except Exception:
+            pass
 
 
 #: tl_view's flag: build the page tables in the call.
@@ -181,7 +237,11 @@ class Runtime:
     def __init__(self, config: Optional[Dict[str, Any]] = None):
         l = _lib.lib()
         h = ctypes.c_uint64(0)
-        _lib.check(l.tl_runtime_new(json.dumps(config or {}).encode(), ctypes.byref(h)))
+        try:
+            cfg = json.dumps(config or {})
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"config: {e}") from None
+        _lib.check(l.tl_runtime_new(cfg.encode(), ctypes.byref(h)))
         self._handle = h.value
         self._lock = threading.Lock()
         self._held: Dict[bytes, Any] = {}  # published foreign arrays, alive until free
@@ -190,7 +250,10 @@ class Runtime:
     # Lifecycle
 
     def close(self) -> None:
-        """Shuts the runtime down (idempotent). Objects it owns are gone."""
+        """Shuts the runtime down (idempotent). Objects it owns are gone.
+        Arrays from :meth:`empty`, :meth:`get` and :meth:`view` stay valid
+        (their memory is given back when the last array over it goes; a
+        view's bytes become a private copy at close)."""
         h, self._handle = self._handle, 0
         if h:
             _lib.check(_lib.lib().tl_runtime_close(h))
@@ -213,17 +276,21 @@ class Runtime:
         """A numpy array over shareable memory: putting it (or a contiguous
         slice of it) costs no copy on any path, also to readers in other
         processes on this host. Contents are uninitialised."""
-        if isinstance(shape, int):
-            shape = (shape,)
+        shape = _dims(shape)
         dt = np.dtype(dtype)
         tl_dtype(dt)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        n = dt.itemsize
+        for d in shape:  # Python ints: np.prod would wrap past 2^63 silently
+            n *= d
+        if n >= 1 << 47:
+            raise errors.InvalidArgument(f"shape {shape} of {dt}: {n} bytes, more than any address space holds")
         return self._block(max(n, 1))[:n].view(dt).reshape(shape)
 
     def _block(self, n: int) -> np.ndarray:
+        h = self._h()
         p = ctypes.c_void_p(0)
-        _lib.check(_lib.lib().tl_alloc(self._h(), n, ctypes.byref(p)))
-        return np.asarray(_Block(self, p.value, n))
+        _lib.check(_lib.lib().tl_alloc(h, n, ctypes.byref(p)))
+        return np.asarray(_Block(h, p.value, n))
 
     # Objects
 
@@ -233,6 +300,8 @@ class Runtime:
         copy; they must be C-contiguous. The runtime keeps the array alive,
         and it must not change, until :meth:`free`."""
         a = as_array(x)
+        if a.ndim > 16:
+            raise errors.InvalidArgument(f"{a.ndim} dimensions: tensorlane takes at most 16")
         if not a.flags.c_contiguous:
             raise errors.InvalidArgument(
                 f"non-contiguous array (shape {a.shape}, strides {a.strides}): "
@@ -247,8 +316,13 @@ class Runtime:
         ptr = a.__array_interface__["data"][0]
         _lib.check(_lib.lib().tl_put(self._h(), ptr, a.nbytes, name.encode(), a.ndim, shape, None, out, len(out), ctypes.byref(n)))
         ref = Ref(out.raw[: n.value])
+        # Both the object and the array over its memory: a DLPack producer
+        # may hand out a buffer it does not own (the capsule, kept by the
+        # array, owns it), and an array over a buffer export (mmap) keeps
+        # the export alive, so the producer cannot close it under the
+        # published object.
         with self._lock:
-            self._held[bytes(ref)] = x if x is not a else a
+            self._held[bytes(ref)] = (x, a)
         return ref
 
     def get(self, ref: bytes, out: Optional[np.ndarray] = None, *, timeout: Optional[float] = None,
@@ -261,23 +335,29 @@ class Runtime:
         info = ref_info(ref)
         nbytes = int(info["nbytes"])
         dt = np_dtype(info["dtype"])
-        shape = tuple(info["shape"])
-        if out is None:
-            buf = self._block(max(nbytes, 1))[:nbytes]
-            target = buf
-        else:
+        shape = tuple(info["shape"] or ())
+        ms = _ms(timeout)
+        if out is not None:
             target = as_array(out)
             if not target.flags.c_contiguous or not target.flags.writeable:
                 raise errors.InvalidArgument("out must be a writable C-contiguous array")
             if target.nbytes != nbytes:
                 raise errors.TooSmall(f"out holds {target.nbytes} bytes, the tensor has {nbytes}")
-        ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        ptr = target.__array_interface__["data"][0]
-        _lib.check(_lib.lib().tl_get_into(self._h(), bytes(ref), len(ref), ptr, nbytes, op or 0, ms))
-        if out is not None:
+            ptr = target.__array_interface__["data"][0]
+            _lib.check(_lib.lib().tl_get_into(self._h(), _refb(ref), len(ref), ptr, nbytes, _op(op), ms))
             return out
-        strides = tuple(int(s) * dt.itemsize for s in info["strides"])
-        arr = buf.view(dt) if nbytes else np.empty(0, dt)
+        # tl_get allocates only after the owner confirmed the ref's layout:
+        # a shape forged larger than the object costs this process nothing
+        # (allocating nbytes first, as before, made a forged 1 GiB resident,
+        # in slab mode for good).
+        h = self._h()
+        p, n = ctypes.c_void_p(0), ctypes.c_int64(0)
+        _lib.check(_lib.lib().tl_get(h, _refb(ref), len(ref), _op(op), ms, ctypes.byref(p), ctypes.byref(n)))
+        buf = np.asarray(_Block(h, p.value, n.value))
+        if n.value != nbytes:  # the owner confirmed this ref's layout: a bug if so
+            raise errors.LayoutMismatch(f"the read delivered {n.value} bytes, the ref says {nbytes}")
+        strides = tuple(int(s) * dt.itemsize for s in info["strides"] or ())
+        arr = buf.view(dt)
         if strides == _c_strides(shape, dt.itemsize):
             return arr.reshape(shape)
         return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides)
@@ -291,27 +371,36 @@ class Runtime:
         after the owner frees the object. ``populate`` builds the page
         tables up front, for readers that touch every byte. Raises
         :class:`~tensorlane.NoZeroCopy` when no path maps the object (another
-        host, or shm not allowed): use :meth:`get` then. ``shape`` and
+        host, shm not allowed, or this runtime's own object, whose array the
+        caller has already): use :meth:`get` then. ``shape`` and
         ``dtype``, when the caller knows them (Ray's metadata does), save
         decoding the ref; the ref's tensor must then be C-contiguous."""
         if shape is None or dtype is None:
             info = ref_info(ref)
             dt = np_dtype(info["dtype"])
-            shape = tuple(info["shape"])
-            strides = tuple(int(s) * dt.itemsize for s in info["strides"])
+            shape = tuple(info["shape"] or ())
+            strides = tuple(int(s) * dt.itemsize for s in info["strides"] or ())
         else:
-            dt, shape, strides = np.dtype(dtype), tuple(shape), None
-        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+            try:
+                dt = np.dtype(dtype)
+            except TypeError:
+                raise errors.InvalidArgument(f"dtype {dtype!r} is no numpy dtype") from None
+            shape, strides = _dims(shape), None
+        ms = _ms(timeout)
+        handle = self._h()
         h, p, n = ctypes.c_uint64(0), ctypes.c_void_p(0), ctypes.c_int64(0)
         flags = VIEW_POPULATE if populate else 0
-        _lib.check(_lib.lib().tl_view(self._h(), bytes(ref), len(ref), flags, op or 0, ms,
+        _lib.check(_lib.lib().tl_view(handle, _refb(ref), len(ref), flags, _op(op), ms,
                                       ctypes.byref(h), ctypes.byref(p), ctypes.byref(n)))
-        raw = np.asarray(_View(self, h.value, p.value, n.value))
-        arr = raw.view(dt)
+        raw = np.asarray(_View(handle, h.value, p.value, n.value))
         if strides is None:
-            if arr.size != int(np.prod(shape, dtype=np.int64)):
+            want = dt.itemsize
+            for d in shape:
+                want *= d
+            if n.value != want:  # the caller's shape and dtype are not the object's
                 raise errors.LayoutMismatch(f"the object holds {n.value} bytes, not a {dt}{list(shape)} tensor")
-            return arr.reshape(shape)
+            return raw.view(dt).reshape(shape)
+        arr = raw.view(dt)
         if strides == _c_strides(shape, dt.itemsize):
             return arr.reshape(shape)
         return np.lib.stride_tricks.as_strided(arr, shape=shape, strides=strides, writeable=False)
@@ -322,20 +411,29 @@ class Runtime:
 
     def cancel(self, op: int) -> bool:
         """Cancels the read named op; False if none is in flight."""
-        code = _lib.lib().tl_cancel(self._h(), op)
+        code = _lib.lib().tl_cancel(self._h(), _op(op))
         if code == 5:  # object_not_found: nothing in flight under op
             return False
         _lib.check(code)
         return True
 
+    def hold(self, ref: bytes, timeout: Optional[float] = None) -> None:
+        """Keeps another runtime's object alive for this reader until
+        :meth:`release` (a read's own lease lasts for the read only). The
+        owner confirms the ref's layout: a forged one raises
+        :class:`~tensorlane.LayoutMismatch`."""
+        ms = _ms(timeout)
+        _lib.check(_lib.lib().tl_hold(self._h(), _refb(ref), len(ref), ms))
+
     def release(self, ref: bytes) -> None:
-        """A reader is done with a ref (drops its lease on the owner)."""
-        _lib.check(_lib.lib().tl_release(self._h(), bytes(ref), len(ref)))
+        """A reader is done with a ref (drops its :meth:`hold`); the owner
+        asks for its object to be freed once no reader holds it."""
+        _lib.check(_lib.lib().tl_release(self._h(), _refb(ref), len(ref)))
 
     def free(self, ref: bytes, timeout: float = 30.0) -> None:
         """The owner revokes an object; returns once no read uses its memory,
         and only then lets go of the array it was published from."""
-        _lib.check(_lib.lib().tl_free(self._h(), bytes(ref), len(ref), max(1, int(timeout * 1000))))
+        _lib.check(_lib.lib().tl_free(self._h(), _refb(ref), len(ref), _ms(timeout)))
         with self._lock:
             self._held.pop(bytes(ref), None)
 
@@ -343,7 +441,7 @@ class Runtime:
         """Which path a read of ref here would take and why; for the owner,
         also how the memory is shared (``memory``: shareable, or foreign and
         whether it was copied once for a same-host reader)."""
-        return json.loads(_lib.call_json(_lib.lib().tl_explain, self._h(), bytes(ref), len(ref)))
+        return json.loads(_lib.call_json(_lib.lib().tl_explain, self._h(), _refb(ref), len(ref)))
 
     def stats(self) -> Dict[str, Any]:
         """Counters: puts (zero-copy and foreign), gets by transport, bytes,

@@ -375,15 +375,17 @@ def _copy_into(target: Any, t: Any, torch_t: bool) -> None:
 
 def _torch_from_array(arr: np.ndarray, dtype: Any) -> Any:
     """A torch tensor over a received array, in the sender's torch dtype
-    (bfloat16 travels as its 16-bit pattern). Read-only views (TENSORLANE_RECV=view)
-    stay read-only: torch's warning about it is silenced, as the choice was the user's."""
-    import warnings
-
+    (bfloat16 travels as its 16-bit pattern). torch has no read-only
+    tensors: one over a read-only mapping (a view, TENSORLANE_RECV=view)
+    would take an in-place write (``add_``, an optimizer step) and crash the
+    worker with SIGSEGV. So a read-only array is copied first: torch gets
+    private, writable memory, and a torch reader's view mode costs one copy,
+    as copy mode does (issue 29)."""
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(arr)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
     if dtype is not None and t.dtype != dtype:
         t = t.view(dtype)
     return t
