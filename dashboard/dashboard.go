@@ -188,7 +188,7 @@ func (h *Handler) topologySVG(w http.ResponseWriter, _ *http.Request) {
 	mem := map[string]memUse{}
 	for _, r := range h.cfg.Runtimes {
 		for _, s := range r.MemoryStats() {
-			mem[r.HostID()+"/"+s.Device.String()] = memUse{used: s.Used, capacity: s.Capacity}
+			mem[r.HostID()+"/"+s.Device.String()] = memUse{used: s.Used, capacity: s.Capacity, backend: s.Backend}
 		}
 	}
 	var buf bytes.Buffer
@@ -264,6 +264,7 @@ type Memory struct {
 	Host        string `json:"host"`
 	Device      string `json:"device"`
 	Simulated   bool   `json:"simulated"`
+	Backend     string `json:"backend,omitempty"` // "sim", "cuda", "hip", "host"
 	Capacity    int64  `json:"capacity"`
 	Used        int64  `json:"used"`
 	Free        int64  `json:"free"`
@@ -273,7 +274,7 @@ type Memory struct {
 }
 
 func memoryOf(host string, s tensor.MemStats) Memory {
-	return Memory{Host: host, Device: s.Device.String(), Simulated: s.Simulated, Capacity: s.Capacity, Used: s.Used,
+	return Memory{Host: host, Device: s.Device.String(), Simulated: s.Simulated, Backend: s.Backend, Capacity: s.Capacity, Used: s.Used,
 		Free: s.Free, LargestFree: s.LargestFree, Allocs: s.Allocs, Peak: s.Peak}
 }
 

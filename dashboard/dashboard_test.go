@@ -102,6 +102,7 @@ func TestHandler(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(svg, `<g class="link nvlink"`))
 	assert.Contains(t, svg, "SIMULATED")
 	assert.Contains(t, svg, `data-ep="h1/gpu:7"`)
+	assert.Equal(t, 16, strings.Count(svg, `data-backend="sim"`), "each GPU says which back-end holds its memory")
 	assert.Contains(t, svg, "all-to-all, 8 devices (28 links)")
 
 	var topo Topology
@@ -151,6 +152,10 @@ func TestHandler(t *testing.T) {
 	body, _ = get(t, srv, "/api/memory")
 	require.NoError(t, json.Unmarshal([]byte(body), &mem))
 	assert.Len(t, mem, 18)
+	for _, m := range mem {
+		want := map[bool]string{true: "host", false: "sim"}[m.Device == "cpu:0"]
+		assert.Equal(t, want, m.Backend, "%s/%s: which back-end holds the memory", m.Host, m.Device)
+	}
 
 	body, _ = get(t, srv, "/api/placements")
 	assert.JSONEq(t, `{"trainer":"h0/gpu:0"}`, body)

@@ -148,7 +148,7 @@ func hostTree(h *topology.Host) []*node {
 	for i := range h.Devices {
 		d := &h.Devices[i]
 		n := &node{kind: "device", dev: d, label: fmt.Sprintf("%s%d", strings.ToUpper(string(d.Kind)), d.Index),
-			sub: d.Model, ep: fmt.Sprintf("%s/%s:%d", h.ID, deviceKind(d.Kind), d.Index)}
+			sub: d.Model, ep: fmt.Sprintf("%s/%s:%d", h.ID, d.Kind, d.Index)}
 		parent := numaOf(d.NUMA)
 		if p, ok := sw[d.PCIeSwitch]; ok {
 			parent = p
@@ -192,18 +192,6 @@ func rank(n *node) int {
 	return 2
 }
 
-func deviceKind(k topology.DeviceKind) tensor.DeviceKind {
-	switch k {
-	case topology.KindTPU:
-		return tensor.TPU
-	case topology.KindNeuron:
-		return tensor.Neuron
-	case topology.KindHPU:
-		return tensor.HPU
-	}
-	return tensor.GPU
-}
-
 func cpuSummary(n topology.NUMANode) string {
 	s := "cpus " + n.CPUs
 	if len(s) > 22 {
@@ -213,7 +201,10 @@ func cpuSummary(n topology.NUMANode) string {
 }
 
 // memUse is what the picture shows of a device's memory.
-type memUse struct{ used, capacity int64 }
+type memUse struct {
+	used, capacity int64
+	backend        string // tensor/backend's name of the memory: "sim", "cuda", "hip"
+}
 
 // writeSVG draws the cluster: one box per host (grouped into dashed rack
 // boxes), its PCIe tree, devices with their memory in use, device-link
@@ -408,8 +399,12 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 			if h.Simulated {
 				cls += " simulated"
 			}
-			fmt.Fprintf(b, `<g class="%s" data-ep="%s" data-model="%s"><rect x="%d" y="%d" width="%d" height="%d" rx="4" fill="#fffbea" stroke="#1f2933" stroke-width="1.5"/>`,
-				cls, esc(n.ep), esc(d.Model), bx, by, bw, boxH)
+			backend := ""
+			if m, ok := mem[n.ep]; ok {
+				backend = m.backend
+			}
+			fmt.Fprintf(b, `<g class="%s" data-ep="%s" data-model="%s" data-backend="%s"><rect x="%d" y="%d" width="%d" height="%d" rx="4" fill="#fffbea" stroke="#1f2933" stroke-width="1.5"/>`,
+				cls, esc(n.ep), esc(d.Model), esc(backend), bx, by, bw, boxH)
 			// Devices stacked in one column get drop lines side by side.
 			devPos[d.Index] = [2]int{bx + bw/2 + ((by/rowH)%3-1)*14, by + boxH}
 			if m, ok := mem[n.ep]; ok && m.capacity > 0 {
@@ -418,8 +413,8 @@ func drawHost(b *strings.Builder, h *topology.Host, roots []*node, x0, y0, w, hh
 				if m.used > 0 {
 					fw = max(fw, 1)
 				}
-				fmt.Fprintf(b, `<rect class="mem" x="%d" y="%d" width="%d" height="4" fill="#e4e7eb"/><rect x="%d" y="%d" width="%d" height="4" fill="#f0b429"><title>%s of %s in use</title></rect>`,
-					bx+4, by+boxH-7, bw-8, bx+4, by+boxH-7, fw, human(m.used), human(m.capacity))
+				fmt.Fprintf(b, `<rect class="mem" x="%d" y="%d" width="%d" height="4" fill="#e4e7eb"/><rect x="%d" y="%d" width="%d" height="4" fill="#f0b429"><title>%s of %s in use (%s memory)</title></rect>`,
+					bx+4, by+boxH-7, bw-8, bx+4, by+boxH-7, fw, human(m.used), human(m.capacity), esc(m.backend))
 			}
 		}
 		fmt.Fprintf(b, `<text x="%d" y="%d" font-weight="bold">%s</text>`, bx+5, by+13, esc(n.label))

@@ -438,6 +438,7 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
 	plan := a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst)) // the value Get runs
 	noteViewCopy(&plan, ref)
+	a.rt.noteMemory(&plan, dst) // devices.go
 	if err := a.mayUse(dst); err != nil {
 		plan.Refuse(err)
 	} else if err := ref.Desc.Validate(); err != nil {

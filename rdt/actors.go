@@ -35,7 +35,7 @@ func (r *Runtime) TopologyDevice(index int) (tensor.DeviceID, error) {
 			if d.Index != index {
 				continue
 			}
-			id := tensor.DeviceID{Kind: deviceKind(d.Kind), Index: d.Index}
+			id := tensor.DeviceID{Kind: d.Kind, Index: d.Index}
 			if _, ok := r.devices[id]; !ok {
 				return tensor.DeviceID{}, fmt.Errorf("%w: %v is not served by the runtime on %s", ErrUnknownDevice, id, r.cfg.Host)
 			}

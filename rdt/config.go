@@ -39,15 +39,23 @@ type Config struct {
 	// ListenAddrs are libp2p multiaddrs for the control channel. Default:
 	// /ip4/127.0.0.1/tcp/0.
 	ListenAddrs []string
-	// Devices replaces the simulated device memories built from the
-	// topology. The runtime does not close memories it did not create.
+	// Devices replaces the device memories built from the topology. The
+	// runtime does not close memories it did not create.
 	Devices []tensor.Memory
+	// DeviceBackend chooses the memory of the host's devices when Devices
+	// is empty (tensor/backend): "" or "auto" (a discovered host's devices
+	// on their vendor's driver when it is usable, else simulated; a
+	// preset's simulated), "sim", "real", or one back-end for every
+	// device ("cuda", "hip"). Empty reads TENSORLANE_DEVICE_BACKEND unless
+	// IgnoreEnv.
+	DeviceBackend string
 	// VisibleDevices are the indices of the host's accelerators this
 	// runtime claims, as a scheduler hands them out (CUDA_VISIBLE_DEVICES,
 	// a Ray bundle): nil means all of them, an empty non-nil slice none
 	// (host memory only). TENSORLANE_DEVICES ("0,2", "none") sets it unless
-	// IgnoreEnv; without it, CUDA_VISIBLE_DEVICES does when this field is
-	// nil. Two live processes claiming one device of a host are refused
+	// IgnoreEnv; without it, CUDA_VISIBLE_DEVICES (else HIP_VISIBLE_DEVICES,
+	// else ROCR_VISIBLE_DEVICES) does when this field is nil. Two live
+	// processes claiming one device of a host are refused
 	// (ErrDeviceClaimed): see RuntimeDir.
 	VisibleDevices []int
 	// RuntimeDir holds the device claim locks, one file per (cluster, host,
@@ -159,11 +167,11 @@ func (c *Config) withDefaults() (Config, error) {
 			if vis != nil {
 				out.VisibleDevices = vis
 			}
-		} else if v, ok := os.LookupEnv(EnvCUDAVisible); ok && out.VisibleDevices == nil {
-			// What the scheduler handed this process (Ray, Slurm, k8s).
-			vis, err := parseCUDAVisible(v)
+		} else if vis, name, set, err := visibleFromDriverEnv(); set && out.VisibleDevices == nil {
+			// What the scheduler handed this process (Ray, Slurm, k8s):
+			// CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES.
 			if err != nil {
-				return out, fmt.Errorf("rdt: %s: %w (set %s to override)", EnvCUDAVisible, err, EnvDevices)
+				return out, fmt.Errorf("rdt: %s: %w (set %s to override)", name, err, EnvDevices)
 			}
 			out.VisibleDevices = vis
 		}
@@ -211,16 +219,4 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return out, nil
-}
-
-func deviceKind(k topology.DeviceKind) tensor.DeviceKind {
-	switch k {
-	case topology.KindTPU:
-		return tensor.TPU
-	case topology.KindNeuron:
-		return tensor.Neuron
-	case topology.KindHPU:
-		return tensor.HPU
-	}
-	return tensor.GPU
 }

@@ -196,27 +196,8 @@ func (r *Runtime) setupDevices() error {
 			}
 			r.devices[m.Device()] = m
 		}
-	} else {
-		visible, err := r.visible()
-		if err != nil {
-			return err
-		}
-		for _, d := range r.topoHost.Devices {
-			if visible != nil && !visible[d.Index] {
-				continue
-			}
-			id := tensor.DeviceID{Kind: deviceKind(d.Kind), Index: d.Index}
-			capacity := d.MemoryBytes
-			if r.cfg.DeviceMemory > 0 {
-				capacity = r.cfg.DeviceMemory
-			}
-			m, err := tensor.NewSimMemory(id, capacity)
-			if err != nil {
-				return err
-			}
-			r.owned = append(r.owned, m)
-			r.devices[id] = m
-		}
+	} else if err := r.openDevices(); err != nil { // devices.go: the back-end registry
+		return err
 	}
 	if _, ok := r.devices[tensor.HostDevice]; !ok {
 		m := tensor.NewHostMemory(r.cfg.HostMemory)

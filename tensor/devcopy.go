@@ -156,6 +156,12 @@ const (
 	// HandleCUDAIPC: FD is a sealed memory file holding the 64-byte legacy
 	// CUDA IPC handle (cuIpcGetMemHandle) of a cuMemAlloc allocation.
 	HandleCUDAIPC
+	// HandleHIPFD: FD is a HIP VMM allocation exported as a POSIX file
+	// descriptor (hipMemExportToShareableHandle, tensor/hip).
+	HandleHIPFD
+	// HandleHIPIPC: FD is a sealed memory file holding the 64-byte HIP IPC
+	// handle (hipIpcGetMemHandle) of a hipMalloc allocation.
+	HandleHIPIPC
 )
 
 func (k HandleKind) String() string {
@@ -166,6 +172,10 @@ func (k HandleKind) String() string {
 		return "cuda-fd"
 	case HandleCUDAIPC:
 		return "cuda-ipc"
+	case HandleHIPFD:
+		return "hip-fd"
+	case HandleHIPIPC:
+		return "hip-ipc"
 	}
 	return fmt.Sprintf("handle-kind(%d)", uint8(k))
 }

@@ -18,8 +18,11 @@
 // Optional capabilities are separate interfaces found by type assertion:
 // HostVisible for memory the CPU can address, Exportable for memory another
 // process can map. Real device memory (tensor/cuda: NVIDIA GPUs through the
-// CUDA driver API, loaded at run time without cgo) implements Memory and
-// Buffer too; its buffers are not HostVisible but DeviceCopier and
-// PeerCopier, and Copy moves bytes between any two buffers, whatever memory
-// they live in.
+// CUDA driver API, loaded at run time without cgo; tensor/hip: AMD GPUs
+// through HIP, on the same engine) implements Memory and Buffer too; its
+// buffers are not HostVisible but DeviceCopier and PeerCopier, and Copy
+// moves bytes between any two buffers, whatever memory they live in.
+// tensor/backend is the registry that gives a topology's devices their
+// memory (simulated, CUDA, HIP, or a registered back-end); MemStats.Backend
+// says which a memory is.
 package tensor

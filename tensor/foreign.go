@@ -258,6 +258,19 @@ func (w *window) Export(access Access) (Handle, error) {
 	return h, nil
 }
 
+// Unwrap reaches device memory under a window (a C ABI device allocation
+// published in part), so Copy, IsDevice and importers see the device's
+// buffer; a window of host-visible memory is its own root, as before.
+func (w *window) Unwrap() (Buffer, int64) {
+	if w.released.Load() {
+		return nil, 0
+	}
+	if _, host := w.s.buf.(HostVisible); host {
+		return nil, 0
+	}
+	return w.s.buf, w.off
+}
+
 func (w *window) Release() error {
 	if w.released.Swap(true) {
 		return nil

@@ -205,7 +205,7 @@ func (m *HostMemory) account(n int64) {
 func (m *HostMemory) Stats() MemStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := MemStats{Device: m.dev, Capacity: m.capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.cache.bytes}
+	s := MemStats{Device: m.dev, Backend: "host", Capacity: m.capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.cache.bytes}
 	if m.ready != nil {
 		s.Cached += int64(len(m.ready.data))
 	}

@@ -97,8 +97,11 @@ type HostVisible interface {
 
 // MemStats is a snapshot of a device's memory.
 type MemStats struct {
-	Device      DeviceID
-	Simulated   bool
+	Device    DeviceID
+	Simulated bool
+	// Backend names the memory's implementation, as tensor/backend's
+	// registry and reports name it: "host", "slab", "sim", "cuda", "hip".
+	Backend     string
 	Capacity    int64 // 0 when unbounded
 	Used        int64 // bytes in live allocations (after alignment)
 	Free        int64

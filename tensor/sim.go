@@ -116,7 +116,7 @@ func (m *SimMemory) Stats() MemStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return MemStats{
-		Device: m.dev, Simulated: true, Capacity: m.alloc.capacity, Used: m.alloc.used,
+		Device: m.dev, Simulated: true, Backend: "sim", Capacity: m.alloc.capacity, Used: m.alloc.used,
 		Free: m.alloc.capacity - m.alloc.used, LargestFree: m.alloc.largestFree(),
 		Allocs: m.alloc.allocs, Peak: m.alloc.peak, Cached: m.cache.bytes,
 	}

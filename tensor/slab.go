@@ -354,7 +354,7 @@ func (m *SlabMemory) returnRange(b *slabBuffer) {
 func (m *SlabMemory) Stats() MemStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := MemStats{Device: m.cfg.Device, Capacity: m.cfg.Capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.bytes - m.used}
+	s := MemStats{Device: m.cfg.Device, Backend: "slab", Capacity: m.cfg.Capacity, Used: m.used, Allocs: m.allocs, Peak: m.peak, Cached: m.bytes - m.used}
 	if m.cfg.Capacity > 0 {
 		s.Free = m.cfg.Capacity - m.used
 		s.LargestFree = m.largestFree()

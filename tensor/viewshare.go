@@ -84,7 +84,13 @@ func (v *ViewShare) Export(a Access) (h Handle, staged int64, err error) {
 		// The buffer may itself be a view of a larger allocation (its
 		// handle then starts past 0 or its file is larger than its
 		// pages): stage then too.
-		if h.Offset == 0 && h.Size <= pageRound(h.Length) {
+		// A device allocation is rounded to the device's granularity (2
+		// MiB for CUDA VMM): when the view is the whole buffer that owns
+		// the allocation, the rest is that rounding, which holds no other
+		// buffer's bytes.
+		root, _ := Unwrap(v.src)
+		ownsAll := h.Kind != HandleMemfd && root != nil && root.Len() == h.Length
+		if h.Offset == 0 && (h.Size <= pageRound(h.Length) || ownsAll) {
 			v.whole = true
 			h.Length = min(h.Length, v.end)
 			return h, 0, nil
@@ -111,6 +117,9 @@ func (v *ViewShare) Export(a Access) (h Handle, staged int64, err error) {
 // stage copies the view into a fresh allocation; v.mu is held.
 func (v *ViewShare) stage() (int64, error) {
 	n := v.end - v.start
+	if IsDevice(v.src) {
+		return v.stageDevice(n)
+	}
 	src, err := BytesOf(v.src)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrViewCopy, err)
@@ -127,6 +136,23 @@ func (v *ViewShare) stage() (int64, error) {
 		return 0, fmt.Errorf("%w: the copy is not host visible: %v", ErrViewCopy, err)
 	}
 	copy(dst, src[v.start:v.end])
+	v.copy = b
+	return n, nil
+}
+
+// stageDevice is stage for device memory (a slice of a GPU allocation):
+// the copy is made by the device (Copy), never through the CPU.
+func (v *ViewShare) stageDevice(n int64) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), stageTimeout)
+	defer cancel()
+	b, err := v.mem.Alloc(ctx, n)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %d bytes: %w", ErrViewCopy, n, err)
+	}
+	if err := Copy(ctx, b, 0, v.src, v.start, n); err != nil {
+		b.Release()
+		return 0, fmt.Errorf("%w: device copy: %w", ErrViewCopy, err)
+	}
 	v.copy = b
 	return n, nil
 }

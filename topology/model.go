@@ -3,18 +3,22 @@ package topology
 import (
 	"fmt"
 	"sort"
+
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // DeviceKind is the broad class of an accelerator. It is vendor-neutral: an
 // H100 and an MI355X are both KindGPU; the Vendor and Model fields tell them
-// apart.
-type DeviceKind string
+// apart. It is tensor.DeviceKind itself (one device-kind type for the model
+// and the memory that lives on it), so a topology device's kind is a
+// tensor.DeviceID's kind without a conversion.
+type DeviceKind = tensor.DeviceKind
 
 const (
-	KindGPU    DeviceKind = "gpu"    // NVIDIA, AMD, Intel GPUs
-	KindTPU    DeviceKind = "tpu"    // Google TPU chips
-	KindNeuron DeviceKind = "neuron" // AWS Trainium / Inferentia
-	KindHPU    DeviceKind = "hpu"    // Intel Gaudi
+	KindGPU    = tensor.GPU    // NVIDIA, AMD, Intel GPUs
+	KindTPU    = tensor.TPU    // Google TPU chips
+	KindNeuron = tensor.Neuron // AWS Trainium / Inferentia
+	KindHPU    = tensor.HPU    // Intel Gaudi
 )
 
 // LinkKind says what physically joins two endpoints of a Link.

@@ -163,6 +163,41 @@ int tl_explain(uint64_t rt, const uint8_t *ref, size_t ref_len, char *out, size_
 int tl_ref_info(const uint8_t *ref, size_t ref_len, char *out, size_t cap, size_t *len);
 int tl_stats(uint64_t rt, char *out, size_t cap, size_t *len);
 
+/* ---- Device memory (GPUs) ----
+ * A device pointer always comes with its device, named as DLPack names
+ * devices: type TL_DEVICE_CUDA (kDLCUDA) or TL_DEVICE_ROCM (kDLROCM), index
+ * = the driver's ordinal (torch's cuda:N, under CUDA_VISIBLE_DEVICES /
+ * HIP_VISIBLE_DEVICES). Device addresses are uint64_t (CUdeviceptr,
+ * hipDeviceptr_t). The runtime must have real memory for the device: a
+ * runtime created with "sim_devices": true opens the host's GPUs through
+ * the back-end registry, real when TENSORLANE_DEVICE_BACKEND is cuda, hip
+ * or real (or auto on a discovered host with the driver); otherwise these
+ * calls fail with TL_E_UNKNOWN_DEVICE, saying the devices are simulated. */
+#define TL_DEVICE_CPU 1
+#define TL_DEVICE_CUDA 2
+#define TL_DEVICE_ROCM 10
+/* Shareable device memory of nbytes on the device (*ptr: its device
+ * address); a tl_put_device of memory inside it publishes in place, and a
+ * reader process on the host imports the allocation's own handle. */
+int tl_device_alloc(uint64_t rt, int32_t dev_type, int32_t dev_index, int64_t nbytes, uint64_t *ptr);
+int tl_device_free(uint64_t rt, uint64_t ptr);
+/* Publish a tensor in device memory (ptr: its first byte). Memory from
+ * tl_device_alloc is published without a copy; other device memory (a
+ * torch tensor's) is copied once on the device into an allocation the
+ * object owns, so the caller may reuse it when the call returns. */
+int tl_put_device(uint64_t rt, int32_t dev_type, int32_t dev_index, uint64_t ptr, const char *dtype, int32_t ndim,
+                  const int64_t *shape, const int64_t *strides, uint8_t *ref_out, size_t ref_cap, size_t *ref_len);
+/* Read a Ref's tensor into dst_len bytes of the caller's device memory
+ * (the object's span; TL_E_TOO_SMALL if it does not fit). op and
+ * timeout_ms as for tl_get_into. */
+int tl_get_device(uint64_t rt, const uint8_t *ref, size_t ref_len, int32_t dev_type, int32_t dev_index, uint64_t dst,
+                  int64_t dst_len, uint64_t op, int64_t timeout_ms);
+/* Copy nbytes between host memory (TL_DEVICE_CPU, index 0) and device
+ * memory of the runtime, either way, or device to device; returns once the
+ * bytes are there. */
+int tl_device_copy(uint64_t rt, int32_t dst_type, int32_t dst_index, void *dst, int32_t src_type, int32_t src_index,
+                   const void *src, int64_t nbytes);
+
 #ifdef __cplusplus
 }
 #endif

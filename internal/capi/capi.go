@@ -568,6 +568,7 @@ func (r *Runtime) shutdown(ctx context.Context) (map[uintptr]*allocation, map[ui
 	}
 	r.mu.Unlock()
 	detachErr := r.detachViews()
+	r.releaseDevice() // device.go: allocations the caller did not free
 	err := r.rt.Shutdown(ctx)
 	r.staging.Wait() // each ends with its copy; the objects are gone
 	r.pool.close()

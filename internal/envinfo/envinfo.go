@@ -44,6 +44,8 @@ type Manifest struct {
 	SharedMemoryHugePages string `json:"shmem_huge_pages,omitempty"`
 	// CUDA is what the CUDA driver API says (live machine only).
 	CUDA *CUDAReport `json:"cuda_driver_api,omitempty"`
+	// Devices is the device memory section (devices.go; live machine only).
+	Devices *DeviceReport `json:"device_memory,omitempty"`
 }
 
 // Version is this binary's tensorlane version, from its build info.
@@ -111,6 +113,10 @@ func Collect(ctx context.Context, root string) Manifest {
 			}
 		}
 		m.Warnings = len(d.Warnings)
+		if live {
+			r := ProbeDevices(ctx, d.Host) // devices.go
+			m.Devices = &r
+		}
 	}
 	if live && m.CPUs == 0 {
 		m.CPUs = runtime.NumCPU()
@@ -277,6 +283,9 @@ func Write(w io.Writer, m Manifest) {
 		for _, d := range m.CUDA.Devices {
 			line("cuda device", d)
 		}
+	}
+	if m.Devices != nil {
+		WriteDevices(w, *m.Devices) // devices.go
 	}
 	if m.Warnings > 0 {
 		line("discovery warnings", fmt.Sprintf("%d (tensorlane topo lists them)", m.Warnings))

@@ -27,10 +27,24 @@ from .errors import (
 __version__ = "0.1.0"
 
 
-def empty(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
+def empty(shape: Sequence[int] | int, dtype: Any = np.float32, device: Any = None) -> Any:
     """A numpy array over the default runtime's shareable memory: publishing
-    it costs no copy, also to readers in other processes on this host."""
+    it costs no copy, also to readers in other processes on this host. With
+    ``device="cuda:0"`` (or ``"rocm:0"``) a :class:`tensorlane.device.DeviceArray`
+    of shareable device memory that speaks DLPack on its device."""
+    if device is not None and str(device) != "cpu":
+        from . import device as _device
+
+        return _device.empty(shape, dtype, device)
     return runtime().empty(shape, dtype)
+
+
+def copy(src: Any, dst: Any) -> Any:
+    """Copies src into dst between host and device arrays (numpy arrays,
+    device arrays, torch CUDA tensors: see :func:`tensorlane.device.copy`)."""
+    from . import device as _device
+
+    return _device.copy(src, dst)
 
 
 def from_dlpack(x: Any) -> np.ndarray:
@@ -39,7 +53,7 @@ def from_dlpack(x: Any) -> np.ndarray:
 
 
 __all__ = [
-    "Ref", "Runtime", "runtime", "empty", "ref_info", "as_array", "from_dlpack",
+    "Ref", "Runtime", "runtime", "empty", "copy", "ref_info", "as_array", "from_dlpack",
     "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
     "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",
     "UnknownDevice", "Corrupt", "Stalled", "PeerClosed", "BadRequest", "Closed", "Timeout", "Canceled",

@@ -48,6 +48,12 @@ _PROTOS = {
     "tl_ref_info": ([cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_stats": ([u64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_hold": ([u64, cp, sz, i64], ctypes.c_int),
+    # Device memory (tensorlane.h's "Device memory" section; device.py).
+    "tl_device_alloc": ([u64, i32, i32, i64, ctypes.POINTER(u64)], ctypes.c_int),
+    "tl_device_free": ([u64, u64], ctypes.c_int),
+    "tl_put_device": ([u64, i32, i32, u64, cp, i32, ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_get_device": ([u64, cp, sz, i32, i32, u64, i64, u64, i64], ctypes.c_int),
+    "tl_device_copy": ([u64, i32, i32, vp, i32, i32, vp, i64], ctypes.c_int),
 }
 
 

@@ -77,6 +77,10 @@ func (d *Driver) Device(ordinal int) (DeviceInfo, error) {
 		}
 	}
 	attr := func(a int32) int {
+		a, ok := d.dia.attr(a)
+		if !ok {
+			return -1 // the library has no such attribute
+		}
 		var v int32
 		if d.api.cuDeviceGetAttribute(&v, a, dev) != Success {
 			return -1
@@ -86,7 +90,7 @@ func (d *Driver) Device(ordinal int) (DeviceInfo, error) {
 	info.Compute = [2]int{attr(attrComputeMajor), attr(attrComputeMinor)}
 	info.SMs = attr(attrMultiprocessorCount)
 	info.VMM = d.vmm && attr(attrVMMSupported) == 1
-	info.PosixFD = info.VMM && attr(attrPosixFDSupported) == 1
+	info.PosixFD = info.VMM && (d.dia.PosixFDWithVMM || attr(attrPosixFDSupported) == 1)
 	info.Fabric = info.VMM && attr(attrFabricHandleSupported) == 1
 	info.GPUDirectRDMA = attr(attrGPUDirectRDMA) == 1
 	if v := attr(attrNUMAID); v >= 0 {

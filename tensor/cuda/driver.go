@@ -21,6 +21,7 @@ const LibraryEnv = "TENSORLANE_LIBCUDA"
 // Driver is a loaded, initialised CUDA driver library. One per library
 // path per process (Load caches it): the driver itself is process-wide.
 type Driver struct {
+	dia     *API // which CUDA-shaped library this is
 	path    string
 	lib     uintptr
 	version int
@@ -156,11 +157,17 @@ var (
 
 // LibraryPath returns the library Load("") opens: $TENSORLANE_LIBCUDA, or
 // DefaultLibrary.
-func LibraryPath() string {
-	if p := os.Getenv(LibraryEnv); p != "" {
-		return p
+func LibraryPath() string { return CUDA.LibraryPath() }
+
+// LibraryPath returns the library LoadAPI(a, "") opens: $LibraryEnv, or
+// Library.
+func (a *API) LibraryPath() string {
+	if a.LibraryEnv != "" {
+		if p := os.Getenv(a.LibraryEnv); p != "" {
+			return p
+		}
 	}
-	return DefaultLibrary
+	return a.Library
 }
 
 // Load opens the CUDA driver library at path ("" means LibraryPath()),
@@ -170,20 +177,28 @@ func LibraryPath() string {
 // message, the missing entry point, or the driver's answer to cuInit.
 // A loaded driver is cached per path; a failure is not, so a later call
 // tries again.
-func Load(path string) (*Driver, error) {
+func Load(path string) (*Driver, error) { return LoadAPI(CUDA, path) }
+
+// LoadAPI is Load for another CUDA-shaped driver library (see API); path ""
+// means a.LibraryPath().
+func LoadAPI(a *API, path string) (*Driver, error) {
+	if a == nil {
+		a = CUDA
+	}
 	if path == "" {
-		path = LibraryPath()
+		path = a.LibraryPath()
 	}
 	loadMu.Lock()
 	defer loadMu.Unlock()
-	if d := drivers[path]; d != nil {
+	key := a.name() + "\x00" + path
+	if d := drivers[key]; d != nil {
 		return d, nil
 	}
 	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
-		return nil, &UnavailableError{Library: path, Reason: "dlopen: " + err.Error()}
+		return nil, &UnavailableError{API: a, Library: path, Reason: "dlopen: " + err.Error()}
 	}
-	d := &Driver{path: path, lib: lib, ctxs: map[int]uintptr{}, peer: map[[2]int]bool{}}
+	d := &Driver{dia: a, path: path, lib: lib, ctxs: map[int]uintptr{}, peer: map[[2]int]bool{}}
 	if err := d.bind(); err != nil {
 		purego.Dlclose(lib)
 		return nil, err
@@ -191,13 +206,13 @@ func Load(path string) (*Driver, error) {
 	if r := d.api.cuInit(0); r != Success {
 		err := d.err("cuInit", r)
 		purego.Dlclose(lib)
-		return nil, &UnavailableError{Library: path, Reason: err.Error(), Err: err}
+		return nil, &UnavailableError{API: a, Library: path, Reason: err.Error(), Err: err}
 	}
 	var v int32
 	if r := d.api.cuDriverGetVersion(&v); r == Success {
 		d.version = int(v)
 	}
-	drivers[path] = d
+	drivers[key] = d
 	return d, nil
 }
 
@@ -209,12 +224,13 @@ func (d *Driver) bind() (err error) {
 	// it must not take the process down on a machine that merely has a GPU.
 	defer func() {
 		if r := recover(); r != nil {
-			err = &UnavailableError{Library: d.path, Reason: fmt.Sprint("binding entry points: ", r)}
+			err = &UnavailableError{API: d.dia, Library: d.path, Reason: fmt.Sprint("binding entry points: ", r)}
 		}
 	}()
 	vmm := true
 	for _, s := range d.api.symbols() {
-		sym, serr := purego.Dlsym(d.lib, s.name)
+		name := d.dia.symbol(s.name)
+		sym, serr := purego.Dlsym(d.lib, name)
 		if serr != nil || sym == 0 {
 			if s.optional {
 				if s.name != "cuDeviceGetUuid_v2" {
@@ -222,13 +238,18 @@ func (d *Driver) bind() (err error) {
 				}
 				continue
 			}
-			return &UnavailableError{Library: d.path, Reason: "entry point " + s.name + " missing (driver too old, or not a CUDA driver)"}
+			return &UnavailableError{API: d.dia, Library: d.path, Reason: "entry point " + name + " missing (driver too old, or not a " + d.dia.name() + " driver)"}
 		}
-		purego.RegisterFunc(s.fn, sym)
+		if !d.bindAdapted(s.name, sym) {
+			purego.RegisterFunc(s.fn, sym)
+		}
 	}
 	d.vmm = vmm
 	return nil
 }
+
+// API returns the driver's API (CUDA, or another CUDA-shaped library).
+func (d *Driver) API() *API { return d.dia }
 
 // Path returns the library the driver was loaded from.
 func (d *Driver) Path() string { return d.path }
@@ -244,7 +265,7 @@ func (d *Driver) err(op string, r Result) error {
 	if r == Success {
 		return nil
 	}
-	e := &Error{Op: op, Code: r}
+	e := &Error{Op: d.dia.symbol(op), Code: r, api: d.dia}
 	var p unsafe.Pointer
 	if d.api.cuGetErrorName != nil && d.api.cuGetErrorName(r, &p) == Success && p != nil {
 		e.Name = cString(p, 128)

@@ -16,17 +16,19 @@ var ErrUnavailable = errors.New("cuda: unavailable")
 // UnavailableError says why CUDA is unavailable: which library was tried
 // and what the loader or the driver answered.
 type UnavailableError struct {
+	API     *API   // the library's API (nil: CUDA)
 	Library string // the path given to dlopen
 	Reason  string // the loader's message, or what was missing
 	Err     error  // the driver's *Error, when the driver answered
 }
 
 func (e *UnavailableError) Error() string {
-	return fmt.Sprintf("cuda: unavailable (%s): %s", e.Library, e.Reason)
+	return fmt.Sprintf("%s: unavailable (%s): %s", e.API.name(), e.Library, e.Reason)
 }
 
-// Is makes errors.Is(err, ErrUnavailable) true.
-func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+// Is makes errors.Is(err, ErrUnavailable) true, and errors.Is with the
+// API's own sentinel (hip.ErrUnavailable).
+func (e *UnavailableError) Is(target error) bool { return e.API.isUnavailable(target) }
 
 // Unwrap returns the driver's error, if any.
 func (e *UnavailableError) Unwrap() error { return e.Err }
@@ -37,6 +39,7 @@ type Error struct {
 	Op   string // the entry point, "cuMemCreate"
 	Code Result
 	Name string // "CUDA_ERROR_OUT_OF_MEMORY", from cuGetErrorName when it knows
+	api  *API   // the driver's API (nil: CUDA)
 }
 
 func (e *Error) Error() string {
@@ -44,7 +47,7 @@ func (e *Error) Error() string {
 	if name == "" {
 		name = e.Code.String()
 	}
-	return fmt.Sprintf("cuda: %s: %s (%d)", e.Op, name, int32(e.Code))
+	return fmt.Sprintf("%s: %s: %s (%d)", e.api.name(), e.Op, name, int32(e.Code))
 }
 
 // Is maps driver results onto the library's conditions, so callers test
@@ -53,6 +56,9 @@ func (e *Error) Error() string {
 // matches ErrNotSupported, a handle that does not open matches
 // tensor.ErrNotExportable.
 func (e *Error) Is(target error) bool {
+	if target != ErrUnavailable && e.api.isUnavailable(target) {
+		target = ErrUnavailable // the API's own sentinel means the same
+	}
 	switch target {
 	case tensor.ErrOutOfMemory:
 		return e.Code == ErrorOutOfMemory

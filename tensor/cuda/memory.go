@@ -42,9 +42,17 @@ func (m Mode) String() string {
 // device 0, ModeAuto, 4 lanes, 8 MiB staging chunks, a one-minute bound on
 // a copy whose context has no deadline, slog.Default().
 type Config struct {
-	Library string // "" = LibraryPath()
-	Device  int    // CUDA ordinal (as CUDA_VISIBLE_DEVICES numbers them)
-	Mode    Mode
+	// API is the driver library's API: nil means CUDA; tensor/hip passes
+	// HIP's.
+	API     *API
+	Library string // "" = the API's LibraryPath()
+	Device  int    // the driver's ordinal (as CUDA_VISIBLE_DEVICES numbers them)
+	// ID is the tensor.DeviceID the memory answers to; the zero value means
+	// tensor.GPUDevice(Device). A runtime sets it to the host's device
+	// index when the driver numbers only the devices visible to the
+	// process (CUDA_VISIBLE_DEVICES=2,3: ordinal 0 is the host's GPU 2).
+	ID   tensor.DeviceID
+	Mode Mode
 	// Lanes is how many copies may run at once: each lane is a stream, its
 	// events and, once a host copy needs them, two pinned staging chunks.
 	Lanes int
@@ -142,7 +150,7 @@ func NewMemory(cfg Config) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := Load(cfg.Library)
+	drv, err := LoadAPI(cfg.API, cfg.Library)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +162,11 @@ func NewMemory(cfg Config) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{cfg: cfg, drv: drv, info: info, dev: tensor.GPUDevice(cfg.Device), ctx: ctx}
+	id := cfg.ID
+	if id.Kind == "" {
+		id = tensor.GPUDevice(cfg.Device)
+	}
+	m := &Memory{cfg: cfg, drv: drv, info: info, dev: id, ctx: ctx}
 	switch {
 	case cfg.Mode == ModeLegacy:
 	case info.VMM && info.PosixFD:
@@ -381,7 +393,7 @@ func (m *Memory) Stats() tensor.MemStats {
 	free, total := m.memInfo()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return tensor.MemStats{Device: m.dev, Capacity: total, Used: m.used, Free: free, LargestFree: free,
+	return tensor.MemStats{Device: m.dev, Backend: m.drv.dia.name(), Capacity: total, Used: m.used, Free: free, LargestFree: free,
 		Allocs: m.allocs, Peak: m.peak}
 }
 
@@ -423,7 +435,8 @@ type Buffer struct {
 	vmm  bool  // VMM allocation (else legacy)
 	// handle is the VMM allocation handle (owned or imported).
 	handle   uint64
-	owned    bool   // allocated here (else imported)
+	owned    bool   // allocated here (else imported or wrapped)
+	wrapped  bool   // another library's memory (Wrap): never freed here
 	id       uint64 // serial of an owned allocation (tensor.Handle.ID)
 	readOnly bool
 
@@ -459,6 +472,9 @@ func (b *Buffer) Release() error {
 	}
 	b.released = true
 	m := b.mem
+	if b.wrapped {
+		return nil // its allocator frees it, not us
+	}
 	m.mu.Lock()
 	if b.owned {
 		m.used -= b.size
@@ -499,3 +515,26 @@ func (b *Buffer) use(write bool) (done func(), err error) {
 	}
 	return b.mu.RUnlock, nil
 }
+
+// Wrap returns a Buffer over n bytes of this device's memory at ptr that
+// another library allocated (a torch or CuPy tensor, a caller of the C
+// ABI), so tensor.Copy can move bytes to and from it on the device. The
+// caller keeps the memory allocated until Release, which forgets it and
+// frees nothing. A wrapped buffer is not exported (Export fails with
+// tensor.ErrNotExportable): its allocation is not ours to share; copy it
+// into a buffer of Alloc first.
+func (m *Memory) Wrap(ptr uint64, n int64) (*Buffer, error) {
+	if ptr == 0 || n <= 0 || ptr+uint64(n) < ptr {
+		return nil, fmt.Errorf("%w: %s: wrap %d bytes at %#x", ErrBadRange, m.drv.dia.name(), n, ptr)
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("%s: wrap on %v: %w", m.drv.dia.name(), m.dev, tensor.ErrClosed)
+	}
+	return &Buffer{mem: m, ptr: ptr, base: ptr, n: n, wrapped: true}, nil
+}
+
+// ErrBadRange is returned by Wrap for a null, empty or overflowing range.
+var ErrBadRange = errors.New("cuda: not a device memory range")

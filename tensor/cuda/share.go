@@ -33,6 +33,9 @@ func (b *Buffer) Export(access tensor.Access) (tensor.Handle, error) {
 		return tensor.Handle{}, err
 	}
 	defer done()
+	if b.wrapped {
+		return tensor.Handle{}, fmt.Errorf("%w: wrapped memory belongs to another allocator; copy it into an allocation of this memory to share it", tensor.ErrNotExportable)
+	}
 	if !b.owned {
 		return tensor.Handle{}, fmt.Errorf("%w: an imported CUDA buffer is not exported again", tensor.ErrNotExportable)
 	}
@@ -50,7 +53,7 @@ func (b *Buffer) Export(access tensor.Access) (tensor.Handle, error) {
 			if r := m.drv.api.cuMemExportToShareableHandle(unsafe.Pointer(&fd), b.handle, handlePosixFD, 0); r != Success {
 				return m.drv.err("cuMemExportToShareableHandle", r)
 			}
-			h.FD, h.Kind = int(fd), tensor.HandleCUDAFD
+			h.FD, h.Kind = int(fd), m.drv.dia.HandleFD
 			return nil
 		}
 		var ipc IPCMemHandle
@@ -61,7 +64,7 @@ func (b *Buffer) Export(access tensor.Access) (tensor.Handle, error) {
 		if err != nil {
 			return err
 		}
-		h.FD, h.Kind = fd, tensor.HandleCUDAIPC
+		h.FD, h.Kind = fd, m.drv.dia.HandleIPC
 		return nil
 	})
 	if err != nil {
@@ -126,16 +129,16 @@ func (m *Memory) Import(ctx context.Context, h tensor.Handle) (*Buffer, error) {
 	}
 	b := &Buffer{mem: m, n: h.Length, readOnly: readOnly}
 	var err error
-	switch h.Kind {
-	case tensor.HandleCUDAFD:
+	switch dia := m.drv.dia; h.Kind {
+	case dia.HandleFD:
 		err = m.importVMM(b, h, readOnly)
-	case tensor.HandleCUDAIPC:
+	case dia.HandleIPC:
 		err = m.importIPC(b, h)
 	default:
-		return nil, fmt.Errorf("%w: %v is not a CUDA handle", tensor.ErrNotExportable, h.Kind)
+		return nil, fmt.Errorf("%w: %v is not a %s handle", tensor.ErrNotExportable, h.Kind, dia.name())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cuda: import %v on %v: %w", h.Kind, m.dev, err)
+		return nil, fmt.Errorf("%s: import %v on %v: %w", m.drv.dia.name(), h.Kind, m.dev, err)
 	}
 	m.mu.Lock()
 	m.imported++
@@ -222,52 +225,57 @@ func (m *Memory) ImportFabric(ctx context.Context, fh FabricHandle, size int64, 
 	return b, nil
 }
 
-// The process's importer for CUDA handles: it maps a handle for the device
-// of the buffer the bytes go to (near) when that is CUDA memory, and
-// otherwise for the first memory opened (a GPU owner's bytes read into
-// host memory).
+// The process's importers, one per API: each maps a handle of its API's
+// kinds for the device of the buffer the bytes go to (near) when that is
+// memory of the same API, and otherwise for the first memory of the API
+// opened (a GPU owner's bytes read into host memory).
 var (
 	impMu    sync.Mutex
-	memories []*Memory
+	memories = map[*API][]*Memory{}
 )
 
 func registerImporters(m *Memory) {
 	impMu.Lock()
 	defer impMu.Unlock()
-	memories = append(memories, m)
-	if len(memories) == 1 {
-		tensor.RegisterImporter(tensor.HandleCUDAFD, importAny)
-		tensor.RegisterImporter(tensor.HandleCUDAIPC, importAny)
+	dia := m.drv.dia
+	memories[dia] = append(memories[dia], m)
+	if len(memories[dia]) == 1 {
+		imp := func(ctx context.Context, h tensor.Handle, near tensor.Buffer) (tensor.Buffer, error) {
+			return importAny(ctx, dia, h, near)
+		}
+		tensor.RegisterImporter(dia.HandleFD, imp)
+		tensor.RegisterImporter(dia.HandleIPC, imp)
 	}
 }
 
 func unregisterImporters(m *Memory) {
 	impMu.Lock()
 	defer impMu.Unlock()
-	for i, x := range memories {
+	list := memories[m.drv.dia]
+	for i, x := range list {
 		if x == m {
-			memories = append(memories[:i], memories[i+1:]...)
+			memories[m.drv.dia] = append(list[:i], list[i+1:]...)
 			break
 		}
 	}
 }
 
-func importAny(ctx context.Context, h tensor.Handle, near tensor.Buffer) (tensor.Buffer, error) {
+func importAny(ctx context.Context, dia *API, h tensor.Handle, near tensor.Buffer) (tensor.Buffer, error) {
 	var m *Memory
 	if near != nil {
 		near, _ = tensor.Unwrap(near)
 	}
-	if b, ok := near.(*Buffer); ok {
+	if b, ok := near.(*Buffer); ok && b.mem.drv.dia == dia {
 		m = b.mem
 	} else {
 		impMu.Lock()
-		if len(memories) > 0 {
-			m = memories[0]
+		if list := memories[dia]; len(list) > 0 {
+			m = list[0]
 		}
 		impMu.Unlock()
 	}
 	if m == nil {
-		return nil, fmt.Errorf("%w: %v handle, and no CUDA device is open in this process", tensor.ErrNoImporter, h.Kind)
+		return nil, fmt.Errorf("%w: %v handle, and no %s device is open in this process", tensor.ErrNoImporter, h.Kind, dia.name())
 	}
 	b, err := m.Import(ctx, h)
 	if err != nil {

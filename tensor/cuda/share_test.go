@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -232,5 +233,92 @@ func TestReadOnlyRefused(t *testing.T) {
 	}
 	if err := imp.CopyOut(ctx, 0, make([]byte, 10)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Memory another library allocated on the device (here a cuMemAlloc made
+// behind this package's back) wraps as a Buffer that copies like any other,
+// refuses to be exported, and is not freed by Release.
+func TestWrapForeignDeviceMemory(t *testing.T) {
+	noLeaks(t)
+	ctx := context.Background()
+	m := newFake(t, Config{})
+	const n = 1 << 20
+	var ptr uint64
+	err := m.drv.on(m.ctx, func() error { return m.drv.err("cuMemAlloc", m.drv.api.cuMemAlloc(&ptr, n)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.drv.on(m.ctx, func() error { return m.drv.err("cuMemFree", m.drv.api.cuMemFree(ptr)) })
+	w, err := m.Wrap(ptr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := pattern(n, 4)
+	own, _ := m.Alloc(ctx, n)
+	defer own.Release()
+	if err := own.(*Buffer).CopyIn(ctx, 0, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := tensor.Copy(ctx, w, 0, own, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	if err := w.CopyOut(ctx, 0, got); err != nil || !bytes.Equal(got, src) {
+		t.Fatalf("wrapped bytes differ (%v)", err)
+	}
+	if _, err := w.Export(tensor.ReadOnly); !errors.Is(err, tensor.ErrNotExportable) {
+		t.Errorf("export of wrapped memory: %v", err)
+	}
+	if err := w.Release(); err != nil {
+		t.Fatal(err)
+	}
+	// Still allocated: the owner reads it after the wrap is gone.
+	if err := m.drv.on(m.ctx, func() error {
+		return m.drv.err("cuMemcpyDtoH", m.drv.api.cuMemcpyDtoHAsync(unsafe.Pointer(&got[0]), ptr, 16, 0))
+	}); err != nil {
+		t.Fatalf("the foreign allocation was freed by Release: %v", err)
+	}
+	if _, err := m.Wrap(0, 10); !errors.Is(err, ErrBadRange) {
+		t.Errorf("wrap of a null pointer: %v", err)
+	}
+}
+
+// A view of part of a device allocation is shared as a private copy made by
+// the device (the CPU cannot read device memory); a view of the whole
+// buffer is shared as it is, though the allocation is rounded up.
+func TestViewShareOfDeviceMemory(t *testing.T) {
+	noLeaks(t)
+	ctx := context.Background()
+	m := newFake(t, Config{Mode: ModeVMM})
+	const n = 3<<20 + 5
+	src := pattern(n, 6)
+	b, _ := m.Alloc(ctx, n)
+	defer b.Release()
+	if err := b.(*Buffer).CopyIn(ctx, 0, src); err != nil {
+		t.Fatal(err)
+	}
+	whole := tensor.NewViewShare(m, b, 0, n)
+	defer whole.Release()
+	h, staged, err := whole.Export(tensor.ReadOnly)
+	if err != nil || staged != 0 || h.Copy {
+		t.Fatalf("whole buffer: staged %d, copy %v, %v", staged, h.Copy, err)
+	}
+	unix.Close(h.FD)
+	part := tensor.NewViewShare(m, b, 100, 1<<20)
+	defer part.Release()
+	h, staged, err = part.Export(tensor.ReadOnly)
+	if err != nil || staged != 1<<20-100 || !h.Copy {
+		t.Fatalf("part: staged %d, copy %v, %v", staged, h.Copy, err)
+	}
+	defer unix.Close(h.FD)
+	ib, err := m.Import(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ib.Release()
+	got := make([]byte, 1<<20-100)
+	if err := ib.CopyOut(ctx, 0, got); err != nil || !bytes.Equal(got, src[100:1<<20]) {
+		t.Fatalf("the device's private copy differs (%v)", err)
 	}
 }

@@ -1,0 +1,101 @@
+package rdt
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/backend"
+)
+
+// The devices a runtime claims get their memory from tensor/backend's
+// registry: on a discovered host, each device's vendor back-end (CUDA,
+// HIP) whenever its driver is usable, simulated memory otherwise (logged
+// as a warning, with why); on a preset host, simulated memory. Config's
+// DeviceBackend (else $TENSORLANE_DEVICE_BACKEND) asks for "sim", "real"
+// or one back-end ("cuda", "hip") for every device. What each device got
+// is in the log, in MemoryStats (MemStats.Backend), and so in `tensorlane
+// env`, the dashboard and the memory metrics.
+
+// EnvDeviceBackend is read when Config.DeviceBackend is empty (unless
+// IgnoreEnv): auto, sim, real, cuda, hip.
+const EnvDeviceBackend = backend.EnvMode
+
+// driverVisibleEnv are the variables a scheduler sets to hand a process its
+// GPUs, in the order they are consulted when TENSORLANE_DEVICES is unset:
+// CUDA's, then HIP's and ROCm's (AMD's runtime honours both).
+var driverVisibleEnv = []string{EnvCUDAVisible, "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+
+// visibleFromDriverEnv returns the first driver visibility variable that is
+// set, parsed like CUDA_VISIBLE_DEVICES.
+func visibleFromDriverEnv() (vis []int, name string, set bool, err error) {
+	for _, name := range driverVisibleEnv {
+		if v, ok := os.LookupEnv(name); ok {
+			vis, err := parseCUDAVisible(v)
+			return vis, name, true, err
+		}
+	}
+	return nil, "", false, nil
+}
+
+// openDevices opens the visible devices of the runtime's host through the
+// back-end registry.
+func (r *Runtime) openDevices() error {
+	if _, err := r.visible(); err != nil { // checks the indices against the host
+		return err
+	}
+	mode := r.cfg.DeviceBackend
+	if mode == "" && !r.cfg.IgnoreEnv {
+		mode = backend.ModeFromEnv()
+	}
+	log := r.cfg.Logger
+	devs, err := backend.Open(context.Background(), backend.Config{Mode: mode, Host: r.topoHost,
+		Visible: r.cfg.VisibleDevices, Capacity: r.cfg.DeviceMemory, Logger: log})
+	if err != nil {
+		return fmt.Errorf("rdt: host %s devices: %w", r.cfg.Host, err)
+	}
+	real := 0
+	for _, d := range devs {
+		if c, ok := d.Memory.(interface{ Close() error }); ok {
+			r.owned = append(r.owned, c)
+		}
+		r.devices[d.ID] = d.Memory
+		if d.Backend != "sim" {
+			real++
+		}
+	}
+	for _, d := range devs {
+		// Simulating a device of a real host is a fallback, and fallbacks
+		// are loud; simulating a preset's device is what a preset is for.
+		if d.Note != "" && !r.topoHost.Simulated {
+			log.Warn("device memory is simulated", "host", r.cfg.Host, "device", d.ID, "why", d.Note)
+		}
+	}
+	if len(devs) > 0 {
+		log.Info("device memory", "host", r.cfg.Host, "backends", backend.Summary(devs), "real", real, "simulated", len(devs)-real)
+	}
+	return nil
+}
+
+// noteMemory says in Explain's usable candidates which back-end holds the
+// destination when it is a real device's memory ("into gpu:1's cuda
+// memory"): the same plan copies very differently into a GPU than into a
+// simulated arena. Simulated and host destinations add nothing (the plan's
+// host already says simulated).
+func (r *Runtime) noteMemory(plan *fabric.Plan, dst tensor.DeviceID) {
+	m, ok := r.devices[dst]
+	if !ok {
+		return
+	}
+	switch b := m.Stats().Backend; b {
+	case "", "sim", "host", "slab":
+	default:
+		for i, c := range plan.Candidates {
+			if c.Usable {
+				plan.Candidates[i].Reason += fmt.Sprintf("; into %v's %s memory", dst, b)
+			}
+		}
+	}
+}

@@ -1,0 +1,9 @@
+package hip_test
+
+import "golang.org/x/sys/unix"
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
