@@ -26,6 +26,11 @@ type index struct {
 	// labelledRanks lists the levels from NVLink to zone that are
 	// labelled, the ones the anti-fragmentation order looks at.
 	labelledRanks []int
+	// shapeOf and lgroup repeat hostInfo.shape and the groups of the
+	// labelled ranks in compact arrays: run.candidates reads them for
+	// every host of the fleet for every bundle, and hostInfo is large.
+	shapeOf []int32
+	lgroup  [][]int32 // per labelledRanks entry, per host
 }
 
 // maxShapeCompare bounds how many known shapes a new host is compared
@@ -193,7 +198,16 @@ func newIndex(c *topology.Cluster, cost CostModel, noShapes bool) *index {
 	for l := rankNVLink; l <= rankZone; l++ {
 		if ix.labelled[l] {
 			ix.labelledRanks = append(ix.labelledRanks, l)
+			g := make([]int32, len(ix.hosts))
+			for h := range ix.hosts {
+				g[h] = int32(ix.hosts[h].group[l])
+			}
+			ix.lgroup = append(ix.lgroup, g)
 		}
+	}
+	ix.shapeOf = make([]int32, len(ix.hosts))
+	for h := range ix.hosts {
+		ix.shapeOf[h] = int32(ix.hosts[h].shape)
 	}
 	for r := rankNVLink; r < numRanks; r++ {
 		ix.sameAsBelow[r] = samePartition(ix, r, r-1)

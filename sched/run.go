@@ -313,9 +313,8 @@ func (r *run) clean(h int) bool {
 	if u.hostBusy[h] != 0 {
 		return false
 	}
-	g := &ix.hosts[h].group
-	for _, l := range ix.labelledRanks {
-		if u.busy[l][g[l]] != 0 {
+	for i, l := range ix.labelledRanks {
+		if u.busy[l][ix.lgroup[i][h]] != 0 {
 			return false
 		}
 	}
@@ -425,7 +424,7 @@ func (r *run) candidates(b int) []int {
 		if s.seen[h] == s.gen {
 			continue
 		}
-		st := &r.shapeTop[s.ix.hosts[h].shape]
+		st := &r.shapeTop[s.ix.shapeOf[h]]
 		clean := r.clean(h)
 		if clean && st.n == len(st.h) && h > st.h[len(st.h)-1] {
 			continue
