@@ -327,6 +327,7 @@ func plotSim(file string, recs []simRecord) error {
 	p.Legend.Add("simulated", a)
 	p.Legend.Add("line-rate bound", b)
 	p.Legend.Top = true
+	p.Legend.Left = true
 	p.NominalX(names...)
 	p.X.Tick.Label.Rotation = 0.5
 	p.X.Tick.Label.XAlign = -1
