@@ -77,11 +77,13 @@ func (s Spec) withDefaults() Spec {
 
 // Fabric is a cluster's links, built once from its topology and a Spec,
 // and the planner that picks each transfer's path: fabric.Planner's own
-// BestAllowed, the choice a runtime that runs every transport makes.
+// BestAllowed, the choice a runtime that runs every transport makes. Each
+// workload method runs on a fresh event loop over the same links; a
+// Fabric runs one workload at a time and is not safe for concurrent use.
 type Fabric struct {
 	c       *topology.Cluster
 	spec    Spec
-	sim     *Sim
+	sim     *engine
 	planner *fabric.Planner
 	hosts   map[string]*hostLinks
 	order   []string // host IDs in cluster order
@@ -142,7 +144,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	leafLine := map[leafKey]float64{}
 	for i, h := range c.Hosts {
 		for k, n := range h.NICs {
-			leafLine[leafKey{i / spec.HostsPerLeaf, k}] += n.SpeedGbps / 8 * 1e9
+			leafLine[leafKey{i / spec.HostsPerLeaf, k}] += nicLine(n)
 		}
 	}
 	for key, line := range leafLine {
@@ -188,7 +190,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 			hl.dev[d.Index] = dl
 		}
 		for k, n := range h.NICs {
-			line := n.SpeedGbps / 8 * 1e9
+			line := nicLine(n)
 			nl := nicLinks{nic: n, rail: k, line: line, down: down[h.ID+"/"+n.Name]}
 			nl.out = f.sim.addLink(h.ID+"/"+n.Name+" out", line)
 			nl.in = f.sim.addLink(h.ID+"/"+n.Name+" in", line)
@@ -203,6 +205,20 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 		f.order = append(f.order, h.ID)
 	}
 	return f, nil
+}
+
+// unknownNICGbps is the line rate of a NIC whose speed the topology does
+// not know (discovery of a link that is down reports 0): a common
+// datacenter port rather than a link that carries nothing.
+const unknownNICGbps = 100
+
+// nicLine is a NIC's line rate in bytes/s.
+func nicLine(n topology.NIC) float64 {
+	g := n.SpeedGbps
+	if g <= 0 {
+		g = unknownNICGbps
+	}
+	return g / 8 * 1e9
 }
 
 // Endpoint is a device of a host (Device -1: host memory).
@@ -412,7 +428,7 @@ func containsInt(x []int, v int) bool {
 // startRoute begins moving n bytes along r after its setup; done runs at
 // the end. Efficiency stretches the bytes (what the links carry is
 // payload over efficiency).
-func (f *Fabric) startRoute(r Route, n float64, done func(*Transfer)) {
+func (f *Fabric) startRoute(r Route, n float64, done func(*transfer)) {
 	f.sim.after(r.Setup+f.spec.Latency, func() {
 		f.sim.start(n/r.Efficiency, r.flows, done)
 	})

@@ -20,10 +20,10 @@ func TestMaxMinFair(t *testing.T) {
 	s := newSim()
 	a, b := s.addLink("a", 10), s.addLink("b", 4)
 	var ends [3]float64
-	s.start(6, [][]int{{a}}, func(t *Transfer) { ends[0] = t.End })
-	s.start(4, [][]int{{a, b}}, func(t *Transfer) { ends[1] = t.End })
+	s.start(6, [][]int{{a}}, func(t *transfer) { ends[0] = t.End })
+	s.start(4, [][]int{{a, b}}, func(t *transfer) { ends[1] = t.End })
 	s.after(0.5, func() {
-		s.start(10, [][]int{{a}}, func(t *Transfer) { ends[2] = t.End })
+		s.start(10, [][]int{{a}}, func(t *transfer) { ends[2] = t.End })
 	})
 	require.NoError(t, s.run())
 	// 0-0.5 s: 6 and 4 (3 and 2 bytes moved). Then three on a at 10/3

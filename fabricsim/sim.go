@@ -5,15 +5,15 @@ import (
 	"math"
 )
 
-// Sim is the event loop: links with a capacity, transfers that each run as
+// engine is the event loop: links with a capacity, transfers that each run as
 // one or more flows over paths of links, sharing every link max-min
 // fairly, and timers for latencies and per-message costs. Time is in
-// seconds from the start of the run. A Sim is not safe for concurrent
+// seconds from the start of the run. An engine is not safe for concurrent
 // use; one runs one workload.
-type Sim struct {
+type engine struct {
 	now     float64
 	links   []link
-	active  []*Transfer
+	active  []*transfer
 	timers  timerHeap
 	seq     int
 	dirty   bool
@@ -39,42 +39,42 @@ type link struct {
 	ver   int
 }
 
-// Transfer is bytes moving over one or more flows (a striped rdma read has
+// transfer is bytes moving over one or more flows (a striped rdma read has
 // one flow per rail); the flows share the remainder, so the rails finish
 // together as the real scheduler's rate-proportional slices do.
-type Transfer struct {
+type transfer struct {
 	Bytes     float64
 	Start     float64 // when its flows began
 	End       float64 // when the last byte landed
 	remaining float64
 	flows     []*flow
-	done      func(*Transfer)
+	done      func(*transfer)
 	rate      float64
 }
 
 type flow struct {
 	path []int
 	rate float64
-	t    *Transfer
+	t    *transfer
 	mark int
 }
 
-func newSim() *Sim {
-	return &Sim{maxEvents: 50_000_000}
+func newSim() *engine {
+	return &engine{maxEvents: 50_000_000}
 }
 
 // Now is the simulated time in seconds.
-func (s *Sim) Now() float64 { return s.now }
+func (s *engine) Now() float64 { return s.now }
 
 // addLink adds a link of capacity bytes/s and returns its index.
-func (s *Sim) addLink(name string, bytesPerSec float64) int {
+func (s *engine) addLink(name string, bytesPerSec float64) int {
 	s.links = append(s.links, link{name: name, cap: bytesPerSec})
 	s.on = append(s.on, nil)
 	return len(s.links) - 1
 }
 
 // after runs f at now+d.
-func (s *Sim) after(d float64, f func()) {
+func (s *engine) after(d float64, f func()) {
 	s.seq++
 	heap.Push(&s.timers, timer{at: s.now + max(d, 0), seq: s.seq, f: f})
 }
@@ -82,8 +82,8 @@ func (s *Sim) after(d float64, f func()) {
 // start begins moving n bytes over the given paths (one flow each) now;
 // done runs when the last byte has landed. Zero bytes, or no path, end at
 // once (the latter is a plan error the caller checks before).
-func (s *Sim) start(n float64, paths [][]int, done func(*Transfer)) *Transfer {
-	t := &Transfer{Bytes: n, Start: s.now, remaining: n, done: done}
+func (s *engine) start(n float64, paths [][]int, done func(*transfer)) *transfer {
+	t := &transfer{Bytes: n, Start: s.now, remaining: n, done: done}
 	if n <= 0 || len(paths) == 0 {
 		t.End = s.now
 		s.after(0, func() { done(t) })
@@ -107,7 +107,7 @@ func (s *Sim) start(n float64, paths [][]int, done func(*Transfer)) *Transfer {
 }
 
 // run advances until nothing is left to do.
-func (s *Sim) run() error {
+func (s *engine) run() error {
 	for {
 		if s.events++; s.events > s.maxEvents {
 			return ErrRunaway
@@ -134,7 +134,7 @@ func (s *Sim) run() error {
 		}
 		s.advance(next)
 		// Transfers that ended (within a rounding error of their size).
-		var ended []*Transfer
+		var ended []*transfer
 		kept := s.active[:0]
 		for _, t := range s.active {
 			if t.remaining <= 1e-7*t.Bytes+1e-3 || math.IsInf(t.rate, 1) {
@@ -161,7 +161,7 @@ func (s *Sim) run() error {
 }
 
 // advance moves time to at, moving every flow's bytes.
-func (s *Sim) advance(at float64) {
+func (s *engine) advance(at float64) {
 	dt := at - s.now
 	if dt > 0 {
 		for _, t := range s.active {
@@ -182,7 +182,7 @@ func (s *Sim) advance(at float64) {
 }
 
 // drop takes t's flows off their links.
-func (s *Sim) drop(t *Transfer) {
+func (s *engine) drop(t *transfer) {
 	for _, f := range t.flows {
 		for _, l := range f.path {
 			on := s.on[l]
@@ -206,7 +206,7 @@ func (s *Sim) drop(t *Transfer) {
 // only the parts a started or ended flow touched are filled again; a
 // broadcast's edges are mostly apart from each other, and this keeps a
 // run of a million chunks to seconds.
-func (s *Sim) share() {
+func (s *engine) share() {
 	s.gen++
 	gen := s.gen
 	var comp []*flow

@@ -92,7 +92,7 @@ func (r *run) move(src, dst Endpoint, n float64, setup *float64, done func()) {
 			r.groupIn[gb] += n
 		}
 	}
-	r.f.startRoute(rt, n, func(*Transfer) { done() })
+	r.f.startRoute(rt, n, func(*transfer) { done() })
 }
 
 func (r *run) finish(name string, payload float64, finish []float64) (Result, error) {
