@@ -40,6 +40,8 @@ type simOptions struct {
 	window       int
 	bundles      int
 	down         []string
+	railGbps     float64
+	rdmaEff      float64
 	jsonOut      bool
 	plotFile     string
 }
@@ -85,6 +87,8 @@ holds and how it compares with measured runs.
 	f.IntVar(&o.window, "window", 0, "broadcast: chunks in flight per edge (default rdt's)")
 	f.IntVar(&o.bundles, "bundles", 1000, "placement: chained 4-GPU bundles to place")
 	f.StringSliceVar(&o.down, "down", nil, "NICs that are cut, host/nic (e.g. h3/ibp25s0)")
+	f.Float64Var(&o.railGbps, "rail-gbps", 0, "what if every NIC ran at this line rate, Gb/s (default the preset's)")
+	f.Float64Var(&o.rdmaEff, "rdma-efficiency", 0, "share of line rate rdma payload gets (default 0.97)")
 	f.BoolVar(&o.jsonOut, "json", false, "print JSON")
 	f.StringVar(&o.plotFile, "plot", "", "write a PNG plot of every result against its line-rate bound")
 	return cmd
@@ -148,7 +152,17 @@ func runSim(w io.Writer, o simOptions) error {
 	if err != nil {
 		return err
 	}
-	spec := fabricsim.Spec{HostsPerLeaf: o.hostsPerLeaf, Oversubscription: o.oversub, Down: o.down}
+	if o.railGbps < 0 || o.rdmaEff < 0 || o.rdmaEff > 1 {
+		return fmt.Errorf("%w: --rail-gbps must not be negative, --rdma-efficiency must be in (0, 1]", fabricsim.ErrBadSpec)
+	}
+	if o.railGbps > 0 {
+		for _, h := range c.Hosts {
+			for i := range h.NICs {
+				h.NICs[i].SpeedGbps = o.railGbps
+			}
+		}
+	}
+	spec := fabricsim.Spec{HostsPerLeaf: o.hostsPerLeaf, Oversubscription: o.oversub, Down: o.down, RDMAEfficiency: o.rdmaEff}
 	var recs []simRecord
 	for _, wl := range strings.Split(o.workloads, ",") {
 		wl = strings.TrimSpace(wl)

@@ -48,6 +48,8 @@ func TestSimCommandBadInput(t *testing.T) {
 		"readers":  func(o *simOptions) { o.workloads, o.readers = "broadcast", "1,x" },
 		"many":     func(o *simOptions) { o.workloads, o.readers = "broadcast", "99" },
 		"preset":   func(o *simOptions) { o.preset = "nope" },
+		"rail":     func(o *simOptions) { o.railGbps = -1 },
+		"eff":      func(o *simOptions) { o.rdmaEff = 1.5 },
 	} {
 		o := base
 		mut(&o)
