@@ -20,6 +20,10 @@ type Config struct {
 
 	// noPartition turns the partition start off (tests compare with it).
 	noPartition bool
+	// noShapes gives every host a shape of its own: no shared host
+	// tables and no skipping of clean hosts in the candidate scan
+	// (tests compare with it).
+	noShapes bool
 }
 
 // CostModel is the scheduler's own, deliberately small, bandwidth table:

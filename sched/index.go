@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,6 +22,47 @@ type index struct {
 	// the next lower level does (climbing to it gains nothing).
 	sameAsBelow [numRanks]bool
 	labelled    [numRanks]bool // some host carries the level's label
+	shapes      int            // distinct host shapes (hostInfo.shape)
+	// labelledRanks lists the levels from NVLink to zone that are
+	// labelled, the ones the anti-fragmentation order looks at.
+	labelledRanks []int
+	// shapeOf and lgroup repeat hostInfo.shape and the groups of the
+	// labelled ranks in compact arrays: run.candidates reads them for
+	// every host of the fleet for every bundle, and hostInfo is large.
+	shapeOf []int32
+	lgroup  [][]int32 // per labelledRanks entry, per host
+}
+
+// maxShapeCompare bounds how many known shapes a new host is compared
+// with; a host matching none of them gets a shape of its own (correct,
+// only not shared).
+const maxShapeCompare = 8
+
+// sameShape reports whether two hosts have the same hardware as far as
+// hostInfo reads it: NUMA nodes, PCIe switches, devices, NICs, device
+// links and the PCIe peer-to-peer label. IDs and the other labels may
+// differ.
+func sameShape(a, b *topology.Host) bool {
+	if len(a.NUMA) != len(b.NUMA) || len(a.Devices) != len(b.Devices) ||
+		!slices.Equal(a.Switches, b.Switches) || !slices.Equal(a.NICs, b.NICs) || !slices.Equal(a.Links, b.Links) ||
+		a.Labels[topology.LabelPCIeP2P] != b.Labels[topology.LabelPCIeP2P] {
+		return false
+	}
+	for i := range a.NUMA {
+		x, y := a.NUMA[i], b.NUMA[i]
+		if x.ID != y.ID || x.CPUs != y.CPUs || x.MemoryBytes != y.MemoryBytes || !slices.Equal(x.Distances, y.Distances) {
+			return false
+		}
+	}
+	for i := range a.Devices {
+		x, y := a.Devices[i], b.Devices[i]
+		px, py := x.PCIe, y.PCIe
+		x.PCIe, y.PCIe = nil, nil
+		if x != y || (px == nil) != (py == nil) || (px != nil && *px != *py) {
+			return false
+		}
+	}
+	return true
 }
 
 type group struct {
@@ -41,6 +83,11 @@ type hostInfo struct {
 	nics     []float64    // usable GB/s per NIC (TCP derated)
 	hostNIC  int          // NIC that host-memory endpoints use, -1 none
 	hostNet  float64      // its GB/s
+	// shape numbers the hosts whose hardware is the same (sameShape):
+	// they share devs, pos, numas, pair and nics, which are read-only
+	// once built, and a clean host of a shape serves a bundle exactly as
+	// any other clean host of it does (run.candidates relies on that).
+	shape int
 }
 
 type devInfo struct {
@@ -60,46 +107,127 @@ type pairInfo struct {
 	gbps  float64
 }
 
-func newIndex(c *topology.Cluster, cost CostModel) *index {
+func newIndex(c *topology.Cluster, cost CostModel, noShapes bool) *index {
 	ix := &index{c: c, cost: cost, byID: make(map[string]int, len(c.Hosts))}
+	// A fleet is a few host designs repeated thousands of times: the
+	// per-host tables (nearest NIC of every device, every device pair's
+	// path) are built once per design and shared, which is most of what
+	// building a Scheduler for 100k GPUs used to cost in time and memory.
+	var reps []int // position of each shape's first host
+	ix.hosts = make([]hostInfo, 0, len(c.Hosts))
 	for i, h := range c.Hosts {
 		if h == nil {
 			continue
 		}
 		ix.byID[h.ID] = i
-		ix.hosts = append(ix.hosts, ix.hostInfo(h))
+		shape := -1
+		// Hosts of one design usually come in runs: try the last shape
+		// first, then a bounded number of others.
+		for k := len(reps) - 1; !noShapes && k >= 0 && k >= len(reps)-maxShapeCompare; k-- {
+			if sameShape(ix.hosts[reps[k]].h, h) {
+				shape = k
+				break
+			}
+		}
+		if shape < 0 {
+			hi := ix.hostInfo(h)
+			hi.shape = len(reps)
+			reps = append(reps, len(ix.hosts))
+			ix.hosts = append(ix.hosts, hi)
+			continue
+		}
+		hi := ix.hosts[reps[shape]]
+		hi.h, hi.id = h, h.ID
+		ix.hosts = append(ix.hosts, hi)
 	}
+	ix.shapes = len(reps)
 	// Groups per level, in first-appearance order.
+	// Groups per level, in first-appearance order, hosts in cluster
+	// order. A group is named by its label value, or is the host alone
+	// where the label is missing (host IDs are unique: Validate). Built
+	// in two passes with one backing array per level, since at fleet
+	// size the unlabelled levels have one group per host.
+	gid := make([]int, len(ix.hosts))
 	for r := rankHost; r < numRanks; r++ {
-		byName := map[string]int{}
+		byLabel := map[string]int{}
+		n := 0
 		for hi := range ix.hosts {
 			h := &ix.hosts[hi]
-			name := "cluster"
+			g := -1
 			switch {
-			case r == rankHost:
-				name = h.id
-			case r < rankCluster:
+			case r == rankCluster:
+				g, n = 0, 1
+			case r > rankHost:
 				if v := h.h.Labels[levelLabel[r]]; v != "" {
-					name = "label:" + v
 					ix.labelled[r] = true
-				} else {
-					name = "host:" + h.id
+					var ok bool
+					if g, ok = byLabel[v]; !ok {
+						g = n
+						n++
+						byLabel[v] = g
+					}
 				}
 			}
-			g, ok := byName[name]
-			if !ok {
-				g = len(ix.groups[r])
-				byName[name] = g
-				ix.groups[r] = append(ix.groups[r], group{name: strings.TrimPrefix(strings.TrimPrefix(name, "label:"), "host:")})
+			if g < 0 {
+				g = n
+				n++
 			}
-			ix.groups[r][g].hosts = append(ix.groups[r][g].hosts, hi)
+			gid[hi] = g
 			h.group[r] = g
 		}
+		groups := make([]group, n)
+		count := make([]int, n)
+		for _, g := range gid {
+			count[g]++
+		}
+		backing := make([]int, len(ix.hosts))
+		off := 0
+		for g := range groups {
+			groups[g].hosts = backing[off : off : off+count[g]]
+			off += count[g]
+		}
+		for hi, g := range gid {
+			grp := &groups[g]
+			if len(grp.hosts) == 0 {
+				grp.name = groupName(r, ix.hosts[hi])
+			}
+			grp.hosts = append(grp.hosts, hi)
+		}
+		ix.groups[r] = groups
+	}
+	for l := rankNVLink; l <= rankZone; l++ {
+		if ix.labelled[l] {
+			ix.labelledRanks = append(ix.labelledRanks, l)
+			g := make([]int32, len(ix.hosts))
+			for h := range ix.hosts {
+				g[h] = int32(ix.hosts[h].group[l])
+			}
+			ix.lgroup = append(ix.lgroup, g)
+		}
+	}
+	ix.shapeOf = make([]int32, len(ix.hosts))
+	for h := range ix.hosts {
+		ix.shapeOf[h] = int32(ix.hosts[h].shape)
 	}
 	for r := rankNVLink; r < numRanks; r++ {
 		ix.sameAsBelow[r] = samePartition(ix, r, r-1)
 	}
 	return ix
+}
+
+// groupName is the name of host h's group at level r, as it has always
+// been shown.
+func groupName(r int, h hostInfo) string {
+	switch {
+	case r == rankCluster:
+		return "cluster"
+	case r == rankHost:
+		return strings.TrimPrefix(strings.TrimPrefix(h.id, "label:"), "host:")
+	}
+	if v := h.h.Labels[levelLabel[r]]; v != "" {
+		return strings.TrimPrefix(v, "host:")
+	}
+	return h.id
 }
 
 func samePartition(ix *index, a, b int) bool {

@@ -75,7 +75,7 @@ func New(c *topology.Cluster, cfg Config) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	ix := newIndex(c, cfg.Cost)
+	ix := newIndex(c, cfg.Cost, cfg.noShapes)
 	return &Scheduler{ix: ix, cfg: cfg, u: newUsage(ix), res: map[string]*reservation{}}, nil
 }
 

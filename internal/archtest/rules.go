@@ -51,6 +51,8 @@ var Rules = []Rule{
 		Why: "the worker engine of cmd/tensorlane serves one runtime through rdt; the command only parses flags"},
 	{Tree: "dashboard", MustNot: []string{"bench"},
 		Why: "the dashboard shows a running runtime, not benchmark runs"},
+	{Tree: "fabricsim", MustNot: []string{"fabric/local", "fabric/shm", "fabric/rdma", "fabric/tcp", "fabric/linkstat", "fabric/stack", "sched", "bench", "dashboard"},
+		Why: "the simulator runs tensorlane's plans (the planner, rdt's broadcast tree) against simulated links, never a transport"},
 }
 
 // TestOnly are packages made for _test.go files: they import "testing", so

@@ -35,6 +35,9 @@ type Options struct {
 	DeviceMemory string        // each simulated device's arena; default 512MiB
 	StallTimeout time.Duration // workers' stall detector; default 3s
 	Args         []string      // extra worker flags for every host
+	// NSLabel starts the label of every namespace (host and bridge), so
+	// that a run's namespaces say whose they are; default none.
+	NSLabel string
 }
 
 // Cluster is a set of hosts, each a network namespace plugged into one
@@ -88,11 +91,11 @@ func New(t testing.TB, o Options) *Cluster {
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = 3 * time.Second
 	}
-	c := &Cluster{t: t, opts: o, bin: Binary(t), dir: t.TempDir(), Bridge: netns.NewBridge(t, "br")}
+	c := &Cluster{t: t, opts: o, bin: Binary(t), dir: t.TempDir(), Bridge: netns.NewBridge(t, o.NSLabel+"br")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := 0; i < o.Hosts; i++ {
-		h := &Host{c: c, ID: fmt.Sprintf("h%d", i), NS: netns.New(t, fmt.Sprintf("h%d", i)), Dev: "eth0", IP: fmt.Sprintf("10.77.0.%d", i+1)}
+		h := &Host{c: c, ID: fmt.Sprintf("h%d", i), NS: netns.New(t, fmt.Sprintf("%sh%d", o.NSLabel, i)), Dev: "eth0", IP: fmt.Sprintf("10.77.0.%d", i+1)}
 		h.identity = filepath.Join(c.dir, h.ID+".key")
 		port, err := c.Bridge.Attach(ctx, h.NS, h.Dev, h.IP+"/24")
 		if err != nil {

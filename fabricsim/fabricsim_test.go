@@ -1,0 +1,193 @@
+package fabricsim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Two flows on a link of 10, one of them also on a link of 4: max-min
+// gives it 4 and the other the 6 left; each moves its bytes in 1 s, and
+// when one ends the survivor takes the whole link.
+func TestMaxMinFair(t *testing.T) {
+	s := newSim()
+	a, b := s.addLink("a", 10), s.addLink("b", 4)
+	var ends [3]float64
+	s.start(6, [][]int{{a}}, func(t *transfer) { ends[0] = t.End })
+	s.start(4, [][]int{{a, b}}, func(t *transfer) { ends[1] = t.End })
+	s.after(0.5, func() {
+		s.start(10, [][]int{{a}}, func(t *transfer) { ends[2] = t.End })
+	})
+	require.NoError(t, s.run())
+	// 0-0.5 s: 6 and 4 (3 and 2 bytes moved). Then three on a at 10/3
+	// each (under b's 4): the b-flow's last 2 bytes end at 1.1 s; then two
+	// at 5 each: the first flow's last byte at 1.3 s; the third, 3 bytes
+	// moved by then, alone at 10: 2.0 s.
+	require.InDelta(t, 1.3, ends[0], 1e-9)
+	require.InDelta(t, 1.1, ends[1], 1e-9)
+	require.InDelta(t, 2.0, ends[2], 1e-9)
+	require.InDelta(t, 20, s.links[a].bytes, 1e-6)
+	require.InDelta(t, 4, s.links[b].bytes, 1e-6)
+}
+
+func harness(t *testing.T, rails int, down ...string) *Fabric {
+	t.Helper()
+	c, spec, err := HarnessCluster(4, rails, 1)
+	require.NoError(t, err)
+	spec.Down = down
+	f, err := New(c, spec)
+	require.NoError(t, err)
+	return f
+}
+
+func spread(n int) []Endpoint {
+	var out []Endpoint
+	for k := range n {
+		out = append(out, Endpoint{Host: fmt.Sprintf("h%d", 1+k%3), Device: k / 3})
+	}
+	return out
+}
+
+// The harness's shaped case: one reader takes the object's bytes over one
+// link's payload rate plus fixed costs; a chain of eight readers on three
+// hosts pays about a chunk per network hop more, far from eight Gets
+// through the owner's link.
+func TestBroadcastFollowsRdtTree(t *testing.T) {
+	f := harness(t, 1)
+	owner := Endpoint{Host: "h0", Device: 0}
+	const size = 64 << 20
+	link := float64(size) / (1e9 / 8 * HarnessWireEfficiency)
+	one, err := f.Broadcast(owner, spread(1), size, rdt.BroadcastConfig{})
+	require.NoError(t, err)
+	require.InDelta(t, link, one.Seconds, 0.01*link)
+	require.Equal(t, map[string]int{fabric.RDMA: 16}, one.Transfers, "16 chunks of 4 MiB")
+	eight, err := f.Broadcast(owner, spread(8), size, rdt.BroadcastConfig{})
+	require.NoError(t, err)
+	chunk := float64(4<<20) / (1e9 / 8 * HarnessWireEfficiency)
+	require.InDelta(t, one.Seconds+2*chunk, eight.Seconds, 0.2*chunk, "two more network hops, each a chunk behind")
+	require.Equal(t, 3*16, eight.Transfers[fabric.RDMA], "each host's leader gets every chunk once over the network")
+	require.Equal(t, 5*16, eight.Transfers[fabric.P2P], "the others behind their leader, on their host")
+	naive, err := f.ManyToOne(owner, spread(8), size)
+	require.NoError(t, err)
+	require.InDelta(t, 8*link, naive.Seconds, 0.01*8*link)
+	require.InDelta(t, 1/HarnessWireEfficiency, naive.RatioToBound, 0.01, "its bound counts the eight copies through the owner's link")
+	require.Greater(t, naive.Seconds/eight.Seconds, 6.0)
+	// Window 1 pays the notice round trip per chunk; 64 KiB chunks make
+	// it show.
+	small := rdt.BroadcastConfig{ChunkSize: 64 << 10}
+	w4, err := f.Broadcast(owner, spread(8), size, small)
+	require.NoError(t, err)
+	small.Window = 1
+	w1, err := f.Broadcast(owner, spread(8), size, small)
+	require.NoError(t, err)
+	require.Greater(t, w1.Seconds, w4.Seconds)
+}
+
+// Striping over two rails halves a transfer; with one rail cut the
+// transfer finishes on the other, as fast as over one rail.
+func TestRailsAndCut(t *testing.T) {
+	src, dst := Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 0}
+	const size = 64 << 20
+	one, err := harness(t, 1).Transfer(src, dst, size)
+	require.NoError(t, err)
+	two, err := harness(t, 2).Transfer(src, dst, size)
+	require.NoError(t, err)
+	cut, err := harness(t, 2, "h0/veth1").Transfer(src, dst, size)
+	require.NoError(t, err)
+	require.InDelta(t, 2.0, one.Seconds/two.Seconds, 0.02)
+	require.InDelta(t, one.Seconds, cut.Seconds, 1e-9)
+	require.Equal(t, 2, two.Flows)
+	require.Equal(t, 1, cut.Flows)
+	_, err = harness(t, 2, "h0/veth0", "h0/veth1").Transfer(src, dst, size)
+	require.ErrorIs(t, err, ErrNoRoute)
+}
+
+// Paths are the planner's: NVLink inside a DGX, rdma striped over all
+// eight rails between two, tcp from a host without RDMA NICs.
+func TestRoutesArePlannersChoice(t *testing.T) {
+	c, err := topology.PresetCluster("dgx-h100", 3, 0)
+	require.NoError(t, err)
+	for i := range c.Hosts[2].NICs {
+		c.Hosts[2].NICs[i].RDMADevice = ""
+	}
+	f, err := New(c, Spec{})
+	require.NoError(t, err)
+	r, err := f.Route(Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h0", Device: 1})
+	require.NoError(t, err)
+	require.Equal(t, fabric.P2P, r.Transport)
+	require.Equal(t, topology.PathNV, r.Path.Class)
+	r, err = f.Route(Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 3})
+	require.NoError(t, err)
+	require.Equal(t, fabric.RDMA, r.Transport)
+	require.Len(t, r.flows, 8)
+	r, err = f.Route(Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h2", Device: 0})
+	require.NoError(t, err)
+	require.Equal(t, fabric.TCP, r.Transport)
+	require.Len(t, r.flows, 1)
+	_, err = f.Route(Endpoint{Host: "h9", Device: 0}, Endpoint{Host: "h0", Device: 0})
+	require.ErrorIs(t, err, ErrUnknownEndpoint)
+	_, err = f.Route(Endpoint{Host: "h0", Device: 42}, Endpoint{Host: "h0", Device: 0})
+	require.ErrorIs(t, err, ErrUnknownEndpoint)
+}
+
+// The goal: a Kimi-K2-sized sync (1 TB, 256 H100 trainers to 128
+// inference GPUs, eight 400 Gb/s rails per host) projected at <= 1.3 s
+// with tensorlane's plan and within 1.3x of the line-rate bound. These
+// are simulated seconds, deterministic, not a timing threshold.
+func TestWeightSyncKimiK2(t *testing.T) {
+	c, err := topology.PresetCluster("dgx-h100", 48, 0)
+	require.NoError(t, err)
+	f, err := New(c, Spec{})
+	require.NoError(t, err)
+	gpus := f.GPUs(f.Hosts())
+	res, err := f.WeightSync(WeightSync{Bytes: 1e12, Trainers: gpus[:256], Inference: gpus[256:384], ReplicaGPUs: 16})
+	require.NoError(t, err)
+	t.Logf("1 TB 256->128: %.3f s, bound %.3f s (%s), ratio %.3f, %d reads, %d flows", res.Seconds, res.BoundSeconds, res.BoundCut, res.RatioToBound, res.Transfers[fabric.RDMA], res.Flows)
+	require.LessOrEqual(t, res.Seconds, 1.3)
+	require.LessOrEqual(t, res.RatioToBound, 1.3)
+	require.Equal(t, 128*16, res.Transfers[fabric.RDMA], "each inference GPU reads 16 trainers")
+	// Oversubscribed leaves: the trainers' and the inference hosts' groups
+	// apart, 2:1, the leaf uplinks become the cut.
+	f2, err := New(c, Spec{HostsPerLeaf: 16, Oversubscription: 2})
+	require.NoError(t, err)
+	res2, err := f2.WeightSync(WeightSync{Bytes: 1e12, Trainers: gpus[:256], Inference: gpus[256:384], ReplicaGPUs: 16})
+	require.NoError(t, err)
+	require.Greater(t, res2.Seconds, res.Seconds)
+	require.Contains(t, res2.BoundCut, "leaf group")
+}
+
+func TestBadInput(t *testing.T) {
+	_, err := New(nil, Spec{})
+	require.ErrorIs(t, err, ErrBadSpec)
+	c, err := topology.PresetCluster("dgx-h100", 2, 0)
+	require.NoError(t, err)
+	_, err = New(c, Spec{RDMAEfficiency: 2})
+	require.ErrorIs(t, err, ErrBadSpec)
+	f, err := New(c, Spec{})
+	require.NoError(t, err)
+	gpus := f.GPUs(f.Hosts())
+	for _, w := range []WeightSync{{}, {Bytes: 1, Trainers: gpus[:1]}, {Bytes: 1, Trainers: gpus[:1], Inference: gpus[1:4], ReplicaGPUs: 2}} {
+		_, err = f.WeightSync(w)
+		require.ErrorIs(t, err, ErrBadSpec)
+	}
+	_, err = f.Broadcast(gpus[0], nil, 1, rdt.BroadcastConfig{})
+	require.ErrorIs(t, err, ErrBadSpec)
+	_, err = f.Broadcast(gpus[0], []Endpoint{{Host: "nope"}}, 1, rdt.BroadcastConfig{})
+	require.ErrorIs(t, err, ErrUnknownEndpoint)
+	_, err = f.ManyToOne(gpus[0], gpus[1:], -1)
+	require.ErrorIs(t, err, ErrBadSpec)
+	_, err = f.Transfer(gpus[0], Endpoint{Host: "nope"}, 1)
+	require.ErrorIs(t, err, ErrUnknownEndpoint)
+	require.True(t, errors.Is(err, ErrUnknownEndpoint))
+	// A zero-byte transfer ends at once.
+	res, err := f.Transfer(gpus[0], gpus[9], 0)
+	require.NoError(t, err)
+	require.False(t, math.IsNaN(res.Seconds))
+}

@@ -1,0 +1,245 @@
+package multihost
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/bench/harness"
+	"github.com/tensorlane/tensorlane/fabricsim"
+	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/topology"
+)
+
+// Side by side: the harness's shaped cases as measured on this machine and
+// as package fabricsim simulates them (issue 28). The goal is a simulated
+// time within 15% of the measured one for every case; the tests report the
+// error of each case and assert nothing about time (a run on this shared
+// machine moves with its load) unless TENSORLANE_SIM_ASSERT=1 asks the
+// live check to hold the 15%.
+
+// simGoal is the error the simulator aims to stay within.
+const simGoal = 0.15
+
+// simRow is one case measured and simulated.
+type simRow struct {
+	Case      string  `json:"case"`
+	Measured  float64 `json:"measured_seconds"`
+	Simulated float64 `json:"simulated_seconds"`
+	Error     float64 `json:"error"` // (simulated - measured) / measured
+	Source    string  `json:"source"`
+}
+
+// simHarness is the simulated harness: hosts dgx-h100 namespaces with one
+// veth each at gbit, rdma (softrdma over TCP) or tcp only.
+func simHarness(t *testing.T, hosts, rails int, gbit float64, tcp bool, down ...string) *fabricsim.Fabric {
+	t.Helper()
+	c, spec, err := fabricsim.HarnessCluster(hosts, rails, gbit)
+	require.NoError(t, err)
+	if tcp { // --transports tcp: no rdma NIC for the planner to pick
+		for _, h := range c.Hosts {
+			for i := range h.NICs {
+				h.NICs[i].RDMADevice = ""
+			}
+		}
+	}
+	spec.Down = down
+	f, err := fabricsim.New(c, spec)
+	require.NoError(t, err)
+	return f
+}
+
+// spreadEndpoints is reserveSpread's placement of n readers over h1..h3:
+// GPU 0 of each host first, then GPU 1, offset by first.
+func spreadEndpoints(n, hosts, first int) []topology.Endpoint {
+	var out []topology.Endpoint
+	for k := range n {
+		out = append(out, topology.Endpoint{Host: fmt.Sprintf("h%d", 1+k%(hosts-1)), Device: first + k/(hosts-1)})
+	}
+	return out
+}
+
+var chunkRE = regexp.MustCompile(`(\d+) KiB chunks`)
+
+// simulateRecord simulates one recorded broadcast (and, where the record
+// has them, the concurrent Gets it was compared with). It returns false
+// for records the simulator does not model (unshaped links, where the CPU
+// and not the link is the limit, and added delays).
+func simulateRecord(t *testing.T, r harness.BroadcastRecord) (bcast, naive float64, ok bool) {
+	t.Helper()
+	if !strings.Contains(r.Transport, "1gbit netns") || strings.Contains(r.Transport, "each side") || r.Hosts < 2 {
+		return 0, 0, false
+	}
+	f := simHarness(t, r.Hosts, 1, 1, strings.HasPrefix(r.Transport, "tcp"))
+	cfg := rdt.BroadcastConfig{Window: r.Window}
+	if m := chunkRE.FindStringSubmatch(r.Transport); m != nil {
+		kib, _ := strconv.Atoi(m[1])
+		cfg.ChunkSize = int64(kib) << 10
+	}
+	owner := topology.Endpoint{Host: "h0", Device: 0}
+	res, err := f.Broadcast(owner, spreadEndpoints(r.Readers, r.Hosts, 0), r.Size, cfg)
+	require.NoError(t, err)
+	if r.Naive > 0 {
+		nres, err := f.ManyToOne(owner, spreadEndpoints(r.Readers, r.Hosts, 4), r.Size)
+		require.NoError(t, err)
+		naive = nres.Seconds
+	}
+	return res.Seconds, naive, true
+}
+
+func readRecords(t *testing.T, path string) []harness.BroadcastRecord {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	var out []harness.BroadcastRecord
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var r harness.BroadcastRecord
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &r), "%s", path)
+		out = append(out, r)
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+// reportSim logs the rows as a table with the error of each, counts those
+// within the goal, and writes them as JSON to TENSORLANE_SIM_OUT if set.
+func reportSim(t *testing.T, name string, rows []simRow) (within int, worst float64) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-62s %10s %10s %8s\n", "case", "measured", "simulated", "error")
+	for _, r := range rows {
+		mark := ""
+		if math.Abs(r.Error) > simGoal {
+			mark = "  (outside 15%)"
+		} else {
+			within++
+		}
+		worst = max(worst, math.Abs(r.Error))
+		fmt.Fprintf(&b, "%-62s %9.3fs %9.3fs %+7.1f%%%s\n", r.Case, r.Measured, r.Simulated, 100*r.Error, mark)
+	}
+	fmt.Fprintf(&b, "%d of %d cases within %.0f%%, worst %.1f%%", within, len(rows), 100*simGoal, 100*worst)
+	t.Logf("%s:\n%s", name, b.String())
+	if dir := os.Getenv("TENSORLANE_SIM_OUT"); dir != "" {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		data, err := json.MarshalIndent(rows, "", "  ")
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name+".json"), data, 0o644))
+	}
+	return within, worst
+}
+
+// TestSimVsRecorded simulates every shaped run recorded in docs/bench
+// (broadcast to 1-16 readers at 64 MiB, 256 MiB and 1 GiB, windows 1-8,
+// 64 KiB chunks, rdma and tcp; eight concurrent Gets of one object) and
+// reports the error against each measurement. It needs no root: the
+// measurements are the committed records of TestBroadcastShaped.
+func TestSimVsRecorded(t *testing.T) {
+	files, err := filepath.Glob("../../docs/bench/2026-12-03-broadcast*/broadcast-shaped*.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "the recorded runs of TestBroadcastShaped")
+	var rows []simRow
+	for _, file := range files {
+		for _, r := range readRecords(t, file) {
+			bc, naive, ok := simulateRecord(t, r)
+			if !ok {
+				continue
+			}
+			name := fmt.Sprintf("%s, %d MiB to %d readers, window %d", r.Transport, r.Size>>20, r.Readers, r.Window)
+			rows = append(rows, simRow{Case: "broadcast " + name, Measured: r.Seconds, Simulated: bc, Error: bc/r.Seconds - 1, Source: filepath.Base(file)})
+			if r.Naive > 0 {
+				rows = append(rows, simRow{Case: fmt.Sprintf("%d concurrent Gets, %s, %d MiB", r.Readers, strings.Split(r.Transport, ",")[0], r.Size>>20),
+					Measured: r.Naive, Simulated: naive, Error: naive/r.Naive - 1, Source: filepath.Base(file)})
+			}
+		}
+	}
+	require.NotEmpty(t, rows)
+	// Rail striping: 64 MiB over two 1 Gbit/s rails against one, measured
+	// 2.01x by fabric/rdma's TestNamespacesRailRatio (docs/benchmarks.md;
+	// the figure is quoted, the run keeps no record). Compared as the
+	// ratio, since the test logs only that.
+	src, dst := topology.Endpoint{Host: "h0", Device: 0}, topology.Endpoint{Host: "h1", Device: 0}
+	one, err := simHarness(t, 2, 1, 1, false).Transfer(src, dst, 64<<20)
+	require.NoError(t, err)
+	two, err := simHarness(t, 2, 2, 1, false).Transfer(src, dst, 64<<20)
+	require.NoError(t, err)
+	ratio := one.Seconds / two.Seconds
+	rows = append(rows, simRow{Case: "two rails over one, 64 MiB at 1 Gbit/s (ratio, not seconds)", Measured: 2.01, Simulated: ratio, Error: ratio/2.01 - 1, Source: "docs/benchmarks.md"})
+	reportSim(t, "sim-vs-recorded", rows)
+}
+
+// TestSimVsLive measures the harness's shaped cases now, in four network
+// namespaces with 1 Gbit/s links, and simulates each beside it: broadcast
+// of 64 MiB to 1, 2, 4 and 8 readers (best of two), eight readers Getting
+// the object at once from its owner, and one Get over rdma. Opt-in
+// (TENSORLANE_SIM_LIVE=1, root); TENSORLANE_SIM_ASSERT=1 also fails a case
+// outside 15%.
+func TestSimVsLive(t *testing.T) {
+	if os.Getenv("TENSORLANE_SIM_LIVE") == "" {
+		t.Skip("a measurement: set TENSORLANE_SIM_LIVE=1 to run it (root, network namespaces)")
+	}
+	const size = 64 << 20
+	readers := []int{1, 2, 4, 8}
+	c := New(t, Options{Hosts: 4, DeviceMemory: "512MiB", NSLabel: "sim"})
+	ctx := testCtx(t, 5*time.Minute)
+	shapeAll(t, ctx, c, "1gbit")
+	src := put(t, ctx, c.Hosts[0].W, size, 11)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], slices.Max(readers), size)
+	f := simHarness(t, 4, 1, 1, false)
+	owner := topology.Endpoint{Host: "h0", Device: 0}
+	var rows []simRow
+	for _, n := range readers {
+		best := 0.0
+		for range 2 {
+			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), TimeoutMS: 120_000})
+			require.NoError(t, err)
+			require.True(t, r.OK, "broadcast: %s", r.Error)
+			if best == 0 || r.Seconds < best {
+				best = r.Seconds
+			}
+		}
+		res, err := f.Broadcast(owner, spreadEndpoints(n, 4, 0), size, rdt.BroadcastConfig{})
+		require.NoError(t, err)
+		rows = append(rows, simRow{Case: fmt.Sprintf("broadcast 64 MiB to %d readers, rdma", n), Measured: best, Simulated: res.Seconds, Error: res.Seconds/best - 1, Source: "live"})
+	}
+	for _, n := range []int{1, 8} {
+		start := time.Now()
+		var res []<-chan Result
+		for k, s := range slots[:n] {
+			res = append(res, s.h.W.Go(Request{Op: "get", Ref: src, Seed: 11, Device: fmt.Sprintf("gpu:%d", 4+k/3), TimeoutMS: 120_000}))
+		}
+		for _, ch := range res {
+			r := await(t, ch, 2*time.Minute)
+			require.True(t, r.OK, "get: %s", r.Error)
+		}
+		measured := time.Since(start).Seconds()
+		sim, err := f.ManyToOne(owner, spreadEndpoints(n, 4, 4), size)
+		require.NoError(t, err)
+		rows = append(rows, simRow{Case: fmt.Sprintf("%d concurrent Gets of 64 MiB from one owner, rdma", n), Measured: measured, Simulated: sim.Seconds, Error: sim.Seconds/measured - 1, Source: "live"})
+	}
+	// The simulator models links, not this machine's CPUs, which the
+	// four workers share with everything else running here: the load says
+	// how far the measurement is from link-bound.
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		t.Logf("load average during the run: %s", strings.TrimSpace(string(la)))
+	}
+	within, worst := reportSim(t, "sim-vs-live", rows)
+	if os.Getenv("TENSORLANE_SIM_ASSERT") != "" {
+		require.Equal(t, len(rows), within, "every case within %.0f%% (worst %.1f%%)", 100*simGoal, 100*worst)
+	}
+}
