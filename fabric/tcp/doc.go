@@ -15,9 +15,9 @@
 // (flagSealed: one pass over each byte fewer on both ends; an owner from
 // before it is asked again with checksums; Config.SealedChecksums keeps
 // both; docs/benchmarks.md says what each mode guarantees). Raw blocks go
-// out with writev
-// straight from the owner's memory and land straight in the reader's
-// buffer; large transfers are striped over several connections (Streams).
+// out with writev straight from the owner's memory and land straight in
+// the reader's buffer; large transfers are striped over several
+// connections (Streams).
 //
 // Small transfers are dominated by fixed costs, which are kept per
 // connection rather than per transfer: connections to an owner are pooled
