@@ -64,6 +64,11 @@ const (
 	// bench.SerializePair across a socket between hosts).
 	BaseSerialize = "serialize"
 	BasePingPong  = "tcp-pingpong"
+	// BaseUCXTCP and BaseUCXSM are UCX's ucx_perftest over its tcp and
+	// shared-memory (sm: posix and cma) transports, measured when it is
+	// installed (bench/ucx.go).
+	BaseUCXTCP = "ucx-tcp"
+	BaseUCXSM  = "ucx-sm"
 )
 
 // Modes: the reader pulls (Get into its buffer), or the owner pushes into

@@ -510,6 +510,12 @@ func (s *sized) close() error {
 	return errors.Join(errs...)
 }
 
+// ucxTLS is the UCX transport each path is compared with (UCX_TLS): on
+// one host "sm", UCX's shared-memory set (posix or sysv for small
+// messages, cma's single copy for large ones), which is what UCX picks
+// there; posix alone moves 64 MiB at about 0.1 GB/s.
+var ucxTLS = map[string]string{PathTCP: "tcp", PathSHM: "sm"}
+
 // network reports whether path crosses hosts (its baselines are sockets).
 func network(path string) bool {
 	return path == PathRDMA || path == PathRDMAOFI || path == PathTCP || path == PathTCPZ
@@ -707,6 +713,8 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		name string
 		op   op
 	}
+	// timed baselines time themselves (k operations per round).
+	timed := map[string]func(ctx context.Context, k int) (time.Duration, error){}
 	var bases []base
 	if network(path) {
 		n := &s.net
@@ -726,6 +734,14 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			{BaseSerialize, func(_ context.Context, w int) error { _, err := s.hser[w].Read(s.heapDst[w]); return err }},
 		}
 	}
+	// UCX beside tcp and shm when ucx_perftest is installed (bench/ucx.go),
+	// outside --quick: the quick matrix is the regression guard's, whose
+	// stored baseline must not depend on what a machine has installed.
+	if tls := ucxTLS[path]; tls != "" && c == 1 && g.spec.mode == ModePull && !cfg.Quick && bench.UCXAvailable() {
+		u := bench.UCX{TLS: tls, Size: s.size}
+		bases = append(bases, base{u.Name(), nil})
+		timed[u.Name()] = u.Round
+	}
 	// Enough operations per worker per round that a round moves about
 	// 1 MiB, so small sizes are not timer-bound.
 	k := int((1<<20 + s.size*int64(c) - 1) / (s.size * int64(c)))
@@ -737,6 +753,9 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		return nil, err
 	}
 	for _, b := range bases {
+		if timed[b.name] != nil {
+			continue // its rounds warm up on their own
+		}
 		if _, err := round(ctx, b.op, c, 1); err != nil {
 			return nil, err
 		}
@@ -764,7 +783,13 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		pathTotal += pt
 		for i := range bases {
 			j := (i + rounds) % len(bases) // rotate the order of baselines
-			bt, err := round(ctx, bases[j].op, c, k)
+			var bt time.Duration
+			var err error
+			if f := timed[bases[j].name]; f != nil {
+				bt, err = f(ctx, k)
+			} else {
+				bt, err = round(ctx, bases[j].op, c, k)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("baseline %s: %w", bases[j].name, err)
 			}

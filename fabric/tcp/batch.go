@@ -267,7 +267,7 @@ func (t *Transport) pipeline(c *conn, items []int, coalesced int, srcs []fabric.
 		if err != nil {
 			return fail(k, err)
 		}
-		wire, err := c.recvBlocks(p[:src.Length], src.Offset)
+		wire, err := c.recvBlocks(p[:src.Length], src.Offset, false)
 		if err != nil {
 			if !errors.Is(err, fabric.ErrCorrupt) {
 				err = t.ioError(err)

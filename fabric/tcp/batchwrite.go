@@ -97,7 +97,7 @@ func (t *Transport) pipelineWrites(c *conn, items []int, coalesced int, srcs []t
 			}
 			req = r.appendTo(req[:0])
 			var w int64
-			if w, err = c.sendBlocks(req, data[k], t.cfg.ChunkSize, compress[k], tcodec.HintFor(dst.DType), t.corruptNext.Swap(false)); err != nil {
+			if w, err = c.sendBlocks(req, data[k], t.cfg.ChunkSize, compress[k], tcodec.HintFor(dst.DType), t.corruptNext.Swap(false), false); err != nil {
 				break
 			}
 			wires[k].Store(w - int64(len(req)))

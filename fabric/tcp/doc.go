@@ -10,9 +10,14 @@
 // in blocks of ChunkSize (256 KiB) in internal/tcodec's self-describing
 // format: each block carries its codec, lengths and an XXH3-64 checksum of the raw
 // bytes, so corruption anywhere between the two memories is reported as
-// fabric.ErrCorrupt and never delivered. Raw blocks go out with writev
-// straight from the owner's memory and land straight in the reader's
-// buffer; large transfers are striped over several connections (Streams).
+// fabric.ErrCorrupt and never delivered. On an encrypted connection the
+// AEAD that authenticates every record is the check of raw blocks instead
+// (flagSealed: one pass over each byte fewer on both ends; an owner from
+// before it is asked again with checksums; Config.SealedChecksums keeps
+// both; docs/benchmarks.md says what each mode guarantees). Raw blocks go
+// out with writev straight from the owner's memory and land straight in
+// the reader's buffer; large transfers are striped over several
+// connections (Streams).
 //
 // Small transfers are dominated by fixed costs, which are kept per
 // connection rather than per transfer: connections to an owner are pooled
@@ -28,6 +33,10 @@
 // objects of one owner go out back to back on a few connections and the
 // answers stream back in order, one round trip per connection instead of
 // one per object (batch.go).
+//
+// Preconnect opens and authenticates the connections a read would use
+// before the read (rdt's Actor.Warm calls it when a reader learns of a ref
+// ahead of its Get), so a first read does not pay the dial and handshake.
 //
 // Compression is lossless and per block (byte planes and huff0 for
 // floating-point tensors, s2 otherwise; fabric.Remote.DType says which). In

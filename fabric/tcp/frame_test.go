@@ -42,7 +42,7 @@ func TestCodecErrorsAreFabricCorrupt(t *testing.T) {
 				bc := bytesConn{r: bytes.NewReader(c.stream)}
 				return &link{Conn: bc, r: bufio.NewReaderSize(bc, 4096), stall: time.Second}
 			}
-			_, err := link().recvBlocks(make([]byte, len(p)), 0)
+			_, err := link().recvBlocks(make([]byte, len(p)), 0, false)
 			assert.ErrorIs(t, err, fabric.ErrCorrupt)
 			assert.ErrorIs(t, err, tcodec.ErrCorrupt)
 			if c.skip {

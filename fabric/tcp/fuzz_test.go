@@ -65,7 +65,7 @@ func FuzzRecvBlocks(f *testing.F) {
 		dst := make([]byte, n%(4<<20))
 		c := bytesConn{r: bytes.NewReader(in)}
 		l := &link{Conn: c, r: bufio.NewReaderSize(c, 4096), stall: time.Second}
-		_, err := l.recvBlocks(dst, 0)
+		_, err := l.recvBlocks(dst, 0, false)
 		if err != nil && !errors.Is(err, fabric.ErrCorrupt) && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("untyped error %v", err)
 		}

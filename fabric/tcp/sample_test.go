@@ -22,7 +22,7 @@ func sendAll(t *testing.T, data []byte, hint tcodec.Hint) (*link, int64) {
 	defer a.Close()
 	go io.Copy(io.Discard, b)
 	l := newLink(a, 10*time.Second)
-	wire, err := l.sendBlocks(nil, data, 256<<10, true, hint, false)
+	wire, err := l.sendBlocks(nil, data, 256<<10, true, hint, false, false)
 	require.NoError(t, err)
 	b.Close()
 	return l, wire

@@ -82,7 +82,8 @@ type Server struct {
 	ln   net.Listener
 	loop *acceptor.Loop
 
-	corruptNext atomic.Bool // tests: damage the next block served
+	corruptNext  atomic.Bool // tests: damage the next block served
+	refuseSealed atomic.Bool // tests: answer flagSealed as an owner before it did
 }
 
 // Listen starts a data server.
@@ -129,6 +130,7 @@ func (s *Server) serve(c net.Conn) {
 	// record half read, so encrypted connections wait for requests under
 	// the idle deadline alone (see awaitRequest).
 	l.strictIdle = res.Keys != nil
+	l.sealed = res.Keys != nil
 	l.SetDeadline(time.Time{}) // the handshake's
 	claims := claimCtx{timeout: s.cfg.HandshakeTimeout}
 	defer claims.stop()
@@ -139,6 +141,13 @@ func (s *Server) serve(c net.Conn) {
 			// A request that starts arriving must arrive in time.
 			l.armRead()
 			req, err = readRequest(l.r, &l.reqb)
+			switch {
+			case err != nil || req.flags&flagSealed == 0:
+			case s.refuseSealed.Load():
+				err = fmt.Errorf("%w: unknown flags %#x", fabric.ErrBadRequest, req.flags) // as before flagSealed
+			case !l.sealed:
+				err = fmt.Errorf("%w: flag sealed on a plain connection", fabric.ErrBadRequest)
+			}
 		}
 		if errors.Is(err, errIdle) {
 			s.loop.Dropped("idle", who.String())
@@ -207,7 +216,7 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 	// device memory, with no copy into a staging buffer (unless the reader
 	// asked for compression, which encodes block by block).
 	_, err = l.sendBlocks(statusOK[:], data, s.cfg.ChunkSize, req.flags&flagCompress != 0,
-		tcodec.HintFor(req.dtype), s.corruptNext.Swap(false))
+		tcodec.HintFor(req.dtype), s.corruptNext.Swap(false), req.flags&flagSealed != 0)
 	return err
 }
 
@@ -240,7 +249,7 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 			return err
 		}
 	}
-	if _, err := l.recvBlocks(data, req.offset); err != nil {
+	if _, err := l.recvBlocks(data, req.offset, req.flags&flagSealed != 0); err != nil {
 		if errors.Is(err, fabric.ErrCorrupt) {
 			// Tell the pusher why, then hang up: the rest of its blocks
 			// are still in flight, so the connection is out of step.

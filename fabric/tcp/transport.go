@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +65,11 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Registerer receives the transport's metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// SealedChecksums keeps the XXH3-64 block checksums on encrypted
+	// connections too. By default the AEAD that authenticates every
+	// record is the check there, and raw blocks carry no checksum (see
+	// docs/benchmarks.md, "the wire", for what each mode guarantees).
+	SealedChecksums bool
 }
 
 func (c *Config) defaults() error {
@@ -114,6 +121,11 @@ type Transport struct {
 	pool *kit.Pool[connKey, *conn]
 
 	corruptNext atomic.Bool // tests: damage the next pushed block
+
+	// unsealed holds the owners (connKey) that refused flagSealed, being
+	// older than it: their transfers keep the checksums.
+	unsealed sync.Map
+	sealedN  atomic.Int64 // transfers whose raw blocks went unsummed (tests)
 }
 
 var (
@@ -310,6 +322,14 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		}
 		w, inStep, err := t.exchange(c, x, off, p)
 		wire += w
+		if errors.Is(err, errSealRefused) {
+			// An owner from before flagSealed, which hung up: ask again
+			// with checksums, on a new connection.
+			stop()
+			t.pool.Discard(c)
+			t.unsealed.Store(x.key, true)
+			continue
+		}
 		if !stop() {
 			t.pool.Discard(c)
 			if ctx.Err() != nil {
@@ -344,6 +364,15 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 	if eager {
 		req.flags |= flagEager
 	}
+	sealed := c.sealed && !t.cfg.SealedChecksums && len(p) > 0
+	if sealed {
+		if _, old := t.unsealed.Load(x.key); old {
+			sealed = false
+		}
+	}
+	if sealed {
+		req.flags |= flagSealed
+	}
 	c.req = req.appendTo(c.req[:0])
 	if !eager {
 		c.armWrite()
@@ -351,11 +380,14 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 			return 0, false, t.ioError(err)
 		}
 		if refused, err := t.status(c); err != nil {
-			return 0, refused, err
+			return 0, refused, sealRefused(sealed, err)
 		}
 	}
+	if sealed {
+		t.sealedN.Add(1)
+	}
 	if x.op == opRead {
-		wire, err := c.recvBlocks(p, off)
+		wire, err := c.recvBlocks(p, off, sealed)
 		if err != nil {
 			if errors.Is(err, fabric.ErrCorrupt) {
 				return wire, false, err
@@ -368,20 +400,36 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 	if eager {
 		prefix = c.req
 	}
-	wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false))
+	wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false), sealed)
 	wire -= int64(len(prefix))
 	if err != nil {
 		// The owner may have refused a block and hung up: its verdict, if
 		// it sent one, says more than the broken pipe.
 		c.SetReadDeadline(time.Now().Add(time.Second))
 		if _, serr := t.status(c); serr != nil && !errors.Is(serr, fabric.ErrPeerClosed) && !errors.Is(serr, fabric.ErrStalled) {
-			return wire, false, serr
+			return wire, false, sealRefused(sealed, serr)
 		}
 		return wire, false, t.ioError(err)
 	}
 	// The owner's acknowledgement of the whole push.
 	refused, err := t.status(c)
+	if eager && sealRefused(sealed, err) != err {
+		return wire, false, errSealRefused
+	}
 	return wire, err == nil || refused, err
+}
+
+// errSealRefused: an owner from before flagSealed refused it (and hung up).
+var errSealRefused = errors.New("tcp: owner refused flag sealed")
+
+// sealRefused turns an old owner's refusal of a sealed request (a bad
+// request with unknown flags, as readRequest words it) into
+// errSealRefused, which makes the stripe ask again with checksums.
+func sealRefused(sealed bool, err error) error {
+	if sealed && errors.Is(err, fabric.ErrBadRequest) && strings.Contains(err.Error(), "unknown flags") {
+		return errSealRefused
+	}
+	return err
 }
 
 // status reads a status byte and, when it is not OK, the owner's message.
@@ -440,6 +488,7 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{link: newLink(sc, t.cfg.StallTimeout), key: k}
+	c.sealed = res.Keys != nil
 	c.abort = func() { c.Close() }
 	return c, nil
 }
