@@ -52,9 +52,9 @@ enum {
 	TL_E_OWNER_CLOSED = 21, /* the owner is shutting down */
 	TL_E_LAYOUT_MISMATCH = 22, /* the ref's layout is not the one its owner published (forged or corrupted) */
 	TL_E_NO_ZERO_COPY = 23, /* no path maps the object here (another host, or shm not allowed): copy instead */
-	TL_E_READER_DIED = 24, /* a reader of a push or broadcast went away */
-	TL_E_SLOT_BUSY = 25, /* the slot is being written by another push */
-	TL_E_BROADCAST_ABORTED = 26, /* the broadcast was aborted before this reader was fed */
+	TL_E_READER_DIED = 24, /* a reader of a push or broadcast died before it got, or said done with, its generation */
+	TL_E_SLOT_BUSY = 25, /* the slot's reader has not said done with its last generation, so it takes no new one yet */
+	TL_E_BROADCAST_ABORTED = 26, /* the broadcast filling a slot ended without completing it */
 	TL_E_NOT_OWNER = 27, /* only the object's owner may do this */
 	TL_E_UNKNOWN_ACTOR = 28, /* no actor of that name */
 };
@@ -197,6 +197,104 @@ int tl_get_device(uint64_t rt, const uint8_t *ref, size_t ref_len, int32_t dev_t
  * bytes are there. */
 int tl_device_copy(uint64_t rt, int32_t dst_type, int32_t dst_index, void *dst, int32_t src_type, int32_t src_index,
                    const void *src, int64_t nbytes);
+
+/* ---- Weight sync (issue 24): slots, pushes, broadcasts, generations ----
+ *
+ * A reader reserves a slot over memory it already owns (its model's
+ * parameters) and hands the slot's Ref to the trainer; the trainer pushes
+ * its objects into slots, one by one or as a batch, or broadcasts a batch
+ * (a state dict) to many readers along a pipelined tree. A slot's
+ * generation counts the pushes and broadcasts completed into it; with
+ * TL_SLOT_GENERATIONS it refuses writes (TL_E_SLOT_BUSY) from the moment a
+ * generation completes until the reader says it is done with it.
+ *
+ * Where the bytes land: memory from tl_alloc (not slab memory) is written
+ * in place by every path; other memory is written in place by network
+ * paths, and when shm may serve the runtime the slot lands in a staging
+ * allocation that tl_slot_wait copies into the caller's memory, so that
+ * memory never holds a half-written generation. tl_slot_info says which.
+ *
+ * Batch requests are JSON with refs as base64:
+ *   push batch: {"srcs":[ref...],"dsts":[slot ref...],"parallel":N}
+ *   broadcast:  {"srcs":[ref...],"readers":[[slot ref per src]...],
+ *                "chunk_size":bytes,"window":chunks,"busy_wait_ms":ms}
+ * Results are JSON: a push's transport, bytes, seconds and error (kind,
+ * code, message); a broadcast's per-reader outcome (who fed it, the path,
+ * re-parenting, generations per object, error) and the tree it followed.
+ */
+/* Kinds these calls add: TL_E_READER_DIED (24), TL_E_SLOT_BUSY (25),
+ * TL_E_BROADCAST_ABORTED (26), in the enum above. */
+
+#define TL_SLOT_GENERATIONS 1u
+/* Reserve a slot over [ptr, ptr+nbytes) holding a dtype/shape/strides
+ * tensor; the caller keeps the memory alive until tl_slot_close. ref_cap
+ * must be at least 2048 (the call is not repeated to learn the size). */
+int tl_slot_reserve(uint64_t rt, void *ptr, int64_t nbytes, const char *dtype, int32_t ndim,
+                    const int64_t *shape, const int64_t *strides, uint32_t flags,
+                    uint64_t *slot, uint8_t *ref_out, size_t ref_cap, size_t *ref_len);
+/* Wait for a generation after `after`; it is in the caller's memory when
+ * this returns. */
+int tl_slot_wait(uint64_t rt, uint64_t slot, uint64_t after, int64_t timeout_ms, uint64_t *gen);
+/* Wait until each of n slots holds a generation after after[i]; only then
+ * copy the staged ones in, so the set lands together or not at all.
+ * gens[i] (optional) receives each slot's generation. */
+int tl_slots_wait(uint64_t rt, const uint64_t *slots, const uint64_t *after, int32_t n, int64_t timeout_ms, uint64_t *gens);
+/* The reader is done with generation gen (and every earlier one). */
+int tl_slot_done(uint64_t rt, uint64_t slot, uint64_t gen);
+/* JSON: generation, done, landed, landing ("in place" or staged), nbytes. */
+int tl_slot_info(uint64_t rt, uint64_t slot, char *out, size_t cap, size_t *len);
+/* Unregister a slot (later pushes: TL_E_OBJECT_NOT_FOUND). Idempotent. */
+int tl_slot_close(uint64_t rt, uint64_t slot);
+
+/* Push the object src (this runtime's) into the slot dst; JSON result.
+ * cap must be at least 1024. */
+int tl_push(uint64_t rt, const uint8_t *src, size_t src_len, const uint8_t *dst, size_t dst_len,
+            int64_t timeout_ms, char *out, size_t cap, size_t *len);
+/* Push every pair of a batch at once; JSON: one result per item (an
+ * item's failure is in its result, not the return code). Give cap of at
+ * least 4096 + 1024 per item: a batch is not repeated to learn its size. */
+int tl_push_batch(uint64_t rt, const char *request, int64_t timeout_ms, char *out, size_t cap, size_t *len);
+
+/* Start a broadcast batch; *op names it for the tl_op_* calls. timeout_ms
+ * bounds the whole broadcast. */
+int tl_broadcast_start(uint64_t rt, const char *request, int64_t timeout_ms, uint64_t *op);
+/* JSON: the tree a broadcast of the request would follow. */
+int tl_broadcast_explain(uint64_t rt, const char *request, char *out, size_t cap, size_t *len);
+
+/* Asynchronous operations: bytes done of total, and whether it ended; its
+ * result (waiting up to timeout_ms; the operation goes on if the wait times
+ * out; repeatable); waiting until every reader it reached said done;
+ * cancel; close (cancels, waits for it to stop, forgets it; idempotent). */
+int tl_op_progress(uint64_t rt, uint64_t op, int64_t *done, int64_t *total, int32_t *finished);
+int tl_op_wait(uint64_t rt, uint64_t op, int64_t timeout_ms, char *out, size_t cap, size_t *len);
+int tl_op_wait_consumed(uint64_t rt, uint64_t op, int64_t timeout_ms);
+int tl_op_cancel(uint64_t rt, uint64_t op);
+int tl_op_close(uint64_t rt, uint64_t op);
+
+/* Delta mode (rdt/delta): the delta that turns prev into cur (XOR, byte
+ * planes, zstd; checksums of both), for links slower than the codec. out
+ * needs tl_delta_bound(nbytes) bytes. tl_delta_decode applies a delta to
+ * base in place: TL_E_LAYOUT_MISMATCH when base is not the version it was
+ * made against, TL_E_CORRUPT when it is damaged; base is then unchanged. */
+int64_t tl_delta_bound(int64_t nbytes);
+int tl_delta_encode(const void *prev, const void *cur, int64_t nbytes, int32_t elem, void *out, int64_t cap,
+                    int64_t *out_len, int64_t *changed);
+int tl_delta_decode(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+/* Whether base is the version the delta was made against; changes nothing
+ * (check every tensor of a state dict before applying any). */
+int tl_delta_check(const void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+
+/* Resharding (rdt/reshard): the static plan from one layout of a tensor to
+ * another. Request: {"shape":[...],"elem_size":N,"from":L,"to":L}, a layout
+ * L being {"split":[dimension,count]} or {"shards":[{"start":[...],
+ * "end":[...]}...]}. JSON: each move's source and destination shard, block,
+ * bytes and strided runs (offsets in each shard's row-major memory), and
+ * the plan drawn ("explain"). Pure: no runtime. */
+int tl_reshard_plan(const char *request, char *out, size_t cap, size_t *len);
+
+/* Wait until the reader of a slot said done with generation gen; fails with
+ * TL_E_READER_DIED if its runtime died. */
+int tl_wait_consumed(uint64_t rt, const uint8_t *slot, size_t slot_len, uint64_t gen, int64_t timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -62,9 +62,9 @@ DOCS: Dict[str, str] = {
     "owner_closed": "the owner is shutting down",
     "layout_mismatch": "the ref's layout is not the one its owner published (forged or corrupted)",
     "no_zero_copy": "no path maps the object here (another host, or shm not allowed): copy instead",
-    "reader_died": "a reader of a push or broadcast went away",
-    "slot_busy": "the slot is being written by another push",
-    "broadcast_aborted": "the broadcast was aborted before this reader was fed",
+    "reader_died": "a reader of a push or broadcast died before it got, or said done with, its generation",
+    "slot_busy": "the slot's reader has not said done with its last generation, so it takes no new one yet",
+    "broadcast_aborted": "the broadcast filling a slot ended without completing it",
     "not_owner": "only the object's owner may do this",
     "unknown_actor": "no actor of that name",
 }

@@ -160,19 +160,21 @@ class NoZeroCopy(Error):
 
 
 class ReaderDied(Error):
-    """A reader of a push or broadcast went away."""
+    """A reader of a push or broadcast died (its runtime was declared dead)
+    before it got, or said done with, its generation."""
 
     kind = "reader_died"
 
 
 class SlotBusy(Error):
-    """The slot is being written by another push."""
+    """The slot's reader has not said done with its last generation, so it
+    takes no new one yet (flow-controlled slots)."""
 
     kind = "slot_busy"
 
 
 class BroadcastAborted(Error):
-    """The broadcast was aborted before this reader was fed."""
+    """The broadcast filling a slot ended without completing it."""
 
     kind = "broadcast_aborted"
 

@@ -581,3 +581,6 @@ def register(name: str = NAME) -> None:
         return
     if TORCH_NAME not in util.transport_manager_info:
         register_tensor_transport(TORCH_NAME, ["cpu"], TensorlaneTransport, torch.Tensor)
+
+
+from .weightsync import ReaderHandle, SyncResult, WeightPublisher, WeightReceiver  # noqa: E402,F401  weight sync: docs/weightsync.md

@@ -1,0 +1,44 @@
+package capi
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDeltaRoundTripAndKinds: a delta through the C ABI's functions gives
+// the new bytes; a wrong base is layout_mismatch, a damaged delta corrupt,
+// and either leaves the base as it was.
+func TestDeltaRoundTripAndKinds(t *testing.T) {
+	prev := pattern(1 << 16)
+	cur := bytes.Clone(prev)
+	for i := 0; i < len(cur); i += 97 {
+		cur[i] ^= 0x3
+	}
+	out := make([]byte, DeltaBound(int64(len(cur))))
+	n, changed, err := DeltaEncode(prev, cur, out, 2)
+	require.NoError(t, err)
+	assert.Less(t, n, len(cur)/4)
+	assert.Positive(t, changed)
+	base := bytes.Clone(prev)
+	require.NoError(t, DeltaDecode(base, out[:n]))
+	assert.Equal(t, cur, base)
+
+	wrong := bytes.Clone(cur)
+	err = DeltaDecode(wrong, out[:n])
+	assert.Equal(t, "layout_mismatch", kindOf(err), "%v", err)
+	assert.Equal(t, cur, wrong)
+	base = bytes.Clone(prev)
+	err = DeltaDecode(base, out[:n-5])
+	assert.Equal(t, "corrupt", kindOf(err), "%v", err)
+	assert.Equal(t, prev, base)
+
+	_, _, err = DeltaEncode(prev, cur, out[:10], 2)
+	assert.Equal(t, "invalid_argument", kindOf(err))
+	_, _, err = DeltaEncode(prev, cur[:5], out, 2)
+	assert.Equal(t, "invalid_argument", kindOf(err))
+	_, _, err = DeltaEncode(prev, cur, out, 3)
+	assert.Equal(t, "invalid_argument", kindOf(err))
+}

@@ -1,0 +1,401 @@
+"""Weight sync without Ray: runtimes in this process talk over the paths two
+processes would take (shm on one host, tcp between hosts of a simulated
+two-host cluster); slots over the readers' own arrays, pushes, batches,
+broadcasts with progress and asyncio, generations, late joiners, dead
+readers, streaming."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import tensorlane as tl
+from tensorlane import errors
+from tensorlane import weightsync as ws
+
+
+def _host(h, allow=("shm", "tcp")):
+    return {"preset": "dgx-h100", "hosts": 2, "host": h, "allow": list(allow)}
+
+
+@pytest.fixture(params=["shm", "tcp"])
+def pair(request):
+    cfg = {"allow": [request.param]}
+    a, b = tl.Runtime(cfg), tl.Runtime(cfg)
+    yield request.param, a, b
+    a.close()
+    b.close()
+
+
+def test_slot_push_generations(pair):
+    path, a, b = pair
+    src = np.random.default_rng(0).standard_normal((128, 256)).astype(np.float32)
+    ref = a.put(src)
+    param = np.zeros_like(src)
+    with ws.Slot(param, runtime=b) as slot:
+        # Foreign memory lands in place over tcp, staged (copied in at wait) where shm writes.
+        assert slot.info()["landing"] == (ws.LAND_STAGED if path == "shm" else ws.LAND_IN_PLACE)
+        r = ws.push(ref, slot.ref, runtime=a, timeout=10)
+        assert r.ok and r.transport == path and r.bytes == src.nbytes
+        assert slot.wait(timeout=10) == 1
+        np.testing.assert_array_equal(param, src)
+        # Flow control: no new generation until done.
+        with pytest.raises(errors.SlotBusy):
+            ws.push(ref, slot.ref, runtime=a, timeout=10)
+        slot.done()
+        src *= 2
+        ws.push(ref, slot.ref, runtime=a, timeout=10)
+        assert slot.wait(timeout=10) == 2
+        np.testing.assert_array_equal(param, src)
+    with pytest.raises(errors.ObjectNotFound):
+        ws.push(ref, slot.ref, runtime=a, timeout=10)
+    slot.close()  # idempotent
+    with pytest.raises(errors.Closed):
+        slot.wait()
+
+
+def test_slot_in_place_over_shareable_memory():
+    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    try:
+        src = a.empty(1 << 16, np.uint8)
+        src[:] = np.arange(1 << 16) % 251
+        ref = a.put(src)
+        param = b.empty(1 << 16, np.uint8)
+        slot = ws.Slot(param, runtime=b)
+        assert slot.info()["landing"] == ws.LAND_IN_PLACE
+        ws.push(ref, slot.ref, runtime=a, timeout=10)
+        assert slot.wait(timeout=10) == 1
+        np.testing.assert_array_equal(param, src)
+        slot.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_slot_bad_input():
+    rt = tl.Runtime({"allow": ["tcp"]})
+    try:
+        with pytest.raises(errors.InvalidArgument):
+            ws.Slot(np.zeros((4, 4))[:, ::2], runtime=rt)  # not contiguous
+        ro = np.zeros(16)
+        ro.flags.writeable = False
+        with pytest.raises(errors.InvalidArgument):
+            ws.Slot(ro, runtime=rt)
+        with pytest.raises(errors.InvalidArgument):
+            ws.Slot(np.zeros(0), runtime=rt)
+        with pytest.raises(errors.InvalidArgument):
+            ws.Slot(np.zeros(4, np.uint32), runtime=rt)  # no tensorlane dtype
+        with pytest.raises(errors.InvalidArgument):
+            ws.push_batch([], [], runtime=rt)
+        with pytest.raises(errors.MalformedRef):
+            ws.push(b"junk", b"junk", runtime=rt)
+        with pytest.raises(errors.InvalidArgument):
+            ws.push(5, b"junk", runtime=rt)  # bytes(5) would be five zero bytes
+        with pytest.raises(errors.InvalidArgument):
+            ws.push_batch([None], [b"x"], runtime=rt)
+        with pytest.raises(errors.InvalidArgument):
+            ws.wait_consumed(b"x", -1, runtime=rt)
+        with pytest.raises(errors.InvalidArgument):
+            ws.wait_slots([])
+        with ws.Slot(np.zeros(4), runtime=rt) as s:
+            for bad in (-1, float("nan"), float("inf"), "soon"):
+                with pytest.raises(errors.InvalidArgument):
+                    s.wait(timeout=bad)
+    finally:
+        rt.close()
+
+
+def test_push_batch_items(pair):
+    _, a, b = pair
+    srcs = [np.full(1000 * (i + 1), i, np.int32) for i in range(4)]
+    refs = [a.put(x) for x in srcs]
+    params = [np.zeros_like(x) for x in srcs]
+    slots = [ws.Slot(p, runtime=b) for p in params]
+    bad = ws.Slot(np.zeros(3, np.int32), runtime=b)  # the wrong size for refs[3]
+    res = ws.push_batch(refs, [s.ref for s in slots[:3]] + [bad.ref], runtime=a, timeout=10)
+    assert [r.ok for r in res] == [True, True, True, False]
+    assert isinstance(res[3].error, errors.Error)
+    assert ws.wait_slots(slots[:3], timeout=10) == [1, 1, 1]
+    for p, x in zip(params[:3], srcs[:3]):
+        np.testing.assert_array_equal(p, x)
+    assert not params[3].any()
+    for s in slots + [bad]:
+        s.close()
+
+
+def _cluster(n_far, n_near):
+    """An owner on h0, n_far readers on h1 and n_near on h0."""
+    owner = tl.Runtime(_host("h0"))
+    readers = [tl.Runtime(_host("h1")) for _ in range(n_far)] + [tl.Runtime(_host("h0")) for _ in range(n_near)]
+    return owner, readers
+
+
+def _state(rng, scale=1):
+    return {
+        "embed": rng.standard_normal((512, 64)).astype(np.float32) * scale,
+        "layer0.w": rng.standard_normal((256, 256)).astype(np.float32),
+        "layer0.b": np.arange(256, dtype=np.float64),
+        "head": rng.integers(0, 100, (1000,), dtype=np.int64),
+    }
+
+
+def test_broadcast_operation_progress_and_asyncio():
+    owner, readers = _cluster(2, 1)
+    try:
+        rng = np.random.default_rng(1)
+        sd = _state(rng)
+        refs = [owner.put(v) for v in sd.values()]
+        params = [{k: np.zeros_like(v) for k, v in sd.items()} for _ in readers]
+        slots = [[ws.Slot(p[k], runtime=rt) for k in sd] for p, rt in zip(params, readers)]
+        plan = ws.explain_broadcast(refs, [[s.ref for s in ss] for ss in slots], runtime=owner)
+        assert len(plan["nodes"]) == 3 and "owner" in plan["text"]
+        op = ws.broadcast(refs, [[s.ref for s in ss] for ss in slots], chunk_size=64 << 10, runtime=owner, timeout=30)
+        res = asyncio.run(_awaited(op))
+        assert res.ok == 3, res.tree
+        prog = op.progress()
+        total = sum(v.nbytes for v in sd.values())
+        assert prog.finished and prog.total == 3 * total and prog.done == prog.total
+        assert op.done()
+        for j, ss in enumerate(slots):
+            assert res.readers[j].ok and res.readers[j].generations == [1] * len(sd)
+            assert ws.wait_slots(ss, timeout=10) == [1] * len(sd)
+            for k in sd:
+                np.testing.assert_array_equal(params[j][k], sd[k])
+            for s in ss:
+                s.done()
+        op.wait_consumed(timeout=10)
+        op.close()
+        op.close()
+        with pytest.raises(errors.Closed):
+            op.progress()
+    finally:
+        owner.close()
+        for r in readers:
+            r.close()
+
+
+async def _awaited(op):
+    return await op
+
+
+def test_publisher_receivers_versions_late_joiner_and_dead_reader():
+    owner, readers = _cluster(2, 2)
+    try:
+        rng = np.random.default_rng(2)
+        sd = _state(rng)
+        pub = ws.WeightPublisher(runtime=owner, chunk_size=64 << 10, busy_wait=5, timeout=30)
+        recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt)
+                for i, rt in enumerate(readers[:3])]
+        for r in recv:
+            assert pub.join(r.handle()) is None  # nothing published yet
+        for step in range(1, 4):
+            for v in sd.values():  # an optimizer step in place: the same arrays, new bytes
+                v += 1
+            res = pub.publish(sd)
+            assert res.ok and res.version == step, res.tree
+            assert set(res.readers) == {"r0", "r1", "r2"}
+            for r in recv:
+                assert r.wait(timeout=10) == step
+                assert r.version == step
+                for k in sd:
+                    np.testing.assert_array_equal(r._params[k], sd[k])
+                r.done()
+        pub.wait_consumed(timeout=10)
+
+        # A late joiner gets the latest at once.
+        late = ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name="late", runtime=readers[3])
+        jr = pub.join(late.handle())
+        assert jr is not None and jr.ok
+        assert late.wait(timeout=10) == 3
+        for k in sd:
+            np.testing.assert_array_equal(late._params[k], sd[k])
+        late.done()
+
+        # A reader dies: the others still get the next version; it is dropped.
+        readers[1].close()
+        for v in sd.values():
+            v += 1
+        res = pub.publish(sd)
+        assert res.version == 4
+        assert not res.readers["r1"].ok and "r1" in res.dropped, res.tree
+        for r in (recv[0], recv[2], late):
+            assert res.readers[r.name].ok, res.readers[r.name]
+            assert r.wait(timeout=10) == 4
+            r.done()
+        assert "r1" not in pub.readers()
+
+        # Streaming: layers arrive in order, each usable as it lands.
+        for v in sd.values():
+            v += 1
+        res = pub.publish(sd)
+        assert res.ok, res.failed()
+        seen = []
+        for name, arr in recv[0].layers(timeout=10):
+            np.testing.assert_array_equal(arr, sd[name])
+            seen.append(name)
+        assert seen == list(sd) and recv[0].version == 5
+        recv[0].done()
+
+        # A reader whose parameters do not match is refused.
+        wrong = ws.WeightReceiver({"other": np.zeros(4, np.float32)}, runtime=readers[3])
+        with pytest.raises(errors.LayoutMismatch):
+            pub.join(wrong.handle())
+        wrong.close()
+        pub.close()
+        for r in recv + [late]:
+            r.close()
+    finally:
+        owner.close()
+        for r in readers:
+            r.close()
+
+
+def test_receiver_wait_lands_all_or_nothing():
+    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    try:
+        sd = {"x": np.ones(1000, np.float32), "y": np.full(10, 7, np.int64)}
+        recv = ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, runtime=b)
+        assert recv.landing() == ws.LAND_STAGED
+        h = recv.handle()
+        # Only x arrives (a push by hand): the wait times out and x is untouched.
+        ws.push(a.put(sd["x"]), h.params[0], runtime=a, timeout=10)
+        with pytest.raises(errors.Timeout):
+            recv.wait(timeout=0.2)
+        assert not recv._params["x"].any()
+        assert recv.version == -1
+        recv.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def _bf16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def test_delta_after_adam_step_verified_against_full():
+    pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    master = (rng.standard_normal(1 << 18) * 0.02).astype(np.float32)
+    prev = master.astype(_bf16())
+    # One Adam-like step at lr 1e-5 (|update| about lr), in fp32, cast to bf16.
+    master -= 1e-5 * np.sign(rng.standard_normal(master.shape)).astype(np.float32)
+    cur = master.astype(_bf16())
+    d = ws.delta_encode(prev, cur)
+    assert d.ratio > 5, (d.ratio, d.changed)
+    base = prev.copy()
+    ws.delta_apply(base, d)
+    assert base.view(np.uint16).tobytes() == cur.view(np.uint16).tobytes()  # as a full transfer gives
+    # A base that is not the delta's, or a damaged delta: refused, base untouched.
+    with pytest.raises(errors.LayoutMismatch):
+        ws.delta_apply(base, d)
+    np.testing.assert_array_equal(base.view(np.uint16), cur.view(np.uint16))
+    other = prev.copy()
+    with pytest.raises(errors.Corrupt):
+        ws.delta_apply(other, d.data[:-4])
+    np.testing.assert_array_equal(other.view(np.uint16), prev.view(np.uint16))
+    with pytest.raises(errors.InvalidArgument):
+        ws.delta_encode(prev, cur[:10])
+
+
+def test_publisher_delta_mode():
+    pytest.importorskip("ml_dtypes")
+    owner, readers = _cluster(1, 2)
+    try:
+        rng = np.random.default_rng(5)
+        master = {f"w{i}": (rng.standard_normal(20000) * 0.02).astype(np.float32) for i in range(4)}
+        sd = {k: v.astype(_bf16()) for k, v in master.items()}
+        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30)
+        recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt)
+                for i, rt in enumerate(readers[:2])]
+        for r in recv:
+            pub.join(r.handle())
+        res = pub.publish(sd)  # the first version goes whole
+        assert res.ok and set(res.modes.values()) == {"full"} and res.delta_bytes == 0
+        for r in recv:
+            assert r.wait(timeout=10) == 1
+            r.done()
+        for step in range(2, 5):
+            for k in master:  # an Adam-sized step in fp32, cast to bf16 in place
+                master[k] -= 1e-5 * np.sign(rng.standard_normal(master[k].shape)).astype(np.float32)
+                sd[k][:] = master[k].astype(_bf16())
+            res = pub.publish(sd)
+            assert res.ok, res.failed()
+            assert set(res.modes.values()) == {"delta"}
+            assert 0 < res.delta_bytes * 3 < res.full_bytes, (res.delta_bytes, res.full_bytes)
+            for r in recv:
+                assert r.wait(timeout=10) == step
+                for k in sd:  # byte for byte what a full transfer gives
+                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+                r.done()
+        # A late joiner gets the whole state dict, then deltas with the rest.
+        late = ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name="late", runtime=readers[2])
+        assert pub.join(late.handle()).ok
+        assert late.wait(timeout=10) == 4
+        late.done()
+        for k in master:
+            master[k] -= 1e-5
+            sd[k][:] = master[k].astype(_bf16())
+        res = pub.publish(sd)
+        assert res.ok and res.modes["late"] == "delta"
+        for r in recv + [late]:
+            assert r.wait(timeout=10) == 5
+            r.done()
+        # A reader whose parameters drifted from the last version refuses the
+        # delta, typed, and changes none of them (w3 drifted; w0 would change).
+        recv[0]._params["w3"][0] += 1
+        before = {k: v.copy() for k, v in recv[0]._params.items()}
+        for k in ("w0", "w3"):
+            sd[k][:] = (master[k] - 1e-5).astype(_bf16())
+        pub.publish(sd)
+        with pytest.raises(errors.LayoutMismatch):
+            recv[0].wait(timeout=10)
+        for k in sd:
+            assert recv[0]._params[k].view(np.uint16).tobytes() == before[k].view(np.uint16).tobytes()
+        recv[0].done()
+        assert recv[1].wait(timeout=10) == 6
+        recv[1].done()
+        late.wait(timeout=10)
+        late.done()
+        pub.resync("r0")  # the trainer learns of it (say, from the reader's Ray call)
+        res = pub.publish(sd)
+        assert res.modes == {"r0": "full", "r1": "delta", "late": "delta"}, res.modes
+        assert recv[0].wait(timeout=10) == 7
+        for k in sd:
+            assert recv[0]._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+        with pytest.raises(errors.InvalidArgument):
+            ws.WeightPublisher(runtime=owner, delta="auto")  # needs link_gbps
+        pub.close()
+        for r in recv + [late]:
+            r.close()
+    finally:
+        owner.close()
+        for r in readers:
+            r.close()
+
+
+@pytest.mark.parametrize("link_gbps,mode", [(1000.0, "full"), (0.001, "delta")], ids=["fast link", "slow link"])
+def test_publisher_delta_auto(link_gbps, mode):
+    owner, readers = _cluster(1, 0)
+    try:
+        sd = {"w": np.zeros(50000, np.float32)}
+        pub = ws.WeightPublisher(runtime=owner, delta="auto", link_gbps=link_gbps, busy_wait=5, timeout=30)
+        r = ws.WeightReceiver({"w": np.zeros(50000, np.float32)}, name="r", runtime=readers[0])
+        pub.join(r.handle())
+        assert pub.publish(sd).modes == {"r": "full"}
+        assert r.wait(timeout=10) == 1
+        r.done()
+        sd["w"][:100] = 1.0  # a sparse change: a delta is tiny
+        res = pub.publish(sd)
+        assert res.modes == {"r": mode}, res.modes
+        assert r.wait(timeout=10) == 2
+        np.testing.assert_array_equal(r._params["w"], sd["w"])
+        r.done()
+        pub.close()
+        r.close()
+    finally:
+        owner.close()
+        for x in readers:
+            x.close()

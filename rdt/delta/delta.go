@@ -1,0 +1,214 @@
+// Package delta encodes a tensor's new version against the version a
+// reader already holds, for weight sync over links slower than the codec.
+// Most bf16 weights are bitwise unchanged by one optimizer step at the
+// learning rates of RL post-training (1e-6 to 1e-5): the step is smaller
+// than a bf16 ulp for most weights. So the sender XORs the new bytes with
+// the previous version (zero wherever nothing changed), splits the XOR into
+// byte planes (the high byte of a bf16 holds sign and exponent and is
+// almost always unchanged; the low byte holds the mantissa bits that flip)
+// and compresses each plane with zstd, which turns long runs of zeros into
+// a few bytes. The reader XORs the decoded planes into its copy.
+//
+// Every delta says which base it was made against and what it produces
+// (XXH3-64 of both): Decode refuses a base that is not the reader's
+// previous version (ErrBaseMismatch) and leaves it untouched, and checks
+// the result against the sender's bytes (ErrCorrupt, the base restored),
+// so a delta transfer is verified against what a full transfer would have
+// delivered.
+package delta
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/zeebo/xxh3"
+)
+
+// Errors.
+var (
+	// ErrBaseMismatch: the reader's bytes are not the version the delta
+	// was made against (it missed a step, or joined late): send it whole.
+	ErrBaseMismatch = errors.New("delta: the base is not the version the delta was made against")
+	// ErrCorrupt: the delta is malformed, or decoding it did not give the
+	// sender's bytes.
+	ErrCorrupt = errors.New("delta: corrupt")
+)
+
+const (
+	magic      = "TLD1"
+	headerSize = 4 + 1 + 8 + 8 + 8 // magic, element size, length, base and result checksums
+	maxLen     = 1 << 40
+)
+
+var (
+	encOnce sync.Once
+	enc     *zstd.Encoder
+	dec     *zstd.Decoder
+)
+
+func coders() (*zstd.Encoder, *zstd.Decoder) {
+	encOnce.Do(func() {
+		// Both are safe for concurrent EncodeAll/DecodeAll; one each for
+		// the process (they hold no goroutines with concurrency 1).
+		enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+		dec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxLen))
+	})
+	return enc, dec
+}
+
+// Stats describes one encoding.
+type Stats struct {
+	Raw, Encoded int64 // bytes of the tensor, bytes of the delta
+	Changed      int64 // elements whose bits changed
+}
+
+// Ratio is how many times fewer bytes the delta is than the tensor.
+func (s Stats) Ratio() float64 {
+	if s.Encoded == 0 {
+		return 0
+	}
+	return float64(s.Raw) / float64(s.Encoded)
+}
+
+// Encode appends to dst the delta that turns prev into cur (equal lengths,
+// elements of elem bytes: 1, 2, 4 or 8).
+func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
+	if len(prev) != len(cur) {
+		return dst, Stats{}, fmt.Errorf("delta: base of %d bytes, new version of %d", len(prev), len(cur))
+	}
+	if elem != 1 && elem != 2 && elem != 4 && elem != 8 {
+		return dst, Stats{}, fmt.Errorf("delta: element size %d", elem)
+	}
+	n := len(cur)
+	// One pass: the XOR, straight into its byte planes.
+	planes := make([]byte, n)
+	changed := xorPlanes(planes, prev, cur, elem)
+	h := make([]byte, headerSize)
+	copy(h, magic)
+	h[4] = byte(elem)
+	binary.LittleEndian.PutUint64(h[5:], uint64(n))
+	binary.LittleEndian.PutUint64(h[13:], xxh3.Hash(prev))
+	binary.LittleEndian.PutUint64(h[21:], xxh3.Hash(cur))
+	start := len(dst)
+	dst = append(dst, h...)
+	e, _ := coders()
+	dst = e.EncodeAll(planes, dst)
+	return dst, Stats{Raw: int64(n), Encoded: int64(len(dst) - start), Changed: changed}, nil
+}
+
+// Check reports whether base is the version d was made against (and d
+// looks like a delta), without changing anything: a reader applying the
+// deltas of a whole state dict checks every base first, so it never ends
+// with some tensors at the new version and some at the old.
+func Check(base, d []byte) error {
+	if len(d) < headerSize || string(d[:4]) != magic {
+		return fmt.Errorf("%w: no delta header", ErrCorrupt)
+	}
+	if n := binary.LittleEndian.Uint64(d[5:]); n != uint64(len(base)) {
+		return fmt.Errorf("%w: a delta for %d bytes applied to %d", ErrCorrupt, n, len(base))
+	}
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[13:]) {
+		return ErrBaseMismatch
+	}
+	return nil
+}
+
+// Decode applies the delta d to base in place: base becomes the sender's
+// new version. On any error base is as it was.
+func Decode(base, d []byte) error {
+	if len(d) < headerSize || string(d[:4]) != magic {
+		return fmt.Errorf("%w: no delta header", ErrCorrupt)
+	}
+	elem := int(d[4])
+	n := binary.LittleEndian.Uint64(d[5:])
+	if (elem != 1 && elem != 2 && elem != 4 && elem != 8) || n != uint64(len(base)) {
+		return fmt.Errorf("%w: a delta of %d-byte elements for %d bytes applied to %d", ErrCorrupt, elem, n, len(base))
+	}
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[13:]) {
+		return ErrBaseMismatch
+	}
+	_, z := coders()
+	planes, err := z.DecodeAll(d[headerSize:], make([]byte, 0, len(base)))
+	if err != nil || len(planes) != len(base) {
+		return fmt.Errorf("%w: %d bytes decoded for %d (%v)", ErrCorrupt, len(planes), len(base), err)
+	}
+	applyPlanes(base, planes, elem)
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
+		applyPlanes(base, planes, elem) // XOR is its own inverse: the base is restored
+		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
+	}
+	return nil
+}
+
+// xorPlanes writes cur XOR prev into dst as byte planes (plane k holds byte
+// k of every element; a trailing partial element goes last, as it is) and
+// counts the elements that changed.
+func xorPlanes(dst, prev, cur []byte, elem int) int64 {
+	m := len(cur) / elem
+	var changed int64
+	if elem == 2 { // bf16 and fp16, the common case: no inner loop
+		lo, hi := dst[:m], dst[m:2*m]
+		for i := range m {
+			a, b := cur[2*i]^prev[2*i], cur[2*i+1]^prev[2*i+1]
+			lo[i], hi[i] = a, b
+			if a|b != 0 {
+				changed++
+			}
+		}
+	} else {
+		for i := range m {
+			var any byte
+			for k := range elem {
+				x := cur[i*elem+k] ^ prev[i*elem+k]
+				dst[k*m+i] = x
+				any |= x
+			}
+			if any != 0 {
+				changed++
+			}
+		}
+	}
+	for i := m * elem; i < len(cur); i++ {
+		dst[i] = cur[i] ^ prev[i]
+	}
+	return changed
+}
+
+// applyPlanes XORs byte planes (as xorPlanes made them) into base.
+func applyPlanes(base, planes []byte, elem int) {
+	m := len(base) / elem
+	if elem == 2 {
+		lo, hi := planes[:m], planes[m:2*m]
+		for i := range m {
+			base[2*i] ^= lo[i]
+			base[2*i+1] ^= hi[i]
+		}
+	} else {
+		for i := range m {
+			for k := range elem {
+				base[i*elem+k] ^= planes[k*m+i]
+			}
+		}
+	}
+	for i := m * elem; i < len(base); i++ {
+		base[i] ^= planes[i]
+	}
+}
+
+// Worth says whether sending a delta beats sending the tensor whole: the
+// delta's bytes at the link's rate plus the encoding and decoding (at
+// codecBps bytes of tensor per second each, on their own cores, overlapped
+// with nothing) against the whole tensor at the link's rate. This is the
+// tcp codec's rule (use it when the link is slower than the codec), with
+// the delta's ratio in it.
+func Worth(raw, encoded int64, linkBps, codecBps float64) bool {
+	if linkBps <= 0 || codecBps <= 0 || raw <= 0 {
+		return false
+	}
+	whole := float64(raw) / linkBps
+	delta := float64(encoded)/linkBps + 2*float64(raw)/codecBps
+	return delta < whole
+}

@@ -1,0 +1,28 @@
+package reshard_test
+
+import (
+	"fmt"
+
+	"github.com/tensorlane/tensorlane/rdt/reshard"
+)
+
+// A weight of 8 x 6 bf16 held as FSDP rows by two trainers, needed as
+// tensor-parallel columns by three readers: each reader gets its two
+// columns of every row from both trainers, four rows of 4 bytes from each.
+func Example() {
+	from, _ := reshard.Split([]int64{8, 6}, 2, 0, 2)
+	to, _ := reshard.Split([]int64{8, 6}, 2, 1, 3)
+	p, _ := reshard.NewPlan(from, to)
+	fmt.Print(p.Explain())
+	// Output:
+	// reshard [8 6] (2-byte elements): 2 source shards -> 3 destination shards, 6 moves, 96 bytes
+	// destination 0 [0:8, 0:2] (32 bytes)
+	//   <- source 0 [0:4, 0:6]: block [0:4, 0:2], 16 bytes in 4 ranges of 4 bytes
+	//   <- source 1 [4:8, 0:6]: block [4:8, 0:2], 16 bytes in 4 ranges of 4 bytes
+	// destination 1 [0:8, 2:4] (32 bytes)
+	//   <- source 0 [0:4, 0:6]: block [0:4, 2:4], 16 bytes in 4 ranges of 4 bytes
+	//   <- source 1 [4:8, 0:6]: block [4:8, 2:4], 16 bytes in 4 ranges of 4 bytes
+	// destination 2 [0:8, 4:6] (32 bytes)
+	//   <- source 0 [0:4, 0:6]: block [0:4, 4:6], 16 bytes in 4 ranges of 4 bytes
+	//   <- source 1 [4:8, 0:6]: block [4:8, 4:6], 16 bytes in 4 ranges of 4 bytes
+}
