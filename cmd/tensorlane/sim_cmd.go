@@ -7,6 +7,7 @@ import (
 	"image/color"
 	"io"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -243,7 +244,7 @@ func runSim(w io.Writer, o simOptions) error {
 			fmt.Fprintf(tw, "%s\t%.3f (CPU)\tn/a\t\t\theap %.1f MB\n", r.Case, r.PlacementCPUSeconds, r.PlacementHeapMB)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%s\t%v\n", r.Case, r.Seconds, r.BoundSeconds, r.RatioToBound, r.BoundCut, r.Transfers)
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%s\t%s\n", r.Case, r.Seconds, r.BoundSeconds, r.RatioToBound, r.BoundCut, countsString(r.Transfers))
 	}
 	return tw.Flush()
 }
@@ -360,4 +361,18 @@ func cpuSeconds() float64 {
 
 func plotColor(i int) color.Color {
 	return []color.Color{color.RGBA{R: 31, G: 119, B: 180, A: 255}, color.RGBA{R: 255, G: 127, B: 14, A: 255}}[i%2]
+}
+
+// countsString prints a count per path ("rdma 2048, tcp 3"), in name order.
+func countsString(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
 }
