@@ -42,6 +42,13 @@ _PROTOS = {
     "tl_explain": ([u64, cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_ref_info": ([cp, sz, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_stats": ([u64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    # Batches (_batch.py): refs back to back with their lengths beside.
+    "tl_put_batch": ([u64, i32, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(cp), ctypes.POINTER(i32),
+                      ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz), ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_get_batch": ([u64, i32, cp, ctypes.POINTER(sz), u64, i64, ctypes.POINTER(vp), ctypes.POINTER(i64),
+                      ctypes.POINTER(i32)], ctypes.c_int),
+    "tl_view_batch": ([u64, i32, cp, ctypes.POINTER(sz), ctypes.c_uint32, u64, i64, ctypes.POINTER(u64),
+                       ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(i32)], ctypes.c_int),
 }
 
 
