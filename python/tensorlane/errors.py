@@ -157,6 +157,16 @@ class NoZeroCopy(Error):
     kind = "no_zero_copy"
 
 
+class Mutated(Corrupt):
+    """A tensor published without a copy (``tensorlane.ray.borrow``, arrays
+    from :func:`tensorlane.empty`) changed between publish and read, which the
+    borrow promised it would not: the verification mode's checksums
+    (TENSORLANE_VERIFY=1) caught it. A kind of Corrupt; raised by Python
+    only (the C ABI never moves borrowed bytes on its own)."""
+
+    kind = "mutated"
+
+
 #: The C ABI's kind codes, in order (tensorlane.h, TL_E_*); 0 is success.
 KINDS = [
     "ok", "other", "invalid_argument", "owner_died", "peer_unreachable", "object_not_found",
@@ -170,7 +180,7 @@ BY_KIND: Dict[str, Type[Error]] = {
     for c in (Other, InvalidArgument, OwnerDied, PeerUnreachable, ObjectNotFound, ObjectFreed,
               StaleRef, Unauthorized, MalformedRef, OutOfMemory, TooSmall, NoPath, UnknownDevice,
               Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled, OwnerClosed,
-              LayoutMismatch, NoZeroCopy)
+              LayoutMismatch, NoZeroCopy, Mutated)
 }
 
 
