@@ -220,9 +220,11 @@ class TensorlaneTransportMetadata(TensorTransportMetadata):
     rides inline; then ``inline[i]`` is ``(dtype token, shape, bytes,
     crc32)``: numpy's dtype string (``"<f4"``), the dtype's name where the
     string is ambiguous (ml_dtypes' ``"bfloat16"``, ``"float8_e4m3fn"``), or
-    torch's (``"torch.float32"``). ``layouts[i]`` is ``(shape, numpy dtype)``
-    of a ref's bytes as the receiver should see them (the ref may carry them
-    as raw bytes); ``sums[i]``, in verification mode, the CRC-32s of a
+    torch's (``"torch.float32"``). ``layouts[i]`` is ``(shape, numpy dtype,
+    offset)`` of tensor i's bytes as the receiver should see them (the ref
+    may carry them as raw bytes): offset None for a ref of its own, else
+    the byte offset in a block that several tensors share (the sender's
+    copies: ``refs[i]`` is then the block's ref for each); ``sums[i]``, in verification mode, the CRC-32s of a
     borrowed tensor's :data:`VERIFY_CHUNK`-byte chunks at publish."""
 
     refs: List[bytes] = field(default_factory=list)
@@ -878,6 +880,7 @@ class TensorlaneTransport(TensorTransportManager):
             pool, threads = _copier()
             futures: List[Future] = []
             sum_futures: Dict[int, List[Future]] = {}
+            block: Optional[np.ndarray] = None
             # Checksums of borrowed memory first: they are what "as
             # published" means for them.
             if verify:
@@ -885,12 +888,14 @@ class TensorlaneTransport(TensorTransportManager):
                     flat = a.reshape(-1).view(np.uint8)
                     sum_futures[i] = [pool.submit(zlib.crc32, flat[o:o + VERIFY_CHUNK])
                                       for o in range(0, flat.size, VERIFY_CHUNK)]
-            # One block of shareable memory for every copy (one allocation,
-            # one slab range a reader maps once), each copy in parallel
-            # pieces, published (put_batch) while the pieces run: a reader
-            # cannot ask before this method returns, and it returns after
-            # the last piece.
-            dsts: List[Tuple[int, np.ndarray]] = []
+            # One block of shareable memory for every copy, each copy in
+            # parallel pieces, and the block published as one object while
+            # the pieces run (a reader cannot ask before this method
+            # returns, and it returns after the last piece): one grant, one
+            # mapping, one read and one free for the whole state dict, each
+            # tensor a window at its offset. Borrowed arrays are objects of
+            # their own (their memory is the caller's), all published in the
+            # same put_batch.
             if copies:
                 offs, total = [], 0
                 for _, a in copies:
@@ -899,19 +904,24 @@ class TensorlaneTransport(TensorTransportManager):
                 block = rt.empty(total, np.uint8)
                 for (i, a), off in zip(copies, offs):
                     d = block[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-                    dsts.append((i, d))
+                    layouts[i] = (tuple(a.shape), a.dtype, off)
                     for dp, sp in _copy_parts(d, a, threads):
                         futures.append(pool.submit(np.copyto, dp, sp, "no"))
-            pub = borrowed + dsts
-            pub.sort()
+            pub = [a if _wire_dtype(a.dtype) else a.reshape(-1).view(np.uint8) for _, a in borrowed]
+            names = [_wire_dtype(a.dtype) or "uint8" for _, a in borrowed]
+            if block is not None:
+                pub.append(block)
+                names.append("uint8")
             try:
-                made = _batch.put_batch([a if _wire_dtype(a.dtype) else a.reshape(-1).view(np.uint8) for _, a in pub],
-                                        runtime=rt, dtypes=[_wire_dtype(a.dtype) or "uint8" for _, a in pub])
+                made = _batch.put_batch(pub, runtime=rt, dtypes=names)
             finally:
                 for f in futures:  # the copies finish (or fail) before anything returns
                     f.result()
-            for (i, _), ref in zip(pub, made):
+            for (i, _), ref in zip(borrowed, made):
                 refs[i] = bytes(ref)
+            if block is not None:
+                for i, _ in copies:
+                    refs[i] = bytes(made[-1])
             for i, fs in sum_futures.items():
                 sums[i] = [f.result() for f in fs]
             _metrics.put(sum(a.nbytes for _, a in borrowed), "borrowed")
@@ -964,7 +974,7 @@ class TensorlaneTransport(TensorTransportManager):
                 nbytes += len(entry[2])
                 paths["inline"] = paths.get("inline", 0) + 1
             if remote:
-                got = self._read(rt, meta, remote, layouts, view, target_buffers, timeout, op, paths)
+                got, urefs = self._read(rt, meta, remote, layouts, view, target_buffers, timeout, op, paths)
                 for i, arr in zip(remote, got):
                     if sums:
                         _verify_read(arr, sums[i], i)
@@ -975,7 +985,7 @@ class TensorlaneTransport(TensorTransportManager):
                         out[i] = _torch_from_array(arr, meta.tensor_meta[i][1] if i < len(meta.tensor_meta) else None)
                     else:
                         out[i] = arr
-                _release_later(rt, [meta.refs[i] for i in remote])  # this reader is done: its leases go
+                _release_later(rt, urefs)  # this reader is done: its leases go
         except errors.Error as e:
             _metrics.failed(e.kind)
             raise
@@ -990,22 +1000,29 @@ class TensorlaneTransport(TensorTransportManager):
 
     def _read(self, rt: _runtime.Runtime, meta: TensorlaneTransportMetadata, remote: List[int],
               layouts: List[Optional[tuple]], view: bool, target_buffers: Optional[List[Any]], timeout: float,
-              op: int, paths: Dict[str, int]) -> List[np.ndarray]:
-        """The ref'd tensors, in one batch: mapped (same node) or read."""
-        refs = [meta.refs[i] for i in remote]
-        lays = [self._layout(meta, layouts, i) for i in remote]
-        if target_buffers:  # Ray's buffers: each read straight into its own
-            got = []
-            for i, ref, lay in zip(remote, refs, lays):
-                dst = _runtime.as_array(target_buffers[i])
-                rt.get(ref, out=dst, timeout=timeout, op=op)
-                got.append(dst)
-            self._count(rt, None, paths)
-            return got
-        out: List[Optional[np.ndarray]] = [None] * len(refs)
-        rest = list(range(len(refs)))
+              op: int, paths: Dict[str, int]) -> Tuple[List[np.ndarray], List[bytes]]:
+        """The ref'd tensors and the distinct refs read, in one batch: mapped
+        (same node) or read. Tensors the sender copied share one object
+        (its block), read once, each a window at its offset."""
+        uniq: Dict[bytes, int] = {}
+        for i in remote:
+            uniq.setdefault(meta.refs[i], len(uniq))
+        urefs = list(uniq)
+        lays = {i: self._layout(meta, layouts, i) for i in remote}
+        users: Dict[int, List[int]] = {}
+        for i in remote:
+            users.setdefault(uniq[meta.refs[i]], []).append(i)
+        # A ref read for one whole tensor is typed by its layout; a block
+        # comes as its bytes.
+        ulays: List[Optional[tuple]] = []
+        for u in range(len(urefs)):
+            us = users[u]
+            lay = lays[us[0]]
+            ulays.append(lay[:2] if len(us) == 1 and lay is not None and lay[2] is None else None)
+        got: List[Optional[np.ndarray]] = [None] * len(urefs)
+        rest = list(range(len(urefs)))
         if view:
-            items = _batch.view_batch(refs, runtime=rt, timeout=timeout, op=op, layouts=lays, return_exceptions=True)
+            items = _batch.view_batch(urefs, runtime=rt, timeout=timeout, op=op, layouts=ulays, return_exceptions=True)
             rest = []
             for k, it in enumerate(items):
                 if isinstance(it, errors.NoZeroCopy):
@@ -1013,27 +1030,51 @@ class TensorlaneTransport(TensorTransportManager):
                 elif isinstance(it, errors.Error):
                     raise it
                 else:
-                    out[k] = it
-            if len(rest) < len(refs):
-                paths["shm"] = paths.get("shm", 0) + len(refs) - len(rest)  # the one path that maps across processes
+                    got[k] = it
+            mapped = sum(len(users[u]) for u in range(len(urefs)) if u not in rest)
+            if mapped:
+                paths["shm"] = paths.get("shm", 0) + mapped  # the one path that maps across processes
         if rest:
             before = rt.stats()["gets_by_transport"]
-            got = _batch.get_batch([refs[k] for k in rest], runtime=rt, timeout=timeout, op=op,
-                                   layouts=[lays[k] for k in rest])
-            for k, arr in zip(rest, got):
-                out[k] = arr
+            for k, arr in zip(rest, _batch.get_batch([urefs[k] for k in rest], runtime=rt, timeout=timeout, op=op,
+                                                     layouts=[ulays[k] for k in rest])):
+                got[k] = arr
             self._count(rt, before, paths)
-        return out  # type: ignore[return-value]
+        out: List[np.ndarray] = []
+        for i in remote:
+            arr = got[uniq[meta.refs[i]]]
+            lay = lays[i]
+            if lay is not None and lay[2] is not None:
+                shape, dt, off = lay
+                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                raw = arr.reshape(-1).view(np.uint8)
+                if off < 0 or off + n > raw.size:
+                    raise errors.Corrupt(f"tensorlane: tensor {i}: bytes {off}..{off + n} of a {raw.size}-byte object")
+                arr = raw[off:off + n].view(dt).reshape(shape)
+            if target_buffers:  # Ray's buffers: the bytes go there
+                dst = _runtime.as_array(target_buffers[i])
+                if dst.nbytes != arr.nbytes or not dst.flags.c_contiguous:
+                    raise errors.TooSmall(f"tensorlane: tensor {i}: Ray's buffer holds {dst.nbytes} bytes "
+                                          f"(contiguous: {dst.flags.c_contiguous}), the tensor has {arr.nbytes}")
+                np.copyto(dst.reshape(-1).view(np.uint8), np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+            out.append(arr)
+        return out, urefs
 
     @staticmethod
     def _layout(meta: TensorlaneTransportMetadata, layouts: List[Optional[tuple]], i: int) -> Optional[tuple]:
+        """(shape, dtype, offset or None) of tensor i's bytes in its ref."""
         if layouts and layouts[i] is not None:
-            shape, dt = layouts[i]
-            return tuple(shape), np.dtype(dt)
+            lay = layouts[i]
+            try:
+                shape, dt = tuple(int(d) for d in lay[0]), np.dtype(lay[1])
+                off = int(lay[2]) if len(lay) > 2 and lay[2] is not None else None
+            except (TypeError, ValueError, IndexError):
+                raise errors.Corrupt(f"tensorlane: tensor {i}: malformed layout {lay!r}") from None
+            return shape, dt, off
         if not meta.torch and i < len(meta.tensor_meta):
             shape, dt = meta.tensor_meta[i]
             try:
-                return tuple(shape), np.dtype(dt)
+                return tuple(shape), np.dtype(dt), None
             except TypeError:
                 return None
         return None  # decode the ref (torch without layouts: an older sender)
@@ -1049,7 +1090,7 @@ class TensorlaneTransport(TensorTransportManager):
         raise NotImplementedError("tensorlane is one-sided: the receiver reads, the sender does nothing")
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: TensorlaneTransportMetadata, tensors: List[Any]) -> None:
-        refs = [r for r in tensor_transport_meta.refs if r]
+        refs = list(dict.fromkeys(r for r in tensor_transport_meta.refs if r))  # a block once
         if not refs:
             return  # all inline: nothing was published
         rt = runtime()

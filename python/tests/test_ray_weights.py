@@ -156,7 +156,7 @@ def test_weights_as_returned():
     got = ray.get(r.sums.remote(ref))
     assert got == pytest.approx(expected_sums(0)), "the reader saw the update: torn weights"
     st = ray.get(t.stats.remote())
-    assert st["zero_copy_puts"] >= 8, "the copy is in shareable memory and published from there"
+    assert st["zero_copy_puts"] >= 1, "the copy is in shareable memory and published from there"
 
 
 def test_borrow_is_zero_copy_and_verify_catches_mutation():
@@ -228,15 +228,15 @@ def test_object_arrays_are_refused_clearly():
 
 
 def test_state_dict_is_one_batch():
-    """50 arrays: published in one call, mapped with one batch, the sender's
-    copy in one slab range the reader maps once."""
+    """A state dict's copy is one block, published as one object: the reader
+    maps it with one view (one grant, one mapping) for all its arrays."""
     t, r = Trainer.remote(), Reader.remote()
     ray.get(t.step.remote())
     ref = t.state.remote()
     before = ray.get(r.stats.remote())
     assert ray.get(r.sums.remote(ref)) == pytest.approx(expected_sums(1))
     after = ray.get(r.stats.remote())
-    assert after["views"] - before["views"] == 8
+    assert after["views"] - before["views"] == 1, "one view of the block for 8 arrays"
     mapped = after["shm_slabs"].get("mapped", 0) - before["shm_slabs"].get("mapped", 0)
     assert mapped == 1, f"one mapping for one state dict's copy, got {after['shm_slabs']}"
 
