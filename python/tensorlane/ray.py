@@ -504,7 +504,7 @@ class _Metrics:
         except Exception:
             self._ok = False
 
-    def __getattr__(self, name):  # only reached for metric attributes before _make
+    def __getattr__(self, name):  # only reached for attributes not set yet
         raise AttributeError(name)
 
     def _ready(self) -> bool:
@@ -534,6 +534,12 @@ class _Metrics:
     def host_memory(self, rt: Optional[_runtime.Runtime]):
         if rt is None or not self._ready():
             return
+        # stats() gathers the runtime's registry: at most once a second, not
+        # once per transfer on the transfer's path.
+        now = time.monotonic()
+        if now - getattr(self, "_memory_at", -1.0) < 1.0:
+            return
+        self._memory_at = now
         try:
             m = rt.stats()["host_memory"]
         except errors.Error:
