@@ -180,8 +180,8 @@ BY_KIND: Dict[str, Type[Error]] = {
     for c in (Other, InvalidArgument, OwnerDied, PeerUnreachable, ObjectNotFound, ObjectFreed,
               StaleRef, Unauthorized, MalformedRef, OutOfMemory, TooSmall, NoPath, UnknownDevice,
               Corrupt, Stalled, PeerClosed, BadRequest, Closed, Timeout, Canceled, OwnerClosed,
-              LayoutMismatch, NoZeroCopy, Mutated)
-}
+              LayoutMismatch, NoZeroCopy)
+}  # Mutated is raised by Python only: no C ABI code maps to it
 
 
 def from_code(code: int, message: str) -> Error:
