@@ -90,7 +90,7 @@ Transfers are counted with Ray's metrics API (``ray.util.metrics``), so they
 show in the Ray dashboard next to Ray's own: ``tensorlane_transfers``
 (by transport), ``tensorlane_transfer_bytes``, ``tensorlane_transfer_errors``
 (by kind), ``tensorlane_transfer_seconds`` (a histogram),
-``tensorlane_published_bytes`` (by mode: copied or borrowed) and
+``tensorlane_published_bytes`` (by mode: copied, of which copied_strided, or borrowed) and
 ``tensorlane_host_memory_bytes`` (by state: used, cached, slabs).
 """
 
@@ -495,7 +495,7 @@ class _Metrics:
                 boundaries=[0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30], tag_keys=("transport",))
             self.rate = metrics.Gauge("tensorlane_transfer_gbps", "Byte rate of the last RDT object received, GB/s.", tag_keys=("transport",))
             self.published = metrics.Counter(
-                "tensorlane_published_bytes", "Bytes published through tensorlane (kept until the ObjectRef dies), by mode: copied or borrowed.",
+                "tensorlane_published_bytes", "Bytes published through tensorlane (kept until the ObjectRef dies), by mode: copied (of which copied_strided: non-contiguous arrays C-ordered by the copy) or borrowed.",
                 tag_keys=("mode",))
             self.memory = metrics.Gauge(
                 "tensorlane_host_memory_bytes", "The actor's tensorlane host memory: used (live objects, received arrays), "
@@ -858,7 +858,7 @@ class TensorlaneTransport(TensorTransportManager):
         layouts: List[Optional[tuple]] = [None] * n
         sums: List[Optional[List[int]]] = [None] * n
         is_torch = False
-        # What goes as refs: (index, array published, wire dtype or None).
+        # What goes as refs, (index, array): published in place, or copied.
         borrowed: List[Tuple[int, np.ndarray]] = []
         copies: List[Tuple[int, np.ndarray]] = []
         for i, t in enumerate(rdt_object):
@@ -918,11 +918,17 @@ class TensorlaneTransport(TensorTransportManager):
             if block is not None:
                 pub.append(block)
                 names.append("uint8")
+            made: List[_runtime.Ref] = []
             try:
                 made = _batch.put_batch(pub, runtime=rt, dtypes=names)
             finally:
+                failed = None
                 for f in futures:  # the copies finish (or fail) before anything returns
-                    f.result()
+                    failed = failed or f.exception()
+                if failed is not None:
+                    for r in made:  # publish all or nothing
+                        rt.free(r)
+                    raise failed
             for (i, _), ref in zip(borrowed, made):
                 refs[i] = bytes(ref)
             if block is not None:
@@ -932,6 +938,9 @@ class TensorlaneTransport(TensorTransportManager):
                 sums[i] = [f.result() for f in fs]
             _metrics.put(sum(a.nbytes for _, a in borrowed), "borrowed")
             _metrics.put(sum(a.nbytes for _, a in copies), "copied")
+            # Of which non-contiguous (strided, transposed, Fortran-order):
+            # C-ordered by their one copy.
+            _metrics.put(sum(a.nbytes for _, a in copies if not a.flags.c_contiguous), "copied_strided")
             _metrics.host_memory(rt)
         has_inline = any(e is not None for e in inline)
         has_refs = any(refs)
