@@ -280,10 +280,9 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		return ctx, func() {}, nil
 	}
 	unuse := r.peers.use(ref.Owner)
-	if err := r.hold(ctx, "", ref); err != nil {
-		unuse()
-		return nil, nil, r.why(ctx, ref, err)
-	}
+	// The death watch starts before the lease request: a hung owner (its
+	// connection open, nothing answering) never answers that request
+	// either, and only the heartbeats' verdict ends it in time.
 	ctx, cancel := context.WithCancelCause(ctx)
 	death := r.peers.deathOf(ref.Owner, ref.Incarnation)
 	done := make(chan struct{})
@@ -295,6 +294,13 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		case <-ctx.Done():
 		}
 	}()
+	if err := r.hold(ctx, "", ref); err != nil {
+		err = r.why(ctx, ref, err)
+		close(done)
+		cancel(nil)
+		unuse()
+		return nil, nil, err
+	}
 	return ctx, func() {
 		close(done)
 		cancel(nil)

@@ -296,6 +296,33 @@ int tl_reshard_plan(const char *request, char *out, size_t cap, size_t *len);
  * TL_E_READER_DIED if its runtime died. */
 int tl_wait_consumed(uint64_t rt, const uint8_t *slot, size_t slot_len, uint64_t gen, int64_t timeout_ms);
 
+/* Batches: a state dict in one call each way. n items (0..65536); refs are
+ * packed back to back in one buffer, ref i being ref_lens[i] bytes.
+ *
+ * tl_put_batch publishes n tensors as tl_put does (ptrs[i], nbytes[i],
+ * dtypes[i], ndims[i]; shapes and strides hold every item's dims one item
+ * after another, strides NULL for all row-major): all or nothing, a refusal
+ * names its item and publishes none. The refs go back to back to refs_out
+ * (ref_lens[i] each, *total in all; TL_E_TOO_SMALL with *total set when
+ * refs_cap is short, and then nothing stays published).
+ *
+ * tl_get_batch reads n refs into new shareable memory (ptrs[i], nbytes[i];
+ * free each with tl_free_memory): one lease request per owner, the transfers
+ * coalesced per owner and path. tl_view_batch maps n refs read-only as
+ * tl_view does (views[i] for tl_view_release), an owner's slab mapped once
+ * for all the objects in it. Both fill codes[i] with each item's kind (0 for
+ * success; outputs of failed items are 0) and return TL_OK when every item
+ * succeeded, else the first failed item's kind, with tl_last_error naming
+ * the item. Successful items are the caller's either way. op names the whole
+ * batch for tl_cancel. */
+int tl_put_batch(uint64_t rt, int32_t n, void *const *ptrs, const int64_t *nbytes, const char *const *dtypes,
+                 const int32_t *ndims, const int64_t *shapes, const int64_t *strides,
+                 uint8_t *refs_out, size_t refs_cap, size_t *ref_lens, size_t *total);
+int tl_get_batch(uint64_t rt, int32_t n, const uint8_t *refs, const size_t *ref_lens, uint64_t op, int64_t timeout_ms,
+                 void **ptrs, int64_t *nbytes, int32_t *codes);
+int tl_view_batch(uint64_t rt, int32_t n, const uint8_t *refs, const size_t *ref_lens, uint32_t flags, uint64_t op,
+                  int64_t timeout_ms, uint64_t *views, void **ptrs, int64_t *nbytes, int32_t *codes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,8 @@ Arrays stay where they are; a small :class:`Ref` travels instead, and a
 reader's :meth:`Runtime.get` moves the bytes straight from the owner's
 memory over the best path the topology allows (shared memory on one host,
 rdma or tcp between hosts). ``tensorlane.ray.register()`` makes it a Ray
-Direct Transport (``tensor_transport="TENSORLANE"``).
+Direct Transport (``tensor_transport="TENSORLANE"``). :func:`put_batch`,
+:func:`get_batch` and :func:`view_batch` move a state dict in one call.
 
 Importing the package does no work: the Go library (libtensorlane.so) loads
 on first use.
@@ -16,12 +17,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._batch import get_batch, put_batch, view_batch
 from ._runtime import Ref, Runtime, as_array, ref_info, runtime
 from .errors import (
     BadRequest, Canceled, Closed, Corrupt, Error, InvalidArgument, MalformedRef, NoPath,
     ObjectFreed, ObjectNotFound, Other, OutOfMemory, OwnerDied, PeerClosed, PeerUnreachable,
     Stalled, StaleRef, Timeout, TooSmall, Unauthorized, UnknownDevice, OwnerClosed, LayoutMismatch,
-    NoZeroCopy,
+    NoZeroCopy, Mutated,
 )
 
 __version__ = "0.1.0"
@@ -54,6 +56,7 @@ def from_dlpack(x: Any) -> np.ndarray:
 
 __all__ = [
     "Ref", "Runtime", "runtime", "empty", "copy", "ref_info", "as_array", "from_dlpack",
+    "put_batch", "get_batch", "view_batch", "Mutated",
     "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
     "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",
     "UnknownDevice", "Corrupt", "Stalled", "PeerClosed", "BadRequest", "Closed", "Timeout", "Canceled",

@@ -77,6 +77,13 @@ _PROTOS = {
     "tl_delta_decode": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_check": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_reshard_plan": ([cp, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    # Batches (_batch.py): refs back to back with their lengths beside.
+    "tl_put_batch": ([u64, i32, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(cp), ctypes.POINTER(i32),
+                      ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz), ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_get_batch": ([u64, i32, cp, ctypes.POINTER(sz), u64, i64, ctypes.POINTER(vp), ctypes.POINTER(i64),
+                      ctypes.POINTER(i32)], ctypes.c_int),
+    "tl_view_batch": ([u64, i32, cp, ctypes.POINTER(sz), ctypes.c_uint32, u64, i64, ctypes.POINTER(u64),
+                       ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(i32)], ctypes.c_int),
 }
 
 

@@ -485,27 +485,23 @@ ENV_SLABS = "TENSORLANE_SLABS"
 #: Ray's object store memory. Ray workers default to :data:`RAY_POOL_DEFAULT`.
 ENV_POOL_BYTES = "TENSORLANE_POOL_BYTES"
 RAY_SLABS_DEFAULT = True
-RAY_POOL_DEFAULT = 256 << 20
+RAY_POOL_DEFAULT = 0  # grows on demand (freed ranges reused, populated): not 256 MiB per actor
 
 
 def _ray_scope_key() -> str:
-    """A cluster key every worker of this Ray cluster derives alike (from
-    the session name), so the actors of one Ray cluster form one trust
-    scope. It scopes (another Ray session's runtimes are refused), but the
-    session name is no secret: set TENSORLANE_CLUSTER_KEY to a secret for a
-    key that also authenticates."""
-    import hashlib
+    """The slab key every worker of this Ray cluster gets alike, a secret
+    (not the session name, which any local process reads): see
+    :func:`tensorlane.ray.slab_key`."""
+    from .ray import slab_key
 
-    import ray
-
-    session = ray._private.worker.global_worker.node.session_name
-    return hashlib.sha256(b"tensorlane ray session scope\0" + session.encode()).hexdigest()
+    return slab_key()
 
 
 def ray_slab_config() -> Dict[str, Any]:
     """The slab settings of a Ray worker's runtime: slab mode unless
     TENSORLANE_SLABS=0, with TENSORLANE_CLUSTER_KEY or a key derived from
-    the Ray session, and a pool of TENSORLANE_POOL_BYTES (default 256 MiB)."""
+    the Ray cluster (tensorlane.ray.slab_key), and a pool of
+    TENSORLANE_POOL_BYTES (default none: the memory grows on demand)."""
     v = (os.environ.get(ENV_SLABS) or ("1" if RAY_SLABS_DEFAULT else "0")).strip().lower()
     if v in ("0", "false", "off", "no"):
         return {"slabs": False}
@@ -513,6 +509,8 @@ def ray_slab_config() -> Dict[str, Any]:
     if not os.environ.get("TENSORLANE_CLUSTER_KEY"):
         try:
             cfg["cluster_key"] = _ray_scope_key()
+        except errors.InvalidArgument:
+            raise  # a key file named but unusable: say so, do not fall back
         except Exception:
             return {"slabs": False}  # no session to scope by: per-object grants
     if not os.environ.get(ENV_POOL_BYTES):

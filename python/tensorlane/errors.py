@@ -191,6 +191,16 @@ class UnknownActor(Error, LookupError):
     kind = "unknown_actor"
 
 
+class Mutated(Corrupt):
+    """A tensor published without a copy (``tensorlane.ray.borrow``, arrays
+    from :func:`tensorlane.empty`) changed between publish and read, which the
+    borrow promised it would not: the verification mode's checksums
+    (TENSORLANE_VERIFY=1) caught it. A kind of Corrupt; raised by Python
+    only (the C ABI never moves borrowed bytes on its own)."""
+
+    kind = "mutated"
+
+
 #: The C ABI's kind codes, in order (tensorlane.h, TL_E_*); 0 is success.
 #: Generated from Go's one table of error kinds (see _kinds.py).
 KINDS = list(_kinds.KINDS)

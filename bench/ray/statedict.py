@@ -1,0 +1,211 @@
+"""One node, one trainer, three readers: a state dict through Ray, rows side
+by side in one run (issue 23's one-node goals).
+
+    python bench/ray/statedict.py [--arrays 50] [--mib 256] [--reps 7] [--cold 2] [--json out.json]
+
+Needs ray, numpy and tensorlane (TENSORLANE_LIB for a development build).
+A transfer is timed from the driver: the trainer's method returns its state
+dict (``--arrays`` float32 arrays, ``--mib`` MiB in all, made once before
+the clock), each of three readers gets it as a task argument and touches
+every byte (sums every array), and the driver waits for the three answers.
+Warm rows interleave round-robin (drift on a shared machine hits them
+alike); cold rows use a fresh trainer and fresh readers per sample, the
+first transfer of each. Reported: median seconds and ratios measured in
+this run.
+
+Rows:
+- ``store``: Ray's object store (one copy into plasma; readers map it).
+- ``TENSORLANE``: the plug-in's default, the weights as returned (one copy
+  on the trainer, several threads, into shareable memory; readers map it
+  read-only with one batch).
+- ``TENSORLANE empty``: the zero-copy opt-in, arrays from tensorlane.empty.
+- ``TENSORLANE borrow``: the zero-copy opt-in on heap arrays
+  (tensorlane.ray.borrow; same-node readers need them staged once, in the
+  background).
+Beside them:
+- ``plain fresh`` / ``plain after``: a plain method (no transport)
+  returning one ``--mib`` MiB numpy array, read by one reader, from an actor
+  that never used the transport and from the trainer after its TENSORLANE
+  calls (goal: after >= 0.9x fresh).
+- ``4K TENSORLANE`` / ``4K NULL``: one 4 KiB array through TENSORLANE and
+  through floor.py's NULL transport, whose bytes ride in its metadata (Ray's
+  floor for any plug-in; goal: TENSORLANE <= 1.1x NULL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import ray
+
+import tensorlane
+import tensorlane.ray as tlr
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import floor  # noqa: E402
+
+tlr.register()
+floor.register()
+
+READERS = 3
+
+
+@ray.remote(num_cpus=0, enable_tensor_transport=True)
+class Trainer:
+    def __init__(self, arrays: int, nbytes: int):
+        n = nbytes // 4 // arrays
+        rng = np.random.default_rng(0)
+        self.w = {f"layer{i}.weight": rng.standard_normal(n, dtype=np.float32) for i in range(arrays)}
+        self.we = {}
+        for k, v in self.w.items():
+            a = tensorlane.empty(v.shape, v.dtype)
+            a[:] = v
+            self.we[k] = a
+        self.big = np.concatenate(list(self.w.values()))
+        self.small = rng.standard_normal(1024, dtype=np.float32)  # 4 KiB
+
+    def ready(self) -> bool:
+        return True
+
+    def state(self):
+        return self.w
+
+    def state_empty(self):
+        return self.we
+
+    def state_borrow(self):
+        return {k: tlr.borrow(v) for k, v in self.w.items()}
+
+    def plain(self):
+        return self.big
+
+    def tiny(self):
+        return self.small
+
+
+@ray.remote(num_cpus=0, enable_tensor_transport=True)
+class Reader:
+    def ready(self) -> bool:
+        return True
+
+    def touch(self, x) -> int:
+        if isinstance(x, dict):
+            return sum(int(np.sum(v) != 0.5) for v in x.values())
+        return int(np.sum(x) != 0.5)
+
+
+def call(t, method: str, transport):
+    m = getattr(t, method)
+    return m.options(tensor_transport=transport).remote() if transport else m.remote()
+
+
+ROWS = {
+    "store": ("state", None),
+    "TENSORLANE": ("state", "TENSORLANE"),
+    "TENSORLANE empty": ("state_empty", "TENSORLANE"),
+    "TENSORLANE borrow": ("state_borrow", "TENSORLANE"),
+}
+
+
+def transfer(t, readers, method, transport) -> float:
+    start = time.perf_counter()
+    ref = call(t, method, transport)
+    ray.get([r.touch.remote(ref) for r in readers])
+    took = time.perf_counter() - start
+    del ref
+    return took
+
+
+def fresh(args):
+    t = Trainer.remote(args.arrays, args.mib << 20)
+    rs = [Reader.remote() for _ in range(READERS)]
+    ray.get([t.ready.remote()] + [r.ready.remote() for r in rs])
+    return t, rs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arrays", type=int, default=50)
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--cold", type=int, default=2)
+    p.add_argument("--small-reps", type=int, default=30)
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("TENSORLANE_") or k == "PYTHONPATH"}
+    ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+    res: dict = {"config": vars(args), "cold": {}, "warm": {}, "ratios": {}}
+
+    # Cold: a fresh trainer and readers per sample; the first transfer.
+    cold = {row: [] for row in ROWS}
+    for _ in range(args.cold):
+        for row, (method, transport) in ROWS.items():
+            t, rs = fresh(args)
+            cold[row].append(transfer(t, rs, method, transport))
+            for a in [t] + rs:
+                ray.kill(a)
+    res["cold"] = {row: statistics.median(v) for row, v in cold.items()}
+
+    # Warm: one trainer and its readers, rows round-robin after one warm-up each.
+    t, rs = fresh(args)
+    plain_fresh = Trainer.remote(args.arrays, args.mib << 20)  # never uses the transport
+    ray.get(plain_fresh.ready.remote())
+    warm = {row: [] for row in ROWS}
+    for row, (method, transport) in ROWS.items():
+        transfer(t, rs, method, transport)
+    for _ in range(args.reps):
+        for row, (method, transport) in ROWS.items():
+            warm[row].append(transfer(t, rs, method, transport))
+    res["warm"] = {row: statistics.median(v) for row, v in warm.items()}
+
+    # A plain numpy return: fresh actor vs the trainer after TENSORLANE calls.
+    plain = {"plain fresh": [], "plain after": []}
+    for who in (plain_fresh, t):
+        transfer(who, rs[:1], "plain", None)
+    for _ in range(args.reps):
+        plain["plain fresh"].append(transfer(plain_fresh, rs[:1], "plain", None))
+        plain["plain after"].append(transfer(t, rs[:1], "plain", None))
+    res["warm"].update({k: statistics.median(v) for k, v in plain.items()})
+
+    # 4 KiB: TENSORLANE against NULL (bytes in the metadata).
+    small = {"4K TENSORLANE": [], "4K NULL": []}
+    for tr in ("TENSORLANE", "NULL"):
+        transfer(t, rs[:1], "tiny", tr)
+    for _ in range(args.small_reps):
+        small["4K TENSORLANE"].append(transfer(t, rs[:1], "tiny", "TENSORLANE"))
+        small["4K NULL"].append(transfer(t, rs[:1], "tiny", "NULL"))
+    res["warm"].update({k: statistics.median(v) for k, v in small.items()})
+
+    w, c = res["warm"], res["cold"]
+    res["ratios"] = {
+        "warm TENSORLANE vs store (goal >= 1)": w["store"] / w["TENSORLANE"],
+        "cold TENSORLANE vs store (goal >= 1)": c["store"] / c["TENSORLANE"],
+        "warm empty vs store (goal >= 1.5)": w["store"] / w["TENSORLANE empty"],
+        "cold empty vs store (goal >= 1.5)": c["store"] / c["TENSORLANE empty"],
+        "warm borrow vs store": w["store"] / w["TENSORLANE borrow"],
+        "cold borrow vs store": c["store"] / c["TENSORLANE borrow"],
+        "plain after vs fresh (goal >= 0.9)": w["plain fresh"] / w["plain after"],
+        "4K TENSORLANE / NULL time (goal <= 1.1)": w["4K TENSORLANE"] / w["4K NULL"],
+    }
+    print(f"{args.arrays} float32 arrays, {args.mib} MiB, {READERS} readers; median s (warm of {args.reps}, cold of {args.cold})")
+    print(f"| row | warm s | cold s |\n|---|---|---|")
+    for row in list(ROWS) + list(plain) + list(small):
+        print(f"| {row} | {w[row]:.4f} | {c[row]:.4f} |" if row in c else f"| {row} | {w[row]:.4f} | |")
+    for k, v in res["ratios"].items():
+        print(f"{k}: {v:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
