@@ -192,7 +192,7 @@ def get_batch(refs: Sequence[bytes], *, runtime: Optional[_runtime.Runtime] = No
     code = _lib.lib().tl_get_batch(rt._h(), n, blob, lens, op or 0, _ms(timeout), ptrs, nbytes, codes)
     # Every successful item's memory is ours from here: wrap each before
     # anything can raise, so none leaks.
-    blocks = [np.asarray(_runtime._Block(rt, ptrs[i], nbytes[i])) if codes[i] == 0 and ptrs[i] else None for i in range(n)]
+    blocks = [np.asarray(_runtime._Block(rt._h(), ptrs[i], nbytes[i])) if codes[i] == 0 and ptrs[i] else None for i in range(n)]
 
     def build(i: int) -> np.ndarray:
         return _shaped(blocks[i], i, refs[i], layouts[i] if layouts else None, False)
@@ -223,7 +223,7 @@ def view_batch(refs: Sequence[bytes], *, runtime: Optional[_runtime.Runtime] = N
     codes = (ctypes.c_int32 * n)()
     flags = _runtime.VIEW_POPULATE if populate else 0
     code = _lib.lib().tl_view_batch(rt._h(), n, blob, lens, flags, op or 0, _ms(timeout), views, ptrs, nbytes, codes)
-    held = [np.asarray(_runtime._View(rt, views[i], ptrs[i], nbytes[i])) if codes[i] == 0 and ptrs[i] else None for i in range(n)]
+    held = [np.asarray(_runtime._View(rt._h(), views[i], ptrs[i], nbytes[i])) if codes[i] == 0 and ptrs[i] else None for i in range(n)]
 
     def build(i: int) -> np.ndarray:
         return _shaped(held[i], i, refs[i], layouts[i] if layouts else None, True)

@@ -205,8 +205,12 @@ class Mutated(Corrupt):
 #: Generated from Go's one table of error kinds (see _kinds.py).
 KINDS = list(_kinds.KINDS)
 
+#: The exception class of each C ABI kind. Python-only kinds (Mutated) have
+#: no code and are not here.
 BY_KIND: Dict[str, Type[Error]] = {
-    c.kind: c for c in Error.__subclasses__() + [c for b in Error.__subclasses__() for c in b.__subclasses__()]
+    c.kind: c
+    for c in Error.__subclasses__() + [c for b in Error.__subclasses__() for c in b.__subclasses__()]
+    if c.kind in KINDS
 }
 
 

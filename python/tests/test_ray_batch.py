@@ -90,3 +90,28 @@ def test_put_batch_refuses_and_publishes_nothing(pair):
         tl.put_batch([np.ones(8, np.float32), np.ones(8, np.uint32)], runtime=a)
     assert a.stats()["objects"] == objects
     assert tl.put_batch([], runtime=a) == []
+
+
+def test_batch_views_and_blocks_are_released_with_their_arrays():
+    """The arrays view_batch and get_batch return give their views and
+    blocks back when they go (a finaliser given the wrong handle used to
+    keep every batch view mapped for the process's life)."""
+    import gc
+
+    owner, reader = tl.Runtime(), tl.Runtime()
+    try:
+        refs = [owner.put(np.arange(1024, dtype=np.float32) + i) for i in range(3)]
+        views = tl.view_batch(refs, runtime=reader)
+        assert reader.stats()["live_views"] == 3
+        del views
+        gc.collect()
+        assert reader.stats()["live_views"] == 0
+        got = tl.get_batch(refs, runtime=reader)
+        used = reader.stats()["host_memory"]["used"]
+        assert used > 0
+        del got
+        gc.collect()
+        assert reader.stats()["host_memory"]["used"] < used
+    finally:
+        reader.close()
+        owner.close()
