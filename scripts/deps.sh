@@ -116,7 +116,7 @@ lock=python/requirements-test.txt
 	python3 -m venv .venv
 }
 # pip freeze names a package as the lock does once both are normalized.
-norm() { tr 'A-Z_.' 'a-z--' | sed 's/ *;.*//'; }
+norm() { sed 's/ *;.*//' | awk -F'==' '{n=tolower($1); gsub(/[_.]/, "-", n); print n "==" $2}'; }
 want=$(grep -E '^[A-Za-z0-9]' "$lock" | sed 's/ *\\$//; s/\[[^]]*\]//' | norm | sort)
 have=$(.venv/bin/python -m pip freeze --all 2>/dev/null | grep -E '^[A-Za-z0-9].*==' | norm | sort)
 differ=$(comm -23 <(echo "$want") <(echo "$have"))

@@ -94,7 +94,11 @@ func (cfg *Config) openSession(ctx context.Context, b Build, c Cell) (session, e
 	if cfg.Mode == ModeProcess {
 		return processSession{cfg: cfg, b: b, c: c}, nil
 	}
-	return startServe(ctx, cfg, b, c)
+	s, err := startServe(ctx, cfg, b, c)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return s, nil
 }
 
 // processSession runs a whole bench process per sample.
@@ -104,8 +108,10 @@ type processSession struct {
 	c   Cell
 }
 
-func (p processSession) Sample(ctx context.Context) (float64, error) { return p.cfg.runCell(ctx, p.b, p.c) }
-func (p processSession) Close() error                                { return nil }
+func (p processSession) Sample(ctx context.Context) (float64, error) {
+	return p.cfg.runCell(ctx, p.b, p.c)
+}
+func (p processSession) Close() error { return nil }
 
 // serveSession is a build's "bench --ab-serve" process holding the cell.
 type serveSession struct {
@@ -145,7 +151,7 @@ func startServe(ctx context.Context, cfg *Config, b Build, c Cell) (*serveSessio
 	line, err := s.readLine(ctx)
 	if err != nil {
 		s.Close()
-		return nil, err
+		return nil, fmt.Errorf("%w (a build older than bench --ab-serve? use --ab-mode process)", err)
 	}
 	rest, ok := strings.CutPrefix(line, harness.ServeProtocol+" ")
 	n, perr := strconv.ParseFloat(rest, 64)
@@ -210,10 +216,10 @@ func (s *serveSession) Close() error {
 			if err != nil {
 				s.err = fmt.Errorf("%s: %w (its stderr: %s)", s.cmd.Path, err, lastLine(s.stderr.String()))
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(min(s.timeout, 30*time.Second)):
 			_ = s.cmd.Process.Kill()
 			<-done
-			s.err = fmt.Errorf("%s did not stop within 30s of being asked; killed", s.cmd.Path)
+			s.err = fmt.Errorf("%s did not stop within %v of being asked; killed", s.cmd.Path, min(s.timeout, 30*time.Second))
 		}
 		s.stdout.Close()
 	})

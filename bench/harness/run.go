@@ -746,7 +746,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	}
 	zraw0, zwire0, zplain0 := s.e.zlog.counts()
 	var pathTotal time.Duration
-	var pathRounds []float64 // seconds per round, for the per-round figures the A/B guard compares
+	var pathRounds []float64  // seconds per round, for the per-round figures the A/B guard compares
 	var pathCPU time.Duration // process CPU time spent in the path's rounds
 	baseTotal := make([]time.Duration, len(bases))
 	ratios := make([][]float64, len(bases))
@@ -806,7 +806,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			GBps: gbps, Baseline: b.name, BaselineGBps: moved / baseTotal[i].Seconds() / 1e9,
 			Ratio: median(ratios[i]), Rounds: rounds, WireRatio: wireRatio,
 			MedianGBps: roundBytes / median(pathRounds) / 1e9, BestGBps: roundBytes / slices.Min(pathRounds) / 1e9,
-			CPUGBps: moved / pathCPU.Seconds() / 1e9,
+			CPUGBps:     moved / pathCPU.Seconds() / 1e9,
 			AllocPerGiB: float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
 		}
 	}

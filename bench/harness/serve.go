@@ -89,4 +89,3 @@ func Serve(ctx context.Context, cfg Config, path, mode string, size int64, c int
 	}
 	return sc.Err()
 }
-

@@ -138,4 +138,3 @@ func parseCell(s string) (ab.Cell, error) {
 	}
 	return ab.Cell{Path: p[0], Mode: p[1], Size: size, Concurrency: c}, nil
 }
-

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 
@@ -44,6 +47,9 @@ type Manifest struct {
 	SharedMemoryHugePages string `json:"shmem_huge_pages,omitempty"`
 	// CUDA is what the CUDA driver API says (live machine only).
 	CUDA *CUDAReport `json:"cuda_driver_api,omitempty"`
+	// Python is the Python environment of the tests (ReadPython), set by
+	// the caller that knows where it is.
+	Python *PythonEnv `json:"python,omitempty"`
 }
 
 // Version is this binary's tensorlane version, from its build info.
@@ -157,6 +163,13 @@ func Collect(ctx context.Context, root string) Manifest {
 		if v := libVersion(fs, lib.prefix); v != "" {
 			m.Components[lib.name] = v
 		}
+	}
+	// Distribution packages the tests use (scripts/deps.sh): the package
+	// version, which for libfabric is not its library file's (1.17 ships
+	// libfabric.so.1.20).
+	status, _ := os.ReadFile(filepath.Join(fs.Root(), "var/lib/dpkg/status")) // a few MiB: too big for ReadAttr
+	for pkg, v := range dpkgVersions(string(status), dpkgPackages) {
+		m.Components["deb "+pkg] = v
 	}
 	if live {
 		m.RDMAProviders = rdmaProviders()
@@ -278,6 +291,12 @@ func Write(w io.Writer, m Manifest) {
 			line("cuda device", d)
 		}
 	}
+	if p := m.Python; p != nil {
+		line("python", p.Version+" ("+p.Prefix+")")
+		for _, k := range KeyPackages {
+			line(k, p.Key[k])
+		}
+	}
 	if m.Warnings > 0 {
 		line("discovery warnings", fmt.Sprintf("%d (tensorlane topo lists them)", m.Warnings))
 	}
@@ -301,4 +320,30 @@ func selected(policy string) string {
 	}
 	choice, _, _ := strings.Cut(rest, "]")
 	return choice
+}
+
+// dpkgPackages are the Debian packages env reports when installed.
+var dpkgPackages = []string{"libfabric1", "libfabric-bin", "graphviz", "chromium-headless-shell", "chromium", "gcc", "iproute2"}
+
+// dpkgVersions reads the installed versions of pkgs from dpkg's status file.
+func dpkgVersions(status string, pkgs []string) map[string]string {
+	out := map[string]string{}
+	for _, stanza := range strings.Split(status, "\n\n") {
+		var name, ver string
+		installed := false
+		for _, line := range strings.Split(stanza, "\n") {
+			switch {
+			case strings.HasPrefix(line, "Package: "):
+				name = strings.TrimPrefix(line, "Package: ")
+			case strings.HasPrefix(line, "Version: "):
+				ver = strings.TrimPrefix(line, "Version: ")
+			case strings.HasPrefix(line, "Status: "):
+				installed = strings.HasSuffix(line, " installed")
+			}
+		}
+		if installed && ver != "" && slices.Contains(pkgs, name) {
+			out[name] = ver
+		}
+	}
+	return out
 }
