@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -25,6 +26,7 @@ type conformanceOptions struct {
 	verbose  bool
 	trees    string
 	run      bool
+	points   []string
 	timeout  time.Duration
 	repo     string
 }
@@ -62,6 +64,7 @@ Exits non-zero when a point verifies below its declared level.`,
 	f.StringVar(&o.plugin, "plugin", "", "run only this plugin")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "list every check")
 	f.StringVar(&o.trees, "trees", "", "read the fixture trees from DIR/<name> (e.g. topology/testdata/sysfs) instead of building them")
+	f.StringSliceVar(&o.points, "point", nil, "only these plug-in points (names, e.g. shm,ofi); device plugins are then left out")
 	f.BoolVar(&o.run, "run", false, "run the checks of the device back-ends, transports, rdma providers and the Ray plug-in (needs a checkout)")
 	f.DurationVar(&o.timeout, "timeout", 20*time.Minute, "with --run: the bound of one check")
 	f.StringVar(&o.repo, "repo", ".", "with --run: the checkout the checks run in")
@@ -95,12 +98,12 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 	}
 	var reports []topotest.Report
 	for _, p := range topology.DefaultPlugins() {
-		if o.plugin != "" && p.Name() != o.plugin {
+		if o.plugin != "" && p.Name() != o.plugin || len(o.points) > 0 {
 			continue
 		}
 		reports = append(reports, topotest.Check(ctx, p, topotest.Config{Hardware: o.hardware, Cache: cache}))
 	}
-	if len(reports) == 0 {
+	if len(reports) == 0 && len(o.points) == 0 {
 		return fmt.Errorf("conformance: no plugin %q", o.plugin)
 	}
 	var low []string
@@ -113,6 +116,9 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 	var points []conformance.Report
 	if o.plugin == "" {
 		for _, p := range conformance.Points() {
+			if len(o.points) > 0 && !slices.Contains(o.points, p.Name) {
+				continue
+			}
 			r := conformance.Verify(ctx, p, o.repo, o.run, o.timeout)
 			if !r.OK() {
 				low = append(low, string(r.Kind)+" "+r.Name)
@@ -136,7 +142,9 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 		}
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tDECLARED\tVERIFIED\tCHECKS\tNOTES")
+		if len(reports) > 0 {
+			fmt.Fprintln(tw, "PLUGIN\tDECLARED\tVERIFIED\tCHECKS\tNOTES")
+		}
 		for _, r := range reports {
 			passed := 0
 			note := ""
