@@ -37,9 +37,12 @@ needs=(
 	"dpkg -s libfabric-dev && command -v fi_info|libfabric-dev libfabric-bin|the ofi rdma provider (go test -tags ofi) links libfabric; fi_info checks its net provider"
 	"command -v dot|graphviz|topo --dot is checked by rendering it with Graphviz"
 	"chrome_path|chromium-headless-shell|the dashboard browser test (chromedp); the headless shell is 19 packages, the chromium browser 130"
-	"command -v ip && command -v tc|iproute2|network-namespace hosts for the multi-host fault tests (as root)"
+	"have ip && have tc|iproute2|network-namespace hosts for the multi-host fault tests (as root)"
 	"python3 -c 'import ensurepip, venv'|python3-venv|the Python package and Ray plug-in tests run in .venv"
 )
+
+# have finds a tool on PATH or in sbin, which a user's PATH often lacks.
+have() { command -v "$1" || test -x "/usr/sbin/$1" || test -x "/sbin/$1"; }
 
 # chrome_path prints the browser the dashboard test will use.
 chrome_path() {
@@ -110,8 +113,8 @@ fi
 # then the package itself built without fetching a build backend (setuptools
 # and wheel are locked too).
 lock=python/requirements-test.txt
-[ -x .venv/bin/python ] || {
-	[ "$mode" = check ] && { say "missing .venv (python3 -m venv .venv; then this script)"; exit 1; }
+.venv/bin/python -c '' 2>/dev/null || {
+	[ "$mode" = check ] && { say "missing .venv, or its python is not usable by $(id -un) (python3 -m venv .venv; then this script)"; exit 1; }
 	say "creating .venv for the Python tests"
 	python3 -m venv .venv
 }

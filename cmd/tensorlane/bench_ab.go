@@ -60,6 +60,9 @@ func runAB(cmd *cobra.Command, o benchOptions) error {
 		}
 		cache = filepath.Join(d, "tensorlane", "ab")
 	}
+	if a.base == "" {
+		return fmt.Errorf("%w: --head needs --base (the build to compare it with)", ab.ErrBadConfig)
+	}
 	base, err := ab.Resolve(ctx, a.base, a.repo, cache)
 	if err != nil {
 		return err
