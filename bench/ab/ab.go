@@ -121,6 +121,9 @@ type Config struct {
 	// is the median of (default 21; fewer for cells over 1 MiB, whose
 	// rounds are longer).
 	Rounds int
+	// Quantile is, in ModeServe, the quantile of a sample's round rates
+	// taken as the sample (default 0.5, the median; 1 the fastest round).
+	Quantile float64
 	// Metric is, in ModeServe, MetricWall (default) or MetricCPU; in
 	// ModeProcess one of the bench record's (default MetricRatio).
 	Metric    string
@@ -153,6 +156,9 @@ func (c *Config) defaults() error {
 	if c.Mode == "" {
 		c.Mode = ModeServe
 	}
+	if c.Quantile == 0 {
+		c.Quantile = 0.5
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 21
 	}
@@ -181,6 +187,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("%w: threshold %g not in [0, 1)", ErrBadConfig, c.Threshold)
 	case c.Mode != ModeServe && c.Mode != ModeProcess:
 		return fmt.Errorf("%w: mode %q (serve or process)", ErrBadConfig, c.Mode)
+	case !(c.Quantile > 0 && c.Quantile <= 1):
+		return fmt.Errorf("%w: quantile %g not in (0, 1]", ErrBadConfig, c.Quantile)
 	case c.Rounds < 1:
 		return fmt.Errorf("%w: rounds %d < 1", ErrBadConfig, c.Rounds)
 	case c.Mode == ModeServe && c.Metric != MetricWall && c.Metric != MetricCPU:

@@ -210,3 +210,15 @@ func TestResolve(t *testing.T) {
 		t.Errorf("no such revision: %v", err)
 	}
 }
+
+func TestQuantileOf(t *testing.T) {
+	xs := []float64{5, 1, 4, 2, 3}
+	for q, want := range map[float64]float64{0.5: 3, 1: 5, 0.8: 4, 0.01: 1} {
+		if got := quantileOf(xs, q); got != want {
+			t.Errorf("quantileOf(%v, %g) = %g, want %g", xs, q, got, want)
+		}
+	}
+	if xs[0] != 5 {
+		t.Error("quantileOf sorted its argument")
+	}
+}

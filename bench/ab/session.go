@@ -76,18 +76,23 @@ func (cfg *Config) sampleCell(ctx context.Context, open func(context.Context, Bu
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrMeasure, cell, err)
 		}
-		// The median of a sample's rounds: a round that a burst of load
-		// hit is an outlier, not a figure.
-		cr.Base = append(cr.Base, medianOf(vals[0]))
-		cr.Head = append(cr.Head, medianOf(vals[1]))
+		// A high quantile of a sample's rates (the fast rounds): a round
+		// that a burst of load hit is an outlier, not a figure.
+		cr.Base = append(cr.Base, quantileOf(vals[0], cfg.Quantile))
+		cr.Head = append(cr.Head, quantileOf(vals[1], cfg.Quantile))
 	}
 	return nil
 }
 
-func medianOf(xs []float64) float64 {
+// quantileOf is the q-quantile of xs (nearest rank; 0.5 the median).
+func quantileOf(xs []float64, q float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
-	return median(s)
+	if q == 0.5 {
+		return median(s)
+	}
+	i := int(q*float64(len(s)-1) + 0.5)
+	return s[min(max(i, 0), len(s)-1)]
 }
 
 func (cfg *Config) openSession(ctx context.Context, b Build, c Cell) (session, error) {

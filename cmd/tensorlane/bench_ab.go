@@ -23,6 +23,7 @@ type abOptions struct {
 	alpha, threshold float64
 	metric, mode     string
 	rounds           int
+	quantile         float64
 	serve            string
 	cells            []string
 	jsonOut          string
@@ -41,6 +42,7 @@ func (o *abOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&o.metric, "metric", "", "A/B: wall (default) or cpu; with --ab-mode process: ratio (default), gbps, median-gbps or best-gbps")
 	f.StringVar(&o.mode, "ab-mode", "", "A/B: serve (default: one process per build holds the cell, rounds alternate) or process (a bench run per sample, for a base older than --ab-serve)")
 	f.IntVar(&o.rounds, "ab-rounds", 0, "A/B: rounds of each build per sample, in serve mode (default 31)")
+	f.Float64Var(&o.quantile, "ab-quantile", 0, "A/B: the quantile of a sample's round rates taken as the sample, in serve mode (default 0.5; 1: the fastest round)")
 	f.StringVar(&o.serve, "ab-serve", "", "internal: serve one cell (path/mode/size/cN) to the A/B guard on stdin/stdout")
 	_ = f.MarkHidden("ab-serve")
 	f.StringSliceVar(&o.cells, "cells", nil, "A/B: cells as path/mode/size/cN (default the quick A/B matrix, e.g. shm/pull/1MiB/c1)")
@@ -90,7 +92,7 @@ func runAB(cmd *cobra.Command, o benchOptions) error {
 		base.Name += " with " + strings.Join(a.baseEnv, " ")
 	}
 	cfg := ab.Config{Base: base, Head: head, Reps: a.reps, Alpha: a.alpha, Threshold: a.threshold, Metric: a.metric,
-		Mode: a.mode, Rounds: a.rounds,
+		Mode: a.mode, Rounds: a.rounds, Quantile: a.quantile,
 		MinTime: o.minTime, MinRounds: o.minRounds, Progress: cmd.ErrOrStderr()}
 	for _, s := range a.cells {
 		c, err := parseCell(s)
