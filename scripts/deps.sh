@@ -109,9 +109,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 	say "installed ${missing[*]}"
 fi
 
-# Python: the exact versions of python/requirements-test.txt (with hashes),
-# then the package itself built without fetching a build backend (setuptools
-# and wheel are locked too).
+# Python: the exact versions of python/requirements-test.txt (with hashes).
+# The package under test is .ci/run's to build (setuptools and wheel are
+# locked too, so it builds without fetching a build backend).
 lock=python/requirements-test.txt
 .venv/bin/python -c '' 2>/dev/null || {
 	[ "$mode" = check ] && { say "missing .venv, or its python is not usable by $(id -un) (python3 -m venv .venv; then this script)"; exit 1; }
@@ -130,8 +130,5 @@ if [ -n "$differ" ]; then
 	.venv/bin/python -m pip install -q --require-hashes --no-deps -r "$lock"
 else
 	say "ok Python packages at the lock's versions ($lock)"
-fi
-if [ "$mode" = install ]; then
-	.venv/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./python
 fi
 say "done"
