@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -66,10 +67,15 @@ func Verify(ctx context.Context, p Point, dir string, run bool, timeout time.Dur
 				start := time.Now()
 				out, err := runCheck(ctx, dir, c, timeout)
 				r.Seconds = time.Since(start).Seconds()
-				if err != nil {
+				var ee *exec.ExitError
+				switch {
+				case errors.As(err, &ee) && ee.ExitCode() == SkipCode:
+					r.State = "not run: " + lastLine(out)
+					passed = false
+				case err != nil:
 					r.State, r.Output = "FAIL", tail(out, 2000)
 					passed = false
-				} else {
+				default:
 					r.State = "pass"
 				}
 			}
@@ -103,6 +109,18 @@ func runCheck(ctx context.Context, dir string, c Check, timeout time.Duration) (
 		err = fmt.Errorf("%w after %v", ctx.Err(), timeout)
 	}
 	return out.String(), err
+}
+
+// SkipCode is the exit status by which a check says it could not run here
+// (automake's convention); its last line of output says why.
+const SkipCode = 77
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
 }
 
 func tail(s string, n int) string {

@@ -41,6 +41,12 @@ func TestVerifyLevels(t *testing.T) {
 		t.Errorf("not run: %+v", r)
 	}
 
+	// Exit status 77 is a check saying it cannot run here.
+	p.Checks = []Check{{Level: Experimental, Name: "skip", Cmd: []string{"sh", "-c", "echo no cases yet; exit 77"}}}
+	if r := Verify(ctx, p, ".", true, time.Minute); r.Results[0].State != "not run: no cases yet" || r.Verified != -1 {
+		t.Errorf("skipped check: %+v", r)
+	}
+
 	// A check that hangs is bounded.
 	p.Checks = []Check{{Level: Experimental, Name: "hang", Cmd: []string{"sleep", "60"}}}
 	start := time.Now()
