@@ -39,6 +39,9 @@ type Manifest struct {
 	// RDMAProviders says, on a live system, which rdma providers can run
 	// ("soft", "ofi") and why not, and which one is selected.
 	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
+	// Python is the Python environment of the tests (ReadPython), set by
+	// the caller that knows where it is.
+	Python *PythonEnv `json:"python,omitempty"`
 	Warnings      int               `json:"discovery_warnings"`
 	// SharedMemoryHugePages is the kernel's transparent huge page policy
 	// for shared memory (never, advise, within_size, always, ...): with
@@ -47,9 +50,6 @@ type Manifest struct {
 	SharedMemoryHugePages string `json:"shmem_huge_pages,omitempty"`
 	// CUDA is what the CUDA driver API says (live machine only).
 	CUDA *CUDAReport `json:"cuda_driver_api,omitempty"`
-	// Python is the Python environment of the tests (ReadPython), set by
-	// the caller that knows where it is.
-	Python *PythonEnv `json:"python,omitempty"`
 }
 
 // Version is this binary's tensorlane version, from its build info.
@@ -280,6 +280,12 @@ func Write(w io.Writer, m Manifest) {
 	for _, k := range sortedKeys(m.RDMAProviders) {
 		line("rdma provider "+k, m.RDMAProviders[k])
 	}
+	if p := m.Python; p != nil {
+		line("python", p.Version+" ("+p.Prefix+")")
+		for _, k := range KeyPackages {
+			line(k, p.Key[k])
+		}
+	}
 	if len(m.Components) == 0 {
 		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")
 	}
@@ -289,12 +295,6 @@ func Write(w io.Writer, m Manifest) {
 		}
 		for _, d := range m.CUDA.Devices {
 			line("cuda device", d)
-		}
-	}
-	if p := m.Python; p != nil {
-		line("python", p.Version+" ("+p.Prefix+")")
-		for _, k := range KeyPackages {
-			line(k, p.Key[k])
 		}
 	}
 	if m.Warnings > 0 {
