@@ -41,8 +41,8 @@ type Manifest struct {
 	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
 	// Python is the Python environment of the tests (ReadPython), set by
 	// the caller that knows where it is.
-	Python *PythonEnv `json:"python,omitempty"`
-	Warnings      int               `json:"discovery_warnings"`
+	Python   *PythonEnv `json:"python,omitempty"`
+	Warnings int        `json:"discovery_warnings"`
 	// SharedMemoryHugePages is the kernel's transparent huge page policy
 	// for shared memory (never, advise, within_size, always, ...): with
 	// "never", mapping a fresh grant builds a page-table entry per 4 KiB
