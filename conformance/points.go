@@ -31,6 +31,12 @@ var (
 		}
 		return nil
 	}
+	needHIP = func() error {
+		if _, err := os.Stat("tensor/hip"); err != nil {
+			return errors.New("no tensor/hip in this checkout")
+		}
+		return needGCC()
+	}
 	never = func(what string) func() error { return func() error { return fmt.Errorf("needs %s", what) } }
 )
 
@@ -61,6 +67,13 @@ func Points() []Point {
 				Needs: "gcc", Probe: needGCC},
 			{Level: Beta, Name: "gpu-soak", Needs: "a GPU soak in the nightly tier (not yet)", Probe: never("a GPU soak")},
 			{Level: Stable, Name: "gpu-check", Cmd: []string{"bash", "scripts/gpu-check.sh"}, Needs: "an NVIDIA GPU", Probe: needGPU},
+		}},
+		{Kind: DeviceBackend, Name: "hip", Declared: Alpha, Checks: []Check{
+			{Level: Experimental, Name: "fake-driver-basics", Cmd: []string{"go", "test", "-count=1", "-run", "TestLoadRefuses|TestNoDevice", "./tensor/hip/"},
+				Needs: "tensor/hip in this checkout, gcc (builds the fake libamdhip64)", Probe: needHIP},
+			{Level: Alpha, Name: "fake-driver-suite", Cmd: []string{"go", "test", "-count=1", "./tensor/hip/"}, Needs: "tensor/hip, gcc", Probe: needHIP},
+			{Level: Beta, Name: "gpu-soak", Needs: "a GPU soak in the nightly tier (not yet)", Probe: never("a GPU soak")},
+			{Level: Stable, Name: "amd-gpu", Needs: "a run on AMD GPUs (not yet scripted)", Probe: never("an AMD GPU run")},
 		}},
 		{Kind: Transport, Name: "local", Declared: Beta, Checks: []Check{
 			{Level: Experimental, Name: "basics", Cmd: goTest("./fabric/local/", "TestLocalAndP2P")},

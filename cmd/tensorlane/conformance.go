@@ -52,7 +52,8 @@ pytest runs in a checkout (--repo); --run runs them, lowest level first (minutes
 -race), and a check whose needs are missing here (root, libfabric, a GPU) leaves its level
 unverified rather than failed. Without --run their declared levels and checks are listed.
 
-Exits non-zero when a point verifies below its declared level.`,
+Exits non-zero when a device plugin verifies below its declared level, or a check at or below
+another point's declared level fails (one that could not run here is reported, not failed).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConformance(cmd.Context(), cmd.OutOrStdout(), o)
