@@ -14,9 +14,9 @@ import (
 )
 
 // SlowdownEnv names the environment variable that injects a slowdown into
-// the timed operation of chosen paths: "shm=0.10" makes every shm transfer
-// the harness times take 10% longer (it spins for a tenth of the transfer's
-// own time after it), "shm=0.1,rdma=0.05" does two. It exists so a test can
+// the timed operation of chosen paths: "shm=0.10" adds CPU work worth 10%
+// of the fastest shm transfer after every shm transfer the harness times
+// (see slowed), "shm=0.1,rdma=0.05" does two. It exists so a test can
 // prove that the A/B guard (bench/ab) sees a real slip of one path, in a
 // binary otherwise identical to its base; nothing sets it by default.
 const SlowdownEnv = "TENSORLANE_BENCH_SLOWDOWN"
@@ -42,11 +42,12 @@ func slowdowns() (map[string]float64, error) {
 // slowed wraps path's timed operation with the injected slowdown, if any:
 // after each operation it does extra CPU work worth frac of the fastest
 // time the operation has taken so far in this process. That models a path
-// that does 10% more work: on a quiet machine it is 10% slower, and on a
-// loaded one the extra work stretches with the load as the path's own
-// does. (Spinning until 1.1x the operation's own wall time overshot: a
-// preemption near the end of the spin added a whole time slice, and the
-// "10%" measured 20-25%.)
+// that does 10% more work: it slows the operation by frac only as far as
+// the operation is CPU work, so on a quiet machine, where a 1 MiB shm Get
+// waits on the other side much of its time, "0.10" measured a 4-6% slip,
+// and on a loaded one (load average 16-66 on 2 cores) 5-13% (docs/ci.md).
+// (Spinning until 1.1x the operation's own wall time measured 20-25% under
+// load: a preemption near the end of the spin added a whole time slice.)
 func slowed(path string, f op) (op, error) {
 	s, err := slowdowns()
 	if err != nil {
