@@ -45,7 +45,7 @@ func slowdowns() (map[string]float64, error) {
 // that does 10% more work: it slows the operation by frac only as far as
 // the operation is CPU work, so on a quiet machine, where a 1 MiB shm Get
 // waits on the other side much of its time, "0.10" measured a 4-6% slip,
-// and on a loaded one (load average 16-66 on 2 cores) 5-13% (docs/ci.md).
+// and on a loaded one (load average 16-66 on 2 cores) 5-15% (docs/ci.md).
 // (Spinning until 1.1x the operation's own wall time measured 20-25% under
 // load: a preemption near the end of the spin added a whole time slice.)
 func slowed(path string, f op) (op, error) {
