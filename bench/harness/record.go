@@ -44,6 +44,15 @@ type Record struct {
 	BaselineP50us float64 `json:"baseline_p50_us,omitempty"`
 	BaselineP99us float64 `json:"baseline_p99_us,omitempty"`
 
+	// MedianGBps and BestGBps are the path's rate in its median and its
+	// fastest round: figures a loaded machine moves less than the mean
+	// (the A/B guard, bench/ab, compares builds on them).
+	MedianGBps float64 `json:"median_gbps,omitempty"`
+	BestGBps   float64 `json:"best_gbps,omitempty"`
+	// CPUGBps is bytes moved per second of this process's CPU time (user
+	// and system, every thread) in the path's rounds: what the path costs,
+	// which other processes' load changes far less than its rate.
+	CPUGBps float64 `json:"cpu_gbps,omitempty"`
 	// Rounds is how many interleaved (path, baseline) pairs were timed.
 	Rounds int `json:"rounds,omitempty"`
 	// AllocPerGiB is heap bytes allocated by the measured path per GiB moved.

@@ -708,7 +708,10 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	if err := s.baselines(ctx, g.spec, c); err != nil {
 		return nil, err
 	}
-	measure := g.measure()
+	measure, err := slowed(path, g.measure())
+	if err != nil {
+		return nil, err
+	}
 	type base struct {
 		name string
 		op   op
@@ -762,6 +765,8 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	}
 	zraw0, zwire0, zplain0 := s.e.zlog.counts()
 	var pathTotal time.Duration
+	var pathRounds []float64  // seconds per round, for the per-round figures the A/B guard compares
+	var pathCPU time.Duration // process CPU time spent in the path's rounds
 	baseTotal := make([]time.Duration, len(bases))
 	ratios := make([][]float64, len(bases))
 	var alloc uint64
@@ -774,13 +779,16 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		}
 		runtime.ReadMemStats(&ms)
 		before := ms.TotalAlloc
+		cpu0 := cpuTime()
 		pt, err := round(ctx, measure, c, k)
 		if err != nil {
 			return nil, err
 		}
+		pathCPU += cpuTime() - cpu0
 		runtime.ReadMemStats(&ms)
 		alloc += ms.TotalAlloc - before
 		pathTotal += pt
+		pathRounds = append(pathRounds, pt.Seconds())
 		for i := range bases {
 			j := (i + rounds) % len(bases) // rotate the order of baselines
 			var bt time.Duration
@@ -814,6 +822,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		note = fmt.Sprintf("bf16 N(0,0.02); wire %.0f%% of raw", 100*wireRatio)
 	}
 	gbps := moved / pathTotal.Seconds() / 1e9
+	roundBytes := float64(k) * float64(c) * float64(s.size)
 	rss := PeakRSS()
 	recs := make([]Record, len(bases))
 	for i, b := range bases {
@@ -821,6 +830,8 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			Kind: KindThroughput, Path: path, Mode: g.spec.mode, Size: s.size, Concurrency: c,
 			GBps: gbps, Baseline: b.name, BaselineGBps: moved / baseTotal[i].Seconds() / 1e9,
 			Ratio: median(ratios[i]), Rounds: rounds, WireRatio: wireRatio,
+			MedianGBps: roundBytes / median(pathRounds) / 1e9, BestGBps: roundBytes / slices.Min(pathRounds) / 1e9,
+			CPUGBps:     moved / pathCPU.Seconds() / 1e9,
 			AllocPerGiB: float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
 		}
 	}

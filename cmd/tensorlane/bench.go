@@ -29,6 +29,7 @@ type benchOptions struct {
 	baselineRuns   int
 	paths, push    []string
 	bcast          broadcastOptions // bench_broadcast.go
+	ab             abOptions        // bench_ab.go
 }
 
 func init() { rootCmd.AddCommand(newBenchCmd()) }
@@ -81,6 +82,7 @@ the cell's own, stored in the baseline) below it.`,
 	f.IntVar(&o.minRounds, "min-rounds", 0, "override the least interleaved rounds per cell (default 9, 5 with --quick)")
 	f.IntVar(&o.latencySamples, "latency-samples", 0, "override the samples per latency size (default 2000, 500 with --quick)")
 	o.bcast.flags(f)
+	o.ab.flags(f)
 	return cmd
 }
 
@@ -88,6 +90,12 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	out := cmd.OutOrStdout()
 	if o.tolerance <= 0 || o.tolerance >= 1 {
 		return fmt.Errorf("--tolerance must be in (0, 1), got %g", o.tolerance)
+	}
+	if o.ab.serve != "" {
+		return runABServe(cmd, o)
+	}
+	if o.ab.base != "" || o.ab.head != "" {
+		return runAB(cmd, o)
 	}
 	var base harness.File
 	if o.check != "" { // fail on a bad baseline before spending a minute measuring

@@ -7,9 +7,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/conformance"
 
 	"github.com/tensorlane/tensorlane/topology"
 	"github.com/tensorlane/tensorlane/topology/topotest"
@@ -21,6 +25,10 @@ type conformanceOptions struct {
 	plugin   string
 	verbose  bool
 	trees    string
+	run      bool
+	points   []string
+	timeout  time.Duration
+	repo     string
 }
 
 func init() { rootCmd.AddCommand(newConformanceCmd()) }
@@ -30,12 +38,22 @@ func newConformanceCmd() *cobra.Command {
 	o := conformanceOptions{}
 	cmd := &cobra.Command{
 		Use:   "conformance",
-		Short: "Run the device-plugin conformance suite and print each plugin's maturity level",
-		Long: `conformance runs the topology device-plugin suite (package topology/topotest) on every
-plugin (built-in and registered) against the built-in fixture trees, and prints the level each
-declares and the level the suite verified (experimental, alpha, beta, stable). The stable checks
-discover this machine and need --hardware, which says that it has the plugin's devices.
-Exits non-zero when a plugin verifies below its declared level.`,
+		Short: "Print the maturity level of every plug-in point (device plugins, device back-ends, transports, rdma providers, the Ray plug-in)",
+		Long: `conformance prints, for every plug-in point, the level it declares and the level its checks
+verified (experimental, alpha, beta, stable), from one definition of what each level demands
+(package conformance; docs/ci.md lists it).
+
+Device plugins: the topology suite (package topology/topotest) runs in process on every plugin
+(built-in and registered) against the built-in fixture trees; its stable checks discover this
+machine and need --hardware, which says that it has the plugin's devices.
+
+Device back-ends, transports, rdma providers and the Ray plug-in: their checks are go test and
+pytest runs in a checkout (--repo); --run runs them, lowest level first (minutes: they run under
+-race), and a check whose needs are missing here (root, libfabric, a GPU) leaves its level
+unverified rather than failed. Without --run their declared levels and checks are listed.
+
+Exits non-zero when a device plugin verifies below its declared level, or a check at or below
+another point's declared level fails (one that could not run here is reported, not failed).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConformance(cmd.Context(), cmd.OutOrStdout(), o)
@@ -47,6 +65,10 @@ Exits non-zero when a plugin verifies below its declared level.`,
 	f.StringVar(&o.plugin, "plugin", "", "run only this plugin")
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "list every check")
 	f.StringVar(&o.trees, "trees", "", "read the fixture trees from DIR/<name> (e.g. topology/testdata/sysfs) instead of building them")
+	f.StringSliceVar(&o.points, "point", nil, "only these plug-in points (names, e.g. shm,ofi); device plugins are then left out")
+	f.BoolVar(&o.run, "run", false, "run the checks of the device back-ends, transports, rdma providers and the Ray plug-in (needs a checkout)")
+	f.DurationVar(&o.timeout, "timeout", 20*time.Minute, "with --run: the bound of one check")
+	f.StringVar(&o.repo, "repo", ".", "with --run: the checkout the checks run in")
 	return cmd
 }
 
@@ -77,12 +99,12 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 	}
 	var reports []topotest.Report
 	for _, p := range topology.DefaultPlugins() {
-		if o.plugin != "" && p.Name() != o.plugin {
+		if o.plugin != "" && p.Name() != o.plugin || len(o.points) > 0 {
 			continue
 		}
 		reports = append(reports, topotest.Check(ctx, p, topotest.Config{Hardware: o.hardware, Cache: cache}))
 	}
-	if len(reports) == 0 {
+	if len(reports) == 0 && len(o.points) == 0 {
 		return fmt.Errorf("conformance: no plugin %q", o.plugin)
 	}
 	var low []string
@@ -91,15 +113,39 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 			low = append(low, r.Plugin)
 		}
 	}
+	// The other plug-in points, when no single device plugin was asked for.
+	var points []conformance.Report
+	if o.plugin == "" {
+		for _, p := range conformance.Points() {
+			if len(o.points) > 0 && !slices.Contains(o.points, p.Name) {
+				continue
+			}
+			r := conformance.Verify(ctx, p, o.repo, o.run, o.timeout)
+			if !r.OK() {
+				low = append(low, string(r.Kind)+" "+r.Name)
+			}
+			points = append(points, r)
+		}
+	}
 	if o.json {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(reports); err != nil {
+		var v any = reports // --plugin: the device plugin's report alone, as before
+		if o.plugin == "" {
+			v = struct {
+				DevicePlugins []topotest.Report    `json:"device_plugins"`
+				Points        []conformance.Report `json:"points"`
+				Levels        map[string]string    `json:"levels"`
+			}{reports, points, levelDemands()}
+		}
+		if err := enc.Encode(v); err != nil {
 			return err
 		}
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tDECLARED\tVERIFIED\tCHECKS\tNOTES")
+		if len(reports) > 0 {
+			fmt.Fprintln(tw, "PLUGIN\tDECLARED\tVERIFIED\tCHECKS\tNOTES")
+		}
 		for _, r := range reports {
 			passed := 0
 			note := ""
@@ -119,6 +165,9 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", r.Plugin, r.Declared, levelName(r.Verified), passed, len(r.Results), note)
 		}
 		tw.Flush()
+		if len(points) > 0 {
+			writePoints(w, points, o.verbose)
+		}
 		if o.verbose {
 			for _, r := range reports {
 				fmt.Fprintf(w, "\n%s:\n", r.Plugin)
@@ -139,6 +188,50 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 		return errConformance{plugins: low}
 	}
 	return nil
+}
+
+// writePoints prints the other plug-in points as a table, and with
+// verbose every check.
+func writePoints(w io.Writer, points []conformance.Report, verbose bool) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tNAME\tDECLARED\tVERIFIED\tCHECKS\tNOTES")
+	for _, r := range points {
+		passed, note := 0, ""
+		for _, c := range r.Results {
+			if c.State == "pass" {
+				passed++
+			} else if note == "" && r.Ran {
+				note = c.Level.String() + " " + c.Name + ": " + c.State
+			}
+		}
+		verified := levelName(r.Verified)
+		if !r.Ran {
+			verified, note = "(not run)", "--run runs its checks"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s\n", r.Kind, r.Name, r.Declared, verified, passed, len(r.Results), note)
+	}
+	tw.Flush()
+	if verbose {
+		for _, r := range points {
+			fmt.Fprintf(w, "\n%s %s:\n", r.Kind, r.Name)
+			for _, c := range r.Results {
+				fmt.Fprintf(w, "  %-13s %-22s %s\n", c.Level, c.Name, c.State)
+			}
+		}
+		fmt.Fprintln(w, "\nlevels (package conformance):")
+		for l := conformance.Experimental; l <= conformance.Stable; l++ {
+			fmt.Fprintf(w, "  %-13s %s\n", l, conformance.Demands[l])
+		}
+	}
+}
+
+func levelDemands() map[string]string {
+	out := map[string]string{}
+	for l, d := range conformance.Demands {
+		out[l.String()] = d
+	}
+	return out
 }
 
 func levelName(m topology.Maturity) string {

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 
@@ -36,7 +39,10 @@ type Manifest struct {
 	// RDMAProviders says, on a live system, which rdma providers can run
 	// ("soft", "ofi") and why not, and which one is selected.
 	RDMAProviders map[string]string `json:"rdma_providers,omitempty"`
-	Warnings      int               `json:"discovery_warnings"`
+	// Python is the Python environment of the tests (ReadPython), set by
+	// the caller that knows where it is.
+	Python   *PythonEnv `json:"python,omitempty"`
+	Warnings int        `json:"discovery_warnings"`
 	// SharedMemoryHugePages is the kernel's transparent huge page policy
 	// for shared memory (never, advise, within_size, always, ...): with
 	// "never", mapping a fresh grant builds a page-table entry per 4 KiB
@@ -164,6 +170,13 @@ func Collect(ctx context.Context, root string) Manifest {
 			m.Components[lib.name] = v
 		}
 	}
+	// Distribution packages the tests use (scripts/deps.sh): the package
+	// version, which for libfabric is not its library file's (1.17 ships
+	// libfabric.so.1.20).
+	status, _ := os.ReadFile(filepath.Join(fs.Root(), "var/lib/dpkg/status")) // a few MiB: too big for ReadAttr
+	for pkg, v := range dpkgVersions(string(status), dpkgPackages) {
+		m.Components["deb "+pkg] = v
+	}
 	if live {
 		m.RDMAProviders = rdmaProviders()
 	}
@@ -273,6 +286,12 @@ func Write(w io.Writer, m Manifest) {
 	for _, k := range sortedKeys(m.RDMAProviders) {
 		line("rdma provider "+k, m.RDMAProviders[k])
 	}
+	if p := m.Python; p != nil {
+		line("python", p.Version+" ("+p.Prefix+")")
+		for _, k := range KeyPackages {
+			line(k, p.Key[k])
+		}
+	}
 	if len(m.Components) == 0 {
 		line("drivers/libraries", "none of NVIDIA, CUDA, ROCm, Neuron, Gaudi, libibverbs found")
 	}
@@ -310,4 +329,30 @@ func selected(policy string) string {
 	}
 	choice, _, _ := strings.Cut(rest, "]")
 	return choice
+}
+
+// dpkgPackages are the Debian packages env reports when installed.
+var dpkgPackages = []string{"libfabric1", "libfabric-bin", "graphviz", "chromium-headless-shell", "chromium", "gcc", "iproute2"}
+
+// dpkgVersions reads the installed versions of pkgs from dpkg's status file.
+func dpkgVersions(status string, pkgs []string) map[string]string {
+	out := map[string]string{}
+	for _, stanza := range strings.Split(status, "\n\n") {
+		var name, ver string
+		installed := false
+		for _, line := range strings.Split(stanza, "\n") {
+			switch {
+			case strings.HasPrefix(line, "Package: "):
+				name = strings.TrimPrefix(line, "Package: ")
+			case strings.HasPrefix(line, "Version: "):
+				ver = strings.TrimPrefix(line, "Version: ")
+			case strings.HasPrefix(line, "Status: "):
+				installed = strings.HasSuffix(line, " installed")
+			}
+		}
+		if installed && ver != "" && slices.Contains(pkgs, name) {
+			out[name] = ver
+		}
+	}
+	return out
 }
