@@ -108,7 +108,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _batch, _runtime, errors
+from . import _batch, _raycuda, _runtime, errors
 
 try:
     from ray.experimental.rdt.tensor_transport_manager import (
@@ -232,6 +232,10 @@ class TensorlaneTransportMetadata(TensorTransportMetadata):
     inline: List[Optional[tuple]] = field(default_factory=list)
     layouts: List[Optional[tuple]] = field(default_factory=list)
     sums: List[Optional[List[int]]] = field(default_factory=list)
+    #: Per tensor, for a torch GPU tensor (TENSORLANE_TORCH): its shape,
+    #: dtype and sender's device (_raycuda.put); refs[i] is then its own
+    #: object in device memory. Empty when no tensor is on a GPU.
+    devices: List[Optional[Dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass
@@ -859,6 +863,7 @@ class TensorlaneTransport(TensorTransportManager):
         inline: List[Optional[tuple]] = [None] * n
         layouts: List[Optional[tuple]] = [None] * n
         sums: List[Optional[List[int]]] = [None] * n
+        on_device: List[Optional[Dict[str, Any]]] = [None] * n
         is_torch = False
         # What goes as refs, (index, array): published in place, or copied.
         borrowed: List[Tuple[int, np.ndarray]] = []
@@ -867,7 +872,14 @@ class TensorlaneTransport(TensorTransportManager):
             torch_t = _is_torch(t)
             is_torch = is_torch or torch_t
             if torch_t and t.device.type != "cpu":
-                raise errors.InvalidArgument(f"tensor on {t.device}: tensorlane's Python binding moves CPU memory")
+                # A GPU tensor is an object of its own in device memory
+                # (one device copy; a reader on this node imports the
+                # allocation read-only, one elsewhere reads through pinned
+                # host memory): _raycuda.py.
+                ref, on_device[i] = _raycuda.put(runtime(), t)
+                refs[i] = ref
+                meta.append((tuple(t.shape), t.dtype))
+                continue
             a = _runtime.as_array(t)
             _check_dtype(a.dtype, f"tensor {i}")
             meta.append((tuple(t.shape), t.dtype) if torch_t else (a.shape, a.dtype))
@@ -946,10 +958,12 @@ class TensorlaneTransport(TensorTransportManager):
             _metrics.host_memory(rt)
         has_inline = any(e is not None for e in inline)
         has_refs = any(refs)
+        gpu = any(d is not None for d in on_device)
         return TensorlaneTransportMetadata(
-            tensor_meta=meta, tensor_device="cpu", refs=refs, torch=is_torch,
+            tensor_meta=meta, tensor_device="cuda" if gpu else "cpu", refs=refs, torch=is_torch,
             inline=inline if has_inline else [],  # nothing inline: keep the metadata as small as before
-            layouts=layouts if has_refs else [], sums=sums if any(s is not None for s in sums) else [])
+            layouts=layouts if has_refs else [], sums=sums if any(s is not None for s in sums) else [],
+            devices=on_device if gpu else [])
 
     def get_communicator_metadata(self, src_actor=None, dst_actor=None, backend: Optional[str] = None) -> TensorlaneCommunicatorMetadata:
         return TensorlaneCommunicatorMetadata()
@@ -962,7 +976,8 @@ class TensorlaneTransport(TensorTransportManager):
         inline = getattr(meta, "inline", None) or []
         layouts = getattr(meta, "layouts", None) or []
         sums = getattr(meta, "sums", None) or []
-        for name, lst in (("inline", inline), ("layouts", layouts), ("sums", sums)):
+        on_device = getattr(meta, "devices", None) or []
+        for name, lst in (("inline", inline), ("layouts", layouts), ("sums", sums), ("devices", on_device)):
             if lst and len(lst) != n:
                 raise errors.Corrupt(f"tensorlane: {name} metadata for {len(lst)} tensors, refs for {n}")
         remote = [i for i, r in enumerate(meta.refs) if r]
@@ -990,9 +1005,23 @@ class TensorlaneTransport(TensorTransportManager):
                 out[i] = t
                 nbytes += len(entry[2])
                 paths["inline"] = paths.get("inline", 0) + 1
-            if remote:
-                got, urefs = self._read(rt, meta, remote, layouts, view, target_buffers, timeout, op, paths)
-                for i, arr in zip(remote, got):
+            gpu = [i for i in remote if on_device and on_device[i] is not None]
+            host = [i for i in remote if not (on_device and on_device[i] is not None)]
+            if gpu:  # GPU tensors: each into a new tensor on the device asked for
+                for i in gpu:
+                    target = target_buffers[i] if target_buffers else None
+                    dev = str(target.device) if target is not None else None
+                    t = _raycuda.recv(rt, meta.refs[i], on_device[i], dev, timeout=timeout, op=op)
+                    if target is not None:
+                        target.copy_(t)
+                        t = target
+                    out[i] = t
+                    nbytes += t.numel() * t.element_size()
+                    paths["device"] = paths.get("device", 0) + 1
+                _release_later(rt, [meta.refs[i] for i in gpu])
+            if host:
+                got, urefs = self._read(rt, meta, host, layouts, view, target_buffers, timeout, op, paths)
+                for i, arr in zip(host, got):
                     if sums:
                         _verify_read(arr, sums[i], i)
                     nbytes += arr.nbytes
@@ -1145,7 +1174,8 @@ def register(name: str = NAME) -> None:
     except ImportError:
         torch = None
     if torch is not None and TORCH_NAME not in util.transport_manager_info:
-        register_tensor_transport(TORCH_NAME, ["cpu"], TensorlaneTransport, torch.Tensor)
+        # cpu, and cuda when torch sees a GPU: _raycuda.py moves those.
+        register_tensor_transport(TORCH_NAME, _raycuda.devices(), TensorlaneTransport, torch.Tensor)
     _install_reducers()
 
 
