@@ -12,15 +12,17 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/internal/kit"
-	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // qp is the active side of a queue pair: it posts work requests and
 // receives their responses. Two goroutines run while it is connected: a
 // sender (posting never blocks on the socket) and a receiver.
 type qp struct {
+	// Fault holds why and with what status the queue pair broke; it
+	// breaks under mu, with the flush of pending and calls.
+	provbase.Fault
 	pd  *pd
 	cq  *cq
 	cfg rdma.QPConfig
@@ -30,8 +32,6 @@ type qp struct {
 	pending map[uint64]*pendingWR // by wire id
 	calls   map[uint64]chan callResult
 	seq     uint64
-	err     error // set once the queue pair broke or closed
-	status  rdma.Status
 	// receiving is the READ whose chunk the receiver is reading into its
 	// region: when the queue pair breaks meanwhile, its flush completion
 	// waits until the receiver is out of the region (late), so nothing
@@ -79,7 +79,7 @@ var (
 func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	d := q.pd.dev
 	q.mu.Lock()
-	if q.conn != nil || q.err != nil {
+	if q.conn != nil || q.Err() != nil {
 		q.mu.Unlock()
 		return errors.New("softrdma: queue pair already connected or closed")
 	}
@@ -88,31 +88,23 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	if dial == nil {
 		dial = DialFrom
 	}
-	// The connection leaves from this NIC's address, so the rail is the
-	// NIC's own path.
-	laddr := kit.SourceAddr(d.nic.Addr)
-	conn, err := kit.Connect(ctx, d.p.cfg.HandshakeTimeout, "softrdma "+d.nic.Name, addr,
-		func(ctx context.Context) (net.Conn, error) { return dial(ctx, "tcp", laddr, addr) },
-		func(conn net.Conn) error {
-			_, err := peerauth.ClientFor(conn, d.cfg.Security, want)
-			return err
-		})
+	conn, err := d.Dial(ctx, addr, want, dial, nil)
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.Mu.Lock()
+	if d.Closed {
+		d.Mu.Unlock()
 		conn.Close()
 		return fabric.ErrClosed
 	}
 	d.qps[q] = struct{}{}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	q.mu.Lock()
-	if q.err != nil { // closed while connecting
+	if err := q.Err(); err != nil { // closed while connecting
 		q.mu.Unlock()
 		conn.Close()
-		return q.err
+		return err
 	}
 	q.conn = conn
 	q.sendq = make(chan outbound, q.cfg.MaxOutstanding+64)
@@ -130,9 +122,9 @@ func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(opWriteReq, rd
 func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch {
-	case q.err != nil:
-		return q.err
+	switch err := q.Err(); {
+	case err != nil:
+		return err
 	case q.conn == nil:
 		return rdma.ErrNotConn
 	case len(q.pending) >= q.cfg.MaxOutstanding:
@@ -144,12 +136,12 @@ func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 		need = rdma.AccessLocalWrite
 	}
 	if local == nil || local.access&need != need {
-		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+		q.cq.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
 			Err: fmt.Errorf("softrdma: local key %#x unknown or without access", wr.LKey)})
 		return nil
 	}
 	if _, ok := local.span(wr.LocalAddr, uint64(wr.Length)); !ok {
-		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+		q.cq.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
 			Err: fmt.Errorf("softrdma: local range [%#x,+%d) outside the region", wr.LocalAddr, wr.Length)})
 		return nil
 	}
@@ -178,10 +170,10 @@ func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
 	}
 	q.mu.Lock()
-	switch {
-	case q.err != nil:
+	switch err := q.Err(); {
+	case err != nil:
 		q.mu.Unlock()
-		return nil, q.err
+		return nil, err
 	case q.conn == nil:
 		q.mu.Unlock()
 		return nil, rdma.ErrNotConn
@@ -205,7 +197,7 @@ func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
 	case <-ctx.Done():
 		q.mu.Lock()
 		delete(q.calls, id) // a late answer is dropped
-		if q.conn != nil && q.err == nil {
+		if q.conn != nil && q.Err() == nil {
 			q.armLocked()
 		}
 		q.mu.Unlock()
@@ -213,45 +205,38 @@ func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
 	}
 }
 
-func (q *qp) Err() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.err
-}
-
 // Close flushes outstanding work and disconnects. Idempotent.
 func (q *qp) Close() error {
 	q.fail(errQPClosed, rdma.StatusFlushed)
 	q.wg.Wait()
 	d := q.pd.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	delete(d.qps, q)
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	return nil
 }
 
 // fail breaks the queue pair once: every outstanding work request
 // completes with status, every call returns err.
 func (q *qp) fail(err error, status rdma.Status) {
-	q.mu.Lock()
-	if q.err != nil {
-		q.mu.Unlock()
+	var pending map[uint64]*pendingWR
+	var calls map[uint64]chan callResult
+	if !q.BreakUnder(&q.mu, err, status, func() {
+		pending, calls = q.pending, q.calls
+		q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
+		if q.conn != nil {
+			q.conn.Close()
+			close(q.done)
+		}
+		if p := q.receiving; p != nil && pending[p.seq] == p {
+			p.late = true
+			delete(pending, p.seq)
+		}
+	}) {
 		return
 	}
-	q.err, q.status = err, status
-	pending, calls := q.pending, q.calls
-	q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
-	if q.conn != nil {
-		q.conn.Close()
-		close(q.done)
-	}
-	if p := q.receiving; p != nil && pending[p.seq] == p {
-		p.late = true
-		delete(pending, p.seq)
-	}
-	q.mu.Unlock()
 	for _, p := range pending {
-		q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+		q.cq.Push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
 	}
 	for _, ch := range calls {
 		ch <- callResult{err: err}
@@ -332,7 +317,7 @@ func (q *qp) complete(id uint64, status rdma.Status, err error) {
 	q.mu.Lock()
 	p := q.pending[id]
 	delete(q.pending, id)
-	if q.conn != nil && q.err == nil {
+	if q.conn != nil && q.Err() == nil {
 		q.armLocked()
 	}
 	q.mu.Unlock()
@@ -343,7 +328,7 @@ func (q *qp) complete(id uint64, status rdma.Status, err error) {
 	if status == rdma.StatusSuccess {
 		wc.Bytes = int(p.wr.Length)
 	}
-	q.cq.push(wc)
+	q.cq.Push(wc)
 }
 
 func (q *qp) receive() {
@@ -380,7 +365,7 @@ func (q *qp) receive() {
 			return
 		}
 		q.mu.Lock()
-		if q.err == nil {
+		if q.Err() == nil {
 			q.armLocked() // progress: the remote answered
 		}
 		q.mu.Unlock()
@@ -420,10 +405,11 @@ func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byt
 	defer func() {
 		q.mu.Lock()
 		q.receiving = nil
-		late, status, err := p.late, q.status, q.err
+		late := p.late
 		q.mu.Unlock()
+		err, status := q.Why()
 		if late {
-			q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+			q.cq.Push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
 		}
 	}()
 	if f.addr != uint64(p.got) || uint64(f.payloadLen) > uint64(p.wr.Length-p.got) {
@@ -472,7 +458,7 @@ func (q *qp) dispatch(f frame, payload []byte) error {
 			return nil // the caller gave up
 		}
 		if f.status != 0 {
-			ch <- callResult{err: remoteError(payload)}
+			ch <- callResult{err: provbase.RemoteError(payload)}
 		} else {
 			ch <- callResult{msg: append([]byte(nil), payload...)}
 		}
@@ -498,13 +484,4 @@ func statusErr(s rdma.Status) error {
 		return nil
 	}
 	return fmt.Errorf("softrdma: remote: %v", s)
-}
-
-// remoteError turns an error answer of the remote handler into an error
-// that matches the fabric sentinel it stands for.
-func remoteError(p []byte) error {
-	if len(p) == 0 {
-		return peerauth.StatusError(peerauth.StatusInternal, "empty error")
-	}
-	return peerauth.StatusError(p[0], string(p[1:]))
 }
