@@ -40,8 +40,7 @@ type qp struct {
 	mu    sync.Mutex // guards ep against close while posting
 	ep    *C.tl_ep
 	conn  net.Conn
-	calls map[uint64]chan bootFrame
-	seq   uint64
+	calls provbase.Calls[bootFrame]
 	wmu   sync.Mutex
 	wg    sync.WaitGroup
 
@@ -59,7 +58,7 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 		return nil, errors.New("ofi: CreateQP needs a completion queue of the same device")
 	}
 	d := p.dev
-	qp := &qp{dev: d, cq: q, cfg: provbase.QPConfig(cfg), calls: map[uint64]chan bootFrame{}, ops: map[*op]struct{}{}}
+	qp := &qp{dev: d, cq: q, cfg: provbase.QPConfig(cfg), ops: map[*op]struct{}{}}
 	d.lockFI()
 	defer d.fiMu.Unlock()
 	d.Mu.Lock()
@@ -191,11 +190,7 @@ func (q *qp) receive() {
 			q.fail(fmt.Errorf("%w: ofi: bootstrap connection: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
 			return
 		}
-		q.mu.Lock()
-		ch := q.calls[f.id]
-		delete(q.calls, f.id)
-		q.mu.Unlock()
-		if ch != nil {
+		if ch := q.calls.Take(f.id); ch != nil {
 			ch <- f
 		}
 	}
@@ -208,11 +203,8 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	d := q.dev
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := q.Err(); err != nil {
+	if err := q.Ready(q.conn != nil); err != nil {
 		return err
-	}
-	if q.conn == nil {
-		return rdma.ErrNotConn
 	}
 	d.Mu.Lock()
 	m := d.mrs[wr.LKey]
@@ -327,52 +319,35 @@ func (q *qp) ping(ctx context.Context) error {
 }
 
 func (q *qp) roundTrip(ctx context.Context, kind byte, msg []byte) ([]byte, error) {
-	if len(msg) > MaxMessage {
-		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
-	}
-	q.mu.Lock()
-	if err := q.Err(); err != nil {
-		q.mu.Unlock()
-		return nil, err
-	}
-	if q.conn == nil {
-		q.mu.Unlock()
-		return nil, rdma.ErrNotConn
-	}
-	q.seq++
-	id := q.seq
-	ch := make(chan bootFrame, 1)
-	q.calls[id] = ch
-	conn := q.conn
-	q.mu.Unlock()
-	defer func() {
+	f, err := q.calls.Round(ctx, &q.Fault, len(msg), MaxMessage, func(id uint64) error {
 		q.mu.Lock()
-		delete(q.calls, id)
-		q.mu.Unlock()
-	}()
-	q.wmu.Lock()
-	dl, ok := ctx.Deadline()
-	if !ok || time.Until(dl) > q.dev.p.cfg.HandshakeTimeout {
-		dl = time.Now().Add(q.dev.p.cfg.HandshakeTimeout) // a bounded write, whatever ctx says
-	}
-	conn.SetWriteDeadline(dl)
-	_, err := conn.Write(appendFrame(nil, bootFrame{kind: kind, id: id, payload: msg}))
-	q.wmu.Unlock()
-	if err != nil {
-		q.fail(fmt.Errorf("%w: ofi: send control message: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
-		return nil, q.Err()
-	}
-	select {
-	case f := <-ch:
-		if f.kind == kindError {
-			return nil, provbase.RemoteError(f.payload)
+		if err := q.Ready(q.conn != nil); err != nil {
+			q.mu.Unlock()
+			return err
 		}
-		return f.payload, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-q.Broken():
-		return nil, q.Err()
+		conn := q.conn
+		q.mu.Unlock()
+		q.wmu.Lock()
+		dl, ok := ctx.Deadline()
+		if !ok || time.Until(dl) > q.dev.p.cfg.HandshakeTimeout {
+			dl = time.Now().Add(q.dev.p.cfg.HandshakeTimeout) // a bounded write, whatever ctx says
+		}
+		conn.SetWriteDeadline(dl)
+		_, err := conn.Write(appendFrame(nil, bootFrame{kind: kind, id: id, payload: msg}))
+		q.wmu.Unlock()
+		if err != nil {
+			q.fail(fmt.Errorf("%w: ofi: send control message: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
+			return q.Err()
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case f.kind == kindError:
+		return nil, provbase.RemoteError(f.payload)
 	}
+	return f.payload, nil
 }
 
 // Close flushes outstanding requests and disconnects. Idempotent.

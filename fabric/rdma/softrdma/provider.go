@@ -264,7 +264,7 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 	if !ok {
 		return nil, errors.New("softrdma: completion queue of another provider")
 	}
-	qp := &qp{pd: p, cq: q, cfg: provbase.QPConfig(cfg), pending: map[uint64]*pendingWR{}, calls: map[uint64]chan callResult{}}
+	qp := &qp{pd: p, cq: q, cfg: provbase.QPConfig(cfg), pending: map[uint64]*pendingWR{}}
 	qp.abort = func() { qp.fail(errAborted, rdma.StatusFlushed) }
 	return qp, nil
 }

@@ -30,7 +30,7 @@ type qp struct {
 	mu      sync.Mutex
 	conn    net.Conn
 	pending map[uint64]*pendingWR // by wire id
-	calls   map[uint64]chan callResult
+	calls   provbase.Calls[callResult]
 	seq     uint64
 	// receiving is the READ whose chunk the receiver is reading into its
 	// region: when the queue pair breaks meanwhile, its flush completion
@@ -122,12 +122,10 @@ func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(opWriteReq, rd
 func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch err := q.Err(); {
-	case err != nil:
+	if err := q.Ready(q.conn != nil); err != nil {
 		return err
-	case q.conn == nil:
-		return rdma.ErrNotConn
-	case len(q.pending) >= q.cfg.MaxOutstanding:
+	}
+	if len(q.pending) >= q.cfg.MaxOutstanding {
 		return rdma.ErrQueueFull
 	}
 	local := q.pd.dev.localMR(q.pd, wr.LKey)
@@ -157,7 +155,7 @@ func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 // remote must make progress within Timeout, else the queue pair breaks
 // (RC "retry exceeded"); an idle queue pair waits without a deadline.
 func (q *qp) armLocked() {
-	if len(q.pending) > 0 || len(q.calls) > 0 {
+	if len(q.pending) > 0 || q.calls.Len() > 0 {
 		q.conn.SetReadDeadline(time.Now().Add(q.cfg.Timeout))
 	} else {
 		q.conn.SetReadDeadline(time.Time{})
@@ -166,43 +164,30 @@ func (q *qp) armLocked() {
 
 // Call sends a message to the remote's handler and waits for the answer.
 func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
-	if len(msg) > MaxMessage {
-		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
-	}
-	q.mu.Lock()
-	switch err := q.Err(); {
-	case err != nil:
-		q.mu.Unlock()
-		return nil, err
-	case q.conn == nil:
-		q.mu.Unlock()
-		return nil, rdma.ErrNotConn
-	}
-	q.seq++
-	id := q.seq
-	ch := make(chan callResult, 1)
-	q.calls[id] = ch
-	q.armLocked()
-	select {
-	case q.sendq <- outbound{op: opCall, id: id, body: msg}:
-	default:
-		delete(q.calls, id)
-		q.mu.Unlock()
-		return nil, rdma.ErrQueueFull
-	}
-	q.mu.Unlock()
-	select {
-	case r := <-ch:
-		return r.msg, r.err
-	case <-ctx.Done():
+	r, err := q.calls.Round(ctx, &q.Fault, len(msg), MaxMessage, func(id uint64) error {
 		q.mu.Lock()
-		delete(q.calls, id) // a late answer is dropped
+		defer q.mu.Unlock()
+		if err := q.Ready(q.conn != nil); err != nil {
+			return err
+		}
+		q.armLocked() // the remote must answer within Timeout
+		select {
+		case q.sendq <- outbound{op: opCall, id: id, body: msg}:
+			return nil
+		default:
+			return rdma.ErrQueueFull
+		}
+	})
+	if err != nil {
+		// The call is gone: the deadline may have been its alone.
+		q.mu.Lock()
 		if q.conn != nil && q.Err() == nil {
 			q.armLocked()
 		}
 		q.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, err
 	}
+	return r.msg, r.err
 }
 
 // Close flushes outstanding work and disconnects. Idempotent.
@@ -220,10 +205,10 @@ func (q *qp) Close() error {
 // completes with status, every call returns err.
 func (q *qp) fail(err error, status rdma.Status) {
 	var pending map[uint64]*pendingWR
-	var calls map[uint64]chan callResult
+	var calls []chan callResult
 	if !q.BreakUnder(&q.mu, err, status, func() {
-		pending, calls = q.pending, q.calls
-		q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
+		pending, calls = q.pending, q.calls.Flush()
+		q.pending = map[uint64]*pendingWR{}
 		if q.conn != nil {
 			q.conn.Close()
 			close(q.done)
@@ -450,10 +435,7 @@ func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byt
 func (q *qp) dispatch(f frame, payload []byte) error {
 	switch f.op {
 	case opCallResp:
-		q.mu.Lock()
-		ch := q.calls[f.id]
-		delete(q.calls, f.id)
-		q.mu.Unlock()
+		ch := q.calls.Take(f.id)
 		if ch == nil {
 			return nil // the caller gave up
 		}

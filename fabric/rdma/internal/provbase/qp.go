@@ -67,6 +67,18 @@ func (f *Fault) BreakUnder(mu sync.Locker, err error, status rdma.Status, take f
 	return true
 }
 
+// Ready says whether work may be posted: the reason the queue pair
+// broke, rdma.ErrNotConn before it connected, nil when it may.
+func (f *Fault) Ready(connected bool) error {
+	if err := f.Err(); err != nil {
+		return err
+	}
+	if !connected {
+		return rdma.ErrNotConn
+	}
+	return nil
+}
+
 // Err is nil while the queue pair works, then the reason it broke.
 func (f *Fault) Err() error {
 	f.mu.Lock()
