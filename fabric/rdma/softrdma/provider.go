@@ -125,11 +125,8 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if nic == nil {
 		return nil, fmt.Errorf("%w: %q", rdma.ErrNoDevice, name)
 	}
-	if err := cfg.Security.Defaults("softrdma: OpenConfig"); err != nil {
+	if err := provbase.CheckOpen("softrdma", &cfg); err != nil {
 		return nil, err
-	}
-	if cfg.Encrypt {
-		return nil, rdma.ErrEncrypt
 	}
 	d := &device{p: p, nic: *nic, mrs: map[uint32]*mr{}, lkeys: map[uint32]*mr{}, qps: map[*qp]struct{}{},
 		dead: map[uint32]peer.ID{}}

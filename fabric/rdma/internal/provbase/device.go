@@ -46,7 +46,21 @@ type Base struct {
 	loop    *acceptor.Loop // nil when the device does not listen
 }
 
-// Init fills the device's configuration: prov names the provider in
+// CheckOpen validates an rdma.OpenConfig for provider prov once, before
+// the provider opens anything: the security block's defaults ladder
+// (an identity is required), and no encryption (rdma.ErrEncrypt: a
+// provider moves registered memory as it is).
+func CheckOpen(prov string, cfg *rdma.OpenConfig) error {
+	if err := cfg.Security.Defaults(prov + ": OpenConfig"); err != nil {
+		return err
+	}
+	if cfg.Encrypt {
+		return rdma.ErrEncrypt
+	}
+	return nil
+}
+
+// Init fills the device's configuration (checked by CheckOpen): prov names the provider in
 // errors, nicAddr is the NIC's configured address (queue pairs dial from
 // its host part), attrs are added to the logger after the NIC's name.
 func (d *Base) Init(prov, name, nicAddr string, cfg rdma.OpenConfig, handshake time.Duration, attrs ...any) {

@@ -2,7 +2,6 @@ package provbase
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -13,25 +12,13 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
-	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provtest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func newKey(t testing.TB) (crypto.PrivKey, peer.ID) {
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := peer.IDFromPrivateKey(k)
-	return k, id
-}
 
 // upper answers a message with its bytes in upper case, or the error
 // its text names; it records the queue pairs that ended.
@@ -57,7 +44,7 @@ func (h *upper) QPClosed(from rdma.RemoteQP) {
 
 func newBase(t *testing.T, key crypto.PrivKey, h rdma.MessageHandler) *Base {
 	cfg := rdma.OpenConfig{Security: fabric.Security{Identity: key}, Handler: h}
-	if err := cfg.Security.Defaults("test"); err != nil {
+	if err := CheckOpen("testprov", &cfg); err != nil {
 		t.Fatal(err)
 	}
 	d := &Base{}
@@ -109,8 +96,8 @@ func serveLines(d *Base) func(net.Conn) {
 // handler once the queue pair ended; the active side dials from its
 // NIC's address and checks the owner's identity.
 func TestBootstrap(t *testing.T) {
-	ownerKey, ownerID := newKey(t)
-	readerKey, readerID := newKey(t)
+	ownerKey, ownerID := provtest.Key(t)
+	readerKey, readerID := provtest.Key(t)
 	h := &upper{done: make(chan struct{})}
 	owner := newBase(t, ownerKey, h)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -130,7 +117,7 @@ func TestBootstrap(t *testing.T) {
 	defer cancel()
 
 	// The wrong owner: refused with a typed error.
-	_, otherID := newKey(t)
+	_, otherID := provtest.Key(t)
 	if _, err := reader.Dial(ctx, owner.Addr(), otherID, kit.DialFrom, nil); err == nil {
 		t.Fatal("dialled an owner that is not the one wanted")
 	}
@@ -200,7 +187,7 @@ func TestBootstrap(t *testing.T) {
 // TestHandleWithoutHandler: a device without a handler refuses
 // messages with a bad request, which survives the wire.
 func TestHandleWithoutHandler(t *testing.T) {
-	key, _ := newKey(t)
+	key, _ := provtest.Key(t)
 	d := newBase(t, key, nil)
 	_, err := d.Handle(context.Background(), rdma.RemoteQP{}, []byte("x"))
 	if !errors.Is(err, fabric.ErrBadRequest) || !strings.Contains(err.Error(), "testprov") {
@@ -312,4 +299,56 @@ func ExampleFault() {
 	err, status := f.Why()
 	fmt.Println(err == fabric.ErrClosed, status)
 	// Output: true flushed
+}
+
+// TestCallsRound: a call gets its answer, a message too long is a bad
+// request before anything is sent, a send that cannot post returns its
+// reason, ctx and a break end the wait; the id is gone afterwards
+// (Take finds nothing, a late answer has nowhere to go).
+func TestCallsRound(t *testing.T) {
+	var f Fault
+	var c Calls[string]
+	ctx := context.Background()
+	got, err := c.Round(ctx, &f, 3, 8, func(id uint64) error {
+		go func() { c.Take(id) <- "answer" }()
+		return nil
+	})
+	if err != nil || got != "answer" || c.Len() != 0 {
+		t.Fatalf("Round: %q %v, %d left", got, err, c.Len())
+	}
+	sent := false
+	if _, err := c.Round(ctx, &f, 9, 8, func(uint64) error { sent = true; return nil }); !errors.Is(err, fabric.ErrBadRequest) || sent {
+		t.Fatalf("a message too long: %v (sent %v)", err, sent)
+	}
+	if _, err := c.Round(ctx, &f, 1, 8, func(uint64) error { return rdma.ErrQueueFull }); !errors.Is(err, rdma.ErrQueueFull) || c.Len() != 0 {
+		t.Fatalf("a send that failed: %v, %d left", err, c.Len())
+	}
+	var last uint64
+	cctx, cancel := context.WithCancel(ctx)
+	if _, err := c.Round(cctx, &f, 1, 8, func(id uint64) error { last = id; cancel(); return nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled call: %v", err)
+	}
+	if c.Take(last) != nil {
+		t.Fatal("a given-up call is still registered")
+	}
+	if _, err := c.Round(ctx, &f, 1, 8, func(uint64) error {
+		if n := len(c.Flush()); n != 1 {
+			t.Errorf("Flush: %d calls", n)
+		}
+		f.Break(fabric.ErrPeerClosed, rdma.StatusFlushed)
+		return nil
+	}); !errors.Is(err, fabric.ErrPeerClosed) {
+		t.Fatalf("a call on a queue pair that broke: %v", err)
+	}
+}
+
+func TestCheckOpen(t *testing.T) {
+	if err := CheckOpen("testprov", &rdma.OpenConfig{}); !errors.Is(err, fabric.ErrNoIdentity) {
+		t.Fatalf("no identity: %v", err)
+	}
+	key, _ := provtest.Key(t)
+	cfg := rdma.OpenConfig{Security: fabric.Security{Identity: key, Encrypt: true}}
+	if err := CheckOpen("testprov", &cfg); !errors.Is(err, rdma.ErrEncrypt) {
+		t.Fatalf("Encrypt: %v", err)
+	}
 }

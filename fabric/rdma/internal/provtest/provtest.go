@@ -5,6 +5,7 @@ package provtest
 
 import (
 	"context"
+	"crypto/rand"
 	"net"
 	"testing"
 	"time"
@@ -95,4 +96,18 @@ func Reader(t testing.TB, prov rdma.Provider, key crypto.PrivKey) fabric.Transpo
 		t.Fatal(err)
 	}
 	return tr
+}
+
+// Key returns a fresh libp2p identity and its peer id.
+func Key(t testing.TB) (crypto.PrivKey, peer.ID) {
+	t.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, id
 }
