@@ -19,6 +19,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // op is one posted work request. Its C context (fi_context2 plus our id)
@@ -36,22 +37,23 @@ type op struct {
 }
 
 // cq is a libfabric completion queue shared by the queue pairs created
-// on it. Completions read from libfabric (by Wait or Poll) go to stash.
+// on it. Completions read from libfabric (by Wait or Poll) go to ready.
 type cq struct {
 	dev  *device
 	c    *C.struct_fid_cq
 	wait bool
+	// ready holds the completions read and not polled yet, and the
+	// channel that wakes Wait (a completion, a signal).
+	ready provbase.Completions
 
 	buf  unsafe.Pointer
 	errb unsafe.Pointer
 
 	mu     sync.Mutex
-	stash  []rdma.Completion
 	ops    map[uint64]*op // by context id, until libfabric returns the context
 	nextID uint64
 	qps    map[*qp]struct{}
 	closed bool
-	notify chan struct{}
 	probes sync.WaitGroup // classify goroutines
 	fd     int            // the wait object's fd (FI_GETWAIT), -1 when none
 	kick   chan struct{}  // a post wakes Wait's backoff
@@ -65,27 +67,17 @@ const statusAmbiguous rdma.Status = 255
 func newCQ(d *device, c *C.struct_fid_cq, wait bool, fd int) *cq {
 	q := &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
 		buf: C.malloc(C.tl_entry_size() * cqBatch), errb: C.malloc(C.size_t(unsafe.Sizeof(C.struct_fi_cq_err_entry{}))),
-		notify: make(chan struct{}, 1), fd: fd, kick: make(chan struct{}, 1)}
+		fd: fd, kick: make(chan struct{}, 1)}
 	return q
 }
 
 // Poll moves ready completions into wc; it reads libfabric without
 // waiting (which also drives manual progress).
 func (q *cq) Poll(wc []rdma.Completion) int {
-	q.mu.Lock()
-	short := len(q.stash) < len(wc)
-	q.mu.Unlock()
-	if short {
+	if q.ready.Len() < len(wc) {
 		q.read(-1)
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	n := copy(wc, q.stash)
-	q.stash = q.stash[n:]
-	if len(q.stash) == 0 {
-		q.stash = nil
-	}
-	return n
+	return q.ready.Poll(wc)
 }
 
 // Wait blocks until a completion is ready or ctx ends. It sleeps in
@@ -98,8 +90,9 @@ func (q *cq) Wait(ctx context.Context) error {
 	defer stop()
 	idle := 0
 	for {
+		ready := q.ready.Len() > 0
 		q.mu.Lock()
-		ready, closed := len(q.stash) > 0, q.closed
+		closed := q.closed
 		q.mu.Unlock()
 		if ready {
 			return nil
@@ -111,7 +104,7 @@ func (q *cq) Wait(ctx context.Context) error {
 			return err
 		}
 		select {
-		case <-q.notify:
+		case <-q.ready.Notify():
 			continue
 		default:
 		}
@@ -146,10 +139,7 @@ func (q *cq) Wait(ctx context.Context) error {
 }
 
 func (q *cq) signal() {
-	select {
-	case q.notify <- struct{}{}:
-	default:
-	}
+	q.ready.Signal()
 	q.mu.Lock()
 	if !q.closed && q.wait {
 		C.tl_cq_signal(q.c)
@@ -229,7 +219,7 @@ func (q *cq) readC(timeout int) (int, *qp, error) {
 		}
 		return 1, nil, nil
 	case n < 0:
-		q.dev.log.Debug("ofi cq read", "err", fiErr("fi_cq_read", C.int(n)))
+		q.dev.Log.Debug("ofi cq read", "err", fiErr("fi_cq_read", C.int(n)))
 	}
 	return 0, nil, nil
 }
@@ -334,7 +324,7 @@ func (q *cq) finishLocked(o *op, st rdma.Status, err error) {
 	if st == rdma.StatusSuccess {
 		wc.Bytes = int(o.wr.Length)
 	}
-	q.stash = append(q.stash, wc)
+	q.ready.Push(wc)
 	delete(o.qp.ops, o)
 	o.qp.lastProgress = time.Now()
 }
@@ -359,8 +349,8 @@ func (q *cq) reset(closing bool, cause error) {
 	d := q.dev
 	q.lock()
 	defer d.fiMu.Unlock()
-	d.mu.Lock() // lockFI signals d.cqs' queues under d.mu: swap it under d.mu too
-	defer d.mu.Unlock()
+	d.Mu.Lock() // lockFI signals d.cqs' queues under d.Mu: swap it under d.Mu too
+	defer d.Mu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -387,7 +377,7 @@ func (q *cq) reset(closing bool, cause error) {
 			q.c, q.wait, q.fd = c, wait, fd
 			return
 		}
-		d.log.Warn("ofi: could not reopen a completion queue; the NIC's transfers fail from now on")
+		d.Log.Warn("ofi: could not reopen a completion queue; the NIC's transfers fail from now on")
 	}
 	q.closed = true
 	delete(d.cqs, q)
@@ -454,9 +444,9 @@ func (q *cq) Close() error {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
-	q.dev.mu.Lock()
+	q.dev.Mu.Lock()
 	delete(q.dev.cqs, q)
-	q.dev.mu.Unlock()
+	q.dev.Mu.Unlock()
 	C.free(q.buf)
 	C.free(q.errb)
 	return nil

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"runtime"
 	"sync"
@@ -22,19 +21,22 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
+
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // device is an opened NIC: a libfabric fabric and domain, and when it
 // listens a target endpoint with its progress loop and the bootstrap
 // listener.
 type device struct {
+	// Base is what every provider's device has: name, configuration,
+	// Mu and Closed (which also guard the tables below), the bootstrap
+	// listener and queue-pair ids.
+	provbase.Base
 	p   *Provider
 	nic NIC
-	cfg rdma.OpenConfig
-	log *slog.Logger
 	dom *C.tl_dom
 
 	mrMode  uint64
@@ -62,17 +64,12 @@ type device struct {
 	tcqWait  bool
 	tfd      int           // tcq's wait fd, -1 when none
 	kick     chan struct{} // wakes the progress loop's backoff
-	ln       net.Listener
-	loop     *acceptor.Loop // accepts and tracks bootstrap connections
-	addrName []byte         // the target's fi_getname
+	addrName []byte        // the target's fi_getname
 
-	mu       sync.Mutex
-	closed   bool
 	mrs      map[uint32]*mr // by lkey
 	nextLKey uint32
 	qps      map[*qp]struct{}
 	cqs      map[*cq]struct{}
-	nextQP   uint64
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -91,11 +88,11 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 		return nil, fmt.Errorf("ofi: NIC %s (domain %s): %w", nic.Name, nic.Domain, err)
 	}
 	defer C.fi_freeinfo(info)
-	cfg.Limits = cfg.Limits.WithDefaults()
-	d := &device{p: p, nic: nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name, "ofi", p.prov),
+	d := &device{p: p, nic: nic,
 		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait,
 		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	d.Init("ofi", nic.Name, nic.Addr, cfg, p.cfg.HandshakeTimeout, "ofi", p.prov)
 	if rc := C.tl_dom_open(info, &d.dom); rc != 0 {
 		return nil, fmt.Errorf("ofi: NIC %s: open domain %s: %w", nic.Name, nic.Domain, fiErr("fi_domain", rc))
 	}
@@ -138,14 +135,13 @@ func (d *device) listen(ctx context.Context) error {
 		return fmt.Errorf("ofi: NIC %s: target endpoint: %w", d.nic.Name, fiErr("fi_endpoint", rc))
 	}
 	d.addrName = C.GoBytes(unsafe.Pointer(&d.target.name[0]), C.int(d.target.namelen))
-	d.ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", d.nic.Addr)
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", d.nic.Addr)
 	if err != nil {
 		return fmt.Errorf("ofi: NIC %s: bootstrap listen on %s: %w", d.nic.Name, d.nic.Addr, err)
 	}
 	d.wg.Add(1)
 	go d.progress()
-	d.loop = acceptor.Start(d.ln, acceptor.Config{Name: "rdma/" + d.nic.Name, Limits: d.cfg.Limits,
-		Metrics: d.cfg.ListenerMetrics, Logger: d.cfg.Logger}, d.serve)
+	d.Serve(ln, d.serve)
 	return nil
 }
 
@@ -191,9 +187,9 @@ func (d *device) progress() {
 		}
 		switch {
 		case n == -C.FI_EAVAIL:
-			d.log.Debug("ofi target completion error", "err", fiErr("target", C.tl_err_errno((*C.struct_fi_cq_err_entry)(errb))))
+			d.Log.Debug("ofi target completion error", "err", fiErr("target", C.tl_err_errno((*C.struct_fi_cq_err_entry)(errb))))
 		case n < 0:
-			d.log.Debug("ofi target progress", "err", fiErr("fi_cq_read", C.int(n)))
+			d.Log.Debug("ofi target progress", "err", fiErr("fi_cq_read", C.int(n)))
 		}
 		if d.wanted.Load() > 0 {
 			runtime.Gosched()
@@ -204,7 +200,7 @@ func (d *device) progress() {
 }
 
 // lockFI takes fiMu, waking the device's queues asleep in fi_cq_sread
-// first. The caller must not hold d.mu.
+// first. The caller must not hold d.Mu.
 func (d *device) lockFI() {
 	if d.fiMu.TryLock() {
 		return
@@ -215,7 +211,7 @@ func (d *device) lockFI() {
 		d.fiMu.Lock()
 		return
 	}
-	d.mu.Lock()
+	d.Mu.Lock()
 	for q := range d.cqs {
 		if q.wait {
 			C.tl_cq_signal(q.c)
@@ -224,7 +220,7 @@ func (d *device) lockFI() {
 	if d.tcq != nil && d.tcqWait {
 		C.tl_cq_signal(d.tcq)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	d.fiMu.Lock()
 }
 
@@ -271,60 +267,20 @@ const maxHandlers = 16
 // target endpoint's address, answer control messages until the
 // connection ends, then tell the handler the queue pair is gone.
 func (d *device) serve(c net.Conn) {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	from, ok := d.Accept(c, func(c net.Conn) error { return peerauth.WriteField(c, d.addrName) })
+	if !ok {
 		return
 	}
-	d.nextQP++
-	id := d.nextQP
-	d.mu.Unlock()
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	c.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	res, err := peerauth.ServerFor(c, d.cfg.Security)
-	if err != nil {
-		d.log.Warn("rdma queue pair refused", "remote", c.RemoteAddr(), "err", err)
-		return
-	}
-	if err := d.loop.Admit(c, res.Peer.String()); err != nil {
-		return
-	}
-	if err := peerauth.WriteField(c, d.addrName); err != nil {
-		return
-	}
-	c.SetDeadline(time.Time{})
-	from := rdma.RemoteQP{ID: id, Peer: res.Peer}
-	ctx, cancel := context.WithCancel(context.Background())
-	var handlers sync.WaitGroup
 	var wmu sync.Mutex
-	sem := make(chan struct{}, maxHandlers)
-	defer func() {
-		c.Close()
-		cancel()
-		handlers.Wait()
-		if d.cfg.Handler != nil {
-			d.cfg.Handler.QPClosed(from)
-		}
-	}()
+	s := d.Session(c, from, maxHandlers)
+	defer s.End()
 	// A queue pair that sends nothing for IdleTimeout is dropped (readers
-	// ping while they have requests in flight, see qp.keepalive). The
-	// deadline is re-armed at most every idle/8, idle+idle/8 ahead.
-	idle := d.cfg.Limits.IdleTimeout
-	var armed time.Time
+	// ping while they have requests in flight, see qp.keepalive).
 	for {
-		if now := time.Now(); now.Sub(armed) > idle/8 {
-			c.SetReadDeadline(now.Add(idle + idle/8))
-			armed = now
-		}
+		s.ArmIdle()
 		f, err := readFrame(c)
-		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
-			d.loop.Dropped("idle", res.Peer.String())
-			return
-		}
 		if err != nil {
-			d.log.Debug("rdma queue pair ended", "peer", res.Peer, "err", err)
+			s.Ended(err)
 			return
 		}
 		if f.kind == kindPing {
@@ -338,18 +294,10 @@ func (d *device) serve(c net.Conn) {
 			continue
 		}
 		if f.kind != kindCall {
-			d.log.Warn("rdma queue pair dropped: unexpected frame", "peer", res.Peer, "kind", f.kind)
+			d.Log.Warn("rdma queue pair dropped: unexpected frame", "peer", from.Peer, "kind", f.kind)
 			return
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		handlers.Add(1)
-		go func() {
-			defer handlers.Done()
-			defer func() { <-sem }()
+		ok := s.Go(func(ctx context.Context) {
 			out, closing := d.answer(ctx, from, f)
 			if closing {
 				// The device is closing under the handler: the queue pair
@@ -368,54 +316,35 @@ func (d *device) serve(c net.Conn) {
 			if err != nil {
 				c.Close()
 			}
-		}()
+		})
+		if !ok {
+			return
+		}
 	}
 }
 
 // answer runs the handler for one message; an error travels as a
 // peerauth status code and message.
 func (d *device) answer(ctx context.Context, from rdma.RemoteQP, f bootFrame) (bootFrame, bool) {
-	h := d.cfg.Handler
-	var resp []byte
-	var err error
-	if h == nil {
-		err = fmt.Errorf("%w: ofi: this device takes no messages", fabric.ErrBadRequest)
-	} else {
-		resp, err = h.HandleMessage(ctx, from, f.payload)
-	}
+	resp, err := d.Handle(ctx, from, f.payload)
 	if err == nil && len(resp) > MaxMessage {
 		err = fmt.Errorf("ofi: answer of %d bytes (max %d)", len(resp), MaxMessage)
 	}
 	if err != nil {
-		d.mu.Lock()
-		closed := d.closed
-		d.mu.Unlock()
+		d.Mu.Lock()
+		closed := d.Closed
+		d.Mu.Unlock()
 		if closed || errors.Is(err, fabric.ErrClosed) {
 			return bootFrame{}, true
 		}
-		text := err.Error()
-		if len(text) > peerauth.MaxMessage {
-			text = text[:peerauth.MaxMessage]
-		}
-		return bootFrame{kind: kindError, id: f.id, payload: append([]byte{peerauth.StatusFor(err)}, text...)}, false
+		return bootFrame{kind: kindError, id: f.id, payload: provbase.ErrorAnswer(err)}, false
 	}
 	return bootFrame{kind: kindReply, id: f.id, payload: resp}, false
 }
 
-func (d *device) Device() rdma.Device { return rdma.Device{Name: d.nic.Name, Addr: d.Addr()} }
-
-func (d *device) Addr() string {
-	if d.ln == nil {
-		return ""
-	}
-	return d.ln.Addr().String()
-}
-
 func (d *device) AllocPD() (rdma.ProtectionDomain, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fabric.ErrClosed
+	if err := d.Live(); err != nil {
+		return nil, err
 	}
 	return &pd{dev: d}, nil
 }
@@ -423,9 +352,9 @@ func (d *device) AllocPD() (rdma.ProtectionDomain, error) {
 func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
 	d.lockFI()
 	defer d.fiMu.Unlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if d.Closed {
 		return nil, fabric.ErrClosed
 	}
 	c, wait, fd, err := d.openCQ()
@@ -441,33 +370,27 @@ func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
 // pair and bootstrap connection, deregisters all memory and closes the
 // libfabric objects. Idempotent.
 func (d *device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !d.MarkClosed() {
 		return nil
 	}
-	d.closed = true
 	close(d.stop)
+	d.Mu.Lock()
 	qps := make([]*qp, 0, len(d.qps))
 	for q := range d.qps {
 		qps = append(qps, q)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	for _, q := range qps {
 		q.Close()
 	}
-	if d.loop != nil {
-		d.loop.Close() // stops accepting, aborts every connection, waits for their handlers
-	} else if d.ln != nil {
-		d.ln.Close()
-	}
-	d.mu.Lock()
+	d.CloseListener() // stops accepting, aborts every connection, waits for their handlers
+	d.Mu.Lock()
 	if d.tcq != nil && d.tcqWait {
 		C.tl_cq_signal(d.tcq)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	d.wg.Wait()
-	d.mu.Lock()
+	d.Mu.Lock()
 	mrs := make([]*mr, 0, len(d.mrs))
 	for _, m := range d.mrs {
 		mrs = append(mrs, m)
@@ -476,17 +399,17 @@ func (d *device) Close() error {
 	for c := range d.cqs {
 		cqs = append(cqs, c)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	for _, m := range mrs {
 		m.Deregister()
 	}
 	for _, c := range cqs {
 		c.Close()
 	}
-	d.mu.Lock()
+	d.Mu.Lock()
 	tcq := d.tcq
 	d.tcq = nil
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	d.fiMu.Lock()
 	defer d.fiMu.Unlock()
 	if d.target != nil {

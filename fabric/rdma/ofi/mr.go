@@ -65,29 +65,29 @@ func (p *pd) RegisterMemory(buf []byte, access rdma.Access) (rdma.MemoryRegion, 
 	if access&rdma.AccessRemoteWrite != 0 {
 		acc |= C.FI_REMOTE_WRITE
 	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.Mu.Lock()
+	if d.Closed {
+		d.Mu.Unlock()
 		m.pin.Unpin()
 		return nil, fabric.ErrClosed
 	}
 	d.nextLKey++
 	m.lkey = d.nextLKey
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	if len(buf) > 0 {
 		if err := m.register(acc); err != nil {
 			m.pin.Unpin()
 			return nil, err
 		}
 	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.Mu.Lock()
+	if d.Closed {
+		d.Mu.Unlock()
 		m.release()
 		return nil, fabric.ErrClosed
 	}
 	d.mrs[m.lkey] = m
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	if m.remote {
 		kickOf(d.kick) // the reader's requests follow its resolve
 	}
@@ -175,13 +175,13 @@ func (m *mr) Deregister() error {
 	}
 	for c := range cqs {
 		d := c.dev
-		d.log.Warn("ofi: requests on a deregistered region did not come back; resetting the NIC's completion queue", "nic", d.nic.Name)
+		d.Log.Warn("ofi: requests on a deregistered region did not come back; resetting the NIC's completion queue", "nic", d.nic.Name)
 		c.reset(false, fmt.Errorf("%w: ofi: a region was deregistered with requests in flight", fabric.ErrClosed))
 	}
 	d := m.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	delete(d.mrs, m.lkey)
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	m.release()
 	return nil
 }

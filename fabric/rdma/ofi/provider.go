@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // domainInfo is one domain fi_getinfo offered.
@@ -334,11 +335,8 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if cfg.Logger == nil {
 		cfg.Logger = p.log
 	}
-	if err := cfg.Security.Defaults("ofi: OpenConfig"); err != nil {
+	if err := provbase.CheckOpen("ofi", &cfg); err != nil {
 		return nil, err
-	}
-	if cfg.Encrypt {
-		return nil, rdma.ErrEncrypt
 	}
 	if nic.Addr == "" {
 		return nil, fmt.Errorf("ofi: NIC %s (domain %s) has no IP address for its bootstrap listener: set NIC.Addr", nic.Name, nic.Domain)

@@ -23,27 +23,26 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // qp is the active side of a queue pair: its own endpoint (closing it
 // stops its transfers) and the bootstrap connection that authenticated
 // the remote and carries Call.
 type qp struct {
+	// Fault holds why the queue pair broke (it breaks under mu) and is
+	// closed-state too: a broken queue pair is closed for good.
+	provbase.Fault
 	dev *device
 	cq  *cq
 	cfg rdma.QPConfig
 
-	mu     sync.Mutex // guards ep against close while posting
-	ep     *C.tl_ep
-	conn   net.Conn
-	err    error
-	closed bool
-	calls  map[uint64]chan bootFrame
-	seq    uint64
-	wmu    sync.Mutex
-	wg     sync.WaitGroup
-	// brokenCh is closed when the queue pair breaks (made on demand).
-	brokenCh chan struct{}
+	mu    sync.Mutex // guards ep against close while posting
+	ep    *C.tl_ep
+	conn  net.Conn
+	calls provbase.Calls[bootFrame]
+	wmu   sync.Mutex
+	wg    sync.WaitGroup
 
 	// Guarded by cq.mu; ep is closed and cleared only with dev.fiMu held
 	// as well, so a holder of either may use it.
@@ -58,19 +57,13 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 	if !ok || q.dev != p.dev {
 		return nil, errors.New("ofi: CreateQP needs a completion queue of the same device")
 	}
-	if cfg.MaxOutstanding <= 0 {
-		cfg.MaxOutstanding = 128
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
 	d := p.dev
-	qp := &qp{dev: d, cq: q, cfg: cfg, calls: map[uint64]chan bootFrame{}, ops: map[*op]struct{}{}}
+	qp := &qp{dev: d, cq: q, cfg: provbase.QPConfig(cfg), ops: map[*op]struct{}{}}
 	d.lockFI()
 	defer d.fiMu.Unlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if d.Closed {
 		return nil, fabric.ErrClosed
 	}
 	if rc := C.tl_ep_open(d.dom, q.c, &qp.ep); rc != 0 {
@@ -94,23 +87,18 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	d := q.dev
 	q.mu.Lock()
-	if q.closed || q.conn != nil {
+	if q.Err() != nil || q.conn != nil {
 		q.mu.Unlock()
 		return fmt.Errorf("%w: ofi: queue pair closed or already connected", fabric.ErrClosed)
 	}
 	q.mu.Unlock()
-	// The bootstrap connection leaves from this NIC's address.
-	laddr := kit.SourceAddr(d.nic.Addr)
+	// The bootstrap connection leaves from this NIC's address; after the
+	// handshake the owner sends its target endpoint's address.
 	var name []byte
-	conn, err := kit.Connect(ctx, d.p.cfg.HandshakeTimeout, "ofi "+d.nic.Name, addr,
-		func(ctx context.Context) (net.Conn, error) { return kit.DialFrom(ctx, "tcp", laddr, addr) },
-		func(conn net.Conn) (err error) {
-			if _, err = peerauth.ClientFor(conn, d.cfg.Security, want); err != nil {
-				return err
-			}
-			name, err = peerauth.ReadField(conn, MaxAddr)
-			return err
-		})
+	conn, err := d.Dial(ctx, addr, want, kit.DialFrom, func(conn net.Conn) (err error) {
+		name, err = peerauth.ReadField(conn, MaxAddr)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -119,7 +107,7 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 		return fmt.Errorf("%w: ofi: %s sent an empty endpoint address", fabric.ErrBadRequest, addr)
 	}
 	q.mu.Lock()
-	if q.closed {
+	if q.Err() != nil {
 		q.mu.Unlock()
 		conn.Close()
 		return fabric.ErrClosed
@@ -161,7 +149,7 @@ func (q *qp) keepalive() {
 	defer t.Stop()
 	for {
 		select {
-		case <-q.broken():
+		case <-q.Broken():
 			return
 		case <-t.C:
 		}
@@ -202,11 +190,7 @@ func (q *qp) receive() {
 			q.fail(fmt.Errorf("%w: ofi: bootstrap connection: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
 			return
 		}
-		q.mu.Lock()
-		ch := q.calls[f.id]
-		delete(q.calls, f.id)
-		q.mu.Unlock()
-		if ch != nil {
+		if ch := q.calls.Take(f.id); ch != nil {
 			ch <- f
 		}
 	}
@@ -219,15 +203,12 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	d := q.dev
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.err != nil {
-		return q.err
+	if err := q.Ready(q.conn != nil); err != nil {
+		return err
 	}
-	if q.conn == nil {
-		return rdma.ErrNotConn
-	}
-	d.mu.Lock()
+	d.Mu.Lock()
 	m := d.mrs[wr.LKey]
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	var local uintptr
 	ok := m != nil
 	if ok {
@@ -237,7 +218,7 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	c.mu.Lock()
 	if !ok {
 		// As verbs does: the request completes with a local protection error.
-		c.stash = append(c.stash, rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+		c.ready.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
 			Err: fmt.Errorf("ofi: lkey %d does not cover [%#x,+%d)", wr.LKey, wr.LocalAddr, wr.Length)})
 		c.mu.Unlock()
 		c.signal()
@@ -338,75 +319,35 @@ func (q *qp) ping(ctx context.Context) error {
 }
 
 func (q *qp) roundTrip(ctx context.Context, kind byte, msg []byte) ([]byte, error) {
-	if len(msg) > MaxMessage {
-		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
-	}
-	q.mu.Lock()
-	if q.err != nil {
-		err := q.err
-		q.mu.Unlock()
-		return nil, err
-	}
-	if q.conn == nil {
-		q.mu.Unlock()
-		return nil, rdma.ErrNotConn
-	}
-	q.seq++
-	id := q.seq
-	ch := make(chan bootFrame, 1)
-	q.calls[id] = ch
-	conn := q.conn
-	q.mu.Unlock()
-	defer func() {
+	f, err := q.calls.Round(ctx, &q.Fault, len(msg), MaxMessage, func(id uint64) error {
 		q.mu.Lock()
-		delete(q.calls, id)
+		if err := q.Ready(q.conn != nil); err != nil {
+			q.mu.Unlock()
+			return err
+		}
+		conn := q.conn
 		q.mu.Unlock()
-	}()
-	q.wmu.Lock()
-	dl, ok := ctx.Deadline()
-	if !ok || time.Until(dl) > q.dev.p.cfg.HandshakeTimeout {
-		dl = time.Now().Add(q.dev.p.cfg.HandshakeTimeout) // a bounded write, whatever ctx says
-	}
-	conn.SetWriteDeadline(dl)
-	_, err := conn.Write(appendFrame(nil, bootFrame{kind: kind, id: id, payload: msg}))
-	q.wmu.Unlock()
-	if err != nil {
-		q.fail(fmt.Errorf("%w: ofi: send control message: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
-		return nil, q.Err()
-	}
-	select {
-	case f := <-ch:
-		if f.kind == kindError {
-			if len(f.payload) == 0 {
-				return nil, peerauth.StatusError(peerauth.StatusInternal, "empty error")
-			}
-			return nil, peerauth.StatusError(f.payload[0], string(f.payload[1:]))
+		q.wmu.Lock()
+		dl, ok := ctx.Deadline()
+		if !ok || time.Until(dl) > q.dev.p.cfg.HandshakeTimeout {
+			dl = time.Now().Add(q.dev.p.cfg.HandshakeTimeout) // a bounded write, whatever ctx says
 		}
-		return f.payload, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-q.broken():
-		return nil, q.Err()
-	}
-}
-
-// broken is closed when the queue pair breaks.
-func (q *qp) broken() <-chan struct{} {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.brokenCh == nil {
-		q.brokenCh = make(chan struct{})
-		if q.err != nil {
-			close(q.brokenCh)
+		conn.SetWriteDeadline(dl)
+		_, err := conn.Write(appendFrame(nil, bootFrame{kind: kind, id: id, payload: msg}))
+		q.wmu.Unlock()
+		if err != nil {
+			q.fail(fmt.Errorf("%w: ofi: send control message: %v", fabric.ErrPeerClosed, err), rdma.StatusFlushed)
+			return q.Err()
 		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case f.kind == kindError:
+		return nil, provbase.RemoteError(f.payload)
 	}
-	return q.brokenCh
-}
-
-func (q *qp) Err() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.err
+	return f.payload, nil
 }
 
 // Close flushes outstanding requests and disconnects. Idempotent.
@@ -423,20 +364,10 @@ func (q *qp) Close() error {
 // never comes back is cut off by the region's Deregister or the queue's
 // Close.
 func (q *qp) fail(err error, status rdma.Status) {
-	q.mu.Lock()
-	if q.err != nil {
-		q.mu.Unlock()
+	var conn net.Conn
+	if !q.BreakUnder(&q.mu, err, status, func() { conn = q.conn }) {
 		return
 	}
-	q.err = err
-	q.closed = true
-	if q.brokenCh != nil {
-		close(q.brokenCh)
-	} else {
-		q.brokenCh = closedCh
-	}
-	conn := q.conn
-	q.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
@@ -456,9 +387,7 @@ func (q *qp) fail(err error, status rdma.Status) {
 	c.dev.fiMu.Unlock()
 	c.signal()
 	d := q.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	delete(d.qps, q)
-	d.mu.Unlock()
+	d.Mu.Unlock()
 }
-
-var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()

@@ -9,90 +9,52 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/fabrictest"
-	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
-	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provtest"
 	"github.com/tensorlane/tensorlane/internal/wire"
-	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // The rdma rail's listener is a softrdma device; the harness serves it with
 // the real rdma.Server (one rail, "nic0").
 func abuseHarness() fabrictest.AbuseHarness {
 	return fabrictest.AbuseHarness{Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink, cfg fabrictest.AbuseConfig) fabrictest.AbuseTarget {
-		ownerKey, ownerID := newKey(t)
+		ownerKey, _ := newKey(t)
 		attacker, _ := newKey(t)
 		prov, err := New(Config{NICs: []NIC{{Name: "nic0", Addr: "127.0.0.1:0"}},
 			HandshakeTimeout: cfg.HandshakeTimeout, StallTimeout: cfg.StallTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := rdma.Listen(context.Background(), rdma.ServerConfig{Provider: prov, Security: fabric.Security{Identity: ownerKey}, Source: src, Sink: sink,
-			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
-		rails, err := rdma.ParseAddrs(srv.Addr())
-		if err != nil || len(rails) != 1 {
-			t.Fatalf("rails %v: %v", rails, err)
-		}
-		addr := rails[0].Addr
+		tg := provtest.NewAbuse(t, prov, ownerKey, attacker, src, sink, cfg, nil).Target
 		// A frame header, checksum and all, announcing a 1 GiB payload
 		// (the most is 1 MiB).
 		var oversized [headerLen]byte
 		(&frame{op: opCall, id: 1, flags: flagLast, payloadLen: 1 << 30}).putHeader(&oversized)
-		return fabrictest.AbuseTarget{
-			Listener: "rdma/nic0",
-			Dial: func(ctx context.Context) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-			},
-			Handshake: func(ctx context.Context, c net.Conn) (net.Conn, error) {
-				if d, ok := ctx.Deadline(); ok {
-					c.SetDeadline(d)
-					defer c.SetDeadline(time.Time{})
-				}
-				_, err := peerauth.ClientWith(c, attacker, ownerID, peerauth.Options{})
-				return c, err
-			},
-			Oversized: oversized[:],
-			Unread: func(ctx context.Context, c net.Conn, big fabric.Remote) error {
-				key, raddr, err := resolveRaw(ctx, c, big)
-				if err != nil {
+		tg.Oversized = oversized[:]
+		tg.Unread = func(ctx context.Context, c net.Conn, big fabric.Remote) error {
+			key, raddr, err := resolveRaw(ctx, c, big)
+			if err != nil {
+				return err
+			}
+			// Ask for the object four times over; read none of it.
+			for i := range 4 {
+				if err := writeFrame(c, frame{op: opReadReq, id: uint64(10 + i), rkey: key, addr: raddr,
+					length: uint32(big.Length)}, nil, false); err != nil {
 					return err
 				}
-				// Ask for the object four times over; read none of it.
-				for i := range 4 {
-					if err := writeFrame(c, frame{op: opReadReq, id: uint64(10 + i), rkey: key, addr: raddr,
-						length: uint32(big.Length)}, nil, false); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
-			Reader: func(t testing.TB) fabric.Transport {
-				readerKey, _ := newKey(t)
-				rp, err := New(Config{NICs: []NIC{{Name: "nic0", Addr: "127.0.0.1:0"}}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				tr, err := rdma.New(context.Background(), rdma.Config{Provider: rp, Security: fabric.Security{Identity: readerKey}, AllowLoopback: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tr
-			},
-			Remote: fabric.Remote{
-				Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
-				Peer:     ownerID.String(),
-				Addrs:    map[string]string{fabric.RDMA: srv.Addr()},
-			},
-			// The rail's device is the server's own: its gauge says.
-			Conns: func() int { return int(testutil.ToFloat64(cfg.Metrics.Conns.WithLabelValues("rdma/nic0"))) },
+			}
+			return nil
 		}
+		tg.Reader = func(t testing.TB) fabric.Transport {
+			readerKey, _ := newKey(t)
+			rp, err := New(Config{NICs: []NIC{{Name: "nic0", Addr: "127.0.0.1:0"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return provtest.Reader(t, rp, readerKey)
+		}
+		return tg
 	}}
 }
 

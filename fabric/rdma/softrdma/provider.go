@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -15,9 +14,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // NIC is one simulated RDMA NIC: a name and the address its listener binds
@@ -126,16 +125,12 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 	if nic == nil {
 		return nil, fmt.Errorf("%w: %q", rdma.ErrNoDevice, name)
 	}
-	if err := cfg.Security.Defaults("softrdma: OpenConfig"); err != nil {
+	if err := provbase.CheckOpen("softrdma", &cfg); err != nil {
 		return nil, err
 	}
-	if cfg.Encrypt {
-		return nil, rdma.ErrEncrypt
-	}
-	cfg.Limits = cfg.Limits.WithDefaults()
-	d := &device{p: p, nic: *nic, cfg: cfg, log: cfg.Logger.With("nic", nic.Name),
-		mrs: map[uint32]*mr{}, lkeys: map[uint32]*mr{}, qps: map[*qp]struct{}{},
-		dead: map[uint32]peer.ID{}, listener: "rdma/" + nic.Name}
+	d := &device{p: p, nic: *nic, mrs: map[uint32]*mr{}, lkeys: map[uint32]*mr{}, qps: map[*qp]struct{}{},
+		dead: map[uint32]peer.ID{}}
+	d.Init("softrdma", nic.Name, nic.Addr, cfg, p.cfg.HandshakeTimeout)
 	if cfg.Listen {
 		listen := nic.Listen
 		if listen == nil {
@@ -145,31 +140,22 @@ func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (
 		if err != nil {
 			return nil, fmt.Errorf("softrdma: NIC %s: listen on %s: %w", nic.Name, nic.Addr, err)
 		}
-		d.ln = ln
-		d.loop = acceptor.Start(ln, acceptor.Config{Name: d.listener, Limits: cfg.Limits,
-			Metrics: cfg.ListenerMetrics, Logger: cfg.Logger}, d.serve)
+		d.Serve(ln, d.serve)
 	}
 	return d, nil
 }
 
-// device is an opened NIC.
+// device is an opened NIC: the providers' shared base (name,
+// configuration, lock and closed state, listener, queue-pair ids) and
+// the registration tables, guarded by Mu.
 type device struct {
+	provbase.Base
 	p   *Provider
 	nic NIC
-	cfg rdma.OpenConfig
-	log *slog.Logger
-	ln  net.Listener
-	// loop accepts and tracks the responders' connections (nil when the
-	// device does not listen).
-	loop     *acceptor.Loop
-	listener string // metrics label: "rdma/<nic>"
 
-	mu     sync.Mutex
-	mrs    map[uint32]*mr // by rkey
-	lkeys  map[uint32]*mr
-	qps    map[*qp]struct{}
-	closed bool
-	nextQP uint64
+	mrs   map[uint32]*mr // by rkey
+	lkeys map[uint32]*mr
+	qps   map[*qp]struct{}
 	// dead remembers the rkeys of recent deregistrations (and whom they
 	// were bound to): a reader that still uses one raced a revocation, it
 	// did not guess. Bounded by deadOrder.
@@ -177,55 +163,37 @@ type device struct {
 	deadOrder []uint32
 }
 
-func (d *device) Device() rdma.Device { return rdma.Device{Name: d.nic.Name, Addr: d.Addr()} }
-
-func (d *device) Addr() string {
-	if d.ln == nil {
-		return ""
-	}
-	return d.ln.Addr().String()
-}
-
 func (d *device) AllocPD() (rdma.ProtectionDomain, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fabric.ErrClosed
+	if err := d.Live(); err != nil {
+		return nil, err
 	}
 	return &pd{dev: d}, nil
 }
 
-func (d *device) CreateCQ() (rdma.CompletionQueue, error) {
-	return &cq{notify: make(chan struct{}, 1)}, nil
-}
+func (d *device) CreateCQ() (rdma.CompletionQueue, error) { return &cq{}, nil }
 
 // Close stops the listener, breaks every queue pair and responder, and
 // deregisters all memory. Idempotent.
 func (d *device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !d.MarkClosed() {
 		return nil
 	}
-	d.closed = true
+	d.Mu.Lock()
 	qps := d.qps
 	d.qps = map[*qp]struct{}{}
 	// A copy: Deregister, also called by other devices' goroutines (a
-	// registration spans NICs), deletes from d.mrs under d.mu.
+	// registration spans NICs), deletes from d.mrs under d.Mu.
 	mrs := make([]*mr, 0, len(d.mrs))
 	for _, m := range d.mrs {
 		mrs = append(mrs, m)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	for q := range qps {
 		q.Close()
 	}
-	var err error
-	if d.loop != nil {
-		// Closes the listener and every responder's connection, and waits
-		// for the responders.
-		err = d.loop.Close()
-	}
+	// Closes the listener and every responder's connection, and waits for
+	// the responders.
+	err := d.CloseListener()
 	for _, m := range mrs {
 		m.Deregister()
 	}
@@ -261,9 +229,9 @@ var _ rdma.PeerBinder = (*pd)(nil)
 // queue pair is dropped after maxBadKeys wrong ones.
 func (p *pd) RegisterMemoryFor(buf []byte, access rdma.Access, remote peer.ID) (rdma.MemoryRegion, error) {
 	d := p.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
+	if d.Closed {
 		return nil, fabric.ErrClosed
 	}
 	m := &mr{pd: p, buf: buf, access: access, peer: remote}
@@ -293,13 +261,7 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 	if !ok {
 		return nil, errors.New("softrdma: completion queue of another provider")
 	}
-	if cfg.MaxOutstanding <= 0 {
-		cfg.MaxOutstanding = 128
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
-	qp := &qp{pd: p, cq: q, cfg: cfg, pending: map[uint64]*pendingWR{}, calls: map[uint64]chan callResult{}}
+	qp := &qp{pd: p, cq: q, cfg: provbase.QPConfig(cfg), pending: map[uint64]*pendingWR{}}
 	qp.abort = func() { qp.fail(errAborted, rdma.StatusFlushed) }
 	return qp, nil
 }
@@ -307,14 +269,14 @@ func (p *pd) CreateQP(c rdma.CompletionQueue, cfg rdma.QPConfig) (rdma.QueuePair
 // Close deregisters the domain's regions.
 func (p *pd) Close() error {
 	d := p.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	var mine []*mr
 	for _, m := range d.mrs {
 		if m.pd == p {
 			mine = append(mine, m)
 		}
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	for _, m := range mine {
 		m.Deregister()
 	}
@@ -372,7 +334,7 @@ func (m *mr) Deregister() error {
 		return nil
 	}
 	d := m.pd.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	if d.mrs[m.rkey] == m {
 		delete(d.mrs, m.rkey)
 		if m.access&(rdma.AccessRemoteRead|rdma.AccessRemoteWrite) != 0 {
@@ -382,7 +344,7 @@ func (m *mr) Deregister() error {
 	if d.lkeys[m.lkey] == m {
 		delete(d.lkeys, m.lkey)
 	}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	return nil
 }
 
@@ -457,8 +419,8 @@ func (d *device) buryLocked(rkey uint32, bound peer.ID) {
 // issued to who (nor revoked lately): a wrong guess, not a lost race with a
 // revocation.
 func (d *device) remoteMR(rkey uint32, need rdma.Access, who peer.ID) (m *mr, ok, guess bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
 	m = d.mrs[rkey]
 	switch {
 	case m != nil && (m.peer == "" || m.peer == who):
@@ -475,69 +437,14 @@ func (d *device) remoteMR(rkey uint32, need rdma.Access, who peer.ID) (m *mr, ok
 }
 
 func (d *device) localMR(p *pd, lkey uint32) *mr {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.Mu.Lock()
+	defer d.Mu.Unlock()
 	if m := d.lkeys[lkey]; m != nil && m.pd == p {
 		return m
 	}
 	return nil
 }
 
-// cq is a completion queue with a completion channel.
-type cq struct {
-	mu     sync.Mutex
-	q      []rdma.Completion
-	notify chan struct{}
-	closed bool
-}
-
-func (c *cq) push(wc rdma.Completion) {
-	c.mu.Lock()
-	c.q = append(c.q, wc)
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *cq) Poll(wc []rdma.Completion) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := copy(wc, c.q)
-	c.q = c.q[n:]
-	if len(c.q) == 0 {
-		c.q = nil
-	}
-	return n
-}
-
-func (c *cq) Wait(ctx context.Context) error {
-	for {
-		c.mu.Lock()
-		ready, closed := len(c.q) > 0, c.closed
-		c.mu.Unlock()
-		switch {
-		case ready:
-			return nil
-		case closed:
-			return fabric.ErrClosed
-		}
-		select {
-		case <-c.notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (c *cq) Close() error {
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-	return nil
-}
+// cq is a completion queue with a completion channel: the responses'
+// receivers push into it.
+type cq struct{ provbase.Completions }

@@ -12,15 +12,17 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/fabric/internal/kit"
-	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // qp is the active side of a queue pair: it posts work requests and
 // receives their responses. Two goroutines run while it is connected: a
 // sender (posting never blocks on the socket) and a receiver.
 type qp struct {
+	// Fault holds why and with what status the queue pair broke; it
+	// breaks under mu, with the flush of pending and calls.
+	provbase.Fault
 	pd  *pd
 	cq  *cq
 	cfg rdma.QPConfig
@@ -28,10 +30,8 @@ type qp struct {
 	mu      sync.Mutex
 	conn    net.Conn
 	pending map[uint64]*pendingWR // by wire id
-	calls   map[uint64]chan callResult
+	calls   provbase.Calls[callResult]
 	seq     uint64
-	err     error // set once the queue pair broke or closed
-	status  rdma.Status
 	// receiving is the READ whose chunk the receiver is reading into its
 	// region: when the queue pair breaks meanwhile, its flush completion
 	// waits until the receiver is out of the region (late), so nothing
@@ -79,7 +79,7 @@ var (
 func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	d := q.pd.dev
 	q.mu.Lock()
-	if q.conn != nil || q.err != nil {
+	if q.conn != nil || q.Err() != nil {
 		q.mu.Unlock()
 		return errors.New("softrdma: queue pair already connected or closed")
 	}
@@ -88,31 +88,23 @@ func (q *qp) Connect(ctx context.Context, addr string, want peer.ID) error {
 	if dial == nil {
 		dial = DialFrom
 	}
-	// The connection leaves from this NIC's address, so the rail is the
-	// NIC's own path.
-	laddr := kit.SourceAddr(d.nic.Addr)
-	conn, err := kit.Connect(ctx, d.p.cfg.HandshakeTimeout, "softrdma "+d.nic.Name, addr,
-		func(ctx context.Context) (net.Conn, error) { return dial(ctx, "tcp", laddr, addr) },
-		func(conn net.Conn) error {
-			_, err := peerauth.ClientFor(conn, d.cfg.Security, want)
-			return err
-		})
+	conn, err := d.Dial(ctx, addr, want, dial, nil)
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.Mu.Lock()
+	if d.Closed {
+		d.Mu.Unlock()
 		conn.Close()
 		return fabric.ErrClosed
 	}
 	d.qps[q] = struct{}{}
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	q.mu.Lock()
-	if q.err != nil { // closed while connecting
+	if err := q.Err(); err != nil { // closed while connecting
 		q.mu.Unlock()
 		conn.Close()
-		return q.err
+		return err
 	}
 	q.conn = conn
 	q.sendq = make(chan outbound, q.cfg.MaxOutstanding+64)
@@ -130,12 +122,10 @@ func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(opWriteReq, rd
 func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	switch {
-	case q.err != nil:
-		return q.err
-	case q.conn == nil:
-		return rdma.ErrNotConn
-	case len(q.pending) >= q.cfg.MaxOutstanding:
+	if err := q.Ready(q.conn != nil); err != nil {
+		return err
+	}
+	if len(q.pending) >= q.cfg.MaxOutstanding {
 		return rdma.ErrQueueFull
 	}
 	local := q.pd.dev.localMR(q.pd, wr.LKey)
@@ -144,12 +134,12 @@ func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 		need = rdma.AccessLocalWrite
 	}
 	if local == nil || local.access&need != need {
-		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+		q.cq.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
 			Err: fmt.Errorf("softrdma: local key %#x unknown or without access", wr.LKey)})
 		return nil
 	}
 	if _, ok := local.span(wr.LocalAddr, uint64(wr.Length)); !ok {
-		q.cq.push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
+		q.cq.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
 			Err: fmt.Errorf("softrdma: local range [%#x,+%d) outside the region", wr.LocalAddr, wr.Length)})
 		return nil
 	}
@@ -165,7 +155,7 @@ func (q *qp) post(op byte, opc rdma.Opcode, wr rdma.WorkRequest) error {
 // remote must make progress within Timeout, else the queue pair breaks
 // (RC "retry exceeded"); an idle queue pair waits without a deadline.
 func (q *qp) armLocked() {
-	if len(q.pending) > 0 || len(q.calls) > 0 {
+	if len(q.pending) > 0 || q.calls.Len() > 0 {
 		q.conn.SetReadDeadline(time.Now().Add(q.cfg.Timeout))
 	} else {
 		q.conn.SetReadDeadline(time.Time{})
@@ -174,49 +164,30 @@ func (q *qp) armLocked() {
 
 // Call sends a message to the remote's handler and waits for the answer.
 func (q *qp) Call(ctx context.Context, msg []byte) ([]byte, error) {
-	if len(msg) > MaxMessage {
-		return nil, fmt.Errorf("%w: message of %d bytes (max %d)", fabric.ErrBadRequest, len(msg), MaxMessage)
-	}
-	q.mu.Lock()
-	switch {
-	case q.err != nil:
-		q.mu.Unlock()
-		return nil, q.err
-	case q.conn == nil:
-		q.mu.Unlock()
-		return nil, rdma.ErrNotConn
-	}
-	q.seq++
-	id := q.seq
-	ch := make(chan callResult, 1)
-	q.calls[id] = ch
-	q.armLocked()
-	select {
-	case q.sendq <- outbound{op: opCall, id: id, body: msg}:
-	default:
-		delete(q.calls, id)
-		q.mu.Unlock()
-		return nil, rdma.ErrQueueFull
-	}
-	q.mu.Unlock()
-	select {
-	case r := <-ch:
-		return r.msg, r.err
-	case <-ctx.Done():
+	r, err := q.calls.Round(ctx, &q.Fault, len(msg), MaxMessage, func(id uint64) error {
 		q.mu.Lock()
-		delete(q.calls, id) // a late answer is dropped
-		if q.conn != nil && q.err == nil {
+		defer q.mu.Unlock()
+		if err := q.Ready(q.conn != nil); err != nil {
+			return err
+		}
+		q.armLocked() // the remote must answer within Timeout
+		select {
+		case q.sendq <- outbound{op: opCall, id: id, body: msg}:
+			return nil
+		default:
+			return rdma.ErrQueueFull
+		}
+	})
+	if err != nil {
+		// The call is gone: the deadline may have been its alone.
+		q.mu.Lock()
+		if q.conn != nil && q.Err() == nil {
 			q.armLocked()
 		}
 		q.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, err
 	}
-}
-
-func (q *qp) Err() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.err
+	return r.msg, r.err
 }
 
 // Close flushes outstanding work and disconnects. Idempotent.
@@ -224,34 +195,33 @@ func (q *qp) Close() error {
 	q.fail(errQPClosed, rdma.StatusFlushed)
 	q.wg.Wait()
 	d := q.pd.dev
-	d.mu.Lock()
+	d.Mu.Lock()
 	delete(d.qps, q)
-	d.mu.Unlock()
+	d.Mu.Unlock()
 	return nil
 }
 
 // fail breaks the queue pair once: every outstanding work request
 // completes with status, every call returns err.
 func (q *qp) fail(err error, status rdma.Status) {
-	q.mu.Lock()
-	if q.err != nil {
-		q.mu.Unlock()
+	var pending map[uint64]*pendingWR
+	var calls []chan callResult
+	if !q.BreakUnder(&q.mu, err, status, func() {
+		pending, calls = q.pending, q.calls.Flush()
+		q.pending = map[uint64]*pendingWR{}
+		if q.conn != nil {
+			q.conn.Close()
+			close(q.done)
+		}
+		if p := q.receiving; p != nil && pending[p.seq] == p {
+			p.late = true
+			delete(pending, p.seq)
+		}
+	}) {
 		return
 	}
-	q.err, q.status = err, status
-	pending, calls := q.pending, q.calls
-	q.pending, q.calls = map[uint64]*pendingWR{}, map[uint64]chan callResult{}
-	if q.conn != nil {
-		q.conn.Close()
-		close(q.done)
-	}
-	if p := q.receiving; p != nil && pending[p.seq] == p {
-		p.late = true
-		delete(pending, p.seq)
-	}
-	q.mu.Unlock()
 	for _, p := range pending {
-		q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+		q.cq.Push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
 	}
 	for _, ch := range calls {
 		ch <- callResult{err: err}
@@ -332,7 +302,7 @@ func (q *qp) complete(id uint64, status rdma.Status, err error) {
 	q.mu.Lock()
 	p := q.pending[id]
 	delete(q.pending, id)
-	if q.conn != nil && q.err == nil {
+	if q.conn != nil && q.Err() == nil {
 		q.armLocked()
 	}
 	q.mu.Unlock()
@@ -343,7 +313,7 @@ func (q *qp) complete(id uint64, status rdma.Status, err error) {
 	if status == rdma.StatusSuccess {
 		wc.Bytes = int(p.wr.Length)
 	}
-	q.cq.push(wc)
+	q.cq.Push(wc)
 }
 
 func (q *qp) receive() {
@@ -380,7 +350,7 @@ func (q *qp) receive() {
 			return
 		}
 		q.mu.Lock()
-		if q.err == nil {
+		if q.Err() == nil {
 			q.armLocked() // progress: the remote answered
 		}
 		q.mu.Unlock()
@@ -420,10 +390,11 @@ func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byt
 	defer func() {
 		q.mu.Lock()
 		q.receiving = nil
-		late, status, err := p.late, q.status, q.err
+		late := p.late
 		q.mu.Unlock()
+		err, status := q.Why()
 		if late {
-			q.cq.push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
+			q.cq.Push(rdma.Completion{ID: p.wr.ID, Op: p.op, Status: status, Err: err})
 		}
 	}()
 	if f.addr != uint64(p.got) || uint64(f.payloadLen) > uint64(p.wr.Length-p.got) {
@@ -464,15 +435,12 @@ func (q *qp) receiveRead(r *bufio.Reader, h *[headerLen]byte, f frame, buf []byt
 func (q *qp) dispatch(f frame, payload []byte) error {
 	switch f.op {
 	case opCallResp:
-		q.mu.Lock()
-		ch := q.calls[f.id]
-		delete(q.calls, f.id)
-		q.mu.Unlock()
+		ch := q.calls.Take(f.id)
 		if ch == nil {
 			return nil // the caller gave up
 		}
 		if f.status != 0 {
-			ch <- callResult{err: remoteError(payload)}
+			ch <- callResult{err: provbase.RemoteError(payload)}
 		} else {
 			ch <- callResult{msg: append([]byte(nil), payload...)}
 		}
@@ -498,13 +466,4 @@ func statusErr(s rdma.Status) error {
 		return nil
 	}
 	return fmt.Errorf("softrdma: remote: %v", s)
-}
-
-// remoteError turns an error answer of the remote handler into an error
-// that matches the fabric sentinel it stands for.
-func remoteError(p []byte) error {
-	if len(p) == 0 {
-		return peerauth.StatusError(peerauth.StatusInternal, "empty error")
-	}
-	return peerauth.StatusError(p[0], string(p[1:]))
 }

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
 // maxHandlers bounds the messages of one queue pair handled at once.
@@ -45,75 +45,33 @@ const maxBadKeys = 8
 // serve runs one accepted queue pair; the accept loop closes the
 // connection afterwards.
 func (d *device) serve(c net.Conn) {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	from, ok := d.Accept(c, nil)
+	if !ok {
 		return
 	}
-	d.nextQP++
-	r := &responder{dev: d, conn: c, id: rdma.RemoteQP{ID: d.nextQP}, writes: map[uint64]rdma.Status{}}
-	d.mu.Unlock()
+	r := &responder{dev: d, conn: c, id: from, writes: map[uint64]rdma.Status{}}
 	r.abort = func() { r.conn.Close() }
 	r.serve()
 }
 
 func (r *responder) serve() {
 	d := r.dev
-	if tc, ok := r.conn.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	r.conn.SetDeadline(time.Now().Add(d.p.cfg.HandshakeTimeout))
-	res, err := peerauth.ServerFor(r.conn, d.cfg.Security)
-	who := res.Peer
-	if err != nil {
-		d.log.Warn("rdma queue pair refused", "remote", r.conn.RemoteAddr(), "err", err)
-		return
-	}
-	if err := d.loop.Admit(r.conn, who.String()); err != nil {
-		return
-	}
-	r.conn.SetDeadline(time.Time{})
-	r.id.Peer = who
+	who := r.id.Peer
 	r.w = bufio.NewWriterSize(r.conn, 32<<10)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	var handlers sync.WaitGroup
-	sem := make(chan struct{}, maxHandlers)
-	defer func() {
-		r.conn.Close()
-		cancel()
-		handlers.Wait()
-		if d.cfg.Handler != nil {
-			d.cfg.Handler.QPClosed(r.id)
-		}
-	}()
+	s := d.Session(r.conn, r.id, maxHandlers)
+	defer s.End()
 
 	br := bufio.NewReaderSize(r.conn, 32<<10)
 	buf := make([]byte, MaxPayload)
 	var h [headerLen]byte
-	// A queue pair that sends no frame for IdleTimeout is dropped: each
-	// one pins a descriptor, a goroutine and its buffers. The deadline is
-	// re-armed at most every idle/8, idle+idle/8 ahead, so it costs no
-	// timer per frame and bites between idle and 9/8 of it.
-	idle := d.cfg.Limits.IdleTimeout
-	var armed time.Time
 	for {
-		if now := time.Now(); now.Sub(armed) > idle/8 {
-			r.conn.SetReadDeadline(now.Add(idle + idle/8))
-			armed = now
-		}
+		s.ArmIdle()
 		f, err := readHeader(br, &h)
 		if err == nil && f.op != opWriteReq {
 			err = readPayload(br, &h, f, buf[:f.payloadLen])
 		}
-		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
-			d.loop.Dropped("idle", who.String())
-			return
-		}
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				d.log.Debug("rdma queue pair ended", "peer", who, "err", err)
-			}
+			s.Ended(err)
 			return
 		}
 		switch f.op {
@@ -123,28 +81,20 @@ func (r *responder) serve() {
 			err = r.serveWrite(br, &h, f, buf)
 		case opCall:
 			msg := append([]byte(nil), buf[:f.payloadLen]...)
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
+			if !s.Go(func(ctx context.Context) { r.answer(ctx, f.id, msg) }) {
 				return
 			}
-			handlers.Add(1)
-			go func() {
-				defer handlers.Done()
-				defer func() { <-sem }()
-				r.answer(ctx, f.id, msg)
-			}()
 		default:
-			d.log.Warn("rdma queue pair sent an unexpected op", "peer", who, "op", f.op)
+			d.Log.Warn("rdma queue pair sent an unexpected op", "peer", who, "op", f.op)
 			return
 		}
 		if errors.Is(err, errBadKeys) {
-			d.log.Warn("rdma queue pair dropped: too many bad memory keys", "peer", who, "bad_keys", r.badKeys)
-			d.loop.Dropped("bad_keys", who.String())
+			d.Log.Warn("rdma queue pair dropped: too many bad memory keys", "peer", who, "bad_keys", r.badKeys)
+			d.Dropped("bad_keys", who)
 			return
 		}
 		if err != nil {
-			d.log.Debug("rdma queue pair failed", "peer", who, "err", err)
+			d.Log.Debug("rdma queue pair failed", "peer", who, "err", err)
 			return
 		}
 	}
@@ -156,8 +106,8 @@ var errBadKeys = errors.New("softrdma: too many bad memory keys")
 // past maxBadKeys it returns errBadKeys, which drops the queue pair.
 func (r *responder) badKey() error {
 	r.badKeys++
-	if m := r.dev.cfg.ListenerMetrics; m != nil {
-		m.BadKeys.WithLabelValues(r.dev.listener).Inc()
+	if m := r.dev.Cfg.ListenerMetrics; m != nil {
+		m.BadKeys.WithLabelValues(r.dev.Label).Inc()
 	}
 	if r.badKeys >= maxBadKeys {
 		return errBadKeys
@@ -279,23 +229,11 @@ func (r *responder) serveWrite(br *bufio.Reader, h *[headerLen]byte, f frame, bu
 // answer runs the handler for one message and sends its answer; an error
 // travels as a peerauth status code and message.
 func (r *responder) answer(ctx context.Context, id uint64, msg []byte) {
-	h := r.dev.cfg.Handler
-	var resp []byte
-	var err error
-	if h == nil {
-		err = errors.New("softrdma: this device takes no messages")
-		err = errors.Join(fabric.ErrBadRequest, err)
-	} else {
-		resp, err = h.HandleMessage(ctx, r.id, msg)
-	}
+	resp, err := r.dev.Handle(ctx, r.id, msg)
 	out := frame{op: opCallResp, id: id, flags: flagLast}
 	if err != nil {
 		out.status = 1
-		text := err.Error()
-		if len(text) > peerauth.MaxMessage {
-			text = text[:peerauth.MaxMessage]
-		}
-		resp = append([]byte{peerauth.StatusFor(err)}, text...)
+		resp = provbase.ErrorAnswer(err)
 	}
 	if len(resp) > MaxMessage {
 		out.status = 1

@@ -10,25 +10,18 @@ import (
 	"testing/iotest"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newKey(t testing.TB) (crypto.PrivKey, peer.ID) {
-	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := peer.IDFromPrivateKey(k)
-	return k, id
-}
+var newKey = provtest.Key
 
 type echoHandler struct{ closed chan rdma.RemoteQP }
 
