@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +14,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/tensor"
-	"github.com/tensorlane/tensorlane/topology"
 )
 
 // Broadcast publishes one object to many readers' slots at once (RL weight
@@ -37,35 +36,14 @@ import (
 // otherwise why not; BroadcastResult.String draws the tree followed.
 // BroadcastBatch (bcastbatch.go) sends a set of objects along one tree.
 
-// BroadcastConfig tunes a broadcast; the zero value means the defaults.
-type BroadcastConfig struct {
-	// ChunkSize is the pipelining unit. Default 4 MiB; at least 64 KiB
-	// (each chunk costs a notice round trip per edge).
-	ChunkSize int64
-	// BusyWait is how long a flow-controlled slot whose reader has not said
-	// Done with its generation is waited for before it is skipped with
-	// ErrSlotBusy. Default 10 s.
-	BusyWait time.Duration
-	// Window is how many chunks each edge of the tree keeps in flight,
-	// the owner's feeds and the readers' forwards alike: with one, an edge
-	// idles for a push and a notice round trip between chunks. Default 4,
-	// at most MaxBroadcastWindow. Readers of an older version forward one
-	// chunk at a time whatever it says.
-	Window int
-}
+// BroadcastConfig tunes a broadcast; the zero value means the defaults
+// (ChunkSize, BusyWait and Window are documented on bcast.Config).
+type BroadcastConfig = bcast.Config
 
-func (c BroadcastConfig) withDefaults() BroadcastConfig {
-	if c.ChunkSize <= 0 {
-		c.ChunkSize = 4 << 20
-	}
-	if c.Window == 0 {
-		c.Window = defaultWindow
-	}
-	if c.BusyWait <= 0 {
-		c.BusyWait = 10 * time.Second
-	}
-	return c
-}
+// MaxBroadcastWindow bounds BroadcastConfig.Window: past a few chunks the
+// edge is full, and each chunk in flight holds a notice stream and a
+// transport connection.
+const MaxBroadcastWindow = bcast.MaxWindow
 
 // ReaderResult is one reader's outcome of a broadcast.
 type ReaderResult struct {
@@ -191,42 +169,13 @@ func (b *BroadcastResult) WaitConsumed(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// BroadcastPlan is the tree a broadcast follows.
-type BroadcastPlan struct {
-	Owner string // the owner's endpoint
-	Nodes []PlanNode
-}
-
-// PlanNode is one reader in the tree.
-type PlanNode struct {
-	Endpoint string // host/device of the slot
-	Parent   int    // -1: the owner
-	Path     string // the transport from its parent
-	Leader   bool   // the first reader of its host, fed across hosts
-}
-
-// String draws the tree, one reader a line, children indented under their
-// parent.
-func (p BroadcastPlan) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "owner %s\n", p.Owner)
-	var walk func(parent, depth int)
-	walk = func(parent, depth int) {
-		for i, n := range p.Nodes {
-			if n.Parent != parent {
-				continue
-			}
-			role := ""
-			if n.Leader {
-				role = " (host leader)"
-			}
-			fmt.Fprintf(&b, "%s└─ reader %d %s via %s%s\n", strings.Repeat("   ", depth), i, n.Endpoint, n.Path, role)
-			walk(i, depth+1)
-		}
-	}
-	walk(-1, 0)
-	return b.String()
-}
+// BroadcastPlan is the tree a broadcast follows; PlanNode is one reader
+// in it. Both are planned in package bcast (PlanTree), a pure function of
+// the topology that PlanBroadcastTree runs without a runtime.
+type (
+	BroadcastPlan = bcast.Plan
+	PlanNode      = bcast.Node
+)
 
 // ExplainBroadcast says which tree a broadcast of src to slots would
 // follow and which path each edge would take.
@@ -234,60 +183,20 @@ func (a *Actor) ExplainBroadcast(src Ref, slots []Ref) BroadcastPlan {
 	return a.rt.planBroadcast(src, slots)
 }
 
-// planBroadcast orders the readers: hosts nearest the owner first, one
-// leader per host fed along the chain of hosts, the others chained behind
-// their leader.
+// planBroadcast is bcast.PlanTree over the slots' endpoints, each edge's
+// path what the relay's write would run.
 func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
-	plan := BroadcastPlan{Owner: src.Host + "/" + src.Device.String(), Nodes: make([]PlanNode, len(slots))}
-	byHost := map[string][]int{}
-	var hosts []string
+	eps := make([]fabric.Endpoint, len(slots))
 	for i, s := range slots {
-		if _, ok := byHost[s.Host]; !ok {
-			hosts = append(hosts, s.Host)
-		}
-		byHost[s.Host] = append(byHost[s.Host], i)
+		eps[i] = fabric.Endpoint{Host: s.Host, Device: s.Device}
 	}
-	rank := func(h string) int {
-		if h == src.Host {
-			return 0
-		}
-		return 1 + r.hostDistance(src.Host, h)
-	}
-	sort.SliceStable(hosts, func(i, j int) bool {
-		ri, rj := rank(hosts[i]), rank(hosts[j])
-		if ri != rj {
-			return ri < rj
-		}
-		return hosts[i] < hosts[j]
-	})
-	prevLeader := -1
-	for _, h := range hosts {
-		members := byHost[h]
-		// Within a host, a reader on the owner's own device, then by device.
-		sort.SliceStable(members, func(i, j int) bool {
-			return slots[members[i]].Device.String() < slots[members[j]].Device.String()
-		})
-		from := prevLeader
-		for k, m := range members {
-			plan.Nodes[m] = PlanNode{Endpoint: h + "/" + slots[m].Device.String(), Parent: from, Leader: k == 0}
-			if k == 0 && h != src.Host {
-				prevLeader = m
-			}
-			from = m
-		}
-		if h == src.Host {
-			plan.Nodes[members[0]].Leader = false
-		}
-	}
-	for i := range plan.Nodes {
-		n := &plan.Nodes[i]
+	return bcast.PlanTree(r.cfg.Cluster, fabric.Endpoint{Host: src.Host, Device: src.Device}, eps, func(parent, child int) string {
 		from := src
-		if n.Parent >= 0 {
-			from = slots[n.Parent]
+		if parent >= 0 {
+			from = slots[parent]
 		}
-		n.Path = r.edgePath(from, slots[i])
-	}
-	return plan
+		return r.edgePath(from, slots[child])
+	})
 }
 
 // edgePath is the transport a broadcast edge from from's memory into
@@ -305,27 +214,6 @@ func (r *Runtime) edgePath(from, to Ref) string {
 	}
 	return "none"
 }
-
-// hostDistance ranks how far host b is from a: 0 in one NVLink domain,
-// 1 in one rack, 2 otherwise.
-func (r *Runtime) hostDistance(a, b string) int {
-	ha, ok1 := r.cfg.Cluster.Host(a)
-	hb, ok2 := r.cfg.Cluster.Host(b)
-	if !ok1 || !ok2 {
-		return 3
-	}
-	same := func(k string) bool { v := ha.Labels[k]; return v != "" && v == hb.Labels[k] }
-	switch {
-	case same(topology.LabelNVLinkDomain):
-		return 0
-	case same(topology.LabelRack):
-		return 1
-	}
-	return 2
-}
-
-// minChunk is the smallest ChunkSize a broadcast accepts.
-const minChunk = 64 << 10
 
 // bcastState is the owner's table of broadcasts in flight, for reports.
 type bcastState struct {
@@ -508,9 +396,9 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 			return nil, nil, fmt.Errorf("%w: reader %d has %d slots for %d objects", ErrMalformedRef, j, len(rs), len(srcs))
 		}
 	}
-	cfg = cfg.withDefaults()
-	if cfg.ChunkSize < minChunk {
-		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, minChunk)
+	cfg = cfg.Defaults()
+	if cfg.ChunkSize < bcast.MinChunk {
+		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, bcast.MinChunk)
 	}
 	if cfg.Window < 1 || cfg.Window > MaxBroadcastWindow {
 		return nil, nil, fmt.Errorf("%w: a window of %d chunks per edge (1 to %d)", ErrMalformedRef, cfg.Window, MaxBroadcastWindow)
@@ -547,8 +435,8 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	if len(b.srcs) == 0 {
 		return nil, itemErrs, errors.Join(itemErrs...)
 	}
-	if chunks > maxChunks {
-		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, maxChunks)
+	if chunks > bcast.MaxChunks {
+		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, bcast.MaxChunks)
 	}
 	seen := map[fabric.ObjectID]bool{}
 	for j, rs := range readers {
@@ -829,13 +717,13 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
-		w := newEdgeWindow(ctx, b.cfg.Window)
+		w := bcast.NewWindow(ctx, b.cfg.Window)
 	objects:
 		for k, src := range b.srcs {
 			ep := b.r.endpoint(src.ref.Device)
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
 				off, m := off, min(b.cfg.ChunkSize, src.total-off)
-				started := w.send(func(ctx context.Context) error {
+				started := w.Send(func(ctx context.Context) error {
 					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m, probe); err != nil {
 						return err
 					}
@@ -850,7 +738,7 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 				}
 			}
 		}
-		if _, err := w.wait(); err != nil && ctx.Err() == nil {
+		if _, err := w.Wait(); err != nil && ctx.Err() == nil {
 			b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 		}
 	}()
@@ -919,7 +807,7 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 // cross neither the new edge nor, being no news to it, its subtree.
 func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 	cn := b.nodes[c]
-	b.r.bmet.reroutes.Inc()
+	b.r.bmet.Reroutes.Inc()
 	// Up the planned tree: a node's feeder is always one of its planned
 	// ancestors (or the owner), so no re-parent makes a cycle.
 	for p := b.nodes[from].first; p >= 0; p = b.nodes[p].first {

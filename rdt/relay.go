@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -75,9 +76,6 @@ type forwarder struct {
 	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
-// maxChunks bounds a broadcast's chunk count (its bookkeeping per slot).
-const maxChunks = 1 << 20
-
 func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	r.bcasts.prepares.Add(1)
 	items := m.items
@@ -108,7 +106,7 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 			cancel(nil)
 			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.n, s.buf.Len())
 		}
-		if chunk < minChunk && it.n > chunk {
+		if chunk < bcast.MinChunk && it.n > chunk {
 			cancel(nil)
 			return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, it.n)
 		}
@@ -116,9 +114,9 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 		if n == 0 {
 			n = 1 // an empty tensor: one empty chunk says it landed
 		}
-		if rl.nchunks+n > maxChunks {
+		if rl.nchunks+n > bcast.MaxChunks {
 			cancel(nil)
-			return fmt.Errorf("%w: broadcast of more than %d chunks", ErrMalformedRef, maxChunks)
+			return fmt.Errorf("%w: broadcast of more than %d chunks", ErrMalformedRef, bcast.MaxChunks)
 		}
 		rl.byID[it.slot] = k
 		rl.items = append(rl.items, relayItem{s: s, total: it.n, first: rl.nchunks, n: n})
@@ -349,7 +347,7 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] {
-		r.bmet.skipped.Inc()
+		r.bmet.Skipped.Inc()
 		return errChunkHeld
 	}
 	return nil
@@ -438,18 +436,18 @@ func (rl *relay) report(m bcastMsg) {
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	r := rl.r
-	w := newEdgeWindow(rl.ctx, rl.window)
+	w := bcast.NewWindow(rl.ctx, rl.window)
 chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
 		select {
 		case i = <-f.q:
-		case <-w.done():
+		case <-w.Done():
 			break chunks
 		}
 		k, off, n := rl.locate(i)
 		buf := rl.items[k].s.buf
-		started := w.send(func(ctx context.Context) error {
+		started := w.Send(func(ctx context.Context) error {
 			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
 		})
 		if !started {
@@ -457,7 +455,7 @@ chunks:
 		}
 	}
 	// The writes in flight read the slot, pinned until the forwarders end.
-	ok, err := w.wait()
+	ok, err := w.Wait()
 	switch {
 	case ok == rl.nchunks:
 	case err != nil && rl.ctx.Err() == nil:
