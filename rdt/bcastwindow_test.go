@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // Each edge of the tree keeps Window chunks in flight, no more: the owner
@@ -59,8 +60,8 @@ func TestBroadcastWindowBad(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformedRef, "window %d", w)
 	}
 	s := f.slots[1].Ref()
-	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastMsg{kind: notePrepare, slot: s.Object, inc: s.Incarnation, token: s.Token,
-		n: 1 << 20, off: bcast.MinChunk, gen: MaxBroadcastWindow + 1})
+	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastMsg{Kind: ctlwire.Prepare, Slot: s.Object, Inc: s.Incarnation, Token: s.Token,
+		N: 1 << 20, Off: bcast.MinChunk, Gen: MaxBroadcastWindow + 1})
 	assert.ErrorIs(t, err, ErrMalformedRef)
 	// Nothing was taken: the slot still takes a broadcast.
 	res, err := f.owner.Broadcast(ctx, f.src, f.refs(), BroadcastConfig{Window: 2})

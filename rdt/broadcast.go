@@ -15,6 +15,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -218,7 +219,7 @@ func (r *Runtime) edgePath(from, to Ref) string {
 // bcastState is the owner's table of broadcasts in flight, for reports.
 type bcastState struct {
 	mu   sync.Mutex
-	runs map[bcastID]*bcastRun
+	runs map[bcast.ID]*bcastRun
 
 	// Test hook: slots of this runtime take only the first chunk of a
 	// broadcast (the rest are acknowledged and dropped), so a reader is
@@ -268,7 +269,7 @@ type bnode struct {
 
 type bcastEvent struct {
 	node   int
-	kind   byte // noteReport (gen, or failed: a child it could not feed), or one of ev*
+	kind   byte // ctlwire.Report (gen, or failed: a child it could not feed), or one of ev*
 	failed int  // report: the child that failed, -1 when the node completed; evRefused: the refusing node
 	gen    uint64
 	gens   []uint64
@@ -276,7 +277,7 @@ type bcastEvent struct {
 	from   peer.ID
 }
 
-// Event kinds besides noteReport.
+// Event kinds besides ctlwire.Report.
 const (
 	evEdgeFailed byte = 0 // the owner could not feed the node, or tell it its children
 	evDied       byte = 1 // the node's runtime was declared dead
@@ -285,7 +286,7 @@ const (
 
 type bcastRun struct {
 	r      *Runtime
-	id     bcastID
+	id     bcast.ID
 	srcs   []bcastSrc
 	cfg    BroadcastConfig
 	total  int64 // bytes per reader: every object's
@@ -330,22 +331,22 @@ func (b *bcastRun) take() []bcastEvent {
 // bcastReport takes a reader's report to a broadcast this runtime owns.
 func (r *Runtime) bcastReport(from peer.ID, m bcastMsg) error {
 	r.bcasts.mu.Lock()
-	b, ok := r.bcasts.runs[m.id]
+	b, ok := r.bcasts.runs[m.ID]
 	r.bcasts.mu.Unlock()
 	if !ok {
 		return nil // over already
 	}
-	i, ok := b.bySlot[m.slot]
+	i, ok := b.bySlot[m.Slot]
 	if !ok || b.nodes[i].ref.Owner != from {
 		return fmt.Errorf("%w: report for a slot of another runtime", ErrUnauthorized)
 	}
-	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, gens: m.gens, from: from}
-	if m.failed != (fabric.ObjectID{}) {
-		c, ok := b.bySlot[m.failed]
+	ev := bcastEvent{node: i, kind: ctlwire.Report, failed: -1, gen: m.Gen, gens: m.Gens, from: from}
+	if m.Failed != (fabric.ObjectID{}) {
+		c, ok := b.bySlot[m.Failed]
 		if !ok {
 			return fmt.Errorf("%w: report names an unknown child", ErrMalformedRef)
 		}
-		ev.failed, ev.err = c, fmt.Errorf("forwarded by reader %d: %s", i, m.text)
+		ev.failed, ev.err = c, fmt.Errorf("forwarded by reader %d: %s", i, m.Text)
 	}
 	b.post(ev)
 	return nil
@@ -388,8 +389,8 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	if len(readers) == 0 {
 		return nil, nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
 	}
-	if len(srcs) == 0 || len(srcs) > maxBatchItems {
-		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), maxBatchItems)
+	if len(srcs) == 0 || len(srcs) > bcast.MaxItems {
+		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), bcast.MaxItems)
 	}
 	for j, rs := range readers {
 		if len(rs) != len(srcs) {
@@ -459,7 +460,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	}
 	r.bcasts.mu.Lock()
 	if r.bcasts.runs == nil {
-		r.bcasts.runs = map[bcastID]*bcastRun{}
+		r.bcasts.runs = map[bcast.ID]*bcastRun{}
 	}
 	r.bcasts.runs[b.id] = b
 	r.bcasts.mu.Unlock()
@@ -645,10 +646,10 @@ func (b *bcastRun) parallel(f func(i int, n *bnode)) {
 // childrenMsgs tells reader n to forward to children: one notice for all
 // of them, or, in a batch, one per child with its slot per object.
 func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
-	m := bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token}
+	m := bcastMsg{Kind: ctlwire.Children, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token}
 	if len(b.srcs) == 1 {
 		for _, c := range children {
-			m.children = append(m.children, b.nodes[c].ref)
+			m.Children = append(m.Children, b.nodes[c].ref)
 		}
 		return []bcastMsg{m}
 	}
@@ -656,9 +657,9 @@ func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
 	for _, c := range children {
 		cm := m
 		cn := b.nodes[c]
-		cm.children = []Ref{cn.ref}
+		cm.Children = []Ref{cn.ref}
 		for k, it := range cn.items {
-			cm.items = append(cm.items, bcastItem{slot: it.Object, token: it.Token, dtype: b.srcs[k].ref.Desc.DType})
+			cm.Items = append(cm.Items, bcast.Item{Slot: it.Object, Token: it.Token, DType: b.srcs[k].ref.Desc.DType})
 		}
 		out = append(out, cm)
 	}
@@ -672,8 +673,8 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	if n.ref.Owner != r.host.ID() {
 		r.learnAddrs(n.ref)
 	}
-	msg := bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
-		n: b.srcs[0].total, off: b.cfg.ChunkSize, gen: uint64(b.cfg.Window), originInc: r.incarnation}
+	msg := bcastMsg{Kind: ctlwire.Prepare, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token,
+		N: b.srcs[0].total, Off: b.cfg.ChunkSize, Gen: uint64(b.cfg.Window), OriginInc: r.incarnation}
 	for k, it := range n.items {
 		if err := it.Desc.Validate(); err != nil {
 			return fmt.Errorf("%w: slot %d: %v", ErrMalformedRef, k, err)
@@ -687,7 +688,7 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 			return fmt.Errorf("%w: slot %d is on %s/%s, the reader's first on %s/%s (one runtime and device a reader)", ErrMalformedRef, k, it.Host, it.Device, n.ref.Host, n.ref.Device)
 		}
 		if len(b.srcs) > 1 {
-			msg.items = append(msg.items, bcastItem{slot: it.Object, token: it.Token, n: b.srcs[k].total})
+			msg.Items = append(msg.Items, bcast.Item{Slot: it.Object, Token: it.Token, N: b.srcs[k].total})
 		}
 	}
 	wait := time.NewTimer(b.cfg.BusyWait)
@@ -749,14 +750,14 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	n := b.nodes[ev.node]
 	switch {
-	case ev.kind == noteReport && ev.failed < 0:
+	case ev.kind == ctlwire.Report && ev.failed < 0:
 		if n.state == nodePending {
 			n.state, n.gen, n.gens = nodeComplete, ev.gen, ev.gens
 			if !n.direct {
 				b.done.Add(b.total)
 			}
 		}
-	case ev.kind == noteReport: // reader ev.node could not feed its child
+	case ev.kind == ctlwire.Report: // reader ev.node could not feed its child
 		if c := b.nodes[ev.failed]; c.state == nodePending && !c.direct && c.parent == ev.node {
 			b.r.log.Info("broadcast routes around a failed forward", "reader", ev.failed, "from", ev.node, "err", ev.err)
 			b.reparent(ctx, ev.failed, ev.node)
@@ -824,7 +825,7 @@ func (b *bcastRun) reparent(ctx context.Context, c, from int) {
 		go func() {
 			defer b.edges.Done()
 			m := b.childrenMsgs(pn, []int{c})[0]
-			m.gen = 1 // re-parented: its new feeder asks before each chunk
+			m.Gen = 1 // re-parented: its new feeder asks before each chunk
 			err := b.r.sendBcast(ctx, pn.ref.Owner, m)
 			if err != nil && ctx.Err() == nil {
 				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
@@ -866,7 +867,7 @@ func (b *bcastRun) abortPending() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), b.r.cfg.HeartbeatInterval)
 			defer cancel()
-			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: text})
+			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{Kind: ctlwire.Abort, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token, Text: text})
 		}()
 	}
 	wg.Wait()

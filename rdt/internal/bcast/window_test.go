@@ -75,4 +75,3 @@ func TestEdgeWindow(t *testing.T) {
 		assert.Zero(t, ok)
 	})
 }
-
