@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -27,7 +26,7 @@ import (
 
 // relay is one broadcast into a reader's slots: one slot, or one per
 // object of a batch (a state dict), whose chunks are numbered in one space
-// so that the whole batch flows down the tree as one stream.
+// (bcast.Chunks) so that the whole batch flows down the tree as one stream.
 type relay struct {
 	r         *Runtime
 	items     []relayItem
@@ -35,8 +34,8 @@ type relay struct {
 	id        bcast.ID
 	origin    peer.ID
 	originInc uint64
-	chunk     int64
-	nchunks   int
+	chunks    *bcast.Chunks
+	nchunks   int // chunks.Len(), once every slot is added
 	window    int // chunks in flight per forward
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
@@ -53,20 +52,11 @@ type relay struct {
 
 // relayItem is one slot of a relay.
 type relayItem struct {
-	s        *Slot
-	total    int64
-	first, n int // its chunks: [first, first+n) of the relay's
-	got      int
-	gen      uint64 // the slot's generation once every chunk landed
-	pinned   bool
-}
-
-// locate maps a chunk of the relay to its item and byte range.
-func (rl *relay) locate(g int) (k int, off, n int64) {
-	k = sort.Search(len(rl.items), func(k int) bool { return rl.items[k].first+rl.items[k].n > g })
-	it := &rl.items[k]
-	off = int64(g-it.first) * rl.chunk
-	return k, off, min(rl.chunk, it.total-off)
+	s      *Slot
+	n      int // its chunks
+	got    int
+	gen    uint64 // the slot's generation once every chunk landed
+	pinned bool
 }
 
 // forwarder sends the chunks a relay has to one child, in order of arrival.
@@ -83,15 +73,15 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	if len(items) == 0 {
 		items = []bcast.Item{{Slot: m.Slot, Token: m.Token, N: m.N}}
 	}
-	chunk := m.Off
-	if chunk <= 0 {
-		return fmt.Errorf("%w: broadcast chunk size %d", ErrMalformedRef, chunk)
+	chunks, cerr := bcast.NewChunks(m.Off)
+	if cerr != nil {
+		return fmt.Errorf("%w: %w", ErrMalformedRef, cerr)
 	}
 	if m.Gen > MaxBroadcastWindow {
 		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.Gen, MaxBroadcastWindow)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, id: m.ID, origin: from, originInc: m.OriginInc, chunk: chunk, window: max(1, int(m.Gen)), ctx: ctx, cancel: cancel,
+	rl := &relay{r: r, id: m.ID, origin: from, originInc: m.OriginInc, chunks: chunks, window: max(1, int(m.Gen)), ctx: ctx, cancel: cancel,
 		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
 	for k, it := range items {
 		s, err := r.sinks.lookup(it.Slot, m.Inc, it.Token)
@@ -107,22 +97,14 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 			cancel(nil)
 			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.N, s.buf.Len())
 		}
-		if chunk < bcast.MinChunk && it.N > chunk {
+		if err := chunks.Add(it.N); err != nil {
 			cancel(nil)
-			return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, it.N)
-		}
-		n := int((it.N + chunk - 1) / chunk)
-		if n == 0 {
-			n = 1 // an empty tensor: one empty chunk says it landed
-		}
-		if rl.nchunks+n > bcast.MaxChunks {
-			cancel(nil)
-			return fmt.Errorf("%w: broadcast of more than %d chunks", ErrMalformedRef, bcast.MaxChunks)
+			return fmt.Errorf("%w: %w", ErrMalformedRef, err)
 		}
 		rl.byID[it.Slot] = k
-		rl.items = append(rl.items, relayItem{s: s, total: it.N, first: rl.nchunks, n: n})
-		rl.nchunks += n
+		rl.items = append(rl.items, relayItem{s: s, n: chunks.Count(k)})
 	}
+	rl.nchunks = chunks.Len()
 	rl.have = make([]bool, rl.nchunks)
 	// A closed or busy slot refuses the whole broadcast before any is
 	// taken (the owner retries a busy one), ...
@@ -324,12 +306,11 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 // chunkOf is the relay's chunk number for the range a chunk or probe
 // notice names in item k.
 func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
-	it := &rl.items[k]
-	i := int(m.Off / rl.chunk)
-	if m.Off%rl.chunk != 0 || i >= it.n || m.N != min(rl.chunk, it.total-m.Off) {
-		return 0, fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.Off, m.N, it.total, rl.chunk)
+	g, err := rl.chunks.Index(k, m.Off, m.N)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMalformedRef, err)
 	}
-	return it.first + i, nil
+	return g, nil
 }
 
 // relayProbe answers a re-parented slot's new feeder: errChunkHeld when
@@ -446,7 +427,7 @@ chunks:
 		case <-w.Done():
 			break chunks
 		}
-		k, off, n := rl.locate(i)
+		k, off, n := rl.chunks.Locate(i)
 		buf := rl.items[k].s.buf
 		started := w.Send(func(ctx context.Context) error {
 			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
