@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,24 +246,15 @@ func (s *bcastState) holdChunk() {
 	s.held.Add(-1)
 }
 
-// Node states.
-const (
-	nodePending = iota
-	nodeComplete
-	nodeFailed
-)
-
+// bnode is one reader of a broadcast: its place in the tree
+// (bcast.Reader, decided by bcastRun.tree), its slots and its outcome.
 type bnode struct {
-	ref      Ref   // its first slot: the reader's name in notices and reports
-	items    []Ref // its slot per object (one, or one per object of a batch)
-	gens     []uint64
-	parent   int // current feeder: -1 the owner
-	first    int // the parent planned at first
-	children []int
-	state    int
-	gen      uint64
-	err      error
-	direct   bool // the owner feeds it now
+	bcast.Reader
+	ref   Ref   // its first slot: the reader's name in notices and reports
+	items []Ref // its slot per object (one, or one per object of a batch)
+	gens  []uint64
+	gen   uint64
+	err   error
 }
 
 type bcastEvent struct {
@@ -291,6 +281,7 @@ type bcastRun struct {
 	cfg    BroadcastConfig
 	total  int64 // bytes per reader: every object's
 	nodes  []*bnode
+	tree   bcast.Tree // the nodes' places, in order
 	plan   BroadcastPlan
 	bySlot map[fabric.ObjectID]int
 
@@ -441,7 +432,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	}
 	seen := map[fabric.ObjectID]bool{}
 	for j, rs := range readers {
-		n := &bnode{ref: rs[0], parent: -1, first: -1}
+		n := &bnode{ref: rs[0], Reader: bcast.Reader{Parent: -1, First: -1}}
 		for _, k := range valid {
 			n.items = append(n.items, rs[k])
 		}
@@ -454,6 +445,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 		}
 		b.bySlot[n.ref.Object] = j // reports name the reader's first slot
 		b.nodes = append(b.nodes, n)
+		b.tree.Nodes = append(b.tree.Nodes, &n.Reader)
 	}
 	if progress != nil {
 		progress(b)
@@ -479,7 +471,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
 	for i, n := range b.nodes {
-		rr := ReaderResult{Slot: n.ref, Parent: n.first, FedBy: n.parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
+		rr := ReaderResult{Slot: n.ref, Parent: n.First, FedBy: n.Parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
 		if len(srcs) > 1 {
 			rr.Slots = readers[i]
 			rr.Generations = make([]uint64, len(srcs))
@@ -489,17 +481,17 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 				}
 			}
 		}
-		if n.parent >= 0 {
-			rr.Fed = fmt.Sprintf("reader %d", n.parent)
+		if n.Parent >= 0 {
+			rr.Fed = fmt.Sprintf("reader %d", n.Parent)
 		}
 		if rr.Reparented() {
 			from := b.srcs[0].ref
-			if n.parent >= 0 {
-				from = b.nodes[n.parent].ref
+			if n.Parent >= 0 {
+				from = b.nodes[n.Parent].ref
 			}
 			rr.Path = r.edgePath(from, n.ref)
 		}
-		if n.state == nodePending {
+		if n.State == bcast.Pending {
 			rr.Err = fmt.Errorf("rdt: reader %d did not complete: %w", i, context.Cause(ctx))
 		}
 		res.Readers = append(res.Readers, rr)
@@ -540,14 +532,14 @@ func (b *bcastRun) run(ctx context.Context) {
 	b.parallel(func(i int, n *bnode) {
 		n.err = b.prepare(ectx, n)
 		if n.err != nil {
-			n.state = nodeFailed
+			n.State = bcast.Failed
 		}
 	})
 	// 2. Plan the tree among the readers that are ready.
 	var live []int
 	var liveRefs []Ref
 	for i, n := range b.nodes {
-		if n.state == nodePending {
+		if n.State == bcast.Pending {
 			live = append(live, i)
 			liveRefs = append(liveRefs, n.ref)
 		}
@@ -563,17 +555,14 @@ func (b *bcastRun) run(ctx context.Context) {
 			pn.Parent = live[pn.Parent]
 		}
 		b.plan.Nodes[i] = pn
-		b.nodes[i].parent, b.nodes[i].first = pn.Parent, pn.Parent
-		if pn.Parent >= 0 {
-			b.nodes[pn.Parent].children = append(b.nodes[pn.Parent].children, i)
-		}
+		b.tree.Plant(i, pn.Parent)
 	}
 	// 3. Tell the forwarding readers their children.
 	b.parallel(func(i int, n *bnode) {
-		if n.state != nodePending || len(n.children) == 0 {
+		if n.State != bcast.Pending || len(n.Children) == 0 {
 			return
 		}
-		for _, m := range b.childrenMsgs(n, n.children) {
+		for _, m := range b.childrenMsgs(n, n.Children) {
 			if err := r.sendBcast(ectx, n.ref.Owner, m); err != nil {
 				b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 				return
@@ -583,7 +572,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	// Readers are watched: a dead one is routed around.
 	watched := map[peer.ID]bool{}
 	for i, n := range b.nodes {
-		if n.state != nodePending || n.ref.Owner == r.host.ID() || watched[n.ref.Owner] {
+		if n.State != bcast.Pending || n.ref.Owner == r.host.ID() || watched[n.ref.Owner] {
 			continue
 		}
 		watched[n.ref.Owner] = true
@@ -606,7 +595,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	}
 	// 4. Feed the owner's children.
 	for i, n := range b.nodes {
-		if n.state == nodePending && n.parent == -1 {
+		if n.State == bcast.Pending && n.Parent == -1 {
 			b.feed(ectx, i, false)
 		}
 	}
@@ -615,7 +604,7 @@ func (b *bcastRun) run(ctx context.Context) {
 		for _, ev := range b.take() {
 			b.handle(ectx, ev)
 		}
-		if b.finished() {
+		if b.tree.Finished() {
 			return
 		}
 		select {
@@ -714,7 +703,7 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 // chunk whether it lacks it (probe).
 func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 	n := b.nodes[i]
-	n.parent, n.direct = -1, true
+	b.tree.Feed(i)
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
@@ -751,24 +740,24 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	n := b.nodes[ev.node]
 	switch {
 	case ev.kind == ctlwire.Report && ev.failed < 0:
-		if n.state == nodePending {
-			n.state, n.gen, n.gens = nodeComplete, ev.gen, ev.gens
-			if !n.direct {
+		if n.State == bcast.Pending {
+			n.State, n.gen, n.gens = bcast.Complete, ev.gen, ev.gens
+			if !n.Direct {
 				b.done.Add(b.total)
 			}
 		}
 	case ev.kind == ctlwire.Report: // reader ev.node could not feed its child
-		if c := b.nodes[ev.failed]; c.state == nodePending && !c.direct && c.parent == ev.node {
+		if b.tree.Orphaned(ev.failed, ev.node) {
 			b.r.log.Info("broadcast routes around a failed forward", "reader", ev.failed, "from", ev.node, "err", ev.err)
 			b.reparent(ctx, ev.failed, ev.node)
 		}
 	case ev.kind == evRefused: // ev.failed did not take orphan ev.node
-		if n.state == nodePending && !n.direct && n.parent == ev.failed {
+		if b.tree.Orphaned(ev.node, ev.failed) {
 			b.r.log.Info("broadcast re-parent refused", "reader", ev.node, "by", ev.failed, "err", ev.err)
 			b.reparent(ctx, ev.node, ev.failed)
 		}
 	default: // the owner's edge to it failed, or it died
-		if n.state != nodePending {
+		if n.State != bcast.Pending {
 			return
 		}
 		failed := []int{ev.node}
@@ -782,16 +771,16 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 			// Every reader of the dead runtime fails before any orphan is
 			// placed, so none is placed under a dead reader.
 			for j, m := range b.nodes {
-				if j != ev.node && m.state == nodePending && m.ref.Owner == n.ref.Owner {
-					m.state, m.err = nodeFailed, ev.err
+				if j != ev.node && m.State == bcast.Pending && m.ref.Owner == n.ref.Owner {
+					m.State, m.err = bcast.Failed, ev.err
 					failed = append(failed, j)
 				}
 			}
 		}
-		n.state, n.err = nodeFailed, ev.err
+		n.State, n.err = bcast.Failed, ev.err
 		for _, f := range failed {
-			for _, c := range b.nodes[f].children {
-				if cn := b.nodes[c]; cn.state == nodePending && !cn.direct && cn.parent == f {
+			for _, c := range b.nodes[f].Children {
+				if b.tree.Orphaned(c, f) {
 					b.reparent(ctx, c, f)
 				}
 			}
@@ -807,43 +796,25 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 // probe notice, overlapped by the window), so the chunks it already had
 // cross neither the new edge nor, being no news to it, its subtree.
 func (b *bcastRun) reparent(ctx context.Context, c, from int) {
-	cn := b.nodes[c]
 	b.r.bmet.Reroutes.Inc()
-	// Up the planned tree: a node's feeder is always one of its planned
-	// ancestors (or the owner), so no re-parent makes a cycle.
-	for p := b.nodes[from].first; p >= 0; p = b.nodes[p].first {
-		pn := b.nodes[p]
-		if pn.state == nodeFailed {
-			continue
-		}
-		cn.parent = p
-		if !slices.Contains(pn.children, c) {
-			pn.children = append(pn.children, c)
-		}
-		b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
-		b.edges.Add(1)
-		go func() {
-			defer b.edges.Done()
-			m := b.childrenMsgs(pn, []int{c})[0]
-			m.Gen = 1 // re-parented: its new feeder asks before each chunk
-			err := b.r.sendBcast(ctx, pn.ref.Owner, m)
-			if err != nil && ctx.Err() == nil {
-				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
-			}
-		}()
+	p := b.tree.Reparent(c, from)
+	if p < 0 {
+		b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
+		b.feed(ctx, c, true)
 		return
 	}
-	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
-	b.feed(ctx, c, true)
-}
-
-func (b *bcastRun) finished() bool {
-	for _, n := range b.nodes {
-		if n.state == nodePending {
-			return false
+	pn := b.nodes[p]
+	b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
+	b.edges.Add(1)
+	go func() {
+		defer b.edges.Done()
+		m := b.childrenMsgs(pn, []int{c})[0]
+		m.Gen = 1 // re-parented: its new feeder asks before each chunk
+		err := b.r.sendBcast(ctx, pn.ref.Owner, m)
+		if err != nil && ctx.Err() == nil {
+			b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
 		}
-	}
-	return true
+	}()
 }
 
 // abortPending tells readers still waiting that the broadcast is over, so
@@ -857,9 +828,9 @@ func (b *bcastRun) abortPending() {
 	for _, n := range b.nodes {
 		text := "the owner gave up"
 		switch {
-		case n.state == nodeComplete && len(n.children) > 0:
+		case n.State == bcast.Complete && len(n.Children) > 0:
 			text = "over" // it forwards: its relay stays open for orphans until now
-		case n.state == nodeComplete || isReaderGone(n.err):
+		case n.State == bcast.Complete || isReaderGone(n.err):
 			continue
 		}
 		wg.Add(1)
