@@ -2,77 +2,16 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// An edge window runs up to w writes at once, in the order they are sent;
-// the first failure stops it and is the one it reports.
-func TestEdgeWindow(t *testing.T) {
-	t.Run("bounded", func(t *testing.T) {
-		w := newEdgeWindow(context.Background(), 3)
-		gate := make(chan struct{})
-		var running, most atomic.Int64
-		write := func(ctx context.Context) error {
-			n := running.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
-			<-gate
-			running.Add(-1)
-			return nil
-		}
-		sent := make(chan bool)
-		go func() {
-			for range 5 {
-				if !w.send(write) {
-					sent <- false
-					return
-				}
-			}
-			sent <- true
-		}()
-		require.Eventually(t, func() bool { return running.Load() == 3 }, 10*time.Second, time.Millisecond)
-		close(gate)
-		require.True(t, <-sent)
-		ok, err := w.wait()
-		assert.NoError(t, err)
-		assert.Equal(t, 5, ok)
-		assert.Equal(t, int64(3), most.Load(), "never more than the window")
-	})
-	t.Run("first failure", func(t *testing.T) {
-		w := newEdgeWindow(context.Background(), 2)
-		boom := errors.New("boom")
-		held := make(chan struct{})
-		require.True(t, w.send(func(ctx context.Context) error {
-			close(held)
-			<-ctx.Done() // cancelled by the failure next door
-			return ctx.Err()
-		}))
-		<-held
-		require.True(t, w.send(func(context.Context) error { return boom }))
-		<-w.done()
-		assert.False(t, w.send(func(context.Context) error { t.Error("started after a failure"); return nil }))
-		ok, err := w.wait()
-		assert.ErrorIs(t, err, boom)
-		assert.Zero(t, ok)
-	})
-	t.Run("cancelled", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		w := newEdgeWindow(ctx, 2)
-		require.True(t, w.send(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }))
-		cancel()
-		assert.False(t, w.send(func(context.Context) error { return nil }))
-		ok, err := w.wait()
-		assert.NoError(t, err, "the caller's cancellation is not the edge's failure")
-		assert.Zero(t, ok)
-	})
-}
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+)
 
 // Each edge of the tree keeps Window chunks in flight, no more: the owner
 // feeding h1's reader, and h1's reader forwarding to h2's. Chunk notices
@@ -93,7 +32,7 @@ func TestBroadcastWindow(t *testing.T) {
 				}
 			}
 			t.Cleanup(func() { release(h1, hold1); release(h2, hold2) }) // a failed test does not hang
-			h := f.owner.StartBroadcast(ctx, f.src, refs, BroadcastConfig{ChunkSize: minChunk, Window: window})
+			h := f.owner.StartBroadcast(ctx, f.src, refs, BroadcastConfig{ChunkSize: bcast.MinChunk, Window: window})
 			require.Eventually(t, func() bool { return h1.bcasts.held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the owner's edge fills its window")
 			release(h1, hold1)
 			require.Eventually(t, func() bool { return h2.bcasts.held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the forward fills its window")
@@ -121,8 +60,8 @@ func TestBroadcastWindowBad(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformedRef, "window %d", w)
 	}
 	s := f.slots[1].Ref()
-	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastMsg{kind: notePrepare, slot: s.Object, inc: s.Incarnation, token: s.Token,
-		n: 1 << 20, off: minChunk, gen: MaxBroadcastWindow + 1})
+	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastMsg{Kind: ctlwire.Prepare, Slot: s.Object, Inc: s.Incarnation, Token: s.Token,
+		N: 1 << 20, Off: bcast.MinChunk, Gen: MaxBroadcastWindow + 1})
 	assert.ErrorIs(t, err, ErrMalformedRef)
 	// Nothing was taken: the slot still takes a broadcast.
 	res, err := f.owner.Broadcast(ctx, f.src, f.refs(), BroadcastConfig{Window: 2})

@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +13,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
-	"github.com/tensorlane/tensorlane/topology"
 )
 
 // Broadcast publishes one object to many readers' slots at once (RL weight
@@ -37,35 +36,14 @@ import (
 // otherwise why not; BroadcastResult.String draws the tree followed.
 // BroadcastBatch (bcastbatch.go) sends a set of objects along one tree.
 
-// BroadcastConfig tunes a broadcast; the zero value means the defaults.
-type BroadcastConfig struct {
-	// ChunkSize is the pipelining unit. Default 4 MiB; at least 64 KiB
-	// (each chunk costs a notice round trip per edge).
-	ChunkSize int64
-	// BusyWait is how long a flow-controlled slot whose reader has not said
-	// Done with its generation is waited for before it is skipped with
-	// ErrSlotBusy. Default 10 s.
-	BusyWait time.Duration
-	// Window is how many chunks each edge of the tree keeps in flight,
-	// the owner's feeds and the readers' forwards alike: with one, an edge
-	// idles for a push and a notice round trip between chunks. Default 4,
-	// at most MaxBroadcastWindow. Readers of an older version forward one
-	// chunk at a time whatever it says.
-	Window int
-}
+// BroadcastConfig tunes a broadcast; the zero value means the defaults
+// (ChunkSize, BusyWait and Window are documented on bcast.Config).
+type BroadcastConfig = bcast.Config
 
-func (c BroadcastConfig) withDefaults() BroadcastConfig {
-	if c.ChunkSize <= 0 {
-		c.ChunkSize = 4 << 20
-	}
-	if c.Window == 0 {
-		c.Window = defaultWindow
-	}
-	if c.BusyWait <= 0 {
-		c.BusyWait = 10 * time.Second
-	}
-	return c
-}
+// MaxBroadcastWindow bounds BroadcastConfig.Window: past a few chunks the
+// edge is full, and each chunk in flight holds a notice stream and a
+// transport connection.
+const MaxBroadcastWindow = bcast.MaxWindow
 
 // ReaderResult is one reader's outcome of a broadcast.
 type ReaderResult struct {
@@ -191,42 +169,13 @@ func (b *BroadcastResult) WaitConsumed(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// BroadcastPlan is the tree a broadcast follows.
-type BroadcastPlan struct {
-	Owner string // the owner's endpoint
-	Nodes []PlanNode
-}
-
-// PlanNode is one reader in the tree.
-type PlanNode struct {
-	Endpoint string // host/device of the slot
-	Parent   int    // -1: the owner
-	Path     string // the transport from its parent
-	Leader   bool   // the first reader of its host, fed across hosts
-}
-
-// String draws the tree, one reader a line, children indented under their
-// parent.
-func (p BroadcastPlan) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "owner %s\n", p.Owner)
-	var walk func(parent, depth int)
-	walk = func(parent, depth int) {
-		for i, n := range p.Nodes {
-			if n.Parent != parent {
-				continue
-			}
-			role := ""
-			if n.Leader {
-				role = " (host leader)"
-			}
-			fmt.Fprintf(&b, "%s└─ reader %d %s via %s%s\n", strings.Repeat("   ", depth), i, n.Endpoint, n.Path, role)
-			walk(i, depth+1)
-		}
-	}
-	walk(-1, 0)
-	return b.String()
-}
+// BroadcastPlan is the tree a broadcast follows; PlanNode is one reader
+// in it. Both are planned in package bcast (PlanTree), a pure function of
+// the topology that PlanBroadcastTree runs without a runtime.
+type (
+	BroadcastPlan = bcast.Plan
+	PlanNode      = bcast.Node
+)
 
 // ExplainBroadcast says which tree a broadcast of src to slots would
 // follow and which path each edge would take.
@@ -234,60 +183,20 @@ func (a *Actor) ExplainBroadcast(src Ref, slots []Ref) BroadcastPlan {
 	return a.rt.planBroadcast(src, slots)
 }
 
-// planBroadcast orders the readers: hosts nearest the owner first, one
-// leader per host fed along the chain of hosts, the others chained behind
-// their leader.
+// planBroadcast is bcast.PlanTree over the slots' endpoints, each edge's
+// path what the relay's write would run.
 func (r *Runtime) planBroadcast(src Ref, slots []Ref) BroadcastPlan {
-	plan := BroadcastPlan{Owner: src.Host + "/" + src.Device.String(), Nodes: make([]PlanNode, len(slots))}
-	byHost := map[string][]int{}
-	var hosts []string
+	eps := make([]fabric.Endpoint, len(slots))
 	for i, s := range slots {
-		if _, ok := byHost[s.Host]; !ok {
-			hosts = append(hosts, s.Host)
-		}
-		byHost[s.Host] = append(byHost[s.Host], i)
+		eps[i] = fabric.Endpoint{Host: s.Host, Device: s.Device}
 	}
-	rank := func(h string) int {
-		if h == src.Host {
-			return 0
-		}
-		return 1 + r.hostDistance(src.Host, h)
-	}
-	sort.SliceStable(hosts, func(i, j int) bool {
-		ri, rj := rank(hosts[i]), rank(hosts[j])
-		if ri != rj {
-			return ri < rj
-		}
-		return hosts[i] < hosts[j]
-	})
-	prevLeader := -1
-	for _, h := range hosts {
-		members := byHost[h]
-		// Within a host, a reader on the owner's own device, then by device.
-		sort.SliceStable(members, func(i, j int) bool {
-			return slots[members[i]].Device.String() < slots[members[j]].Device.String()
-		})
-		from := prevLeader
-		for k, m := range members {
-			plan.Nodes[m] = PlanNode{Endpoint: h + "/" + slots[m].Device.String(), Parent: from, Leader: k == 0}
-			if k == 0 && h != src.Host {
-				prevLeader = m
-			}
-			from = m
-		}
-		if h == src.Host {
-			plan.Nodes[members[0]].Leader = false
-		}
-	}
-	for i := range plan.Nodes {
-		n := &plan.Nodes[i]
+	return bcast.PlanTree(r.cfg.Cluster, fabric.Endpoint{Host: src.Host, Device: src.Device}, eps, func(parent, child int) string {
 		from := src
-		if n.Parent >= 0 {
-			from = slots[n.Parent]
+		if parent >= 0 {
+			from = slots[parent]
 		}
-		n.Path = r.edgePath(from, slots[i])
-	}
-	return plan
+		return r.edgePath(from, slots[child])
+	})
 }
 
 // edgePath is the transport a broadcast edge from from's memory into
@@ -306,31 +215,10 @@ func (r *Runtime) edgePath(from, to Ref) string {
 	return "none"
 }
 
-// hostDistance ranks how far host b is from a: 0 in one NVLink domain,
-// 1 in one rack, 2 otherwise.
-func (r *Runtime) hostDistance(a, b string) int {
-	ha, ok1 := r.cfg.Cluster.Host(a)
-	hb, ok2 := r.cfg.Cluster.Host(b)
-	if !ok1 || !ok2 {
-		return 3
-	}
-	same := func(k string) bool { v := ha.Labels[k]; return v != "" && v == hb.Labels[k] }
-	switch {
-	case same(topology.LabelNVLinkDomain):
-		return 0
-	case same(topology.LabelRack):
-		return 1
-	}
-	return 2
-}
-
-// minChunk is the smallest ChunkSize a broadcast accepts.
-const minChunk = 64 << 10
-
 // bcastState is the owner's table of broadcasts in flight, for reports.
 type bcastState struct {
 	mu   sync.Mutex
-	runs map[bcastID]*bcastRun
+	runs map[bcast.ID]*bcastRun
 
 	// Test hook: slots of this runtime take only the first chunk of a
 	// broadcast (the rest are acknowledged and dropped), so a reader is
@@ -358,29 +246,20 @@ func (s *bcastState) holdChunk() {
 	s.held.Add(-1)
 }
 
-// Node states.
-const (
-	nodePending = iota
-	nodeComplete
-	nodeFailed
-)
-
+// bnode is one reader of a broadcast: its place in the tree
+// (bcast.Reader, decided by bcastRun.tree), its slots and its outcome.
 type bnode struct {
-	ref      Ref   // its first slot: the reader's name in notices and reports
-	items    []Ref // its slot per object (one, or one per object of a batch)
-	gens     []uint64
-	parent   int // current feeder: -1 the owner
-	first    int // the parent planned at first
-	children []int
-	state    int
-	gen      uint64
-	err      error
-	direct   bool // the owner feeds it now
+	bcast.Reader
+	ref   Ref   // its first slot: the reader's name in notices and reports
+	items []Ref // its slot per object (one, or one per object of a batch)
+	gens  []uint64
+	gen   uint64
+	err   error
 }
 
 type bcastEvent struct {
 	node   int
-	kind   byte // noteReport (gen, or failed: a child it could not feed), or one of ev*
+	kind   byte // ctlwire.Report (gen, or failed: a child it could not feed), or one of ev*
 	failed int  // report: the child that failed, -1 when the node completed; evRefused: the refusing node
 	gen    uint64
 	gens   []uint64
@@ -388,7 +267,7 @@ type bcastEvent struct {
 	from   peer.ID
 }
 
-// Event kinds besides noteReport.
+// Event kinds besides ctlwire.Report.
 const (
 	evEdgeFailed byte = 0 // the owner could not feed the node, or tell it its children
 	evDied       byte = 1 // the node's runtime was declared dead
@@ -397,11 +276,12 @@ const (
 
 type bcastRun struct {
 	r      *Runtime
-	id     bcastID
+	id     bcast.ID
 	srcs   []bcastSrc
 	cfg    BroadcastConfig
 	total  int64 // bytes per reader: every object's
 	nodes  []*bnode
+	tree   bcast.Tree // the nodes' places, in order
 	plan   BroadcastPlan
 	bySlot map[fabric.ObjectID]int
 
@@ -442,22 +322,22 @@ func (b *bcastRun) take() []bcastEvent {
 // bcastReport takes a reader's report to a broadcast this runtime owns.
 func (r *Runtime) bcastReport(from peer.ID, m bcastMsg) error {
 	r.bcasts.mu.Lock()
-	b, ok := r.bcasts.runs[m.id]
+	b, ok := r.bcasts.runs[m.ID]
 	r.bcasts.mu.Unlock()
 	if !ok {
 		return nil // over already
 	}
-	i, ok := b.bySlot[m.slot]
+	i, ok := b.bySlot[m.Slot]
 	if !ok || b.nodes[i].ref.Owner != from {
 		return fmt.Errorf("%w: report for a slot of another runtime", ErrUnauthorized)
 	}
-	ev := bcastEvent{node: i, kind: noteReport, failed: -1, gen: m.gen, gens: m.gens, from: from}
-	if m.failed != (fabric.ObjectID{}) {
-		c, ok := b.bySlot[m.failed]
+	ev := bcastEvent{node: i, kind: ctlwire.Report, failed: -1, gen: m.Gen, gens: m.Gens, from: from}
+	if m.Failed != (fabric.ObjectID{}) {
+		c, ok := b.bySlot[m.Failed]
 		if !ok {
 			return fmt.Errorf("%w: report names an unknown child", ErrMalformedRef)
 		}
-		ev.failed, ev.err = c, fmt.Errorf("forwarded by reader %d: %s", i, m.text)
+		ev.failed, ev.err = c, fmt.Errorf("forwarded by reader %d: %s", i, m.Text)
 	}
 	b.post(ev)
 	return nil
@@ -500,17 +380,17 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	if len(readers) == 0 {
 		return nil, nil, fmt.Errorf("%w: broadcast to no readers", ErrMalformedRef)
 	}
-	if len(srcs) == 0 || len(srcs) > maxBatchItems {
-		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), maxBatchItems)
+	if len(srcs) == 0 || len(srcs) > bcast.MaxItems {
+		return nil, nil, fmt.Errorf("%w: a broadcast of %d objects (1 to %d)", ErrMalformedRef, len(srcs), bcast.MaxItems)
 	}
 	for j, rs := range readers {
 		if len(rs) != len(srcs) {
 			return nil, nil, fmt.Errorf("%w: reader %d has %d slots for %d objects", ErrMalformedRef, j, len(rs), len(srcs))
 		}
 	}
-	cfg = cfg.withDefaults()
-	if cfg.ChunkSize < minChunk {
-		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, minChunk)
+	cfg = cfg.Defaults()
+	if cfg.ChunkSize < bcast.MinChunk {
+		return nil, nil, fmt.Errorf("%w: chunks of %d bytes (at least %d)", ErrMalformedRef, cfg.ChunkSize, bcast.MinChunk)
 	}
 	if cfg.Window < 1 || cfg.Window > MaxBroadcastWindow {
 		return nil, nil, fmt.Errorf("%w: a window of %d chunks per edge (1 to %d)", ErrMalformedRef, cfg.Window, MaxBroadcastWindow)
@@ -547,12 +427,12 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	if len(b.srcs) == 0 {
 		return nil, itemErrs, errors.Join(itemErrs...)
 	}
-	if chunks > maxChunks {
-		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, maxChunks)
+	if chunks > bcast.MaxChunks {
+		return nil, itemErrs, fmt.Errorf("%w: %d chunks of %d bytes (at most %d)", ErrMalformedRef, chunks, cfg.ChunkSize, bcast.MaxChunks)
 	}
 	seen := map[fabric.ObjectID]bool{}
 	for j, rs := range readers {
-		n := &bnode{ref: rs[0], parent: -1, first: -1}
+		n := &bnode{ref: rs[0], Reader: bcast.Reader{Parent: -1, First: -1}}
 		for _, k := range valid {
 			n.items = append(n.items, rs[k])
 		}
@@ -565,13 +445,14 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 		}
 		b.bySlot[n.ref.Object] = j // reports name the reader's first slot
 		b.nodes = append(b.nodes, n)
+		b.tree.Nodes = append(b.tree.Nodes, &n.Reader)
 	}
 	if progress != nil {
 		progress(b)
 	}
 	r.bcasts.mu.Lock()
 	if r.bcasts.runs == nil {
-		r.bcasts.runs = map[bcastID]*bcastRun{}
+		r.bcasts.runs = map[bcast.ID]*bcastRun{}
 	}
 	r.bcasts.runs[b.id] = b
 	r.bcasts.mu.Unlock()
@@ -590,7 +471,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	b.run(ctx)
 	res := &BroadcastResult{Bytes: b.total, Duration: time.Since(began), Plan: b.plan, rt: r}
 	for i, n := range b.nodes {
-		rr := ReaderResult{Slot: n.ref, Parent: n.first, FedBy: n.parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
+		rr := ReaderResult{Slot: n.ref, Parent: n.First, FedBy: n.Parent, Path: b.plan.Nodes[i].Path, Generation: n.gen, Err: n.err, Fed: "owner"}
 		if len(srcs) > 1 {
 			rr.Slots = readers[i]
 			rr.Generations = make([]uint64, len(srcs))
@@ -600,17 +481,17 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 				}
 			}
 		}
-		if n.parent >= 0 {
-			rr.Fed = fmt.Sprintf("reader %d", n.parent)
+		if n.Parent >= 0 {
+			rr.Fed = fmt.Sprintf("reader %d", n.Parent)
 		}
 		if rr.Reparented() {
 			from := b.srcs[0].ref
-			if n.parent >= 0 {
-				from = b.nodes[n.parent].ref
+			if n.Parent >= 0 {
+				from = b.nodes[n.Parent].ref
 			}
 			rr.Path = r.edgePath(from, n.ref)
 		}
-		if n.state == nodePending {
+		if n.State == bcast.Pending {
 			rr.Err = fmt.Errorf("rdt: reader %d did not complete: %w", i, context.Cause(ctx))
 		}
 		res.Readers = append(res.Readers, rr)
@@ -651,14 +532,14 @@ func (b *bcastRun) run(ctx context.Context) {
 	b.parallel(func(i int, n *bnode) {
 		n.err = b.prepare(ectx, n)
 		if n.err != nil {
-			n.state = nodeFailed
+			n.State = bcast.Failed
 		}
 	})
 	// 2. Plan the tree among the readers that are ready.
 	var live []int
 	var liveRefs []Ref
 	for i, n := range b.nodes {
-		if n.state == nodePending {
+		if n.State == bcast.Pending {
 			live = append(live, i)
 			liveRefs = append(liveRefs, n.ref)
 		}
@@ -674,17 +555,14 @@ func (b *bcastRun) run(ctx context.Context) {
 			pn.Parent = live[pn.Parent]
 		}
 		b.plan.Nodes[i] = pn
-		b.nodes[i].parent, b.nodes[i].first = pn.Parent, pn.Parent
-		if pn.Parent >= 0 {
-			b.nodes[pn.Parent].children = append(b.nodes[pn.Parent].children, i)
-		}
+		b.tree.Plant(i, pn.Parent)
 	}
 	// 3. Tell the forwarding readers their children.
 	b.parallel(func(i int, n *bnode) {
-		if n.state != nodePending || len(n.children) == 0 {
+		if n.State != bcast.Pending || len(n.Children) == 0 {
 			return
 		}
-		for _, m := range b.childrenMsgs(n, n.children) {
+		for _, m := range b.childrenMsgs(n, n.Children) {
 			if err := r.sendBcast(ectx, n.ref.Owner, m); err != nil {
 				b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 				return
@@ -694,7 +572,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	// Readers are watched: a dead one is routed around.
 	watched := map[peer.ID]bool{}
 	for i, n := range b.nodes {
-		if n.state != nodePending || n.ref.Owner == r.host.ID() || watched[n.ref.Owner] {
+		if n.State != bcast.Pending || n.ref.Owner == r.host.ID() || watched[n.ref.Owner] {
 			continue
 		}
 		watched[n.ref.Owner] = true
@@ -717,7 +595,7 @@ func (b *bcastRun) run(ctx context.Context) {
 	}
 	// 4. Feed the owner's children.
 	for i, n := range b.nodes {
-		if n.state == nodePending && n.parent == -1 {
+		if n.State == bcast.Pending && n.Parent == -1 {
 			b.feed(ectx, i, false)
 		}
 	}
@@ -726,7 +604,7 @@ func (b *bcastRun) run(ctx context.Context) {
 		for _, ev := range b.take() {
 			b.handle(ectx, ev)
 		}
-		if b.finished() {
+		if b.tree.Finished() {
 			return
 		}
 		select {
@@ -757,10 +635,10 @@ func (b *bcastRun) parallel(f func(i int, n *bnode)) {
 // childrenMsgs tells reader n to forward to children: one notice for all
 // of them, or, in a batch, one per child with its slot per object.
 func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
-	m := bcastMsg{kind: noteChildren, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token}
+	m := bcastMsg{Kind: ctlwire.Children, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token}
 	if len(b.srcs) == 1 {
 		for _, c := range children {
-			m.children = append(m.children, b.nodes[c].ref)
+			m.Children = append(m.Children, b.nodes[c].ref)
 		}
 		return []bcastMsg{m}
 	}
@@ -768,9 +646,9 @@ func (b *bcastRun) childrenMsgs(n *bnode, children []int) []bcastMsg {
 	for _, c := range children {
 		cm := m
 		cn := b.nodes[c]
-		cm.children = []Ref{cn.ref}
+		cm.Children = []Ref{cn.ref}
 		for k, it := range cn.items {
-			cm.items = append(cm.items, bcastItem{slot: it.Object, token: it.Token, dtype: b.srcs[k].ref.Desc.DType})
+			cm.Items = append(cm.Items, bcast.Item{Slot: it.Object, Token: it.Token, DType: b.srcs[k].ref.Desc.DType})
 		}
 		out = append(out, cm)
 	}
@@ -784,8 +662,8 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 	if n.ref.Owner != r.host.ID() {
 		r.learnAddrs(n.ref)
 	}
-	msg := bcastMsg{kind: notePrepare, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token,
-		n: b.srcs[0].total, off: b.cfg.ChunkSize, gen: uint64(b.cfg.Window), originInc: r.incarnation}
+	msg := bcastMsg{Kind: ctlwire.Prepare, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token,
+		N: b.srcs[0].total, Off: b.cfg.ChunkSize, Gen: uint64(b.cfg.Window), OriginInc: r.incarnation}
 	for k, it := range n.items {
 		if err := it.Desc.Validate(); err != nil {
 			return fmt.Errorf("%w: slot %d: %v", ErrMalformedRef, k, err)
@@ -799,7 +677,7 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 			return fmt.Errorf("%w: slot %d is on %s/%s, the reader's first on %s/%s (one runtime and device a reader)", ErrMalformedRef, k, it.Host, it.Device, n.ref.Host, n.ref.Device)
 		}
 		if len(b.srcs) > 1 {
-			msg.items = append(msg.items, bcastItem{slot: it.Object, token: it.Token, n: b.srcs[k].total})
+			msg.Items = append(msg.Items, bcast.Item{Slot: it.Object, Token: it.Token, N: b.srcs[k].total})
 		}
 	}
 	wait := time.NewTimer(b.cfg.BusyWait)
@@ -825,17 +703,17 @@ func (b *bcastRun) prepare(ctx context.Context, n *bnode) error {
 // chunk whether it lacks it (probe).
 func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 	n := b.nodes[i]
-	n.parent, n.direct = -1, true
+	b.tree.Feed(i)
 	b.edges.Add(1)
 	go func() {
 		defer b.edges.Done()
-		w := newEdgeWindow(ctx, b.cfg.Window)
+		w := bcast.NewWindow(ctx, b.cfg.Window)
 	objects:
 		for k, src := range b.srcs {
 			ep := b.r.endpoint(src.ref.Device)
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
 				off, m := off, min(b.cfg.ChunkSize, src.total-off)
-				started := w.send(func(ctx context.Context) error {
+				started := w.Send(func(ctx context.Context) error {
 					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m, probe); err != nil {
 						return err
 					}
@@ -850,7 +728,7 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 				}
 			}
 		}
-		if _, err := w.wait(); err != nil && ctx.Err() == nil {
+		if _, err := w.Wait(); err != nil && ctx.Err() == nil {
 			b.post(bcastEvent{node: i, kind: evEdgeFailed, err: err})
 		}
 	}()
@@ -861,25 +739,25 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 	n := b.nodes[ev.node]
 	switch {
-	case ev.kind == noteReport && ev.failed < 0:
-		if n.state == nodePending {
-			n.state, n.gen, n.gens = nodeComplete, ev.gen, ev.gens
-			if !n.direct {
+	case ev.kind == ctlwire.Report && ev.failed < 0:
+		if n.State == bcast.Pending {
+			n.State, n.gen, n.gens = bcast.Complete, ev.gen, ev.gens
+			if !n.Direct {
 				b.done.Add(b.total)
 			}
 		}
-	case ev.kind == noteReport: // reader ev.node could not feed its child
-		if c := b.nodes[ev.failed]; c.state == nodePending && !c.direct && c.parent == ev.node {
+	case ev.kind == ctlwire.Report: // reader ev.node could not feed its child
+		if b.tree.Orphaned(ev.failed, ev.node) {
 			b.r.log.Info("broadcast routes around a failed forward", "reader", ev.failed, "from", ev.node, "err", ev.err)
 			b.reparent(ctx, ev.failed, ev.node)
 		}
 	case ev.kind == evRefused: // ev.failed did not take orphan ev.node
-		if n.state == nodePending && !n.direct && n.parent == ev.failed {
+		if b.tree.Orphaned(ev.node, ev.failed) {
 			b.r.log.Info("broadcast re-parent refused", "reader", ev.node, "by", ev.failed, "err", ev.err)
 			b.reparent(ctx, ev.node, ev.failed)
 		}
 	default: // the owner's edge to it failed, or it died
-		if n.state != nodePending {
+		if n.State != bcast.Pending {
 			return
 		}
 		failed := []int{ev.node}
@@ -893,16 +771,16 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 			// Every reader of the dead runtime fails before any orphan is
 			// placed, so none is placed under a dead reader.
 			for j, m := range b.nodes {
-				if j != ev.node && m.state == nodePending && m.ref.Owner == n.ref.Owner {
-					m.state, m.err = nodeFailed, ev.err
+				if j != ev.node && m.State == bcast.Pending && m.ref.Owner == n.ref.Owner {
+					m.State, m.err = bcast.Failed, ev.err
 					failed = append(failed, j)
 				}
 			}
 		}
-		n.state, n.err = nodeFailed, ev.err
+		n.State, n.err = bcast.Failed, ev.err
 		for _, f := range failed {
-			for _, c := range b.nodes[f].children {
-				if cn := b.nodes[c]; cn.state == nodePending && !cn.direct && cn.parent == f {
+			for _, c := range b.nodes[f].Children {
+				if b.tree.Orphaned(c, f) {
 					b.reparent(ctx, c, f)
 				}
 			}
@@ -918,43 +796,25 @@ func (b *bcastRun) handle(ctx context.Context, ev bcastEvent) {
 // probe notice, overlapped by the window), so the chunks it already had
 // cross neither the new edge nor, being no news to it, its subtree.
 func (b *bcastRun) reparent(ctx context.Context, c, from int) {
-	cn := b.nodes[c]
-	b.r.bmet.reroutes.Inc()
-	// Up the planned tree: a node's feeder is always one of its planned
-	// ancestors (or the owner), so no re-parent makes a cycle.
-	for p := b.nodes[from].first; p >= 0; p = b.nodes[p].first {
-		pn := b.nodes[p]
-		if pn.state == nodeFailed {
-			continue
-		}
-		cn.parent = p
-		if !slices.Contains(pn.children, c) {
-			pn.children = append(pn.children, c)
-		}
-		b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
-		b.edges.Add(1)
-		go func() {
-			defer b.edges.Done()
-			m := b.childrenMsgs(pn, []int{c})[0]
-			m.gen = 1 // re-parented: its new feeder asks before each chunk
-			err := b.r.sendBcast(ctx, pn.ref.Owner, m)
-			if err != nil && ctx.Err() == nil {
-				b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
-			}
-		}()
+	b.r.bmet.Reroutes.Inc()
+	p := b.tree.Reparent(c, from)
+	if p < 0 {
+		b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
+		b.feed(ctx, c, true)
 		return
 	}
-	b.r.log.Info("broadcast re-parents an orphan to the owner", "reader", c, "was", from)
-	b.feed(ctx, c, true)
-}
-
-func (b *bcastRun) finished() bool {
-	for _, n := range b.nodes {
-		if n.state == nodePending {
-			return false
+	pn := b.nodes[p]
+	b.r.log.Info("broadcast re-parents an orphan", "reader", c, "was", from, "now", p)
+	b.edges.Add(1)
+	go func() {
+		defer b.edges.Done()
+		m := b.childrenMsgs(pn, []int{c})[0]
+		m.Gen = 1 // re-parented: its new feeder asks before each chunk
+		err := b.r.sendBcast(ctx, pn.ref.Owner, m)
+		if err != nil && ctx.Err() == nil {
+			b.post(bcastEvent{node: c, kind: evRefused, failed: p, err: err})
 		}
-	}
-	return true
+	}()
 }
 
 // abortPending tells readers still waiting that the broadcast is over, so
@@ -968,9 +828,9 @@ func (b *bcastRun) abortPending() {
 	for _, n := range b.nodes {
 		text := "the owner gave up"
 		switch {
-		case n.state == nodeComplete && len(n.children) > 0:
+		case n.State == bcast.Complete && len(n.Children) > 0:
 			text = "over" // it forwards: its relay stays open for orphans until now
-		case n.state == nodeComplete || isReaderGone(n.err):
+		case n.State == bcast.Complete || isReaderGone(n.err):
 			continue
 		}
 		wg.Add(1)
@@ -978,7 +838,7 @@ func (b *bcastRun) abortPending() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), b.r.cfg.HeartbeatInterval)
 			defer cancel()
-			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{kind: noteAbort, id: b.id, slot: n.ref.Object, inc: n.ref.Incarnation, token: n.ref.Token, text: text})
+			b.r.sendBcast(ctx, n.ref.Owner, bcastMsg{Kind: ctlwire.Abort, ID: b.id, Slot: n.ref.Object, Inc: n.ref.Incarnation, Token: n.ref.Token, Text: text})
 		}()
 	}
 	wg.Wait()

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -292,18 +294,18 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{kind: noteChildren, off: 7, n: 9, gen: 3, originInc: 5, text: "x", token: []byte("tok"), children: f.refs()[:2],
-		items: []bcastItem{{token: []byte("a"), n: 5, dtype: tensor.BFloat16}, {n: 1 << 40}}, gens: []uint64{1, 2}}
-	rand.Read(m.id[:])
-	p, err := m.marshal()
+	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: f.refs()[:2],
+		Items: []bcast.Item{{Token: []byte("a"), N: 5, DType: tensor.BFloat16}, {N: 1 << 40}}, Gens: []uint64{1, 2}}
+	rand.Read(m.ID[:])
+	p, err := m.Marshal()
 	require.NoError(t, err)
 	got, err := parseBcastMsg(p)
 	require.NoError(t, err)
-	assert.Equal(t, m.id, got.id)
-	assert.Equal(t, m.off, got.off)
-	assert.Len(t, got.children, 2)
-	assert.Equal(t, m.items, got.items)
-	assert.Equal(t, m.gens, got.gens)
+	assert.Equal(t, m.ID, got.ID)
+	assert.Equal(t, m.Off, got.Off)
+	assert.Len(t, got.Children, 2)
+	assert.Equal(t, m.Items, got.Items)
+	assert.Equal(t, m.Gens, got.Gens)
 	for _, bad := range [][]byte{nil, {0}, {9}, p[:len(p)-1], append(bytes.Clone(p), 0)} {
 		_, err := parseBcastMsg(bad)
 		assert.ErrorIs(t, err, ErrMalformedRef, "%x", bad)
@@ -311,20 +313,20 @@ func TestBcastMsgEncoding(t *testing.T) {
 }
 
 func FuzzBcastMsg(f *testing.F) {
-	m := bcastMsg{kind: noteChunk, off: 1 << 20, n: 1 << 20, token: []byte("t")}
-	p, _ := m.marshal()
+	m := bcastMsg{Kind: ctlwire.Chunk, Off: 1 << 20, N: 1 << 20, Token: []byte("t")}
+	p, _ := m.Marshal()
 	f.Add(p)
-	f.Add([]byte{noteReport})
+	f.Add([]byte{ctlwire.Report})
 	f.Fuzz(func(t *testing.T, p []byte) {
 		m, err := parseBcastMsg(p)
 		if err != nil {
 			return
 		}
-		q, err := m.marshal()
+		q, err := m.Marshal()
 		require.NoError(t, err)
 		m2, err := parseBcastMsg(q)
 		require.NoError(t, err)
-		assert.Equal(t, m.off, m2.off)
+		assert.Equal(t, m.Off, m2.Off)
 	})
 }
 

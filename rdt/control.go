@@ -16,6 +16,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // The control channel: one libp2p stream (Noise-secured, yamux-multiplexed)
@@ -28,7 +29,7 @@ const (
 	// MaxPayload bounds a control message's payload: tensors belong in refs.
 	MaxPayload     = 4 << 20
 	maxRefs        = 4096
-	maxRefBytes    = 4096
+	maxRefBytes    = ctlwire.MaxRef
 	maxEnvelope    = MaxPayload + maxRefs*maxRefBytes/4
 	controlTimeout = 30 * time.Second
 	// ackWait bounds how long a control handler waits for the sender's

@@ -8,6 +8,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // Flow control for pushes and broadcasts. A slot's generation is the count
@@ -55,7 +56,7 @@ func (s *Slot) Done(ctx context.Context, gen uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return s.rt.sendBcast(ctx, writer, bcastMsg{kind: noteConsumed, slot: s.id, inc: s.rt.incarnation, gen: gen})
+	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.id, Inc: s.rt.incarnation, Gen: gen})
 }
 
 // genTable is the writer side: the generation each reader said it is done

@@ -10,6 +10,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // Push notices travel on long-lived streams: opening a libp2p stream and
@@ -95,7 +97,7 @@ func (r *Runtime) sendNotice(ctx context.Context, to peer.ID, note []byte) (byte
 }
 
 // sendNoticeItems is sendNotice for a notice about items slots
-// (pushbatch.go): an answer of statusItems is followed by one status byte
+// (pushbatch.go): an answer of ctlwire.StatusItems is followed by one status byte
 // per item, returned too.
 func (r *Runtime) sendNoticeItems(ctx context.Context, to peer.ID, note []byte, items int) (byte, []byte, error) {
 	for {
@@ -138,7 +140,7 @@ func exchangeNotice(ctx context.Context, s network.Stream, note []byte, items in
 		return 0, nil, err
 	}
 	var each []byte
-	if items > 0 && status[0] == statusItems {
+	if items > 0 && status[0] == ctlwire.StatusItems {
 		each = status[1 : 1+items]
 		if _, err := io.ReadFull(s, each); err != nil {
 			if errors.Is(err, io.EOF) {

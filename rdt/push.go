@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -42,7 +43,7 @@ type pushNotice struct {
 
 func (n pushNotice) marshal() []byte {
 	e := wire.Encoder{Buf: make([]byte, 0, 64)}
-	e.Byte(notePush)
+	e.Byte(ctlwire.Push)
 	e.Fixed(n.slot[:])
 	e.Uvarint(n.incarnation)
 	e.Bytes(n.token)
@@ -53,7 +54,7 @@ func (n pushNotice) marshal() []byte {
 func parsePushNotice(p []byte) (pushNotice, error) {
 	d := wire.NewDecoder(p)
 	var n pushNotice
-	if v := d.Byte(); v != notePush && d.Err() == nil {
+	if v := d.Byte(); v != ctlwire.Push && d.Err() == nil {
 		return n, fmt.Errorf("%w: push notice version %d", ErrMalformedRef, v)
 	}
 	d.Fixed(n.slot[:])
@@ -447,17 +448,17 @@ func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
 	for {
 		s.SetDeadline(time.Now().Add(noticeIdle))
-		p, err := readMsg(s, maxNotice)
+		p, err := readMsg(s, ctlwire.MaxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
-				s.Write([]byte{statusRefused}) // the framing is lost: answer and hang up
+				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up
 			}
 			return // closed, reset, quiet for noticeIdle, or malformed
 		}
 		from := s.Conn().RemotePeer()
-		if len(p) > 0 && p[0] == notePushBatch { // many pushes (pushbatch.go)
+		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
 			r.sinks.notices.Add(1)
-			answer := []byte{statusRefused}
+			answer := []byte{ctlwire.StatusRefused}
 			if n, err := parsePushBatchNotice(p); err == nil {
 				r.sinks.noticed.Add(int64(len(n.items)))
 				answer = answerPushBatch(r.pushedBatch(from, n))
@@ -469,7 +470,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			}
 			continue
 		}
-		if len(p) > 0 && p[0] != notePush { // a broadcast notice (bcastwire.go)
+		if len(p) > 0 && p[0] != ctlwire.Push { // a broadcast notice (bcastwire.go)
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
 				err = r.onBcast(from, m)

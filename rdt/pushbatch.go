@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -19,22 +20,22 @@ import (
 // (fabric.Planner.WriteBatch: tcp pipelines the writes of one destination,
 // rdma resolves all its sinks in one round trip) and then tells each
 // destination runtime about all its completed pushes in one notice
-// (notePushBatch), which answers with one status per item. A slot's
+// (ctlwire.PushBatch), which answers with one status per item. A slot's
 // generation advances once per push whose bytes landed and whose notice
 // the slot took: an item that failed anywhere leaves its slot as it was.
 
-// notePushBatch is the push notice for many slots of one runtime. Kinds
+// ctlwire.PushBatch is the push notice for many slots of one runtime. Kinds
 // 2..15 are left to the broadcast notices (bcastwire.go).
 //
 //	kind (1) = 16 | incarnation (uvarint) | count (uvarint) |
 //	count x (slot (16) | token (bytes) | bytes (uvarint))
 //
-// The answer is one status byte: 0 when every item was taken, statusItems
+// The answer is one status byte: 0 when every item was taken, ctlwire.StatusItems
 // followed by count status bytes (one per item, in order) when some were
 // not, or another status when the notice as a whole was refused (nothing
 // taken).
 //
-// (notePushBatch and statusItems are in noticewire.go's table.)
+// (ctlwire.PushBatch and ctlwire.StatusItems are in noticewire.go's table.)
 
 // maxPushBatch bounds the items of one push batch notice; minPushItem is
 // the fewest bytes an item takes, so a count the notice cannot hold is
@@ -42,8 +43,8 @@ import (
 const (
 	maxPushBatch = 1024
 	minPushItem  = 16 + 1 + 1
-	// pushBatchBudget bounds an encoded notice below maxNotice.
-	pushBatchBudget = maxNotice - 1024
+	// pushBatchBudget bounds an encoded notice below ctlwire.MaxNotice.
+	pushBatchBudget = ctlwire.MaxNotice - 1024
 )
 
 // register exports the notice counters: pushes over notices taken is how
@@ -73,7 +74,7 @@ type pushBatchItem struct {
 
 func (n pushBatchNotice) marshal() []byte {
 	e := wire.Encoder{Buf: make([]byte, 0, 16+len(n.items)*48)}
-	e.Byte(notePushBatch)
+	e.Byte(ctlwire.PushBatch)
 	e.Uvarint(n.incarnation)
 	e.Uvarint(uint64(len(n.items)))
 	for _, it := range n.items {
@@ -90,7 +91,7 @@ func (it pushBatchItem) size() int { return 16 + 10 + len(it.token) + 10 }
 func parsePushBatchNotice(p []byte) (pushBatchNotice, error) {
 	d := wire.NewDecoder(p)
 	var n pushBatchNotice
-	if k := d.Byte(); k != notePushBatch && d.Err() == nil {
+	if k := d.Byte(); k != ctlwire.PushBatch && d.Err() == nil {
 		return n, fmt.Errorf("%w: push batch notice kind %d", ErrMalformedRef, k)
 	}
 	n.incarnation = d.Uvarint()
@@ -140,10 +141,10 @@ func answerPushBatch(errs []error) []byte {
 	out := make([]byte, 1, 1+len(errs))
 	for _, err := range errs {
 		if err != nil {
-			out[0] = statusItems
+			out[0] = ctlwire.StatusItems
 		}
 	}
-	if out[0] == statusOK {
+	if out[0] == ctlwire.StatusOK {
 		return out
 	}
 	for _, err := range errs {
@@ -296,11 +297,11 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n pushBatchNoti
 		return fail(fmt.Errorf("%w: %w", ErrPeerUnreachable, err))
 	case status == 0:
 		return errs
-	case status != statusItems:
+	case status != ctlwire.StatusItems:
 		return fail(noticeError(status))
 	}
 	for i, s := range items {
-		if s == statusItems { // not an item's status: the answer is garbled
+		if s == ctlwire.StatusItems { // not an item's status: the answer is garbled
 			errs[i] = fmt.Errorf("%w: push batch answer with status %d for an item", ErrMalformedRef, s)
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -191,14 +192,14 @@ func TestPushBatchNoticeWire(t *testing.T) {
 	assert.Equal(t, n.items[0], back.items[0])
 	assert.Equal(t, int64(0), back.items[1].bytes)
 
-	huge := []byte{notePushBatch, 1, 0xff, 0xff, 0xff, 0xff, 0x0f}
+	huge := []byte{ctlwire.PushBatch, 1, 0xff, 0xff, 0xff, 0xff, 0x0f}
 	for name, p := range map[string][]byte{
 		"empty":         nil,
 		"wrong kind":    {1, 0, 1},
-		"zero items":    {notePushBatch, 1, 0},
+		"zero items":    {ctlwire.PushBatch, 1, 0},
 		"count 2^32":    huge,
-		"over maxItems": append([]byte{notePushBatch, 1, 0x81, 0x08}, make([]byte, 1025*minPushItem)...),
-		"count > bytes": append([]byte{notePushBatch, 1, 10}, make([]byte, 9*minPushItem)...),
+		"over maxItems": append([]byte{ctlwire.PushBatch, 1, 0x81, 0x08}, make([]byte, 1025*minPushItem)...),
+		"count > bytes": append([]byte{ctlwire.PushBatch, 1, 10}, make([]byte, 9*minPushItem)...),
 		"truncated":     n.marshal()[:20],
 		"trailing":      append(n.marshal(), 0),
 	} {
@@ -206,7 +207,7 @@ func TestPushBatchNoticeWire(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformedRef, name)
 	}
 	assert.Equal(t, []byte{0}, answerPushBatch([]error{nil, nil}))
-	assert.Equal(t, []byte{statusItems, 0, 1, 2}, answerPushBatch([]error{nil, ErrObjectNotFound, ErrUnauthorized}))
+	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 1, 2}, answerPushBatch([]error{nil, ErrObjectNotFound, ErrUnauthorized}))
 }
 
 func FuzzPushBatchNotice(f *testing.F) {
@@ -245,7 +246,7 @@ func TestPushedBatchOncePerSlot(t *testing.T) {
 	assert.ErrorIs(t, errs[1], ErrMalformedRef)
 	assert.ErrorIs(t, errs[2], ErrObjectNotFound)
 	assert.Equal(t, uint64(1), s.Pushes())
-	assert.Equal(t, []byte{statusItems, 0, 4, 1}, answerPushBatch(errs))
+	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 4, 1}, answerPushBatch(errs))
 }
 
 // TestPushBatchReaderLeaves: the slot runtime shuts down while a push

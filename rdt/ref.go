@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -39,8 +40,8 @@ const (
 	refMagic0, refMagic1 = 'T', 'R'
 	refVersion           = 1
 	maxRefAddrs          = 16
-	maxRefString         = 512
-	maxTokenLen          = 64
+	maxRefString         = ctlwire.MaxString
+	maxTokenLen          = ctlwire.MaxToken
 )
 
 func (r Ref) String() string {

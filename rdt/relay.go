@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -25,16 +26,16 @@ import (
 
 // relay is one broadcast into a reader's slots: one slot, or one per
 // object of a batch (a state dict), whose chunks are numbered in one space
-// so that the whole batch flows down the tree as one stream.
+// (bcast.Chunks) so that the whole batch flows down the tree as one stream.
 type relay struct {
 	r         *Runtime
 	items     []relayItem
 	byID      map[fabric.ObjectID]int
-	id        bcastID
+	id        bcast.ID
 	origin    peer.ID
 	originInc uint64
-	chunk     int64
-	nchunks   int
+	chunks    *bcast.Chunks
+	nchunks   int // chunks.Len(), once every slot is added
 	window    int // chunks in flight per forward
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
@@ -51,20 +52,11 @@ type relay struct {
 
 // relayItem is one slot of a relay.
 type relayItem struct {
-	s        *Slot
-	total    int64
-	first, n int // its chunks: [first, first+n) of the relay's
-	got      int
-	gen      uint64 // the slot's generation once every chunk landed
-	pinned   bool
-}
-
-// locate maps a chunk of the relay to its item and byte range.
-func (rl *relay) locate(g int) (k int, off, n int64) {
-	k = sort.Search(len(rl.items), func(k int) bool { return rl.items[k].first+rl.items[k].n > g })
-	it := &rl.items[k]
-	off = int64(g-it.first) * rl.chunk
-	return k, off, min(rl.chunk, it.total-off)
+	s      *Slot
+	n      int // its chunks
+	got    int
+	gen    uint64 // the slot's generation once every chunk landed
+	pinned bool
 }
 
 // forwarder sends the chunks a relay has to one child, in order of arrival.
@@ -75,55 +67,44 @@ type forwarder struct {
 	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
-// maxChunks bounds a broadcast's chunk count (its bookkeeping per slot).
-const maxChunks = 1 << 20
-
 func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	r.bcasts.prepares.Add(1)
-	items := m.items
+	items := m.Items
 	if len(items) == 0 {
-		items = []bcastItem{{slot: m.slot, token: m.token, n: m.n}}
+		items = []bcast.Item{{Slot: m.Slot, Token: m.Token, N: m.N}}
 	}
-	chunk := m.off
-	if chunk <= 0 {
-		return fmt.Errorf("%w: broadcast chunk size %d", ErrMalformedRef, chunk)
+	chunks, cerr := bcast.NewChunks(m.Off)
+	if cerr != nil {
+		return fmt.Errorf("%w: %w", ErrMalformedRef, cerr)
 	}
-	if m.gen > MaxBroadcastWindow {
-		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.gen, MaxBroadcastWindow)
+	if m.Gen > MaxBroadcastWindow {
+		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.Gen, MaxBroadcastWindow)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, id: m.id, origin: from, originInc: m.originInc, chunk: chunk, window: max(1, int(m.gen)), ctx: ctx, cancel: cancel,
+	rl := &relay{r: r, id: m.ID, origin: from, originInc: m.OriginInc, chunks: chunks, window: max(1, int(m.Gen)), ctx: ctx, cancel: cancel,
 		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
 	for k, it := range items {
-		s, err := r.sinks.lookup(it.slot, m.inc, it.token)
+		s, err := r.sinks.lookup(it.Slot, m.Inc, it.Token)
 		if err != nil {
 			cancel(nil)
 			return fmt.Errorf("slot %d of %d: %w", k+1, len(items), err)
 		}
-		if _, dup := rl.byID[it.slot]; dup {
+		if _, dup := rl.byID[it.Slot]; dup {
 			cancel(nil)
-			return fmt.Errorf("%w: slot %v twice in one broadcast", ErrMalformedRef, it.slot)
+			return fmt.Errorf("%w: slot %v twice in one broadcast", ErrMalformedRef, it.Slot)
 		}
-		if it.n != s.buf.Len() {
+		if it.N != s.buf.Len() {
 			cancel(nil)
-			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.n, s.buf.Len())
+			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.N, s.buf.Len())
 		}
-		if chunk < minChunk && it.n > chunk {
+		if err := chunks.Add(it.N); err != nil {
 			cancel(nil)
-			return fmt.Errorf("%w: broadcast chunk size %d for %d bytes", ErrMalformedRef, chunk, it.n)
+			return fmt.Errorf("%w: %w", ErrMalformedRef, err)
 		}
-		n := int((it.n + chunk - 1) / chunk)
-		if n == 0 {
-			n = 1 // an empty tensor: one empty chunk says it landed
-		}
-		if rl.nchunks+n > maxChunks {
-			cancel(nil)
-			return fmt.Errorf("%w: broadcast of more than %d chunks", ErrMalformedRef, maxChunks)
-		}
-		rl.byID[it.slot] = k
-		rl.items = append(rl.items, relayItem{s: s, total: it.n, first: rl.nchunks, n: n})
-		rl.nchunks += n
+		rl.byID[it.Slot] = k
+		rl.items = append(rl.items, relayItem{s: s, n: chunks.Count(k)})
 	}
+	rl.nchunks = chunks.Len()
 	rl.have = make([]bool, rl.nchunks)
 	// A closed or busy slot refuses the whole broadcast before any is
 	// taken (the owner retries a busy one), ...
@@ -269,17 +250,17 @@ func (rl *relay) isComplete() bool {
 // relayOf finds the relay a notice names, checking the slot's capability,
 // and the slot's item in it.
 func (r *Runtime) relayOf(m bcastMsg) (*relay, int, error) {
-	s, err := r.sinks.lookup(m.slot, m.inc, m.token)
+	s, err := r.sinks.lookup(m.Slot, m.Inc, m.Token)
 	if err != nil {
 		return nil, 0, err
 	}
 	s.mu.Lock()
 	rl := s.relay
 	s.mu.Unlock()
-	if rl == nil || rl.id != m.id {
-		return nil, 0, fmt.Errorf("%w: no broadcast %x into slot %v", ErrObjectNotFound, m.id[:4], m.slot)
+	if rl == nil || rl.id != m.ID {
+		return nil, 0, fmt.Errorf("%w: no broadcast %x into slot %v", ErrObjectNotFound, m.ID[:4], m.Slot)
 	}
-	return rl, rl.byID[m.slot], nil
+	return rl, rl.byID[m.Slot], nil
 }
 
 func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
@@ -291,22 +272,22 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 		return fmt.Errorf("%w: only the broadcast's owner names children", ErrUnauthorized)
 	}
 	// A batch names one child a notice, with its slot per item.
-	if (len(m.items) > 0 || len(rl.items) > 1) && (len(m.children) != 1 || len(m.items) != len(rl.items)) {
-		return fmt.Errorf("%w: %d children with %d slots for a broadcast of %d objects", ErrMalformedRef, len(m.children), len(m.items), len(rl.items))
+	if (len(m.Items) > 0 || len(rl.items) > 1) && (len(m.Children) != 1 || len(m.Items) != len(rl.items)) {
+		return fmt.Errorf("%w: %d children with %d slots for a broadcast of %d objects", ErrMalformedRef, len(m.Children), len(m.Items), len(rl.items))
 	}
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.finishing || rl.ctx.Err() != nil {
-		return fmt.Errorf("%w: broadcast into slot %v has ended", ErrObjectNotFound, m.slot)
+		return fmt.Errorf("%w: broadcast into slot %v has ended", ErrObjectNotFound, m.Slot)
 	}
-	for _, c := range m.children {
+	for _, c := range m.Children {
 		r.learnAddrs(c)
-		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.gen == 1}
-		if len(m.items) > 0 {
-			f.items = make([]Ref, len(m.items))
-			for k, it := range m.items {
+		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.Gen == 1}
+		if len(m.Items) > 0 {
+			f.items = make([]Ref, len(m.Items))
+			for k, it := range m.Items {
 				x := c
-				x.Object, x.Token, x.Desc = it.slot, it.token, tensor.Desc{DType: it.dtype}
+				x.Object, x.Token, x.Desc = it.Slot, it.Token, tensor.Desc{DType: it.DType}
 				f.items[k] = x
 			}
 		}
@@ -325,12 +306,11 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 // chunkOf is the relay's chunk number for the range a chunk or probe
 // notice names in item k.
 func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
-	it := &rl.items[k]
-	i := int(m.off / rl.chunk)
-	if m.off%rl.chunk != 0 || i >= it.n || m.n != min(rl.chunk, it.total-m.off) {
-		return 0, fmt.Errorf("%w: chunk %d+%d of a %d-byte broadcast in chunks of %d", ErrMalformedRef, m.off, m.n, it.total, rl.chunk)
+	g, err := rl.chunks.Index(k, m.Off, m.N)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMalformedRef, err)
 	}
-	return it.first + i, nil
+	return g, nil
 }
 
 // relayProbe answers a re-parented slot's new feeder: errChunkHeld when
@@ -349,7 +329,7 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] {
-		r.bmet.skipped.Inc()
+		r.bmet.Skipped.Inc()
 		return errChunkHeld
 	}
 	return nil
@@ -386,10 +366,10 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	}
 	if rl.got == rl.nchunks {
 		close(rl.complete)
-		rep := bcastMsg{kind: noteReport, gen: rl.items[0].gen}
+		rep := bcastMsg{Kind: ctlwire.Report, Gen: rl.items[0].gen}
 		if len(rl.items) > 1 {
 			for _, x := range rl.items {
-				rep.gens = append(rep.gens, x.gen)
+				rep.Gens = append(rep.Gens, x.gen)
 			}
 		}
 		rl.wg.Add(1)
@@ -410,14 +390,14 @@ func (r *Runtime) relayAbort(from peer.ID, m bcastMsg) error {
 		return ErrUnauthorized
 	}
 	rl.ownerEnded.Store(true)
-	rl.cancel(fmt.Errorf("%w: %s", ErrBroadcastAborted, m.text))
+	rl.cancel(fmt.Errorf("%w: %s", ErrBroadcastAborted, m.Text))
 	return nil
 }
 
 // report tells the owner about this slot; an owner that cannot be told is
 // gone or has given up on the broadcast, which then says so itself.
 func (rl *relay) report(m bcastMsg) {
-	m.id, m.slot, m.inc = rl.id, rl.items[0].s.id, rl.r.incarnation
+	m.ID, m.Slot, m.Inc = rl.id, rl.items[0].s.id, rl.r.incarnation
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), controlTimeout)
 	defer cancel()
 	go func() { // not past Shutdown
@@ -438,18 +418,18 @@ func (rl *relay) report(m bcastMsg) {
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	r := rl.r
-	w := newEdgeWindow(rl.ctx, rl.window)
+	w := bcast.NewWindow(rl.ctx, rl.window)
 chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
 		select {
 		case i = <-f.q:
-		case <-w.done():
+		case <-w.Done():
 			break chunks
 		}
-		k, off, n := rl.locate(i)
+		k, off, n := rl.chunks.Locate(i)
 		buf := rl.items[k].s.buf
-		started := w.send(func(ctx context.Context) error {
+		started := w.Send(func(ctx context.Context) error {
 			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
 		})
 		if !started {
@@ -457,11 +437,11 @@ chunks:
 		}
 	}
 	// The writes in flight read the slot, pinned until the forwarders end.
-	ok, err := w.wait()
+	ok, err := w.Wait()
 	switch {
 	case ok == rl.nchunks:
 	case err != nil && rl.ctx.Err() == nil:
-		rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: err.Error()})
+		rl.report(bcastMsg{Kind: ctlwire.Report, Failed: f.child.Object, Text: err.Error()})
 	case rl.ctx.Err() != nil:
 		// Stopped before the child had everything: unless the owner
 		// ended it (or died, or this runtime is shutting down), the
@@ -469,7 +449,7 @@ chunks:
 		if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
 			// Told from a goroutine of its own, so the slot's pin
 			// (held until the forwarders end) does not wait on it.
-			go rl.report(bcastMsg{kind: noteReport, failed: f.child.Object, text: "its parent stopped forwarding: " + c.Error()})
+			go rl.report(bcastMsg{Kind: ctlwire.Report, Failed: f.child.Object, Text: "its parent stopped forwarding: " + c.Error()})
 		}
 	}
 }
@@ -477,11 +457,11 @@ chunks:
 // writeChunk writes n bytes of src into dst's slot at off and tells the
 // slot's runtime they landed. With probe (dst was re-parented) it first
 // asks whether the slot lacks them, and skips them when it does not.
-func (r *Runtime) writeChunk(ctx context.Context, id bcastID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
-	note := bcastMsg{kind: noteChunk, id: id, slot: dst.Object, inc: dst.Incarnation, token: dst.Token, off: off, n: n}
+func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
+	note := bcastMsg{Kind: ctlwire.Chunk, ID: id, Slot: dst.Object, Inc: dst.Incarnation, Token: dst.Token, Off: off, N: n}
 	if probe {
 		q := note
-		q.kind = noteProbe
+		q.Kind = ctlwire.Probe
 		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errChunkHeld) {
 			return nil
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -54,11 +55,11 @@ type Runtime struct {
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer      // recent and live transfers, for dashboards (observe.go)
-	bcasts   bcastState    // broadcasts this runtime owns, in flight (broadcast.go)
-	gens     genTable      // generations readers are done with (generation.go)
-	bmet     *bcastMetrics // broadcast outcomes (bcastmetrics.go)
-	views    viewTable     // zero-copy views this runtime holds (view.go)
+	obs      observer       // recent and live transfers, for dashboards (observe.go)
+	bcasts   bcastState     // broadcasts this runtime owns, in flight (broadcast.go)
+	gens     genTable       // generations readers are done with (generation.go)
+	bmet     *bcast.Metrics // broadcast outcomes (bcastmetrics.go)
+	views    viewTable      // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -165,7 +166,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
-	r.bmet = newBcastMetrics(reg)
+	r.bmet = bcast.NewMetrics(reg)
 	r.sinks.register(reg) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
 

@@ -132,6 +132,10 @@ func TestCheck(t *testing.T) {
 			"rdt/x imports fabric/linkstat: rdt must not import fabric/linkstat",
 			"rdt/x imports fabric/rdma/softrdma: rdt must not import fabric/rdma",
 		}},
+		{"rdt's internal machinery reaches for the stack", []Package{
+			{Path: "rdt", Imports: []string{"fabric/stack", "rdt/internal/bcast"}, Doc: doc},
+			{Path: "rdt/internal/bcast", Imports: []string{"fabric", "fabric/stack"}, Doc: doc},
+		}, []string{"rdt/internal/bcast imports fabric/stack: rdt/internal must not import fabric/stack"}},
 		{"rdt imports sched outside rdt/placement", []Package{
 			{Path: "rdt", Imports: []string{"sched"}, Doc: doc},
 		}, []string{"rdt imports sched: rdt must not import sched"}},

@@ -35,6 +35,8 @@ var Rules = []Rule{
 		Why: "the runtime does not decide placement; rdt/placement joins the two"},
 	{Tree: "rdt", MustNot: []string{"fabric/local", "fabric/shm", "fabric/rdma", "fabric/tcp", "fabric/linkstat"},
 		Why: "fabric/stack builds, tunes and closes the transports; the user API reaches them through it and fabric's interfaces"},
+	{Tree: "rdt/internal", MustNot: []string{"fabric/stack"},
+		Why: "rdt's machinery behind its front (broadcast, the control plane's wire) sees transports only through fabric's interfaces, handed to it by the Runtime"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"}, Except: []string{"internal/capi", "internal/demo", "internal/envinfo", "internal/soak", "internal/worker"},
