@@ -166,7 +166,7 @@ def runtime() -> _runtime.Runtime:
                 else:
                     env = os.environ.get(_runtime.ENV_CONFIG)
                     config = json.loads(env) if env else {"discover": True}
-                    _rt = _runtime.Runtime(config)
+                    _rt = _runtime.Runtime(_runtime._raynode.apply(config))  # the Ray node's address and host
     return _rt
 
 
