@@ -20,6 +20,9 @@ left open:
   Ray's node id, so the runtimes of one Ray node share a topology host
   (and take shm between them) and runtimes of different nodes never do,
   also when the nodes share a host name (containers, network namespaces).
+- ``cluster_key``, when neither the configuration nor
+  TENSORLANE_CLUSTER_KEY gives one: the Ray session's scope key, the one
+  workers in slab mode use, so the driver's runtime and the workers' agree.
 
 Nothing here runs at import; every function is pure given its inputs
 except the lookups of Ray's node and of an interface's address.
@@ -111,6 +114,22 @@ def node_config(config: Dict[str, Any], node_ip: str, node_id: str, iface: Optio
     return out
 
 
+def _scope_key(config: Dict[str, Any]) -> Dict[str, Any]:
+    """config with the Ray session's cluster key when it names none (and
+    TENSORLANE_CLUSTER_KEY is unset): every runtime of one Ray cluster, the
+    driver's too, must agree on the key, or their control channels cannot
+    even negotiate (a driver without the key could not read an actor's
+    tensors). Slab mode in workers sets the same key already."""
+    if config.get("cluster_key") or os.environ.get("TENSORLANE_CLUSTER_KEY"):
+        return config
+    from . import _runtime
+
+    try:
+        return {**config, "cluster_key": _runtime._ray_scope_key()}
+    except Exception:
+        return config  # no Ray session to scope by
+
+
 def apply(config: Dict[str, Any]) -> Dict[str, Any]:
     """config for this process's runtime: :func:`node_config` with Ray's
     node and TENSORLANE_IFACE when this process is part of a Ray cluster,
@@ -121,7 +140,7 @@ def apply(config: Dict[str, Any]) -> Dict[str, Any]:
         if iface:  # an interface alone is enough to listen on
             return node_config(config, "", "", iface)
         return config
-    return node_config(config, node[0], node[1], iface)
+    return _scope_key(node_config(config, node[0], node[1], iface))
 
 
 __all__ = ["ENV_IFACE", "apply", "node_config", "host_id", "iface_addr"]

@@ -296,3 +296,51 @@ def test_node_killed_mid_transfer_is_typed(cluster):
         cluster.call(_drv_forget)  # the pair's sender died with the node
     assert chain, "a read from a lost node must fail"
     assert any(k in chain for k in ("OwnerDied", "PeerClosed")), chain
+
+
+# _raynode on its own (no cluster): the configuration a Ray process gets.
+
+from tensorlane import _raynode  # noqa: E402
+
+
+def test_node_config_listens_on_the_node_address():
+    c = _raynode.node_config({"discover": True}, "10.1.2.3", "ab" * 28)
+    assert c["listen"] == ["/ip4/10.1.2.3/tcp/0"]
+    assert c["data_addr"] == "10.1.2.3:0"
+    assert c["host"] == "ray-" + "ab" * 8
+    v6 = _raynode.node_config({}, "fd00::5", "cd" * 28)
+    assert v6["listen"] == ["/ip6/fd00::5/tcp/0"] and v6["data_addr"] == "[fd00::5]:0"
+    assert "host" not in v6, "a preset's host is the config's to name"
+
+
+def test_node_config_two_nodes_one_host_name_are_two_hosts():
+    # Same host name, same everything but Ray's node id: never one host.
+    a = _raynode.node_config({"discover": True}, "10.0.0.1", "11" * 28)
+    b = _raynode.node_config({"discover": True}, "10.0.0.1", "22" * 28)
+    assert a["host"] != b["host"]
+
+
+def test_node_config_keeps_what_the_config_names():
+    cfg = {"discover": True, "host": "mine", "listen": ["/ip4/10.9.9.9/tcp/4001"], "data_addr": "0.0.0.0:5000"}
+    assert _raynode.node_config(cfg, "10.1.2.3", "ab" * 28) == cfg
+    # A wildcard data_addr alone still gets the control listener on the node.
+    c = _raynode.node_config({"data_addr": "0.0.0.0:0"}, "10.1.2.3", "ab" * 28)
+    assert c["data_addr"] == "0.0.0.0:0" and c["listen"] == ["/ip4/10.1.2.3/tcp/0"]
+
+
+def test_node_config_interface():
+    c = _raynode.node_config({}, "10.1.2.3", "ab" * 28, iface="lo")
+    assert c["data_addr"] == "127.0.0.1:0"
+    with pytest.raises(tensorlane.InvalidArgument, match="TENSORLANE_IFACE"):
+        _raynode.node_config({}, "10.1.2.3", "ab" * 28, iface="nosuchif0")
+    with pytest.raises(tensorlane.InvalidArgument):
+        _raynode.node_config({}, "10.1.2.3", "ab" * 28, iface="../etc")
+
+
+def test_apply_outside_ray_changes_nothing(monkeypatch):
+    monkeypatch.delenv(_raynode.ENV_IFACE, raising=False)
+    if ray.is_initialized():
+        pytest.skip("a Ray session is open in this process")
+    assert _raynode.apply({"discover": True}) == {"discover": True}
+    monkeypatch.setenv(_raynode.ENV_IFACE, "lo")
+    assert _raynode.apply({})["data_addr"] == "127.0.0.1:0"
