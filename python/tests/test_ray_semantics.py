@@ -136,7 +136,9 @@ class Actor:
     def get_with_wrong_buffers(self, refs: List[Any]) -> str:
         from ray.experimental import set_target_for_ref
 
-        set_target_for_ref(refs[0], [np.zeros(2, np.float32), np.zeros(2, np.float32)])
+        # Held here: Ray keeps only weak references to target buffers.
+        wrong = [np.zeros(2, np.float32).view(Target), np.zeros(2, np.float32).view(Target)]
+        set_target_for_ref(refs[0], wrong)
         try:
             ray.get(refs[0])
         except ValueError as e:
@@ -331,5 +333,6 @@ def test_set_target_for_ref(pair):
     src, dst = pair
     ref = ray.get(src.get_ref.remote(), timeout=GUARD_S)
     assert ray.get(dst.get_with_buffers.remote([ref]), timeout=GUARD_S) is True
+    ref = ray.get(src.get_ref.remote(), timeout=GUARD_S)
     msg = ray.get(dst.get_with_wrong_buffers.remote([ref]), timeout=GUARD_S)
     assert "Shape of tensor_buffer at index 0" in msg
