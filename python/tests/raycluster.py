@@ -50,7 +50,6 @@ PREFIX = os.environ.get("RAYCLUSTER_PREFIX", "raynodes")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
-REPO = os.path.dirname(PYTHON_DIR)
 
 
 #: A custom resource each node has 1000 of: ``.options(resources={RESOURCE
@@ -367,8 +366,8 @@ def start(num_cpus: int = 4, object_store: int = 512 << 20, lib: Optional[str] =
           env: Optional[Dict[str, str]] = None) -> Cluster:
     """Starts the cluster (skipping the calling test when the machine cannot
     host it: see :func:`why_unavailable`). ``lib`` is libtensorlane.so
-    (default TENSORLANE_LIB, else bin/libtensorlane.so of this repository);
-    env adds variables to every node and the driver."""
+    (default TENSORLANE_LIB, else the installed package's own); env adds
+    variables to every node and the driver."""
     why = why_unavailable()
     if why is not None:
         import pytest
@@ -379,9 +378,10 @@ def start(num_cpus: int = 4, object_store: int = 512 << 20, lib: Optional[str] =
     b, c = 200 + os.getpid() % 50, (os.getpid() // 50) % 250
     subnet = f"10.{b}.{c}"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "TENSORLANE_CONFIG"))}
-    lib = lib or os.environ.get("TENSORLANE_LIB") or os.path.join(REPO, "bin", "libtensorlane.so")
+    lib = lib or os.environ.get("TENSORLANE_LIB")
+    if lib:  # else the installed package finds its own
+        base_env["TENSORLANE_LIB"] = lib
     base_env.update({
-        "TENSORLANE_LIB": lib,
         "PYTHONPATH": os.pathsep.join([PYTHON_DIR, HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         "RAY_USAGE_STATS_ENABLED": "0",
         # Ray 2.60 turns token auth on for a head off loopback and, with no

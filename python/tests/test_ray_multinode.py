@@ -176,6 +176,18 @@ def test_cross_node_transfer_bytes_checked(cluster):
     assert res["sender"]["host"] == "ray-" + worker_node[:16]
 
 
+def _drv_driver_gets(n: int) -> bool:
+    p = _drv_pair()
+    got = ray.get(p["s"].produce.remote(n, 5), timeout=GUARD_S)  # the driver, on the head, reads
+    return bool(np.array_equal(got, expected(n, 5)))
+
+
+def test_driver_gets_across_nodes(cluster):
+    # The driver's runtime must listen where the worker node can answer it
+    # and share the workers' cluster key (_raynode gives it the session's).
+    assert cluster.call(_drv_driver_gets, 4 * MiB // 4) is True
+
+
 def _drv_same_node() -> Dict[str, Any]:
     p = _drv_pair()
     r2 = Receiver.options(resources=WORKER).remote()
