@@ -84,6 +84,14 @@ class Sender:
         self.kept = expected(n, 3)
         return bytes(tlr.runtime().put(self.kept))
 
+    def put_wildcard(self, n: int) -> bytes:
+        """A ref from a runtime whose tcp data listener is on the wildcard."""
+        from tensorlane import _raynode
+
+        self.wild = tensorlane.Runtime(_raynode.apply({"discover": True, "data_addr": "0.0.0.0:0", "allow": ["tcp"]}))
+        self.kept_wild = expected(n, 3)
+        return bytes(self.wild.put(self.kept_wild))
+
     def runtime_stats(self) -> Dict[str, Any]:
         return tlr.runtime().stats()
 
@@ -186,6 +194,18 @@ def test_driver_gets_across_nodes(cluster):
     # The driver's runtime must listen where the worker node can answer it
     # and share the workers' cluster key (_raynode gives it the session's).
     assert cluster.call(_drv_driver_gets, 4 * MiB // 4) is True
+
+
+def _drv_wildcard() -> Dict[str, Any]:
+    p = _drv_pair()
+    return ray.get(p["r"].get_plain.remote(p["s"].put_wildcard.remote(1 * MiB // 4)), timeout=GUARD_S)
+
+
+def test_wildcard_data_addr_is_reachable_across_nodes(cluster):
+    # Issue 29 item 9: the ref carried [::]:port and the reader dialled itself.
+    res = cluster.call(_drv_wildcard)
+    assert res["ok"]
+    assert res["explain"]["plan"]["chosen"] == "tcp", res["explain"]
 
 
 def _drv_same_node() -> Dict[str, Any]:
