@@ -405,6 +405,9 @@ def start(num_cpus: int = 4, object_store: int = 512 << 20, lib: Optional[str] =
     except BaseException:
         cl.close()
         raise
+    import atexit
+
+    atexit.register(cl.close)  # a run that ends without closing still leaves nothing behind
     return cl
 
 
