@@ -364,8 +364,11 @@ def two_nodes(sizes, reps, rate):
     import bench  # this file by name, so the driver imports it (not __main__)
 
     biggest = max(sizes)
+    # GLOO_SOCKET_IFNAME: gloo finds its interface by resolving the host
+    # name, and the nodes' names (unshare --uts) are in no resolver here.
     with raycluster.start(num_cpus=8, object_store=max(1 << 30, 4 * biggest),
-                          env={"PYTHONPATH": os.pathsep.join([HERE, raycluster.PYTHON_DIR, raycluster.HERE])}) as c:
+                          env={"PYTHONPATH": os.pathsep.join([HERE, raycluster.PYTHON_DIR, raycluster.HERE]),
+                               "GLOO_SOCKET_IFNAME": "eth0"}) as c:
         if rate and rate != "0":
             c.shape(rate)
         return c.call(bench.measure, sizes, reps, True, timeout=3600)
@@ -389,7 +392,8 @@ def measure(sizes, reps, two_node: bool = False):
                 pairs[name] = make_pair(opts, n, kind, warm, method)
                 cold[name] = once(pairs[name], method)
             except Exception as e:  # a transport that cannot run here: say why, measure the rest
-                failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+                msg = " ".join(str(e).split())
+                failed[name] = f"{type(e).__name__}: {msg[:300]} ... {msg[-600:]}"
         warm_t = {name: [] for name in cold}
         for _ in range(reps):
             for name in list(cold):
