@@ -1,6 +1,14 @@
 """Ray transports side by side: the same actor pair, interleaved in one run.
 
     /work/benchvenv/bin/python bench/ray/bench.py [--sizes 4K,1M,64M,256M] [--reps 5] [--json out.json]
+    sudo .../python bench/ray/bench.py --nodes 2 [--rate 10gbit] --sizes 64M,256M
+
+With ``--nodes 2`` the pair spans two Ray nodes: a real two-node Ray cluster
+on this machine (python/tests/raycluster.py: each node in its own network
+namespace and UTS namespace, joined by a bridge, every setting at its
+default), links shaped with tc to ``--rate`` each way (``0``: unshaped), the
+sender on the worker node and the receiver on the head; the driver runs on
+the head. Needs root, iproute2 and util-linux.
 
 For each size, a fresh sender/receiver pair per transport measures the cold
 transfer (the pair's first), then warm transfers interleaved round-robin
@@ -106,6 +114,19 @@ def _rdt_ready():
     return True
 
 
+def _via(name: str):
+    """@ray.method(tensor_transport=name), or a plain method where this
+    Python lacks the transport (TENSORLANE_TORCH, GLOO and NIXL need torch):
+    Ray refuses an unknown name at class definition, and those rows are
+    skipped (rows()) anyway."""
+    from ray.experimental.rdt import util
+
+    util._ensure_default_transports_registered()
+    if name.upper() in util.transport_manager_info:
+        return ray.method(tensor_transport=name)
+    return lambda f: f
+
+
 @ray.remote(enable_tensor_transport=True)
 class Sender:
     def __init__(self, n: int, kind: str):
@@ -137,15 +158,15 @@ class Sender:
     def tensorlane(self):
         return self.a
 
-    @ray.method(tensor_transport="TENSORLANE_TORCH")
+    @_via("TENSORLANE_TORCH")
     def tensorlane_torch(self):
         return self.a
 
-    @ray.method(tensor_transport="GLOO")
+    @_via("GLOO")
     def gloo(self):
         return self.a
 
-    @ray.method(tensor_transport="NIXL")
+    @_via("NIXL")
     def nixl(self):
         return self.a
 
@@ -197,8 +218,12 @@ class Receiver:
             return {}
 
 
-# PYTHONPATH: workers import floor.py (NULL, TENSORLANE_ASK) from here.
-PY = {"PYTHONPATH": HERE}
+# PYTHONPATH: workers import floor.py (NULL, TENSORLANE_ASK) from here (a
+# runtime_env's PYTHONPATH replaces the worker's, so the rest is kept).
+PY = {"PYTHONPATH": os.pathsep.join(p for p in [HERE, os.environ.get("PYTHONPATH", "")] if p)}
+#: Two-node mode: the Ray resources that put the sender on the worker node
+#: and the receiver on the head (raycluster.RESOURCE); empty on one node.
+PLACE: dict = {}
 SMALL = 1 << 20  # floor rows only up to this size (NULL carries the bytes through Ray's control plane)
 
 
@@ -264,8 +289,8 @@ def make_pair(opts, n, kind, warm, method=""):
         sp, rp = pools(n, copies)
         sopts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=sp)}
         ropts = {"env_vars": dict(v, TENSORLANE_POOL_BYTES=rp)}
-    s = Sender.options(runtime_env=sopts).remote(n, kind)
-    r = Receiver.options(runtime_env=ropts).remote()
+    s = Sender.options(runtime_env=sopts, **PLACE.get("sender", {})).remote(n, kind)
+    r = Receiver.options(runtime_env=ropts, **PLACE.get("receiver", {})).remote()
     ray.get([s.ready.remote(warm), r.ready.remote(warm)])
     if method != "plain":
         # Ray's own once-per-actor RDT set-up, for every transport alike:
@@ -309,12 +334,53 @@ def main():
     ap.add_argument("--sizes", default="4K,1M,64M,256M")
     ap.add_argument("--reps", type=int, default=5, help="warm transfers per transport and size")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: sender and receiver on two Ray nodes")
+    ap.add_argument("--rate", default="10gbit", help="two nodes: each link's rate (tc units; 0 = unshaped)")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     load0 = os.getloadavg()[0]
-    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": PY})
+    if args.nodes == 2:
+        results, skipped = two_nodes(sizes, args.reps, args.rate)
+    else:
+        ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": PY})
+        results, skipped = measure(sizes, args.reps)
+        ray.shutdown()
+    load1 = os.getloadavg()[0]
+    report(results, skipped, args, load0, load1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ray": ray.__version__, "torch": getattr(torch, "__version__", None), "load": [load0, load1],
+                       "nodes": args.nodes, "rate": args.rate if args.nodes == 2 else None,
+                       "results": results, "skipped": skipped}, f, indent=2)
+
+
+def two_nodes(sizes, reps, rate):
+    """measure() in the driver of a two-node cluster (see the module doc)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python", "tests"))
+    import raycluster
+
+    import bench  # this file by name, so the driver imports it (not __main__)
+
+    biggest = max(sizes)
+    # GLOO_SOCKET_IFNAME: gloo finds its interface by resolving the host
+    # name, and the nodes' names (unshare --uts) are in no resolver here.
+    with raycluster.start(num_cpus=8, object_store=max(1 << 30, 4 * biggest),
+                          env={"PYTHONPATH": os.pathsep.join([HERE, raycluster.PYTHON_DIR, raycluster.HERE]),
+                               "GLOO_SOCKET_IFNAME": "eth0"}) as c:
+        if rate and rate != "0":
+            c.shape(rate)
+        return c.call(bench.measure, sizes, reps, True, timeout=3600)
+
+
+def measure(sizes, reps, two_node: bool = False):
+    """The rows at each size (in a connected driver); (results, skipped)."""
+    if two_node:
+        import raycluster
+
+        PLACE["sender"] = {"resources": {raycluster.RESOURCE % "worker": 1}}
+        PLACE["receiver"] = {"resources": {raycluster.RESOURCE % "head": 1}}
     plan = rows()
     skipped = {k: v for k, v in plan.items() if isinstance(v, str)}
     results = []
@@ -326,9 +392,10 @@ def main():
                 pairs[name] = make_pair(opts, n, kind, warm, method)
                 cold[name] = once(pairs[name], method)
             except Exception as e:  # a transport that cannot run here: say why, measure the rest
-                failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+                msg = " ".join(str(e).split())
+                failed[name] = f"{type(e).__name__}: {msg[:300]} ... {msg[-600:]}"
         warm_t = {name: [] for name in cold}
-        for _ in range(args.reps):
+        for _ in range(reps):
             for name in list(cold):
                 try:
                     warm_t[name].append(once(pairs[name], runnable[name][2]))
@@ -348,13 +415,7 @@ def main():
             ray.kill(s)
             ray.kill(r)
         print(f"{human(n)} done", file=sys.stderr, flush=True)
-    ray.shutdown()
-    load1 = os.getloadavg()[0]
-    report(results, skipped, args, load0, load1)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ray": ray.__version__, "torch": getattr(torch, "__version__", None), "load": [load0, load1],
-                       "results": results, "skipped": skipped}, f, indent=2)
+    return results, skipped
 
 
 # TENSORLANE row, Ray row: the goals' comparisons (the issue's), each at every size.
@@ -369,9 +430,10 @@ VERSUS = [
 
 
 def report(results, skipped, args, load0, load1):
+    where = f"two Ray nodes, links {args.rate}" if args.nodes == 2 else "one Ray node"
     print(f"Ray {ray.__version__}, numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
           f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load0:.1f} -> {load1:.1f}; "
-          f"{args.reps} warm transfers per cell (median)\n")
+          f"{where}; {args.reps} warm transfers per cell (median)\n")
     ok = [r for r in results if "error" not in r]
     by = {(r["size"], r["transport"]): r for r in ok}
     print("| size | transport | warm ms | warm GB/s | cold ms | cold GB/s | paths (receiver) |")

@@ -137,20 +137,21 @@ func (s *Stack) Transports() []fabric.Transport {
 func (s *Stack) shmUp() bool  { return s.shmSrv != nil && s.shmCli != nil }
 func (s *Stack) rdmaUp() bool { return s.rdmaSrv != nil && s.rdmaTr != nil }
 
-// Addrs are the data addresses refs carry, by transport name.
+// Addrs are the data addresses refs carry, by transport name; a wildcard
+// listener is advertised under a dialable address (see advertise).
 func (s *Stack) Addrs() map[string]string {
-	m := map[string]string{fabric.TCP: s.tcpSrv.Addr()}
+	m := map[string]string{fabric.TCP: advertise(s.tcpSrv.Addr())}
 	if s.shmUp() {
 		m[fabric.SHM] = s.shmSrv.Addr()
 	}
 	if s.rdmaUp() {
-		m[fabric.RDMA] = s.rdmaSrv.Addr()
+		m[fabric.RDMA] = advertiseRails(s.rdmaSrv.Addr())
 	}
 	return m
 }
 
-// TCPAddr is the tcp data listener's address (host:port).
-func (s *Stack) TCPAddr() string { return s.tcpSrv.Addr() }
+// TCPAddr is the tcp data listener's address (host:port), as refs carry it.
+func (s *Stack) TCPAddr() string { return advertise(s.tcpSrv.Addr()) }
 
 // Served lists the transports refs say the owner serves, best first.
 func (s *Stack) Served() []string {

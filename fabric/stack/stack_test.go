@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -266,4 +268,38 @@ func TestEnv(t *testing.T) {
 	assert.Empty(t, s.Config().Deny)
 	assert.Contains(t, s.Served(), fabric.RDMA)
 	require.NoError(t, s.Close())
+}
+
+// TestWildcardNotAdvertised: a stack listening on a wildcard never puts the
+// wildcard into the addresses refs carry (issue 29 item 9: a reader on
+// another host dialled [::]:port, i.e. itself); a specific address is
+// advertised as it is.
+func TestWildcardNotAdvertised(t *testing.T) {
+	cl := cluster(t)
+	src := fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound })
+	for _, addr := range []string{"0.0.0.0:0", "[::]:0"} {
+		t.Run(addr, func(t *testing.T) {
+			s := start(t, Config{DataAddr: addr}, Node{Cluster: cl, Host: "h0", Process: "p", Source: src})
+			addrs := s.Addrs()
+			host, port, err := net.SplitHostPort(addrs[fabric.TCP])
+			require.NoError(t, err)
+			ip := net.ParseIP(host)
+			require.NotNil(t, ip, "tcp address %q", addrs[fabric.TCP])
+			assert.False(t, ip.IsUnspecified(), "tcp address %q is a wildcard", addrs[fabric.TCP])
+			assert.NotEqual(t, "0", port)
+			assert.Equal(t, addrs[fabric.TCP], s.TCPAddr())
+			rails, err := rdma.ParseAddrs(addrs[fabric.RDMA])
+			require.NoError(t, err)
+			require.NotEmpty(t, rails)
+			for _, r := range rails {
+				h, _, err := net.SplitHostPort(r.Addr)
+				require.NoError(t, err)
+				assert.False(t, net.ParseIP(h).IsUnspecified(), "rail %s address %q is a wildcard", r.NIC, r.Addr)
+			}
+		})
+	}
+	s := start(t, Config{DataAddr: "127.0.0.1:0"}, Node{Cluster: cl, Host: "h0", Process: "p", Source: src})
+	host, _, err := net.SplitHostPort(s.Addrs()[fabric.TCP])
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", host, "a specific address is advertised as it is")
 }

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _lib, errors
+from . import _lib, _raynode, errors
 
 # numpy dtype -> tensorlane dtype name. Others (uint16..uint64, complex,
 # object, strings) have no tensorlane dtype and are refused by name.
@@ -538,5 +538,5 @@ def runtime() -> Runtime:
     if _default is None:
         with _default_lock:
             if _default is None:
-                _default = Runtime(default_config())
+                _default = Runtime(_raynode.apply(default_config()))  # Ray: the node's address and host
     return _default
