@@ -362,6 +362,18 @@ def _read(f: Any) -> Optional[bytes]:
     return data if len(data) == n else None
 
 
+def _installed_lib() -> Optional[str]:
+    """The library of the tensorlane package this test process imports (the
+    installed one, as .ci/run installs it), or None."""
+    try:
+        from tensorlane import _lib
+
+        p = _lib.path()
+    except Exception:
+        return None
+    return str(p) if p.exists() else None
+
+
 def start(num_cpus: int = 4, object_store: int = 512 << 20, lib: Optional[str] = None,
           env: Optional[Dict[str, str]] = None) -> Cluster:
     """Starts the cluster (skipping the calling test when the machine cannot
@@ -378,8 +390,8 @@ def start(num_cpus: int = 4, object_store: int = 512 << 20, lib: Optional[str] =
     b, c = 200 + os.getpid() % 50, (os.getpid() // 50) % 250
     subnet = f"10.{b}.{c}"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "TENSORLANE_CONFIG"))}
-    lib = lib or os.environ.get("TENSORLANE_LIB")
-    if lib:  # else the installed package finds its own
+    lib = lib or os.environ.get("TENSORLANE_LIB") or _installed_lib()
+    if lib:  # the nodes import the package from this checkout (PYTHONPATH), which has no library of its own
         base_env["TENSORLANE_LIB"] = lib
     base_env.update({
         "PYTHONPATH": os.pathsep.join([PYTHON_DIR, HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.multinode
 
 import raycluster  # noqa: E402
 import tensorlane  # noqa: E402
@@ -230,7 +231,6 @@ def _drv_weights_as_returned(n: int) -> Dict[str, List[float]]:
     return ray.get(p["r"].values.remote(ref), timeout=GUARD_S)
 
 
-@pytest.mark.xfail(strict=False, reason="weights as returned (issue 23 item 2) is pyray's part, not on this branch")
 def test_weights_as_returned_across_nodes(cluster):
     got = cluster.call(_drv_weights_as_returned, 4 * MiB // 4)
     assert got == {f"layer{i}": [float(i)] for i in range(4)}, "the reader must get the weights as returned"
@@ -241,7 +241,6 @@ def _drv_bf16() -> Dict[str, bool]:
     return {n: ray.get(p["r"].bf16_ok.remote(p["s"].bf16.remote(n), n), timeout=GUARD_S) for n in (1024, 4 * MiB)}
 
 
-@pytest.mark.xfail(strict=False, reason="small bf16 rides inline as '<V2' (issue 23 item 5, issue 29 item 5): pyray's part, not on this branch")
 def test_bf16_across_nodes(cluster):
     pytest.importorskip("ml_dtypes")
     assert cluster.call(_drv_bf16) == {1024: True, 4 * MiB: True}
@@ -252,7 +251,6 @@ def _drv_strided() -> bool:
     return ray.get(p["r"].strided_ok.remote(p["s"].strided.remote()), timeout=GUARD_S)
 
 
-@pytest.mark.xfail(strict=False, reason="non-contiguous and Fortran-order arrays staged once (issue 23 item 5) is pyray's part, not on this branch")
 def test_non_contiguous_across_nodes(cluster):
     assert cluster.call(_drv_strided) is True
 
@@ -282,7 +280,7 @@ def _drv_read_doomed(n: int) -> List[str]:
     return []
 
 
-@pytest.mark.xfail(strict=False, reason="a frozen sender as OwnerDied within the heartbeat bound (issue 23 item 6) is pyray's part")
+@pytest.mark.xfail(strict=False, reason="a sender frozen before the reader first reached it surfaces as PeerUnreachable (the TCP connect succeeds, the control handshake never does), not OwnerDied: rdt must watch the handshake too (docs/ray.md, Failures)")
 def test_frozen_sender_is_owner_died(cluster):
     n = 16 * MiB // 4
     pid = cluster.call(_drv_doomed_sender, n)
