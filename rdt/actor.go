@@ -289,6 +289,12 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 	go func() {
 		select {
 		case <-death:
+			if !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+				// Never reached: a wrong cluster key, a firewall, a frozen
+				// process that accepts connections. Nothing says it died.
+				cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
+				return
+			}
 			cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
 		case <-done:
 		case <-ctx.Done():
@@ -313,7 +319,7 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 // death (signalled, or confirmed now because the data path broke and the
 // owner no longer answers), Shutdown, or the error itself.
 func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
-	if cause := context.Cause(ctx); cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrStaleRef) || errors.Is(cause, ErrClosed)) {
+	if cause := context.Cause(ctx); cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrPeerUnreachable) || errors.Is(cause, ErrStaleRef) || errors.Is(cause, ErrClosed)) {
 		if errors.Is(err, cause) {
 			return r.counted(err)
 		}
