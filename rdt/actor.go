@@ -280,32 +280,45 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		return ctx, func() {}, nil
 	}
 	unuse := r.peers.use(ref.Owner)
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	watch := func() {
+		death := r.peers.deathOf(ref.Owner, ref.Incarnation)
+		go func() {
+			select {
+			case <-death:
+				if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+					// Never reached: a wrong cluster key, a firewall, a
+					// frozen process that accepts connections. Nothing
+					// says it died.
+					cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
+					return
+				}
+				cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
+			case <-done:
+			case <-ctx.Done():
+			}
+		}()
+	}
 	// The death watch starts before the lease request: a hung owner (its
 	// connection open, nothing answering) never answers that request
-	// either, and only the heartbeats' verdict ends it in time.
-	ctx, cancel := context.WithCancelCause(ctx)
-	death := r.peers.deathOf(ref.Owner, ref.Incarnation)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-death:
-			if !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
-				// Never reached: a wrong cluster key, a firewall, a frozen
-				// process that accepts connections. Nothing says it died.
-				cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
-				return
-			}
-			cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
-		case <-done:
-		case <-ctx.Done():
-		}
-	}()
+	// either, and only the heartbeats' verdict ends it in time. Except when
+	// this runtime knows another incarnation of the owner: the ref may name
+	// a newer one it has not met yet (deathOf would take it for the older),
+	// so the lease's answer says which incarnation runs first.
+	_, other := r.peers.replaced(ref.Owner, ref.Incarnation)
+	if !other {
+		watch()
+	}
 	if err := r.hold(ctx, "", ref); err != nil {
 		err = r.why(ctx, ref, err)
 		close(done)
 		cancel(nil)
 		unuse()
 		return nil, nil, err
+	}
+	if other {
+		watch()
 	}
 	return ctx, func() {
 		close(done)
