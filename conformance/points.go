@@ -42,7 +42,7 @@ var (
 
 // soakCheck and faultMatrix are beta evidence shared by several points.
 var (
-	soakCheck   = Check{Level: Beta, Name: "soak", Cmd: goTest("./internal/soak/", "TestSoakShort")}
+	soakCheck   = Check{Level: Beta, Name: "soak", Cmd: goTest("./cmd/internal/soak/", "TestSoakShort")}
 	faultMatrix = Check{Level: Beta, Name: "fault-matrix", Cmd: goTest("./internal/multihost/", "."),
 		Env: []string{"TENSORLANE_FAULT_MATRIX=full"}, Needs: "root (network namespaces)", Probe: needRoot}
 )

@@ -7,7 +7,7 @@
 // worker, as GoRay runs them) call it through tensorlane.h: runtimes behind
 // uint64 handles, configured with JSON; memory as pointer and length; Refs
 // as opaque bytes; errors as a kind (TL_E_*, rdt.ErrorKind's names) and a
-// per-thread message (tl_last_error). internal/capi holds the logic; this
+// per-thread message (tl_last_error). cmd/internal/capi holds the logic; this
 // package only converts values at the boundary and recovers every panic.
 //
 // Loaded into a process that is not a Go program, the Go runtime starts its

@@ -9,7 +9,7 @@ import "C"
 import (
 	"unsafe"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 )
 
 // The exported functions convert C values to Go ones and back, nothing

@@ -12,7 +12,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 

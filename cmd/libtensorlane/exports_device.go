@@ -11,7 +11,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 )
 
 // Device memory across the C ABI (tensorlane.h's "Device memory" section):

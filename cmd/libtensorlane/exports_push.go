@@ -10,11 +10,11 @@ import (
 	"context"
 	"unsafe"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 )
 
 // The weight-sync exports (slots, pushes, broadcasts, asynchronous
-// operations): conversions only, as in exports.go; internal/capi/push.go
+// operations): conversions only, as in exports.go; cmd/internal/capi/push.go
 // does the work. Declared in tensorlane.h's weight-sync section.
 
 func withRuntime(h C.uint64_t, f func(r *capi.Runtime) error) C.int {

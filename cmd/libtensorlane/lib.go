@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 )

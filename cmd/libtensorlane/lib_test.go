@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 )
 
 func code(name string) int {

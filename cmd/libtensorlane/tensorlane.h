@@ -79,7 +79,7 @@ int tl_last_error(char *msg, size_t cap, size_t *len);
  * by any C library: that stays the caller's duty.
  *
  * Runtimes. config_json may be NULL or "" for the defaults (see
- * internal/capi.Config: preset, hosts, discover, host, listen, data_addr,
+ * cmd/internal/capi.Config: preset, hosts, discover, host, listen, data_addr,
  * cluster_key, allow, deny, transfer_timeout_ms, sim_devices, host_memory,
  * log_level, lazy_staging, stage_pool_bytes, slabs, pool_bytes, slab_bytes;
  * TENSORLANE_SLABS and TENSORLANE_POOL_BYTES apply when slabs/pool_bytes are

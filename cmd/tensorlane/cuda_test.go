@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 	"github.com/tensorlane/tensorlane/tensor/cuda"
 	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
 )

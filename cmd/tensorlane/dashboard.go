@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/tensorlane/tensorlane/cmd/internal/demo"
 	"github.com/tensorlane/tensorlane/dashboard"
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
-	"github.com/tensorlane/tensorlane/internal/demo"
 )
 
 type dashboardOptions struct {

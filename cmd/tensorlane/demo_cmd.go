@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/internal/demo"
+	"github.com/tensorlane/tensorlane/cmd/internal/demo"
 	"github.com/tensorlane/tensorlane/topology"
 )
 

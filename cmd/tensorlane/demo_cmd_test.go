@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The engine's own tests are in internal/demo; these check what the
+// The engine's own tests are in cmd/internal/demo; these check what the
 // command prints.
 
 func TestDemoJSON(t *testing.T) {

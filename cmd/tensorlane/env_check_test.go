@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 )
 
 // TestEnvCheck: env --check names each difference from the locks and fails

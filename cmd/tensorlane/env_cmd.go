@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 )
 
 type envOptions struct {

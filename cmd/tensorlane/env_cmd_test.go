@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 )
 
 func TestEnvFromTrees(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/internal/soak"
+	"github.com/tensorlane/tensorlane/cmd/internal/soak"
 )
 
 // soakFlags are soak.Config plus what only the command has: the size as

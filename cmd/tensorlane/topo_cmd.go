@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 	"github.com/tensorlane/tensorlane/sched"
 	"github.com/tensorlane/tensorlane/topology"
 	"github.com/tensorlane/tensorlane/topology/render"

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/tensorlane/tensorlane/internal/worker"
+	"github.com/tensorlane/tensorlane/cmd/internal/worker"
 	"github.com/tensorlane/tensorlane/topology"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The protocol's own tests are in internal/worker; these check the flags.
+// The protocol's own tests are in cmd/internal/worker; these check the flags.
 
 func TestWorkerBadFlags(t *testing.T) {
 	for _, c := range []struct {

@@ -118,9 +118,9 @@ func TestCheck(t *testing.T) {
 			{Path: "fabric/shm", Imports: []string{"rdt"}, Doc: doc},
 		}, []string{"fabric/shm imports rdt: fabric must not import rdt"}},
 		{"the C ABI's Go side sits above rdt", []Package{
-			{Path: "internal/capi", Imports: []string{"fabric", "rdt"}, Doc: doc},
-			{Path: "internal/capi/x", Imports: []string{"dashboard"}, Doc: doc},
-		}, []string{"internal/capi/x imports dashboard: internal/capi must not import dashboard"}},
+			{Path: "cmd/internal/capi", Imports: []string{"fabric", "rdt"}, Doc: doc},
+			{Path: "cmd/internal/capi/x", Imports: []string{"dashboard"}, Doc: doc},
+		}, []string{"cmd/internal/capi/x imports dashboard: cmd/internal/capi must not import dashboard"}},
 		{"sched imports a transport", []Package{
 			{Path: "sched", Imports: []string{"fabric/tcp"}, Doc: doc},
 		}, []string{"sched imports fabric/tcp: sched must not import fabric"}},

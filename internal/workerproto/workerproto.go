@@ -2,7 +2,7 @@
 // the requests a driver writes on the worker's stdin and the replies the
 // worker prints on stdout. The worker (cmd/tensorlane) and the multi-host
 // test harness (internal/multihost) both use these types, so the two ends
-// cannot drift apart. See internal/worker for the operations.
+// cannot drift apart. See cmd/internal/worker for the operations.
 package workerproto
 
 import "time"

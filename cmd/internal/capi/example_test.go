@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/tensorlane/tensorlane/internal/capi"
+	"github.com/tensorlane/tensorlane/cmd/internal/capi"
 )
 
 // Two runtimes on one simulated host, as two Ray actors of a node are: a

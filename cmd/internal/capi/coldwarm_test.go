@@ -37,7 +37,7 @@ var coldWarmModes = []struct {
 // warm (median of the three others) Get, and the median over iterations of
 // cold/warm (goal: cold <= 1.5x warm).
 //
-//	go test -run '^$' -bench ColdWarm -benchtime 5x ./internal/capi/
+//	go test -run '^$' -bench ColdWarm -benchtime 5x ./cmd/internal/capi/
 func BenchmarkColdWarmGet(b *testing.B) {
 	coldWarm(b, func(b *testing.B, r *Runtime, ref []byte) time.Duration {
 		t0 := time.Now()

@@ -18,10 +18,10 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
+	"github.com/tensorlane/tensorlane/cmd/internal/worker"
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/stack"
-	"github.com/tensorlane/tensorlane/internal/worker"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"

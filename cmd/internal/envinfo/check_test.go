@@ -112,7 +112,7 @@ func TestDpkgVersions(t *testing.T) {
 // TestRepositoryLock reads this repository's own locks: they must parse
 // and pin what the Python tests import.
 func TestRepositoryLock(t *testing.T) {
-	lock, err := ReadLock("../..")
+	lock, err := ReadLock("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}

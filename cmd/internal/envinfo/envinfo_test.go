@@ -8,13 +8,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/tensorlane/tensorlane/internal/envinfo"
+	"github.com/tensorlane/tensorlane/cmd/internal/envinfo"
 )
 
 // The command's golden file (cmd/tensorlane/testdata/env) pins the text
 // byte for byte; this pins what Collect reads from a copied system tree.
 func TestCollectFromTree(t *testing.T) {
-	m := envinfo.Collect(context.Background(), "../../topology/testdata/sysfs/mi300x")
+	m := envinfo.Collect(context.Background(), "../../../topology/testdata/sysfs/mi300x")
 	assert.Equal(t, "Ubuntu 22.04.4 LTS", m.Distribution)
 	assert.Equal(t, "6.8.0-45-generic", m.Kernel)
 	assert.Positive(t, m.Accelerators["amd MI300X-192GB"], "%v", m.Accelerators)

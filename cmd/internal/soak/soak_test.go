@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tensorlane/tensorlane/cmd/internal/worker"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
-	"github.com/tensorlane/tensorlane/internal/worker"
 )
 
 var libp2pBackground = append([]goleak.Option{goleak.IgnoreCurrent()}, testhelp.Libp2pBackground()...)

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tensorlane/tensorlane/internal/worker"
+	"github.com/tensorlane/tensorlane/cmd/internal/worker"
 	"github.com/tensorlane/tensorlane/rdt"
 )
 

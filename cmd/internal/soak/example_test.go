@@ -3,7 +3,7 @@ package soak_test
 import (
 	"os"
 
-	"github.com/tensorlane/tensorlane/internal/soak"
+	"github.com/tensorlane/tensorlane/cmd/internal/soak"
 )
 
 // Print shows a Result as the command does; every attempt must have an
