@@ -96,6 +96,10 @@ class Sender:
     def runtime_stats(self) -> Dict[str, Any]:
         return tlr.runtime().stats()
 
+    def plain(self, n: int) -> np.ndarray:
+        """A return that names no transport: Ray's own path."""
+        return np.arange(n, dtype=np.float32)
+
 
 @ray.remote(num_cpus=0, enable_tensor_transport=True)
 class Receiver:
@@ -123,6 +127,9 @@ class Receiver:
         a = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)
         return (np.array_equal(d["cols"], a[:, ::2]) and np.array_equal(d["fortran"], a)
                 and np.array_equal(d["t"], a.T))
+
+    def flags(self, a: np.ndarray) -> tuple:
+        return bool(a.flags.writeable), a.dtype.str, a.shape, bool(np.array_equal(a, np.arange(a.size, dtype=np.float32)))
 
     def get_plain(self, ref: bytes) -> Dict[str, Any]:
         rt = tlr.runtime()
@@ -229,6 +236,23 @@ def _drv_weights_as_returned(n: int) -> Dict[str, List[float]]:
     ref = p["s"].weights.remote(n)
     ray.get(p["s"].train_step.remote(), timeout=GUARD_S)  # in place, after the return
     return ray.get(p["r"].values.remote(ref), timeout=GUARD_S)
+
+
+def _drv_side_effect(n: int) -> Dict[str, tuple]:
+    p = _drv_pair()
+    fresh = ray.get(p["r"].flags.remote(p["s"].plain.remote(n)), timeout=GUARD_S)
+    ray.get(p["r"].check.remote(p["s"].produce.remote(n, 9), n, 9), timeout=GUARD_S)  # a TENSORLANE call
+    after = ray.get(p["r"].flags.remote(p["s"].plain.remote(n)), timeout=GUARD_S)
+    return {"fresh": fresh, "after": after}
+
+
+def test_plain_return_unchanged_by_the_transport_across_nodes(cluster):
+    # Issue 23 item 3: Ray registers a transport's serializer process-wide for
+    # numpy arrays; a method that names no transport must keep Ray's own path
+    # (a read-only array from the object store) after TENSORLANE calls.
+    res = cluster.call(_drv_side_effect, 1 * MiB // 4)
+    assert res["fresh"] == (False, "<f4", (MiB // 4,), True), res
+    assert res["after"] == res["fresh"], res
 
 
 def test_weights_as_returned_across_nodes(cluster):
