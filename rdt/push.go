@@ -219,6 +219,12 @@ func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.Device
 	if err != nil {
 		return nil, err
 	}
+	return a.addSlot(buf, desc, opts), nil
+}
+
+// addSlot makes buf, holding a tensor of layout desc, a slot of this
+// actor with a fresh id and token, and publishes it in the sink table.
+func (a *Actor) addSlot(buf tensor.Buffer, desc tensor.Desc, opts []SlotOption) *Slot {
 	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
@@ -229,7 +235,7 @@ func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.Device
 	t.mu.Lock()
 	t.slots[s.id] = s
 	t.mu.Unlock()
-	return s, nil
+	return s
 }
 
 // Ref is what the pushing owner needs: where the slot lives and the

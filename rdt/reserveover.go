@@ -2,7 +2,6 @@ package rdt
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 
 	"github.com/tensorlane/tensorlane/tensor"
@@ -37,17 +36,7 @@ func (a *Actor) ReserveOver(ctx context.Context, buf tensor.Buffer, desc tensor.
 	if n := spanBytes(desc); n != buf.Len() {
 		return nil, fmt.Errorf("%w: %v spans %d bytes, the buffer holds %d", tensor.ErrTooSmall, desc, n, buf.Len())
 	}
-	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
-	for _, o := range opts {
-		o(s)
-	}
-	rand.Read(s.id[:])
-	rand.Read(s.token)
-	t := a.rt.sinks
-	t.mu.Lock()
-	t.slots[s.id] = s
-	t.mu.Unlock()
-	return s, nil
+	return a.addSlot(buf, desc, opts), nil
 }
 
 // Done is closed when the runtime has shut down, so that layers holding

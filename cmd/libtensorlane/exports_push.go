@@ -301,21 +301,16 @@ func tl_delta_encode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t,
 
 //export tl_delta_check
 func tl_delta_check(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t) C.int {
-	return C.int(protect(func() error {
-		b, err := region(base, int64(nbytes))
-		if err != nil {
-			return err
-		}
-		d, err := region(delta, int64(deltaLen))
-		if err != nil {
-			return err
-		}
-		return capi.DeltaCheck(b, d)
-	}))
+	return withDelta(base, nbytes, delta, deltaLen, capi.DeltaCheck)
 }
 
 //export tl_delta_decode
 func tl_delta_decode(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t) C.int {
+	return withDelta(base, nbytes, delta, deltaLen, capi.DeltaDecode)
+}
+
+// withDelta checks a base region and a delta region, then runs f on them.
+func withDelta(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t, f func(base, delta []byte) error) C.int {
 	return C.int(protect(func() error {
 		b, err := region(base, int64(nbytes))
 		if err != nil {
@@ -325,7 +320,7 @@ func tl_delta_decode(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer
 		if err != nil {
 			return err
 		}
-		return capi.DeltaDecode(b, d)
+		return f(b, d)
 	}))
 }
 

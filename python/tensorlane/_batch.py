@@ -168,6 +168,19 @@ def _finish(n: int, code: int, codes: Any, build, return_exceptions: bool) -> Li
     return out
 
 
+def _read_args(refs: Sequence[bytes], runtime: Optional[_runtime.Runtime],
+               layouts: Optional[Sequence[Optional[Layout]]]) -> tuple:
+    """What tl_get_batch and tl_view_batch take alike: the runtime, the
+    count, the packed refs and their lengths, and the out arrays for each
+    item's address, length and code."""
+    rt = _rt(runtime)
+    n = len(refs)
+    if layouts is not None and len(layouts) != n:
+        raise errors.InvalidArgument(f"{len(layouts)} layouts for {n} refs")
+    blob, lens = _pack(refs)
+    return rt, n, blob, lens, (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int32 * n)()
+
+
 def get_batch(refs: Sequence[bytes], *, runtime: Optional[_runtime.Runtime] = None, timeout: Optional[float] = None,
               op: Optional[int] = None, layouts: Optional[Sequence[Optional[Layout]]] = None,
               return_exceptions: bool = False) -> List[Union[np.ndarray, errors.Error]]:
@@ -179,16 +192,9 @@ def get_batch(refs: Sequence[bytes], *, runtime: Optional[_runtime.Runtime] = No
     item i's bytes (e.g. a dtype tensorlane carries as raw bytes). Raises the
     first item's error unless ``return_exceptions``, which puts each failed
     item's exception in its place."""
-    rt = _rt(runtime)
-    n = len(refs)
-    if n == 0:
+    if not refs:
         return []
-    if layouts is not None and len(layouts) != n:
-        raise errors.InvalidArgument(f"{len(layouts)} layouts for {n} refs")
-    blob, lens = _pack(refs)
-    ptrs = (ctypes.c_void_p * n)()
-    nbytes = (ctypes.c_int64 * n)()
-    codes = (ctypes.c_int32 * n)()
+    rt, n, blob, lens, ptrs, nbytes, codes = _read_args(refs, runtime, layouts)
     code = _lib.lib().tl_get_batch(rt._h(), n, blob, lens, op or 0, _ms(timeout), ptrs, nbytes, codes)
     # Every successful item's memory is ours from here: wrap each before
     # anything can raise, so none leaks.
@@ -210,17 +216,10 @@ def view_batch(refs: Sequence[bytes], *, runtime: Optional[_runtime.Runtime] = N
     as long as it lives. Items no path can map raise (or, with
     ``return_exceptions``, hold) :class:`~tensorlane.NoZeroCopy`: read those
     with :func:`get_batch`. Other arguments as :func:`get_batch`."""
-    rt = _rt(runtime)
-    n = len(refs)
-    if n == 0:
+    if not refs:
         return []
-    if layouts is not None and len(layouts) != n:
-        raise errors.InvalidArgument(f"{len(layouts)} layouts for {n} refs")
-    blob, lens = _pack(refs)
+    rt, n, blob, lens, ptrs, nbytes, codes = _read_args(refs, runtime, layouts)
     views = (ctypes.c_uint64 * n)()
-    ptrs = (ctypes.c_void_p * n)()
-    nbytes = (ctypes.c_int64 * n)()
-    codes = (ctypes.c_int32 * n)()
     flags = _runtime.VIEW_POPULATE if populate else 0
     code = _lib.lib().tl_view_batch(rt._h(), n, blob, lens, flags, op or 0, _ms(timeout), views, ptrs, nbytes, codes)
     held = [np.asarray(_runtime._View(rt._h(), views[i], ptrs[i], nbytes[i])) if codes[i] == 0 and ptrs[i] else None for i in range(n)]

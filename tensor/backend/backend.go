@@ -186,19 +186,9 @@ func Open(ctx context.Context, cfg Config) ([]Device, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	mode := strings.ToLower(strings.TrimSpace(cfg.Mode))
-	if mode == "" {
-		mode = ModeAuto
-	}
-	var forced Backend
-	switch mode {
-	case ModeAuto, ModeSim, ModeReal:
-	default:
-		b, ok := Lookup(mode)
-		if !ok {
-			return nil, fmt.Errorf("%w %q (want auto, sim, real or one of %s)", ErrUnknownBackend, mode, strings.Join(Names(), ", "))
-		}
-		forced = b
+	mode, forced, err := parseMode(cfg.Mode)
+	if err != nil {
+		return nil, err
 	}
 	order, err := visibleOrder(cfg.Host, cfg.Visible)
 	if err != nil {
@@ -357,24 +347,31 @@ type ProbedDevice struct {
 	Peers     []int
 }
 
+// parseMode normalises a mode ("" is auto) and, for a back-end's name,
+// returns that back-end.
+func parseMode(mode string) (string, Backend, error) {
+	mode = strings.ToLower(strings.TrimSpace(mode))
+	switch mode {
+	case "":
+		return ModeAuto, nil, nil
+	case ModeAuto, ModeSim, ModeReal:
+		return mode, nil, nil
+	}
+	b, ok := Lookup(mode)
+	if !ok {
+		return "", nil, fmt.Errorf("%w %q (want auto, sim, real or one of %s)", ErrUnknownBackend, mode, strings.Join(Names(), ", "))
+	}
+	return mode, b, nil
+}
+
 // Choose says, without opening anything, which back-end a runtime in mode
 // would give each device of h and why a device would be simulated: the
 // back-end's name and, for "sim", the note. usable says whether a named
 // back-end's driver is usable (from Probe); nil asks every Prober.
 func Choose(ctx context.Context, h *topology.Host, mode string, usable map[string]error) (map[int][2]string, error) {
-	mode = strings.ToLower(strings.TrimSpace(mode))
-	if mode == "" {
-		mode = ModeAuto
-	}
-	var forced Backend
-	switch mode {
-	case ModeAuto, ModeSim, ModeReal:
-	default:
-		b, ok := Lookup(mode)
-		if !ok {
-			return nil, fmt.Errorf("%w %q", ErrUnknownBackend, mode)
-		}
-		forced = b
+	mode, forced, err := parseMode(mode)
+	if err != nil {
+		return nil, err
 	}
 	if usable == nil {
 		usable = map[string]error{}

@@ -706,46 +706,54 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 		foreign = tensor.NewForeign(mem, tensor.ForeignConfig{Stage: r.pool})
 		buf = foreign
 	}
-	t, err := tensor.New(buf, d)
+	ref, p, err := r.publish(ctx, buf, d, foreign, foreign != nil)
 	if err != nil {
-		buf.Release()
 		return nil, err
 	}
-	ref, err := r.actor.Put(ctx, t)
-	if err != nil {
-		buf.Release()
-		return nil, err
-	}
-	p, err := ref.MarshalBinary()
-	if err != nil {
-		r.actor.Free(ctx, ref)
-		return nil, err
-	}
-	r.mu.Lock()
-	r.objects[ref.Object] = &published{ref: ref, foreign: foreign}
-	r.mu.Unlock()
 	if foreign != nil && !r.lazyStaging && slices.Contains(ref.Transports, fabric.SHM) {
 		// A same-host reader (another Ray actor on the node) would
 		// otherwise wait for this copy; a Free meanwhile waits for it.
 		r.staging.Go(func() { foreign.Stage() })
 	}
+	return p, nil
+}
+
+// publish makes buf, holding a tensor of layout d, an object of this
+// runtime and returns its ref, marshalled too. It takes buf over (released
+// on error). foreign is the staging wrapper of memory the caller owns, if
+// any; foreignPut counts the put as one of memory the runtime did not
+// allocate (a copy or a wrapper) rather than a zero-copy one.
+func (r *Runtime) publish(ctx context.Context, buf tensor.Buffer, d tensor.Desc, foreign *tensor.Foreign, foreignPut bool) (rdt.Ref, []byte, error) {
+	t, err := tensor.New(buf, d)
+	if err != nil {
+		buf.Release()
+		return rdt.Ref{}, nil, err
+	}
+	ref, err := r.actor.Put(ctx, t)
+	if err != nil {
+		buf.Release()
+		return rdt.Ref{}, nil, err
+	}
+	p, err := ref.MarshalBinary()
+	if err != nil {
+		r.actor.Free(ctx, ref)
+		return rdt.Ref{}, nil, err
+	}
+	r.mu.Lock()
+	r.objects[ref.Object] = &published{ref: ref, foreign: foreign}
+	r.mu.Unlock()
+	_, end := d.Span()
 	r.stats.puts.Add(1)
 	r.stats.putBytes.Add(end)
-	if foreign != nil {
+	if foreignPut {
 		r.stats.foreignPuts.Add(1)
 	} else {
 		r.stats.zeroCopyPuts.Add(1)
 	}
-	return p, nil
+	return ref, p, nil
 }
 
-func parseRef(p []byte) (rdt.Ref, error) {
-	ref, err := rdt.ParseRef(p)
-	if err != nil {
-		return ref, err
-	}
-	return ref, nil
-}
+func parseRef(p []byte) (rdt.Ref, error) { return rdt.ParseRef(p) }
 
 // begin registers a cancellable operation under op (0: not cancellable
 // from outside) with a timeout (0: the runtime's transfer timeout).

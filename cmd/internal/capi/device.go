@@ -216,30 +216,9 @@ func (r *Runtime) PutDevice(ctx context.Context, g DeviceRegion) ([]byte, error)
 		}
 		foreign = true
 	}
-	t, err := tensor.New(buf, d)
+	_, p, err := r.publish(ctx, buf, d, nil, foreign)
 	if err != nil {
-		buf.Release()
 		return nil, err
-	}
-	ref, err := r.actor.Put(ctx, t)
-	if err != nil {
-		buf.Release()
-		return nil, err
-	}
-	p, err := ref.MarshalBinary()
-	if err != nil {
-		r.actor.Free(ctx, ref)
-		return nil, err
-	}
-	r.mu.Lock()
-	r.objects[ref.Object] = &published{ref: ref}
-	r.mu.Unlock()
-	r.stats.puts.Add(1)
-	r.stats.putBytes.Add(end)
-	if foreign {
-		r.stats.foreignPuts.Add(1)
-	} else {
-		r.stats.zeroCopyPuts.Add(1)
 	}
 	return p, nil
 }

@@ -10,23 +10,14 @@ package cudatest
 
 import (
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"testing"
-
-	"github.com/ebitengine/purego"
 )
 
-var (
-	once    sync.Once
-	libPath string
-	libErr  error
-	set     func(key string, v int64) int32
-	live    func(what string) int64
-)
+// driver is the fake CUDA driver every helper here drives.
+var driver = &Fake{Name: "CUDA driver", Prefix: "fakecuda", Build: Build, Default: map[string]int64{"devices": 2, "memory": 1 << 30}}
 
 // Source returns the path of the fake driver's C source.
 func Source() string {
@@ -34,51 +25,27 @@ func Source() string {
 	return filepath.Join(filepath.Dir(file), "..", "testdata", "fakecuda.c")
 }
 
+// Build compiles the fake driver into dir/libcuda.so.1 with gcc and
+// returns its path.
+func Build(dir string) (string, error) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "libcuda.so.1")
+	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-Wall", "-o", p, Source()).CombinedOutput(); err != nil {
+		return "", errors.New(string(out) + err.Error())
+	}
+	return p, nil
+}
+
 // FakeLibrary returns the path of the fake driver, building it on first
 // use (once per test binary). It skips the test, saying why, when gcc is
 // not installed.
 func FakeLibrary(t testing.TB) string {
 	t.Helper()
-	once.Do(build)
-	if libErr != nil {
-		if errors.Is(libErr, exec.ErrNotFound) {
-			t.Skip("gcc not found: cannot build the fake CUDA driver (scripts/gpu-check.sh covers the real one)")
-		}
-		t.Fatalf("build the fake libcuda: %v", libErr)
-	}
-	return libPath
+	return driver.Library(t)
 }
-
-func build() {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		libErr = err
-		return
-	}
-	// The directory outlives the test (helper processes load the library
-	// from it); it is a few KiB in the temp directory.
-	dir, err := os.MkdirTemp("", "tensorlane-fakecuda")
-	if err != nil {
-		libErr = err
-		return
-	}
-	p := filepath.Join(dir, "libcuda.so.1")
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-Wall", "-o", p, Source()).CombinedOutput(); err != nil {
-		libErr = errors.New(string(out) + err.Error())
-		return
-	}
-	lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-	if err != nil {
-		libErr = err
-		return
-	}
-	purego.RegisterLibFunc(&set, lib, "fakecuda_set")
-	purego.RegisterLibFunc(&live, lib, "fakecuda_live")
-	libPath = p
-}
-
-// Defaults of the knobs Set changes.
-var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 
 // Set changes a knob of the fake driver for the rest of the test (the
 // knobs are process-wide: tests that set them must not run in parallel):
@@ -88,11 +55,7 @@ var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 // noreadonly (cuMemSetAccess refuses read-only access).
 func Set(t *testing.T, key string, v int64) {
 	t.Helper()
-	FakeLibrary(t)
-	if set(key, v) != 0 {
-		t.Fatalf("fake driver has no knob %q", key)
-	}
-	t.Cleanup(func() { set(key, defaults[key]) })
+	driver.Set(t, key, v)
 }
 
 // NoLeaks checks, when the test ends (after the cleanups it registers
@@ -100,34 +63,14 @@ func Set(t *testing.T, key string, v int64) {
 // buffers, streams or events than when it was called.
 func NoLeaks(t *testing.T) {
 	t.Helper()
-	FakeLibrary(t)
-	base := map[string]int64{}
-	for _, w := range []string{"allocs", "host", "streams", "events"} {
-		base[w] = live(w)
-	}
-	t.Cleanup(func() {
-		for w, n := range base {
-			if got := live(w); got != n {
-				t.Errorf("fake CUDA driver: %d live %s after the test, %d before", got, w, n)
-			}
-		}
-	})
+	driver.NoLeaks(t)
 }
 
 // SetNow changes a knob at once, from any goroutine, with no cleanup (pair
 // it with a Set of the same knob, whose cleanup restores the default): a
 // test's stand-in for the device finishing ("release") while a copy waits.
-func SetNow(key string, v int64) {
-	if set != nil {
-		set(key, v)
-	}
-}
+func SetNow(key string, v int64) { driver.SetNow(key, v) }
 
 // Live returns one of the fake driver's counters: allocs, host, streams,
 // events (live objects), busy (CUDA_ERROR_NOT_READY answers so far).
-func Live(what string) int64 {
-	if live == nil {
-		return -1
-	}
-	return live(what)
-}
+func Live(what string) int64 { return driver.Live(what) }

@@ -9,23 +9,16 @@ package hiptest
 
 import (
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"testing"
 
-	"github.com/ebitengine/purego"
+	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
 )
 
-var (
-	once    sync.Once
-	libPath string
-	libErr  error
-	set     func(key string, v int64) int32
-	live    func(what string) int64
-)
+// fake is the fake HIP runtime every helper here drives.
+var fake = &cudatest.Fake{Name: "HIP runtime", Prefix: "fakehip", Build: Build, Default: map[string]int64{"devices": 2, "memory": 1 << 30}}
 
 // Source returns the path of the fake runtime's C source.
 func Source() string {
@@ -55,41 +48,8 @@ func Build(dir string) (string, error) {
 // not installed.
 func FakeLibrary(t testing.TB) string {
 	t.Helper()
-	once.Do(build)
-	if libErr != nil {
-		if errors.Is(libErr, exec.ErrNotFound) {
-			t.Skip("gcc not found: cannot build the fake HIP runtime")
-		}
-		t.Fatalf("build the fake libamdhip64: %v", libErr)
-	}
-	return libPath
+	return fake.Library(t)
 }
-
-func build() {
-	// The directory outlives the test (helper processes load the library
-	// from it); it is a few KiB in the temp directory.
-	dir, err := os.MkdirTemp("", "tensorlane-fakehip")
-	if err != nil {
-		libErr = err
-		return
-	}
-	p, err := Build(dir)
-	if err != nil {
-		libErr = err
-		return
-	}
-	lib, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_LOCAL)
-	if err != nil {
-		libErr = err
-		return
-	}
-	purego.RegisterLibFunc(&set, lib, "fakehip_set")
-	purego.RegisterLibFunc(&live, lib, "fakehip_live")
-	libPath = p
-}
-
-// Defaults of the knobs Set changes.
-var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 
 // Set changes a knob of the fake runtime for the rest of the test (the
 // knobs of tensor/cuda/cudatest: devices, memory, novmm, notready, noinit,
@@ -97,11 +57,7 @@ var defaults = map[string]int64{"devices": 2, "memory": 1 << 30}
 // parallel.
 func Set(t *testing.T, key string, v int64) {
 	t.Helper()
-	FakeLibrary(t)
-	if set(key, v) != 0 {
-		t.Fatalf("fake HIP runtime has no knob %q", key)
-	}
-	t.Cleanup(func() { set(key, defaults[key]) })
+	fake.Set(t, key, v)
 }
 
 // NoLeaks checks, when the test ends, that the fake runtime holds no more
@@ -109,16 +65,5 @@ func Set(t *testing.T, key string, v int64) {
 // called.
 func NoLeaks(t *testing.T) {
 	t.Helper()
-	FakeLibrary(t)
-	base := map[string]int64{}
-	for _, w := range []string{"allocs", "host", "streams", "events"} {
-		base[w] = live(w)
-	}
-	t.Cleanup(func() {
-		for w, n := range base {
-			if got := live(w); got != n {
-				t.Errorf("fake HIP runtime: %d live %s after the test, %d before", got, w, n)
-			}
-		}
-	})
+	fake.NoLeaks(t)
 }
