@@ -89,12 +89,8 @@ func ErrorKind(err error) string {
 	if err == nil {
 		return ""
 	}
-	for _, k := range kinds {
-		for _, e := range k.Errs {
-			if errors.Is(err, e) {
-				return k.Name
-			}
-		}
+	if k := kindOf(err); k != nil {
+		return k.Name
 	}
 	return KindOther
 }
@@ -104,11 +100,20 @@ func KindCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	name := ErrorKind(err)
-	for _, k := range kinds {
-		if k.Name == name {
-			return k.Code
-		}
+	if k := kindOf(err); k != nil {
+		return k.Code
 	}
 	return 1
+}
+
+// kindOf is the first kind, in matching order, whose sentinel err wraps.
+func kindOf(err error) *Kind {
+	for i := range kinds {
+		for _, e := range kinds[i].Errs {
+			if errors.Is(err, e) {
+				return &kinds[i]
+			}
+		}
+	}
+	return nil
 }

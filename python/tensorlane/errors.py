@@ -3,7 +3,7 @@ rdt.ErrorKind, plus invalid_argument), all subclasses of :class:`Error`."""
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, List, Type
 
 from . import _kinds
 
@@ -207,11 +207,15 @@ KINDS = list(_kinds.KINDS)
 
 #: The exception class of each C ABI kind. Python-only kinds (Mutated) have
 #: no code and are not here.
-BY_KIND: Dict[str, Type[Error]] = {
-    c.kind: c
-    for c in Error.__subclasses__() + [c for b in Error.__subclasses__() for c in b.__subclasses__()]
-    if c.kind in KINDS
-}
+def _classes(base: Type[Error]) -> List[Type[Error]]:
+    """base's subclasses at every depth."""
+    out: List[Type[Error]] = []
+    for c in base.__subclasses__():
+        out += [c, *_classes(c)]
+    return out
+
+
+BY_KIND: Dict[str, Type[Error]] = {c.kind: c for c in _classes(Error) if c.kind in KINDS}
 
 
 def from_code(code: int, message: str) -> Error:
