@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -12,7 +14,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
+	"github.com/tensorlane/tensorlane/rdt/schema"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -28,6 +32,12 @@ import (
 // after 15 s, heartbeats every second with death after 3 misses, no cluster
 // key, no allowlist, unencrypted data connections, logs discarded and
 // metrics on a private registry.
+//
+// Every field that is not a live Go object is one field of the
+// configuration schema (rdt/schema; docs/config.md), with the same name in
+// the C ABI's and Python's JSON (snake_case) and the worker's flags. An
+// invalid field fails New with an error that wraps ErrInvalidArgument and a
+// *schema.FieldError naming it.
 type Config struct {
 	// Cluster is the topology the runtime lives in. Default: the dgx-h100
 	// preset with one host.
@@ -71,11 +81,25 @@ type Config struct {
 	DeviceMemory int64
 	// HostMemory caps host memory allocations (bytes); 0 = unbounded.
 	HostMemory int64
-	// Transports are the data transports' settings: which run (Allow,
-	// Deny, DisableSHM, DisableRDMA), where they listen (DataAddr,
-	// RDMAAddrs), how they are tuned (Streams, Compression, Limits), the
-	// rdma provider and link telemetry. The zero value means fabric/stack's
-	// defaults; see stack.Config.
+	// AllowTransports and DenyTransports narrow the data transports, by
+	// their names in the transport registry (fabric.Names: local, p2p,
+	// shm, rdma, tcp); TENSORLANE_TRANSPORTS narrows them further unless
+	// IgnoreEnv. Default: every transport.
+	AllowTransports, DenyTransports []string
+	// DataAddr is the tcp data listener. Default: 127.0.0.1:0.
+	DataAddr string
+	// DisableRDMA turns the rdma path off (tcp serves other hosts).
+	DisableRDMA bool
+	// RDMAProvider picks the rdma provider: "soft" (default) or "ofi".
+	// Empty reads TENSORLANE_RDMA_PROVIDER unless IgnoreEnv.
+	RDMAProvider string
+	// Transports are the data transports' finer settings (listener
+	// limits, tcp streams and compression, shm directory, per-NIC rdma
+	// addresses, a provider object, link telemetry), for programs that
+	// tune fabric/stack. The fields above are the same settings as
+	// Transports.Allow, Deny, DataAddr, DisableRDMA and RDMAProviderKind:
+	// set each in one place (both is an error unless they agree). The
+	// zero value means fabric/stack's defaults; see stack.Config.
 	Transports stack.Config
 	// IgnoreEnv makes the runtime read no environment variable (it sets
 	// Transports.IgnoreEnv too).
@@ -143,7 +167,10 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Host = out.Cluster.Hosts[0].ID
 	}
 	if _, ok := out.Cluster.Host(out.Host); !ok {
-		return out, fmt.Errorf("rdt: host %q is not in cluster %q (hosts %v)", out.Host, out.Cluster.Name, out.Cluster.HostIDs())
+		return out, badField("host", "host %q is not in cluster %q (hosts %v)", out.Host, out.Cluster.Name, out.Cluster.HostIDs())
+	}
+	if err := out.flatTransports(); err != nil {
+		return out, err
 	}
 	if out.Identity == nil {
 		k, _, err := crypto.GenerateEd25519Key(nil)
@@ -195,7 +222,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.LeaseExpiry = 3 * out.LeaseRenew
 	}
 	if out.LeaseExpiry <= out.LeaseRenew {
-		return out, fmt.Errorf("rdt: LeaseExpiry %v must exceed LeaseRenew %v", out.LeaseExpiry, out.LeaseRenew)
+		return out, badField("lease_expiry", "LeaseExpiry %v must exceed LeaseRenew %v", out.LeaseExpiry, out.LeaseRenew)
 	}
 	if out.HeartbeatInterval <= 0 {
 		out.HeartbeatInterval = time.Second
@@ -210,7 +237,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Transports.Clock = out.Clock // one clock for the whole runtime
 	}
 	if out.ClusterKey != nil && len(out.ClusterKey) != 32 {
-		return out, fmt.Errorf("rdt: ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))
+		return out, badField("cluster_key", "ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))
 	}
 	if out.InboxSize <= 0 {
 		out.InboxSize = 1024
@@ -219,4 +246,47 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return out, nil
+}
+
+// badField is a Config field the runtime cannot use: an invalid argument
+// that names the field (schema.FieldError).
+func badField(name, format string, args ...any) error {
+	return fmt.Errorf("rdt: %w: %w", ErrInvalidArgument, schema.Bad(name, format, args...))
+}
+
+// flatTransports moves the transport fields that need no fabric import into
+// Transports, refusing one setting given two different ways.
+func (c *Config) flatTransports() error {
+	t := &c.Transports
+	for _, f := range []struct {
+		name, stackName string
+		flat, in        *[]string
+	}{{"allow_transports", "Allow", &c.AllowTransports, &t.Allow}, {"deny_transports", "Deny", &c.DenyTransports, &t.Deny}} {
+		for _, n := range *f.flat {
+			if !fabric.Known(n) {
+				return badField(f.name, "unknown transport %q (known: %s)", n, strings.Join(fabric.Names(), ", "))
+			}
+		}
+		switch {
+		case *f.flat == nil:
+		case *f.in != nil && !slices.Equal(*f.flat, *f.in):
+			return badField(f.name, "set it or Transports.%s, not both", f.stackName)
+		default:
+			*f.in = slices.Clone(*f.flat)
+		}
+	}
+	for _, f := range []struct {
+		name, stackName string
+		flat, in        *string
+	}{{"data_addr", "DataAddr", &c.DataAddr, &t.DataAddr}, {"rdma_provider", "RDMAProviderKind", &c.RDMAProvider, &t.RDMAProviderKind}} {
+		switch {
+		case *f.flat == "":
+		case *f.in != "" && *f.in != *f.flat:
+			return badField(f.name, "set it or Transports.%s, not both", f.stackName)
+		default:
+			*f.in = *f.flat
+		}
+	}
+	t.DisableRDMA = t.DisableRDMA || c.DisableRDMA
+	return nil
 }
