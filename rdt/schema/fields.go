@@ -59,7 +59,7 @@ var fields = []Field{
 		Doc: "Admit only these peer IDs (and the runtime itself) on the control channel and on data connections (the transports' Authorize); empty admits every member."},
 	{Name: "encrypt_data", Type: Bool, Layers: all,
 		Doc:     "Encrypt data connections (AES-256-GCM, keys from an X25519 exchange in the authenticated handshake) and refuse unencrypted readers; turns rdma off (it does not encrypt). The control channel is always encrypted.",
-		Aliases: []Alias{{Name: "encrypt", Layer: JSON | Worker}}},
+		Aliases: []Alias{{Name: "encrypt", Layer: Worker}}},
 
 	// Devices and memory.
 	{Name: "device_backend", Type: String, Default: "auto", Env: EnvDeviceBackend, Layers: all,

@@ -20,8 +20,6 @@ package capi
 
 import (
 	"context"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,17 +27,18 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/rdt/schema"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -68,89 +67,106 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
-// Config is a runtime's configuration as JSON. Its zero value means: the
-// simulated dgx-h100 preset with one host, claiming h0, host memory only (no
-// simulated accelerators), loopback listeners, the environment's
-// TENSORLANE_TRANSPORTS and TENSORLANE_CLUSTER_KEY, rdt's default timeouts,
-// and no logging.
+// Config is a runtime's configuration as JSON: the fields of the
+// configuration schema's JSON layer (rdt/schema, docs/config.md), by the
+// same snake_case names Python uses and the same words as rdt.Config and
+// the worker's flags. Its zero value means: the simulated dgx-h100 preset
+// with one host, claiming h0, host memory only (no accelerators), loopback
+// listeners, the environment's TENSORLANE_TRANSPORTS and
+// TENSORLANE_CLUSTER_KEY, rdt's default timers, and no logging. Each
+// field's doc is in the schema; the notes here say what the C ABI adds.
 type Config struct {
-	// Preset names a topology preset; Hosts its host count (default 1).
-	Preset string `json:"preset,omitempty"`
-	Hosts  int    `json:"hosts,omitempty"`
-	// Discover builds the topology of this machine from sysfs instead
-	// (its host ID is the host name unless Host is set).
-	Discover bool `json:"discover,omitempty"`
-	// Host is the topology host this runtime claims. Runtimes that claim
-	// the same host use the same-host paths (shm, p2p) between them.
-	Host string `json:"host,omitempty"`
-	// Listen are libp2p multiaddrs; DataAddr the tcp data listener.
-	Listen   []string `json:"listen,omitempty"`
-	DataAddr string   `json:"data_addr,omitempty"`
-	// ClusterKey is 64 hex digits (32 bytes); default TENSORLANE_CLUSTER_KEY.
-	ClusterKey string `json:"cluster_key,omitempty"`
-	// Allow and Deny narrow the transports; TENSORLANE_TRANSPORTS applies
-	// on top.
-	Allow []string `json:"allow,omitempty"`
-	Deny  []string `json:"deny,omitempty"`
-	// TransferTimeoutMS bounds a Get with no timeout of its own.
-	TransferTimeoutMS int64 `json:"transfer_timeout_ms,omitempty"`
-	// SimDevices gives the runtime the host's simulated accelerators
-	// (memfd arenas) besides host memory.
-	SimDevices bool `json:"sim_devices,omitempty"`
-	// HostMemory caps host memory allocations (bytes); 0 = unbounded.
-	HostMemory int64 `json:"host_memory,omitempty"`
+	Preset   string `json:"preset,omitempty"`
+	Hosts    int    `json:"hosts,omitempty"`
+	Discover bool   `json:"discover,omitempty"`
+	Host     string `json:"host,omitempty"`
+
+	ListenAddrs     []string `json:"listen_addrs,omitempty"`
+	DataAddr        string   `json:"data_addr,omitempty"`
+	AllowTransports []string `json:"allow_transports,omitempty"`
+	DenyTransports  []string `json:"deny_transports,omitempty"`
+	DisableRDMA     bool     `json:"disable_rdma,omitempty"`
+	RDMAProvider    string   `json:"rdma_provider,omitempty"`
+
+	IdentityFile string `json:"identity_file,omitempty"`
+	// ClusterKey is 64 hex digits; default cluster_key_file, else
+	// TENSORLANE_CLUSTER_KEY (unless ignore_env).
+	ClusterKey     string   `json:"cluster_key,omitempty"`
+	ClusterKeyFile string   `json:"cluster_key_file,omitempty"`
+	AllowPeers     []string `json:"allow_peers,omitempty"`
+	EncryptData    bool     `json:"encrypt_data,omitempty"`
+
+	// DeviceBackend, when set, gives the runtime the host's accelerators
+	// on that back-end (sim, auto, real, cuda, hip), as SimDevices does
+	// with the environment's back-end.
+	DeviceBackend  string      `json:"device_backend,omitempty"`
+	VisibleDevices []int       `json:"visible_devices"`
+	SimDevices     bool        `json:"sim_devices,omitempty"`
+	DeviceMemory   schema.Size `json:"device_memory,omitempty"`
+	HostMemory     schema.Size `json:"host_memory,omitempty"`
+	RuntimeDir     string      `json:"runtime_dir,omitempty"`
+
+	TransferTimeout   schema.Seconds `json:"transfer_timeout,omitempty"`
+	StallTimeout      schema.Seconds `json:"stall_timeout,omitempty"`
+	LeaseRenew        schema.Seconds `json:"lease_renew,omitempty"`
+	LeaseExpiry       schema.Seconds `json:"lease_expiry,omitempty"`
+	HeartbeatInterval schema.Seconds `json:"heartbeat_interval,omitempty"`
+	HeartbeatMisses   int            `json:"heartbeat_misses,omitempty"`
+
+	InboxSize int  `json:"inbox_size,omitempty"`
+	IgnoreEnv bool `json:"ignore_env,omitempty"`
 	// LogLevel: "" (off), debug, info, warn, error; logs go to stderr.
 	LogLevel string `json:"log_level,omitempty"`
-	// LazyStaging makes the owner copy a foreign Put into shareable memory
-	// only when the first same-host reader asks (which then waits for the
-	// copy). By default, when the runtime serves shm, the copy starts in
-	// the background at Put, so a same-host reader finds it made or under
-	// way; the cost is that copy's memory also for objects that only
-	// network readers read.
+
+	// LazyStaging: by default, when the runtime serves shm, a foreign
+	// Put's copy into shareable memory starts in the background at Put,
+	// so a same-host reader finds it made or under way; the cost is that
+	// copy's memory also for objects that only network readers read.
 	LazyStaging bool `json:"lazy_staging,omitempty"`
-	// StagePoolBytes bounds the staging pool: allocations with their pages
-	// populated ahead, for foreign Puts' staging copies (see stagepool.go).
-	// 0 means DefaultStagePool (256 MiB, filled only with sizes actually
-	// staged); negative turns the pool off.
-	StagePoolBytes int64 `json:"stage_pool_bytes,omitempty"`
-	// Slabs turns on slab memory for the runtime's shareable host memory
-	// (tensor.SlabMemory): allocations (Alloc, Get destinations, foreign
-	// Puts' staging copies) are carved from large memfds, a same-host
-	// reader maps each slab once for all the objects in it, and freed
-	// memory is reused, pages populated, within this runtime. A reader
-	// that may read one object of the runtime's can then read the others
-	// in the same slab: it needs a cluster key, which bounds who may read
-	// (docs/security-shm-grants.md). nil means TENSORLANE_SLABS ("1" on,
-	// "0" or unset off). A view of a slab object holds its range on the
-	// owner until ReleaseView.
+	// StagePoolBytes: 0 means DefaultStagePool (256 MiB, filled only with
+	// sizes actually staged); negative turns the pool off (stagepool.go).
+	StagePoolBytes schema.Size `json:"stage_pool_bytes,omitempty"`
+	// Slabs (tensor.SlabMemory): allocations (Alloc, Get destinations,
+	// foreign Puts' staging copies) are carved from large memfds, a
+	// same-host reader maps each slab once for all the objects in it, and
+	// freed memory is reused, pages populated, within this runtime. A
+	// reader that may read one object of the runtime's can then read the
+	// others in the same slab: it needs a cluster key, which bounds who
+	// may read (docs/security-shm-grants.md). nil means TENSORLANE_SLABS.
+	// A view of a slab object holds its range on the owner until
+	// ReleaseView.
 	Slabs *bool `json:"slabs,omitempty"`
-	// PoolBytes is how much memory to make resident at start (before
-	// NewRuntime returns): with Slabs, a slab that Gets and
-	// tensorlane.empty allocate from for the runtime's life, like Ray's
-	// object store memory; without, memory held for the first large host
-	// allocation (usually the first Get's destination: see
-	// tensor.HostMemory.Prefault), so a cold Get pays no page population
-	// either. 0 means TENSORLANE_POOL_BYTES, or none.
-	PoolBytes int64 `json:"pool_bytes,omitempty"`
-	// SlabBytes is the size of one slab; default tensor.DefaultSlabSize
-	// (64 MiB). Larger allocations get a slab of their own size.
-	SlabBytes int64 `json:"slab_bytes,omitempty"`
+	// PoolBytes: with Slabs, a slab that Gets and tensorlane.empty
+	// allocate from for the runtime's life, like Ray's object store
+	// memory; without, memory held for the first large host allocation
+	// (tensor.HostMemory.Prefault), so a cold Get pays no page population
+	// either.
+	PoolBytes schema.Size `json:"pool_bytes,omitempty"`
+	SlabBytes schema.Size `json:"slab_bytes,omitempty"`
 }
 
 // EnvSlabs turns slab memory on ("1") for runtimes whose config does not
 // say; EnvPoolBytes sizes its pre-faulted pool (bytes, or with a K, M or G
 // suffix).
 const (
-	EnvSlabs     = "TENSORLANE_SLABS"
-	EnvPoolBytes = "TENSORLANE_POOL_BYTES"
+	EnvSlabs     = schema.EnvSlabs
+	EnvPoolBytes = schema.EnvPoolBytes
 )
+
+// getenv is os.Getenv unless the config ignores the environment.
+func (c Config) getenv(name string) string {
+	if c.IgnoreEnv {
+		return ""
+	}
+	return os.Getenv(name)
+}
 
 // slabs resolves Slabs and PoolBytes against the environment.
 func (c Config) slabs() (on bool, pool int64, err error) {
 	if c.Slabs != nil {
 		on = *c.Slabs
 	} else {
-		switch v := strings.ToLower(strings.TrimSpace(os.Getenv(EnvSlabs))); v {
+		switch v := strings.ToLower(strings.TrimSpace(c.getenv(EnvSlabs))); v {
 		case "", "0", "false", "off", "no":
 		case "1", "true", "on", "yes":
 			on = true
@@ -158,61 +174,37 @@ func (c Config) slabs() (on bool, pool int64, err error) {
 			return false, 0, invalid("%s=%q: want 1 or 0", EnvSlabs, v)
 		}
 	}
-	pool = c.PoolBytes
+	pool = int64(c.PoolBytes)
 	if pool == 0 {
-		if v := strings.TrimSpace(os.Getenv(EnvPoolBytes)); v != "" {
-			if pool, err = parseBytes(v); err != nil {
-				return false, 0, invalid("%s=%q: %v", EnvPoolBytes, v, err)
+		if v := strings.TrimSpace(c.getenv(EnvPoolBytes)); v != "" {
+			if pool, err = schema.ParseSize(v); err != nil || pool < 0 {
+				return false, 0, invalid("%s=%q: not a byte count", EnvPoolBytes, v)
 			}
 		}
-	}
-	if pool < 0 || c.SlabBytes < 0 {
-		return false, 0, invalid("pool_bytes and slab_bytes must not be negative")
 	}
 	return on, pool, nil
 }
 
-// parseBytes reads "268435456", "256M", "256MiB", "1G".
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(s), "B"), "I")
-	mult := int64(1)
-	if n := len(s); n > 0 {
-		switch s[n-1] {
-		case 'K':
-			mult = 1 << 10
-		case 'M':
-			mult = 1 << 20
-		case 'G':
-			mult = 1 << 30
-		}
-		if mult > 1 {
-			s = s[:n-1]
-		}
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || v < 0 || v > (1<<62)/mult {
-		return 0, fmt.Errorf("not a byte count")
-	}
-	return v * mult, nil
-}
-
 // EnvClusterKey holds a cluster key (64 hex digits) for runtimes whose
 // config has none.
-const EnvClusterKey = "TENSORLANE_CLUSTER_KEY"
+const EnvClusterKey = schema.EnvClusterKey
 
-// ParseConfig decodes JSON (empty means the zero Config), refusing unknown
-// fields so a misspelled option is an error, not a silent default.
+// ParseConfig decodes JSON (empty means the zero Config) by the schema:
+// an unknown key is an error that names it and suggests the field meant,
+// an old name (listen, allow, deny, transfer_timeout_ms) is read as its
+// field with a warning once per process. Errors wrap ErrInvalidArgument
+// and a *schema.FieldError.
 func ParseConfig(p []byte) (Config, error) {
 	var c Config
-	if len(strings.TrimSpace(string(p))) == 0 {
-		return c, nil
-	}
-	dec := json.NewDecoder(strings.NewReader(string(p)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, invalid("config: %v", err)
+	if err := schema.Decode(p, schema.JSON, &c, nil); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	return c, nil
+}
+
+// fieldErr is an invalid field of the config.
+func fieldErr(name, format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrInvalidArgument, schema.Bad(name, format, args...))
 }
 
 func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
@@ -235,42 +227,64 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		}
 		cl, err := topology.Preset(preset, hosts)
 		if err != nil {
-			return out, nil, invalid("config: %v", err)
+			return out, nil, fieldErr("preset", "%v", err)
 		}
 		out.Cluster, out.Host = cl, c.Host
 	}
-	out.ListenAddrs, out.Transports.DataAddr = c.Listen, c.DataAddr
-	out.Transports.Allow, out.Transports.Deny = c.Allow, c.Deny
-	key := c.ClusterKey
-	if key == "" {
-		key = os.Getenv(EnvClusterKey)
-	}
-	if key != "" {
-		k, err := hex.DecodeString(strings.TrimSpace(key))
-		if err != nil || len(k) != 32 {
-			return out, nil, invalid("cluster key must be 64 hex digits (32 bytes)")
+	out.ListenAddrs, out.DataAddr = c.ListenAddrs, c.DataAddr
+	out.AllowTransports, out.DenyTransports = c.AllowTransports, c.DenyTransports
+	out.DisableRDMA, out.RDMAProvider = c.DisableRDMA, c.RDMAProvider
+	out.EncryptData, out.IgnoreEnv = c.EncryptData, c.IgnoreEnv
+	for _, s := range c.AllowPeers {
+		id, err := peer.Decode(s)
+		if err != nil {
+			return out, nil, fieldErr("allow_peers", "%q is not a peer ID: %v", s, err)
 		}
-		out.ClusterKey = k
+		out.AllowPeers = append(out.AllowPeers, id)
 	}
-	if c.TransferTimeoutMS < 0 {
-		return out, nil, invalid("transfer_timeout_ms must not be negative")
+	var err error
+	if out.Identity, err = schema.LoadIdentity(c.IdentityFile); err != nil {
+		return out, nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
-	out.TransferTimeout = time.Duration(c.TransferTimeoutMS) * time.Millisecond
-	out.HostMemory = c.HostMemory
+	switch {
+	case c.ClusterKey != "" && c.ClusterKeyFile != "":
+		return out, nil, fieldErr("cluster_key", "set cluster_key or cluster_key_file, not both")
+	case c.ClusterKeyFile != "":
+		if out.ClusterKey, err = schema.LoadClusterKey(c.ClusterKeyFile); err != nil {
+			return out, nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		}
+	case c.ClusterKey != "":
+		if out.ClusterKey, err = schema.ParseKey(c.ClusterKey); err != nil {
+			return out, nil, fieldErr("cluster_key", "%v", err)
+		}
+	case c.getenv(EnvClusterKey) != "":
+		if out.ClusterKey, err = schema.ParseKey(c.getenv(EnvClusterKey)); err != nil {
+			return out, nil, invalid("%s: %v", EnvClusterKey, err)
+		}
+	}
+	out.DeviceBackend, out.VisibleDevices, out.RuntimeDir = c.DeviceBackend, c.VisibleDevices, c.RuntimeDir
+	out.DeviceMemory, out.HostMemory = int64(c.DeviceMemory), int64(c.HostMemory)
+	out.TransferTimeout, out.StallTimeout = time.Duration(c.TransferTimeout), time.Duration(c.StallTimeout)
+	out.LeaseRenew, out.LeaseExpiry = time.Duration(c.LeaseRenew), time.Duration(c.LeaseExpiry)
+	out.HeartbeatInterval, out.HeartbeatMisses = time.Duration(c.HeartbeatInterval), c.HeartbeatMisses
+	out.InboxSize = c.InboxSize
 	slabs, pool, err := c.slabs()
 	if err != nil {
 		return out, nil, err
 	}
+	// The accelerators come with sim_devices or a device_backend; without
+	// either, a C ABI runtime has host memory only.
+	devices := c.SimDevices || c.DeviceBackend != ""
 	var owned []closer
 	switch {
-	case slabs && c.SimDevices:
-		return out, nil, invalid("slabs: slab memory is for host memory, not with sim_devices")
+	case slabs && devices:
+		return out, nil, fieldErr("slabs", "slab memory is for host memory, not with sim_devices or device_backend")
 	case slabs && out.ClusterKey == nil:
-		return out, nil, invalid("slabs: slab memory is shared within a trust scope: it needs a cluster key (cluster_key or %s)", EnvClusterKey)
+		return out, nil, fieldErr("slabs", "slab memory is shared within a trust scope: it needs a cluster key (cluster_key, cluster_key_file or %s)", EnvClusterKey)
 	case slabs:
-		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: c.SlabBytes, Reserve: pool, Capacity: c.HostMemory})
+		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: int64(c.SlabBytes), Reserve: pool, Capacity: int64(c.HostMemory)})
 		if err != nil {
-			return out, nil, invalid("slabs: %v", err)
+			return out, nil, fieldErr("slab_bytes", "%v", err)
 		}
 		// The pool is populated before the runtime starts, so the first
 		// transfer into it pays no page population (that is its point).
@@ -280,8 +294,8 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		}
 		out.Devices = []tensor.Memory{sm}
 		owned = append(owned, sm)
-	case !c.SimDevices:
-		hm := tensor.NewHostMemory(c.HostMemory)
+	case !devices:
+		hm := tensor.NewHostMemory(int64(c.HostMemory))
 		if err := hm.Prefault(pool); err != nil {
 			hm.Close()
 			return out, nil, err
@@ -305,7 +319,7 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		for _, m := range owned {
 			m.Close()
 		}
-		return out, nil, invalid("log_level %q (want debug, info, warn or error)", c.LogLevel)
+		return out, nil, fieldErr("log_level", "%q (want debug, info, warn or error)", c.LogLevel)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -313,11 +327,12 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 	return out, owned, nil
 }
 
-// shmSelected reports whether the transports selected by allow and deny,
+// shmSelected reports whether the transports the config selects,
 // with TENSORLANE_TRANSPORTS on top (as rdt applies them), include shm: only
 // then can a same-host reader want a foreign Put's staged copy.
-func shmSelected(allow, deny []string) bool {
-	envAllow, envDeny, err := fabric.ParseSelection(os.Getenv(fabric.EnvTransports))
+func (c Config) shmSelected() bool {
+	allow, deny := c.AllowTransports, c.DenyTransports
+	envAllow, envDeny, err := fabric.ParseSelection(c.getenv(fabric.EnvTransports))
 	if err == nil {
 		if envAllow != nil {
 			allow = envAllow
@@ -370,9 +385,6 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		for _, m := range owned {
 			m.Close()
 		}
-		if strings.Contains(err.Error(), "not in cluster") || strings.Contains(err.Error(), "ClusterKey") {
-			err = fmt.Errorf("%w: %w", ErrInvalidArgument, err)
-		}
 		return 0, err
 	}
 	actor, err := rt.Spawn("main")
@@ -385,7 +397,7 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 		rt.Shutdown(ctx)
 		return 0, err
 	}
-	limit := c.StagePoolBytes
+	limit := int64(c.StagePoolBytes)
 	if limit == 0 {
 		limit = DefaultStagePool
 	}
@@ -393,7 +405,7 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 	if isSlab {
 		limit = 0 // slab memory is populated and recycled already
 	}
-	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, slabs: isSlab, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !shmSelected(c.Allow, c.Deny),
+	r := &Runtime{rt: rt, actor: actor, host: mem, pool: newStagePool(mem, max(limit, 0)), owned: owned, slabs: isSlab, allocs: map[uintptr]*allocation{}, lazyStaging: c.LazyStaging || !c.shmSelected(),
 		objects: map[fabric.ObjectID]*published{}, ops: map[uint64]context.CancelFunc{}, views: map[uint64]*heldView{}}
 	l.mu.Lock()
 	l.next++

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/rdt/schema"
 )
 
 const slabKey = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -110,11 +112,11 @@ func TestSlabConfig(t *testing.T) {
 	assert.EqualValues(t, 1, r.Stats().HostMemory.SlabCount, "a 4 MiB pool is one slab")
 	require.NoError(t, lib.Close(ctx, h))
 	for in, want := range map[string]int64{"256M": 256 << 20, "1GiB": 1 << 30, "4096": 4096, "8k": 8 << 10} {
-		got, err := parseBytes(in)
+		got, err := schema.ParseSize(in)
 		require.NoError(t, err, in)
 		assert.Equal(t, want, got, in)
 	}
-	_, err = parseBytes("lots")
+	_, err = schema.ParseSize("lots")
 	assert.Error(t, err)
 }
 
