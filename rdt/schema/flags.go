@@ -14,8 +14,10 @@ import (
 // the struct dst points to (its fields named by GoName), with the field's
 // doc and default as help. Each flag's own default is the zero value, so
 // the layer's defaults apply unless a flag is given. Aliases of layer l
-// become deprecated flags that set the same field (pflag says so once when
-// one is used). short maps a field's name to a one-letter shorthand.
+// become hidden flags that set the same field and log a warning once
+// (Deprecated, on slog's default logger: stderr, never a command's output,
+// which may be a protocol). short maps a field's name to a one-letter
+// shorthand.
 func BindFlags(fs *pflag.FlagSet, dst any, l Layer, short map[string]string) error {
 	v := reflect.ValueOf(dst)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
@@ -39,11 +41,11 @@ func BindFlags(fs *pflag.FlagSet, dst any, l Layer, short map[string]string) err
 			if a.Layer&l == 0 {
 				continue
 			}
-			fs.Var(val, a.Name, help(f))
+			fs.Var(&aliasValue{Value: val, old: "--" + a.Name, new: "--" + f.Flag()}, a.Name, help(f))
 			if f.Type == Bool {
 				fs.Lookup(a.Name).NoOptDefVal = "true"
 			}
-			if err := fs.MarkDeprecated(a.Name, "use --"+f.Flag()); err != nil {
+			if err := fs.MarkHidden(a.Name); err != nil {
 				return err
 			}
 		}
@@ -100,6 +102,17 @@ func flagValue(f Field, fv reflect.Value) (pflag.Value, error) {
 		return nil, fmt.Errorf("schema: field %s (%s) is %s, which does not hold a flag of type %s", f.GoName(), f.Name, fv.Type(), f.Type)
 	}
 	return val, nil
+}
+
+// aliasValue is an old flag: it sets its field and warns once.
+type aliasValue struct {
+	pflag.Value
+	old, new string
+}
+
+func (a *aliasValue) Set(v string) error {
+	Deprecated(nil, a.old, a.new)
+	return a.Value.Set(v)
 }
 
 type stringValue string

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/rdt/schema"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -61,30 +60,38 @@ type (
 	workerCluster = workerproto.Cluster
 )
 
-// Config is what one worker runs with. Its zero value means the defaults
-// documented on each field (the same as the command's flags).
+// Config is what one worker runs with: the fields of the configuration
+// schema's worker layer (rdt/schema, docs/config.md), by the same names as
+// rdt.Config, the C ABI's JSON and the command's flags (BindFlags makes
+// those from this struct). Its zero value means the schema's defaults
+// (the worker's own: a preset of 3 hosts, claiming h0, 1 GiB device
+// arenas; the runtime's otherwise).
 type Config struct {
-	Preset       string   // topology preset (default "dgx-h100")
-	Hosts        int      // hosts in the preset cluster (default 3)
-	Host         string   // the host this worker claims (default "h0")
-	DeviceMemory int64    // capacity of each simulated device arena (default 1 GiB)
-	HostMemory   int64    // cap on host memory allocations (0: unbounded)
-	Listen       []string // libp2p control multiaddrs (default /ip4/127.0.0.1/tcp/0)
-	DataAddr     string   // tcp data listener address (default 127.0.0.1:0)
-	IdentityFile string   // libp2p key file, created if missing (LoadIdentity)
-	Transports   []string // allowed transports (default all)
-	// The runtime's timers; zero means the runtime's defaults (rdt.Config).
-	StallTimeout    time.Duration
-	TransferTimeout time.Duration
-	Heartbeat       time.Duration
-	HeartbeatMisses int
-	LeaseRenew      time.Duration
-	ClusterKeyFile  string   // 32-byte key, raw or hex (LoadClusterKey)
-	AllowPeers      []string // admit only these peer ids
-	Encrypt         bool     // encrypt data connections
-	RDMAIP          string   // address the simulated NICs' rails listen on (default loopback)
-	NoRDMA          bool     // turn the rdma path off
-	Verbose         bool     // debug logs
+	Preset          string
+	Hosts           int
+	Host            string
+	ListenAddrs     []string
+	DataAddr        string
+	AllowTransports []string
+	DenyTransports  []string
+	DisableRDMA     bool
+	RDMAProvider    string
+	RDMAIP          string
+	IdentityFile    string
+	ClusterKeyFile  string
+	AllowPeers      []string
+	EncryptData     bool
+	DeviceBackend   string
+	DeviceMemory    int64
+	HostMemory      int64
+	// The runtime's timers; zero means the runtime's defaults.
+	TransferTimeout   time.Duration
+	StallTimeout      time.Duration
+	LeaseRenew        time.Duration
+	LeaseExpiry       time.Duration
+	HeartbeatInterval time.Duration
+	HeartbeatMisses   int
+	Verbose           bool
 }
 
 // withDefaults fills in the documented defaults of the zero fields.
@@ -104,54 +111,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// LoadIdentity reads a libp2p private key, or creates and stores one.
-func LoadIdentity(path string) (crypto.PrivKey, error) {
-	if path == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(path)
-	if err == nil {
-		k, err := crypto.UnmarshalPrivateKey(b)
-		if err != nil {
-			return nil, fmt.Errorf("identity %s: %w", path, err)
-		}
-		return k, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	k, _, err := crypto.GenerateEd25519Key(nil)
-	if err != nil {
-		return nil, err
-	}
-	b, err = crypto.MarshalPrivateKey(k)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return nil, err
-	}
-	return k, nil
-}
+// LoadIdentity reads a libp2p private key, or creates and stores one
+// (schema.LoadIdentity).
+func LoadIdentity(path string) (crypto.PrivKey, error) { return schema.LoadIdentity(path) }
 
-// LoadClusterKey reads a 32-byte key, raw or hex-encoded.
-func LoadClusterKey(path string) ([]byte, error) {
-	if path == "" {
-		return nil, nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(b) == 32 {
-		return b, nil
-	}
-	k, err := hex.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil || len(k) != 32 {
-		return nil, fmt.Errorf("cluster key %s: want 32 bytes, raw or as 64 hex digits", path)
-	}
-	return k, nil
-}
+// LoadClusterKey reads a 32-byte key, raw or hex-encoded
+// (schema.LoadClusterKey).
+func LoadClusterKey(path string) ([]byte, error) { return schema.LoadClusterKey(path) }
 
 type worker struct {
 	rt      *rdt.Runtime
@@ -196,7 +162,7 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 	for _, s := range o.AllowPeers {
 		id, err := peer.Decode(s)
 		if err != nil {
-			return fmt.Errorf("--allow-peers %q: %w", s, err)
+			return schema.Bad("allow_peers", "%q is not a peer ID: %v", s, err)
 		}
 		allow = append(allow, id)
 	}
@@ -214,12 +180,16 @@ func Run(ctx context.Context, in io.Reader, out, errOut io.Writer, cfg Config) e
 		}
 	}
 	rt, err := rdt.New(ctx, rdt.Config{
-		Cluster: cluster, Host: o.Host, Identity: key, ListenAddrs: o.Listen,
-		DeviceMemory: o.DeviceMemory, HostMemory: o.HostMemory,
-		StallTimeout: o.StallTimeout, TransferTimeout: o.TransferTimeout, Logger: logger,
-		HeartbeatInterval: o.Heartbeat, HeartbeatMisses: o.HeartbeatMisses, LeaseRenew: o.LeaseRenew,
-		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.Encrypt,
-		Transports: stack.Config{DataAddr: o.DataAddr, Allow: o.Transports, RDMAAddrs: rdmaAddrs, DisableRDMA: o.NoRDMA},
+		Cluster: cluster, Host: o.Host, Identity: key, ListenAddrs: o.ListenAddrs, Logger: logger,
+		DataAddr: o.DataAddr, AllowTransports: o.AllowTransports, DenyTransports: o.DenyTransports,
+		DisableRDMA: o.DisableRDMA, RDMAProvider: o.RDMAProvider,
+		ClusterKey: clusterKey, AllowPeers: allow, EncryptData: o.EncryptData,
+		DeviceBackend: o.DeviceBackend, DeviceMemory: o.DeviceMemory, HostMemory: o.HostMemory,
+		TransferTimeout: o.TransferTimeout, StallTimeout: o.StallTimeout,
+		LeaseRenew: o.LeaseRenew, LeaseExpiry: o.LeaseExpiry,
+		HeartbeatInterval: o.HeartbeatInterval, HeartbeatMisses: o.HeartbeatMisses,
+		// The one setting rdt.Config leaves to the stack: each NIC's rail address.
+		Transports: stack.Config{RDMAAddrs: rdmaAddrs},
 	})
 	if err != nil {
 		return err
