@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._batch import get_batch, put_batch, view_batch
+from ._config import Config
 from ._runtime import Ref, Runtime, as_array, ref_info, runtime
 from .errors import (
     BadRequest, Canceled, Closed, Corrupt, Error, InvalidArgument, MalformedRef, NoPath,
@@ -55,7 +56,7 @@ def from_dlpack(x: Any) -> np.ndarray:
 
 
 __all__ = [
-    "Ref", "Runtime", "runtime", "empty", "copy", "ref_info", "as_array", "from_dlpack",
+    "Config", "Ref", "Runtime", "runtime", "empty", "copy", "ref_info", "as_array", "from_dlpack",
     "put_batch", "get_batch", "view_batch", "Mutated",
     "Error", "Other", "InvalidArgument", "OwnerDied", "PeerUnreachable", "ObjectNotFound",
     "ObjectFreed", "StaleRef", "Unauthorized", "MalformedRef", "OutOfMemory", "TooSmall", "NoPath",

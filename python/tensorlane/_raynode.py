@@ -5,7 +5,7 @@ loopback, which a reader on another Ray node cannot reach. In a Ray process
 (worker or connected driver), :func:`apply` fills in what the configuration
 left open:
 
-- ``listen`` and ``data_addr`` on the node's own address as Ray knows it
+- ``listen_addrs`` and ``data_addr`` on the node's own address as Ray knows it
   (the node IP Ray registered, ``ray.util.get_node_ip_address()``), so
   everything that reaches the node over Ray's network reaches the runtime;
   or, with ``TENSORLANE_IFACE=eth1`` set, on that interface's IPv4 address
@@ -106,8 +106,8 @@ def node_config(config: Dict[str, Any], node_ip: str, node_id: str, iface: Optio
         ipaddress.ip_address(ip)
     except ValueError:
         raise errors.InvalidArgument(f"Ray node address {ip!r} is not an IP address") from None
-    if not out.get("listen"):
-        out["listen"] = [_multiaddr(ip)]
+    if not out.get("listen_addrs") and not out.get("listen"):  # listen: the old name
+        out["listen_addrs"] = [_multiaddr(ip)]
     if not out.get("data_addr"):
         out["data_addr"] = _hostport(ip)
     if out.get("discover") and not out.get("host") and node_id:
@@ -121,7 +121,7 @@ def _scope_key(config: Dict[str, Any]) -> Dict[str, Any]:
     driver's too, must agree on the key, or their control channels cannot
     even negotiate (a driver without the key could not read an actor's
     tensors). Slab mode in workers sets the same key already."""
-    if config.get("cluster_key") or os.environ.get("TENSORLANE_CLUSTER_KEY"):
+    if config.get("cluster_key") or config.get("cluster_key_file") or os.environ.get("TENSORLANE_CLUSTER_KEY"):
         return config
     from . import _runtime
 

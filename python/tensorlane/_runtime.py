@@ -8,11 +8,32 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Dict, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _lib, _raynode, errors
+from ._config import ALIASES, Config
+
+_warned_aliases: set = set()
+
+
+def normalize_config(config: Dict[str, Any]) -> Dict[str, Any]:
+    """config with its old key names (``listen``, ``allow``, ``deny``,
+    ``transfer_timeout_ms``) replaced by their fields' names, warning once
+    per name; a new dict. A key given by both names is left for the library
+    to refuse (it names both)."""
+    out = dict(config)
+    for old, (new, factor) in ALIASES.items():
+        if old not in out or new in out:
+            continue
+        if old not in _warned_aliases:
+            _warned_aliases.add(old)
+            warnings.warn(f"tensorlane config: {old!r} is deprecated, use {new!r} (docs/config.md)", DeprecationWarning, stacklevel=3)
+        v = out.pop(old)
+        out[new] = v * factor if factor != 1.0 and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    return out
 
 # numpy dtype -> tensorlane dtype name. Others (uint16..uint64, complex,
 # object, strings) have no tensorlane dtype and are refused by name.
@@ -223,22 +244,24 @@ class Runtime:
     reads others' (Get). Many may exist; :func:`tensorlane.runtime` returns
     the process's default one.
 
-    config is the JSON config of the C ABI as a dict: ``preset``, ``hosts``,
-    ``discover``, ``host``, ``listen``, ``data_addr``, ``cluster_key``,
-    ``allow``, ``deny``, ``transfer_timeout_ms``, ``sim_devices``,
-    ``host_memory``, ``log_level``, ``lazy_staging``, ``stage_pool_bytes``,
-    ``slabs``, ``pool_bytes``, ``slab_bytes`` (slab mode: docs/ray.md;
-    ``pool_bytes`` also works without slabs: that much host memory is made
-    resident at start for the first large Get's destination).
-    TENSORLANE_TRANSPORTS, TENSORLANE_CLUSTER_KEY, TENSORLANE_SLABS and
-    TENSORLANE_POOL_BYTES apply from the environment.
+    config is the C ABI's JSON config as a dict, typed as
+    :class:`tensorlane.Config`: the fields of docs/config.md (``preset``,
+    ``host``, ``listen_addrs``, ``allow_transports``, ``cluster_key``,
+    ``encrypt_data``, ``stall_timeout``, ``device_backend``, ``slabs``, ...;
+    slab mode: docs/ray.md), by the same names as Go's rdt.Config and the
+    worker's flags. An unknown key raises :class:`InvalidArgument` naming it
+    and the field it most likely meant; an old name (``listen``, ``allow``,
+    ``deny``, ``transfer_timeout_ms``) still works, with a
+    ``DeprecationWarning`` once. The fields' environment variables
+    (TENSORLANE_TRANSPORTS, TENSORLANE_CLUSTER_KEY, TENSORLANE_SLABS, ...)
+    apply when the config does not set them.
     """
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None):
+    def __init__(self, config: Optional[Union[Config, Dict[str, Any]]] = None):
         l = _lib.lib()
         h = ctypes.c_uint64(0)
         try:
-            cfg = json.dumps(config or {})
+            cfg = json.dumps(normalize_config(config or {}))
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgument(f"config: {e}") from None
         _lib.check(l.tl_runtime_new(cfg.encode(), ctypes.byref(h)))

@@ -4,9 +4,9 @@ device tensors (torch CUDA tensors, CuPy arrays, anything with
 ``__dlpack__`` on a CUDA or ROCm device).
 
 The runtime must have real memory for the device: create it with
-``{"sim_devices": true}`` and let its back-end open the GPUs
-(``TENSORLANE_DEVICE_BACKEND=cuda`` or ``hip`` for the default preset host,
-``auto`` on a discovered one with the driver there). Otherwise every call
+``{"device_backend": "cuda"}`` (or ``"hip"``; ``"auto"`` on a discovered
+host with the driver there), or with ``{"sim_devices": true}`` and
+``TENSORLANE_DEVICE_BACKEND`` saying the same. Otherwise every call
 here raises :class:`tensorlane.UnknownDevice`, saying the runtime's devices
 are simulated.
 

@@ -18,7 +18,7 @@ from tensorlane import errors
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
 def pair(request):
-    cfg = {"allow": [request.param]}
+    cfg = {"allow_transports": [request.param]}
     a, b = tl.Runtime(cfg), tl.Runtime(cfg)
     yield request.param, a, b
     a.close()

@@ -359,11 +359,11 @@ from tensorlane import _raynode  # noqa: E402
 
 def test_node_config_listens_on_the_node_address():
     c = _raynode.node_config({"discover": True}, "10.1.2.3", "ab" * 28)
-    assert c["listen"] == ["/ip4/10.1.2.3/tcp/0"]
+    assert c["listen_addrs"] == ["/ip4/10.1.2.3/tcp/0"]
     assert c["data_addr"] == "10.1.2.3:0"
     assert c["host"] == "ray-" + "ab" * 8
     v6 = _raynode.node_config({}, "fd00::5", "cd" * 28)
-    assert v6["listen"] == ["/ip6/fd00::5/tcp/0"] and v6["data_addr"] == "[fd00::5]:0"
+    assert v6["listen_addrs"] == ["/ip6/fd00::5/tcp/0"] and v6["data_addr"] == "[fd00::5]:0"
     assert "host" not in v6, "a preset's host is the config's to name"
 
 
@@ -379,7 +379,7 @@ def test_node_config_keeps_what_the_config_names():
     assert _raynode.node_config(cfg, "10.1.2.3", "ab" * 28) == cfg
     # A wildcard data_addr alone still gets the control listener on the node.
     c = _raynode.node_config({"data_addr": "0.0.0.0:0"}, "10.1.2.3", "ab" * 28)
-    assert c["data_addr"] == "0.0.0.0:0" and c["listen"] == ["/ip4/10.1.2.3/tcp/0"]
+    assert c["data_addr"] == "0.0.0.0:0" and c["listen_addrs"] == ["/ip4/10.1.2.3/tcp/0"]
 
 
 def test_node_config_interface():
