@@ -257,7 +257,7 @@ def main() -> int:
     raw = raw_tcp_baseline()
 
     def tcp(ref: bytes) -> None:
-        rt = tl.Runtime({"sim_devices": True, "allow": ["tcp"]})
+        rt = tl.Runtime({"sim_devices": True, "allow_transports": ["tcp"]})
         dst = dst_tensor(rt)
         secs = timed(lambda: device.get_into(ref, dst, runtime=rt))
         check_pattern(device, dst, torch, "device->tcp->device")
@@ -265,7 +265,7 @@ def main() -> int:
         rt.release(ref)
         rt.close()
 
-    with_owner({"sim_devices": True, "allow": ["tcp"]}, tcp)
+    with_owner({"sim_devices": True, "allow_transports": ["tcp"]}, tcp)
 
     # 3. the Ray transport's GPU functions, directly.
     if torch is not None:

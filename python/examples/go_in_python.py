@@ -33,7 +33,7 @@ def runtime(cfg):
     return h.value
 
 
-owner, reader = runtime({"allow": ["shm"]}), runtime({"allow": ["shm"]})
+owner, reader = runtime({"allow_transports": ["shm"]}), runtime({"allow_transports": ["shm"]})
 
 # The producer writes into shareable memory it got from Go: zero copies.
 n = 1 << 22
