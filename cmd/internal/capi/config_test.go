@@ -17,6 +17,11 @@ import (
 
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/rdt/schema"
+	"github.com/tensorlane/tensorlane/tensor/backend"
+	"github.com/tensorlane/tensorlane/tensor/cuda"
+	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
+	"github.com/tensorlane/tensorlane/tensor/hip"
+	"github.com/tensorlane/tensorlane/tensor/hip/hiptest"
 )
 
 // jsonType is the Go type of each schema type in Config.
@@ -155,6 +160,48 @@ func TestConfigErrors(t *testing.T) {
 			require.ErrorAs(t, err, &fe, err.Error())
 			assert.Equal(t, c.field, fe.Field)
 			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}
+
+// device_backend and visible_devices choose a runtime's GPUs from the
+// config alone, with no TENSORLANE_DEVICE_BACKEND or *_VISIBLE_DEVICES (on
+// the fake CUDA driver and the fake libamdhip64).
+func TestDeviceBackendField(t *testing.T) {
+	for _, name := range []string{backend.EnvMode, rdt.EnvDevices, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"} {
+		t.Setenv(name, "")
+		os.Unsetenv(name)
+	}
+	for _, c := range []struct {
+		config string
+		setup  func(t *testing.T)
+		want   []string
+		dev    Device
+	}{
+		{`{"device_backend":"cuda","visible_devices":[0,1]}`, func(t *testing.T) {
+			cudatest.NoLeaks(t)
+			t.Setenv(cuda.LibraryEnv, cudatest.FakeLibrary(t))
+		}, []string{"cpu:0=host", "gpu:0=cuda", "gpu:1=cuda"}, Device{Type: DLCUDA, Index: 1}},
+		{`{"device_backend":"hip","visible_devices":[1]}`, func(t *testing.T) {
+			hiptest.NoLeaks(t)
+			t.Setenv(hip.LibraryEnv, hiptest.FakeLibrary(t))
+		}, []string{"cpu:0=host", "gpu:1=hip"}, Device{Type: DLROCM, Index: 0}},
+		{`{"device_backend":"sim","visible_devices":[2]}`, func(t *testing.T) {}, []string{"cpu:0=host", "gpu:2=sim"}, Device{}},
+	} {
+		t.Run(c.config, func(t *testing.T) {
+			c.setup(t)
+			_, a, _ := pair(t, c.config)
+			var got []string
+			for _, s := range a.Rdt().MemoryStats() {
+				got = append(got, s.Device.String()+"="+s.Backend)
+			}
+			assert.Equal(t, c.want, got)
+			if c.dev.Type == 0 {
+				return
+			}
+			p, err := a.DeviceAlloc(context.Background(), c.dev, 64)
+			require.NoError(t, err)
+			require.NoError(t, a.DeviceFree(p))
 		})
 	}
 }
