@@ -122,3 +122,12 @@ func TestConfigFieldErrors(t *testing.T) {
 		assert.ErrorIs(t, err, schema.ErrBadValue)
 	}
 }
+
+// The environment variables the runtime reads are the schema's.
+func TestEnvNamesAreTheSchemas(t *testing.T) {
+	assert.Equal(t, schema.EnvDevices, EnvDevices)
+	assert.Equal(t, schema.EnvRuntimeDir, EnvRuntimeDir)
+	assert.Equal(t, schema.EnvDeviceBackend, EnvDeviceBackend)
+	assert.Equal(t, schema.EnvTransports, stack.EnvTransports)
+	assert.Equal(t, schema.EnvRDMAProvider, stack.EnvRDMAProvider)
+}
