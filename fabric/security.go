@@ -22,18 +22,21 @@ type Security struct {
 	// Identity is the runtime's libp2p key: every data connection (and
 	// rdma queue pair) authenticates both ends against it. Required.
 	Identity crypto.PrivKey
-	// PSK is the cluster key (32 bytes, or nil): when set, both ends of
-	// every data connection prove they hold it, and a peer that does not
-	// is refused, as on the control channel.
-	PSK []byte
-	// Encrypt encrypts the data connections of a path that moves tensor
-	// bytes over its socket (tcp; a server with Encrypt refuses readers
-	// without it). shm moves no tensor byte over its socket and ignores
-	// it; rdma does not encrypt and refuses to start with it.
-	Encrypt bool
-	// Authorize admits a peer's connections to a server; nil admits every
-	// authenticated peer. Readers do not use it.
-	Authorize func(peer.ID) error
+	// ClusterKey is the cluster key (32 bytes, or nil): when set, both
+	// ends of every data connection prove they hold it (a pre-shared key
+	// in the handshake), and a peer that does not is refused, as on the
+	// control channel. The names here are the configuration schema's
+	// (rdt/schema: cluster_key, encrypt_data, allow_peers).
+	ClusterKey []byte
+	// EncryptData encrypts the data connections of a path that moves
+	// tensor bytes over its socket (tcp; a server with EncryptData refuses
+	// readers without it). shm moves no tensor byte over its socket and
+	// ignores it; rdma does not encrypt and refuses to start with it.
+	EncryptData bool
+	// AllowPeer admits a peer's connections to a server (the check a
+	// runtime builds from its allow_peers); nil admits every authenticated
+	// peer. Readers do not use it.
+	AllowPeer func(peer.ID) error
 	// StallTimeout fails a transfer that makes no progress for this long
 	// (a peer that stopped reading or answering); default 30 s. Transports
 	// that bound progress otherwise (rdma's QPTimeout) document so.
@@ -51,8 +54,8 @@ func (s *Security) Defaults(component string) error {
 	if s.Identity == nil {
 		return fmt.Errorf("%s: %w", component, ErrNoIdentity)
 	}
-	if s.PSK != nil && len(s.PSK) != 32 {
-		return fmt.Errorf("%s: the cluster key (PSK) must be 32 bytes, got %d", component, len(s.PSK))
+	if s.ClusterKey != nil && len(s.ClusterKey) != 32 {
+		return fmt.Errorf("%s: the cluster key must be 32 bytes, got %d", component, len(s.ClusterKey))
 	}
 	if s.StallTimeout <= 0 {
 		s.StallTimeout = DefaultStallTimeout

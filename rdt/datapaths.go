@@ -21,7 +21,7 @@ import (
 func (r *Runtime) startDataPaths(ctx context.Context, reg prometheus.Registerer) (*stack.Stack, error) {
 	c := r.cfg
 	return stack.Start(ctx, c.Transports, stack.Node{
-		Security: fabric.Security{Identity: c.Identity, PSK: c.ClusterKey, Encrypt: c.EncryptData, Authorize: r.authorize,
+		Security: fabric.Security{Identity: c.Identity, ClusterKey: c.ClusterKey, EncryptData: c.EncryptData, AllowPeer: r.authorize,
 			StallTimeout: c.StallTimeout, Logger: r.log},
 		Process: r.process, Cluster: c.Cluster, Host: c.Host,
 		Source: r.objects, Sink: r.sinks, Registerer: reg, Slabs: r.slabExporters(),

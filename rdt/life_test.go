@@ -522,7 +522,7 @@ func rawRead(t *testing.T, ref Ref, psk []byte) error {
 
 func rawReadAs(t *testing.T, ref Ref, k crypto.PrivKey, psk []byte, encrypt bool) error {
 	t.Helper()
-	tr, err := tcp.New(tcp.Config{Security: fabric.Security{Identity: k, PSK: psk, Encrypt: encrypt}, DialTimeout: 5 * time.Second})
+	tr, err := tcp.New(tcp.Config{Security: fabric.Security{Identity: k, ClusterKey: psk, EncryptData: encrypt}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer tr.Close()
 	mem := tensor.NewHostMemory(0)
@@ -547,7 +547,7 @@ func rawRDMARead(t *testing.T, ref Ref, psk []byte) error {
 	require.NoError(t, err)
 	prov, err := softrdma.New(softrdma.Config{NICs: []softrdma.NIC{{Name: "rogue0", Addr: "127.0.0.1:0"}}})
 	require.NoError(t, err)
-	tr, err := rdma.New(ctx, rdma.Config{Provider: prov, Security: fabric.Security{Identity: k, PSK: psk}})
+	tr, err := rdma.New(ctx, rdma.Config{Provider: prov, Security: fabric.Security{Identity: k, ClusterKey: psk}})
 	require.NoError(t, err)
 	defer tr.Close()
 	buf, err := tensor.NewHostMemory(0).Alloc(ctx, int64(ref.Desc.NBytes()))

@@ -17,10 +17,10 @@ import (
 // values mean the documented defaults.
 type ServerConfig struct {
 	Provider Provider // required
-	// Security: Identity (required), PSK (the cluster key queue pairs
-	// must prove, OpenConfig.PSK), Authorize (admits remote peers; nil
+	// Security: Identity (required), ClusterKey (the cluster key queue pairs
+	// must prove, OpenConfig.ClusterKey), AllowPeer (admits remote peers; nil
 	// admits every authenticated one) and Logger; see fabric.Security.
-	// rdma does not encrypt, so Encrypt is refused.
+	// rdma does not encrypt, so EncryptData is refused.
 	fabric.Security
 	Source fabric.Source // required: resolves claims to memory (and pins it)
 	// Sink, when set, accepts pushes (remote WRITEs into reader-allocated
@@ -95,7 +95,7 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Provider == nil || cfg.Source == nil {
 		return nil, errors.New("rdma: ServerConfig needs a Provider and a Source")
 	}
-	if cfg.Encrypt {
+	if cfg.EncryptData {
 		return nil, ErrEncrypt
 	}
 	if cfg.OpenTimeout <= 0 {

@@ -24,9 +24,9 @@ import (
 // mean the documented defaults.
 type Config struct {
 	Provider Provider // required
-	// Security: Identity (required), PSK (the cluster key queue pairs
-	// must prove, OpenConfig.PSK) and Logger; see fabric.Security. rdma
-	// does not encrypt, so Encrypt is refused; progress is bounded by
+	// Security: Identity (required), ClusterKey (the cluster key queue pairs
+	// must prove, OpenConfig.ClusterKey) and Logger; see fabric.Security. rdma
+	// does not encrypt, so EncryptData is refused; progress is bounded by
 	// QPTimeout, not StallTimeout.
 	fabric.Security
 	// NICs names the local provider devices to use; default all.
@@ -98,7 +98,7 @@ func (c *Config) defaults() error {
 	if c.Provider == nil {
 		return errors.New("rdma: Config needs a Provider")
 	}
-	if c.Encrypt {
+	if c.EncryptData {
 		return ErrEncrypt
 	}
 	if c.SliceSize <= 0 {

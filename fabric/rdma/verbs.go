@@ -46,12 +46,12 @@ type Device struct {
 // OpenConfig configures an opened device.
 type OpenConfig struct {
 	// Security: Identity (required) authenticates this end of every queue
-	// pair; PSK is the cluster key (rdt.Config.ClusterKey): when set, both
+	// pair; ClusterKey is the cluster key (rdt.Config.ClusterKey): when set, both
 	// ends of every queue pair prove they hold it, and a peer that does
 	// not is refused, as on the control channel and the tcp data path (a
 	// provider that cannot prove it must fail Open rather than ignore it);
-	// Authorize admits remote peers on accepted queue pairs (nil: every
-	// authenticated peer); Logger. Encrypt must be off (ErrEncrypt): a
+	// AllowPeer admits remote peers on accepted queue pairs (nil: every
+	// authenticated peer); Logger. EncryptData must be off (ErrEncrypt): a
 	// provider moves registered memory as it is. See fabric.Security.
 	fabric.Security
 	// Listen makes the device accept remote queue pairs at its Addr.
@@ -252,5 +252,5 @@ var (
 	// ErrEncrypt: a Config asked for encryption, which rdma does not do
 	// (bytes move between registered memories as they are); tcp serves
 	// a runtime that must encrypt.
-	ErrEncrypt = errors.New("rdma: Encrypt is set, and rdma does not encrypt")
+	ErrEncrypt = errors.New("rdma: EncryptData is set, and rdma does not encrypt")
 )

@@ -22,11 +22,11 @@ import (
 // Config configures the reader (and pusher) side of the shm and p2p
 // transports. Zero values mean the documented defaults.
 type Config struct {
-	// Security: Identity (required), PSK (the cluster key, proven to
+	// Security: Identity (required), ClusterKey (the cluster key, proven to
 	// owners that require it), StallTimeout (bounds each socket
 	// operation: request, grant, done; a silent owner fails the transfer
 	// with fabric.ErrStalled; default 30 s) and Logger; see
-	// fabric.Security. Encrypt is ignored (nothing to encrypt).
+	// fabric.Security. EncryptData is ignored (nothing to encrypt).
 	fabric.Security
 	// Topology tells p2p which devices share a device link; without it
 	// p2p reaches nothing (shm does not need it).
@@ -66,7 +66,7 @@ func (c *Config) defaults() error {
 	if err := c.Security.Defaults("shm: Config"); err != nil {
 		return err
 	}
-	c.Encrypt = false // nothing to encrypt: descriptors and offsets only
+	c.EncryptData = false // nothing to encrypt: descriptors and offsets only
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
 	}

@@ -35,7 +35,7 @@ import (
 // grant's would: they stay mapped while that connection lives.
 //
 // The security model is the slab grants': the owner announces only to
-// readers that proved its cluster key and passed its Authorize, read-only
+// readers that proved its cluster key and passed its AllowPeer, read-only
 // and sealed (docs/security-shm-grants.md).
 
 // The prefetch gives way to reads: it populates only while no transfer of

@@ -24,7 +24,7 @@ import (
 func prefetchReader(t *testing.T, psk []byte, budget int64) *Client {
 	t.Helper()
 	readerKey, _ := key(t)
-	c, err := NewClient(Config{Security: fabric.Security{Identity: readerKey, PSK: psk}, Topology: dgx(t), PrefetchBytes: budget})
+	c, err := NewClient(Config{Security: fabric.Security{Identity: readerKey, ClusterKey: psk}, Topology: dgx(t), PrefetchBytes: budget})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c

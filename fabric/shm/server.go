@@ -26,10 +26,10 @@ import (
 // ServerConfig configures the owner side of the shm and p2p transports.
 // Zero values mean the documented defaults.
 type ServerConfig struct {
-	// Security: Identity (required), PSK (the cluster key: when set,
-	// clients must prove they hold it), Authorize, StallTimeout (bounds
+	// Security: Identity (required), ClusterKey (the cluster key: when set,
+	// clients must prove they hold it), AllowPeer, StallTimeout (bounds
 	// each socket operation, a reply; default 30 s) and Logger; see
-	// fabric.Security. Encrypt is ignored: no tensor byte crosses the
+	// fabric.Security. EncryptData is ignored: no tensor byte crosses the
 	// socket, only descriptors and offsets.
 	fabric.Security
 	Source fabric.Source // required: resolves read claims to memory
@@ -59,7 +59,7 @@ type ServerConfig struct {
 	// Slabs are the owner's slab memories (tensor.SlabMemory) whose slabs
 	// it announces to readers of its trust scope that ask (opSlabs), so
 	// they map them and build their page tables before their first
-	// transfer (prefetch.go). Only with PSK: without a trust scope
+	// transfer (prefetch.go). Only with ClusterKey: without a trust scope
 	// nothing is announced, as no slab object is granted.
 	Slabs []tensor.SlabExporter
 }
@@ -71,7 +71,7 @@ func (c *ServerConfig) defaults() error {
 	if c.Source == nil {
 		return errors.New("shm: ServerConfig needs a Source")
 	}
-	c.Encrypt = false // nothing to encrypt: descriptors and offsets only
+	c.EncryptData = false // nothing to encrypt: descriptors and offsets only
 	if c.Dir == "" {
 		c.Dir = DefaultDir()
 	}
@@ -414,7 +414,7 @@ func (s *Server) exportHandle(pin tensor.Buffer, req request, sent map[uint64]bo
 		g.flags |= flagCopy
 	}
 	if h.Slab {
-		if len(s.cfg.PSK) == 0 || access != tensor.ReadOnly || h.Copy {
+		if len(s.cfg.ClusterKey) == 0 || access != tensor.ReadOnly || h.Copy {
 			unix.Close(h.FD)
 			return grant{}, -1, h, errNoScope
 		}
@@ -442,11 +442,11 @@ func (s *Server) exportHandle(pin tensor.Buffer, req request, sent map[uint64]bo
 // announce answers opSlabs: the owner's slabs this connection has not
 // carried yet, as many as fit the reader's budget (req.length bytes) and
 // one packet, largest first. Slabs go only to readers of the trust scope
-// (the handshake proved the cluster key, and Authorize admitted them), as
+// (the handshake proved the cluster key, and AllowPeer admitted them), as
 // slab grants do. It returns an error only when the connection is lost.
 func (s *Server) announce(c *net.UnixConn, req request, sent map[uint64]bool, who peer.ID) error {
 	c.SetWriteDeadline(time.Now().Add(s.cfg.StallTimeout))
-	if len(s.cfg.PSK) == 0 {
+	if len(s.cfg.ClusterKey) == 0 {
 		return sendPacket(c, refusal(errNoScope), -1)
 	}
 	var list []announced

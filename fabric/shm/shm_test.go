@@ -515,7 +515,7 @@ func TestClusterKey(t *testing.T) {
 		{"other key", []byte("another-cluster-key-0123456789ab"), fabric.ErrUnauthorized},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, 4096, func(s *ServerConfig, cc *Config) { s.PSK, cc.PSK = psk, c.reader })
+			f := newFixture(t, 4096, func(s *ServerConfig, cc *Config) { s.ClusterKey, cc.ClusterKey = psk, c.reader })
 			dst, got := hostDst(t, 4096)
 			_, err := f.cli.SHM().Read(context.Background(), f.remote(4096), dst)
 			if c.want == nil {

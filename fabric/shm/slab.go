@@ -28,7 +28,7 @@ import (
 //
 // Slab grants go only to readers in the owner's trust scope: the owner
 // grants one only when it requires the cluster key, which every reader
-// proved in the handshake (and its Authorize passed them). An owner
+// proved in the handshake (and its AllowPeer passed them). An owner
 // without a cluster key refuses slab objects; the reader takes another
 // path, loudly.
 //

@@ -48,7 +48,7 @@ func newSlabOwnerWith(t *testing.T, psk []byte, authorize func(peer.ID) error, m
 	if announce {
 		slabs = append(slabs, mem)
 	}
-	o.srv, err = Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, PSK: psk, Authorize: authorize}, Slabs: slabs,
+	o.srv, err = Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, ClusterKey: psk, AllowPeer: authorize}, Slabs: slabs,
 		Source: fabric.SourceFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
 			o.mu.Lock()
 			defer o.mu.Unlock()
@@ -102,7 +102,7 @@ func (o *slabOwner) remote(id byte, n int64) fabric.Remote {
 func slabReader(t *testing.T, psk []byte) (*Client, peer.ID) {
 	t.Helper()
 	readerKey, readerID := key(t)
-	c, err := NewClient(Config{Security: fabric.Security{Identity: readerKey, PSK: psk}, Topology: dgx(t)})
+	c, err := NewClient(Config{Security: fabric.Security{Identity: readerKey, ClusterKey: psk}, Topology: dgx(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c, readerID

@@ -73,7 +73,7 @@ type Config struct {
 	// DataAddr's host, port 0), so each NIC is a real, separately measured
 	// rail. Queue pairs prove the cluster key when one is set (a provider
 	// that cannot must fail). RDMA moves bytes between device memories
-	// without encrypting them, so Node.Encrypt turns the path off,
+	// without encrypting them, so Node.EncryptData turns the path off,
 	// whatever the provider (tcp serves instead, the log and Explain say
 	// so). DisableRDMA turns the path off.
 	RDMAProvider rdma.Provider
@@ -118,10 +118,10 @@ type Config struct {
 // tables. The runtime fills it in; these are not user settings of the
 // transports.
 type Node struct {
-	// Security: Identity (required), PSK (the cluster key, proven in
-	// every data handshake and by rdma queue pairs), Encrypt (encrypts tcp
+	// Security: Identity (required), ClusterKey (the cluster key, proven in
+	// every data handshake and by rdma queue pairs), EncryptData (encrypts tcp
 	// data connections and turns rdma off: it does not encrypt),
-	// Authorize (nil admits every authenticated peer), StallTimeout
+	// AllowPeer (nil admits every authenticated peer), StallTimeout
 	// (default 30 s) and Logger (default: discard); see fabric.Security.
 	fabric.Security
 	// Process is the runtime's instance ID (fabric.Endpoint.Process);

@@ -20,7 +20,7 @@ func (s *Stack) startRDMA(ctx context.Context) error {
 	if c.DisableRDMA {
 		return nil
 	}
-	if n.Encrypt {
+	if n.EncryptData {
 		s.log.Info("rdma not started: data connections must be encrypted (EncryptData) and rdma does not encrypt; tcp serves other hosts")
 		return nil
 	}

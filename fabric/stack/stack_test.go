@@ -109,7 +109,7 @@ func TestServed(t *testing.T) {
 		{"unknown provider leaves rdma off", Config{RDMAProviderKind: "bogus"}, false, []string{fabric.Local, fabric.P2P, fabric.SHM, fabric.TCP}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := start(t, c.cfg, Node{Security: fabric.Security{Encrypt: c.encrypt}, Cluster: cl, Host: "h0", Process: "p", Source: src})
+			s := start(t, c.cfg, Node{Security: fabric.Security{EncryptData: c.encrypt}, Cluster: cl, Host: "h0", Process: "p", Source: src})
 			assert.Equal(t, c.served, s.Served())
 			addrs := s.Addrs()
 			for _, name := range []string{fabric.SHM, fabric.RDMA, fabric.TCP} {
@@ -226,8 +226,8 @@ func TestConfigErrors(t *testing.T) {
 		{"no identity", func(n *Node) { n.Identity = nil }, "Identity"},
 		{"no cluster", func(n *Node) { n.Cluster = nil }, "Cluster"},
 		{"no source", func(n *Node) { n.Source = nil }, "Source"},
-		{"short cluster key", func(n *Node) { n.PSK = []byte("short") }, "32 bytes"},
-		{"bad authorize is kept", func(n *Node) { n.Authorize = func(peer.ID) error { return errors.New("no") } }, ""},
+		{"short cluster key", func(n *Node) { n.ClusterKey = []byte("short") }, "32 bytes"},
+		{"bad authorize is kept", func(n *Node) { n.AllowPeer = func(peer.ID) error { return errors.New("no") } }, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := ok

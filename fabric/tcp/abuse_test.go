@@ -17,7 +17,7 @@ func abuseHarness(encrypt bool) fabrictest.AbuseHarness {
 	return fabrictest.AbuseHarness{Setup: func(t testing.TB, src fabric.Source, sink fabric.Sink, cfg fabrictest.AbuseConfig) fabrictest.AbuseTarget {
 		ownerKey, ownerID := testhelp.Key(t)
 		attacker, _ := testhelp.Key(t)
-		srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, Encrypt: encrypt, StallTimeout: cfg.StallTimeout}, Source: src, Sink: sink,
+		srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey, EncryptData: encrypt, StallTimeout: cfg.StallTimeout}, Source: src, Sink: sink,
 			Limits: cfg.Limits, ListenerMetrics: cfg.Metrics, HandshakeTimeout: cfg.HandshakeTimeout})
 		if err != nil {
 			t.Fatal(err)
@@ -50,7 +50,7 @@ func abuseHarness(encrypt bool) fabrictest.AbuseHarness {
 			},
 			Reader: func(t testing.TB) fabric.Transport {
 				readerKey, _ := testhelp.Key(t)
-				tr, err := New(Config{Security: fabric.Security{Identity: readerKey, Encrypt: encrypt}})
+				tr, err := New(Config{Security: fabric.Security{Identity: readerKey, EncryptData: encrypt}})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -23,12 +23,12 @@ import (
 // the bytes arrive whole; SealedChecksums keeps them.
 func TestSealedReadsAndPushes(t *testing.T) {
 	const size = 9<<20 + 123
-	f := newFixture(t, size, func(c *ServerConfig) { c.Encrypt = true })
-	pf := newPushFixtureWith(t, size, func(c *ServerConfig) { c.Encrypt = true })
+	f := newFixture(t, size, func(c *ServerConfig) { c.EncryptData = true })
+	pf := newPushFixtureWith(t, size, func(c *ServerConfig) { c.EncryptData = true })
 	src, _ := tensor.BytesOf(pf.src)
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprintf("SealedChecksums=%v", keep), func(t *testing.T) {
-			cfg := Config{Compression: CompressOff, SealedChecksums: keep, Security: fabric.Security{Encrypt: true}}
+			cfg := Config{Compression: CompressOff, SealedChecksums: keep, Security: fabric.Security{EncryptData: true}}
 			tr := f.transport(t, cfg)
 			ptr := pf.transport(t, cfg)
 			for _, n := range []int64{1, 4096, DefaultChunkSize + 1, size} {
@@ -61,10 +61,10 @@ func TestSealedReadsAndPushes(t *testing.T) {
 // owner pay no second dial.
 func TestSealedOldOwner(t *testing.T) {
 	const size = 2 << 20
-	f := newFixture(t, size, func(c *ServerConfig) { c.Encrypt = true })
+	f := newFixture(t, size, func(c *ServerConfig) { c.EncryptData = true })
 	f.srv.refuseSealed.Store(true)
 	var dials atomic.Int64
-	tr := f.transport(t, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: true}, Dial: counting(&dials), StripeMin: size})
+	tr := f.transport(t, Config{Compression: CompressOff, Security: fabric.Security{EncryptData: true}, Dial: counting(&dials), StripeMin: size})
 	for i := range 3 {
 		dst := f.dst(t, size)
 		_, err := tr.Read(context.Background(), f.remote(size), dst)
@@ -76,10 +76,10 @@ func TestSealedOldOwner(t *testing.T) {
 	assert.Zero(t, tr.sealedN.Load())
 
 	for _, n := range []int64{4096, 1 << 20} { // eager and with the go-ahead
-		pf := newPushFixtureWith(t, n, func(c *ServerConfig) { c.Encrypt = true })
+		pf := newPushFixtureWith(t, n, func(c *ServerConfig) { c.EncryptData = true })
 		pf.srv.refuseSealed.Store(true)
 		var pdials atomic.Int64
-		ptr := pf.transport(t, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: true}, Dial: counting(&pdials)})
+		ptr := pf.transport(t, Config{Compression: CompressOff, Security: fabric.Security{EncryptData: true}, Dial: counting(&pdials)})
 		src, _ := tensor.BytesOf(pf.src)
 		for i := range 2 {
 			clear(pf.sink)
@@ -118,9 +118,9 @@ func TestSealedFlagOnPlainConnection(t *testing.T) {
 // saved), speed-sealed/summed the throughput ratio.
 func BenchmarkReadSealed(b *testing.B) {
 	const n = 64 << 20
-	f := newFixture(b, n, func(c *ServerConfig) { c.Encrypt = true })
-	sealed := f.transport(b, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: true}, StripeMin: 8 << 20})
-	summed := f.transport(b, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: true}, StripeMin: 8 << 20, SealedChecksums: true})
+	f := newFixture(b, n, func(c *ServerConfig) { c.EncryptData = true })
+	sealed := f.transport(b, Config{Compression: CompressOff, Security: fabric.Security{EncryptData: true}, StripeMin: 8 << 20})
+	summed := f.transport(b, Config{Compression: CompressOff, Security: fabric.Security{EncryptData: true}, StripeMin: 8 << 20, SealedChecksums: true})
 	dst := f.dst(b, n)
 	ctx := context.Background()
 	var cpu, wall [2]time.Duration

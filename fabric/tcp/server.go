@@ -24,8 +24,8 @@ type ServerConfig struct {
 	// Listener, when set, is served instead of listening on Addr (a socket
 	// made in another network namespace, say). Close closes it.
 	Listener net.Listener
-	// Security: Identity (required), PSK and Encrypt (cluster membership
-	// and encryption in the data handshake), Authorize (nil admits every
+	// Security: Identity (required), ClusterKey and EncryptData (cluster membership
+	// and encryption in the data handshake), AllowPeer (nil admits every
 	// authenticated peer), StallTimeout (how long a transfer may make no
 	// progress: a reader that stopped reading, a pusher that stopped
 	// sending; default 30 s) and Logger; see fabric.Security.

@@ -82,10 +82,10 @@ func TestIdleConnectionOutlivesDeadlines(t *testing.T) {
 			const stall = 40 * time.Millisecond
 			pf := newPushFixtureWith(t, 64<<10, func(c *ServerConfig) {
 				c.StallTimeout = stall
-				c.Encrypt = encrypt
+				c.EncryptData = encrypt
 			})
 			var dials atomic.Int64
-			tr := pf.transport(t, Config{Compression: CompressOff, Security: fabric.Security{Encrypt: encrypt}, Dial: counting(&dials)})
+			tr := pf.transport(t, Config{Compression: CompressOff, Security: fabric.Security{EncryptData: encrypt}, Dial: counting(&dials)})
 			src, _ := tensor.BytesOf(pf.src)
 			for i := range 3 {
 				clear(pf.sink)

@@ -182,7 +182,7 @@ func TestReadErrors(t *testing.T) {
 
 func TestAuthorizeRefusesPeer(t *testing.T) {
 	f := newFixture(t, 1024, func(c *ServerConfig) {
-		c.Authorize = func(peer.ID) error { return errors.New("not on the allowlist") }
+		c.AllowPeer = func(peer.ID) error { return errors.New("not on the allowlist") }
 	})
 	_, err := f.tr.Read(context.Background(), f.remote(10), f.dst(t, 10))
 	assert.ErrorIs(t, err, fabric.ErrUnauthorized)

@@ -27,7 +27,7 @@ import (
 // side of pushes). Zero values mean the documented defaults.
 type Config struct {
 	// Security is who this runtime is and what its data connections
-	// prove: Identity (required), PSK, Encrypt, StallTimeout (default
+	// prove: Identity (required), ClusterKey, EncryptData, StallTimeout (default
 	// 30 s) and Logger; see fabric.Security.
 	fabric.Security
 	// Streams is the most connections one large transfer is striped over;

@@ -346,7 +346,7 @@ var errShortKey = errors.New("peerauth: session keys must be 32 bytes")
 
 // OptionsOf packs a transport's security block into handshake options:
 // its cluster key, and encryption when asked for.
-func OptionsOf(s fabric.Security) Options { return Options{PSK: s.PSK, Encrypt: s.Encrypt} }
+func OptionsOf(s fabric.Security) Options { return Options{PSK: s.ClusterKey, Encrypt: s.EncryptData} }
 
 // ClientFor runs the client handshake as s says: s.Identity proves this
 // end, the owner must be want, s.PSK and s.Encrypt as in Options.
@@ -357,5 +357,5 @@ func ClientFor(rw io.ReadWriter, s fabric.Security, want peer.ID) (Result, error
 // ServerFor runs the server handshake as s says, admitting the peers
 // s.Authorize admits (all authenticated ones when nil).
 func ServerFor(rw io.ReadWriter, s fabric.Security) (Result, error) {
-	return ServerWith(rw, s.Identity, s.Authorize, OptionsOf(s))
+	return ServerWith(rw, s.Identity, s.AllowPeer, OptionsOf(s))
 }

@@ -488,7 +488,7 @@ func TestAuthorizeRefuses(t *testing.T) {
 	sk, sid := newKey(t)
 	ck, _ := newKey(t)
 	ctx := context.Background()
-	srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, Authorize: func(peer.ID) error { return errors.New("not on the list") }}, Listen: true})
+	srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, AllowPeer: func(peer.ID) error { return errors.New("not on the list") }}, Listen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,12 +534,12 @@ func TestClusterKeyOnQueuePairs(t *testing.T) {
 			sk, sid := newKey(t)
 			ck, _ := newKey(t)
 			ctx := context.Background()
-			srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, PSK: tc.server}, Listen: true, Handler: &echoHandler{}})
+			srv, err := prov.Open(ctx, "s", rdma.OpenConfig{Security: fabric.Security{Identity: sk, ClusterKey: tc.server}, Listen: true, Handler: &echoHandler{}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer srv.Close()
-			cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Security: fabric.Security{Identity: ck, PSK: tc.client}})
+			cli, _ := prov.Open(ctx, "c", rdma.OpenConfig{Security: fabric.Security{Identity: ck, ClusterKey: tc.client}})
 			defer cli.Close()
 			pd, _ := cli.AllocPD()
 			cq, _ := cli.CreateCQ()

@@ -54,7 +54,7 @@ func CheckOpen(prov string, cfg *rdma.OpenConfig) error {
 	if err := cfg.Security.Defaults(prov + ": OpenConfig"); err != nil {
 		return err
 	}
-	if cfg.Encrypt {
+	if cfg.EncryptData {
 		return rdma.ErrEncrypt
 	}
 	return nil
@@ -128,7 +128,7 @@ func (d *Base) CloseListener() error {
 func (d *Base) Dropped(reason string, who peer.ID) { d.loop.Dropped(reason, who.String()) }
 
 // Accept authenticates an accepted connection: it numbers the queue
-// pair, runs the peerauth handshake (identity, cluster key, Authorize)
+// pair, runs the peerauth handshake (identity, cluster key, AllowPeer)
 // within HandshakeTimeout, admits the peer against the per-peer limits,
 // then runs after (nil: nothing; the provider's own greeting, still under
 // the handshake's deadline). ok is false when the queue pair must end:

@@ -347,7 +347,7 @@ func TestCheckOpen(t *testing.T) {
 		t.Fatalf("no identity: %v", err)
 	}
 	key, _ := provtest.Key(t)
-	cfg := rdma.OpenConfig{Security: fabric.Security{Identity: key, Encrypt: true}}
+	cfg := rdma.OpenConfig{Security: fabric.Security{Identity: key, EncryptData: true}}
 	if err := CheckOpen("testprov", &cfg); !errors.Is(err, rdma.ErrEncrypt) {
 		t.Fatalf("Encrypt: %v", err)
 	}
