@@ -56,18 +56,17 @@ class Config(TypedDict, total=False):
     identity_file: str
 
     #: 32-byte key of a private cluster: the control channel is a libp2p
-    #: private network with it and every data connection proves it (the
-    #: transports' PSK); it is also the trust scope of shm slab grants. The
-    #: environment variable is read by the C ABI and Python. Environment:
-    #: TENSORLANE_CLUSTER_KEY.
+    #: private network with it and every data connection proves it (a
+    #: pre-shared key in the handshake); it is also the trust scope of shm slab
+    #: grants. The environment variable is read by the C ABI and Python.
+    #: Environment: TENSORLANE_CLUSTER_KEY.
     cluster_key: str
 
     #: File holding the cluster key (32 bytes, raw or as 64 hex digits).
     cluster_key_file: str
 
     #: Admit only these peer IDs (and the runtime itself) on the control
-    #: channel and on data connections (the transports' Authorize); empty
-    #: admits every member.
+    #: channel and on data connections; empty admits every member.
     allow_peers: List[str]
 
     #: Encrypt data connections (AES-256-GCM, keys from an X25519 exchange in

@@ -228,9 +228,12 @@ an error (` + "`invalid_argument`" + `, Go: ` + "`*schema.FieldError`" + ` wrapp
 key and suggests the field it most likely meant; a value that does not fit names its field too.
 The environment variable of a field applies when the config does not set it (unless ` + "`ignore_env`" + `).
 
-Security has one name per concept at every layer: ` + "`cluster_key`" + ` (the transports' ` + "`fabric.Security.PSK`" + `;
-also the trust scope of shm slab grants), ` + "`encrypt_data`" + ` (` + "`Security.Encrypt`" + `), ` + "`allow_peers`" + `
-(` + "`Security.Authorize`" + ` is the check built from it).
+Security has one name per concept at every layer, down to the block every transport takes
+(` + "`fabric.Security`" + `): ` + "`cluster_key`" + ` (` + "`ClusterKey`" + `: the libp2p private network's key and the
+data handshake's pre-shared key; it is also the trust scope of shm slab grants), ` + "`encrypt_data`" + `
+(` + "`EncryptData`" + `), ` + "`allow_peers`" + ` (` + "`AllowPeers`" + `; the transports' ` + "`AllowPeer`" + ` is the check built
+from it). Only the handshake's own wire code (` + "`fabric/internal/peerauth`" + `) still says PSK, as
+the protocol's literature does.
 
 ## Fields
 
