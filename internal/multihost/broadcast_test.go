@@ -112,7 +112,7 @@ func TestBroadcastShaped(t *testing.T) {
 		sc.delay = d
 	}
 	var recs []harness.BroadcastRecord
-	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--transports", "tcp"}}} {
+	for _, tc := range []pathCase{{"rdma", nil}, {"tcp", []string{"--allow-transports", "tcp"}}} {
 		t.Run(tc.name, func(t *testing.T) { recs = append(recs, broadcastShaped(t, tc, sc)...) })
 	}
 	name := "broadcast-shaped"

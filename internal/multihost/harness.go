@@ -170,7 +170,7 @@ func (h *Host) Start(ctx context.Context, extra ...string) *Worker {
 	args := []string{"netns", "exec", h.NS.Name, h.c.bin, "worker",
 		"--preset", o.Preset, "--hosts", fmt.Sprint(o.Hosts), "--host", h.ID,
 		"--device-memory", o.DeviceMemory, "--stall-timeout", o.StallTimeout.String(),
-		"--listen", fmt.Sprintf("/ip4/%s/tcp/%d", h.IP, controlPort),
+		"--listen-addrs", fmt.Sprintf("/ip4/%s/tcp/%d", h.IP, controlPort),
 		"--data-addr", fmt.Sprintf("%s:%d", h.IP, dataPort),
 		"--rdma-ip", h.IP,
 		"--identity-file", h.identity,

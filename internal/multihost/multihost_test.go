@@ -76,7 +76,7 @@ type pathCase struct {
 func paths() []pathCase {
 	out := []pathCase{{"planner's choice", nil}}
 	if os.Getenv("TENSORLANE_FAULT_MATRIX") == "full" {
-		out = append(out, pathCase{"tcp only", []string{"--transports", "tcp"}})
+		out = append(out, pathCase{"tcp only", []string{"--allow-transports", "tcp"}})
 	}
 	return out
 }

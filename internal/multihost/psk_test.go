@@ -68,7 +68,7 @@ func TestRogueWithoutClusterKey(t *testing.T) {
 // owner that encrypts refuses a reader that does not; an owner with an
 // allowlist serves only the peers on it.
 func TestEncryptionAndAllowlist(t *testing.T) {
-	c := New(t, Options{Args: []string{"--encrypt"}})
+	c := New(t, Options{Args: []string{"--encrypt-data"}})
 	ctx := testCtx(t, 2*time.Minute)
 	owner, reader, other := c.Hosts[0], c.Hosts[1], c.Hosts[2]
 	ref := put(t, ctx, owner.W, 16<<20, 13)
@@ -76,7 +76,7 @@ func TestEncryptionAndAllowlist(t *testing.T) {
 	require.True(t, r.OK && r.Verified, "encrypted transfer: %s %s", r.Code, r.Error)
 	t.Logf("encrypted 16 MiB over the namespace link: %.0f MB/s", float64(r.Bytes)/r.Seconds/1e6)
 
-	plain := c.AddHost(ctx, "plain", "h2", "10.77.0.60", false) // no --encrypt
+	plain := c.AddHost(ctx, "plain", "h2", "10.77.0.60", false) // no --encrypt-data
 	c.Connect(ctx, plain, owner)
 	start := time.Now()
 	r = get(t, ctx, plain.W, ref, 13)

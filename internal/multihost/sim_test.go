@@ -47,7 +47,7 @@ func simHarness(t *testing.T, hosts, rails int, gbit float64, tcp bool, down ...
 	t.Helper()
 	c, spec, err := fabricsim.HarnessCluster(hosts, rails, gbit)
 	require.NoError(t, err)
-	if tcp { // --transports tcp: no rdma NIC for the planner to pick
+	if tcp { // --allow-transports tcp: no rdma NIC for the planner to pick
 		for _, h := range c.Hosts {
 			for i := range h.NICs {
 				h.NICs[i].RDMADevice = ""
