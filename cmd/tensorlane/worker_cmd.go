@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -40,7 +41,22 @@ of docs/config.md.`,
 	if err := schema.BindFlags(cmd.Flags(), &o, schema.Worker, map[string]string{"verbose": "v"}); err != nil {
 		panic(err) // worker.Config and the schema disagree: a test catches it first
 	}
+	cmd.SetFlagErrorFunc(suggestFlag)
 	return cmd
+}
+
+// suggestFlag adds the schema's nearest field to an unknown flag's error,
+// as the C ABI and Python do for an unknown key.
+func suggestFlag(_ *cobra.Command, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return err
+	}
+	if s := schema.Suggest(name, schema.Worker); s != "" {
+		f, _ := schema.Lookup(s)
+		return fmt.Errorf("%w (did you mean --%s?)", err, f.Flag())
+	}
+	return err
 }
 
 // workerConfig refuses what worker.Config would silently read as its

@@ -29,6 +29,10 @@ func TestWorkerBadFlags(t *testing.T) {
 		{[]string{"--preset", "nope"}, "nope"},
 		{[]string{"--cluster-key-file", filepath.Join(t.TempDir(), "missing")}, "missing"},
 		{[]string{"--host", "h9", "--rdma-ip", "127.0.0.1"}, `host "h9" is not in`},
+		{[]string{"--encrypt-dta"}, "did you mean --encrypt-data?"},
+		{[]string{"--stall"}, "did you mean --stall-timeout?"},
+		{[]string{"--cluster-key", "00"}, "did you mean --cluster-key-file?"},
+		{[]string{"--stall-timeout", "-1s"}, "must not be negative"},
 	} {
 		_, err := execCmd(t, newWorkerCmd(), c.args...)
 		require.Error(t, err, "%v", c.args)

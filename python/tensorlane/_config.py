@@ -12,7 +12,7 @@ class Config(TypedDict, total=False):
     """The configuration of a :class:`tensorlane.Runtime`; every key is
     optional (absent means the documented default)."""
 
-    #: Topology preset the cluster is built from (`tensorlane topo`); in Go,
+    #: Topology preset the cluster is built from (tensorlane topo); in Go,
     #: rdt.Config.Cluster. Default: dgx-h100.
     preset: str
 
@@ -160,7 +160,7 @@ class Config(TypedDict, total=False):
 #: Every key of Config with its type, default and environment variable.
 FIELDS: Dict[str, Tuple[str, str, str]] = {
     "preset": ("string", "dgx-h100", ""),
-    "hosts": ("int", "1 (worker: 3)", ""),
+    "hosts": ("int", "1", ""),
     "discover": ("bool", "", ""),
     "host": ("string", "the cluster's first host (h0)", ""),
     "listen_addrs": ("[]string", "/ip4/127.0.0.1/tcp/0", ""),
@@ -177,7 +177,7 @@ FIELDS: Dict[str, Tuple[str, str, str]] = {
     "device_backend": ("string", "auto", "TENSORLANE_DEVICE_BACKEND"),
     "visible_devices": ("[]int", "all", "TENSORLANE_DEVICES"),
     "sim_devices": ("bool", "", ""),
-    "device_memory": ("bytes", "the topology's device size (worker: 1GiB)", ""),
+    "device_memory": ("bytes", "the topology's device size", ""),
     "host_memory": ("bytes", "unbounded", ""),
     "runtime_dir": ("string", "$XDG_RUNTIME_DIR/tensorlane", "TENSORLANE_RUNTIME_DIR"),
     "transfer_timeout": ("duration", "2m", ""),

@@ -20,8 +20,8 @@ const all = Go | JSON | Worker
 var fields = []Field{
 	// The cluster and this runtime's place in it.
 	{Name: "preset", Type: String, Default: "dgx-h100", Layers: JSON | Worker,
-		Doc: "Topology preset the cluster is built from (`tensorlane topo`); in Go, rdt.Config.Cluster."},
-	{Name: "hosts", Type: Int, Default: "1 (worker: 3)", Layers: JSON | Worker,
+		Doc: "Topology preset the cluster is built from (tensorlane topo); in Go, rdt.Config.Cluster."},
+	{Name: "hosts", Type: Int, Default: "1", WorkerDefault: "3", Layers: JSON | Worker,
 		Doc: "Number of hosts in the preset cluster."},
 	{Name: "discover", Type: Bool, Layers: JSON,
 		Doc: "Build the topology of this machine from sysfs instead of a preset (its host ID is the host name unless host is set)."},
@@ -68,7 +68,7 @@ var fields = []Field{
 		Doc: "Indices of the host's accelerators this runtime claims; empty claims none. Without it, TENSORLANE_DEVICES, else CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES."},
 	{Name: "sim_devices", Type: Bool, Layers: JSON,
 		Doc: "Give the runtime the host's accelerators (simulated unless device_backend or its variable says otherwise) besides host memory; off, a C ABI runtime has host memory only."},
-	{Name: "device_memory", Type: ByteSize, Default: "the topology's device size (worker: 1GiB)", Layers: all,
+	{Name: "device_memory", Type: ByteSize, Default: "the topology's device size", WorkerDefault: "1GiB", Layers: all,
 		Doc: "Capacity of each simulated device arena."},
 	{Name: "host_memory", Type: ByteSize, Default: "unbounded", Layers: all,
 		Doc: "Cap on host memory allocations."},

@@ -53,10 +53,15 @@ func BindFlags(fs *pflag.FlagSet, dst any, l Layer, short map[string]string) err
 	return nil
 }
 
+// help is a flag's usage line: the field's doc, default and variable
+// (no backquotes: pflag reads a quoted word as the value's name).
 func help(f Field) string {
-	h := strings.TrimSuffix(f.Doc, ".")
+	h := strings.ReplaceAll(strings.TrimSuffix(f.Doc, "."), "`", "")
 	var notes []string
-	if f.Default != "" {
+	switch {
+	case f.WorkerDefault != "":
+		notes = append(notes, "default "+f.WorkerDefault)
+	case f.Default != "":
 		notes = append(notes, "default "+f.Default)
 	}
 	if f.Env != "" {
@@ -162,7 +167,12 @@ func (s *stringsValue) Set(v string) error {
 	}
 	return nil
 }
-func (s *stringsValue) String() string { return "[" + strings.Join(*s.p, ",") + "]" }
+func (s *stringsValue) String() string {
+	if len(*s.p) == 0 {
+		return "" // pflag shows no default of its own for ""
+	}
+	return "[" + strings.Join(*s.p, ",") + "]"
+}
 func (s *stringsValue) Type() string   { return "strings" }
 
 type sizeValue struct {
@@ -194,5 +204,10 @@ func (d *durationValue) Set(v string) error {
 	*d = durationValue(x)
 	return err
 }
-func (d *durationValue) String() string { return time.Duration(*d).String() }
+func (d *durationValue) String() string {
+	if *d == 0 {
+		return ""
+	}
+	return time.Duration(*d).String()
+}
 func (d *durationValue) Type() string   { return "duration" }

@@ -83,8 +83,9 @@ type Field struct {
 	Name string
 	Type Type
 	// Default is the documented default, as people read it ("" when the
-	// zero value means nothing is set).
-	Default string
+	// zero value means nothing is set). WorkerDefault is the worker's own
+	// where it differs (it simulates a small cluster).
+	Default, WorkerDefault string
 	Doc     string
 	// Env is the environment variable that sets the field when the config
 	// does not (unless the runtime ignores the environment).
@@ -114,6 +115,15 @@ func (f Field) GoName() string {
 
 // Flag is the field's flag name (without the dashes).
 func (f Field) Flag() string { return strings.ReplaceAll(f.Name, "_", "-") }
+
+// DefaultText is the default as the docs table shows it: the worker's
+// own, where it differs, in parentheses.
+func (f Field) DefaultText() string {
+	if f.WorkerDefault == "" {
+		return f.Default
+	}
+	return f.Default + " (worker: " + f.WorkerDefault + ")"
+}
 
 // In reports whether layer l exposes the field.
 func (f Field) In(l Layer) bool { return f.Layers&l != 0 }

@@ -174,7 +174,7 @@ class Config(TypedDict, total=False):
 	for _, f := range schema.Of(schema.JSON) {
 		doc := f.Doc
 		if f.Default != "" {
-			doc += " Default: " + f.Default + "."
+			doc += " Default: " + f.DefaultText() + "."
 		}
 		if f.Env != "" {
 			doc += " Environment: " + f.Env + "."
@@ -245,10 +245,7 @@ the protocol's literature does.
 		if f.Env != "" {
 			env = "`" + f.Env + "`"
 		}
-		def := ""
-		if f.Default != "" {
-			def = cell(f.Default)
-		}
+		def := cell(f.DefaultText())
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", f.Name, cell(string(f.Type)), def, env, f.Layers, cell(f.Doc))
 	}
 	b.WriteString(`
