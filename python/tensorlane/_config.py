@@ -58,8 +58,8 @@ class Config(TypedDict, total=False):
     #: 32-byte key of a private cluster: the control channel is a libp2p
     #: private network with it and every data connection proves it (a
     #: pre-shared key in the handshake); it is also the trust scope of shm slab
-    #: grants. The environment variable is read by the C ABI and Python.
-    #: Environment: TENSORLANE_CLUSTER_KEY.
+    #: grants. In the C ABI and Python: cluster_key_file if set, else the
+    #: environment variable. Environment: TENSORLANE_CLUSTER_KEY.
     cluster_key: str
 
     #: File holding the cluster key (32 bytes, raw or as 64 hex digits).
@@ -136,20 +136,30 @@ class Config(TypedDict, total=False):
     log_level: str
 
     #: Copy a foreign Put into shareable memory only when the first same-host
-    #: reader asks, instead of in the background at Put.
+    #: reader asks (which then waits for the copy). By default, when the
+    #: runtime serves shm, the copy starts in the background at Put, so a
+    #: same-host reader finds it made or under way; the cost is that copy's
+    #: memory also for objects only network readers read.
     lazy_staging: bool
 
     #: Bound on the staging pool (pre-populated allocations for foreign Puts'
     #: staging copies); negative turns it off. Default: 256MiB.
     stage_pool_bytes: Union[int, str]
 
-    #: Carve shareable host memory from large memfd slabs that a same-host
-    #: reader maps once (needs a cluster key: docs/security-shm-grants.md).
-    #: Default: off. Environment: TENSORLANE_SLABS.
+    #: Carve shareable host memory (allocations, Get destinations, foreign
+    #: Puts' staging copies) from large memfd slabs that a same-host reader
+    #: maps once for all their objects, reusing freed memory with its pages
+    #: populated. A reader that may read one object of a slab can read the
+    #: others, so it needs a cluster key, which bounds who may read
+    #: (docs/security-shm-grants.md). A view of a slab object holds its range
+    #: until released. Default: off. Environment: TENSORLANE_SLABS.
     slabs: Optional[bool]
 
-    #: Memory made resident at start: a slab with slabs on, else held for the
-    #: first large host allocation. Environment: TENSORLANE_POOL_BYTES.
+    #: Memory made resident before the runtime starts: with slabs, a slab that
+    #: Gets and tensorlane.empty allocate from for the runtime's life (like
+    #: Ray's object store memory); without, memory held for the first large
+    #: host allocation (usually the first Get's destination), so a cold Get
+    #: pays no page population. Environment: TENSORLANE_POOL_BYTES.
     pool_bytes: Union[int, str]
 
     #: Size of one slab; larger allocations get a slab of their own. Default:

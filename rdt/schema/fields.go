@@ -52,7 +52,7 @@ var fields = []Field{
 	{Name: "identity_file", Type: String, Layers: JSON | Worker,
 		Doc: "libp2p private key file, created if missing, so a restarted runtime keeps its peer ID (default: a new identity)."},
 	{Name: "cluster_key", Type: HexKey, Env: EnvClusterKey, Layers: Go | JSON,
-		Doc: "32-byte key of a private cluster: the control channel is a libp2p private network with it and every data connection proves it (a pre-shared key in the handshake); it is also the trust scope of shm slab grants. The environment variable is read by the C ABI and Python."},
+		Doc: "32-byte key of a private cluster: the control channel is a libp2p private network with it and every data connection proves it (a pre-shared key in the handshake); it is also the trust scope of shm slab grants. In the C ABI and Python: cluster_key_file if set, else the environment variable."},
 	{Name: "cluster_key_file", Type: String, Layers: JSON | Worker,
 		Doc: "File holding the cluster key (32 bytes, raw or as 64 hex digits)."},
 	{Name: "allow_peers", Type: Strings, Layers: all,
@@ -102,13 +102,13 @@ var fields = []Field{
 
 	// The C ABI's host memory.
 	{Name: "lazy_staging", Type: Bool, Layers: JSON,
-		Doc: "Copy a foreign Put into shareable memory only when the first same-host reader asks, instead of in the background at Put."},
+		Doc: "Copy a foreign Put into shareable memory only when the first same-host reader asks (which then waits for the copy). By default, when the runtime serves shm, the copy starts in the background at Put, so a same-host reader finds it made or under way; the cost is that copy's memory also for objects only network readers read."},
 	{Name: "stage_pool_bytes", Type: ByteSize, Default: "256MiB", Layers: JSON,
 		Doc: "Bound on the staging pool (pre-populated allocations for foreign Puts' staging copies); negative turns it off.", Negative: true},
 	{Name: "slabs", Type: OptBool, Default: "off", Env: EnvSlabs, Layers: JSON,
-		Doc: "Carve shareable host memory from large memfd slabs that a same-host reader maps once (needs a cluster key: docs/security-shm-grants.md)."},
+		Doc: "Carve shareable host memory (allocations, Get destinations, foreign Puts' staging copies) from large memfd slabs that a same-host reader maps once for all their objects, reusing freed memory with its pages populated. A reader that may read one object of a slab can read the others, so it needs a cluster key, which bounds who may read (docs/security-shm-grants.md). A view of a slab object holds its range until released."},
 	{Name: "pool_bytes", Type: ByteSize, Env: EnvPoolBytes, Layers: JSON,
-		Doc: "Memory made resident at start: a slab with slabs on, else held for the first large host allocation."},
+		Doc: "Memory made resident before the runtime starts: with slabs, a slab that Gets and tensorlane.empty allocate from for the runtime's life (like Ray's object store memory); without, memory held for the first large host allocation (usually the first Get's destination), so a cold Get pays no page population."},
 	{Name: "slab_bytes", Type: ByteSize, Default: "64MiB", Layers: JSON,
 		Doc: "Size of one slab; larger allocations get a slab of their own."},
 }

@@ -5,10 +5,11 @@
 //
 // Each layer spells a field's name the same way: snake_case in JSON and
 // Python (Name), CamelCase in Go (GoName), kebab-case in flags (Flag). The
-// layers' own types are checked against the table by tests, and the
-// Python TypedDict (python/tensorlane/_config.py) and the table in
+// C ABI's and the worker's Config structs, the Python TypedDict
+// (python/tensorlane/_config.py), the C header's key list and the table in
 // docs/config.md are generated from it (rdt/internal/confgen, `go generate
-// ./rdt/schema`). Old names stay accepted as deprecated aliases that log a
+// ./rdt/schema`); rdt.Config, which also holds live Go objects, is checked
+// against it by a test. Old names stay accepted as deprecated aliases that log a
 // warning once per process (Alias).
 //
 // Decode is the C ABI's (and so Python's) strict JSON reader: an unknown key

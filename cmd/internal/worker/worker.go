@@ -60,39 +60,7 @@ type (
 	workerCluster = workerproto.Cluster
 )
 
-// Config is what one worker runs with: the fields of the configuration
-// schema's worker layer (rdt/schema, docs/config.md), by the same names as
-// rdt.Config, the C ABI's JSON and the command's flags (BindFlags makes
-// those from this struct). Its zero value means the schema's defaults
-// (the worker's own: a preset of 3 hosts, claiming h0, 1 GiB device
-// arenas; the runtime's otherwise).
-type Config struct {
-	Preset          string
-	Hosts           int
-	Host            string
-	ListenAddrs     []string
-	DataAddr        string
-	AllowTransports []string
-	DenyTransports  []string
-	DisableRDMA     bool
-	RDMAProvider    string
-	RDMAIP          string
-	IdentityFile    string
-	ClusterKeyFile  string
-	AllowPeers      []string
-	EncryptData     bool
-	DeviceBackend   string
-	DeviceMemory    int64
-	HostMemory      int64
-	// The runtime's timers; zero means the runtime's defaults.
-	TransferTimeout   time.Duration
-	StallTimeout      time.Duration
-	LeaseRenew        time.Duration
-	LeaseExpiry       time.Duration
-	HeartbeatInterval time.Duration
-	HeartbeatMisses   int
-	Verbose           bool
-}
+// Config (config_gen.go) is generated from rdt/schema by rdt/internal/confgen.
 
 // withDefaults fills in the documented defaults of the zero fields.
 func (c Config) withDefaults() Config {

@@ -34,6 +34,15 @@ func TestGeneratedShapes(t *testing.T) {
 	md := string(docs())
 	assert.Contains(t, md, "| `heartbeat_interval` | duration | 1s |  | go,json,worker | How often a watched peer is pinged, and how long one ping may take. |\n")
 	assert.Contains(t, md, "| `--no-rdma` | worker | `disable_rdma` |\n")
+	capi, err := goStruct(capiStruct)
+	require.NoError(t, err)
+	assert.Contains(t, string(capi), "\tEncryptData bool `json:\"encrypt_data,omitempty\"`\n")
+	assert.Contains(t, string(capi), "\tVisibleDevices []int `json:\"visible_devices\"`\n")
+	assert.Contains(t, string(capi), "\tStallTimeout schema.Seconds `json:\"stall_timeout,omitempty\"`\n")
+	worker, err := goStruct(workerStruct)
+	require.NoError(t, err)
+	assert.Contains(t, string(worker), "\tHeartbeatInterval time.Duration\n")
+	assert.Contains(t, string(worker), "\t// Hosts: Number of hosts in the preset cluster. Default: 3.\n")
 	assert.Contains(t, md, "| `transfer_timeout_ms` | json | `transfer_timeout` (the old value was milliseconds; the new one is seconds) |\n")
 }
 
