@@ -241,6 +241,9 @@ func resolve(key string, l Layer) (string, *Alias, error) {
 			}
 		}
 	}
+	if f, ok := Lookup(key); ok { // a field, but of other layers: say where
+		return "", nil, &FieldError{Field: key, Suggest: Suggest(key, l), Err: fmt.Errorf("%w: it is a setting of %s only", ErrUnknownField, f.Layers)}
+	}
 	return "", nil, &FieldError{Field: key, Suggest: Suggest(key, l), Err: ErrUnknownField}
 }
 

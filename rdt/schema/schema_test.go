@@ -77,6 +77,7 @@ func TestDecode(t *testing.T) {
 		field    string // FieldError.Field
 		suggest  string
 		warn     string // in the log
+		msg      string // in the error
 	}{
 		{name: "empty", in: ""},
 		{name: "fields", in: `{"preset":"dgx-h100","listen_addrs":["/ip4/1.2.3.4/tcp/1"],"encrypt_data":true,"heartbeat_misses":5,"slabs":true}`,
@@ -90,7 +91,7 @@ func TestDecode(t *testing.T) {
 		{name: "unknown with suggestion", in: `{"encrypt_dat":true}`, err: ErrUnknownField, field: "encrypt_dat", suggest: "encrypt_data"},
 		{name: "old PSK name", in: `{"psk":"00"}`, err: ErrUnknownField, field: "psk"},
 		{name: "unknown far from all", in: `{"zzzzzzzzzz":1}`, err: ErrUnknownField, field: "zzzzzzzzzz"},
-		{name: "worker-only field", in: `{"verbose":true}`, err: ErrUnknownField, field: "verbose"},
+		{name: "worker-only field", in: `{"verbose":true}`, err: ErrUnknownField, field: "verbose", msg: "a setting of worker only"},
 		{name: "wrong type", in: `{"heartbeat_misses":"3"}`, err: ErrBadValue, field: "heartbeat_misses"},
 		{name: "fraction", in: `{"heartbeat_misses":1.5}`, err: ErrBadValue, field: "heartbeat_misses"},
 		{name: "bad size", in: `{"host_memory":"lots"}`, err: ErrBadValue, field: "host_memory"},
@@ -113,6 +114,7 @@ func TestDecode(t *testing.T) {
 				assert.Equal(t, c.field, fe.Field)
 				assert.Equal(t, c.suggest, fe.Suggest)
 				assert.Contains(t, err.Error(), c.field)
+				assert.Contains(t, err.Error(), c.msg)
 				return
 			}
 			require.NoError(t, err)
