@@ -53,7 +53,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"topo", "--preset", "nope"}, 1, "tensorlane: "},
 		{[]string{"demo", "--hosts", "0"}, 1, "tensorlane: hosts, readers, tensors and steps must be at least 1"},
 		{[]string{"soak", "--runtimes", "1"}, 1, "tensorlane: soak: need --runtimes >= 2"},
-		{[]string{"worker", "--device-memory", "lots"}, 1, `tensorlane: bad size "lots"`},
+		{[]string{"worker", "--device-memory", "lots"}, 1, `tensorlane: invalid argument "lots" for "--device-memory" flag: bad size "lots"`},
 		{[]string{"env", "--root", "/nonexistent"}, 1, "tensorlane: env: --root"},
 		{[]string{"no-such-command"}, 1, "tensorlane: unknown command"},
 	} {
