@@ -261,25 +261,34 @@ transport fields above need no fabric import.
 
 ## Deprecated names
 
-Old names still work: each is read as its field and logs a warning once per process (Python
-also warns with a ` + "`DeprecationWarning`" + `). Giving a field by both names is an error.
+Old names still work: each is read as its field and logs a warning once per process on stderr
+(Python warns with a ` + "`DeprecationWarning`" + ` instead, once per name). In JSON, giving a field by
+both names is an error.
 
 | old name | layer | use instead |
 |---|---|---|
 `)
 	for _, f := range schema.Fields() {
 		for _, a := range f.Aliases {
-			name := "`" + a.Name + "`"
-			if a.Layer == schema.Worker {
-				name = "`--" + a.Name + "`"
+			var olds, news []string
+			if a.Layer&schema.JSON != 0 {
+				olds, news = append(olds, "`"+a.Name+"`"), append(news, "`"+f.Name+"`")
 			}
-			note := "`" + f.Name + "`"
+			if a.Layer&schema.Worker != 0 {
+				olds, news = append(olds, "`--"+a.Name+"`"), append(news, "`--"+f.Flag()+"`")
+			}
+			note := strings.Join(news, ", ")
 			if a.Millis {
 				note += " (the old value was milliseconds; the new one is seconds)"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", name, a.Layer, note)
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", strings.Join(olds, ", "), a.Layer, note)
 		}
 	}
+	b.WriteString(`
+Go has no aliases for struct fields: programs that fill ` + "`fabric.Security`" + ` themselves (a transport
+or provider used without rdt) rename ` + "`PSK`" + ` to ` + "`ClusterKey`" + `, ` + "`Encrypt`" + ` to ` + "`EncryptData`" + ` and
+` + "`Authorize`" + ` to ` + "`AllowPeer`" + `. ` + "`rdt.Config`" + ` kept its names; its ` + "`Transports`" + ` field still works.
+`)
 	return []byte(b.String())
 }
 
