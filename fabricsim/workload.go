@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -57,10 +58,11 @@ type run struct {
 func (f *Fabric) newRun() *run {
 	// A fresh event loop over the same links.
 	s := newSim()
+	s.burst = f.spec.Burst
 	s.links = make([]link, len(f.sim.links))
 	s.on = make([][]*flow, len(f.sim.links))
 	for i, l := range f.sim.links {
-		s.links[i] = link{name: l.name, cap: l.cap}
+		s.links[i] = link{name: l.name, cap: l.cap, shaped: l.shaped}
 	}
 	f.sim = s
 	return &run{f: f, transfers: map[string]int{}, egress: map[string]float64{}, ingress: map[string]float64{},
@@ -169,7 +171,9 @@ func (f *Fabric) Transfer(src, dst Endpoint, n int64) (Result, error) {
 	}
 	r := f.newRun()
 	var end float64
-	r.move(src, dst, float64(n), nil, func() { end = f.sim.now })
+	r.move(src, dst, float64(n), nil, func() {
+		f.cpuWork(f.spec.CPU.VerifySeconds*float64(n), func() { end = f.sim.now })
+	})
 	res, err := r.finish("transfer", float64(n), nil)
 	res.Finish = []float64{end}
 	return res, err
@@ -184,7 +188,9 @@ func (f *Fabric) ManyToOne(owner Endpoint, readers []Endpoint, n int64) (Result,
 	r := f.newRun()
 	finish := make([]float64, len(readers))
 	for i, d := range readers {
-		r.move(owner, d, float64(n), nil, func() { finish[i] = f.sim.now })
+		r.move(owner, d, float64(n), nil, func() {
+			f.cpuWork(f.spec.CPU.VerifySeconds*float64(n), func() { finish[i] = f.sim.now })
+		})
 	}
 	return r.finish("many-to-one", float64(n)*float64(len(readers)), finish)
 }
@@ -257,24 +263,45 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		k := nd.queued[0]
 		nd.queued = nd.queued[1:]
 		nd.wireBusy = true
-		setup := 0.0 // the edge's connection is up: a chunk costs its latency
+		// The edge's connection is up: a chunk costs its latency, and
+		// over rdma the write's resolve round trip first (fabric/rdma
+		// resolves every transfer, a push as much as a read).
+		setup := 0.0
+		if rt, err := f.Route(parentEp(i), nd.ep); err == nil && rt.Transport == fabric.RDMA {
+			setup = rtt
+		}
 		r.move(parentEp(i), nd.ep, size(k), &setup, func() {
 			nd.wireBusy = false
+			// Where control shares the data's queue (a shaped link's
+			// FIFO), the notice goes out behind the chunks already
+			// written on this edge, as much of them as the queue holds.
+			ahead := 0.0
+			if f.spec.QueueSeconds > 0 && parentEp(i).Host != nd.ep.Host {
+				for _, q := range nd.queued {
+					ahead += size(q)
+				}
+				ahead = min(ahead/f.edgeRate(parentEp(i), nd.ep), f.spec.QueueSeconds)
+			}
 			wire(i)
-			// The notice reaches the reader half a round trip later;
-			// the window slot frees when its answer is back.
-			f.sim.after(rtt/2, func() {
-				nd.has[k] = true
-				if nd.count++; nd.count == chunks {
-					finish[i] = f.sim.now
-				}
-				for _, c := range nd.children {
-					push(c)
-				}
-			})
-			f.sim.after(rtt, func() {
-				nd.inflight--
-				push(i)
+			// The chunk's own CPU work (completion, notice, the relay's
+			// bookkeeping), then the notice reaches the reader half a
+			// round trip later; the window slot frees when its answer
+			// is back.
+			f.cpuWork(f.spec.CPU.ChunkSeconds, func() {
+				rtt := rtt + 2*ahead
+				f.sim.after(rtt/2, func() {
+					nd.has[k] = true
+					if nd.count++; nd.count == chunks {
+						finish[i] = f.sim.now
+					}
+					for _, c := range nd.children {
+						push(c)
+					}
+				})
+				f.sim.after(rtt, func() {
+					nd.inflight--
+					push(i)
+				})
 			})
 		})
 	}

@@ -92,6 +92,7 @@ holds and how it compares with measured runs.
 	f.Float64Var(&o.rdmaEff, "rdma-efficiency", 0, "share of line rate rdma payload gets (default 0.97)")
 	f.BoolVar(&o.jsonOut, "json", false, "print JSON")
 	f.StringVar(&o.plotFile, "plot", "", "write a PNG plot of every result against its line-rate bound")
+	cmd.AddCommand(newSimCalibrateCmd())
 	return cmd
 }
 

@@ -39,6 +39,37 @@ type simRow struct {
 	Simulated float64 `json:"simulated_seconds"`
 	Error     float64 `json:"error"` // (simulated - measured) / measured
 	Source    string  `json:"source"`
+	// Load is the load average the measurement was taken at (quoted
+	// from docs/benchmarks.md for the records, read for a live run);
+	// LoadMax its upper end, which says whether the case is loaded.
+	Load    string  `json:"load"`
+	LoadMax float64 `json:"load_max"`
+}
+
+// loaded says whether a measurement was taken with at least twice as
+// many runnable tasks as the machine has cores: then the harness's four
+// workers got an unknown share of the cores, which the simulator (a
+// quiet machine's cores, fabricsim.HarnessCalibration) does not know, and
+// a measurement slower than the simulation by more than the goal is not
+// reproducible from what was recorded.
+func (r simRow) loaded() bool {
+	return r.LoadMax >= 2*float64(fabricsim.HarnessCalibration().Cores)
+}
+
+// recordLoad is the load average each record file was taken at, as
+// docs/benchmarks.md gives it next to the file (the records themselves
+// keep none); the second value is the upper end used to call a case
+// loaded.
+var recordLoad = map[string]struct {
+	text string
+	max  float64
+}{
+	"broadcast-shaped.json":                      {"about 10", 10},
+	"broadcast-shaped-1024MiB.json":              {"about 10", 10},
+	"broadcast-shaped-1024MiB-16.json":           {"under 1", 1},
+	"broadcast-shaped-64KiB-chunks-windows.json": {"15-36", 36},
+	"broadcast-shaped-256MiB-windows.json":       {"15-36", 36},
+	"broadcast-shaped-1024MiB-windows.json":      {"about 20", 20},
 }
 
 // simHarness is the simulated harness: hosts dgx-h100 namespaces with one
@@ -122,18 +153,33 @@ func readRecords(t *testing.T, path string) []harness.BroadcastRecord {
 func reportSim(t *testing.T, name string, rows []simRow) (within int, worst float64) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-62s %10s %10s %8s\n", "case", "measured", "simulated", "error")
+	fmt.Fprintf(&b, "%-78s %10s %10s %8s  %-9s\n", "case", "measured", "simulated", "error", "load")
+	quiet, quietWithin, loadedOut := 0, 0, 0
 	for _, r := range rows {
 		mark := ""
-		if math.Abs(r.Error) > simGoal {
-			mark = "  (outside 15%)"
-		} else {
+		in := math.Abs(r.Error) <= simGoal
+		switch {
+		case in:
 			within++
+		case r.loaded() && r.Error < 0:
+			// Load slows the measurement; a simulation slower than a
+			// loaded measurement is the model's error, not the load's.
+			mark = "  (outside 15%; loaded: not reproducible from the record)"
+			loadedOut++
+		default:
+			mark = "  (outside 15%)"
+		}
+		if !r.loaded() {
+			quiet++
+			if in {
+				quietWithin++
+			}
 		}
 		worst = max(worst, math.Abs(r.Error))
-		fmt.Fprintf(&b, "%-62s %9.3fs %9.3fs %+7.1f%%%s\n", r.Case, r.Measured, r.Simulated, 100*r.Error, mark)
+		fmt.Fprintf(&b, "%-78s %9.3fs %9.3fs %+7.1f%%  %-9s%s\n", r.Case, r.Measured, r.Simulated, 100*r.Error, r.Load, mark)
 	}
-	fmt.Fprintf(&b, "%d of %d cases within %.0f%%, worst %.1f%%", within, len(rows), 100*simGoal, 100*worst)
+	fmt.Fprintf(&b, "%d of %d cases within %.0f%%, worst %.1f%%; of those taken at a load under twice the cores, %d of %d; %d outside at a higher load",
+		within, len(rows), 100*simGoal, 100*worst, quietWithin, quiet, loadedOut)
 	t.Logf("%s:\n%s", name, b.String())
 	if dir := os.Getenv("TENSORLANE_SIM_OUT"); dir != "" {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
@@ -161,10 +207,12 @@ func TestSimVsRecorded(t *testing.T) {
 				continue
 			}
 			name := fmt.Sprintf("%s, %d MiB to %d readers, window %d", r.Transport, r.Size>>20, r.Readers, r.Window)
-			rows = append(rows, simRow{Case: "broadcast " + name, Measured: r.Seconds, Simulated: bc, Error: bc/r.Seconds - 1, Source: filepath.Base(file)})
+			load, ok := recordLoad[filepath.Base(file)]
+			require.True(t, ok, "the load %s was taken at (docs/benchmarks.md)", file)
+			rows = append(rows, simRow{Case: "broadcast " + name, Measured: r.Seconds, Simulated: bc, Error: bc/r.Seconds - 1, Source: filepath.Base(file), Load: load.text, LoadMax: load.max})
 			if r.Naive > 0 {
 				rows = append(rows, simRow{Case: fmt.Sprintf("%d concurrent Gets, %s, %d MiB", r.Readers, strings.Split(r.Transport, ",")[0], r.Size>>20),
-					Measured: r.Naive, Simulated: naive, Error: naive/r.Naive - 1, Source: filepath.Base(file)})
+					Measured: r.Naive, Simulated: naive, Error: naive/r.Naive - 1, Source: filepath.Base(file), Load: load.text, LoadMax: load.max})
 			}
 		}
 	}
@@ -179,7 +227,7 @@ func TestSimVsRecorded(t *testing.T) {
 	two, err := simHarness(t, 2, 2, 1, false).Transfer(src, dst, 64<<20)
 	require.NoError(t, err)
 	ratio := one.Seconds / two.Seconds
-	rows = append(rows, simRow{Case: "two rails over one, 64 MiB at 1 Gbit/s (ratio, not seconds)", Measured: 2.01, Simulated: ratio, Error: ratio/2.01 - 1, Source: "docs/benchmarks.md"})
+	rows = append(rows, simRow{Case: "two rails over one, 64 MiB at 1 Gbit/s (ratio, not seconds)", Measured: 2.01, Simulated: ratio, Error: ratio/2.01 - 1, Source: "docs/benchmarks.md", Load: "not kept"})
 	reportSim(t, "sim-vs-recorded", rows)
 }
 
