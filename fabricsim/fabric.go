@@ -3,6 +3,7 @@ package fabricsim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -64,6 +65,10 @@ type Spec struct {
 	// chunks its edge already wrote, up to that long. 0: control does
 	// not queue behind data (its own queue pair or priority).
 	QueueSeconds float64
+	// RailTimeout is how long a rail with slices outstanding may make no
+	// progress before the transport declares it broken and moves its
+	// slices to the other rails (fabric/rdma's QPTimeout): 0 means 10 s.
+	RailTimeout float64
 	// CPU is what moving bytes costs the hosts' processors when every
 	// host runs on one machine's cores (the multihost harness: four
 	// namespaces, one worker each, on this machine's CPUs). The zero
@@ -111,6 +116,7 @@ func (s Spec) withDefaults() Spec {
 	def(&s.MemcpyGBps, 20)
 	def(&s.Latency, 5e-6)
 	def(&s.ControlRTT, 60e-6)
+	def(&s.RailTimeout, 10)
 	return s
 }
 
@@ -131,6 +137,9 @@ type Fabric struct {
 	// of its bytes stands for.
 	cpu     int
 	cpuUnit float64
+	// base is the links as built; every run starts from them (a run may
+	// cut one).
+	base []link
 }
 
 type hostLinks struct {
@@ -260,6 +269,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 		f.hosts[h.ID] = hl
 		f.order = append(f.order, h.ID)
 	}
+	f.base = slices.Clone(f.sim.links)
 	return f, nil
 }
 

@@ -284,3 +284,37 @@ func TestCommittedCalibration(t *testing.T) {
 	_, err = ParseCalibration([]byte(`{"cores":2}`))
 	require.ErrorIs(t, err, ErrBadSpec)
 }
+
+// A rail cut mid-transfer: the cut rail's outstanding slices stall until
+// the transport's rail timeout, then move whole to the other rail; the
+// uncut Get at slice level is the striped Get.
+func TestTransferCut(t *testing.T) {
+	src, dst := Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 0}
+	const size = 64 << 20
+	f := harnessWith(t, 2, func(s *Spec) { s.CPU, s.Burst, s.RailTimeout = CPU{}, 0, 1 })
+	rate := 1e9 / 8 * HarnessWireEfficiency // one rail's payload rate
+	whole, err := f.TransferCut(src, dst, size, Cut{})
+	require.NoError(t, err)
+	striped, err := f.Transfer(src, dst, size)
+	require.NoError(t, err)
+	require.InDelta(t, striped.Seconds, whole.Seconds, 0.01*striped.Seconds)
+	// Slices of 8 MiB, four per rail, side by side. At 0.1 s none of
+	// rail 1's has landed; they stall until 1.1 s, then rail 0, idle
+	// since it finished its four at 0.28 s, carries them.
+	cut, err := f.TransferCut(src, dst, size, Cut{NIC: "h1/veth1", At: 0.1})
+	require.NoError(t, err)
+	want := 0.1 + 1 + 4*float64(8<<20)/rate
+	require.InDelta(t, want, cut.Seconds, 0.01*want)
+	// A cut after the end changes nothing; a cut at the start leaves rail
+	// 1's four slices for after the timeout.
+	late, err := f.TransferCut(src, dst, size, Cut{NIC: "h1/veth1", At: 5})
+	require.NoError(t, err)
+	require.InDelta(t, whole.Seconds, late.Seconds, 1e-9)
+	early, err := f.TransferCut(src, dst, size, Cut{NIC: "h0/veth1", At: 0})
+	require.NoError(t, err)
+	require.InDelta(t, 1+4*float64(8<<20)/rate, early.Seconds, 0.01*early.Seconds)
+	_, err = f.TransferCut(src, dst, size, Cut{NIC: "h1/nope", At: 0})
+	require.ErrorIs(t, err, ErrBadSpec)
+	_, err = links(t, 1).TransferCut(src, Endpoint{Host: "h0", Device: 1}, size, Cut{})
+	require.ErrorIs(t, err, ErrBadSpec, "p2p on one host: no rails to cut")
+}

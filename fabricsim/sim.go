@@ -3,6 +3,7 @@ package fabricsim
 import (
 	"container/heap"
 	"math"
+	"slices"
 )
 
 // engine is the event loop: links with a capacity, transfers that each run as
@@ -115,6 +116,25 @@ func (s *engine) start(n float64, paths [][]int, done func(*transfer)) *transfer
 	s.active = append(s.active, t)
 	s.dirty = true
 	return t
+}
+
+// cancel stops t where it is: its flows leave their links and done never
+// runs. A transfer that already ended is left alone.
+func (s *engine) cancel(t *transfer) {
+	i := slices.Index(s.active, t)
+	if i < 0 {
+		return
+	}
+	s.active = slices.Delete(s.active, i, i+1)
+	s.drop(t)
+	s.dirty = true
+}
+
+// setCap changes link l's capacity now (0: it carries nothing, a cut).
+func (s *engine) setCap(l int, bytesPerSec float64) {
+	s.links[l].cap = bytesPerSec
+	s.touched = append(s.touched, l)
+	s.dirty = true
 }
 
 // credit is what the paths' shaped links let through at once: per path,

@@ -59,9 +59,9 @@ func (f *Fabric) newRun() *run {
 	// A fresh event loop over the same links.
 	s := newSim()
 	s.burst = f.spec.Burst
-	s.links = make([]link, len(f.sim.links))
-	s.on = make([][]*flow, len(f.sim.links))
-	for i, l := range f.sim.links {
+	s.links = make([]link, len(f.base))
+	s.on = make([][]*flow, len(f.base))
+	for i, l := range f.base {
 		s.links[i] = link{name: l.name, cap: l.cap, shaped: l.shaped}
 	}
 	f.sim = s

@@ -250,6 +250,7 @@ func TestSimVsLive(t *testing.T) {
 	slots := reserveSpread(t, ctx, c.Hosts[1:], slices.Max(readers), size)
 	f := simHarness(t, 4, 1, 1, false)
 	owner := topology.Endpoint{Host: "h0", Device: 0}
+	load0 := loadAverage()
 	var rows []simRow
 	for _, n := range readers {
 		best := 0.0
@@ -283,8 +284,9 @@ func TestSimVsLive(t *testing.T) {
 	// The simulator models links, not this machine's CPUs, which the
 	// four workers share with everything else running here: the load says
 	// how far the measurement is from link-bound.
-	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
-		t.Logf("load average during the run: %s", strings.TrimSpace(string(la)))
+	load := load0 + " -> " + loadAverage()
+	for i := range rows {
+		rows[i].Load, rows[i].LoadMax = load, loadMax(load)
 	}
 	within, worst := reportSim(t, "sim-vs-live", rows)
 	if os.Getenv("TENSORLANE_SIM_ASSERT") != "" {
