@@ -18,8 +18,8 @@ type Cut struct {
 // is cut into slices of n/(4 x rails), in whole 64 KiB, between 512 KiB
 // and 8 MiB; a rail has at most 4 slices posted.
 const (
-	rdmaSliceMin   = 512 << 10
-	rdmaSliceMax   = 8 << 20
+	rdmaSliceMin    = 512 << 10
+	rdmaSliceMax    = 8 << 20
 	rdmaMaxInFlight = 4
 )
 
