@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
@@ -33,6 +34,13 @@ type Result struct {
 	// Finish is when each reader (or inference GPU) had all its bytes,
 	// in seconds, in the order of the workload's readers.
 	Finish []float64 `json:"finish,omitempty"`
+	// Binding is the busiest link of the run, Busiest's first; Note says
+	// when it is not a NIC or leaf link, so that the line-rate bound
+	// (which counts only those) is not what holds the plan back: a
+	// broadcast from one GPU, whose every edge stripes over the host's
+	// rails, is bound by that GPU's PCIe link.
+	Binding string `json:"binding,omitempty"`
+	Note    string `json:"note,omitempty"`
 }
 
 // LinkUse is one link's share of the run.
@@ -125,6 +133,14 @@ func (r *run) finish(name string, payload float64, finish []float64) (Result, er
 	}
 	slices.SortStableFunc(res.Busiest, func(a, b LinkUse) int { return cmp.Compare(b.Use, a.Use) })
 	res.Busiest = res.Busiest[:min(len(res.Busiest), 8)]
+	if len(res.Busiest) > 0 {
+		b := res.Busiest[0]
+		res.Binding = fmt.Sprintf("%s %.0f%%", b.Link, 100*b.Use)
+		nic := (strings.HasSuffix(b.Link, " out") || strings.HasSuffix(b.Link, " in")) && !strings.Contains(b.Link, "nvlink")
+		if !nic && !strings.HasPrefix(b.Link, "leaf") {
+			res.Note = fmt.Sprintf("bound by %s (%.0f%% busy), which the line-rate bound does not count", b.Link, 100*b.Use)
+		}
+	}
 	return res, nil
 }
 
@@ -225,6 +241,7 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		// stream): they move one after the other, not side by side.
 		wireBusy bool
 		queued   []int
+		rdma     bool // the edge is an rdma write
 	}
 	nodes := make([]*node, len(readers))
 	var rootKids []int
@@ -237,6 +254,15 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 	for i, p := range plan.Nodes {
 		if p.Parent >= 0 {
 			nodes[p.Parent].children = append(nodes[p.Parent].children, i)
+		}
+	}
+	for i, nd := range nodes {
+		from := owner
+		if p := plan.Nodes[i].Parent; p >= 0 {
+			from = nodes[p].ep
+		}
+		if rt, err := f.Route(from, nd.ep); err == nil && rt.Transport == fabric.RDMA {
+			nd.rdma = true
 		}
 	}
 	finish := make([]float64, len(readers))
@@ -263,13 +289,7 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		k := nd.queued[0]
 		nd.queued = nd.queued[1:]
 		nd.wireBusy = true
-		// The edge's connection is up: a chunk costs its latency, and
-		// over rdma the write's resolve round trip first (fabric/rdma
-		// resolves every transfer, a push as much as a read).
-		setup := 0.0
-		if rt, err := f.Route(parentEp(i), nd.ep); err == nil && rt.Transport == fabric.RDMA {
-			setup = rtt
-		}
+		setup := 0.0 // the edge's connection is up: a chunk costs its latency
 		r.move(parentEp(i), nd.ep, size(k), &setup, func() {
 			nd.wireBusy = false
 			// Where control shares the data's queue (a shaped link's
@@ -308,9 +328,20 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 	push = func(i int) {
 		nd := nodes[i]
 		for nd.inflight < window && nd.next < chunks && parentHas(i, nd.next) {
-			nd.queued = append(nd.queued, nd.next)
+			k := nd.next
 			nd.next++
 			nd.inflight++
+			if nd.rdma {
+				// The write's resolve round trip first (fabric/rdma
+				// resolves every transfer, a push as much as a read),
+				// beside the chunks already in the window.
+				f.sim.after(rtt, func() {
+					nd.queued = append(nd.queued, k)
+					wire(i)
+				})
+				continue
+			}
+			nd.queued = append(nd.queued, k)
 		}
 		wire(i)
 	}
