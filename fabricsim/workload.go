@@ -41,6 +41,9 @@ type Result struct {
 	// rails, is bound by that GPU's PCIe link.
 	Binding string `json:"binding,omitempty"`
 	Note    string `json:"note,omitempty"`
+	// CPUSeconds is the CPU time the run's shared cores did (Spec.CPU;
+	// 0 without), to check against what the processes measured.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 }
 
 // LinkUse is one link's share of the run.
@@ -118,6 +121,9 @@ func (r *run) finish(name string, payload float64, finish []float64) (Result, er
 	s := r.f.sim
 	res := Result{Workload: name, Seconds: s.now, Bytes: payload, Transfers: r.transfers, Flows: r.flows, Finish: finish}
 	res.BoundSeconds, res.BoundCut = r.bound()
+	if r.f.cpu >= 0 {
+		res.CPUSeconds = s.links[r.f.cpu].bytes * r.f.cpuUnit
+	}
 	if res.BoundSeconds > 0 {
 		res.RatioToBound = res.Seconds / res.BoundSeconds
 	}
