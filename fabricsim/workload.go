@@ -127,13 +127,13 @@ func (r *run) finish(name string, payload float64, finish []float64) (Result, er
 	if res.BoundSeconds > 0 {
 		res.RatioToBound = res.Seconds / res.BoundSeconds
 	}
-	for _, l := range s.links {
+	for i, l := range s.links {
 		if l.bytes <= 0 {
 			continue
 		}
 		use := 0.0
 		if s.now > 0 {
-			use = l.bytes / (l.cap * s.now)
+			use = l.bytes / (r.f.base[i].cap * s.now) // as built: a cut link's is 0 now
 		}
 		res.Busiest = append(res.Busiest, LinkUse{Link: l.name, GB: l.bytes / 1e9, Use: use})
 	}
@@ -143,7 +143,10 @@ func (r *run) finish(name string, payload float64, finish []float64) (Result, er
 		b := res.Busiest[0]
 		res.Binding = fmt.Sprintf("%s %.0f%%", b.Link, 100*b.Use)
 		nic := (strings.HasSuffix(b.Link, " out") || strings.HasSuffix(b.Link, " in")) && !strings.Contains(b.Link, "nvlink")
-		if !nic && !strings.HasPrefix(b.Link, "leaf") {
+		switch {
+		case b.Use < 0.5:
+			res.Note = fmt.Sprintf("no link busy half the run (the busiest, %s, %.0f%%): waits bind it (round trips, a cut rail's timeout)", b.Link, 100*b.Use)
+		case !nic && !strings.HasPrefix(b.Link, "leaf"):
 			res.Note = fmt.Sprintf("bound by %s (%.0f%% busy), which the line-rate bound does not count", b.Link, 100*b.Use)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,8 @@ type simOptions struct {
 	down         []string
 	railGbps     float64
 	rdmaEff      float64
+	cut          string
+	railTimeout  float64
 	jsonOut      bool
 	plotFile     string
 }
@@ -68,7 +71,9 @@ holds and how it compares with measured runs.
   # broadcast of 64 GiB to 1..64 readers, JSON and a plot
   tensorlane sim --workload broadcast --size 64GiB --readers 1,8,64 --json --plot sim.png
   # placement of 1,000 chained 4-GPU bundles on 100,008 GPUs
-  tensorlane sim --preset gb200-nvl72 --hosts 25002 --workload placement`,
+  tensorlane sim --preset gb200-nvl72 --hosts 25002 --workload placement
+  # one 64 GiB Get between two hosts with a rail cut 10 ms in
+  tensorlane sim --workload transfer --size 64GiB --cut h1/ibp25s0@0.01`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSim(cmd.OutOrStdout(), o)
@@ -79,7 +84,7 @@ holds and how it compares with measured runs.
 	f.IntVar(&o.hosts, "hosts", 48, "number of hosts")
 	f.IntVar(&o.hostsPerLeaf, "hosts-per-leaf", 0, "hosts per leaf switch and rail (default 32)")
 	f.Float64Var(&o.oversub, "oversubscription", 0, "leaf downlink over uplink bandwidth (default 1, non-blocking)")
-	f.StringVar(&o.workloads, "workload", "weight-sync", "comma list of: weight-sync, broadcast, many-to-one, placement")
+	f.StringVar(&o.workloads, "workload", "weight-sync", "comma list of: weight-sync, broadcast, many-to-one, transfer, placement")
 	f.StringVar(&o.size, "size", "1TB", "bytes moved: the model for weight-sync, the object otherwise (e.g. 1TB, 64GiB)")
 	f.IntVar(&o.trainers, "trainers", 256, "weight-sync: trainer GPUs (the first hosts)")
 	f.IntVar(&o.inference, "inference", 128, "weight-sync: inference GPUs (the hosts after the trainers)")
@@ -91,6 +96,8 @@ holds and how it compares with measured runs.
 	f.StringSliceVar(&o.down, "down", nil, "NICs that are cut, host/nic (e.g. h3/ibp25s0)")
 	f.Float64Var(&o.railGbps, "rail-gbps", 0, "what if every NIC ran at this line rate, Gb/s (default the preset's)")
 	f.Float64Var(&o.rdmaEff, "rdma-efficiency", 0, "share of line rate rdma payload gets (default 0.97)")
+	f.StringVar(&o.cut, "cut", "", "transfer: a NIC that goes down during the Get, host/nic@seconds (e.g. h1/ibp25s0@0.01)")
+	f.Float64Var(&o.railTimeout, "rail-timeout", 10, "transfer: seconds a cut rail's slices stall before they move (fabric/rdma's QPTimeout)")
 	f.BoolVar(&o.jsonOut, "json", false, "print JSON")
 	f.StringVar(&o.plotFile, "plot", "", "write a PNG plot of every result against its line-rate bound")
 	cmd.AddCommand(newSimCalibrateCmd())
@@ -131,6 +138,19 @@ func parseSimSize(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
+// parseCut reads --cut, host/nic@seconds; empty is no cut.
+func parseCut(s string) (fabricsim.Cut, error) {
+	if s == "" {
+		return fabricsim.Cut{}, nil
+	}
+	nic, at, ok := strings.Cut(s, "@")
+	secs, err := strconv.ParseFloat(at, 64)
+	if !ok || err != nil || secs < 0 || !strings.Contains(nic, "/") {
+		return fabricsim.Cut{}, fmt.Errorf("%w: --cut %q (want host/nic@seconds, e.g. h1/ibp25s0@0.01)", fabricsim.ErrBadSpec, s)
+	}
+	return fabricsim.Cut{NIC: nic, At: secs}, nil
+}
+
 func parseCounts(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -165,7 +185,10 @@ func runSim(w io.Writer, o simOptions) error {
 			}
 		}
 	}
-	spec := fabricsim.Spec{HostsPerLeaf: o.hostsPerLeaf, Oversubscription: o.oversub, Down: o.down, RDMAEfficiency: o.rdmaEff}
+	if o.railTimeout < 0 {
+		return fmt.Errorf("%w: --rail-timeout must not be negative", fabricsim.ErrBadSpec)
+	}
+	spec := fabricsim.Spec{HostsPerLeaf: o.hostsPerLeaf, Oversubscription: o.oversub, Down: o.down, RDMAEfficiency: o.rdmaEff, RailTimeout: o.railTimeout}
 	var recs []simRecord
 	for _, wl := range strings.Split(o.workloads, ",") {
 		wl = strings.TrimSpace(wl)
@@ -177,9 +200,9 @@ func runSim(w io.Writer, o simOptions) error {
 			}
 			recs = append(recs, r)
 			continue
-		case "weight-sync", "broadcast", "many-to-one":
+		case "weight-sync", "broadcast", "many-to-one", "transfer":
 		default:
-			return fmt.Errorf("sim: unknown workload %q (weight-sync, broadcast, many-to-one, placement)", wl)
+			return fmt.Errorf("sim: unknown workload %q (weight-sync, broadcast, many-to-one, transfer, placement)", wl)
 		}
 		f, err := fabricsim.New(c, spec)
 		if err != nil {
@@ -187,6 +210,26 @@ func runSim(w io.Writer, o simOptions) error {
 		}
 		hosts := f.Hosts()
 		switch wl {
+		case "transfer":
+			// One Get from GPU 0 of the first host into GPU 0 of the
+			// second, at slice level; --cut takes a NIC down during it.
+			if len(hosts) < 2 {
+				return fmt.Errorf("%w: a transfer needs two hosts", fabricsim.ErrBadSpec)
+			}
+			cut, err := parseCut(o.cut)
+			if err != nil {
+				return err
+			}
+			src, dst := topology.Endpoint{Host: hosts[0], Device: 0}, topology.Endpoint{Host: hosts[1], Device: 0}
+			res, err := f.TransferCut(src, dst, size, cut)
+			if err != nil {
+				return err
+			}
+			name := fmt.Sprintf("transfer %s %s/0 -> %s/0", o.size, hosts[0], hosts[1])
+			if cut.NIC != "" {
+				name += fmt.Sprintf(" (%s cut at %g s, rail timeout %g s)", cut.NIC, cut.At, o.railTimeout)
+			}
+			recs = append(recs, simRecord{Case: name, Result: res})
 		case "weight-sync":
 			gpus := f.GPUs(hosts)
 			if o.trainers+o.inference > len(gpus) {
@@ -263,7 +306,7 @@ func runSim(w io.Writer, o simOptions) error {
 	for _, n := range notes {
 		fmt.Fprintln(w, "note:", n)
 	}
-	if len(notes) > 0 {
+	if slices.ContainsFunc(recs, func(r simRecord) bool { return r.RatioToBound > 1.3 && strings.HasPrefix(r.Note, "bound by") }) {
 		// rdt's broadcast stripes every edge over the rails (fabric/rdma
 		// slices a 4 MiB chunk into eight of 512 KiB), and so does the
 		// simulation: what holds it back is the source device's bus.

@@ -92,6 +92,28 @@ func TestSimCommandBoundsAndPlots(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A transfer with a rail cut stalls the cut rail's slices for the rail
+// timeout; a bad --cut is refused.
+func TestSimCommandTransferCut(t *testing.T) {
+	var out bytes.Buffer
+	o := simOptions{preset: "dgx-h100", hosts: 2, workloads: "transfer", size: "1GiB", readers: "1", railTimeout: 10, jsonOut: true}
+	require.NoError(t, runSim(&out, o))
+	var whole []simRecord
+	require.NoError(t, json.Unmarshal(out.Bytes(), &whole))
+	out.Reset()
+	o.cut = "h1/ibp25s0@0.001"
+	require.NoError(t, runSim(&out, o))
+	var cut []simRecord
+	require.NoError(t, json.Unmarshal(out.Bytes(), &cut))
+	require.Less(t, whole[0].Seconds, 0.1)
+	require.Greater(t, cut[0].Seconds, 10.0, "the cut rail's slices wait out the timeout")
+	require.Contains(t, cut[0].Binding, "pcie up", "a cut link's use is against its rate as built")
+	for _, bad := range []string{"h1/ibp25s0", "ibp25s0@1", "h1/ibp25s0@x", "h1/nope@0"} {
+		o.cut = bad
+		require.ErrorIs(t, runSim(&bytes.Buffer{}, o), fabricsim.ErrBadSpec, bad)
+	}
+}
+
 // calibrate measures this process's CPU and writes constants the
 // simulator takes.
 func TestSimCalibrate(t *testing.T) {
