@@ -3,6 +3,7 @@ package fabricsim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -53,6 +54,49 @@ type Spec struct {
 	Arenas bool
 	// Down lists NICs ("host/nic") that carry nothing: a cut rail.
 	Down []string
+	// Burst makes every NIC's links token buckets of that many bytes, as
+	// tc's tbf shapes the harness's veths: a link idle for a while sends
+	// up to Burst bytes at once, so short gaps between a connection's
+	// writes cost no link time. 0: plain links.
+	Burst float64
+	// QueueSeconds is how much of a link's rate its FIFO holds when
+	// control messages share it with data (tc's tbf latency on the
+	// harness's veths): a broadcast chunk's notice waits behind the
+	// chunks its edge already wrote, up to that long. 0: control does
+	// not queue behind data (its own queue pair or priority).
+	QueueSeconds float64
+	// RailTimeout is how long a rail with slices outstanding may make no
+	// progress before the transport declares it broken and moves its
+	// slices to the other rails (fabric/rdma's QPTimeout): 0 means 10 s.
+	RailTimeout float64
+	// CPU is what moving bytes costs the hosts' processors when every
+	// host runs on one machine's cores (the multihost harness: four
+	// namespaces, one worker each, on this machine's CPUs). The zero
+	// value leaves processors out: a fleet's hosts have cores enough for
+	// their NICs.
+	CPU CPU
+}
+
+// CPU is the processor side of a run, in CPU-seconds as a calibration
+// measured them (Calibration, `tensorlane sim calibrate`), never fitted
+// to the cases it is checked against. Cores are shared by every host;
+// whatever runs at once shares them max-min fairly, as the kernel's
+// scheduler shares runnable threads.
+type CPU struct {
+	// Cores is how many cores the hosts share; 0 leaves processors out.
+	Cores float64
+	// ByteSeconds is the CPU time per byte a transfer between two hosts
+	// costs both ends together (socket copies, framing, completion).
+	ByteSeconds float64
+	// ChunkSeconds is the CPU time of one broadcast chunk on one edge,
+	// beyond its bytes: the write's claim and completion, its notice,
+	// the relay's bookkeeping. It runs after the chunk lands and before
+	// its notice goes out.
+	ChunkSeconds float64
+	// VerifySeconds is the CPU time per byte a reader spends on the
+	// bytes of a Get after they land (the harness checks every byte
+	// against its pattern; a library user's reader may not).
+	VerifySeconds float64
 }
 
 func (s Spec) withDefaults() Spec {
@@ -72,6 +116,7 @@ func (s Spec) withDefaults() Spec {
 	def(&s.MemcpyGBps, 20)
 	def(&s.Latency, 5e-6)
 	def(&s.ControlRTT, 60e-6)
+	def(&s.RailTimeout, 10)
 	return s
 }
 
@@ -87,6 +132,14 @@ type Fabric struct {
 	planner *fabric.Planner
 	hosts   map[string]*hostLinks
 	order   []string // host IDs in cluster order
+	// cpu is the shared cores' link (-1 without Spec.CPU.Cores), in
+	// carried network bytes per second; cpuUnit is the CPU-seconds one
+	// of its bytes stands for.
+	cpu     int
+	cpuUnit float64
+	// base is the links as built; every run starts from them (a run may
+	// cut one).
+	base []link
 }
 
 type hostLinks struct {
@@ -121,8 +174,11 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	if c == nil || len(c.Hosts) == 0 {
 		return nil, fmt.Errorf("%w: no hosts", ErrBadSpec)
 	}
-	if spec.HostsPerLeaf < 0 || spec.Oversubscription < 0 || spec.RDMAEfficiency > 1 || spec.TCPEfficiency > 1 {
+	if spec.HostsPerLeaf < 0 || spec.Oversubscription < 0 || spec.RDMAEfficiency > 1 || spec.TCPEfficiency > 1 || spec.Burst < 0 {
 		return nil, fmt.Errorf("%w: negative size or efficiency above 1", ErrBadSpec)
+	}
+	if cpu := spec.CPU; cpu.Cores < 0 || cpu.ByteSeconds < 0 || cpu.ChunkSeconds < 0 || cpu.VerifySeconds < 0 || (cpu.Cores > 0 && cpu.ByteSeconds == 0) {
+		return nil, fmt.Errorf("%w: CPU costs must not be negative, and shared cores need a per-byte cost", ErrBadSpec)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSpec, err)
@@ -132,7 +188,15 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Fabric{c: c, spec: spec, sim: newSim(), planner: pl, hosts: map[string]*hostLinks{}}
+	f := &Fabric{c: c, spec: spec, sim: newSim(), planner: pl, hosts: map[string]*hostLinks{}, cpu: -1}
+	if spec.CPU.Cores > 0 {
+		// A network flow carries its payload over the path's efficiency;
+		// the link counts carried bytes, so one of them costs the
+		// payload's CPU time times the efficiency (rdma's: the harness
+		// gives tcp the same).
+		f.cpuUnit = spec.CPU.ByteSeconds * spec.RDMAEfficiency
+		f.cpu = f.sim.addLink("cpu", spec.CPU.Cores/f.cpuUnit)
+	}
 	down := map[string]bool{}
 	for _, d := range spec.Down {
 		down[d] = true
@@ -194,6 +258,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 			nl := nicLinks{nic: n, rail: k, line: line, down: down[h.ID+"/"+n.Name]}
 			nl.out = f.sim.addLink(h.ID+"/"+n.Name+" out", line)
 			nl.in = f.sim.addLink(h.ID+"/"+n.Name+" in", line)
+			f.sim.links[nl.out].shaped, f.sim.links[nl.in].shaped = spec.Burst > 0, spec.Burst > 0
 			key := leafKey{i / spec.HostsPerLeaf, k}
 			nl.leafUp, nl.leafDown = leafUp[key], leafDown[key]
 			hl.nics = append(hl.nics, nl)
@@ -204,6 +269,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 		f.hosts[h.ID] = hl
 		f.order = append(f.order, h.ID)
 	}
+	f.base = slices.Clone(f.sim.links)
 	return f, nil
 }
 
@@ -307,6 +373,12 @@ func (f *Fabric) Route(src, dst Endpoint) (Route, error) {
 	default: // tcp
 		r.Efficiency = f.spec.TCPEfficiency
 		r.flows = f.railFlows(hs, ds, src.Device, hd, ds2, dst.Device, false)
+	}
+	if f.cpu >= 0 && hs != hd {
+		// Both ends' processors handle every byte between hosts.
+		for i := range r.flows {
+			r.flows[i] = append(r.flows[i], f.cpu)
+		}
 	}
 	if len(r.flows) == 0 {
 		return r, fmt.Errorf("%w: %v -> %v over %s: every NIC is down", ErrNoRoute, src, dst, best)
@@ -432,6 +504,43 @@ func (f *Fabric) startRoute(r Route, n float64, done func(*transfer)) {
 	f.sim.after(r.Setup+f.spec.Latency, func() {
 		f.sim.start(n/r.Efficiency, r.flows, done)
 	})
+}
+
+// edgeRate is the payload rate of a transfer from src to dst alone on
+// the fabric: per flow, its narrowest network link (the shared cores
+// left out), summed over the flows.
+func (f *Fabric) edgeRate(src, dst Endpoint) float64 {
+	rt, err := f.Route(src, dst)
+	if err != nil {
+		return math.Inf(1)
+	}
+	sum := 0.0
+	for _, p := range rt.flows {
+		c := math.Inf(1)
+		for _, l := range p {
+			if l != f.cpu {
+				c = min(c, f.sim.links[l].cap)
+			}
+		}
+		sum += c
+	}
+	if sum == 0 {
+		return math.Inf(1)
+	}
+	return sum * rt.Efficiency
+}
+
+// cpuWork runs sec CPU-seconds of work on the shared cores (a timer of
+// sec when processors are left out), then done.
+func (f *Fabric) cpuWork(sec float64, done func()) {
+	switch {
+	case sec <= 0:
+		f.sim.after(0, done)
+	case f.cpu < 0:
+		f.sim.after(sec, done)
+	default:
+		f.sim.start(sec/f.cpuUnit, [][]int{{f.cpu}}, func(*transfer) { done() })
+	}
 }
 
 // lineRate is the network line rate of a host in bytes/s (all its NICs

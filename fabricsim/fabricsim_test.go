@@ -39,9 +39,21 @@ func TestMaxMinFair(t *testing.T) {
 
 func harness(t *testing.T, rails int, down ...string) *Fabric {
 	t.Helper()
+	return harnessWith(t, rails, func(s *Spec) { s.Down = down })
+}
+
+// links is the harness with its links alone: no shared cores, no token
+// buckets, no queue ahead of a notice, so times follow from the rates.
+func links(t *testing.T, rails int, down ...string) *Fabric {
+	t.Helper()
+	return harnessWith(t, rails, func(s *Spec) { s.Down, s.CPU, s.Burst, s.QueueSeconds = down, CPU{}, 0, 0 })
+}
+
+func harnessWith(t *testing.T, rails int, mutate func(*Spec)) *Fabric {
+	t.Helper()
 	c, spec, err := HarnessCluster(4, rails, 1)
 	require.NoError(t, err)
-	spec.Down = down
+	mutate(&spec)
 	f, err := New(c, spec)
 	require.NoError(t, err)
 	return f
@@ -60,7 +72,7 @@ func spread(n int) []Endpoint {
 // hosts pays about a chunk per network hop more, far from eight Gets
 // through the owner's link.
 func TestBroadcastFollowsRdtTree(t *testing.T) {
-	f := harness(t, 1)
+	f := links(t, 1)
 	owner := Endpoint{Host: "h0", Device: 0}
 	const size = 64 << 20
 	link := float64(size) / (1e9 / 8 * HarnessWireEfficiency)
@@ -190,4 +202,119 @@ func TestBadInput(t *testing.T) {
 	res, err := f.Transfer(gpus[0], gpus[9], 0)
 	require.NoError(t, err)
 	require.False(t, math.IsNaN(res.Seconds))
+}
+
+// The harness's shaped links are token buckets: the idle gap between a
+// window-1 edge's chunks (a notice round trip, the chunk's CPU work)
+// costs no link time as long as the bucket covers it, as tbf's burst
+// does; plain links pay every gap.
+func TestBurstHidesShortGaps(t *testing.T) {
+	owner := Endpoint{Host: "h0", Device: 0}
+	const size = 64 << 20
+	cfg := rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: 1}
+	link := float64(size) / (1e9 / 8 * HarnessWireEfficiency)
+	// A 0.1 ms round trip: each chunk waits for its resolve and for the
+	// last one's notice, 0.2 ms of gaps against 0.55 ms of link time.
+	slow := func(s *Spec) { s.Burst = 0; s.QueueSeconds = 0; s.ControlRTT = 1e-4; s.CPU = CPU{} }
+	plain, err := harnessWith(t, 1, slow).Broadcast(owner, spread(1), size, cfg)
+	require.NoError(t, err)
+	require.Greater(t, plain.Seconds, link+1024*2e-4, "1,024 chunks, each a resolve and a notice round trip behind the last")
+	bucket, err := harnessWith(t, 1, func(s *Spec) { slow(s); s.Burst = HarnessBurst }).Broadcast(owner, spread(1), size, cfg)
+	require.NoError(t, err)
+	require.InDelta(t, link, bucket.Seconds, 0.02*link, "the bucket refills during each gap and spends it on the next chunk")
+}
+
+// Where control shares the data's FIFO, a relay hears of a chunk only
+// after the chunks its parent wrote behind it (up to QueueSeconds): each
+// network hop of the chain costs that much more than a chunk.
+func TestNoticeQueuesBehindData(t *testing.T) {
+	owner := Endpoint{Host: "h0", Device: 0}
+	const size = 64 << 20
+	noQueue, err := harnessWith(t, 1, func(s *Spec) { s.QueueSeconds = 0; s.CPU = CPU{} }).Broadcast(owner, spread(3), size, rdt.BroadcastConfig{})
+	require.NoError(t, err)
+	queued, err := harnessWith(t, 1, func(s *Spec) { s.CPU = CPU{} }).Broadcast(owner, spread(3), size, rdt.BroadcastConfig{})
+	require.NoError(t, err)
+	// Window 4: three chunks of 4 MiB (105 ms) ahead, capped at 100 ms,
+	// on each of the two relaying hops.
+	require.InDelta(t, noQueue.Seconds+2*HarnessQueueSeconds, queued.Seconds, 0.2*HarnessQueueSeconds)
+	one, err := harnessWith(t, 1, func(s *Spec) { s.CPU = CPU{} }).Broadcast(owner, spread(1), size, rdt.BroadcastConfig{})
+	require.NoError(t, err)
+	require.Less(t, one.Seconds, queued.Seconds-HarnessQueueSeconds, "one reader relays nothing: its last notice has nothing ahead")
+}
+
+// The shared cores: with one slow core a transfer runs at the cores'
+// rate instead of the link's, and a Get's check of its bytes follows its
+// last byte.
+func TestSharedCores(t *testing.T) {
+	src, dst := Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 0}
+	const size = 64 << 20
+	cpu := CPU{Cores: 1, ByteSeconds: 1e-7, VerifySeconds: 1e-9} // 10 MB/s: well under the link
+	res, err := harnessWith(t, 1, func(s *Spec) { s.CPU = cpu; s.Burst = 0 }).Transfer(src, dst, size)
+	require.NoError(t, err)
+	want := size*cpu.ByteSeconds + size*cpu.VerifySeconds
+	require.InDelta(t, want, res.Seconds, 0.01*want)
+	require.Equal(t, "cpu", res.Busiest[0].Link)
+	// Two Gets at once share the core.
+	two, err := harnessWith(t, 1, func(s *Spec) { s.CPU = cpu; s.Burst = 0 }).ManyToOne(src, []Endpoint{dst, {Host: "h2", Device: 0}}, size)
+	require.NoError(t, err)
+	require.InDelta(t, 2*want, two.Seconds, 0.01*2*want)
+	// Negative costs, or cores without a per-byte cost, are refused.
+	c, spec, err := HarnessCluster(2, 1, 1)
+	require.NoError(t, err)
+	spec.CPU = CPU{Cores: 2}
+	_, err = New(c, spec)
+	require.ErrorIs(t, err, ErrBadSpec)
+	spec.CPU = CPU{Cores: 2, ByteSeconds: 1e-9, ChunkSeconds: -1}
+	_, err = New(c, spec)
+	require.ErrorIs(t, err, ErrBadSpec)
+}
+
+// The committed calibration parses, says where and when it was taken,
+// and drives the harness's cores.
+func TestCommittedCalibration(t *testing.T) {
+	cal := HarnessCalibration()
+	require.NoError(t, cal.Validate())
+	require.NotEmpty(t, cal.Machine)
+	require.NotEmpty(t, cal.Load)
+	require.NotEmpty(t, cal.Taken)
+	require.NotEmpty(t, cal.Samples)
+	_, spec, err := HarnessCluster(4, 1, 1)
+	require.NoError(t, err)
+	require.Equal(t, cal.CPU(), spec.CPU)
+	_, err = ParseCalibration([]byte(`{"cores":2}`))
+	require.ErrorIs(t, err, ErrBadSpec)
+}
+
+// A rail cut mid-transfer: the cut rail's outstanding slices stall until
+// the transport's rail timeout, then move whole to the other rail; the
+// uncut Get at slice level is the striped Get.
+func TestTransferCut(t *testing.T) {
+	src, dst := Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 0}
+	const size = 64 << 20
+	f := harnessWith(t, 2, func(s *Spec) { s.CPU, s.Burst, s.RailTimeout = CPU{}, 0, 1 })
+	rate := 1e9 / 8 * HarnessWireEfficiency // one rail's payload rate
+	whole, err := f.TransferCut(src, dst, size, Cut{})
+	require.NoError(t, err)
+	striped, err := f.Transfer(src, dst, size)
+	require.NoError(t, err)
+	require.InDelta(t, striped.Seconds, whole.Seconds, 0.01*striped.Seconds)
+	// Slices of 8 MiB, four per rail, side by side. At 0.1 s none of
+	// rail 1's has landed; they stall until 1.1 s, then rail 0, idle
+	// since it finished its four at 0.28 s, carries them.
+	cut, err := f.TransferCut(src, dst, size, Cut{NIC: "h1/veth1", At: 0.1})
+	require.NoError(t, err)
+	want := 0.1 + 1 + 4*float64(8<<20)/rate
+	require.InDelta(t, want, cut.Seconds, 0.01*want)
+	// A cut after the end changes nothing; a cut at the start leaves rail
+	// 1's four slices for after the timeout.
+	late, err := f.TransferCut(src, dst, size, Cut{NIC: "h1/veth1", At: 5})
+	require.NoError(t, err)
+	require.InDelta(t, whole.Seconds, late.Seconds, 1e-9)
+	early, err := f.TransferCut(src, dst, size, Cut{NIC: "h0/veth1", At: 0})
+	require.NoError(t, err)
+	require.InDelta(t, 1+4*float64(8<<20)/rate, early.Seconds, 0.01*early.Seconds)
+	_, err = f.TransferCut(src, dst, size, Cut{NIC: "h1/nope", At: 0})
+	require.ErrorIs(t, err, ErrBadSpec)
+	_, err = links(t, 1).TransferCut(src, Endpoint{Host: "h0", Device: 1}, size, Cut{})
+	require.ErrorIs(t, err, ErrBadSpec, "p2p on one host: no rails to cut")
 }

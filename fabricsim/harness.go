@@ -13,10 +13,19 @@ import (
 // comes from the header sizes, not from fitting the measurements.
 const HarnessWireEfficiency = 1448.0 / 1514.0
 
+// HarnessBurst is the token bucket of a shaped harness link: tbf's burst
+// as internal/netns sets it (512kb: tc's kb is 1,024 bytes).
+const HarnessBurst = 512 << 10
+
+// HarnessQueueSeconds is tbf's latency as internal/netns sets it: the
+// most a shaped harness link queues, in seconds of its rate.
+const HarnessQueueSeconds = 0.1
+
 // HarnessCluster is the multihost harness's machine: hosts dgx-h100 hosts
 // (each a network namespace with one `tensorlane worker`), whose NICs are
 // replaced by rails veths shaped to gbit Gbit/s each way, all on one
-// bridge (one leaf).
+// bridge (one leaf), sharing the cores of the machine that took the
+// committed calibration (HarnessCalibration).
 func HarnessCluster(hosts, rails int, gbit float64) (*topology.Cluster, Spec, error) {
 	if hosts < 1 || rails < 1 || gbit <= 0 {
 		return nil, Spec{}, fmt.Errorf("%w: harness of %d hosts, %d rails at %g Gbit/s", ErrBadSpec, hosts, rails, gbit)
@@ -37,6 +46,14 @@ func HarnessCluster(hosts, rails int, gbit float64) (*topology.Cluster, Spec, er
 		TCPEfficiency:  HarnessWireEfficiency,
 		Arenas:         true,
 		ProcessPerHost: true,
+		// internal/netns shapes with tbf and a 512 KiB burst.
+		Burst: HarnessBurst,
+		// and 100ms of latency: its FIFO holds 100 ms of the rate, and
+		// the runtimes' control streams queue in it behind the data.
+		QueueSeconds: HarnessQueueSeconds,
+		// The harness's hosts are namespaces of one machine: they share
+		// its cores, at the costs the machine measured of itself.
+		CPU: HarnessCalibration().CPU(),
 	}
 	return c, spec, nil
 }

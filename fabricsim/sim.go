@@ -3,6 +3,7 @@ package fabricsim
 import (
 	"container/heap"
 	"math"
+	"slices"
 )
 
 // engine is the event loop: links with a capacity, transfers that each run as
@@ -25,6 +26,8 @@ type engine struct {
 	// maxEvents bounds a run, so that a plan that never ends (a bug)
 	// fails with ErrRunaway instead of spinning.
 	maxEvents int
+	// burst is a shaped link's token bucket in bytes (0: none).
+	burst float64
 }
 
 type link struct {
@@ -32,6 +35,12 @@ type link struct {
 	cap   float64 // bytes/s
 	bytes float64 // carried so far
 	busy  float64 // seconds with some flow on it
+	// shaped links are token buckets (tc's tbf): idle, they gather
+	// tokens at their rate, up to the engine's burst, and a transfer
+	// that starts on them spends those at once. lastActive is when the
+	// link last carried a flow.
+	shaped     bool
+	lastActive float64
 	// scratch for the water-filling
 	left  float64
 	count int
@@ -89,6 +98,9 @@ func (s *engine) start(n float64, paths [][]int, done func(*transfer)) *transfer
 		s.after(0, func() { done(t) })
 		return t
 	}
+	if s.burst > 0 {
+		t.remaining -= min(s.credit(paths), n*(1-1e-9))
+	}
 	for _, p := range paths {
 		f := &flow{path: p, t: t}
 		t.flows = append(t.flows, f)
@@ -104,6 +116,56 @@ func (s *engine) start(n float64, paths [][]int, done func(*transfer)) *transfer
 	s.active = append(s.active, t)
 	s.dirty = true
 	return t
+}
+
+// cancel stops t where it is: its flows leave their links and done never
+// runs. A transfer that already ended is left alone.
+func (s *engine) cancel(t *transfer) {
+	i := slices.Index(s.active, t)
+	if i < 0 {
+		return
+	}
+	s.active = slices.Delete(s.active, i, i+1)
+	s.drop(t)
+	s.dirty = true
+}
+
+// setCap changes link l's capacity now (0: it carries nothing, a cut).
+func (s *engine) setCap(l int, bytesPerSec float64) {
+	s.links[l].cap = bytesPerSec
+	s.touched = append(s.touched, l)
+	s.dirty = true
+}
+
+// credit is what the paths' shaped links let through at once: per path,
+// the tokens its idle shaped links gathered (the fewest of them), and
+// nothing where one is busy. The links' buckets are spent.
+func (s *engine) credit(paths [][]int) float64 {
+	sum := 0.0
+	for _, p := range paths {
+		c, shaped := s.burst, false
+		for _, l := range p {
+			lk := &s.links[l]
+			if !lk.shaped {
+				continue
+			}
+			shaped = true
+			if len(s.on[l]) > 0 {
+				c = 0
+			} else {
+				c = min(c, (s.now-lk.lastActive)*lk.cap)
+			}
+		}
+		if shaped {
+			sum += c
+			for _, l := range p {
+				if s.links[l].shaped {
+					s.links[l].lastActive = s.now
+				}
+			}
+		}
+	}
+	return sum
 }
 
 // run advances until nothing is left to do.
@@ -175,6 +237,7 @@ func (s *engine) advance(at float64) {
 		for i := range s.links {
 			if s.links[i].count > 0 {
 				s.links[i].busy += dt
+				s.links[i].lastActive = at
 			}
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
+	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -32,6 +34,16 @@ type Result struct {
 	// Finish is when each reader (or inference GPU) had all its bytes,
 	// in seconds, in the order of the workload's readers.
 	Finish []float64 `json:"finish,omitempty"`
+	// Binding is the busiest link of the run, Busiest's first; Note says
+	// when it is not a NIC or leaf link, so that the line-rate bound
+	// (which counts only those) is not what holds the plan back: a
+	// broadcast from one GPU, whose every edge stripes over the host's
+	// rails, is bound by that GPU's PCIe link.
+	Binding string `json:"binding,omitempty"`
+	Note    string `json:"note,omitempty"`
+	// CPUSeconds is the CPU time the run's shared cores did (Spec.CPU;
+	// 0 without), to check against what the processes measured.
+	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 }
 
 // LinkUse is one link's share of the run.
@@ -57,10 +69,11 @@ type run struct {
 func (f *Fabric) newRun() *run {
 	// A fresh event loop over the same links.
 	s := newSim()
-	s.links = make([]link, len(f.sim.links))
-	s.on = make([][]*flow, len(f.sim.links))
-	for i, l := range f.sim.links {
-		s.links[i] = link{name: l.name, cap: l.cap}
+	s.burst = f.spec.Burst
+	s.links = make([]link, len(f.base))
+	s.on = make([][]*flow, len(f.base))
+	for i, l := range f.base {
+		s.links[i] = link{name: l.name, cap: l.cap, shaped: l.shaped}
 	}
 	f.sim = s
 	return &run{f: f, transfers: map[string]int{}, egress: map[string]float64{}, ingress: map[string]float64{},
@@ -108,21 +121,35 @@ func (r *run) finish(name string, payload float64, finish []float64) (Result, er
 	s := r.f.sim
 	res := Result{Workload: name, Seconds: s.now, Bytes: payload, Transfers: r.transfers, Flows: r.flows, Finish: finish}
 	res.BoundSeconds, res.BoundCut = r.bound()
+	if r.f.cpu >= 0 {
+		res.CPUSeconds = s.links[r.f.cpu].bytes * r.f.cpuUnit
+	}
 	if res.BoundSeconds > 0 {
 		res.RatioToBound = res.Seconds / res.BoundSeconds
 	}
-	for _, l := range s.links {
+	for i, l := range s.links {
 		if l.bytes <= 0 {
 			continue
 		}
 		use := 0.0
 		if s.now > 0 {
-			use = l.bytes / (l.cap * s.now)
+			use = l.bytes / (r.f.base[i].cap * s.now) // as built: a cut link's is 0 now
 		}
 		res.Busiest = append(res.Busiest, LinkUse{Link: l.name, GB: l.bytes / 1e9, Use: use})
 	}
 	slices.SortStableFunc(res.Busiest, func(a, b LinkUse) int { return cmp.Compare(b.Use, a.Use) })
 	res.Busiest = res.Busiest[:min(len(res.Busiest), 8)]
+	if len(res.Busiest) > 0 {
+		b := res.Busiest[0]
+		res.Binding = fmt.Sprintf("%s %.0f%%", b.Link, 100*b.Use)
+		nic := (strings.HasSuffix(b.Link, " out") || strings.HasSuffix(b.Link, " in")) && !strings.Contains(b.Link, "nvlink")
+		switch {
+		case b.Use < 0.5:
+			res.Note = fmt.Sprintf("no link busy half the run (the busiest, %s, %.0f%%): waits bind it (round trips, a cut rail's timeout)", b.Link, 100*b.Use)
+		case !nic && !strings.HasPrefix(b.Link, "leaf"):
+			res.Note = fmt.Sprintf("bound by %s (%.0f%% busy), which the line-rate bound does not count", b.Link, 100*b.Use)
+		}
+	}
 	return res, nil
 }
 
@@ -169,7 +196,9 @@ func (f *Fabric) Transfer(src, dst Endpoint, n int64) (Result, error) {
 	}
 	r := f.newRun()
 	var end float64
-	r.move(src, dst, float64(n), nil, func() { end = f.sim.now })
+	r.move(src, dst, float64(n), nil, func() {
+		f.cpuWork(f.spec.CPU.VerifySeconds*float64(n), func() { end = f.sim.now })
+	})
 	res, err := r.finish("transfer", float64(n), nil)
 	res.Finish = []float64{end}
 	return res, err
@@ -184,7 +213,9 @@ func (f *Fabric) ManyToOne(owner Endpoint, readers []Endpoint, n int64) (Result,
 	r := f.newRun()
 	finish := make([]float64, len(readers))
 	for i, d := range readers {
-		r.move(owner, d, float64(n), nil, func() { finish[i] = f.sim.now })
+		r.move(owner, d, float64(n), nil, func() {
+			f.cpuWork(f.spec.CPU.VerifySeconds*float64(n), func() { finish[i] = f.sim.now })
+		})
 	}
 	return r.finish("many-to-one", float64(n)*float64(len(readers)), finish)
 }
@@ -219,6 +250,7 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		// stream): they move one after the other, not side by side.
 		wireBusy bool
 		queued   []int
+		rdma     bool // the edge is an rdma write
 	}
 	nodes := make([]*node, len(readers))
 	var rootKids []int
@@ -231,6 +263,15 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 	for i, p := range plan.Nodes {
 		if p.Parent >= 0 {
 			nodes[p.Parent].children = append(nodes[p.Parent].children, i)
+		}
+	}
+	for i, nd := range nodes {
+		from := owner
+		if p := plan.Nodes[i].Parent; p >= 0 {
+			from = nodes[p].ep
+		}
+		if rt, err := f.Route(from, nd.ep); err == nil && rt.Transport == fabric.RDMA {
+			nd.rdma = true
 		}
 	}
 	finish := make([]float64, len(readers))
@@ -260,30 +301,56 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		setup := 0.0 // the edge's connection is up: a chunk costs its latency
 		r.move(parentEp(i), nd.ep, size(k), &setup, func() {
 			nd.wireBusy = false
+			// Where control shares the data's queue (a shaped link's
+			// FIFO), the notice goes out behind the chunks already
+			// written on this edge, as much of them as the queue holds.
+			ahead := 0.0
+			if f.spec.QueueSeconds > 0 && parentEp(i).Host != nd.ep.Host {
+				for _, q := range nd.queued {
+					ahead += size(q)
+				}
+				ahead = min(ahead/f.edgeRate(parentEp(i), nd.ep), f.spec.QueueSeconds)
+			}
 			wire(i)
-			// The notice reaches the reader half a round trip later;
-			// the window slot frees when its answer is back.
-			f.sim.after(rtt/2, func() {
-				nd.has[k] = true
-				if nd.count++; nd.count == chunks {
-					finish[i] = f.sim.now
-				}
-				for _, c := range nd.children {
-					push(c)
-				}
-			})
-			f.sim.after(rtt, func() {
-				nd.inflight--
-				push(i)
+			// The chunk's own CPU work (completion, notice, the relay's
+			// bookkeeping), then the notice reaches the reader half a
+			// round trip later; the window slot frees when its answer
+			// is back.
+			f.cpuWork(f.spec.CPU.ChunkSeconds, func() {
+				rtt := rtt + 2*ahead
+				f.sim.after(rtt/2, func() {
+					nd.has[k] = true
+					if nd.count++; nd.count == chunks {
+						finish[i] = f.sim.now
+					}
+					for _, c := range nd.children {
+						push(c)
+					}
+				})
+				f.sim.after(rtt, func() {
+					nd.inflight--
+					push(i)
+				})
 			})
 		})
 	}
 	push = func(i int) {
 		nd := nodes[i]
 		for nd.inflight < window && nd.next < chunks && parentHas(i, nd.next) {
-			nd.queued = append(nd.queued, nd.next)
+			k := nd.next
 			nd.next++
 			nd.inflight++
+			if nd.rdma {
+				// The write's resolve round trip first (fabric/rdma
+				// resolves every transfer, a push as much as a read),
+				// beside the chunks already in the window.
+				f.sim.after(rtt, func() {
+					nd.queued = append(nd.queued, k)
+					wire(i)
+				})
+				continue
+			}
+			nd.queued = append(nd.queued, k)
 		}
 		wire(i)
 	}
