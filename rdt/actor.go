@@ -288,9 +288,14 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 			select {
 			case <-death:
 				if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
-					// Never reached: a wrong cluster key, a firewall, a
-					// frozen process that accepts connections. Nothing
-					// says it died.
+					// Never reached: a wrong cluster key or a firewall
+					// (a live process that will not talk to us), or a
+					// frozen one whose kernel accepts connections for
+					// it. The probe tells them apart (probe.go).
+					if probeOwner(ctx, ref.Addrs, probeWait) == probeSilent {
+						cancel(r.deadErr(ref, errors.New("never answered this runtime, and its control listener accepts connections but no process serves them (frozen or hung)")))
+						return
+					}
 					cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
 					return
 				}

@@ -1,0 +1,108 @@
+package rdt
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// A owner that never answered this runtime and then missed its heartbeats
+// is one of two things: a live process that will not talk to us (a wrong
+// cluster key, a firewall, an allowlist), or a process that is not running
+// (frozen by SIGSTOP, hung in a debugger, swapped out for good) while its
+// kernel still accepts connections on its behalf. The first is
+// ErrPeerUnreachable; the second is, for every reader, a dead owner
+// (ErrOwnerDied), as it would be had the reader met it before it froze.
+//
+// A live libp2p listener speaks first: on accepting a connection it writes
+// the multistream header (and, on a private network, its nonce before
+// that) without waiting for the dialer. So a TCP connection the owner's
+// kernel accepts but on which not one byte arrives within probeWait says
+// that no process serves the listener.
+
+// probeWait is how long the probe waits for the owner's first byte: far
+// above what a live process on a loaded machine takes to write it, far
+// below the heartbeat bound the reader already waited.
+const probeWait = time.Second
+
+// probeOutcome is what the probe of an owner's control addresses saw.
+type probeOutcome int
+
+const (
+	probeNoConnect probeOutcome = iota // no address accepted a connection
+	probeSilent                        // a connection was accepted, nothing came
+	probeSpoke                         // a process answered (bytes, or a close/reset)
+)
+
+func (o probeOutcome) String() string {
+	switch o {
+	case probeSpoke:
+		return "spoke"
+	case probeSilent:
+		return "silent"
+	}
+	return "no connection"
+}
+
+// probeOwner dials every TCP address among addrs (multiaddrs) at once and
+// reports what it saw: probeSpoke when any process answered, else
+// probeSilent when any connection was accepted and stayed silent for wait,
+// else probeNoConnect. Non-TCP addresses are skipped.
+func probeOwner(ctx context.Context, addrs []string, wait time.Duration) probeOutcome {
+	ctx, cancel := context.WithTimeout(ctx, 2*wait)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		out = probeNoConnect
+		wg  sync.WaitGroup
+	)
+	for _, s := range addrs {
+		m, err := ma.NewMultiaddr(s)
+		if err != nil {
+			continue
+		}
+		if _, err := m.ValueForProtocol(ma.P_TCP); err != nil {
+			continue
+		}
+		if t, _ := peer.SplitAddr(m); t != nil { // a trailing /p2p/<id> is no part of the socket address
+			m = t
+		}
+		na, err := manet.ToNetAddr(m)
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := probeOne(ctx, na.Network(), na.String(), wait)
+			mu.Lock()
+			out = max(out, o) // one process that spoke outweighs silent addresses
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func probeOne(ctx context.Context, network, addr string, wait time.Duration) probeOutcome {
+	d := net.Dialer{Timeout: wait}
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return probeNoConnect
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	var b [1]byte
+	_, err = c.Read(b[:])
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		return probeSilent
+	}
+	return probeSpoke // a byte, EOF or a reset: a process handled the connection
+}
