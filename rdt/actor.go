@@ -287,19 +287,7 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		go func() {
 			select {
 			case <-death:
-				if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
-					// Never reached: a wrong cluster key or a firewall
-					// (a live process that will not talk to us), or a
-					// frozen one whose kernel accepts connections for
-					// it. The probe tells them apart (probe.go).
-					if probeOwner(ctx, ref.Addrs, probeWait) == probeSilent {
-						cancel(r.deadErr(ref, errors.New("never answered this runtime, and its control listener accepts connections but no process serves them (frozen or hung)")))
-						return
-					}
-					cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
-					return
-				}
-				cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
+				cancel(r.deathVerdict(ctx, ref, "a Get waited on it"))
 			case <-done:
 			case <-ctx.Done():
 			}

@@ -3,6 +3,7 @@ package rdt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -26,6 +27,21 @@ import (
 // that) without waiting for the dialer. So a TCP connection the owner's
 // kernel accepts but on which not one byte arrives within probeWait says
 // that no process serves the listener.
+
+// deathVerdict is the error of a Get or lease request that waited on the
+// owner of ref (what says which) when the heartbeats declared it dead: the
+// owner died (or restarted: a stale ref), or, when it never answered this
+// runtime, died if the probe finds it frozen and is unreachable if not
+// (a live process that will not talk to us, or nothing listening).
+func (r *Runtime) deathVerdict(ctx context.Context, ref Ref, what string) error {
+	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+		if o := probeOwner(ctx, ref.Addrs, probeWait); o == probeSilent {
+			return r.deadErr(ref, fmt.Errorf("never answered this runtime while %s; its control listener accepts connections that no process serves (frozen or hung)", what))
+		}
+		return fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref)
+	}
+	return r.deadErr(ref, fmt.Errorf("declared dead while %s", what))
+}
 
 // probeWait is how long the probe waits for the owner's first byte: far
 // above what a live process on a loaded machine takes to write it, far

@@ -107,21 +107,30 @@ func TestNeverReachedOwner(t *testing.T) {
 		{"nobody listens", closedPort, ErrPeerUnreachable},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ctx := context.Background()
-			p := newPair(t, fastLife)
-			owner, _ := p.a.Spawn("owner")
-			reader, _ := p.b.Spawn("reader")
-			ref, err := owner.Put(ctx, fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16))
-			require.NoError(t, err)
-			ref.Addrs = []string{tt.addr(t) + "/p2p/" + p.a.ID().String()}
-			ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hang fails the test, nothing is timed
-			defer cancel()
-			got, err := reader.Get(ctx, ref, tensor.GPUDevice(1))
-			if err == nil {
-				got.Release()
-			}
-			require.ErrorIs(t, err, tt.want)
-		})
+		for _, how := range []string{"get", "batch"} {
+			t.Run(tt.name+"/"+how, func(t *testing.T) {
+				ctx := context.Background()
+				p := newPair(t, fastLife)
+				owner, _ := p.a.Spawn("owner")
+				reader, _ := p.b.Spawn("reader")
+				ref, err := owner.Put(ctx, fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16))
+				require.NoError(t, err)
+				ref.Addrs = []string{tt.addr(t) + "/p2p/" + p.a.ID().String()}
+				ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hang fails the test, nothing is timed
+				defer cancel()
+				if how == "batch" {
+					items, err := reader.GetBatch(ctx, []Ref{ref}, tensor.GPUDevice(1), BatchConfig{})
+					require.NoError(t, err)
+					ReleaseBatch(items)
+					require.ErrorIs(t, items[0].Err, tt.want)
+					return
+				}
+				got, err := reader.Get(ctx, ref, tensor.GPUDevice(1))
+				if err == nil {
+					got.Release()
+				}
+				require.ErrorIs(t, err, tt.want)
+			})
+		}
 	}
 }
