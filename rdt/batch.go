@@ -116,6 +116,24 @@ func ReleaseBatch(items []BatchItem) {
 	}
 }
 
+// HoldBatch is Hold for many refs at once: one lease request per owner
+// (per maxClaims refs) for the refs this runtime does not hold yet, where
+// Hold asks once per ref. errs[i] is ref i's outcome; a held ref is
+// Released as after Hold. A batch of Views (the C ABI's ViewBatch) holds
+// its refs with it first, so each View's own lease costs no round trip.
+func (a *Actor) HoldBatch(ctx context.Context, refs []Ref) []error {
+	if a.rt.isClosed() {
+		errs := make([]error, len(refs))
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	return a.rt.holdBatch(ctx, a.name, refs)
+}
+
 // holdBatch makes actor a holder of every ref, with one lease request per
 // owner (per maxClaims refs) for those this runtime does not hold yet. It
 // returns each ref's error.
