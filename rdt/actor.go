@@ -305,6 +305,9 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 	}
 	if err := r.hold(ctx, "", ref); err != nil {
 		err = r.why(ctx, ref, err)
+		if context.Cause(ctx) == nil && r.frozenOwner(ctx, ref, err) {
+			err = r.frozenErr(ref, err)
+		}
 		close(done)
 		cancel(nil)
 		unuse()

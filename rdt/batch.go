@@ -216,11 +216,14 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 		}
 		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
 		cause := context.Cause(ctx)
+		frozen := cause == nil && r.frozenOwner(ctx, first, err)
 		for k, i := range part {
 			ref := refs[i]
 			switch {
 			case err != nil && cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrPeerUnreachable) || errors.Is(cause, ErrStaleRef)):
 				errs[i] = fmt.Errorf("%w (lease request: %v)", cause, err)
+			case frozen:
+				errs[i] = r.frozenErr(ref, err)
 			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation):
 				errs[i] = r.ownerDiedErr(ref, err)
 			case err != nil:

@@ -43,6 +43,27 @@ func (r *Runtime) deathVerdict(ctx context.Context, ref Ref, what string) error 
 	return r.deadErr(ref, fmt.Errorf("declared dead while %s", what))
 }
 
+// frozenOwner reports whether err, the failure of this runtime's first
+// contact with ref's owner (a lease request whose dial gave up:
+// ErrPeerUnreachable), came from a frozen owner: one that never answered
+// here, whose listener the probe finds silent. The dial's own deadline
+// (libp2p's, 5 s on private networks) can come before the heartbeats'
+// verdict, so both paths ask.
+func (r *Runtime) frozenOwner(ctx context.Context, ref Ref, err error) bool {
+	if err == nil || !errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrOwnerDied) {
+		return false
+	}
+	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); restarted || r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+		return false
+	}
+	return probeOwner(ctx, ref.Addrs, probeWait) == probeSilent
+}
+
+// frozenErr is the error of a read from a frozen owner (frozenOwner).
+func (r *Runtime) frozenErr(ref Ref, err error) error {
+	return r.deadErr(ref, fmt.Errorf("never answered this runtime (%v); its control listener accepts connections that no process serves (frozen or hung)", err))
+}
+
 // probeWait is how long the probe waits for the owner's first byte: far
 // above what a live process on a loaded machine takes to write it, far
 // below the heartbeat bound the reader already waited.

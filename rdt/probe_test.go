@@ -97,20 +97,27 @@ func TestProbeOwner(t *testing.T) {
 // test_frozen_sender_is_owner_died), and PeerUnreachable when a live
 // process refuses it or nothing listens.
 func TestNeverReachedOwner(t *testing.T) {
+	// Heartbeats an hour apart: the dial's own deadline (libp2p's) ends
+	// the lease request before any verdict, the path a loaded machine's
+	// late heartbeats take.
+	slowBeats := func(c *Config) { fastLife(c); c.HeartbeatInterval = time.Hour }
 	tests := []struct {
 		name string
 		addr func(*testing.T) string
+		life func(*Config)
 		want error
 	}{
-		{"frozen", silentListener, ErrOwnerDied},
-		{"live but refusing", talkingListener, ErrPeerUnreachable},
-		{"nobody listens", closedPort, ErrPeerUnreachable},
+		{"frozen", silentListener, fastLife, ErrOwnerDied},
+		{"frozen, the dial gives up first", silentListener, slowBeats, ErrOwnerDied},
+		{"live but refusing", talkingListener, fastLife, ErrPeerUnreachable},
+		{"live but refusing, the dial gives up first", talkingListener, slowBeats, ErrPeerUnreachable},
+		{"nobody listens", closedPort, fastLife, ErrPeerUnreachable},
 	}
 	for _, tt := range tests {
 		for _, how := range []string{"get", "batch"} {
 			t.Run(tt.name+"/"+how, func(t *testing.T) {
 				ctx := context.Background()
-				p := newPair(t, fastLife)
+				p := newPair(t, tt.life)
 				owner, _ := p.a.Spawn("owner")
 				reader, _ := p.b.Spawn("reader")
 				ref, err := owner.Put(ctx, fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, 1<<16))
