@@ -14,7 +14,7 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 )
 
-// A owner that never answered this runtime and then missed its heartbeats
+// An owner that never answered this runtime and then missed its heartbeats
 // is one of two things: a live process that will not talk to us (a wrong
 // cluster key, a firewall, an allowlist), or a process that is not running
 // (frozen by SIGSTOP, hung in a debugger, swapped out for good) while its
@@ -35,7 +35,9 @@ import (
 // (a live process that will not talk to us, or nothing listening).
 func (r *Runtime) deathVerdict(ctx context.Context, ref Ref, what string) error {
 	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
-		if o := probeOwner(ctx, ref.Addrs, probeWait); o == probeSilent {
+		o := probeOwner(ctx, ref.Addrs, probeWait)
+		r.log.Info("owner never answered this runtime: probed its control listener", "owner", shortID(ref.Owner), "outcome", o.String(), "while", what)
+		if o == probeSilent {
 			return r.deadErr(ref, fmt.Errorf("never answered this runtime while %s; its control listener accepts connections that no process serves (frozen or hung)", what))
 		}
 		return fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref)
@@ -56,7 +58,9 @@ func (r *Runtime) frozenOwner(ctx context.Context, ref Ref, err error) bool {
 	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); restarted || r.peers.seenAlive(ref.Owner, ref.Incarnation) {
 		return false
 	}
-	return probeOwner(ctx, ref.Addrs, probeWait) == probeSilent
+	o := probeOwner(ctx, ref.Addrs, probeWait)
+	r.log.Info("first contact with an owner failed: probed its control listener", "owner", shortID(ref.Owner), "outcome", o.String(), "err", err)
+	return o == probeSilent
 }
 
 // frozenErr is the error of a read from a frozen owner (frozenOwner).
