@@ -23,8 +23,9 @@ Rows, numpy (need only ray and numpy):
 - ``wire`` : the floor, not a transport: the sender writes the array to one
   plain TCP connection to the receiver (node address to node address, the
   path every row's bytes take between nodes), which reads it into a
-  populated array and sums it. No transport can beat it on this link and
-  these cores: a goal whose time is under it is out of reach here.
+  populated array and sums it. No copy, checksum or framing: a transport
+  beats it only with streams and cores to spare, so a goal whose time is
+  under it is out of reach on this machine.
 - ``TENSORLANE`` : the plug-in's defaults (slab mode; a caller's array is
   staged once on the sender; the same-node reader maps it read-only; under
   TENSORLANE_INLINE_BYTES, 64 KiB, the bytes ride inline in the metadata).
@@ -516,7 +517,7 @@ def report(results, skipped, args, load0, load1):
     if any(r["transport"] == "wire" for r in ok):
         rate = _rate_bps(getattr(args, "rate", "0")) if args.nodes == 2 else 0
         print("\nThe goals against the floor, warm / cold ms: the time each goal asks of TENSORLANE "
-              "(the Ray row's over the factor) and the wire's (no transport is faster here)"
+              "(the Ray row's over the factor) and the wire's (the floor on these cores)"
               + (f"; the link's own floor (the bytes at {args.rate}) beside the size" if rate else "") + ":\n")
         print("| size | wire | " + " | ".join(f"{b} / {k:g}" for b, k in GOALS) + " |")
         print("|---|---:|" + "---:|" * len(GOALS))
