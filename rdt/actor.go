@@ -287,14 +287,7 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		go func() {
 			select {
 			case <-death:
-				if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
-					// Never reached: a wrong cluster key, a firewall, a
-					// frozen process that accepts connections. Nothing
-					// says it died.
-					cancel(fmt.Errorf("%w: the owner of %v never answered this runtime (its heartbeats missed from the start)", ErrPeerUnreachable, ref))
-					return
-				}
-				cancel(r.deadErr(ref, errors.New("declared dead while a Get waited on it")))
+				cancel(r.deathVerdict(ctx, ref, "a Get waited on it"))
 			case <-done:
 			case <-ctx.Done():
 			}
@@ -312,6 +305,9 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 	}
 	if err := r.hold(ctx, "", ref); err != nil {
 		err = r.why(ctx, ref, err)
+		if context.Cause(ctx) == nil && r.frozenOwner(ctx, ref, err) {
+			err = r.frozenErr(ref, err)
+		}
 		close(done)
 		cancel(nil)
 		unuse()

@@ -116,6 +116,24 @@ func ReleaseBatch(items []BatchItem) {
 	}
 }
 
+// HoldBatch is Hold for many refs at once: one lease request per owner
+// (per maxClaims refs) for the refs this runtime does not hold yet, where
+// Hold asks once per ref. errs[i] is ref i's outcome; a held ref is
+// Released as after Hold. A batch of Views (the C ABI's ViewBatch) holds
+// its refs with it first, so each View's own lease costs no round trip.
+func (a *Actor) HoldBatch(ctx context.Context, refs []Ref) []error {
+	if a.rt.isClosed() {
+		errs := make([]error, len(refs))
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	ctx, cancel := a.rt.bounded(ctx)
+	defer cancel()
+	return a.rt.holdBatch(ctx, a.name, refs)
+}
+
 // holdBatch makes actor a holder of every ref, with one lease request per
 // owner (per maxClaims refs) for those this runtime does not hold yet. It
 // returns each ref's error.
@@ -167,6 +185,27 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 		return
 	}
 	r.learnAddrs(first)
+	// The death watch of a Get (guard) for the batch's lease request: a
+	// hung owner never answers it, and only the heartbeats' verdict ends
+	// it in time (a frozen owner never reached says OwnerDied, not the
+	// dial's PeerUnreachable at its own deadline: probe.go).
+	if _, other := r.peers.replaced(first.Owner, first.Incarnation); !other {
+		defer r.peers.use(first.Owner)()
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		death := r.peers.deathOf(first.Owner, first.Incarnation)
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-death:
+				cancel(r.deathVerdict(ctx, first, "a batch's lease request waited on it"))
+			case <-done:
+			case <-ctx.Done():
+			}
+		}()
+	}
 	for start := 0; start < len(idx); start += maxClaims {
 		part := idx[start:min(start+maxClaims, len(idx))]
 		claims := make([]fabric.Claim, len(part))
@@ -176,9 +215,15 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 			layouts[k] = layoutOf(refs[i].Desc)
 		}
 		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
+		cause := context.Cause(ctx)
+		frozen := cause == nil && r.frozenOwner(ctx, first, err)
 		for k, i := range part {
 			ref := refs[i]
 			switch {
+			case err != nil && cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrPeerUnreachable) || errors.Is(cause, ErrStaleRef)):
+				errs[i] = fmt.Errorf("%w (lease request: %v)", cause, err)
+			case frozen:
+				errs[i] = r.frozenErr(ref, err)
 			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation):
 				errs[i] = r.ownerDiedErr(ref, err)
 			case err != nil:

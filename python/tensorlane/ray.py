@@ -1072,6 +1072,38 @@ class TensorlaneTransport(TensorTransportManager):
             us = users[u]
             lay = lays[us[0]]
             ulays.append(lay[:2] if len(us) == 1 and lay is not None and lay[2] is None else None)
+        try:
+            got = self._fetch(rt, urefs, ulays, users, view, timeout, op, paths)
+        except BaseException:
+            # The batch calls leave this actor holding what they leased
+            # (one request per owner): a failed read drops those holds
+            # too, or their leases would be renewed for the process's life.
+            _release_later(rt, urefs)
+            raise
+        out: List[np.ndarray] = []
+        for i in remote:
+            arr = got[uniq[meta.refs[i]]]
+            lay = lays[i]
+            if lay is not None and lay[2] is not None:
+                shape, dt, off = lay
+                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                raw = arr.reshape(-1).view(np.uint8)
+                if off < 0 or off + n > raw.size:
+                    raise errors.Corrupt(f"tensorlane: tensor {i}: bytes {off}..{off + n} of a {raw.size}-byte object")
+                arr = raw[off:off + n].view(dt).reshape(shape)
+            if target_buffers:  # Ray's buffers: the bytes go there
+                dst = _runtime.as_array(target_buffers[i])
+                if dst.nbytes != arr.nbytes or not dst.flags.c_contiguous:
+                    raise errors.TooSmall(f"tensorlane: tensor {i}: Ray's buffer holds {dst.nbytes} bytes "
+                                          f"(contiguous: {dst.flags.c_contiguous}), the tensor has {arr.nbytes}")
+                np.copyto(dst.reshape(-1).view(np.uint8), np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+            out.append(arr)
+        return out, urefs
+
+    def _fetch(self, rt: _runtime.Runtime, urefs: List[bytes], ulays: List[Optional[tuple]], users: Dict[int, List[int]],
+               view: bool, timeout: float, op: int, paths: Dict[str, int]) -> List[np.ndarray]:
+        """Each distinct ref's array: mapped with one view_batch where the
+        sender is on this node, the rest read with one get_batch."""
         got: List[Optional[np.ndarray]] = [None] * len(urefs)
         rest = list(range(len(urefs)))
         if view:
@@ -1093,25 +1125,7 @@ class TensorlaneTransport(TensorTransportManager):
                                                      layouts=[ulays[k] for k in rest])):
                 got[k] = arr
             self._count(rt, before, paths)
-        out: List[np.ndarray] = []
-        for i in remote:
-            arr = got[uniq[meta.refs[i]]]
-            lay = lays[i]
-            if lay is not None and lay[2] is not None:
-                shape, dt, off = lay
-                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                raw = arr.reshape(-1).view(np.uint8)
-                if off < 0 or off + n > raw.size:
-                    raise errors.Corrupt(f"tensorlane: tensor {i}: bytes {off}..{off + n} of a {raw.size}-byte object")
-                arr = raw[off:off + n].view(dt).reshape(shape)
-            if target_buffers:  # Ray's buffers: the bytes go there
-                dst = _runtime.as_array(target_buffers[i])
-                if dst.nbytes != arr.nbytes or not dst.flags.c_contiguous:
-                    raise errors.TooSmall(f"tensorlane: tensor {i}: Ray's buffer holds {dst.nbytes} bytes "
-                                          f"(contiguous: {dst.flags.c_contiguous}), the tensor has {arr.nbytes}")
-                np.copyto(dst.reshape(-1).view(np.uint8), np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-            out.append(arr)
-        return out, urefs
+        return got
 
     @staticmethod
     def _layout(meta: TensorlaneTransportMetadata, layouts: List[Optional[tuple]], i: int) -> Optional[tuple]:

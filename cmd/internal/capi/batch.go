@@ -139,11 +139,15 @@ type BatchView struct {
 	Err  error
 }
 
-// ViewBatch maps every ref read-only, as View does for one, viewParallel at
-// a time; in slab mode an owner's slab is mapped once for all the objects
-// in it. Items that no path can map fail with an error matching
-// ErrNoZeroCopy (copy those with Get or GetBatch). op, when not 0, names
-// the whole batch for Cancel.
+// ViewBatch maps every ref read-only, as View does for one: the refs are
+// leased first with one lease request per owner (rdt.Actor.HoldBatch, as
+// GetBatch does; View asked once per ref), then mapped viewParallel at a
+// time, each grant on its owner's pooled connection; in slab mode an
+// owner's slab is mapped once for all the objects in it. The caller
+// Releases each ref when done with it, as after GetBatch. Items that no
+// path can map fail with an error matching ErrNoZeroCopy (copy those with
+// Get or GetBatch: their lease is held already). op, when not 0, names the
+// whole batch for Cancel.
 func (r *Runtime) ViewBatch(ctx context.Context, refBytes [][]byte, cfg ViewConfig, op uint64, timeout time.Duration) ([]BatchView, error) {
 	if len(refBytes) > maxBatch {
 		return nil, invalid("batch of %d items (at most %d)", len(refBytes), maxBatch)
@@ -154,9 +158,27 @@ func (r *Runtime) ViewBatch(ctx context.Context, refBytes [][]byte, cfg ViewConf
 	}
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
+	// One lease request per owner for the refs of other runtimes.
+	var refs []rdt.Ref
+	var idx []int
+	for i, p := range refBytes {
+		if ref, err := parseRef(p); err == nil && ref.Owner != r.rt.ID() {
+			refs, idx = append(refs, ref), append(idx, i)
+		}
+	}
+	held := make([]error, len(refBytes))
+	if len(refs) > 0 {
+		for k, err := range r.actor.HoldBatch(ctx, refs) {
+			held[idx[k]] = err
+		}
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, viewParallel)
 	for i, p := range refBytes {
+		if held[i] != nil {
+			out[i] = BatchView{Err: held[i]}
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {

@@ -94,3 +94,54 @@ func TestPutBatchAllOrNothing(t *testing.T) {
 	_, err = a.PutBatch(ctx, make([]Region, maxBatch+1))
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
+
+// TestViewBatchOneLeaseRequest: a ViewBatch of a state dict's objects
+// leases them with one request to their owner, not one per object (issue
+// 23: one request per owner), and the views hold their leases past the
+// caller's Release. Counted on the owner: every lease message it served
+// carried all the batch's claims (a renewal that lands meanwhile carries
+// them all too; per-object leases carry one each).
+func TestViewBatchOneLeaseRequest(t *testing.T) {
+	_, a, b := pair(t, `{"allow":["shm"],"slabs":true,"cluster_key":"`+slabKey+`","slab_bytes":8388608}`)
+	ctx := context.Background()
+	const items, n = 12, 64 << 10
+	var regions []Region
+	for i := 0; i < items; i++ {
+		p, err := a.Alloc(ctx, n)
+		require.NoError(t, err)
+		mem := unsafe.Slice((*byte)(p), n)
+		for k := range mem {
+			mem[k] = byte(i + k)
+		}
+		regions = append(regions, Region{Mem: mem, DType: "uint8", Shape: []int64{n}})
+	}
+	refs, err := a.PutBatch(ctx, regions)
+	require.NoError(t, err)
+	leases := func() (msgs, claims int64) {
+		reg := a.rt.Registry()
+		for {
+			m := counterSeries(reg, "tensorlane_lease_messages_total", "op")["lease"]
+			c := counterSeries(reg, "tensorlane_lease_requests_total", "op")["lease"]
+			if counterSeries(reg, "tensorlane_lease_messages_total", "op")["lease"] == m {
+				return m, c // not torn by a message in between
+			}
+		}
+	}
+	m0, c0 := leases()
+	views, err := b.ViewBatch(ctx, refs, ViewConfig{}, 0, 10*time.Second)
+	require.NoError(t, err)
+	m1, c1 := leases()
+	for i, v := range views {
+		require.NoError(t, v.Err, "item %d", i)
+		assert.Equal(t, byte(i), *(*byte)(v.Ptr), "item %d", i)
+	}
+	require.Positive(t, m1-m0)
+	assert.Equal(t, items*(m1-m0), c1-c0, "every lease message carried the whole batch (%d messages, %d claims)", m1-m0, c1-c0)
+	for _, ref := range refs {
+		require.NoError(t, b.Release(ctx, ref))
+	}
+	for i, v := range views {
+		assert.Equal(t, byte(i), *(*byte)(v.Ptr), "item %d after Release: the view keeps its lease", i)
+		require.NoError(t, b.ReleaseView(v.View))
+	}
+}
