@@ -12,6 +12,8 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -53,8 +55,8 @@ type Message struct {
 
 // Spawn registers an actor under a name unique in the runtime.
 func (r *Runtime) Spawn(name string, opts ...ActorOption) (*Actor, error) {
-	if name == "" || len(name) > maxRefString {
-		return nil, fmt.Errorf("rdt: actor name must be 1..%d bytes", maxRefString)
+	if name == "" || len(name) > ctlwire.MaxString {
+		return nil, fmt.Errorf("rdt: actor name must be 1..%d bytes", ctlwire.MaxString)
 	}
 	a := &Actor{rt: r, name: name, devices: r.Devices(), inbox: make(chan Message, r.cfg.InboxSize)}
 	for _, o := range opts {
@@ -124,7 +126,7 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 
 func (r *Runtime) refFor(o *object) Ref {
 	return Ref{
-		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refAddrs(r.host.Addrs()),
+		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refwire.Addrs(r.host.Addrs()),
 		DataAddrs: r.dataAddrs(), Host: r.cfg.Host,
 		Device: o.buf.Device(), Desc: o.desc, Transports: r.servedTransports(),
 		Token: o.token,
@@ -491,8 +493,8 @@ func noteViewCopy(plan *fabric.Plan, ref Ref) {
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote {
 	off, n := ref.span()
 	return fabric.Remote{
-		Endpoint: fabric.Endpoint{Process: peerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
-		Peer:     peerString(ref.Owner),
+		Endpoint: fabric.Endpoint{Process: refwire.PeerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
+		Peer:     refwire.PeerString(ref.Owner),
 		Addrs:    ref.DataAddrs,
 		Claim:    fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token},
 		Offset:   off,

@@ -43,7 +43,7 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err)
 	}
-	return noticeError(status)
+	return ctlwire.ErrOf(status)
 }
 
 // onBcast handles a broadcast notice from peer from.

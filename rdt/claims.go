@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/internal/privdir"
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -39,7 +40,7 @@ const EnvRuntimeDir = "TENSORLANE_RUNTIME_DIR"
 
 // ErrDeviceClaimed: another live process's runtime claims a device this
 // runtime asked for. The error is a *DeviceClaimError.
-var ErrDeviceClaimed = errors.New("rdt: device claimed by another process")
+var ErrDeviceClaimed = errs.DeviceClaimed
 
 // DeviceClaimError says which device is taken and by whom.
 type DeviceClaimError struct {

@@ -15,6 +15,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
+
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
@@ -78,11 +81,11 @@ func decodeEnvelope(p []byte) (to string, m Message, err error) {
 	if v := d.Byte(); v != envelopeVersion {
 		return "", Message{}, fmt.Errorf("%w: envelope version %d", wire.ErrMalformed, v)
 	}
-	to = d.String(maxRefString)
+	to = d.String(ctlwire.MaxString)
 	from := d.Bytes(128)
-	m.From.Name = d.String(maxRefString)
-	for n := d.Count(maxRefAddrs); n > 0; n-- {
-		a, aerr := ma.NewMultiaddrBytes(d.Bytes(maxRefString))
+	m.From.Name = d.String(ctlwire.MaxString)
+	for n := d.Count(refwire.MaxAddrs); n > 0; n-- {
+		a, aerr := ma.NewMultiaddrBytes(d.Bytes(ctlwire.MaxString))
 		if aerr == nil {
 			m.From.Addrs = append(m.From.Addrs, a)
 		}
@@ -110,7 +113,7 @@ func decodeEnvelope(p []byte) (to string, m Message, err error) {
 // answer was lost (its runtime or the connection went away), so whether
 // the message was queued is not known. Send never retries (delivery is at
 // most once); a caller that must know asks the receiver.
-var ErrDeliveryUnknown = errors.New("rdt: message sent, delivery unknown")
+var ErrDeliveryUnknown = errs.DeliveryUnknown
 
 // Send delivers a message to an actor on this or another runtime, at most
 // once. A nil error means the receiving runtime queued the message for the

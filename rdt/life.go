@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // The lifecycle protocol: heartbeats and leases, one request and one reply
@@ -36,7 +37,7 @@ const (
 	lifeVersion  = 2
 	maxClaims    = 4096
 	minClaimLen  = 16 + 8 + 1 + len(layoutSum{})
-	maxLifeMsg   = 16 + maxClaims*(minClaimLen+maxTokenLen+2)
+	maxLifeMsg   = 16 + maxClaims*(minClaimLen+ctlwire.MaxToken+2)
 )
 
 const (
@@ -102,7 +103,7 @@ func parseLifeMsg(p []byte) (lifeMsg, error) {
 			var l layoutSum
 			d.Fixed(c.Object[:])
 			c.Incarnation = d.Uint64()
-			c.Token = d.Bytes(maxTokenLen)
+			c.Token = d.Bytes(ctlwire.MaxToken)
 			d.Fixed(l[:])
 			m.claims = append(m.claims, c)
 			m.layouts = append(m.layouts, l)

@@ -59,7 +59,7 @@ func parsePushNotice(p []byte) (pushNotice, error) {
 	}
 	d.Fixed(n.slot[:])
 	n.incarnation = d.Uvarint()
-	n.token = d.Bytes(maxTokenLen)
+	n.token = d.Bytes(ctlwire.MaxToken)
 	b := d.Uvarint()
 	if err := d.Finish(); err != nil {
 		return n, fmt.Errorf("%w: push notice: %v", ErrMalformedRef, err)
@@ -433,7 +433,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
-	return noticeError(status) // bcastwire.go: one table of notice answers
+	return ctlwire.ErrOf(status) // ctlwire: one table of notice answers
 }
 
 func (r *Runtime) pushed(from peer.ID, n pushNotice) error {
@@ -489,7 +489,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 				err = r.pushed(from, n)
 			}
 		}
-		status := noticeStatus(err)
+		status := ctlwire.StatusOf(err)
 		if err != nil {
 			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
 		}

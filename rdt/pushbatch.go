@@ -106,7 +106,7 @@ func parsePushBatchNotice(p []byte) (pushBatchNotice, error) {
 	for i := range n.items {
 		it := &n.items[i]
 		d.Fixed(it.slot[:])
-		it.token = d.Bytes(maxTokenLen)
+		it.token = d.Bytes(ctlwire.MaxToken)
 		b := d.Uvarint()
 		if b > 1<<62 {
 			return n, fmt.Errorf("%w: push batch notice item of %d bytes", ErrMalformedRef, b)
@@ -148,7 +148,7 @@ func answerPushBatch(errs []error) []byte {
 		return out
 	}
 	for _, err := range errs {
-		out = append(out, noticeStatus(err))
+		out = append(out, ctlwire.StatusOf(err))
 	}
 	return out
 }
@@ -298,14 +298,14 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n pushBatchNoti
 	case status == 0:
 		return errs
 	case status != ctlwire.StatusItems:
-		return fail(noticeError(status))
+		return fail(ctlwire.ErrOf(status))
 	}
 	for i, s := range items {
 		if s == ctlwire.StatusItems { // not an item's status: the answer is garbled
 			errs[i] = fmt.Errorf("%w: push batch answer with status %d for an item", ErrMalformedRef, s)
 			continue
 		}
-		errs[i] = noticeError(s)
+		errs[i] = ctlwire.ErrOf(s)
 	}
 	return errs
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -313,7 +314,7 @@ func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
 	return g, nil
 }
 
-// relayProbe answers a re-parented slot's new feeder: errChunkHeld when
+// relayProbe answers a re-parented slot's new feeder: errs.ChunkHeld when
 // the slot has the chunk already, so that only the chunks it lacks cross
 // the new edge (and a flow-controlled slot whose object has landed is not
 // written again).
@@ -330,7 +331,7 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	defer rl.mu.Unlock()
 	if rl.have[g] {
 		r.bmet.Skipped.Inc()
-		return errChunkHeld
+		return errs.ChunkHeld
 	}
 	return nil
 }
@@ -462,7 +463,7 @@ func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *window, srcE
 	if probe {
 		q := note
 		q.Kind = ctlwire.Probe
-		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errChunkHeld) {
+		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errs.ChunkHeld) {
 			return nil
 		}
 		// Any other answer: write it; the write or its notice says
