@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -120,16 +121,16 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	o := a.rt.objects.add(mem, t.Buffer(), t.Desc(), a.name)
+	o := a.rt.objects.Add(mem, t.Buffer(), t.Desc(), a.name)
 	return a.rt.refFor(o), nil
 }
 
-func (r *Runtime) refFor(o *object) Ref {
+func (r *Runtime) refFor(o *objstore.Object) Ref {
 	return Ref{
-		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refwire.Addrs(r.host.Addrs()),
+		Object: o.ID, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refwire.Addrs(r.host.Addrs()),
 		DataAddrs: r.dataAddrs(), Host: r.cfg.Host,
-		Device: o.buf.Device(), Desc: o.desc, Transports: r.servedTransports(),
-		Token: o.token,
+		Device: o.Buf.Device(), Desc: o.Desc, Transports: r.servedTransports(),
+		Token: o.Token,
 	}
 }
 
@@ -276,7 +277,7 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 // own object table.
 func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), error) {
 	if ref.Owner == r.host.ID() {
-		if err := r.objects.confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, layoutOf(ref.Desc)); err != nil {
+		if err := r.objects.Confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, objstore.LayoutOf(ref.Desc)); err != nil {
 			return nil, nil, fmt.Errorf("%v: %w", ref, err)
 		}
 		return ctx, func() {}, nil
@@ -407,11 +408,11 @@ func (a *Actor) Release(ctx context.Context, ref Ref) error {
 		if ref.Incarnation != a.rt.incarnation {
 			return ErrStaleRef
 		}
-		o, ok := a.rt.objects.get(ref.Object)
-		if !ok || o.owner != a.name {
+		o, ok := a.rt.objects.Get(ref.Object)
+		if !ok || o.Owner != a.name {
 			return nil
 		}
-		return a.rt.objects.release(ref.Object)
+		return a.rt.objects.Release(ref.Object)
 	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
@@ -426,7 +427,7 @@ func (a *Actor) WaitFreed(ctx context.Context, ref Ref) error {
 	if ref.Owner != a.rt.host.ID() || ref.Incarnation != a.rt.incarnation {
 		return fmt.Errorf("%w: %v belongs to %s", ErrNotOwner, ref, shortID(ref.Owner))
 	}
-	ch, err := a.rt.objects.freedChan(ref.Object)
+	ch, err := a.rt.objects.FreedChan(ref.Object)
 	if err != nil {
 		return err
 	}
@@ -455,7 +456,7 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 	if ref.Owner != a.rt.host.ID() || ref.Incarnation != a.rt.incarnation {
 		return fmt.Errorf("%w: %v belongs to %s", ErrNotOwner, ref, shortID(ref.Owner))
 	}
-	return a.rt.objects.free(ref.Object)
+	return a.rt.objects.Free(ref.Object)
 }
 
 // Explain says which path a Get of ref onto dst would take, and why the

@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -170,10 +171,10 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 	for start := 0; start < len(idx); start += maxClaims {
 		part := idx[start:min(start+maxClaims, len(idx))]
 		claims := make([]fabric.Claim, len(part))
-		layouts := make([]layoutSum, len(part))
+		layouts := make([]objstore.LayoutSum, len(part))
 		for k, i := range part {
 			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
-			layouts[k] = layoutOf(refs[i].Desc)
+			layouts[k] = objstore.LayoutOf(refs[i].Desc)
 		}
 		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
 		for k, i := range part {
@@ -194,7 +195,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 				} else {
 					h, ok := r.holds[keyOf(ref)]
 					if !ok {
-						h = &hold{ref: ref, layout: layoutOf(ref.Desc), actors: map[string]struct{}{}}
+						h = &hold{ref: ref, layout: objstore.LayoutOf(ref.Desc), actors: map[string]struct{}{}}
 						r.holds[keyOf(ref)] = h
 					}
 					h.actors[actor] = struct{}{}

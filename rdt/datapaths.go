@@ -2,7 +2,6 @@ package rdt
 
 import (
 	"context"
-	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -40,29 +39,6 @@ func (r *Runtime) slabExporters() []tensor.SlabExporter {
 	}
 	return out
 }
-
-// Export shares a pinned object's published view with another process
-// (the p2p and shm paths map it) for as long as the pin is held.
-//
-// A descriptor reaches a whole allocation (tensor.Exportable, as CUDA's
-// handles do), so an object that is all of its allocation is shared as it
-// is, and a view of part of one is shared as a private, sealed copy of
-// exactly the view (tensor.ViewShare), staged at the first grant and kept
-// until the object's memory is released. Staging is reported (metrics,
-// debug log, ObjectInfo.StagedBytes); a copy that does not fit on the
-// device fails the grant with tensor.ErrViewCopy (a tensor.ErrNotExportable),
-// and the reader falls back, loudly, to a path that needs no descriptor.
-func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
-	h, staged, err := p.obj.share.Export(a)
-	if (staged > 0 || errors.Is(err, tensor.ErrViewCopy)) && p.table.onStage != nil {
-		p.table.onStage(p.obj, staged, err)
-	}
-	return h, err
-}
-
-// Unwrap names the object's buffer, so copies reach device memory that is
-// not host visible (tensor.Copy).
-func (p *pin) Unwrap() (tensor.Buffer, int64) { return p.obj.buf, 0 }
 
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string { return r.paths.Addrs() }

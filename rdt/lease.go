@@ -11,6 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 )
 
 // Reference counting with leases. A reader runtime holds one lease per
@@ -31,7 +32,7 @@ type holdKey struct {
 
 type hold struct {
 	ref    Ref
-	layout layoutSum           // of ref.Desc, which the owner confirmed
+	layout objstore.LayoutSum  // of ref.Desc, which the owner confirmed
 	actors map[string]struct{} // explicit holders (Hold)
 	gets   int                 // Gets in flight
 	idle   time.Time           // when the last Get ended with no holder left
@@ -65,7 +66,7 @@ func (r *Runtime) holdCount() int {
 // token and layout as the ref the owner confirmed then.
 func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	k := keyOf(ref)
-	layout := layoutOf(ref.Desc)
+	layout := objstore.LayoutOf(ref.Desc)
 	take := func(h *hold) {
 		if actor == "" {
 			h.gets++
@@ -95,7 +96,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 		r.learnAddrs(ref)
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl}, []layoutSum{layout})
+	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl}, []objstore.LayoutSum{layout})
 	if err != nil {
 		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
 			return r.ownerDiedErr(ref, err)
@@ -157,7 +158,7 @@ func (r *Runtime) unget(ref Ref) {
 // unused for linger; it reports whether younger idle ones remain.
 func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
 	byOwner := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
+	layouts := map[peer.ID][]objstore.LayoutSum{}
 	now := r.cfg.Clock.Now()
 	r.holdMu.Lock()
 	for k, h := range r.holds {
@@ -182,7 +183,7 @@ func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
 // releaseAt tells owner this runtime no longer holds the claims, in
 // messages of at most maxClaims, each bounded by a heartbeat interval. An
 // owner that does not answer is logged (why) and left to expire them.
-func (r *Runtime) releaseAt(ctx context.Context, owner peer.ID, cl []fabric.Claim, layouts []layoutSum, why string) {
+func (r *Runtime) releaseAt(ctx context.Context, owner peer.ID, cl []fabric.Claim, layouts []objstore.LayoutSum, why string) {
 	for start := 0; start < len(cl); start += maxClaims {
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
 		end := min(start+maxClaims, len(cl))
@@ -215,7 +216,7 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl}, []layoutSum{h.layout})
+	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl}, []objstore.LayoutSum{h.layout})
 	if err != nil {
 		// The owner will expire the lease; say so rather than fail: the
 		// reader is done with the ref either way.
@@ -237,7 +238,7 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) {
 	byOwner := map[peer.ID][]holdKey{}
 	claims := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
+	layouts := map[peer.ID][]objstore.LayoutSum{}
 	r.holdMu.Lock()
 	for k, h := range r.holds {
 		byOwner[k.owner] = append(byOwner[k.owner], k)
@@ -271,7 +272,7 @@ func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) 
 	wg.Wait()
 }
 
-func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim, layouts []layoutSum) {
+func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim, layouts []objstore.LayoutSum) {
 	for start := 0; start < len(keys); start += maxClaims {
 		end := min(start+maxClaims, len(keys))
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
@@ -306,7 +307,7 @@ func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 		}
 	}
 	r.holdMu.Unlock()
-	if r.objects.dropPeer(id) > 0 {
+	if r.objects.DropPeer(id) > 0 {
 		r.kickReaper()
 	}
 }
@@ -359,7 +360,7 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 }
 
 func (r *Runtime) expireLeases() {
-	if n := r.objects.expire(r.cfg.Clock.Now()); n > 0 {
+	if n := r.objects.Expire(r.cfg.Clock.Now()); n > 0 {
 		r.lifeMetrics.leasesExpired.Add(float64(n))
 		r.log.Info("reader leases expired", "count", n)
 	}
@@ -369,7 +370,7 @@ func (r *Runtime) expireLeases() {
 // Shutdown), bounded by ctx; undelivered ones expire on their owners.
 func (r *Runtime) releaseAllHolds(ctx context.Context) {
 	byOwner := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
+	layouts := map[peer.ID][]objstore.LayoutSum{}
 	r.holdMu.Lock()
 	for k, h := range r.holds {
 		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})

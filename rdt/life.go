@@ -15,6 +15,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 )
 
 // The lifecycle protocol: heartbeats and leases, one request and one reply
@@ -36,7 +37,7 @@ const (
 	lifeProtocol = protocol.ID("/tensorlane/life/2.0.0")
 	lifeVersion  = 2
 	maxClaims    = 4096
-	minClaimLen  = 16 + 8 + 1 + len(layoutSum{})
+	minClaimLen  = 16 + 8 + 1 + len(objstore.LayoutSum{})
 	maxLifeMsg   = 16 + maxClaims*(minClaimLen+ctlwire.MaxToken+2)
 )
 
@@ -52,7 +53,7 @@ type lifeMsg struct {
 	kind        byte
 	incarnation uint64
 	claims      []fabric.Claim
-	layouts     []layoutSum // one per claim (lease, release)
+	layouts     []objstore.LayoutSum // one per claim (lease, release)
 	statuses    []byte
 	ttl         time.Duration
 }
@@ -69,7 +70,7 @@ func (m lifeMsg) marshal() []byte {
 			e.Fixed(c.Object[:])
 			e.Uint64(c.Incarnation)
 			e.Bytes(c.Token)
-			var l layoutSum
+			var l objstore.LayoutSum
 			if i < len(m.layouts) {
 				l = m.layouts[i]
 			}
@@ -97,10 +98,10 @@ func parseLifeMsg(p []byte) (lifeMsg, error) {
 		// A claim takes at least minClaimLen bytes: never allocate for
 		// more claims than the message can hold.
 		m.claims = make([]fabric.Claim, 0, min(n, d.Remaining()/minClaimLen))
-		m.layouts = make([]layoutSum, 0, cap(m.claims))
+		m.layouts = make([]objstore.LayoutSum, 0, cap(m.claims))
 		for ; n > 0 && d.Err() == nil; n-- {
 			var c fabric.Claim
-			var l layoutSum
+			var l objstore.LayoutSum
 			d.Fixed(c.Object[:])
 			c.Incarnation = d.Uint64()
 			c.Token = d.Bytes(ctlwire.MaxToken)
@@ -184,22 +185,22 @@ func (r *Runtime) handleLife(s network.Stream) {
 
 // leaseClaims applies a lease or release request from who to this
 // runtime's objects and returns a status per claim.
-func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) []byte {
+func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []objstore.LayoutSum) []byte {
 	out := make([]byte, len(claims))
 	expires := r.cfg.Clock.Now().Add(r.cfg.LeaseExpiry)
 	if who == r.host.ID() {
-		expires = noExpiry
+		expires = objstore.NoExpiry
 	}
 	for i, c := range claims {
 		var err error
 		if kind == kindLease {
-			var l layoutSum
+			var l objstore.LayoutSum
 			if i < len(layouts) {
 				l = layouts[i]
 			}
-			err = r.objects.lease(who, c, l, expires)
+			err = r.objects.Lease(who, c, l, expires)
 		} else {
-			err = r.objects.unlease(who, c)
+			err = r.objects.Unlease(who, c)
 		}
 		if err != nil {
 			out[i] = leaseStatus(err)
@@ -260,7 +261,7 @@ func (r *Runtime) callError(ctx context.Context, id peer.ID, err error) error {
 
 // leaseRemote sends a lease or release for claims to their owner and turns
 // the statuses into errors (nil for granted).
-func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) (uint64, []error, error) {
+func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []objstore.LayoutSum) (uint64, []error, error) {
 	if owner == r.host.ID() {
 		st := r.leaseClaims(owner, kind, claims, layouts)
 		return r.incarnation, statusErrors(st), nil

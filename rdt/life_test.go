@@ -23,6 +23,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -108,7 +109,7 @@ func TestReleaseWaitsForReaders(t *testing.T) {
 		got.Release()
 	}
 	assert.Equal(t, 1, p.b.holdCount(), "one lease per reader runtime")
-	assert.Equal(t, 1, p.a.objects.leases())
+	assert.Equal(t, 1, p.a.objects.Leases())
 
 	require.NoError(t, owner.Release(ctx, ref))
 	assert.Equal(t, 1, p.a.Objects(), "a reader still holds it")
@@ -261,9 +262,7 @@ func getLarge(t *testing.T, owner, reader *Actor, n int64) (Ref, <-chan error) {
 func waitPinned(t *testing.T, r *Runtime) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		r.objects.mu.Lock()
-		defer r.objects.mu.Unlock()
-		return r.objects.pins > 0
+		return r.objects.Pins() > 0
 	}, 30*time.Second, 100*time.Microsecond, "the owner never started serving")
 }
 
@@ -678,9 +677,7 @@ func TestShutdownAbortsGetsInFlight(t *testing.T) {
 	}
 	assert.ErrorIs(t, err, ErrClosed)
 	require.Eventually(t, func() bool {
-		p.a.objects.mu.Lock()
-		defer p.a.objects.mu.Unlock()
-		return p.a.objects.pins == 0
+		return p.a.objects.Pins() == 0
 	}, 10*time.Second, time.Millisecond, "the owner's pin went with the connection")
 	assert.NoError(t, p.b.Shutdown(dead), "second call is a no-op")
 }
@@ -797,7 +794,7 @@ func FuzzLifeMsg(f *testing.F) {
 	f.Add(lifeMsg{kind: kindPing, incarnation: 1}.marshal())
 	f.Add(lifeMsg{kind: kindLease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}}}.marshal())
 	f.Add(lifeMsg{kind: kindRelease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}},
-		layouts: []layoutSum{layoutOf(tensor.NewDesc(tensor.Float32, 2, 3))}}.marshal())
+		layouts: []objstore.LayoutSum{objstore.LayoutOf(tensor.NewDesc(tensor.Float32, 2, 3))}}.marshal())
 	f.Add(lifeMsg{kind: kindLeased, incarnation: 1, statuses: []byte{0, 2}, ttl: time.Second}.marshal())
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, p []byte) {

@@ -76,7 +76,7 @@ func newLifeMetrics(reg prometheus.Registerer, r *Runtime) *lifeMetrics {
 		}, func() float64 { return float64(r.holdCount()) }),
 		leasesGranted: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tensorlane_leases_granted", Help: "Reader leases on this runtime's objects.",
-		}, func() float64 { return float64(r.objects.leases()) }),
+		}, func() float64 { return float64(r.objects.Leases()) }),
 		objectsFreed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_objects_freed_total", Help: "Objects removed from the object table, by cause.",
 		}, []string{"why"}),

@@ -30,6 +30,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -48,7 +49,7 @@ type Runtime struct {
 	devices map[tensor.DeviceID]tensor.Memory
 	owned   []interface{ Close() error } // memories this runtime created and closes
 
-	objects  *objectTable
+	objects  *objstore.Table
 	sinks    *sinkTable
 	notices  noticePool   // idle push-notice streams per slot runtime (notices.go)
 	paths    *stack.Stack // the data transports and their servers (datapaths.go)
@@ -107,14 +108,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	var inc [8]byte
 	rand.Read(inc[:])
 	r.incarnation = binary.BigEndian.Uint64(inc[:]) | 1
-	r.objects = newObjectTable(r.incarnation)
+	r.objects = objstore.New(r.incarnation)
 	r.sinks = newSinkTable(r.incarnation)
-	r.objects.onFree = func(id fabric.ObjectID, why string) {
-		r.revokeRegistrations(id)
-		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
-	}
-	r.objects.blocked = r.blockedRead
-	r.objects.onStage = r.viewStaged
+	r.objects.SetHooks(objstore.Hooks{
+		OnFree: func(id fabric.ObjectID, why string) {
+			r.revokeRegistrations(id)
+			r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
+		},
+		Blocked: r.blockedRead, OnStage: r.viewStaged,
+	})
 
 	ok := false
 	defer func() {
@@ -298,7 +300,7 @@ func (r *Runtime) Memory(dev tensor.DeviceID) (tensor.Memory, error) {
 func (r *Runtime) Registry() *prometheus.Registry { return r.registry }
 
 // Objects is the number of live objects this runtime owns.
-func (r *Runtime) Objects() int { return r.objects.len() }
+func (r *Runtime) Objects() int { return r.objects.Len() }
 
 func (r *Runtime) endpoint(dev tensor.DeviceID) fabric.Endpoint {
 	return fabric.Endpoint{Process: r.process, Host: r.cfg.Host, Device: dev}
@@ -340,7 +342,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
-		inFlight := r.objects.close()
+		inFlight := r.objects.Close()
 		r.sinks.close()
 		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
@@ -359,7 +361,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 		select {
-		case <-r.objects.drained():
+		case <-r.objects.Drained():
 		case <-ctx.Done():
 		}
 		// Abort the rest: cancelled Gets release their buffers as they
@@ -515,8 +517,8 @@ func (r *Runtime) teardown() error {
 	if r.paths != nil {
 		errs = append(errs, r.paths.Close())
 	}
-	for _, id := range r.objects.ids() {
-		if err := r.objects.free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
+	for _, id := range r.objects.IDs() {
+		if err := r.objects.Free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
 			errs = append(errs, err)
 		}
 	}
