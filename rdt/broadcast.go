@@ -15,6 +15,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -714,7 +715,7 @@ func (b *bcastRun) feed(ctx context.Context, i int, probe bool) {
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
 				off, m := off, min(b.cfg.ChunkSize, src.total-off)
 				started := w.Send(func(ctx context.Context) error {
-					if err := b.r.writeChunk(ctx, b.id, &window{Buffer: src.pin, off: src.start + off, n: m}, ep, n.items[k], off, m, probe); err != nil {
+					if err := b.r.writeChunk(ctx, b.id, &objstore.Window{Buffer: src.pin, Off: src.start + off, N: m}, ep, n.items[k], off, m, probe); err != nil {
 						return err
 					}
 					b.done.Add(m)

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -367,13 +368,13 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	if err != nil {
 		return tr, err
 	}
-	return tr, r.notifyPush(ctx, dst, win.n)
+	return tr, r.notifyPush(ctx, dst, win.N)
 }
 
 // openPush checks that this runtime owns src and that its bytes fit dst's
 // slot exactly, pins them and returns them (the window of pin that moves)
 // with the slot's Remote. The caller releases pin.
-func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *window, remote fabric.Remote, err error) {
+func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *objstore.Window, remote fabric.Remote, err error) {
 	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
 		return nil, nil, remote, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
 	}
@@ -388,39 +389,13 @@ func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer
 	}
 	remote = r.remoteFor(dst)
 	remote.Offset, remote.Length = 0, end-start
-	return pin, &window{Buffer: pin, off: start, n: end - start}, remote, nil
+	return pin, &objstore.Window{Buffer: pin, Off: start, N: end - start}, remote, nil
 }
 
 func spanBytes(d tensor.Desc) int64 {
 	start, end := d.Span()
 	return end - start
 }
-
-// window is a byte range of a pinned buffer, as a buffer of its own.
-type window struct {
-	tensor.Buffer
-	off, n int64
-}
-
-func (w *window) Len() int64 { return w.n }
-func (w *window) Bytes() []byte {
-	b, err := tensor.BytesOf(w.Buffer)
-	if err != nil {
-		return nil
-	}
-	return b[w.off : w.off+w.n]
-}
-func (w *window) Export(a tensor.Access) (tensor.Handle, error) {
-	h, err := tensor.ExportOf(w.Buffer, a)
-	if err != nil {
-		return h, err
-	}
-	h.Offset += w.off
-	h.Length = w.n
-	return h, nil
-}
-func (w *window) Release() error                 { return nil } // the pin is released by Push
-func (w *window) Unwrap() (tensor.Buffer, int64) { return w.Buffer, w.off }
 
 // notifyPush tells the slot's runtime that a push completed.
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -158,7 +159,7 @@ func answerPushBatch(errs []error) []byte {
 type pushOne struct {
 	i      int
 	pin    tensor.Buffer
-	src    *window
+	src    *objstore.Window
 	remote fabric.Remote
 }
 

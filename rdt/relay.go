@@ -14,6 +14,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -431,7 +432,7 @@ chunks:
 		k, off, n := rl.chunks.Locate(i)
 		buf := rl.items[k].s.buf
 		started := w.Send(func(ctx context.Context) error {
-			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
+			return r.writeChunk(ctx, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
 		})
 		if !started {
 			break chunks
@@ -458,7 +459,7 @@ chunks:
 // writeChunk writes n bytes of src into dst's slot at off and tells the
 // slot's runtime they landed. With probe (dst was re-parented) it first
 // asks whether the slot lacks them, and skips them when it does not.
-func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
+func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *objstore.Window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
 	note := bcastMsg{Kind: ctlwire.Chunk, ID: id, Slot: dst.Object, Inc: dst.Incarnation, Token: dst.Token, Off: off, N: n}
 	if probe {
 		q := note
