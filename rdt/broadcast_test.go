@@ -294,7 +294,7 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: f.refs()[:2],
+	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: wireRefs(f.refs()[:2]),
 		Items: []bcast.Item{{Token: []byte("a"), N: 5, DType: tensor.BFloat16}, {N: 1 << 40}}, Gens: []uint64{1, 2}}
 	rand.Read(m.ID[:])
 	p, err := m.Marshal()

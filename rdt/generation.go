@@ -3,11 +3,8 @@ package rdt
 import (
 	"context"
 	"fmt"
-	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
@@ -59,58 +56,6 @@ func (s *Slot) Done(ctx context.Context, gen uint64) error {
 	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.id, Inc: s.rt.incarnation, Gen: gen})
 }
 
-// genTable is the writer side: the generation each reader said it is done
-// with, per slot.
-type genTable struct {
-	mu      sync.Mutex
-	done    map[genKey]uint64
-	changed chan struct{} // closed and replaced on every change
-}
-
-type genKey struct {
-	peer peer.ID
-	slot fabric.ObjectID
-}
-
-func (t *genTable) consumed(from peer.ID, slot fabric.ObjectID, gen uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.done == nil {
-		t.done = map[genKey]uint64{}
-	}
-	k := genKey{from, slot}
-	if gen <= t.done[k] {
-		return
-	}
-	t.done[k] = gen
-	if t.changed != nil {
-		close(t.changed)
-		t.changed = nil
-	}
-}
-
-// state returns the generation the reader of slot is done with and a
-// channel closed at the next change.
-func (t *genTable) state(k genKey) (uint64, <-chan struct{}) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.changed == nil {
-		t.changed = make(chan struct{})
-	}
-	return t.done[k], t.changed
-}
-
-// forget drops what is known about slots of a peer that died.
-func (t *genTable) forget(id peer.ID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k := range t.done {
-		if k.peer == id {
-			delete(t.done, k)
-		}
-	}
-}
-
 // WaitConsumed blocks until the reader of slot has said it is done with
 // generation gen (or a later one), or ctx is done (without a deadline, at
 // most Config.TransferTimeout), or the reader's runtime is declared dead
@@ -118,7 +63,7 @@ func (t *genTable) forget(id peer.ID) {
 func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	k := genKey{slot.Owner, slot.Object}
+	k := bcastrun.Key{Peer: slot.Owner, Slot: slot.Object}
 	var death <-chan struct{}
 	if slot.Owner != a.rt.host.ID() {
 		unuse := a.rt.peers.use(slot.Owner)
@@ -126,7 +71,7 @@ func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 		death = a.rt.peers.deathOf(slot.Owner, slot.Incarnation)
 	}
 	for {
-		got, ch := a.rt.gens.state(k)
+		got, ch := a.rt.bcast.Gens.State(k)
 		if got >= gen {
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
@@ -63,10 +64,10 @@ type relayItem struct {
 
 // forwarder sends the chunks a relay has to one child, in order of arrival.
 type forwarder struct {
-	child Ref      // its first slot (where reports point)
-	items []Ref    // its slot per item
-	q     chan int // chunk indexes; capacity nchunks, so queueing never blocks
-	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
+	child bcastrun.Ref   // its first slot (where reports point)
+	items []bcastrun.Ref // its slot per item
+	q     chan int       // chunk indexes; capacity nchunks, so queueing never blocks
+	probe bool           // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
 func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
@@ -283,10 +284,10 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 		return fmt.Errorf("%w: broadcast into slot %v has ended", ErrObjectNotFound, m.Slot)
 	}
 	for _, c := range m.Children {
-		r.learnAddrs(c)
-		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.Gen == 1}
+		r.learnAddrs(Ref(c))
+		f := &forwarder{child: c, items: []bcastrun.Ref{c}, q: make(chan int, rl.nchunks), probe: m.Gen == 1}
 		if len(m.Items) > 0 {
-			f.items = make([]Ref, len(m.Items))
+			f.items = make([]bcastrun.Ref, len(m.Items))
 			for k, it := range m.Items {
 				x := c
 				x.Object, x.Token, x.Desc = it.Slot, it.Token, tensor.Desc{DType: it.DType}
@@ -331,7 +332,7 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] {
-		r.bmet.Skipped.Inc()
+		r.bcast.Metrics().Skipped.Inc()
 		return errs.ChunkHeld
 	}
 	return nil
@@ -432,7 +433,7 @@ chunks:
 		k, off, n := rl.chunks.Locate(i)
 		buf := rl.items[k].s.buf
 		started := w.Send(func(ctx context.Context) error {
-			return r.writeChunk(ctx, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
+			return bcastrun.WriteChunk(ctx, bcastEnv{r}, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, f.items[k], off, f.probe)
 		})
 		if !started {
 			break chunks
@@ -454,28 +455,4 @@ chunks:
 			go rl.report(bcastMsg{Kind: ctlwire.Report, Failed: f.child.Object, Text: "its parent stopped forwarding: " + c.Error()})
 		}
 	}
-}
-
-// writeChunk writes n bytes of src into dst's slot at off and tells the
-// slot's runtime they landed. With probe (dst was re-parented) it first
-// asks whether the slot lacks them, and skips them when it does not.
-func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *objstore.Window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
-	note := bcastMsg{Kind: ctlwire.Chunk, ID: id, Slot: dst.Object, Inc: dst.Incarnation, Token: dst.Token, Off: off, N: n}
-	if probe {
-		q := note
-		q.Kind = ctlwire.Probe
-		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errs.ChunkHeld) {
-			return nil
-		}
-		// Any other answer: write it; the write or its notice says
-		// what is wrong, if anything.
-	}
-	if n > 0 {
-		remote := r.remoteFor(dst)
-		remote.Offset, remote.Length = off, n
-		if _, _, err := r.planner.Write(ctx, srcEp, src, remote); err != nil {
-			return err
-		}
-	}
-	return r.sendBcast(ctx, dst.Owner, note)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -56,11 +57,10 @@ type Runtime struct {
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer       // recent and live transfers, for dashboards (observe.go)
-	bcasts   bcastState     // broadcasts this runtime owns, in flight (broadcast.go)
-	gens     genTable       // generations readers are done with (generation.go)
-	bmet     *bcast.Metrics // broadcast outcomes (bcastmetrics.go)
-	views    viewTable      // zero-copy views this runtime holds (view.go)
+	obs      observer        // recent and live transfers, for dashboards (observe.go)
+	bcast    *bcastrun.Owner // broadcasts this runtime owns, generations its readers are done with
+	bcasts   bcastState      // its slots' side of broadcasts: counts and test hooks (broadcast.go)
+	views    viewTable       // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -168,7 +168,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
-	r.bmet = bcast.NewMetrics(reg)
+	r.bcast = bcastrun.NewOwner(bcastrun.Deps{Env: bcastEnv{r}, Cluster: c.Cluster, Objects: r.objects,
+		Metrics: bcast.NewMetrics(reg), Log: r.log, AbortWait: c.HeartbeatInterval})
 	r.sinks.register(reg) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
 

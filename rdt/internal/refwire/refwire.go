@@ -232,3 +232,7 @@ var (
 )
 
 const maxPeerStrings = 1 << 12
+
+// MarshalBinary is Marshal, so that a Ref rides the broadcast notices
+// (bcast.Msg).
+func (r Ref) MarshalBinary() ([]byte, error) { return Marshal(r) }
