@@ -351,7 +351,7 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 			sw.Backoff().Clear(ref.Owner)
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
-		reply, perr := r.call(pctx, ref.Owner, lifeMsg{kind: kindPing})
+		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()
 		switch {
 		case perr != nil && !r.isClosed() && r.peers.seenAlive(ref.Owner, ref.Incarnation):
@@ -361,8 +361,8 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 			// Never reached on the control channel: not known to have
 			// lived, so not known to have died.
 			return fmt.Errorf("%w; transfer: %w", perr, err)
-		case perr == nil && reply.incarnation != ref.Incarnation:
-			r.peers.sawAlive(ref.Owner, reply.incarnation)
+		case perr == nil && reply.Incarnation != ref.Incarnation:
+			r.peers.sawAlive(ref.Owner, reply.Incarnation)
 			return fmt.Errorf("%w: owner restarted; transfer: %w", ErrStaleRef, err)
 		}
 	}

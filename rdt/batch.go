@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -118,7 +119,7 @@ func ReleaseBatch(items []BatchItem) {
 }
 
 // holdBatch makes actor a holder of every ref, with one lease request per
-// owner (per maxClaims refs) for those this runtime does not hold yet. It
+// owner (per ctlwire.MaxClaims refs) for those this runtime does not hold yet. It
 // returns each ref's error.
 func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []error {
 	errs := make([]error, len(refs))
@@ -168,15 +169,15 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 		return
 	}
 	r.learnAddrs(first)
-	for start := 0; start < len(idx); start += maxClaims {
-		part := idx[start:min(start+maxClaims, len(idx))]
+	for start := 0; start < len(idx); start += ctlwire.MaxClaims {
+		part := idx[start:min(start+ctlwire.MaxClaims, len(idx))]
 		claims := make([]fabric.Claim, len(part))
 		layouts := make([]objstore.LayoutSum, len(part))
 		for k, i := range part {
 			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
 			layouts[k] = objstore.LayoutOf(refs[i].Desc)
 		}
-		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
+		inc, es, err := r.leaseRemote(ctx, first.Owner, ctlwire.LifeLease, claims, layouts)
 		for k, i := range part {
 			ref := refs[i]
 			switch {

@@ -11,6 +11,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 )
 
@@ -96,7 +97,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 		r.learnAddrs(ref)
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl}, []objstore.LayoutSum{layout})
+	inc, errs, err := r.leaseRemote(ctx, ref.Owner, ctlwire.LifeLease, []fabric.Claim{cl}, []objstore.LayoutSum{layout})
 	if err != nil {
 		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
 			return r.ownerDiedErr(ref, err)
@@ -181,13 +182,13 @@ func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
 }
 
 // releaseAt tells owner this runtime no longer holds the claims, in
-// messages of at most maxClaims, each bounded by a heartbeat interval. An
+// messages of at most ctlwire.MaxClaims, each bounded by a heartbeat interval. An
 // owner that does not answer is logged (why) and left to expire them.
 func (r *Runtime) releaseAt(ctx context.Context, owner peer.ID, cl []fabric.Claim, layouts []objstore.LayoutSum, why string) {
-	for start := 0; start < len(cl); start += maxClaims {
+	for start := 0; start < len(cl); start += ctlwire.MaxClaims {
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
-		end := min(start+maxClaims, len(cl))
-		_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[start:end])
+		end := min(start+ctlwire.MaxClaims, len(cl))
+		_, _, err := r.leaseRemote(cctx, owner, ctlwire.LifeRelease, cl[start:end], layouts[start:end])
 		cancel()
 		if err != nil {
 			r.log.Info(why, "owner", shortID(owner), "leases", len(cl), "err", err)
@@ -216,7 +217,7 @@ func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl}, []objstore.LayoutSum{h.layout})
+	_, errs, err := r.leaseRemote(ctx, ref.Owner, ctlwire.LifeRelease, []fabric.Claim{cl}, []objstore.LayoutSum{h.layout})
 	if err != nil {
 		// The owner will expire the lease; say so rather than fail: the
 		// reader is done with the ref either way.
@@ -273,10 +274,10 @@ func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) 
 }
 
 func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim, layouts []objstore.LayoutSum) {
-	for start := 0; start < len(keys); start += maxClaims {
-		end := min(start+maxClaims, len(keys))
+	for start := 0; start < len(keys); start += ctlwire.MaxClaims {
+		end := min(start+ctlwire.MaxClaims, len(keys))
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
-		_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[start:end], layouts[start:end])
+		_, errs, err := r.leaseRemote(cctx, owner, ctlwire.LifeLease, claims[start:end], layouts[start:end])
 		cancel()
 		if err != nil {
 			r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)

@@ -1,11 +1,9 @@
 package rdt
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -22,8 +20,6 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
-	"github.com/tensorlane/tensorlane/internal/wire"
-	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -710,51 +706,6 @@ func TestWatchPeerEndsWithContext(t *testing.T) {
 	assert.False(t, open)
 }
 
-func TestLifeMsgEncoding(t *testing.T) {
-	var obj fabric.ObjectID
-	rand.Read(obj[:])
-	tests := []lifeMsg{
-		{kind: kindPing, incarnation: 7},
-		{kind: kindPong, incarnation: 1<<64 - 1},
-		{kind: kindLease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: bytes.Repeat([]byte{1}, 16)}, {Object: obj}}},
-		{kind: kindRelease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: []byte{2}}}},
-		{kind: kindLeased, incarnation: 5, statuses: []byte{leaseOK, leaseFreed}, ttl: 15 * time.Second},
-	}
-	for _, m := range tests {
-		b := m.marshal()
-		back, err := parseLifeMsg(b)
-		require.NoError(t, err)
-		assert.Equal(t, m.kind, back.kind)
-		assert.Equal(t, m.incarnation, back.incarnation)
-		assert.Equal(t, len(m.claims), len(back.claims))
-		for i := range m.claims {
-			assert.Equal(t, m.claims[i].Object, back.claims[i].Object)
-			assert.Equal(t, m.claims[i].Incarnation, back.claims[i].Incarnation)
-			assert.Equal(t, len(m.claims[i].Token), len(back.claims[i].Token))
-		}
-		assert.Equal(t, m.statuses, back.statuses)
-		assert.Equal(t, m.ttl, back.ttl)
-		for i := range b {
-			_, err := parseLifeMsg(b[:i])
-			require.ErrorIs(t, err, wire.ErrMalformed, "truncated at %d", i)
-		}
-		_, err = parseLifeMsg(append(b, 0))
-		assert.ErrorIs(t, err, wire.ErrMalformed)
-	}
-	for _, bad := range [][]byte{nil, {2, 1}, {1, 99, 0, 0, 0, 0, 0, 0, 0, 0}} {
-		_, err := parseLifeMsg(bad)
-		assert.ErrorIs(t, err, wire.ErrMalformed)
-	}
-}
-
-func TestLeaseStatusCodes(t *testing.T) {
-	for _, e := range []error{ErrObjectNotFound, ErrObjectFreed, ErrStaleRef, ErrUnauthorized} {
-		assert.ErrorIs(t, leaseError(leaseStatus(e)), e)
-	}
-	assert.Equal(t, leaseFailed, leaseStatus(errors.New("other")))
-	assert.Error(t, leaseError(200))
-}
-
 func TestConfigDefaultsLife(t *testing.T) {
 	c, err := (&Config{IgnoreEnv: true}).withDefaults()
 	require.NoError(t, err)
@@ -785,31 +736,6 @@ func TestMetricsRegistered(t *testing.T) {
 	for _, n := range []string{"tensorlane_leases_held", "tensorlane_leases_granted"} {
 		assert.True(t, names[n], n)
 	}
-}
-
-// FuzzLifeMsg: any bytes a peer sends on the lifecycle protocol decode to
-// a message that re-encodes, or fail with wire.ErrMalformed.
-func FuzzLifeMsg(f *testing.F) {
-	var obj fabric.ObjectID
-	f.Add(lifeMsg{kind: kindPing, incarnation: 1}.marshal())
-	f.Add(lifeMsg{kind: kindLease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}}}.marshal())
-	f.Add(lifeMsg{kind: kindRelease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}},
-		layouts: []objstore.LayoutSum{objstore.LayoutOf(tensor.NewDesc(tensor.Float32, 2, 3))}}.marshal())
-	f.Add(lifeMsg{kind: kindLeased, incarnation: 1, statuses: []byte{0, 2}, ttl: time.Second}.marshal())
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, p []byte) {
-		m, err := parseLifeMsg(p)
-		if err != nil {
-			if !errors.Is(err, wire.ErrMalformed) {
-				t.Fatalf("untyped error %v", err)
-			}
-			return
-		}
-		back, err := parseLifeMsg(m.marshal())
-		if err != nil || back.kind != m.kind || len(back.claims) != len(m.claims) || !slices.Equal(back.layouts, m.layouts) {
-			t.Fatalf("re-encoding changed the message: %v", err)
-		}
-	})
 }
 
 // FuzzEnvelope: control envelopes from the network decode or fail, never

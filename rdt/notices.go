@@ -129,7 +129,7 @@ func exchangeNotice(ctx context.Context, s network.Stream, note []byte, items in
 	s.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
-	if err := writeMsg(s, note); err != nil {
+	if err := ctlwire.WriteMsg(s, note); err != nil {
 		return 0, nil, err
 	}
 	status := make([]byte, 1, 1+items)

@@ -9,6 +9,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
 // PeerEventKind says what happened to a watched peer.
@@ -395,7 +397,7 @@ func (t *peerTable) monitor(ctx context.Context, st *peerState) {
 		// The ping's bound is on the clock too: a missed heartbeat is a
 		// clock event, so a fake clock decides when one is missed.
 		pctx, cancel := clockTimeout(ctx, clk, interval)
-		reply, err := r.call(pctx, st.id, lifeMsg{kind: kindPing})
+		reply, err := r.call(pctx, st.id, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -403,7 +405,7 @@ func (t *peerTable) monitor(ctx context.Context, st *peerState) {
 		if err == nil {
 			misses = 0
 			r.lifeMetrics.heartbeats.WithLabelValues("ok").Inc()
-			t.sawAlive(st.id, reply.incarnation)
+			t.sawAlive(st.id, reply.Incarnation)
 			return
 		}
 		misses++

@@ -429,7 +429,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
 	for {
 		s.SetDeadline(time.Now().Add(noticeIdle))
-		p, err := readMsg(s, ctlwire.MaxNotice)
+		p, err := ctlwire.ReadMsg(s, ctlwire.MaxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
 				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up

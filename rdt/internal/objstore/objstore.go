@@ -23,6 +23,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -467,7 +468,7 @@ func (p *pin) Release() error {
 // LayoutSum is a digest of a tensor layout (dtype, shape, effective
 // strides, offset): what a reader shows its owner to confirm the ref's desc
 // before it allocates, in 16 bytes whatever the rank.
-type LayoutSum [16]byte
+type LayoutSum = ctlwire.Layout
 
 func LayoutOf(d tensor.Desc) LayoutSum {
 	r := d.Rebased() // effective strides; Rebased zeroes the offset, kept below
