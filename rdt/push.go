@@ -34,44 +34,6 @@ import (
 
 const pushProtocol = protocol.ID("/tensorlane/push/1.0.0")
 
-// pushNotice is the message an owner sends after a push completed.
-type pushNotice struct {
-	slot        fabric.ObjectID
-	incarnation uint64
-	token       []byte
-	bytes       int64
-}
-
-func (n pushNotice) marshal() []byte {
-	e := wire.Encoder{Buf: make([]byte, 0, 64)}
-	e.Byte(ctlwire.Push)
-	e.Fixed(n.slot[:])
-	e.Uvarint(n.incarnation)
-	e.Bytes(n.token)
-	e.Uvarint(uint64(n.bytes))
-	return e.Buf
-}
-
-func parsePushNotice(p []byte) (pushNotice, error) {
-	d := wire.NewDecoder(p)
-	var n pushNotice
-	if v := d.Byte(); v != ctlwire.Push && d.Err() == nil {
-		return n, fmt.Errorf("%w: push notice version %d", ErrMalformedRef, v)
-	}
-	d.Fixed(n.slot[:])
-	n.incarnation = d.Uvarint()
-	n.token = d.Bytes(ctlwire.MaxToken)
-	b := d.Uvarint()
-	if err := d.Finish(); err != nil {
-		return n, fmt.Errorf("%w: push notice: %v", ErrMalformedRef, err)
-	}
-	if b > 1<<62 {
-		return n, fmt.Errorf("%w: push notice of %d bytes", ErrMalformedRef, b)
-	}
-	n.bytes = int64(b)
-	return n, nil
-}
-
 // Slot is reader-allocated memory that owners push tensors into.
 type Slot struct {
 	rt    *Runtime
@@ -399,25 +361,25 @@ func spanBytes(d tensor.Desc) int64 {
 
 // notifyPush tells the slot's runtime that a push completed.
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
-	note := pushNotice{slot: dst.Object, incarnation: dst.Incarnation, token: dst.Token, bytes: n}
+	note := ctlwire.PushNotice{Slot: dst.Object, Incarnation: dst.Incarnation, Token: dst.Token, Bytes: n}
 	if dst.Owner == r.host.ID() {
 		return r.pushed(r.host.ID(), note)
 	}
 	r.learnAddrs(dst)
-	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
+	status, err := r.sendNotice(ctx, dst.Owner, note.Marshal())
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
 	return ctlwire.ErrOf(status) // ctlwire: one table of notice answers
 }
 
-func (r *Runtime) pushed(from peer.ID, n pushNotice) error {
-	s, err := r.sinks.lookup(n.slot, n.incarnation, n.token)
+func (r *Runtime) pushed(from peer.ID, n ctlwire.PushNotice) error {
+	s, err := r.sinks.lookup(n.Slot, n.Incarnation, n.Token)
 	if err != nil {
 		return err
 	}
-	if n.bytes != s.buf.Len() {
-		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.bytes, s.buf.Len())
+	if n.Bytes != s.buf.Len() {
+		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.Bytes, s.buf.Len())
 	}
 	s.completedBy(from)
 	return nil
@@ -440,9 +402,9 @@ func (r *Runtime) handlePush(s network.Stream) {
 		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
 			r.sinks.notices.Add(1)
 			answer := []byte{ctlwire.StatusRefused}
-			if n, err := parsePushBatchNotice(p); err == nil {
-				r.sinks.noticed.Add(int64(len(n.items)))
-				answer = answerPushBatch(r.pushedBatch(from, n))
+			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
+				r.sinks.noticed.Add(int64(len(n.Items)))
+				answer = ctlwire.AnswerPushBatch(r.pushedBatch(from, n))
 			} else {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
 			}
@@ -457,10 +419,10 @@ func (r *Runtime) handlePush(s network.Stream) {
 				err = r.onBcast(from, m)
 			}
 		} else {
-			var n pushNotice
+			var n ctlwire.PushNotice
 			r.sinks.notices.Add(1)
 			r.sinks.noticed.Add(1)
-			if n, err = parsePushNotice(p); err == nil {
+			if n, err = ctlwire.ParsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}
 		}

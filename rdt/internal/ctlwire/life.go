@@ -32,10 +32,10 @@ type Layout [16]byte
 // is the desc it published, so a reader learns of a forged shape before it
 // allocates for it.
 const (
-		LifeVersion  = 2
-	MaxClaims    = 4096
-	minClaimLen  = 16 + 8 + 1 + len(Layout{})
-	MaxLifeMsg   = 16 + MaxClaims*(minClaimLen+MaxToken+2)
+	LifeVersion = 2
+	MaxClaims   = 4096
+	minClaimLen = 16 + 8 + 1 + len(Layout{})
+	MaxLifeMsg  = 16 + MaxClaims*(minClaimLen+MaxToken+2)
 )
 
 // Lifecycle message kinds.
@@ -179,4 +179,3 @@ func LeaseErrOf(code byte) error {
 	}
 	return fmt.Errorf("owner refused the lease (status %d)", code)
 }
-
