@@ -53,15 +53,15 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
 	switch m.Kind {
 	case ctlwire.Prepare:
-		return r.relayPrepare(from, m)
+		return r.relays.Prepare(from, m)
 	case ctlwire.Children:
-		return r.relayChildren(from, m)
+		return r.relays.Children(from, m)
 	case ctlwire.Chunk:
-		return r.relayChunk(m)
+		return r.relays.Chunk(m)
 	case ctlwire.Probe:
-		return r.relayProbe(m)
+		return r.relays.Probe(m)
 	case ctlwire.Abort:
-		return r.relayAbort(from, m)
+		return r.relays.Abort(from, m)
 	case ctlwire.Report:
 		return r.bcast.Report(from, m)
 	case ctlwire.Consumed:
@@ -76,6 +76,7 @@ type bcastEnv struct{ r *Runtime }
 
 func (e bcastEnv) Self() (peer.ID, uint64) { return e.r.host.ID(), e.r.incarnation }
 func (e bcastEnv) Closed() bool            { return e.r.isClosed() }
+func (e bcastEnv) Done() <-chan struct{}   { return e.r.done }
 func (e bcastEnv) Send(ctx context.Context, to peer.ID, m bcastMsg) error {
 	return e.r.sendBcast(ctx, to, m)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -178,34 +177,6 @@ type (
 // follow and which path each edge would take.
 func (a *Actor) ExplainBroadcast(src Ref, slots []Ref) BroadcastPlan {
 	return a.rt.planBroadcast(src, slots)
-}
-
-// bcastState is the reader side's count of prepares and its test hooks.
-type bcastState struct {
-	// Test hook: slots of this runtime take only the first chunk of a
-	// broadcast (the rest are acknowledged and dropped), so a reader is
-	// mid-transfer for as long as a test needs.
-	dropChunks atomic.Bool
-	prepares   atomic.Int64 // prepare notices this runtime's slots took (one per reader per broadcast)
-	// Test hook: chunk notices to this runtime's slots wait while hold is
-	// set (until it is closed), so a test sees how many chunks a writer
-	// keeps in flight: held counts those waiting, heldMax the most at once.
-	hold    atomic.Pointer[chan struct{}]
-	held    atomic.Int64
-	heldMax atomic.Int64
-}
-
-// holdChunk waits while the test hook hold is set.
-func (s *bcastState) holdChunk() {
-	h := s.hold.Load()
-	if h == nil {
-		return
-	}
-	n := s.held.Add(1)
-	for m := s.heldMax.Load(); n > m && !s.heldMax.CompareAndSwap(m, n); m = s.heldMax.Load() {
-	}
-	<-*h
-	s.held.Add(-1)
 }
 
 // planBroadcast is the tree a broadcast of src to slots would follow

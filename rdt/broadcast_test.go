@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -188,15 +189,7 @@ func TestBroadcastBadReaders(t *testing.T) {
 func waitRelay(t *testing.T, s *Slot) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		rl := s.relay
-		s.mu.Unlock()
-		if rl == nil {
-			return false
-		}
-		rl.mu.Lock()
-		defer rl.mu.Unlock()
-		return rl.got > 0
+		return bcastrun.Landed(s.s) > 0
 	}, 20*time.Second, 200*time.Microsecond, "the broadcast never reached the slot")
 }
 
@@ -430,7 +423,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	t.Helper()
 	ctx := context.Background()
-	f.rts[k].bcasts.dropChunks.Store(true)
+	f.rts[k].relays.DropChunks.Store(true)
 	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
 	for i, s := range f.slots {
 		if s.rt == f.rts[k] {

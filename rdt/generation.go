@@ -22,38 +22,24 @@ type SlotOption func(*Slot)
 // WithGenerations makes the slot flow-controlled: after each completed push
 // or broadcast it takes no more writes until Done is called for that
 // generation.
-func WithGenerations() SlotOption { return func(s *Slot) { s.flow = true } }
+func WithGenerations() SlotOption { return func(s *Slot) { s.s.Flow = true } }
 
 // Generation is the slot's current generation (completed pushes and
 // broadcasts) and the last one its reader said it is done with.
-func (s *Slot) Generation() (current, done uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pushes, s.consumed
-}
+func (s *Slot) Generation() (current, done uint64) { return s.s.Generation() }
 
 // Done says the reader has finished with generation gen of the slot (and
 // every earlier one): a flow-controlled slot takes writes again, and the
 // writer of that generation is told. Telling the writer is bounded by ctx
 // and the control timeout; the slot is released even if that fails.
 func (s *Slot) Done(ctx context.Context, gen uint64) error {
-	s.mu.Lock()
-	if gen > s.pushes {
-		cur := s.pushes
-		s.mu.Unlock()
-		return fmt.Errorf("%w: done with generation %d, the slot is at %d", ErrMalformedRef, gen, cur)
-	}
-	if gen > s.consumed {
-		s.consumed = gen
-	}
-	writer := s.writer
-	s.mu.Unlock()
-	if writer == "" {
-		return nil
+	writer, err := s.s.Consume(gen)
+	if err != nil || writer == "" {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.id, Inc: s.rt.incarnation, Gen: gen})
+	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.s.ID, Inc: s.rt.incarnation, Gen: gen})
 }
 
 // WaitConsumed blocks until the reader of slot has said it is done with

@@ -2,12 +2,8 @@ package rdt
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -34,132 +30,12 @@ import (
 
 const pushProtocol = protocol.ID("/tensorlane/push/1.0.0")
 
-// Slot is reader-allocated memory that owners push tensors into.
+// Slot is reader-allocated memory that owners push tensors into. Its
+// state (generations, pins, the broadcast filling it) is objstore.Slot's.
 type Slot struct {
 	rt    *Runtime
 	actor *Actor
-	id    fabric.ObjectID
-	buf   tensor.Buffer
-	desc  tensor.Desc
-	token []byte
-
-	mu      sync.Mutex
-	pushes  uint64        // completed pushes: the slot's generation
-	changed chan struct{} // closed and replaced on each completed push and on Close
-	pins    int
-	closed  bool
-
-	// Generations and broadcasts (generation.go, relay.go).
-	flow     bool    // refuse writes while a completed generation is not Done
-	consumed uint64  // the last generation the reader said it is done with
-	writer   peer.ID // who wrote the last generation: told when it is done
-	relay    *relay  // the broadcast filling the slot, if any
-	lastErr  error   // why the last broadcast into the slot failed
-}
-
-// sinkTable is the runtime's fabric.Sink: it resolves push claims to slots.
-type sinkTable struct {
-	incarnation uint64
-	mu          sync.Mutex
-	slots       map[fabric.ObjectID]*Slot
-	closing     bool // Shutdown began: no new pushes
-	// notices counts the push notices taken from other runtimes (single
-	// and batch) and noticed the pushes they reported (pushbatch.go's
-	// metrics).
-	notices, noticed atomic.Int64
-}
-
-// close refuses new pushes from now on (Shutdown); those writing finish.
-func (t *sinkTable) close() {
-	t.mu.Lock()
-	t.closing = true
-	t.mu.Unlock()
-}
-
-var _ fabric.Sink = (*sinkTable)(nil)
-
-func newSinkTable(incarnation uint64) *sinkTable {
-	return &sinkTable{incarnation: incarnation, slots: map[fabric.ObjectID]*Slot{}}
-}
-
-// OpenSink checks a push claim and pins the slot for the write.
-func (t *sinkTable) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	// A push that began writing finishes (its notice is still taken);
-	// none begins once Shutdown has.
-	t.mu.Lock()
-	closing := t.closing
-	t.mu.Unlock()
-	if closing {
-		return nil, ErrOwnerClosed
-	}
-	s, err := t.lookup(c.Object, c.Incarnation, c.Token)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrObjectFreed
-	}
-	if s.flow && s.pushes > s.consumed {
-		return nil, fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
-	}
-	s.pins++
-	return &slotPin{slot: s}, nil
-}
-
-func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte) (*Slot, error) {
-	if incarnation != t.incarnation {
-		return nil, ErrStaleRef
-	}
-	t.mu.Lock()
-	s, ok := t.slots[id]
-	t.mu.Unlock()
-	if !ok {
-		return nil, ErrObjectNotFound
-	}
-	if subtle.ConstantTimeCompare(s.token, token) != 1 {
-		return nil, ErrUnauthorized
-	}
-	return s, nil
-}
-
-// slotPin is the slot's memory as a transport writes into it: host visible
-// and, for the shared-memory paths, exportable to the writer's process.
-type slotPin struct {
-	slot     *Slot
-	released sync.Once
-}
-
-func (p *slotPin) Device() tensor.DeviceID { return p.slot.buf.Device() }
-func (p *slotPin) Len() int64              { return p.slot.buf.Len() }
-func (p *slotPin) Bytes() []byte {
-	b, _ := tensor.BytesOf(p.slot.buf)
-	return b
-}
-func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
-	return tensor.ExportOf(p.slot.buf, a)
-}
-func (p *slotPin) Unwrap() (tensor.Buffer, int64) { return p.slot.buf, 0 }
-func (p *slotPin) Release() error {
-	var err error
-	p.released.Do(func() { err = p.slot.unpin() })
-	return err
-}
-
-// unpin drops a pin; the last one of a closed slot returns its memory.
-func (s *Slot) unpin() error {
-	s.mu.Lock()
-	s.pins--
-	last := s.closed && s.pins == 0
-	s.mu.Unlock()
-	if last {
-		return s.buf.Release()
-	}
-	return nil
+	s     *objstore.Slot
 }
 
 // Reserve allocates a slot for a tensor of layout desc on dev, one of the
@@ -188,16 +64,11 @@ func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.Device
 // addSlot makes buf, holding a tensor of layout desc, a slot of this
 // actor with a fresh id and token, and publishes it in the sink table.
 func (a *Actor) addSlot(buf tensor.Buffer, desc tensor.Desc, opts []SlotOption) *Slot {
-	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
+	s := &Slot{rt: a.rt, actor: a, s: objstore.NewSlot(buf, desc)}
 	for _, o := range opts {
 		o(s)
 	}
-	rand.Read(s.id[:])
-	rand.Read(s.token)
-	t := a.rt.sinks
-	t.mu.Lock()
-	t.slots[s.id] = s
-	t.mu.Unlock()
+	a.rt.sinks.Add(s.s)
 	return s
 }
 
@@ -210,17 +81,16 @@ func (s *Slot) Ref() Ref {
 		addrs = append(addrs, m.String())
 	}
 	return Ref{
-		Object: s.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
-		DataAddrs: r.dataAddrs(), Host: r.cfg.Host, Device: s.buf.Device(), Desc: s.desc,
-		Transports: r.servedTransports(), Token: s.token,
+		Object: s.s.ID, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
+		DataAddrs: r.dataAddrs(), Host: r.cfg.Host, Device: s.s.Buf.Device(), Desc: s.s.Desc,
+		Transports: r.servedTransports(), Token: s.s.Token,
 	}
 }
 
 // Pushes is the number of pushes completed so far.
 func (s *Slot) Pushes() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pushes
+	n, _ := s.s.Generation()
+	return n
 }
 
 // Wait blocks until more than after pushes have completed and returns the
@@ -230,9 +100,7 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	ctx, cancel := s.rt.bounded(ctx)
 	defer cancel()
 	for {
-		s.mu.Lock()
-		n, ch, closed, lastErr := s.pushes, s.changed, s.closed, s.lastErr
-		s.mu.Unlock()
+		n, ch, closed, lastErr := s.s.State()
 		if closed {
 			return n, tensor.Tensor{}, ErrObjectFreed
 		}
@@ -240,7 +108,7 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 			return n, tensor.Tensor{}, lastErr // the broadcast filling it failed
 		}
 		if n > after {
-			t, err := tensor.New(nopRelease{s.buf}, s.desc)
+			t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
 			return n, t, err
 		}
 		select {
@@ -253,47 +121,10 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	}
 }
 
-// completedBy records a finished push or broadcast by writer, wakes
-// waiters and returns the slot's new generation.
-func (s *Slot) completedBy(writer peer.ID) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.pushes
-	}
-	s.pushes++
-	s.writer = writer
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return s.pushes
-}
-
 // Close unregisters the slot: later pushes get ErrObjectFreed, and its
 // memory returns to the device once no push in progress holds it.
 // Idempotent.
-func (s *Slot) Close() error {
-	t := s.rt.sinks
-	t.mu.Lock()
-	delete(t.slots, s.id)
-	t.mu.Unlock()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.changed)
-	last := s.pins == 0
-	rl := s.relay
-	s.mu.Unlock()
-	if rl != nil { // a broadcast filling it stops forwarding and lets go
-		rl.cancel(fmt.Errorf("%w: the slot was closed", ErrObjectFreed))
-	}
-	if last {
-		return s.buf.Release()
-	}
-	return nil
-}
+func (s *Slot) Close() error { return s.rt.sinks.CloseSlot(s.s) }
 
 // nopRelease lends a buffer to a view without giving up ownership.
 type nopRelease struct{ tensor.Buffer }
@@ -374,14 +205,14 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 }
 
 func (r *Runtime) pushed(from peer.ID, n ctlwire.PushNotice) error {
-	s, err := r.sinks.lookup(n.Slot, n.Incarnation, n.Token)
+	s, err := r.sinks.Lookup(n.Slot, n.Incarnation, n.Token)
 	if err != nil {
 		return err
 	}
-	if n.Bytes != s.buf.Len() {
-		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.Bytes, s.buf.Len())
+	if n.Bytes != s.Buf.Len() {
+		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.Bytes, s.Buf.Len())
 	}
-	s.completedBy(from)
+	s.CompletedBy(from)
 	return nil
 }
 
@@ -400,10 +231,10 @@ func (r *Runtime) handlePush(s network.Stream) {
 		}
 		from := s.Conn().RemotePeer()
 		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
-			r.sinks.notices.Add(1)
+			r.sinks.Notices.Add(1)
 			answer := []byte{ctlwire.StatusRefused}
 			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
-				r.sinks.noticed.Add(int64(len(n.Items)))
+				r.sinks.Noticed.Add(int64(len(n.Items)))
 				answer = ctlwire.AnswerPushBatch(r.pushedBatch(from, n))
 			} else {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
@@ -420,8 +251,8 @@ func (r *Runtime) handlePush(s network.Stream) {
 			}
 		} else {
 			var n ctlwire.PushNotice
-			r.sinks.notices.Add(1)
-			r.sinks.noticed.Add(1)
+			r.sinks.Notices.Add(1)
+			r.sinks.Noticed.Add(1)
 			if n, err = ctlwire.ParsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}

@@ -26,14 +26,14 @@ import (
 
 // register exports the notice counters: pushes over notices taken is how
 // much PushBatch coalesced the control round trips into this runtime.
-func (t *sinkTable) register(reg prometheus.Registerer) {
+func registerNotices(reg prometheus.Registerer, t *objstore.Sinks) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tensorlane_push_notices_total",
 			Help: "Push notices this runtime took as a slot owner (one per Push, one per destination and PushBatch)."},
-			func() float64 { return float64(t.notices.Load()) }),
+			func() float64 { return float64(t.Notices.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tensorlane_push_notice_items_total",
 			Help: "Pushes those notices reported: over tensorlane_push_notices_total, how many pushes shared a notice."},
-			func() float64 { return float64(t.noticed.Load()) }),
+			func() float64 { return float64(t.Noticed.Load()) }),
 	)
 }
 

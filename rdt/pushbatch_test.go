@@ -70,7 +70,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 			assert.Equal(t, BatchGroup{Owner: shortID(rts[1].host.ID()), Transport: tr, Refs: n, Bytes: bp.Groups[0].Bytes, Coalesced: true,
 				Reason: tr + " moves many objects to one destination together"}, bp.Groups[0])
 			assert.Equal(t, 1, bp.Refused, "the source this runtime does not own")
-			before := rts[1].sinks.notices.Load()
+			before := rts[1].sinks.Notices.Load()
 			xs, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{})
 			require.Len(t, errs, n+1)
 			for i, err := range errs {
@@ -89,7 +89,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 				require.NoError(t, err)
 				sameBytes(t, want[i], got)
 			}
-			assert.Equal(t, int64(1), rts[1].sinks.notices.Load()-before, "one push notice for the whole batch")
+			assert.Equal(t, int64(1), rts[1].sinks.Notices.Load()-before, "one push notice for the whole batch")
 			assert.Equal(t, 1.0, counter(t, rts[1], "tensorlane_push_notices_total"))
 			assert.Equal(t, float64(n-3), counter(t, rts[1], "tensorlane_push_notice_items_total"), "the pushes that landed")
 			for _, i := range []int{5, 7} {
@@ -141,14 +141,14 @@ func TestPushBatchSeparate(t *testing.T) {
 		defer s.Close()
 		srcs, dsts = append(srcs, ref), append(dsts, s.Ref())
 	}
-	before := rts[1].sinks.notices.Load()
+	before := rts[1].sinks.Notices.Load()
 	xs, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{Separate: true})
 	for i, err := range errs {
 		require.NoError(t, err)
 		assert.Zero(t, xs[i].Stats.Coalesced)
 		assert.Zero(t, xs[i].Notified)
 	}
-	assert.Equal(t, int64(5), rts[1].sinks.notices.Load()-before)
+	assert.Equal(t, int64(5), rts[1].sinks.Notices.Load()-before)
 }
 
 // TestPushBatchToSelf: slots of the pushing runtime itself are told
@@ -240,7 +240,7 @@ func TestPushedBatchOncePerSlot(t *testing.T) {
 	s, err := a.Reserve(ctx, desc, tensor.GPUDevice(0))
 	require.NoError(t, err)
 	defer s.Close()
-	it := ctlwire.PushBatchItem{Slot: s.id, Token: s.token, Bytes: 64}
+	it := ctlwire.PushBatchItem{Slot: s.s.ID, Token: s.s.Token, Bytes: 64}
 	errs := rts[0].pushedBatch("someone", ctlwire.PushBatchNotice{Incarnation: rts[0].incarnation, Items: []ctlwire.PushBatchItem{it, it, {Slot: fabric.ObjectID{9}, Bytes: 64}}})
 	assert.NoError(t, errs[0])
 	assert.ErrorIs(t, errs[1], ErrMalformedRef)
@@ -277,10 +277,7 @@ func TestPushBatchReaderLeaves(t *testing.T) {
 			// Leave once a write into one of the slots has begun (or soon).
 			writing := func() bool {
 				for _, s := range slots {
-					s.mu.Lock()
-					pinned := s.pins > 0
-					s.mu.Unlock()
-					if pinned {
+					if s.s.Pinned() {
 						return true
 					}
 				}

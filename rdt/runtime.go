@@ -51,16 +51,16 @@ type Runtime struct {
 	owned   []interface{ Close() error } // memories this runtime created and closes
 
 	objects  *objstore.Table
-	sinks    *sinkTable
+	sinks    *objstore.Sinks
 	notices  noticePool   // idle push-notice streams per slot runtime (notices.go)
 	paths    *stack.Stack // the data transports and their servers (datapaths.go)
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer        // recent and live transfers, for dashboards (observe.go)
-	bcast    *bcastrun.Owner // broadcasts this runtime owns, generations its readers are done with
-	bcasts   bcastState      // its slots' side of broadcasts: counts and test hooks (broadcast.go)
-	views    viewTable       // zero-copy views this runtime holds (view.go)
+	obs      observer         // recent and live transfers, for dashboards (observe.go)
+	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
+	relays   *bcastrun.Relays // its slots' side of broadcasts
+	views    viewTable        // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -109,7 +109,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	rand.Read(inc[:])
 	r.incarnation = binary.BigEndian.Uint64(inc[:]) | 1
 	r.objects = objstore.New(r.incarnation)
-	r.sinks = newSinkTable(r.incarnation)
+	r.sinks = objstore.NewSinks(r.incarnation)
 	r.objects.SetHooks(objstore.Hooks{
 		OnFree: func(id fabric.ObjectID, why string) {
 			r.revokeRegistrations(id)
@@ -168,9 +168,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
+	bmet := bcast.NewMetrics(reg)
 	r.bcast = bcastrun.NewOwner(bcastrun.Deps{Env: bcastEnv{r}, Cluster: c.Cluster, Objects: r.objects,
-		Metrics: bcast.NewMetrics(reg), Log: r.log, AbortWait: c.HeartbeatInterval})
-	r.sinks.register(reg) // push notices (pushbatch.go)
+		Metrics: bmet, Log: r.log, AbortWait: c.HeartbeatInterval})
+	r.relays = bcastrun.NewRelays(bcastrun.RelayDeps{Env: bcastEnv{r}, Sinks: r.sinks, Metrics: bmet, Log: r.log,
+		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
+	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
@@ -344,7 +347,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
 		inFlight := r.objects.Close()
-		r.sinks.close()
+		r.sinks.Close()
 		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)

@@ -1,8 +1,9 @@
 // Package bcastrun runs broadcasts: the owner's side (Owner: the readers'
-// tree, feeding the first chunks, following reports, re-parenting orphans)
-// and the chunk writes both the owner and a forwarding reader make
-// (WriteChunk), with the writer's table of generations its readers are done
-// with (Gens). It needs no runtime: what it asks of one is Env, a handful
+// tree, feeding the first chunks, following reports, re-parenting orphans,
+// the writer's table of generations its readers are done with, Gens), the
+// readers' side (Relays: a relay fills a runtime's slots, objstore.Slot,
+// and forwards each chunk that lands to its children), and the chunk write
+// both make (WriteChunk). It needs no runtime: what it asks of one is Env, a handful
 // of methods rdt's Runtime implements (rdt/bcastwire.go) over its control
 // channel, its planner and its failure detector. The pure parts (planner,
 // tree, windows, chunk numbering, notice codec, metrics) are package bcast.
@@ -28,8 +29,9 @@ type Msg = bcast.Msg[Ref]
 type Env interface {
 	// Self is this runtime's peer and incarnation.
 	Self() (peer.ID, uint64)
-	// Closed says the runtime is shutting down.
+	// Closed says the runtime is shutting down; Done is closed then.
 	Closed() bool
+	Done() <-chan struct{}
 	// Send delivers a broadcast notice to runtime to (this one included)
 	// and returns the condition it was answered with.
 	Send(ctx context.Context, to peer.ID, m Msg) error
