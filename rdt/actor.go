@@ -282,15 +282,15 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 		}
 		return ctx, func() {}, nil
 	}
-	unuse := r.peers.use(ref.Owner)
+	unuse := r.peers.Use(ref.Owner)
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	watch := func() {
-		death := r.peers.deathOf(ref.Owner, ref.Incarnation)
+		death := r.peers.DeathOf(ref.Owner, ref.Incarnation)
 		go func() {
 			select {
 			case <-death:
-				if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+				if _, restarted := r.peers.Replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
 					// Never reached: a wrong cluster key, a firewall, a
 					// frozen process that accepts connections. Nothing
 					// says it died.
@@ -309,7 +309,7 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 	// this runtime knows another incarnation of the owner: the ref may name
 	// a newer one it has not met yet (deathOf would take it for the older),
 	// so the lease's answer says which incarnation runs first.
-	_, other := r.peers.replaced(ref.Owner, ref.Incarnation)
+	_, other := r.peers.Replaced(ref.Owner, ref.Incarnation)
 	if !other {
 		watch()
 	}
@@ -354,15 +354,15 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()
 		switch {
-		case perr != nil && !r.isClosed() && r.peers.seenAlive(ref.Owner, ref.Incarnation):
-			r.peers.declareDead(ref.Owner, "connection lost")
+		case perr != nil && !r.isClosed() && r.peers.SeenAlive(ref.Owner, ref.Incarnation):
+			r.peers.DeclareDead(ref.Owner, "connection lost")
 			return r.counted(r.ownerDiedErr(ref, err))
 		case perr != nil && !errors.Is(err, ErrPeerUnreachable):
 			// Never reached on the control channel: not known to have
 			// lived, so not known to have died.
 			return fmt.Errorf("%w; transfer: %w", perr, err)
 		case perr == nil && reply.Incarnation != ref.Incarnation:
-			r.peers.sawAlive(ref.Owner, reply.Incarnation)
+			r.peers.SawAlive(ref.Owner, reply.Incarnation)
 			return fmt.Errorf("%w: owner restarted; transfer: %w", ErrStaleRef, err)
 		}
 	}

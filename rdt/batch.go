@@ -162,7 +162,7 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 // holdGroup leases refs[idx...], all of one owner incarnation.
 func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx []int, errs []error) {
 	first := refs[idx[0]]
-	if r.peers.isDead(first.Owner, first.Incarnation) {
+	if r.peers.IsDead(first.Owner, first.Incarnation) {
 		for _, i := range idx {
 			errs[i] = r.deadErr(refs[i], errors.New("declared dead earlier"))
 		}
@@ -181,7 +181,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 		for k, i := range part {
 			ref := refs[i]
 			switch {
-			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation):
+			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.IsDead(ref.Owner, ref.Incarnation):
 				errs[i] = r.ownerDiedErr(ref, err)
 			case err != nil:
 				errs[i] = err

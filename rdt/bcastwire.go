@@ -83,8 +83,8 @@ func (e bcastEnv) Send(ctx context.Context, to peer.ID, m bcastMsg) error {
 func (e bcastEnv) Learn(ref refwire.Ref) { e.r.learnAddrs(Ref(ref)) }
 
 func (e bcastEnv) Watch(id peer.ID, inc uint64) (<-chan struct{}, func()) {
-	unuse := e.r.peers.use(id)
-	return e.r.peers.deathOf(id, inc), unuse
+	unuse := e.r.peers.Use(id)
+	return e.r.peers.DeathOf(id, inc), unuse
 }
 
 // Write writes src into dst's slot at off over the planner's best path

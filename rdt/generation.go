@@ -52,9 +52,9 @@ func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 	k := bcastrun.Key{Peer: slot.Owner, Slot: slot.Object}
 	var death <-chan struct{}
 	if slot.Owner != a.rt.host.ID() {
-		unuse := a.rt.peers.use(slot.Owner)
+		unuse := a.rt.peers.Use(slot.Owner)
 		defer unuse()
-		death = a.rt.peers.deathOf(slot.Owner, slot.Incarnation)
+		death = a.rt.peers.DeathOf(slot.Owner, slot.Incarnation)
 	}
 	for {
 		got, ch := a.rt.bcast.Gens.State(k)

@@ -90,7 +90,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	r.holdMu.Unlock()
-	if r.peers.isDead(ref.Owner, ref.Incarnation) {
+	if r.peers.IsDead(ref.Owner, ref.Incarnation) {
 		return r.deadErr(ref, errors.New("declared dead earlier"))
 	}
 	if ref.Owner != r.host.ID() {
@@ -99,7 +99,7 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
 	inc, errs, err := r.leaseRemote(ctx, ref.Owner, ctlwire.LifeLease, []fabric.Claim{cl}, []objstore.LayoutSum{layout})
 	if err != nil {
-		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
+		if errors.Is(err, ErrPeerUnreachable) && r.peers.IsDead(ref.Owner, ref.Incarnation) {
 			return r.ownerDiedErr(ref, err)
 		}
 		return err
@@ -249,7 +249,7 @@ func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) 
 	r.holdMu.Unlock()
 	for owner := range byOwner {
 		if _, ok := watching[owner]; !ok && owner != r.host.ID() {
-			watching[owner] = r.peers.use(owner)
+			watching[owner] = r.peers.Use(owner)
 		}
 	}
 	for owner, unuse := range watching {
@@ -390,7 +390,7 @@ func (r *Runtime) releaseAllHolds(ctx context.Context) {
 // deadErr says why a ref's owner incarnation is gone: replaced by a new
 // one (ErrStaleRef) or dead (ErrOwnerDied).
 func (r *Runtime) deadErr(ref Ref, cause error) error {
-	if now, ok := r.peers.replaced(ref.Owner, ref.Incarnation); ok {
+	if now, ok := r.peers.Replaced(ref.Owner, ref.Incarnation); ok {
 		return fmt.Errorf("%w: %v: owner restarted (incarnation %x)", ErrStaleRef, ref, now)
 	}
 	return r.ownerDiedErr(ref, cause)

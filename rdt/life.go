@@ -146,7 +146,7 @@ func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, cla
 	if err != nil {
 		return 0, nil, err
 	}
-	r.peers.sawAlive(owner, reply.Incarnation)
+	r.peers.SawAlive(owner, reply.Incarnation)
 	return reply.Incarnation, statusErrors(reply.Statuses), nil
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -68,7 +69,7 @@ type Runtime struct {
 	done   chan struct{}
 
 	// Lifecycle (lease.go, peers.go, life.go).
-	peers       *peerTable
+	peers       *peers.Table
 	lifeMetrics *lifeMetrics
 	holdMu      sync.Mutex
 	holds       map[holdKey]*hold // leases this runtime holds as a reader
@@ -103,7 +104,6 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
 		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
-	r.peers = newPeerTable(r)
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -150,16 +150,6 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.process = fmt.Sprintf("%s/%x", r.host.ID(), r.incarnation)
 	r.log = c.Logger.With("runtime", c.Host, "peer", shortID(r.host.ID()))
-	r.host.SetStreamHandler(controlProtocol, r.handleControl)
-	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
-	r.host.SetStreamHandler(pushProtocol, r.handlePush)
-	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
-		// Only the last connection's loss matters; the monitor re-dials to
-		// tell a dead peer from a dropped connection.
-		if n.Connectedness(c.RemotePeer()) != network.Connected {
-			r.peers.kickPeer(c.RemotePeer())
-		}
-	}})
 
 	r.registry = prometheus.NewRegistry()
 	var reg prometheus.Registerer = r.registry
@@ -175,6 +165,19 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
 	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
+	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
+		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
+	// The protocols are served once what they use exists.
+	r.host.SetStreamHandler(controlProtocol, r.handleControl)
+	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.SetStreamHandler(pushProtocol, r.handlePush)
+	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
+		// Only the last connection's loss matters; the monitor re-dials to
+		// tell a dead peer from a dropped connection.
+		if n.Connectedness(c.RemotePeer()) != network.Connected {
+			r.peers.Kick(c.RemotePeer())
+		}
+	}})
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
 		return nil, err
@@ -389,7 +392,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		}
 		r.stopLoops()
 		r.loops.Wait()
-		r.peers.stop()
+		r.peers.Stop()
 		r.shutdownErr = r.teardown()
 		r.log.Info("runtime stopped")
 	})
@@ -472,7 +475,7 @@ func (r *Runtime) learnAddrs(ref Ref) {
 	// A ref of an incarnation that never answered here is news of a new
 	// life of its owner (a restart): dials that failed while an earlier one
 	// was down say nothing about it, so their backoff must not delay it.
-	if !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+	if !r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
 		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
 			sw.Backoff().Clear(ref.Owner)
 		}
@@ -496,7 +499,14 @@ func (r *Runtime) WatchPeer(ctx context.Context, id peer.ID) <-chan PeerEvent {
 	}
 	r.loops.Add(1)
 	r.mu.Unlock()
-	unwatch := r.peers.watch(id, ch)
+	// A watcher that does not keep up loses events; the runtime never
+	// loses its liveness checks.
+	unwatch := r.peers.Watch(id, func(ev peers.Event) {
+		select {
+		case ch <- peerEvent(ev):
+		default:
+		}
+	}, func() { close(ch) })
 	go func() {
 		defer r.loops.Done()
 		select {
