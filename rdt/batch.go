@@ -12,6 +12,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -128,7 +129,6 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 		inc uint64
 	}
 	groups := map[owner][]int{}
-	r.holdMu.Lock()
 	for i, ref := range refs {
 		if err := ref.Desc.Validate(); err != nil {
 			errs[i] = fmt.Errorf("%w: %v", ErrMalformedRef, err)
@@ -140,13 +140,12 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 			}
 			continue
 		}
-		if _, ok := r.holds[keyOf(ref)]; ok {
+		if r.leases.Held(keyOf(ref)) {
 			continue // held already: the Get's own hold checks and joins it
 		}
 		k := owner{ref.Owner, ref.Incarnation}
 		groups[k] = append(groups[k], i)
 	}
-	r.holdMu.Unlock()
 	var wg sync.WaitGroup
 	for _, idx := range groups {
 		wg.Add(1)
@@ -190,18 +189,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 			case es[k] != nil:
 				errs[i] = fmt.Errorf("%v: %w", ref, es[k])
 			default:
-				r.holdMu.Lock()
-				if r.holds == nil {
-					errs[i] = ErrClosed
-				} else {
-					h, ok := r.holds[keyOf(ref)]
-					if !ok {
-						h = &hold{ref: ref, layout: objstore.LayoutOf(ref.Desc), actors: map[string]struct{}{}}
-						r.holds[keyOf(ref)] = h
-					}
-					h.actors[actor] = struct{}{}
-				}
-				r.holdMu.Unlock()
+				errs[i] = r.leases.Add(actor, refwire.Ref(ref), objstore.LayoutOf(ref.Desc))
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -158,11 +157,4 @@ func statusErrors(st []byte) []error {
 		}
 	}
 	return out
-}
-
-// isGone reports whether a lease error means the object will never be
-// readable again.
-func isGone(err error) bool {
-	return errors.Is(err, ErrObjectFreed) || errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrStaleRef) || errors.Is(err, ErrUnauthorized) ||
-		errors.Is(err, ErrOwnerClosed)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -71,8 +72,7 @@ type Runtime struct {
 	// Lifecycle (lease.go, peers.go, life.go).
 	peers       *peers.Table
 	lifeMetrics *lifeMetrics
-	holdMu      sync.Mutex
-	holds       map[holdKey]*hold // leases this runtime holds as a reader
+	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
 	reap        chan struct{}
 	unclaim     func()        // drops the device claims (claims.go)
 	ctl         handlers      // control handlers in flight (control.go)
@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
+		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -167,6 +167,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.obs.init(r, reg)
 	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
 		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
+	r.leases = r.newLeases()
 	// The protocols are served once what they use exists.
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
 	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
@@ -385,7 +386,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		<-gets
 		r.ctl.drain(ctx) // answer the messages already queued (control.go)
 		if !r.abandonHolds {
-			r.releaseAllHolds(ctx)
+			r.leases.ReleaseAll(ctx)
 		}
 		if r.host != nil {
 			r.host.RemoveStreamHandler(lifeProtocol)

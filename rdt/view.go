@@ -111,12 +111,7 @@ func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
 }
 
 // holding reports whether this runtime still holds a lease for k.
-func (r *Runtime) holding(k holdKey) bool {
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	_, ok := r.holds[k]
-	return ok
-}
+func (r *Runtime) holding(k holdKey) bool { return r.leases.Held(k) }
 
 // viewTable tracks live views by the lease that keeps their object alive.
 type viewTable struct {
