@@ -42,7 +42,7 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 	if err != nil {
 		return err
 	}
-	status, err := r.sendNotice(ctx, to, p)
+	status, err := r.notices.Send(ctx, to, p)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err)
 	}

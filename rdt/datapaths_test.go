@@ -211,9 +211,7 @@ func TestPushNoticeStreamsAreReused(t *testing.T) {
 	require.NoError(t, err)
 	defer slot.Close()
 	idle := func() int {
-		p.a.notices.mu.Lock()
-		defer p.a.notices.mu.Unlock()
-		return len(p.a.notices.idle[p.b.ID()])
+		return p.a.notices.IdleTo(p.b.ID())
 	}
 	for step := uint64(1); step <= 3; step++ {
 		_, err := owner.Push(ctx, src, slot.Ref())

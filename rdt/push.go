@@ -13,6 +13,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -197,7 +198,7 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 		return r.pushed(r.host.ID(), note)
 	}
 	r.learnAddrs(dst)
-	status, err := r.sendNotice(ctx, dst.Owner, note.Marshal())
+	status, err := r.notices.Send(ctx, dst.Owner, note.Marshal())
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
@@ -217,17 +218,17 @@ func (r *Runtime) pushed(from peer.ID, n ctlwire.PushNotice) error {
 }
 
 // handlePush answers the push notices of one stream, one at a time, until
-// the pusher closes it or it has been quiet for noticeIdle.
+// the pusher closes it or it has been quiet for notices.Idle.
 func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
 	for {
-		s.SetDeadline(time.Now().Add(noticeIdle))
+		s.SetDeadline(time.Now().Add(notices.Idle))
 		p, err := ctlwire.ReadMsg(s, ctlwire.MaxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
 				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up
 			}
-			return // closed, reset, quiet for noticeIdle, or malformed
+			return // closed, reset, quiet for notices.Idle, or malformed
 		}
 		from := s.Conn().RemotePeer()
 		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)

@@ -192,7 +192,7 @@ func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n ctlwire.PushB
 		}
 		return errs
 	}
-	status, items, err := r.sendNoticeItems(ctx, to, n.Marshal(), len(n.Items))
+	status, items, err := r.notices.SendItems(ctx, to, n.Marshal(), len(n.Items))
 	switch {
 	case err != nil:
 		return fail(fmt.Errorf("%w: %w", ErrPeerUnreachable, err))

@@ -32,6 +32,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
+	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -54,7 +55,7 @@ type Runtime struct {
 
 	objects  *objstore.Table
 	sinks    *objstore.Sinks
-	notices  noticePool   // idle push-notice streams per slot runtime (notices.go)
+	notices  notices.Pool // the push-notice streams per slot runtime
 	paths    *stack.Stack // the data transports and their servers (datapaths.go)
 	planner  *fabric.Planner
 	registry *prometheus.Registry
@@ -149,6 +150,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("rdt: start control host: %w", err)
 	}
 	r.process = fmt.Sprintf("%s/%x", r.host.ID(), r.incarnation)
+	r.notices.Host, r.notices.Protocol, r.notices.Timeout = r.host, pushProtocol, controlTimeout
 	r.log = c.Logger.With("runtime", c.Host, "peer", shortID(r.host.ID()))
 
 	r.registry = prometheus.NewRegistry()
@@ -524,7 +526,7 @@ func (r *Runtime) teardown() error {
 	// The control host goes first: peers see the connection drop and
 	// declare this incarnation dead before its data connections close
 	// under their transfers.
-	r.notices.close()
+	r.notices.Close()
 	if r.host != nil {
 		r.host.RemoveStreamHandler(controlProtocol)
 		errs = append(errs, r.host.Close())
