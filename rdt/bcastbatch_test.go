@@ -174,7 +174,7 @@ func TestBroadcastBatchReparent(t *testing.T) {
 	waitRelay(t, slots[2][0])
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestBroadcastBatchReparentFlow(t *testing.T) {
 	require.Eventually(t, func() bool { return slots[3][0].Pushes() == 1 }, 20*time.Second, time.Millisecond, "h3 has the first object")
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)

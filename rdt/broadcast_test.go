@@ -202,7 +202,7 @@ func TestBroadcastReaderLeavesMidStep(t *testing.T) {
 	waitRelay(t, f.slots[2])
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[1].abandonHolds = true
+	f.rts[1].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[1].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)
@@ -407,7 +407,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 	}
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
@@ -432,7 +432,7 @@ func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	}
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[k].abandonHolds = true
+	f.rts[k].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[k].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)

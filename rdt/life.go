@@ -23,7 +23,7 @@ const lifeProtocol = protocol.ID("/tensorlane/life/2.0.0")
 func (r *Runtime) handleLife(s network.Stream) {
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(controlTimeout))
-	if r.blackholed.Load() {
+	if r.faults.Hung.Load() {
 		// Simulated hang (tests): read nothing, answer nothing, until the
 		// caller gives up and resets the stream.
 		io.Copy(io.Discard, s)

@@ -144,7 +144,7 @@ func TestLeaseExpiryFreesObject(t *testing.T) {
 
 	// The reader dies without releasing (simulated crash): its lease is
 	// never renewed again and expires on the owner.
-	p.b.abandonHolds = true
+	p.b.faults.AbandonHolds.Store(true)
 	require.NoError(t, p.b.Shutdown(ctx))
 	// Just short of its expiry the lease still holds the object.
 	clk.Advance(p.a.cfg.LeaseExpiry - time.Millisecond)
@@ -369,7 +369,7 @@ func TestHeartbeatDetectsHungOwner(t *testing.T) {
 	// Heartbeats run on the fake clock: the test advances it one interval
 	// at a time while the Get waits, so each ping goes unanswered for a
 	// full interval of the runtime's time without the test sleeping one.
-	p.a.blackholed.Store(true)
+	p.a.faults.Hung.Store(true)
 	hung := clk.Now()
 	res := make(chan error, 1)
 	go func() {
@@ -418,7 +418,7 @@ func TestDetectionTimes(t *testing.T) {
 	}, false)
 	assert.Equal(t, "connection lost", ev1.Reason)
 	assert.Zero(t, lost, "a lost connection is noticed before any heartbeat is due")
-	hung, ev2 := measure(func(r *Runtime) { r.blackholed.Store(true) }, true)
+	hung, ev2 := measure(func(r *Runtime) { r.faults.Hung.Store(true) }, true)
 	assert.Equal(t, "missed heartbeats", ev2.Reason)
 	c, err := (&Config{IgnoreEnv: true}).withDefaults()
 	require.NoError(t, err)
@@ -768,13 +768,13 @@ func TestStalledTransfer(t *testing.T) {
 	ref, _ := owner.Put(ctx, x)
 	// The owner is alive and answers heartbeats, but its reads make no
 	// progress (simulated): a stall, not a death.
-	p.a.stallReads.Store(true)
+	p.a.faults.StallReads.Store(true)
 	_, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
 	require.ErrorIs(t, err, ErrTransferStalled)
 	assert.ErrorIs(t, err, fabric.ErrStalled)
 	assert.NotErrorIs(t, err, ErrOwnerDied)
 	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)))
-	p.a.stallReads.Store(false)
+	p.a.faults.StallReads.Store(false)
 	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
 	require.NoError(t, err, "the owner was never declared dead")
 	got.Release()

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -31,6 +30,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
@@ -83,12 +83,7 @@ type Runtime struct {
 	getsMu      sync.Mutex
 	gets        map[*int]context.CancelCauseFunc // Gets in flight, for Shutdown
 	getsWG      sync.WaitGroup
-	// Test hooks: blackholed stops answering heartbeats and serving reads
-	// without closing anything (a hung process, simulated); abandonHolds
-	// makes Shutdown skip releasing leases (a crashed reader, simulated).
-	blackholed   atomic.Bool
-	stallReads   atomic.Bool // reads hang, the control channel answers
-	abandonHolds bool
+	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -387,7 +382,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		}
 		<-gets
 		r.ctl.drain(ctx) // answer the messages already queued (control.go)
-		if !r.abandonHolds {
+		if !r.faults.AbandonHolds.Load() {
 			r.leases.ReleaseAll(ctx)
 		}
 		if r.host != nil {
@@ -452,7 +447,7 @@ func (g allowGater) InterceptSecured(_ network.Direction, id peer.ID, _ network.
 // blockedRead is the blackhole hook on the object table: a read hangs until
 // the runtime shuts down.
 func (r *Runtime) blockedRead(ctx context.Context) error {
-	if !r.blackholed.Load() && !r.stallReads.Load() {
+	if !r.faults.ReadsBlocked() {
 		return nil
 	}
 	select {
