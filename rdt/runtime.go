@@ -30,6 +30,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
 	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
@@ -76,7 +77,7 @@ type Runtime struct {
 	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
 	reap        chan struct{}
 	unclaim     func()        // drops the device claims (claims.go)
-	ctl         handlers      // control handlers in flight (control.go)
+	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
 	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
@@ -381,7 +382,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
 		}
 		<-gets
-		r.ctl.drain(ctx) // answer the messages already queued (control.go)
+		r.ctl.Drain(ctx) // answer the messages already queued (control.go)
 		if !r.faults.AbandonHolds.Load() {
 			r.leases.ReleaseAll(ctx)
 		}
