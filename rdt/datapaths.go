@@ -2,6 +2,7 @@ package rdt
 
 import (
 	"context"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,12 +55,55 @@ func (r *Runtime) revokeRegistrations(id fabric.ObjectID) {
 	}
 }
 
-// Links reports this runtime's data connections (tcp streams, rdma rails)
-// as link telemetry saw them at its last refresh, degraded ones with the
-// reason; nil when link telemetry is off (Config.Transports.LinkMonitor,
-// Config.Transports.LinkTelemetry).
-func (r *Runtime) Links() []stack.LinkStats { return r.paths.Links() }
+// LinkStats is one of this runtime's data connections (a tcp stream, an
+// rdma rail) as link telemetry saw it at its last refresh: rdt's copy of
+// fabric/linkstat's figures, so a caller needs no transport package.
+type LinkStats struct {
+	Link      string `json:"link"`      // e.g. "h0/mlx5_0->h1/mlx5_0" or "h1 tcp->..."
+	Transport string `json:"transport"` // "tcp", "rdma"
+	Peer      string `json:"peer"`
+	Local     string `json:"local"`
+	Remote    string `json:"remote"`
+	Source    string `json:"source"` // how the figures were measured
+	// RTT is the kernel's smoothed round-trip time, MinRTT its windowed
+	// minimum.
+	RTT               time.Duration `json:"rtt_ns"`
+	MinRTT            time.Duration `json:"min_rtt_ns"`
+	Retransmits       uint64        `json:"retransmits"` // over the connection's life
+	BytesSent         uint64        `json:"bytes_sent"`  // acknowledged by the peer
+	BytesReceived     uint64        `json:"bytes_received"`
+	Degraded          bool          `json:"degraded"`
+	Reason            string        `json:"reason,omitempty"`
+	RecentRetransmits uint64        `json:"recent_retransmits"` // in the last interval the health check looked at
+	RecentSegments    uint64        `json:"recent_segments"`
+	Updated           time.Time     `json:"updated"`
+}
 
-// LinkMonitor is the monitor measuring this runtime's data connections
-// (nil when link telemetry is off), e.g. for a dashboard's Links.
-func (r *Runtime) LinkMonitor() *stack.Monitor { return r.paths.LinkMonitor() }
+// Links reports this runtime's data connections as link telemetry saw
+// them at its last refresh, degraded ones with the reason; nil when link
+// telemetry is off (Config.Transports.LinkMonitor,
+// Config.Transports.LinkTelemetry).
+func (r *Runtime) Links() []LinkStats {
+	in := r.paths.Links()
+	if in == nil {
+		return nil
+	}
+	out := make([]LinkStats, len(in))
+	for i, l := range in {
+		out[i] = LinkStats{Link: l.Link, Transport: l.Transport, Peer: l.Peer, Local: l.Local, Remote: l.Remote, Source: string(l.Source),
+			RTT: l.RTT, MinRTT: l.MinRTT, Retransmits: l.Retransmits, BytesSent: l.BytesSent, BytesReceived: l.BytesReceived,
+			Degraded: l.Degraded, Reason: l.Reason, RecentRetransmits: l.RecentRetransmits, RecentSegments: l.RecentSegments, Updated: l.Updated}
+	}
+	return out
+}
+
+// RefreshLinks measures this runtime's data connections now (Links then
+// shows the figures); false when link telemetry is off.
+func (r *Runtime) RefreshLinks() bool {
+	m := r.paths.LinkMonitor()
+	if m == nil {
+		return false
+	}
+	m.Refresh()
+	return true
+}
