@@ -15,7 +15,7 @@ import (
 )
 
 // The broadcast's control messages ride the push-notice streams
-// (notices.go); their kinds and status bytes are in ctlwire's table, their
+// (rdt/internal/notices); their kinds and status bytes are in ctlwire's table, their
 // codec is bcast.Msg. They are small (a few refs at most) and answered
 // with one status byte like push notices.
 

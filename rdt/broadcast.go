@@ -20,7 +20,7 @@ import (
 // host (the host's leader) along a chain of hosts, nearest first (same
 // NVLink domain, then same rack), and each leader feeds the other readers
 // of its host (shm/p2p) in a chain. The object moves in chunks, and a reader
-// forwards each chunk as soon as it has it (relay.go), so the chain is
+// forwards each chunk as soon as it has it (bcastrun.Relays), so the chain is
 // pipelined and the owner's egress carries each byte about once whatever
 // the number of readers.
 //
