@@ -12,6 +12,9 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -53,8 +56,8 @@ type Message struct {
 
 // Spawn registers an actor under a name unique in the runtime.
 func (r *Runtime) Spawn(name string, opts ...ActorOption) (*Actor, error) {
-	if name == "" || len(name) > maxRefString {
-		return nil, fmt.Errorf("rdt: actor name must be 1..%d bytes", maxRefString)
+	if name == "" || len(name) > ctlwire.MaxString {
+		return nil, fmt.Errorf("rdt: actor name must be 1..%d bytes", ctlwire.MaxString)
 	}
 	a := &Actor{rt: r, name: name, devices: r.Devices(), inbox: make(chan Message, r.cfg.InboxSize)}
 	for _, o := range opts {
@@ -118,16 +121,16 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	o := a.rt.objects.add(mem, t.Buffer(), t.Desc(), a.name)
+	o := a.rt.objects.Add(mem, t.Buffer(), t.Desc(), a.name)
 	return a.rt.refFor(o), nil
 }
 
-func (r *Runtime) refFor(o *object) Ref {
+func (r *Runtime) refFor(o *objstore.Object) Ref {
 	return Ref{
-		Object: o.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refAddrs(r.host.Addrs()),
+		Object: o.ID, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: refwire.Addrs(r.host.Addrs()),
 		DataAddrs: r.dataAddrs(), Host: r.cfg.Host,
-		Device: o.buf.Device(), Desc: o.desc, Transports: r.servedTransports(),
-		Token: o.token,
+		Device: o.Buf.Device(), Desc: o.Desc, Transports: r.servedTransports(),
+		Token: o.Token,
 	}
 }
 
@@ -274,16 +277,16 @@ func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 // own object table.
 func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), error) {
 	if ref.Owner == r.host.ID() {
-		if err := r.objects.confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, layoutOf(ref.Desc)); err != nil {
+		if err := r.objects.Confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, objstore.LayoutOf(ref.Desc)); err != nil {
 			return nil, nil, fmt.Errorf("%v: %w", ref, err)
 		}
 		return ctx, func() {}, nil
 	}
-	unuse := r.peers.use(ref.Owner)
+	unuse := r.peers.Use(ref.Owner)
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	watch := func() {
-		death := r.peers.deathOf(ref.Owner, ref.Incarnation)
+		death := r.peers.DeathOf(ref.Owner, ref.Incarnation)
 		go func() {
 			select {
 			case <-death:
@@ -299,7 +302,7 @@ func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), 
 	// this runtime knows another incarnation of the owner: the ref may name
 	// a newer one it has not met yet (deathOf would take it for the older),
 	// so the lease's answer says which incarnation runs first.
-	_, other := r.peers.replaced(ref.Owner, ref.Incarnation)
+	_, other := r.peers.Replaced(ref.Owner, ref.Incarnation)
 	if !other {
 		watch()
 	}
@@ -344,18 +347,18 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 			sw.Backoff().Clear(ref.Owner)
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
-		reply, perr := r.call(pctx, ref.Owner, lifeMsg{kind: kindPing})
+		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()
 		switch {
-		case perr != nil && !r.isClosed() && r.peers.seenAlive(ref.Owner, ref.Incarnation):
-			r.peers.declareDead(ref.Owner, "connection lost")
+		case perr != nil && !r.isClosed() && r.peers.SeenAlive(ref.Owner, ref.Incarnation):
+			r.peers.DeclareDead(ref.Owner, "connection lost")
 			return r.counted(r.ownerDiedErr(ref, err))
 		case perr != nil && !errors.Is(err, ErrPeerUnreachable):
 			// Never reached on the control channel: not known to have
 			// lived, so not known to have died.
 			return fmt.Errorf("%w; transfer: %w", perr, err)
-		case perr == nil && reply.incarnation != ref.Incarnation:
-			r.peers.sawAlive(ref.Owner, reply.incarnation)
+		case perr == nil && reply.Incarnation != ref.Incarnation:
+			r.peers.SawAlive(ref.Owner, reply.Incarnation)
 			return fmt.Errorf("%w: owner restarted; transfer: %w", ErrStaleRef, err)
 		}
 	}
@@ -401,11 +404,11 @@ func (a *Actor) Release(ctx context.Context, ref Ref) error {
 		if ref.Incarnation != a.rt.incarnation {
 			return ErrStaleRef
 		}
-		o, ok := a.rt.objects.get(ref.Object)
-		if !ok || o.owner != a.name {
+		o, ok := a.rt.objects.Get(ref.Object)
+		if !ok || o.Owner != a.name {
 			return nil
 		}
-		return a.rt.objects.release(ref.Object)
+		return a.rt.objects.Release(ref.Object)
 	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
@@ -420,7 +423,7 @@ func (a *Actor) WaitFreed(ctx context.Context, ref Ref) error {
 	if ref.Owner != a.rt.host.ID() || ref.Incarnation != a.rt.incarnation {
 		return fmt.Errorf("%w: %v belongs to %s", ErrNotOwner, ref, shortID(ref.Owner))
 	}
-	ch, err := a.rt.objects.freedChan(ref.Object)
+	ch, err := a.rt.objects.FreedChan(ref.Object)
 	if err != nil {
 		return err
 	}
@@ -449,7 +452,7 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 	if ref.Owner != a.rt.host.ID() || ref.Incarnation != a.rt.incarnation {
 		return fmt.Errorf("%w: %v belongs to %s", ErrNotOwner, ref, shortID(ref.Owner))
 	}
-	return a.rt.objects.free(ref.Object)
+	return a.rt.objects.Free(ref.Object)
 }
 
 // Explain says which path a Get of ref onto dst would take, and why the
@@ -487,8 +490,8 @@ func noteViewCopy(plan *fabric.Plan, ref Ref) {
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote {
 	off, n := ref.span()
 	return fabric.Remote{
-		Endpoint: fabric.Endpoint{Process: peerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
-		Peer:     peerString(ref.Owner),
+		Endpoint: fabric.Endpoint{Process: refwire.PeerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
+		Peer:     refwire.PeerString(ref.Owner),
 		Addrs:    ref.DataAddrs,
 		Claim:    fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token},
 		Offset:   off,

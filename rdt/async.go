@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -99,9 +100,9 @@ func (a *Actor) GetBatchAsync(ctx context.Context, refs []Ref, dst tensor.Device
 // StartBroadcast starts a Broadcast; its progress counts bytes the owner
 // has written and readers that completed from another reader.
 func (a *Actor) StartBroadcast(ctx context.Context, src Ref, slots []Ref, cfg BroadcastConfig) *Handle[*BroadcastResult] {
-	var run atomic.Pointer[bcastRun]
+	var run atomic.Pointer[bcastrun.Run]
 	h := start(ctx, func(ctx context.Context) (*BroadcastResult, error) {
-		return a.broadcast(ctx, src, slots, cfg, func(b *bcastRun) { run.Store(b) })
+		return a.broadcast(ctx, src, slots, cfg, func(b *bcastrun.Run) { run.Store(b) })
 	})
 	total := spanBytes(src.Desc) * int64(len(slots))
 	h.progress = broadcastProgress(h, &run, total)
@@ -121,13 +122,13 @@ func (r *BroadcastResult) delivered() int64 {
 
 // broadcastProgress reports a broadcast handle's progress: the run's count
 // while it runs, what its result says once it is done.
-func broadcastProgress[T deliverer](h *Handle[T], run *atomic.Pointer[bcastRun], total int64) func() Progress {
+func broadcastProgress[T deliverer](h *Handle[T], run *atomic.Pointer[bcastrun.Run], total int64) func() Progress {
 	return func() Progress {
 		b := run.Load()
 		if b == nil {
 			return Progress{Total: total}
 		}
-		d, t := b.progress()
+		d, t := b.Progress()
 		select {
 		case <-h.done:
 			if h.err == nil {

@@ -10,6 +10,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -117,7 +120,7 @@ func ReleaseBatch(items []BatchItem) {
 }
 
 // HoldBatch is Hold for many refs at once: one lease request per owner
-// (per maxClaims refs) for the refs this runtime does not hold yet, where
+// (per ctlwire.MaxClaims refs) for the refs this runtime does not hold yet, where
 // Hold asks once per ref. errs[i] is ref i's outcome; a held ref is
 // Released as after Hold. A batch of Views (the C ABI's ViewBatch) holds
 // its refs with it first, so each View's own lease costs no round trip.
@@ -135,7 +138,7 @@ func (a *Actor) HoldBatch(ctx context.Context, refs []Ref) []error {
 }
 
 // holdBatch makes actor a holder of every ref, with one lease request per
-// owner (per maxClaims refs) for those this runtime does not hold yet. It
+// owner (per ctlwire.MaxClaims refs) for those this runtime does not hold yet. It
 // returns each ref's error.
 func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []error {
 	errs := make([]error, len(refs))
@@ -144,7 +147,6 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 		inc uint64
 	}
 	groups := map[owner][]int{}
-	r.holdMu.Lock()
 	for i, ref := range refs {
 		if err := ref.Desc.Validate(); err != nil {
 			errs[i] = fmt.Errorf("%w: %v", ErrMalformedRef, err)
@@ -156,13 +158,12 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 			}
 			continue
 		}
-		if _, ok := r.holds[keyOf(ref)]; ok {
+		if r.leases.Held(keyOf(ref)) {
 			continue // held already: the Get's own hold checks and joins it
 		}
 		k := owner{ref.Owner, ref.Incarnation}
 		groups[k] = append(groups[k], i)
 	}
-	r.holdMu.Unlock()
 	var wg sync.WaitGroup
 	for _, idx := range groups {
 		wg.Add(1)
@@ -178,7 +179,7 @@ func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []err
 // holdGroup leases refs[idx...], all of one owner incarnation.
 func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx []int, errs []error) {
 	first := refs[idx[0]]
-	if r.peers.isDead(first.Owner, first.Incarnation) {
+	if r.peers.IsDead(first.Owner, first.Incarnation) {
 		for _, i := range idx {
 			errs[i] = r.deadErr(refs[i], errors.New("declared dead earlier"))
 		}
@@ -189,12 +190,12 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 	// hung owner never answers it, and only the heartbeats' verdict ends
 	// it in time (a frozen owner never reached says OwnerDied, not the
 	// dial's PeerUnreachable at its own deadline: probe.go).
-	if _, other := r.peers.replaced(first.Owner, first.Incarnation); !other {
-		defer r.peers.use(first.Owner)()
+	if _, other := r.peers.Replaced(first.Owner, first.Incarnation); !other {
+		defer r.peers.Use(first.Owner)()
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
-		death := r.peers.deathOf(first.Owner, first.Incarnation)
+		death := r.peers.DeathOf(first.Owner, first.Incarnation)
 		done := make(chan struct{})
 		defer close(done)
 		go func() {
@@ -206,15 +207,15 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 			}
 		}()
 	}
-	for start := 0; start < len(idx); start += maxClaims {
-		part := idx[start:min(start+maxClaims, len(idx))]
+	for start := 0; start < len(idx); start += ctlwire.MaxClaims {
+		part := idx[start:min(start+ctlwire.MaxClaims, len(idx))]
 		claims := make([]fabric.Claim, len(part))
-		layouts := make([]layoutSum, len(part))
+		layouts := make([]objstore.LayoutSum, len(part))
 		for k, i := range part {
 			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
-			layouts[k] = layoutOf(refs[i].Desc)
+			layouts[k] = objstore.LayoutOf(refs[i].Desc)
 		}
-		inc, es, err := r.leaseRemote(ctx, first.Owner, kindLease, claims, layouts)
+		inc, es, err := r.leaseRemote(ctx, first.Owner, ctlwire.LifeLease, claims, layouts)
 		cause := context.Cause(ctx)
 		frozen := cause == nil && r.frozenOwner(ctx, first, err)
 		for k, i := range part {
@@ -224,7 +225,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 				errs[i] = fmt.Errorf("%w (lease request: %v)", cause, err)
 			case frozen:
 				errs[i] = r.frozenErr(ref, err)
-			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation):
+			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.IsDead(ref.Owner, ref.Incarnation):
 				errs[i] = r.ownerDiedErr(ref, err)
 			case err != nil:
 				errs[i] = err
@@ -233,18 +234,7 @@ func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx [
 			case es[k] != nil:
 				errs[i] = fmt.Errorf("%v: %w", ref, es[k])
 			default:
-				r.holdMu.Lock()
-				if r.holds == nil {
-					errs[i] = ErrClosed
-				} else {
-					h, ok := r.holds[keyOf(ref)]
-					if !ok {
-						h = &hold{ref: ref, layout: layoutOf(ref.Desc), actors: map[string]struct{}{}}
-						r.holds[keyOf(ref)] = h
-					}
-					h.actors[actor] = struct{}{}
-				}
-				r.holdMu.Unlock()
+				errs[i] = r.leases.Add(actor, refwire.Ref(ref), objstore.LayoutOf(ref.Desc))
 			}
 		}
 	}

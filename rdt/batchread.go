@@ -42,7 +42,7 @@ func (a *Actor) fetchOwner(ctx context.Context, refs []Ref, idx []int, dst tenso
 	}
 	defer end()
 	first := refs[idx[0]]
-	unuse := r.peers.use(first.Owner)
+	unuse := r.peers.Use(first.Owner)
 	defer unuse()
 	// Each item's Get use of its lease (no round trip: the batch holds it).
 	var live []int
@@ -61,7 +61,7 @@ func (a *Actor) fetchOwner(ctx context.Context, refs []Ref, idx []int, dst tenso
 	// One watcher for the owner: its death fails every item still moving.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	death := r.peers.deathOf(first.Owner, first.Incarnation)
+	death := r.peers.DeathOf(first.Owner, first.Incarnation)
 	watching := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -207,7 +207,7 @@ func TestHeldOwnerWatched(t *testing.T) {
 	}
 	ReleaseBatch(items)
 	require.Equal(t, len(refs), p.b.holdCount(), "the reader's actor holds every ref")
-	p.a.blackholed.Store(true) // a hung owner: no heartbeat answers, nothing closed
+	p.a.faults.Hung.Store(true) // a hung owner: no heartbeat answers, nothing closed
 	require.Eventually(t, func() bool { return p.b.holdCount() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"holds on an owner that stopped answering are dropped")
 }

@@ -3,6 +3,8 @@ package rdt
 import (
 	"context"
 	"sync/atomic"
+
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 )
 
 // BroadcastBatch sends a set of objects (a state dict) to many readers
@@ -33,9 +35,9 @@ type BatchBroadcastResult struct {
 
 // StartBroadcastBatch starts a BroadcastBatch.
 func (a *Actor) StartBroadcastBatch(ctx context.Context, srcs []Ref, readers [][]Ref, cfg BroadcastConfig) *Handle[*BatchBroadcastResult] {
-	var run atomic.Pointer[bcastRun]
+	var run atomic.Pointer[bcastrun.Run]
 	h := start(ctx, func(ctx context.Context) (*BatchBroadcastResult, error) {
-		res, items, err := a.broadcastSet(ctx, srcs, readers, cfg, func(b *bcastRun) { run.Store(b) })
+		res, items, err := a.broadcastSet(ctx, srcs, readers, cfg, func(b *bcastrun.Run) { run.Store(b) })
 		if err != nil {
 			return nil, err
 		}

@@ -66,7 +66,7 @@ func TestBroadcastBatch(t *testing.T) {
 	slots, refs := reserveDict(t, f, srcs, WithGenerations())
 	var before int64
 	for _, r := range f.rts {
-		before += r.bcasts.prepares.Load()
+		before += r.relays.Prepares.Load()
 	}
 	res, err := f.owner.BroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestBroadcastBatch(t *testing.T) {
 	}
 	var after int64
 	for _, r := range f.rts {
-		after += r.bcasts.prepares.Load()
+		after += r.relays.Prepares.Load()
 	}
 	assert.Equal(t, int64(len(f.readers)), after-before, "one setup round per reader for the whole batch")
 	assert.Equal(t, int64(3<<20+17+1000+700<<10+64+5), res.Bytes)
@@ -169,12 +169,12 @@ func TestBroadcastBatchReparent(t *testing.T) {
 	srcs, data := stateDict(t, f, 2<<20, 3000, 1<<20+1)
 	slots, refs := reserveDict(t, f, srcs)
 	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3).
-	f.rts[2].bcasts.dropChunks.Store(true)
+	f.rts[2].relays.DropChunks.Store(true)
 	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
 	waitRelay(t, slots[2][0])
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)
@@ -201,12 +201,12 @@ func TestBroadcastBatchReparentFlow(t *testing.T) {
 	slots, refs := reserveDict(t, f, srcs, WithGenerations())
 	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3); h2
 	// takes the first chunk only (the whole first object) and forwards it.
-	f.rts[2].bcasts.dropChunks.Store(true)
+	f.rts[2].relays.DropChunks.Store(true)
 	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
 	require.Eventually(t, func() bool { return slots[3][0].Pushes() == 1 }, 20*time.Second, time.Millisecond, "h3 has the first object")
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)

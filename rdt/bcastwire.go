@@ -8,21 +8,24 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
+	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // The broadcast's control messages ride the push-notice streams
-// (notices.go); their kinds and status bytes are in ctlwire's table, their
+// (rdt/internal/notices); their kinds and status bytes are in ctlwire's table, their
 // codec is bcast.Msg. They are small (a few refs at most) and answered
 // with one status byte like push notices.
 
-// bcastMsg is every broadcast notice, its children named by their Refs.
-type bcastMsg = bcast.Msg[Ref]
+// bcastMsg is every broadcast notice, its children named by their refs.
+type bcastMsg = bcastrun.Msg
 
 // parseBcastMsg decodes a broadcast notice; a malformed one is
 // ErrMalformedRef.
 func parseBcastMsg(p []byte) (bcastMsg, error) {
-	m, err := bcast.ParseMsg(p, ParseRef)
+	m, err := bcast.ParseMsg(p, refwire.Unmarshal)
 	if errors.Is(err, bcast.ErrMalformed) {
 		err = fmt.Errorf("%w: %w", ErrMalformedRef, err)
 	}
@@ -39,31 +42,73 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 	if err != nil {
 		return err
 	}
-	status, err := r.sendNotice(ctx, to, p)
+	status, err := r.notices.Send(ctx, to, p)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err)
 	}
-	return noticeError(status)
+	return ctlwire.ErrOf(status)
 }
 
 // onBcast handles a broadcast notice from peer from.
 func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
 	switch m.Kind {
 	case ctlwire.Prepare:
-		return r.relayPrepare(from, m)
+		return r.relays.Prepare(from, m)
 	case ctlwire.Children:
-		return r.relayChildren(from, m)
+		return r.relays.Children(from, m)
 	case ctlwire.Chunk:
-		return r.relayChunk(m)
+		return r.relays.Chunk(m)
 	case ctlwire.Probe:
-		return r.relayProbe(m)
+		return r.relays.Probe(m)
 	case ctlwire.Abort:
-		return r.relayAbort(from, m)
+		return r.relays.Abort(from, m)
 	case ctlwire.Report:
-		return r.bcastReport(from, m)
+		return r.bcast.Report(from, m)
 	case ctlwire.Consumed:
-		r.gens.consumed(from, m.Slot, m.Gen)
+		r.bcast.Gens.Consumed(from, m.Slot, m.Gen)
 		return nil
 	}
 	return fmt.Errorf("%w: broadcast notice kind %d", ErrMalformedRef, m.Kind)
+}
+
+// bcastEnv is the runtime as the broadcast engine sees it (bcastrun.Env).
+type bcastEnv struct{ r *Runtime }
+
+func (e bcastEnv) Self() (peer.ID, uint64) { return e.r.host.ID(), e.r.incarnation }
+func (e bcastEnv) Closed() bool            { return e.r.isClosed() }
+func (e bcastEnv) Done() <-chan struct{}   { return e.r.done }
+func (e bcastEnv) Send(ctx context.Context, to peer.ID, m bcastMsg) error {
+	return e.r.sendBcast(ctx, to, m)
+}
+func (e bcastEnv) Learn(ref refwire.Ref) { e.r.learnAddrs(Ref(ref)) }
+
+func (e bcastEnv) Watch(id peer.ID, inc uint64) (<-chan struct{}, func()) {
+	unuse := e.r.peers.Use(id)
+	return e.r.peers.DeathOf(id, inc), unuse
+}
+
+// Write writes src into dst's slot at off over the planner's best path
+// that can push.
+func (e bcastEnv) Write(ctx context.Context, src tensor.Buffer, dst refwire.Ref, off int64) error {
+	remote := e.r.remoteFor(Ref(dst))
+	remote.Offset, remote.Length = off, src.Len()
+	_, _, err := e.r.planner.Write(ctx, e.r.endpoint(src.Device()), src, remote)
+	return err
+}
+
+// EdgePath is the transport a broadcast edge from from's memory into
+// slot to would take.
+func (e bcastEnv) EdgePath(from, to refwire.Ref) string {
+	r := e.r
+	parentEp := r.remoteFor(Ref(from)).Endpoint
+	child := r.remoteFor(Ref(to))
+	if parentEp.Process == child.Endpoint.Process {
+		// Both in one other runtime: ask as that runtime would (the
+		// local transports serve only their own runtime's pairs).
+		parentEp.Process, child.Endpoint.Process = r.process, r.process
+	}
+	if p := r.planner.PlanWrite(parentEp, child).Chosen; p != "" { // what the relay's push runs
+		return p
+	}
+	return "none"
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -188,15 +189,7 @@ func TestBroadcastBadReaders(t *testing.T) {
 func waitRelay(t *testing.T, s *Slot) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		rl := s.relay
-		s.mu.Unlock()
-		if rl == nil {
-			return false
-		}
-		rl.mu.Lock()
-		defer rl.mu.Unlock()
-		return rl.got > 0
+		return bcastrun.Landed(s.s) > 0
 	}, 20*time.Second, 200*time.Microsecond, "the broadcast never reached the slot")
 }
 
@@ -209,7 +202,7 @@ func TestBroadcastReaderLeavesMidStep(t *testing.T) {
 	waitRelay(t, f.slots[2])
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[1].abandonHolds = true
+	f.rts[1].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[1].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)
@@ -294,7 +287,7 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: f.refs()[:2],
+	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: wireRefs(f.refs()[:2]),
 		Items: []bcast.Item{{Token: []byte("a"), N: 5, DType: tensor.BFloat16}, {N: 1 << 40}}, Gens: []uint64{1, 2}}
 	rand.Read(m.ID[:])
 	p, err := m.Marshal()
@@ -414,7 +407,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 	}
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[2].abandonHolds = true
+	f.rts[2].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[2].Shutdown(dead))
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
@@ -430,7 +423,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	t.Helper()
 	ctx := context.Background()
-	f.rts[k].bcasts.dropChunks.Store(true)
+	f.rts[k].relays.DropChunks.Store(true)
 	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
 	for i, s := range f.slots {
 		if s.rt == f.rts[k] {
@@ -439,7 +432,7 @@ func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	}
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	f.rts[k].abandonHolds = true
+	f.rts[k].faults.AbandonHolds.Store(true)
 	require.NoError(t, f.rts[k].Shutdown(dead))
 	res, err := h.Await(ctx)
 	require.NoError(t, err)

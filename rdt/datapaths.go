@@ -2,7 +2,7 @@ package rdt
 
 import (
 	"context"
-	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -41,29 +41,6 @@ func (r *Runtime) slabExporters() []tensor.SlabExporter {
 	return out
 }
 
-// Export shares a pinned object's published view with another process
-// (the p2p and shm paths map it) for as long as the pin is held.
-//
-// A descriptor reaches a whole allocation (tensor.Exportable, as CUDA's
-// handles do), so an object that is all of its allocation is shared as it
-// is, and a view of part of one is shared as a private, sealed copy of
-// exactly the view (tensor.ViewShare), staged at the first grant and kept
-// until the object's memory is released. Staging is reported (metrics,
-// debug log, ObjectInfo.StagedBytes); a copy that does not fit on the
-// device fails the grant with tensor.ErrViewCopy (a tensor.ErrNotExportable),
-// and the reader falls back, loudly, to a path that needs no descriptor.
-func (p *pin) Export(a tensor.Access) (tensor.Handle, error) {
-	h, staged, err := p.obj.share.Export(a)
-	if (staged > 0 || errors.Is(err, tensor.ErrViewCopy)) && p.table.onStage != nil {
-		p.table.onStage(p.obj, staged, err)
-	}
-	return h, err
-}
-
-// Unwrap names the object's buffer, so copies reach device memory that is
-// not host visible (tensor.Copy).
-func (p *pin) Unwrap() (tensor.Buffer, int64) { return p.obj.buf, 0 }
-
 // dataAddrs are the addresses refs carry, by transport name.
 func (r *Runtime) dataAddrs() map[string]string { return r.paths.Addrs() }
 
@@ -78,12 +55,55 @@ func (r *Runtime) revokeRegistrations(id fabric.ObjectID) {
 	}
 }
 
-// Links reports this runtime's data connections (tcp streams, rdma rails)
-// as link telemetry saw them at its last refresh, degraded ones with the
-// reason; nil when link telemetry is off (Config.Transports.LinkMonitor,
-// Config.Transports.LinkTelemetry).
-func (r *Runtime) Links() []stack.LinkStats { return r.paths.Links() }
+// LinkStats is one of this runtime's data connections (a tcp stream, an
+// rdma rail) as link telemetry saw it at its last refresh: rdt's copy of
+// fabric/linkstat's figures, so a caller needs no transport package.
+type LinkStats struct {
+	Link      string `json:"link"`      // e.g. "h0/mlx5_0->h1/mlx5_0" or "h1 tcp->..."
+	Transport string `json:"transport"` // "tcp", "rdma"
+	Peer      string `json:"peer"`
+	Local     string `json:"local"`
+	Remote    string `json:"remote"`
+	Source    string `json:"source"` // how the figures were measured
+	// RTT is the kernel's smoothed round-trip time, MinRTT its windowed
+	// minimum.
+	RTT               time.Duration `json:"rtt_ns"`
+	MinRTT            time.Duration `json:"min_rtt_ns"`
+	Retransmits       uint64        `json:"retransmits"` // over the connection's life
+	BytesSent         uint64        `json:"bytes_sent"`  // acknowledged by the peer
+	BytesReceived     uint64        `json:"bytes_received"`
+	Degraded          bool          `json:"degraded"`
+	Reason            string        `json:"reason,omitempty"`
+	RecentRetransmits uint64        `json:"recent_retransmits"` // in the last interval the health check looked at
+	RecentSegments    uint64        `json:"recent_segments"`
+	Updated           time.Time     `json:"updated"`
+}
 
-// LinkMonitor is the monitor measuring this runtime's data connections
-// (nil when link telemetry is off), e.g. for a dashboard's Links.
-func (r *Runtime) LinkMonitor() *stack.Monitor { return r.paths.LinkMonitor() }
+// Links reports this runtime's data connections as link telemetry saw
+// them at its last refresh, degraded ones with the reason; nil when link
+// telemetry is off (Config.Transports.LinkMonitor,
+// Config.Transports.LinkTelemetry).
+func (r *Runtime) Links() []LinkStats {
+	in := r.paths.Links()
+	if in == nil {
+		return nil
+	}
+	out := make([]LinkStats, len(in))
+	for i, l := range in {
+		out[i] = LinkStats{Link: l.Link, Transport: l.Transport, Peer: l.Peer, Local: l.Local, Remote: l.Remote, Source: string(l.Source),
+			RTT: l.RTT, MinRTT: l.MinRTT, Retransmits: l.Retransmits, BytesSent: l.BytesSent, BytesReceived: l.BytesReceived,
+			Degraded: l.Degraded, Reason: l.Reason, RecentRetransmits: l.RecentRetransmits, RecentSegments: l.RecentSegments, Updated: l.Updated}
+	}
+	return out
+}
+
+// RefreshLinks measures this runtime's data connections now (Links then
+// shows the figures); false when link telemetry is off.
+func (r *Runtime) RefreshLinks() bool {
+	m := r.paths.LinkMonitor()
+	if m == nil {
+		return false
+	}
+	m.Refresh()
+	return true
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -148,14 +149,14 @@ func TestPushNeedsOwnership(t *testing.T) {
 }
 
 func FuzzParsePushNotice(f *testing.F) {
-	f.Add(pushNotice{slot: fabric.ObjectID{1}, incarnation: 9, token: []byte("0123456789abcdef"), bytes: 4096}.marshal())
+	f.Add(ctlwire.PushNotice{Slot: fabric.ObjectID{1}, Incarnation: 9, Token: []byte("0123456789abcdef"), Bytes: 4096}.Marshal())
 	f.Add([]byte{1})
 	f.Fuzz(func(t *testing.T, p []byte) {
-		n, err := parsePushNotice(p)
+		n, err := ctlwire.ParsePushNotice(p)
 		if err != nil {
 			return
 		}
-		again, err := parsePushNotice(n.marshal())
+		again, err := ctlwire.ParsePushNotice(n.Marshal())
 		require.NoError(t, err)
 		assert.Equal(t, n, again)
 	})
@@ -210,9 +211,7 @@ func TestPushNoticeStreamsAreReused(t *testing.T) {
 	require.NoError(t, err)
 	defer slot.Close()
 	idle := func() int {
-		p.a.notices.mu.Lock()
-		defer p.a.notices.mu.Unlock()
-		return len(p.a.notices.idle[p.b.ID()])
+		return p.a.notices.IdleTo(p.b.ID())
 	}
 	for step := uint64(1); step <= 3; step++ {
 		_, err := owner.Push(ctx, src, slot.Ref())

@@ -8,13 +8,14 @@ import (
 	"slices"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // ErrInvalidArgument is a caller's mistake that no other kind names: an
 // unknown handle, a bad dtype, a region that does not hold the tensor,
 // malformed configuration. The C ABI and the worker report it.
-var ErrInvalidArgument = errors.New("invalid argument")
+var ErrInvalidArgument = errs.InvalidArgument
 
 // Kind is one error kind: the name every layer uses for it (metrics, the
 // worker protocol, the C ABI's TL_E_ constants, Python's exception classes),

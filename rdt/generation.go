@@ -3,11 +3,8 @@ package rdt
 import (
 	"context"
 	"fmt"
-	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
@@ -25,90 +22,24 @@ type SlotOption func(*Slot)
 // WithGenerations makes the slot flow-controlled: after each completed push
 // or broadcast it takes no more writes until Done is called for that
 // generation.
-func WithGenerations() SlotOption { return func(s *Slot) { s.flow = true } }
+func WithGenerations() SlotOption { return func(s *Slot) { s.s.Flow = true } }
 
 // Generation is the slot's current generation (completed pushes and
 // broadcasts) and the last one its reader said it is done with.
-func (s *Slot) Generation() (current, done uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pushes, s.consumed
-}
+func (s *Slot) Generation() (current, done uint64) { return s.s.Generation() }
 
 // Done says the reader has finished with generation gen of the slot (and
 // every earlier one): a flow-controlled slot takes writes again, and the
 // writer of that generation is told. Telling the writer is bounded by ctx
 // and the control timeout; the slot is released even if that fails.
 func (s *Slot) Done(ctx context.Context, gen uint64) error {
-	s.mu.Lock()
-	if gen > s.pushes {
-		cur := s.pushes
-		s.mu.Unlock()
-		return fmt.Errorf("%w: done with generation %d, the slot is at %d", ErrMalformedRef, gen, cur)
-	}
-	if gen > s.consumed {
-		s.consumed = gen
-	}
-	writer := s.writer
-	s.mu.Unlock()
-	if writer == "" {
-		return nil
+	writer, err := s.s.Consume(gen)
+	if err != nil || writer == "" {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.id, Inc: s.rt.incarnation, Gen: gen})
-}
-
-// genTable is the writer side: the generation each reader said it is done
-// with, per slot.
-type genTable struct {
-	mu      sync.Mutex
-	done    map[genKey]uint64
-	changed chan struct{} // closed and replaced on every change
-}
-
-type genKey struct {
-	peer peer.ID
-	slot fabric.ObjectID
-}
-
-func (t *genTable) consumed(from peer.ID, slot fabric.ObjectID, gen uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.done == nil {
-		t.done = map[genKey]uint64{}
-	}
-	k := genKey{from, slot}
-	if gen <= t.done[k] {
-		return
-	}
-	t.done[k] = gen
-	if t.changed != nil {
-		close(t.changed)
-		t.changed = nil
-	}
-}
-
-// state returns the generation the reader of slot is done with and a
-// channel closed at the next change.
-func (t *genTable) state(k genKey) (uint64, <-chan struct{}) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.changed == nil {
-		t.changed = make(chan struct{})
-	}
-	return t.done[k], t.changed
-}
-
-// forget drops what is known about slots of a peer that died.
-func (t *genTable) forget(id peer.ID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k := range t.done {
-		if k.peer == id {
-			delete(t.done, k)
-		}
-	}
+	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.s.ID, Inc: s.rt.incarnation, Gen: gen})
 }
 
 // WaitConsumed blocks until the reader of slot has said it is done with
@@ -118,15 +49,15 @@ func (t *genTable) forget(id peer.ID) {
 func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	k := genKey{slot.Owner, slot.Object}
+	k := bcastrun.Key{Peer: slot.Owner, Slot: slot.Object}
 	var death <-chan struct{}
 	if slot.Owner != a.rt.host.ID() {
-		unuse := a.rt.peers.use(slot.Owner)
+		unuse := a.rt.peers.Use(slot.Owner)
 		defer unuse()
-		death = a.rt.peers.deathOf(slot.Owner, slot.Incarnation)
+		death = a.rt.peers.DeathOf(slot.Owner, slot.Incarnation)
 	}
 	for {
-		got, ch := a.rt.gens.state(k)
+		got, ch := a.rt.bcast.Gens.State(k)
 		if got >= gen {
 			return nil
 		}

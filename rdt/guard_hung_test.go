@@ -38,7 +38,7 @@ func TestHungOwnerNewRefIsOwnerDied(t *testing.T) {
 			events := reader.Watch(ctx, p.a.ID())
 			nextEvent(t, events, PeerAlive)
 
-			p.a.blackholed.Store(true)
+			p.a.faults.Hung.Store(true)
 			res := make(chan error, 1)
 			go func() {
 				if how == "view" {

@@ -31,8 +31,7 @@ func TestLinkTelemetryRuntime(t *testing.T) {
 	defer got.Release()
 	sameBytes(t, x, got)
 	require.Equal(t, fabric.RDMA, xfer.Stats.Transport)
-	require.NotNil(t, p.b.LinkMonitor())
-	p.b.LinkMonitor().Refresh()
+	require.True(t, p.b.RefreshLinks())
 	links := p.b.Links()
 	require.NotEmpty(t, links, "the reader's rails are tracked")
 	received := uint64(0)
@@ -47,7 +46,7 @@ func TestLinkTelemetryRuntime(t *testing.T) {
 	// window (32 KiB seen on loopback); the read is striped over up to
 	// eight rails.
 	assert.GreaterOrEqual(t, received+uint64(len(links))*(64<<10), uint64(4<<20), "the rails carried the 4 MiB read")
-	p.a.LinkMonitor().Refresh()
+	require.True(t, p.a.RefreshLinks())
 	owned := p.a.Links()
 	require.NotEmpty(t, owned, "the owner tracks the rail connections it accepted")
 	for _, l := range owned {
@@ -64,7 +63,7 @@ func TestLinkTelemetryRuntime(t *testing.T) {
 	require.NoError(t, err)
 	defer tgot.Release()
 	require.Equal(t, fabric.TCP, txfer.Stats.Transport)
-	tp.b.LinkMonitor().Refresh()
+	require.True(t, tp.b.RefreshLinks())
 	tcpLinks := 0
 	for _, l := range tp.b.Links() {
 		if l.Transport == fabric.TCP {
@@ -75,6 +74,6 @@ func TestLinkTelemetryRuntime(t *testing.T) {
 	assert.NotZero(t, tcpLinks, "the tcp data streams are tracked: %+v", tp.b.Links())
 
 	off := newPair(t, nil)
-	assert.Nil(t, off.a.LinkMonitor())
+	assert.False(t, off.a.RefreshLinks())
 	assert.Nil(t, off.a.Links())
 }

@@ -2,15 +2,17 @@ package rdt
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/leases"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 )
 
 // Reference counting with leases. A reader runtime holds one lease per
@@ -23,22 +25,6 @@ import (
 // pin memory forever. An object whose owner called Release is freed when its
 // last lease goes; Free frees it at once and revokes every ref.
 
-type holdKey struct {
-	owner peer.ID
-	inc   uint64
-	obj   fabric.ObjectID
-}
-
-type hold struct {
-	ref    Ref
-	layout layoutSum           // of ref.Desc, which the owner confirmed
-	actors map[string]struct{} // explicit holders (Hold)
-	gets   int                 // Gets in flight
-	idle   time.Time           // when the last Get ended with no holder left
-}
-
-func (h *hold) unused() bool { return len(h.actors) == 0 && h.gets == 0 }
-
 // getLinger is how long a lease taken only by Gets outlives the last of
 // them: long enough for a loop of Gets to reuse it, short enough that an
 // owner waiting for its memory (WaitFreed) barely notices.
@@ -46,13 +32,12 @@ const getLinger = 100 * time.Millisecond
 
 func (r *Runtime) linger() time.Duration { return min(getLinger, r.cfg.LeaseRenew/2) }
 
-func keyOf(ref Ref) holdKey { return holdKey{ref.Owner, ref.Incarnation, ref.Object} }
+// holdKey names a lease this runtime holds (leases.Key).
+type holdKey = leases.Key
 
-func (r *Runtime) holdCount() int {
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	return len(r.holds)
-}
+func keyOf(ref Ref) holdKey { return leases.KeyOf(refwire.Ref(ref)) }
+
+func (r *Runtime) holdCount() int { return r.leases.Len() }
 
 // hold makes actor a holder of ref (or, with actor "", counts a Get in
 // flight), registering a lease with the owner when this runtime did not
@@ -64,40 +49,23 @@ func (r *Runtime) holdCount() int {
 // owner vouched for. A ref matching a hold already taken must carry the same
 // token and layout as the ref the owner confirmed then.
 func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
-	k := keyOf(ref)
-	layout := layoutOf(ref.Desc)
-	take := func(h *hold) {
-		if actor == "" {
-			h.gets++
-		} else {
-			h.actors[actor] = struct{}{}
+	layout := objstore.LayoutOf(ref.Desc)
+	if held, err := r.leases.Join(actor, refwire.Ref(ref), layout); held {
+		if err != nil {
+			return fmt.Errorf("%v: %w", ref, err)
 		}
-	}
-	r.holdMu.Lock()
-	if h, ok := r.holds[k]; ok {
-		if subtle.ConstantTimeCompare(h.ref.Token, ref.Token) != 1 {
-			r.holdMu.Unlock()
-			return fmt.Errorf("%v: %w: token differs from the held ref's", ref, ErrUnauthorized)
-		}
-		if h.layout != layout {
-			r.holdMu.Unlock()
-			return fmt.Errorf("%v: %w", ref, ErrLayoutMismatch)
-		}
-		take(h)
-		r.holdMu.Unlock()
 		return nil
 	}
-	r.holdMu.Unlock()
-	if r.peers.isDead(ref.Owner, ref.Incarnation) {
+	if r.peers.IsDead(ref.Owner, ref.Incarnation) {
 		return r.deadErr(ref, errors.New("declared dead earlier"))
 	}
 	if ref.Owner != r.host.ID() {
 		r.learnAddrs(ref)
 	}
 	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	inc, errs, err := r.leaseRemote(ctx, ref.Owner, kindLease, []fabric.Claim{cl}, []layoutSum{layout})
+	inc, errs, err := r.leaseRemote(ctx, ref.Owner, ctlwire.LifeLease, []fabric.Claim{cl}, []objstore.LayoutSum{layout})
 	if err != nil {
-		if errors.Is(err, ErrPeerUnreachable) && r.peers.isDead(ref.Owner, ref.Incarnation) {
+		if errors.Is(err, ErrPeerUnreachable) && r.peers.IsDead(ref.Owner, ref.Incarnation) {
 			return r.ownerDiedErr(ref, err)
 		}
 		return err
@@ -108,189 +76,41 @@ func (r *Runtime) hold(ctx context.Context, actor string, ref Ref) error {
 	if errs[0] != nil {
 		return fmt.Errorf("%v: %w", ref, errs[0])
 	}
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	if r.holds == nil { // shut down meanwhile; the owner's lease expires
-		return ErrClosed
-	}
-	h, ok := r.holds[k]
-	if !ok {
-		h = &hold{ref: ref, layout: layout, actors: map[string]struct{}{}}
-		r.holds[k] = h
-	}
-	take(h)
-	return nil
+	return r.leases.Add(actor, refwire.Ref(ref), layout)
 }
 
 // keepGetHold adds a use to ref's lease while a Get holds one (a View
 // that outlives its Get); unget ends it. It reports whether the lease was
 // still there.
-func (r *Runtime) keepGetHold(ref Ref) bool {
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	h, ok := r.holds[keyOf(ref)]
-	if ok {
-		h.gets++
-	}
-	return ok
-}
+func (r *Runtime) keepGetHold(ref Ref) bool { return r.leases.KeepGet(keyOf(ref)) }
 
 // unget ends a Get's use of ref's lease; a lease nobody holds any more is
 // released by the life loop after linger.
-func (r *Runtime) unget(ref Ref) {
-	r.holdMu.Lock()
-	h, ok := r.holds[keyOf(ref)]
-	if ok && h.gets > 0 {
-		h.gets--
-		if h.unused() {
-			h.idle = r.cfg.Clock.Now()
-			select {
-			case r.idleKick <- struct{}{}:
-			default:
-			}
-		}
-	}
-	r.holdMu.Unlock()
-}
-
-// releaseIdle releases the leases that only Gets took and that have been
-// unused for linger; it reports whether younger idle ones remain.
-func (r *Runtime) releaseIdle(ctx context.Context) (more bool) {
-	byOwner := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
-	now := r.cfg.Clock.Now()
-	r.holdMu.Lock()
-	for k, h := range r.holds {
-		if !h.unused() {
-			continue
-		}
-		if now.Sub(h.idle) < r.linger() {
-			more = true
-			continue
-		}
-		delete(r.holds, k)
-		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
-		layouts[k.owner] = append(layouts[k.owner], h.layout)
-	}
-	r.holdMu.Unlock()
-	for owner, cl := range byOwner {
-		r.releaseAt(ctx, owner, cl, layouts[owner], "lease release not delivered; it will expire")
-	}
-	return more
-}
-
-// releaseAt tells owner this runtime no longer holds the claims, in
-// messages of at most maxClaims, each bounded by a heartbeat interval. An
-// owner that does not answer is logged (why) and left to expire them.
-func (r *Runtime) releaseAt(ctx context.Context, owner peer.ID, cl []fabric.Claim, layouts []layoutSum, why string) {
-	for start := 0; start < len(cl); start += maxClaims {
-		cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
-		end := min(start+maxClaims, len(cl))
-		_, _, err := r.leaseRemote(cctx, owner, kindRelease, cl[start:end], layouts[start:end])
-		cancel()
-		if err != nil {
-			r.log.Info(why, "owner", shortID(owner), "leases", len(cl), "err", err)
-			return
-		}
-	}
-}
+func (r *Runtime) unget(ref Ref) { r.leases.Unget(keyOf(ref)) }
 
 // unhold drops actor's hold on ref and the runtime's lease with it when it
 // was the last holder.
 func (r *Runtime) unhold(ctx context.Context, actor string, ref Ref) error {
-	k := keyOf(ref)
-	r.holdMu.Lock()
-	h, ok := r.holds[k]
-	if !ok {
-		r.holdMu.Unlock()
-		return nil
-	}
-	delete(h.actors, actor)
-	last := h.unused()
-	if last {
-		delete(r.holds, k)
-	}
-	r.holdMu.Unlock()
-	if !last {
-		return nil
-	}
-	cl := fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}
-	_, errs, err := r.leaseRemote(ctx, ref.Owner, kindRelease, []fabric.Claim{cl}, []layoutSum{h.layout})
-	if err != nil {
-		// The owner will expire the lease; say so rather than fail: the
-		// reader is done with the ref either way.
-		r.log.Info("lease release not delivered; it will expire", "ref", ref, "err", err)
-		return nil
-	}
-	if errs[0] != nil && !isGone(errs[0]) {
-		return errs[0]
-	}
-	return nil
+	return r.leases.Unhold(ctx, actor, refwire.Ref(ref))
 }
 
-// renewLeases renews every lease this runtime holds, one request per owner,
-// and forgets those whose objects are gone. It keeps every owner it holds
-// leases on watched (watching: the life loop's own map of peer uses), so
-// an owner that goes away while nothing moves from it is still declared
-// dead and its holds dropped; without that, a Get that ended before the
-// death was noticed would leave its actor's holds renewing in vain.
-func (r *Runtime) renewLeases(ctx context.Context, watching map[peer.ID]func()) {
-	byOwner := map[peer.ID][]holdKey{}
-	claims := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
-	r.holdMu.Lock()
-	for k, h := range r.holds {
-		byOwner[k.owner] = append(byOwner[k.owner], k)
-		claims[k.owner] = append(claims[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
-		layouts[k.owner] = append(layouts[k.owner], h.layout)
-	}
-	r.holdMu.Unlock()
-	for owner := range byOwner {
-		if _, ok := watching[owner]; !ok && owner != r.host.ID() {
-			watching[owner] = r.peers.use(owner)
-		}
-	}
-	for owner, unuse := range watching {
-		if _, ok := byOwner[owner]; !ok {
-			unuse()
-			delete(watching, owner)
-		}
-	}
-	// Owners are renewed concurrently (a few at a time) so one that hangs
-	// cannot delay the others' renewals past their expiry.
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	for owner, keys := range byOwner {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			r.renewOwner(ctx, owner, keys, claims[owner], layouts[owner])
-		}()
-	}
-	wg.Wait()
+// leaser is the runtime's lifecycle protocol as the lease table sends on it.
+type leaser struct{ r *Runtime }
+
+func (l leaser) Lease(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []ctlwire.Layout) (uint64, []error, error) {
+	return l.r.leaseRemote(ctx, owner, kind, claims, layouts)
 }
 
-func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey, claims []fabric.Claim, layouts []layoutSum) {
-	for start := 0; start < len(keys); start += maxClaims {
-		end := min(start+maxClaims, len(keys))
-		cctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseRenew)
-		_, errs, err := r.leaseRemote(cctx, owner, kindLease, claims[start:end], layouts[start:end])
-		cancel()
-		if err != nil {
-			r.log.Debug("lease renewal failed", "owner", shortID(owner), "leases", end-start, "err", err)
-			continue // death detection, or the next round, decides
-		}
-		r.holdMu.Lock()
-		for i, e := range errs {
-			if e != nil && isGone(e) {
-				r.log.Info("held ref is gone", "object", keys[start+i].obj, "owner", shortID(owner), "err", e)
-				delete(r.holds, keys[start+i])
-				r.views.revoke(keys[start+i]) // view.go
+// newLeases is this runtime's lease table.
+func (r *Runtime) newLeases() *leases.Table {
+	return leases.New(leases.Config{Leaser: leaser{r}, Self: r.host.ID(), Clock: r.cfg.Clock, Log: r.log,
+		Linger: r.linger(), RenewWait: r.cfg.LeaseRenew, ReleaseWait: r.cfg.HeartbeatInterval,
+		Watch: r.peers.Use, Gone: r.views.revoke, Idle: func() {
+			select {
+			case r.idleKick <- struct{}{}:
+			default:
 			}
-		}
-		r.holdMu.Unlock()
-	}
+		}})
 }
 
 // peerDied is called once per dead incarnation: refs held on it are gone,
@@ -298,15 +118,8 @@ func (r *Runtime) renewOwner(ctx context.Context, owner peer.ID, keys []holdKey,
 func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 	r.log.Warn("peer died", "peer", shortID(id), "incarnation", fmt.Sprintf("%x", inc), "reason", reason)
 	r.lifeMetrics.peerDeaths.WithLabelValues(reason).Inc()
-	r.holdMu.Lock()
-	for k := range r.holds {
-		if k.owner == id && k.inc == inc {
-			delete(r.holds, k)
-			r.views.revoke(k) // view.go
-		}
-	}
-	r.holdMu.Unlock()
-	if r.objects.dropPeer(id) > 0 {
+	r.leases.Drop(id, inc)
+	if r.objects.DropPeer(id) > 0 {
 		r.kickReaper()
 	}
 }
@@ -345,11 +158,11 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 			}
 		case <-idle:
 			idle = nil
-			if r.releaseIdle(ctx) {
+			if r.leases.ReleaseIdle(ctx) {
 				idle = clk.After(r.linger())
 			}
 		case <-renew.Chan():
-			r.renewLeases(ctx, watching)
+			r.leases.Renew(ctx, watching)
 		case <-expire.Chan():
 			r.expireLeases()
 		case <-r.reap:
@@ -359,36 +172,16 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 }
 
 func (r *Runtime) expireLeases() {
-	if n := r.objects.expire(r.cfg.Clock.Now()); n > 0 {
+	if n := r.objects.Expire(r.cfg.Clock.Now()); n > 0 {
 		r.lifeMetrics.leasesExpired.Add(float64(n))
 		r.log.Info("reader leases expired", "count", n)
-	}
-}
-
-// releaseAllHolds sends release for every lease this runtime holds (at
-// Shutdown), bounded by ctx; undelivered ones expire on their owners.
-func (r *Runtime) releaseAllHolds(ctx context.Context) {
-	byOwner := map[peer.ID][]fabric.Claim{}
-	layouts := map[peer.ID][]layoutSum{}
-	r.holdMu.Lock()
-	for k, h := range r.holds {
-		byOwner[k.owner] = append(byOwner[k.owner], fabric.Claim{Object: k.obj, Incarnation: k.inc, Token: h.ref.Token})
-		layouts[k.owner] = append(layouts[k.owner], h.layout)
-	}
-	r.holds = nil
-	r.holdMu.Unlock()
-	for owner, cl := range byOwner {
-		if owner == r.host.ID() {
-			continue
-		}
-		r.releaseAt(ctx, owner, cl, layouts[owner], "lease release at shutdown not delivered; it will expire")
 	}
 }
 
 // deadErr says why a ref's owner incarnation is gone: replaced by a new
 // one (ErrStaleRef) or dead (ErrOwnerDied).
 func (r *Runtime) deadErr(ref Ref, cause error) error {
-	if now, ok := r.peers.replaced(ref.Owner, ref.Incarnation); ok {
+	if now, ok := r.peers.Replaced(ref.Owner, ref.Incarnation); ok {
 		return fmt.Errorf("%w: %v: owner restarted (incarnation %x)", ErrStaleRef, ref, now)
 	}
 	return r.ownerDiedErr(ref, cause)

@@ -2,8 +2,6 @@ package rdt
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -14,197 +12,76 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 )
 
-// The lifecycle protocol: heartbeats and leases, one request and one reply
-// per libp2p stream, each a 4-byte length and a message:
-//
-//	version (1) | kind (1) | sender incarnation (8) | body
-//
-//	ping:    (empty)                     -> pong: (empty)
-//	lease:   count | claims              -> leased: ttl ms | count | status per claim
-//	release: count | claims              -> leased: 0 | count | status per claim
-//	claim:   object (16) | incarnation (8) | token (len-prefixed, <= 64) | layout (16)
-//
-// Every reply carries the responder's incarnation, so a restarted peer is
-// recognised on its first answer. A claim's layout is a digest of the desc
-// the reader's ref carries (layoutOf): the owner grants the lease only if it
-// is the desc it published, so a reader learns of a forged shape before it
-// allocates for it.
-const (
-	lifeProtocol = protocol.ID("/tensorlane/life/2.0.0")
-	lifeVersion  = 2
-	maxClaims    = 4096
-	minClaimLen  = 16 + 8 + 1 + len(layoutSum{})
-	maxLifeMsg   = 16 + maxClaims*(minClaimLen+maxTokenLen+2)
-)
-
-const (
-	kindPing byte = iota + 1
-	kindPong
-	kindLease
-	kindRelease
-	kindLeased
-)
-
-type lifeMsg struct {
-	kind        byte
-	incarnation uint64
-	claims      []fabric.Claim
-	layouts     []layoutSum // one per claim (lease, release)
-	statuses    []byte
-	ttl         time.Duration
-}
-
-func (m lifeMsg) marshal() []byte {
-	e := wire.Encoder{Buf: make([]byte, 0, 16+len(m.claims)*48+len(m.statuses))}
-	e.Byte(lifeVersion)
-	e.Byte(m.kind)
-	e.Uint64(m.incarnation)
-	switch m.kind {
-	case kindLease, kindRelease:
-		e.Uvarint(uint64(len(m.claims)))
-		for i, c := range m.claims {
-			e.Fixed(c.Object[:])
-			e.Uint64(c.Incarnation)
-			e.Bytes(c.Token)
-			var l layoutSum
-			if i < len(m.layouts) {
-				l = m.layouts[i]
-			}
-			e.Fixed(l[:])
-		}
-	case kindLeased:
-		e.Uvarint(uint64(m.ttl / time.Millisecond))
-		e.Bytes(m.statuses)
-	}
-	return e.Buf
-}
-
-// parseLifeMsg decodes a lifecycle message; malformed input is an error
-// matching wire.ErrMalformed, never a panic.
-func parseLifeMsg(p []byte) (lifeMsg, error) {
-	d := wire.NewDecoder(p)
-	if v := d.Byte(); v != lifeVersion && d.Err() == nil {
-		return lifeMsg{}, fmt.Errorf("%w: lifecycle message version %d", wire.ErrMalformed, v)
-	}
-	m := lifeMsg{kind: d.Byte(), incarnation: d.Uint64()}
-	switch m.kind {
-	case kindPing, kindPong:
-	case kindLease, kindRelease:
-		n := d.Count(maxClaims)
-		// A claim takes at least minClaimLen bytes: never allocate for
-		// more claims than the message can hold.
-		m.claims = make([]fabric.Claim, 0, min(n, d.Remaining()/minClaimLen))
-		m.layouts = make([]layoutSum, 0, cap(m.claims))
-		for ; n > 0 && d.Err() == nil; n-- {
-			var c fabric.Claim
-			var l layoutSum
-			d.Fixed(c.Object[:])
-			c.Incarnation = d.Uint64()
-			c.Token = d.Bytes(maxTokenLen)
-			d.Fixed(l[:])
-			m.claims = append(m.claims, c)
-			m.layouts = append(m.layouts, l)
-		}
-	case kindLeased:
-		m.ttl = time.Duration(min(d.Uvarint(), uint64(24*time.Hour/time.Millisecond))) * time.Millisecond
-		m.statuses = d.Bytes(maxClaims)
-	default:
-		if d.Err() == nil {
-			return lifeMsg{}, fmt.Errorf("%w: lifecycle message kind %d", wire.ErrMalformed, m.kind)
-		}
-	}
-	if err := d.Finish(); err != nil {
-		return lifeMsg{}, err
-	}
-	return m, nil
-}
-
-func writeMsg(w io.Writer, p []byte) error {
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(p)))
-	_, err := w.Write(append(n[:], p...))
-	return err
-}
-
-func readMsg(r io.Reader, limit int) ([]byte, error) {
-	var n [4]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return nil, err
-	}
-	size := binary.BigEndian.Uint32(n[:])
-	if int64(size) > int64(limit) {
-		return nil, fmt.Errorf("%w: message of %d bytes (limit %d)", wire.ErrMalformed, size, limit)
-	}
-	p := make([]byte, size)
-	_, err := io.ReadFull(r, p)
-	return p, err
-}
+// lifeProtocol carries heartbeats and leases (the codec: ctlwire.LifeMsg).
+const lifeProtocol = protocol.ID("/tensorlane/life/2.0.0")
 
 // handleLife answers heartbeats and lease requests.
 func (r *Runtime) handleLife(s network.Stream) {
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(controlTimeout))
-	if r.blackholed.Load() {
+	if r.faults.Hung.Load() {
 		// Simulated hang (tests): read nothing, answer nothing, until the
 		// caller gives up and resets the stream.
 		io.Copy(io.Discard, s)
 		return
 	}
-	body, err := readMsg(s, maxLifeMsg)
+	body, err := ctlwire.ReadMsg(s, ctlwire.MaxLifeMsg)
 	if err != nil {
 		s.Reset()
 		return
 	}
 	who := s.Conn().RemotePeer()
-	m, err := parseLifeMsg(body)
+	m, err := ctlwire.ParseLifeMsg(body)
 	if err != nil {
 		r.log.Warn("malformed lifecycle message", "from", shortID(who), "err", err)
 		s.Reset()
 		return
 	}
-	reply := lifeMsg{incarnation: r.incarnation}
-	switch m.kind {
-	case kindPing:
-		reply.kind = kindPong
-	case kindLease, kindRelease:
-		reply.kind = kindLeased
-		reply.statuses = r.leaseClaims(who, m.kind, m.claims, m.layouts)
-		if m.kind == kindLease {
-			reply.ttl = r.cfg.LeaseExpiry
+	reply := ctlwire.LifeMsg{Incarnation: r.incarnation}
+	switch m.Kind {
+	case ctlwire.LifePing:
+		reply.Kind = ctlwire.LifePong
+	case ctlwire.LifeLease, ctlwire.LifeRelease:
+		reply.Kind = ctlwire.LifeLeased
+		reply.Statuses = r.leaseClaims(who, m.Kind, m.Claims, m.Layouts)
+		if m.Kind == ctlwire.LifeLease {
+			reply.TTL = r.cfg.LeaseExpiry
 		}
 	default:
 		s.Reset()
 		return
 	}
-	writeMsg(s, reply.marshal())
+	ctlwire.WriteMsg(s, reply.Marshal())
 }
 
 // leaseClaims applies a lease or release request from who to this
 // runtime's objects and returns a status per claim.
-func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) []byte {
+func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, layouts []objstore.LayoutSum) []byte {
 	out := make([]byte, len(claims))
 	expires := r.cfg.Clock.Now().Add(r.cfg.LeaseExpiry)
 	if who == r.host.ID() {
-		expires = noExpiry
+		expires = objstore.NoExpiry
 	}
 	for i, c := range claims {
 		var err error
-		if kind == kindLease {
-			var l layoutSum
+		if kind == ctlwire.LifeLease {
+			var l objstore.LayoutSum
 			if i < len(layouts) {
 				l = layouts[i]
 			}
-			err = r.objects.lease(who, c, l, expires)
+			err = r.objects.Lease(who, c, l, expires)
 		} else {
-			err = r.objects.unlease(who, c)
+			err = r.objects.Unlease(who, c)
 		}
 		if err != nil {
-			out[i] = leaseStatus(err)
+			out[i] = ctlwire.LeaseStatusOf(err)
 			continue
 		}
-		out[i] = leaseOK
+		out[i] = ctlwire.LeaseOK
 	}
 	r.lifeMetrics.leaseRequests.WithLabelValues(lifeKindName(kind)).Add(float64(len(claims)))
 	r.lifeMetrics.leaseMessages.WithLabelValues(lifeKindName(kind)).Inc()
@@ -212,40 +89,40 @@ func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, lay
 }
 
 func lifeKindName(k byte) string {
-	if k == kindRelease {
+	if k == ctlwire.LifeRelease {
 		return "release"
 	}
 	return "lease"
 }
 
 // call sends one lifecycle request to id and returns its reply.
-func (r *Runtime) call(ctx context.Context, id peer.ID, m lifeMsg) (lifeMsg, error) {
-	m.incarnation = r.incarnation
+func (r *Runtime) call(ctx context.Context, id peer.ID, m ctlwire.LifeMsg) (ctlwire.LifeMsg, error) {
+	m.Incarnation = r.incarnation
 	s, err := r.host.NewStream(network.WithAllowLimitedConn(ctx, "lifecycle"), id, lifeProtocol)
 	if err != nil {
 		if ctx.Err() != nil {
-			return lifeMsg{}, ctx.Err()
+			return ctlwire.LifeMsg{}, ctx.Err()
 		}
-		return lifeMsg{}, fmt.Errorf("%w: %s: %v", ErrPeerUnreachable, shortID(id), err)
+		return ctlwire.LifeMsg{}, fmt.Errorf("%w: %s: %v", ErrPeerUnreachable, shortID(id), err)
 	}
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
-	if err := writeMsg(s, m.marshal()); err != nil {
-		return lifeMsg{}, r.callError(ctx, id, err)
+	if err := ctlwire.WriteMsg(s, m.Marshal()); err != nil {
+		return ctlwire.LifeMsg{}, r.callError(ctx, id, err)
 	}
 	s.CloseWrite()
-	body, err := readMsg(s, maxLifeMsg)
+	body, err := ctlwire.ReadMsg(s, ctlwire.MaxLifeMsg)
 	if err != nil {
-		return lifeMsg{}, r.callError(ctx, id, err)
+		return ctlwire.LifeMsg{}, r.callError(ctx, id, err)
 	}
-	reply, err := parseLifeMsg(body)
+	reply, err := ctlwire.ParseLifeMsg(body)
 	if err != nil {
-		return lifeMsg{}, err
+		return ctlwire.LifeMsg{}, err
 	}
-	want := map[byte]byte{kindPing: kindPong, kindLease: kindLeased, kindRelease: kindLeased}[m.kind]
-	if reply.kind != want || (want == kindLeased && len(reply.statuses) != len(m.claims)) {
-		return lifeMsg{}, fmt.Errorf("%w: reply kind %d to request kind %d", wire.ErrMalformed, reply.kind, m.kind)
+	want := map[byte]byte{ctlwire.LifePing: ctlwire.LifePong, ctlwire.LifeLease: ctlwire.LifeLeased, ctlwire.LifeRelease: ctlwire.LifeLeased}[m.Kind]
+	if reply.Kind != want || (want == ctlwire.LifeLeased && len(reply.Statuses) != len(m.Claims)) {
+		return ctlwire.LifeMsg{}, fmt.Errorf("%w: reply kind %d to request kind %d", wire.ErrMalformed, reply.Kind, m.Kind)
 	}
 	return reply, nil
 }
@@ -259,63 +136,25 @@ func (r *Runtime) callError(ctx context.Context, id peer.ID, err error) error {
 
 // leaseRemote sends a lease or release for claims to their owner and turns
 // the statuses into errors (nil for granted).
-func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []layoutSum) (uint64, []error, error) {
+func (r *Runtime) leaseRemote(ctx context.Context, owner peer.ID, kind byte, claims []fabric.Claim, layouts []objstore.LayoutSum) (uint64, []error, error) {
 	if owner == r.host.ID() {
 		st := r.leaseClaims(owner, kind, claims, layouts)
 		return r.incarnation, statusErrors(st), nil
 	}
-	reply, err := r.call(ctx, owner, lifeMsg{kind: kind, claims: claims, layouts: layouts})
+	reply, err := r.call(ctx, owner, ctlwire.LifeMsg{Kind: kind, Claims: claims, Layouts: layouts})
 	if err != nil {
 		return 0, nil, err
 	}
-	r.peers.sawAlive(owner, reply.incarnation)
-	return reply.incarnation, statusErrors(reply.statuses), nil
+	r.peers.SawAlive(owner, reply.Incarnation)
+	return reply.Incarnation, statusErrors(reply.Statuses), nil
 }
 
 func statusErrors(st []byte) []error {
 	out := make([]error, len(st))
 	for i, s := range st {
-		if s != leaseOK {
-			out[i] = leaseError(s)
+		if s != ctlwire.LeaseOK {
+			out[i] = ctlwire.LeaseErrOf(s)
 		}
 	}
 	return out
-}
-
-// Lease status codes, one per claim in a leased reply.
-const (
-	leaseOK byte = iota
-	leaseNotFound
-	leaseFreed
-	leaseStale
-	leaseUnauthorized
-	leaseFailed
-	leaseLayout  // the claim's layout is not the published one
-	leaseClosing // the owner is shutting down
-)
-
-var leaseErrs = map[byte]error{leaseNotFound: ErrObjectNotFound, leaseFreed: ErrObjectFreed, leaseStale: ErrStaleRef, leaseUnauthorized: ErrUnauthorized,
-	leaseLayout: ErrLayoutMismatch, leaseClosing: ErrOwnerClosed}
-
-func leaseStatus(err error) byte {
-	for code, e := range leaseErrs {
-		if errors.Is(err, e) {
-			return code
-		}
-	}
-	return leaseFailed
-}
-
-func leaseError(code byte) error {
-	if e, ok := leaseErrs[code]; ok {
-		return fmt.Errorf("owner refused the lease: %w", e)
-	}
-	return fmt.Errorf("owner refused the lease (status %d)", code)
-}
-
-// isGone reports whether a lease error means the object will never be
-// readable again.
-func isGone(err error) bool {
-	return errors.Is(err, ErrObjectFreed) || errors.Is(err, ErrObjectNotFound) || errors.Is(err, ErrStaleRef) || errors.Is(err, ErrUnauthorized) ||
-		errors.Is(err, ErrOwnerClosed)
 }

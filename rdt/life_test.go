@@ -1,11 +1,9 @@
 package rdt
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -22,7 +20,6 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabric/tcp"
-	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -108,7 +105,7 @@ func TestReleaseWaitsForReaders(t *testing.T) {
 		got.Release()
 	}
 	assert.Equal(t, 1, p.b.holdCount(), "one lease per reader runtime")
-	assert.Equal(t, 1, p.a.objects.leases())
+	assert.Equal(t, 1, p.a.objects.Leases())
 
 	require.NoError(t, owner.Release(ctx, ref))
 	assert.Equal(t, 1, p.a.Objects(), "a reader still holds it")
@@ -147,7 +144,7 @@ func TestLeaseExpiryFreesObject(t *testing.T) {
 
 	// The reader dies without releasing (simulated crash): its lease is
 	// never renewed again and expires on the owner.
-	p.b.abandonHolds = true
+	p.b.faults.AbandonHolds.Store(true)
 	require.NoError(t, p.b.Shutdown(ctx))
 	// Just short of its expiry the lease still holds the object.
 	clk.Advance(p.a.cfg.LeaseExpiry - time.Millisecond)
@@ -261,9 +258,7 @@ func getLarge(t *testing.T, owner, reader *Actor, n int64) (Ref, <-chan error) {
 func waitPinned(t *testing.T, r *Runtime) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		r.objects.mu.Lock()
-		defer r.objects.mu.Unlock()
-		return r.objects.pins > 0
+		return r.objects.Pins() > 0
 	}, 30*time.Second, 100*time.Microsecond, "the owner never started serving")
 }
 
@@ -374,7 +369,7 @@ func TestHeartbeatDetectsHungOwner(t *testing.T) {
 	// Heartbeats run on the fake clock: the test advances it one interval
 	// at a time while the Get waits, so each ping goes unanswered for a
 	// full interval of the runtime's time without the test sleeping one.
-	p.a.blackholed.Store(true)
+	p.a.faults.Hung.Store(true)
 	hung := clk.Now()
 	res := make(chan error, 1)
 	go func() {
@@ -423,7 +418,7 @@ func TestDetectionTimes(t *testing.T) {
 	}, false)
 	assert.Equal(t, "connection lost", ev1.Reason)
 	assert.Zero(t, lost, "a lost connection is noticed before any heartbeat is due")
-	hung, ev2 := measure(func(r *Runtime) { r.blackholed.Store(true) }, true)
+	hung, ev2 := measure(func(r *Runtime) { r.faults.Hung.Store(true) }, true)
 	assert.Equal(t, "missed heartbeats", ev2.Reason)
 	c, err := (&Config{IgnoreEnv: true}).withDefaults()
 	require.NoError(t, err)
@@ -678,9 +673,7 @@ func TestShutdownAbortsGetsInFlight(t *testing.T) {
 	}
 	assert.ErrorIs(t, err, ErrClosed)
 	require.Eventually(t, func() bool {
-		p.a.objects.mu.Lock()
-		defer p.a.objects.mu.Unlock()
-		return p.a.objects.pins == 0
+		return p.a.objects.Pins() == 0
 	}, 10*time.Second, time.Millisecond, "the owner's pin went with the connection")
 	assert.NoError(t, p.b.Shutdown(dead), "second call is a no-op")
 }
@@ -711,51 +704,6 @@ func TestWatchPeerEndsWithContext(t *testing.T) {
 	p.b.Shutdown(context.Background())
 	_, open := <-p.b.WatchPeer(context.Background(), p.a.ID())
 	assert.False(t, open)
-}
-
-func TestLifeMsgEncoding(t *testing.T) {
-	var obj fabric.ObjectID
-	rand.Read(obj[:])
-	tests := []lifeMsg{
-		{kind: kindPing, incarnation: 7},
-		{kind: kindPong, incarnation: 1<<64 - 1},
-		{kind: kindLease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: bytes.Repeat([]byte{1}, 16)}, {Object: obj}}},
-		{kind: kindRelease, incarnation: 3, claims: []fabric.Claim{{Object: obj, Incarnation: 9, Token: []byte{2}}}},
-		{kind: kindLeased, incarnation: 5, statuses: []byte{leaseOK, leaseFreed}, ttl: 15 * time.Second},
-	}
-	for _, m := range tests {
-		b := m.marshal()
-		back, err := parseLifeMsg(b)
-		require.NoError(t, err)
-		assert.Equal(t, m.kind, back.kind)
-		assert.Equal(t, m.incarnation, back.incarnation)
-		assert.Equal(t, len(m.claims), len(back.claims))
-		for i := range m.claims {
-			assert.Equal(t, m.claims[i].Object, back.claims[i].Object)
-			assert.Equal(t, m.claims[i].Incarnation, back.claims[i].Incarnation)
-			assert.Equal(t, len(m.claims[i].Token), len(back.claims[i].Token))
-		}
-		assert.Equal(t, m.statuses, back.statuses)
-		assert.Equal(t, m.ttl, back.ttl)
-		for i := range b {
-			_, err := parseLifeMsg(b[:i])
-			require.ErrorIs(t, err, wire.ErrMalformed, "truncated at %d", i)
-		}
-		_, err = parseLifeMsg(append(b, 0))
-		assert.ErrorIs(t, err, wire.ErrMalformed)
-	}
-	for _, bad := range [][]byte{nil, {2, 1}, {1, 99, 0, 0, 0, 0, 0, 0, 0, 0}} {
-		_, err := parseLifeMsg(bad)
-		assert.ErrorIs(t, err, wire.ErrMalformed)
-	}
-}
-
-func TestLeaseStatusCodes(t *testing.T) {
-	for _, e := range []error{ErrObjectNotFound, ErrObjectFreed, ErrStaleRef, ErrUnauthorized} {
-		assert.ErrorIs(t, leaseError(leaseStatus(e)), e)
-	}
-	assert.Equal(t, leaseFailed, leaseStatus(errors.New("other")))
-	assert.Error(t, leaseError(200))
 }
 
 func TestConfigDefaultsLife(t *testing.T) {
@@ -790,31 +738,6 @@ func TestMetricsRegistered(t *testing.T) {
 	}
 }
 
-// FuzzLifeMsg: any bytes a peer sends on the lifecycle protocol decode to
-// a message that re-encodes, or fail with wire.ErrMalformed.
-func FuzzLifeMsg(f *testing.F) {
-	var obj fabric.ObjectID
-	f.Add(lifeMsg{kind: kindPing, incarnation: 1}.marshal())
-	f.Add(lifeMsg{kind: kindLease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}}}.marshal())
-	f.Add(lifeMsg{kind: kindRelease, incarnation: 1, claims: []fabric.Claim{{Object: obj, Incarnation: 3, Token: make([]byte, 16)}},
-		layouts: []layoutSum{layoutOf(tensor.NewDesc(tensor.Float32, 2, 3))}}.marshal())
-	f.Add(lifeMsg{kind: kindLeased, incarnation: 1, statuses: []byte{0, 2}, ttl: time.Second}.marshal())
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, p []byte) {
-		m, err := parseLifeMsg(p)
-		if err != nil {
-			if !errors.Is(err, wire.ErrMalformed) {
-				t.Fatalf("untyped error %v", err)
-			}
-			return
-		}
-		back, err := parseLifeMsg(m.marshal())
-		if err != nil || back.kind != m.kind || len(back.claims) != len(m.claims) || !slices.Equal(back.layouts, m.layouts) {
-			t.Fatalf("re-encoding changed the message: %v", err)
-		}
-	})
-}
-
 // FuzzEnvelope: control envelopes from the network decode or fail, never
 // panic.
 func FuzzEnvelope(f *testing.F) {
@@ -845,13 +768,13 @@ func TestStalledTransfer(t *testing.T) {
 	ref, _ := owner.Put(ctx, x)
 	// The owner is alive and answers heartbeats, but its reads make no
 	// progress (simulated): a stall, not a death.
-	p.a.stallReads.Store(true)
+	p.a.faults.StallReads.Store(true)
 	_, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
 	require.ErrorIs(t, err, ErrTransferStalled)
 	assert.ErrorIs(t, err, fabric.ErrStalled)
 	assert.NotErrorIs(t, err, ErrOwnerDied)
 	assert.Equal(t, int64(0), used(t, p.b, tensor.GPUDevice(0)))
-	p.a.stallReads.Store(false)
+	p.a.faults.StallReads.Store(false)
 	got, err := reader.Get(ctx, ref, tensor.GPUDevice(0))
 	require.NoError(t, err, "the owner was never declared dead")
 	got.Release()

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -193,17 +194,15 @@ func (r *Runtime) LiveTransfers() []TransferRecord {
 // ObjectTable returns the objects this runtime owns, ordered by owner then
 // ID.
 func (r *Runtime) ObjectTable() []ObjectInfo {
-	t := r.objects
-	t.mu.Lock()
-	out := make([]ObjectInfo, 0, len(t.objects))
-	for _, o := range t.objects {
+	objs := r.objects.List()
+	out := make([]ObjectInfo, 0, len(objs))
+	for _, o := range objs {
 		out = append(out, ObjectInfo{
-			ID: o.id.String(), Host: r.cfg.Host, Owner: o.owner, Device: o.buf.Device().String(),
-			DType: o.desc.DType.String(), Shape: append([]int64(nil), o.desc.Shape...), Bytes: o.desc.NBytes(), Pins: o.pins,
-			StagedBytes: o.share.Staged(),
+			ID: o.ID.String(), Host: r.cfg.Host, Owner: o.Owner, Device: o.Device.String(),
+			DType: o.Desc.DType.String(), Shape: append([]int64(nil), o.Desc.Shape...), Bytes: o.Desc.NBytes(), Pins: o.Pins,
+			StagedBytes: o.Staged,
 		})
 	}
-	t.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Owner != out[j].Owner {
 			return out[i].Owner < out[j].Owner
@@ -252,20 +251,20 @@ func (c memCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(memUsedDesc, prometheus.GaugeValue, float64(s.Used), host, s.Device.String(), sim)
 		ch <- prometheus.MustNewConstMetric(memCapDesc, prometheus.GaugeValue, float64(s.Capacity), host, s.Device.String(), sim)
 	}
-	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.r.objects.len()), host)
+	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.r.objects.Len()), host)
 }
 
 // viewStaged reports an object's view staged as a private copy for an
 // on-host grant (n bytes), or a staging that failed.
-func (r *Runtime) viewStaged(o *object, n int64, err error) {
+func (r *Runtime) viewStaged(o *objstore.Object, n int64, err error) {
 	if err != nil {
 		r.obs.viewCopyFailures.Inc()
 		r.log.Warn("cannot stage a private copy of a view for an on-host grant: the reader falls back to another path",
-			"object", o.id, "bytes", o.end-o.start, "device", o.buf.Device(), "err", err)
+			"object", o.ID, "bytes", o.End-o.Start, "device", o.Buf.Device(), "err", err)
 		return
 	}
 	r.obs.viewCopies.Inc()
 	r.obs.viewCopyBytes.Add(float64(n))
-	r.log.Debug("view staged as a private copy for on-host grants", "object", o.id, "bytes", n,
-		"view", fmt.Sprintf("[%d,%d)", o.start, o.end), "parent_bytes", o.buf.Len(), "device", o.buf.Device())
+	r.log.Debug("view staged as a private copy for on-host grants", "object", o.ID, "bytes", n,
+		"view", fmt.Sprintf("[%d,%d)", o.Start, o.End), "parent_bytes", o.Buf.Len(), "device", o.Buf.Device())
 }

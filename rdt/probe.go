@@ -34,7 +34,7 @@ import (
 // runtime, died if the probe finds it frozen and is unreachable if not
 // (a live process that will not talk to us, or nothing listening).
 func (r *Runtime) deathVerdict(ctx context.Context, ref Ref, what string) error {
-	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+	if _, restarted := r.peers.Replaced(ref.Owner, ref.Incarnation); !restarted && !r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
 		o := probeOwner(ctx, ref.Addrs, probeWait)
 		r.log.Info("owner never answered this runtime: probed its control listener", "owner", shortID(ref.Owner), "outcome", o.String(), "while", what)
 		if o == probeSilent {
@@ -55,7 +55,7 @@ func (r *Runtime) frozenOwner(ctx context.Context, ref Ref, err error) bool {
 	if err == nil || !errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrOwnerDied) {
 		return false
 	}
-	if _, restarted := r.peers.replaced(ref.Owner, ref.Incarnation); restarted || r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+	if _, restarted := r.peers.Replaced(ref.Owner, ref.Incarnation); restarted || r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
 		return false
 	}
 	o := probeOwner(ctx, ref.Addrs, probeWait)

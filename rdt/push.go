@@ -2,12 +2,8 @@ package rdt
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -17,6 +13,8 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/notices"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -33,170 +31,12 @@ import (
 
 const pushProtocol = protocol.ID("/tensorlane/push/1.0.0")
 
-// pushNotice is the message an owner sends after a push completed.
-type pushNotice struct {
-	slot        fabric.ObjectID
-	incarnation uint64
-	token       []byte
-	bytes       int64
-}
-
-func (n pushNotice) marshal() []byte {
-	e := wire.Encoder{Buf: make([]byte, 0, 64)}
-	e.Byte(ctlwire.Push)
-	e.Fixed(n.slot[:])
-	e.Uvarint(n.incarnation)
-	e.Bytes(n.token)
-	e.Uvarint(uint64(n.bytes))
-	return e.Buf
-}
-
-func parsePushNotice(p []byte) (pushNotice, error) {
-	d := wire.NewDecoder(p)
-	var n pushNotice
-	if v := d.Byte(); v != ctlwire.Push && d.Err() == nil {
-		return n, fmt.Errorf("%w: push notice version %d", ErrMalformedRef, v)
-	}
-	d.Fixed(n.slot[:])
-	n.incarnation = d.Uvarint()
-	n.token = d.Bytes(maxTokenLen)
-	b := d.Uvarint()
-	if err := d.Finish(); err != nil {
-		return n, fmt.Errorf("%w: push notice: %v", ErrMalformedRef, err)
-	}
-	if b > 1<<62 {
-		return n, fmt.Errorf("%w: push notice of %d bytes", ErrMalformedRef, b)
-	}
-	n.bytes = int64(b)
-	return n, nil
-}
-
-// Slot is reader-allocated memory that owners push tensors into.
+// Slot is reader-allocated memory that owners push tensors into. Its
+// state (generations, pins, the broadcast filling it) is objstore.Slot's.
 type Slot struct {
 	rt    *Runtime
 	actor *Actor
-	id    fabric.ObjectID
-	buf   tensor.Buffer
-	desc  tensor.Desc
-	token []byte
-
-	mu      sync.Mutex
-	pushes  uint64        // completed pushes: the slot's generation
-	changed chan struct{} // closed and replaced on each completed push and on Close
-	pins    int
-	closed  bool
-
-	// Generations and broadcasts (generation.go, relay.go).
-	flow     bool    // refuse writes while a completed generation is not Done
-	consumed uint64  // the last generation the reader said it is done with
-	writer   peer.ID // who wrote the last generation: told when it is done
-	relay    *relay  // the broadcast filling the slot, if any
-	lastErr  error   // why the last broadcast into the slot failed
-}
-
-// sinkTable is the runtime's fabric.Sink: it resolves push claims to slots.
-type sinkTable struct {
-	incarnation uint64
-	mu          sync.Mutex
-	slots       map[fabric.ObjectID]*Slot
-	closing     bool // Shutdown began: no new pushes
-	// notices counts the push notices taken from other runtimes (single
-	// and batch) and noticed the pushes they reported (pushbatch.go's
-	// metrics).
-	notices, noticed atomic.Int64
-}
-
-// close refuses new pushes from now on (Shutdown); those writing finish.
-func (t *sinkTable) close() {
-	t.mu.Lock()
-	t.closing = true
-	t.mu.Unlock()
-}
-
-var _ fabric.Sink = (*sinkTable)(nil)
-
-func newSinkTable(incarnation uint64) *sinkTable {
-	return &sinkTable{incarnation: incarnation, slots: map[fabric.ObjectID]*Slot{}}
-}
-
-// OpenSink checks a push claim and pins the slot for the write.
-func (t *sinkTable) OpenSink(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	// A push that began writing finishes (its notice is still taken);
-	// none begins once Shutdown has.
-	t.mu.Lock()
-	closing := t.closing
-	t.mu.Unlock()
-	if closing {
-		return nil, ErrOwnerClosed
-	}
-	s, err := t.lookup(c.Object, c.Incarnation, c.Token)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrObjectFreed
-	}
-	if s.flow && s.pushes > s.consumed {
-		return nil, fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
-	}
-	s.pins++
-	return &slotPin{slot: s}, nil
-}
-
-func (t *sinkTable) lookup(id fabric.ObjectID, incarnation uint64, token []byte) (*Slot, error) {
-	if incarnation != t.incarnation {
-		return nil, ErrStaleRef
-	}
-	t.mu.Lock()
-	s, ok := t.slots[id]
-	t.mu.Unlock()
-	if !ok {
-		return nil, ErrObjectNotFound
-	}
-	if subtle.ConstantTimeCompare(s.token, token) != 1 {
-		return nil, ErrUnauthorized
-	}
-	return s, nil
-}
-
-// slotPin is the slot's memory as a transport writes into it: host visible
-// and, for the shared-memory paths, exportable to the writer's process.
-type slotPin struct {
-	slot     *Slot
-	released sync.Once
-}
-
-func (p *slotPin) Device() tensor.DeviceID { return p.slot.buf.Device() }
-func (p *slotPin) Len() int64              { return p.slot.buf.Len() }
-func (p *slotPin) Bytes() []byte {
-	b, _ := tensor.BytesOf(p.slot.buf)
-	return b
-}
-func (p *slotPin) Export(a tensor.Access) (tensor.Handle, error) {
-	return tensor.ExportOf(p.slot.buf, a)
-}
-func (p *slotPin) Unwrap() (tensor.Buffer, int64) { return p.slot.buf, 0 }
-func (p *slotPin) Release() error {
-	var err error
-	p.released.Do(func() { err = p.slot.unpin() })
-	return err
-}
-
-// unpin drops a pin; the last one of a closed slot returns its memory.
-func (s *Slot) unpin() error {
-	s.mu.Lock()
-	s.pins--
-	last := s.closed && s.pins == 0
-	s.mu.Unlock()
-	if last {
-		return s.buf.Release()
-	}
-	return nil
+	s     *objstore.Slot
 }
 
 // Reserve allocates a slot for a tensor of layout desc on dev, one of the
@@ -225,16 +65,11 @@ func (a *Actor) Reserve(ctx context.Context, desc tensor.Desc, dev tensor.Device
 // addSlot makes buf, holding a tensor of layout desc, a slot of this
 // actor with a fresh id and token, and publishes it in the sink table.
 func (a *Actor) addSlot(buf tensor.Buffer, desc tensor.Desc, opts []SlotOption) *Slot {
-	s := &Slot{rt: a.rt, actor: a, buf: buf, desc: desc.Rebased(), token: make([]byte, 16), changed: make(chan struct{})}
+	s := &Slot{rt: a.rt, actor: a, s: objstore.NewSlot(buf, desc)}
 	for _, o := range opts {
 		o(s)
 	}
-	rand.Read(s.id[:])
-	rand.Read(s.token)
-	t := a.rt.sinks
-	t.mu.Lock()
-	t.slots[s.id] = s
-	t.mu.Unlock()
+	a.rt.sinks.Add(s.s)
 	return s
 }
 
@@ -247,17 +82,16 @@ func (s *Slot) Ref() Ref {
 		addrs = append(addrs, m.String())
 	}
 	return Ref{
-		Object: s.id, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
-		DataAddrs: r.dataAddrs(), Host: r.cfg.Host, Device: s.buf.Device(), Desc: s.desc,
-		Transports: r.servedTransports(), Token: s.token,
+		Object: s.s.ID, Owner: r.host.ID(), Incarnation: r.incarnation, Addrs: addrs,
+		DataAddrs: r.dataAddrs(), Host: r.cfg.Host, Device: s.s.Buf.Device(), Desc: s.s.Desc,
+		Transports: r.servedTransports(), Token: s.s.Token,
 	}
 }
 
 // Pushes is the number of pushes completed so far.
 func (s *Slot) Pushes() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pushes
+	n, _ := s.s.Generation()
+	return n
 }
 
 // Wait blocks until more than after pushes have completed and returns the
@@ -267,9 +101,7 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	ctx, cancel := s.rt.bounded(ctx)
 	defer cancel()
 	for {
-		s.mu.Lock()
-		n, ch, closed, lastErr := s.pushes, s.changed, s.closed, s.lastErr
-		s.mu.Unlock()
+		n, ch, closed, lastErr := s.s.State()
 		if closed {
 			return n, tensor.Tensor{}, ErrObjectFreed
 		}
@@ -277,7 +109,7 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 			return n, tensor.Tensor{}, lastErr // the broadcast filling it failed
 		}
 		if n > after {
-			t, err := tensor.New(nopRelease{s.buf}, s.desc)
+			t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
 			return n, t, err
 		}
 		select {
@@ -290,47 +122,10 @@ func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, e
 	}
 }
 
-// completedBy records a finished push or broadcast by writer, wakes
-// waiters and returns the slot's new generation.
-func (s *Slot) completedBy(writer peer.ID) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return s.pushes
-	}
-	s.pushes++
-	s.writer = writer
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return s.pushes
-}
-
 // Close unregisters the slot: later pushes get ErrObjectFreed, and its
 // memory returns to the device once no push in progress holds it.
 // Idempotent.
-func (s *Slot) Close() error {
-	t := s.rt.sinks
-	t.mu.Lock()
-	delete(t.slots, s.id)
-	t.mu.Unlock()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.changed)
-	last := s.pins == 0
-	rl := s.relay
-	s.mu.Unlock()
-	if rl != nil { // a broadcast filling it stops forwarding and lets go
-		rl.cancel(fmt.Errorf("%w: the slot was closed", ErrObjectFreed))
-	}
-	if last {
-		return s.buf.Release()
-	}
-	return nil
-}
+func (s *Slot) Close() error { return s.rt.sinks.CloseSlot(s.s) }
 
 // nopRelease lends a buffer to a view without giving up ownership.
 type nopRelease struct{ tensor.Buffer }
@@ -367,13 +162,13 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	if err != nil {
 		return tr, err
 	}
-	return tr, r.notifyPush(ctx, dst, win.n)
+	return tr, r.notifyPush(ctx, dst, win.N)
 }
 
 // openPush checks that this runtime owns src and that its bytes fit dst's
 // slot exactly, pins them and returns them (the window of pin that moves)
 // with the slot's Remote. The caller releases pin.
-func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *window, remote fabric.Remote, err error) {
+func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *objstore.Window, remote fabric.Remote, err error) {
 	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
 		return nil, nil, remote, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
 	}
@@ -388,7 +183,7 @@ func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer
 	}
 	remote = r.remoteFor(dst)
 	remote.Offset, remote.Length = 0, end-start
-	return pin, &window{Buffer: pin, off: start, n: end - start}, remote, nil
+	return pin, &objstore.Window{Buffer: pin, Off: start, N: end - start}, remote, nil
 }
 
 func spanBytes(d tensor.Desc) int64 {
@@ -396,78 +191,52 @@ func spanBytes(d tensor.Desc) int64 {
 	return end - start
 }
 
-// window is a byte range of a pinned buffer, as a buffer of its own.
-type window struct {
-	tensor.Buffer
-	off, n int64
-}
-
-func (w *window) Len() int64 { return w.n }
-func (w *window) Bytes() []byte {
-	b, err := tensor.BytesOf(w.Buffer)
-	if err != nil {
-		return nil
-	}
-	return b[w.off : w.off+w.n]
-}
-func (w *window) Export(a tensor.Access) (tensor.Handle, error) {
-	h, err := tensor.ExportOf(w.Buffer, a)
-	if err != nil {
-		return h, err
-	}
-	h.Offset += w.off
-	h.Length = w.n
-	return h, nil
-}
-func (w *window) Release() error                 { return nil } // the pin is released by Push
-func (w *window) Unwrap() (tensor.Buffer, int64) { return w.Buffer, w.off }
-
 // notifyPush tells the slot's runtime that a push completed.
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
-	note := pushNotice{slot: dst.Object, incarnation: dst.Incarnation, token: dst.Token, bytes: n}
+	note := ctlwire.PushNotice{Slot: dst.Object, Incarnation: dst.Incarnation, Token: dst.Token, Bytes: n}
 	if dst.Owner == r.host.ID() {
 		return r.pushed(r.host.ID(), note)
 	}
 	r.learnAddrs(dst)
-	status, err := r.sendNotice(ctx, dst.Owner, note.marshal())
+	status, err := r.notices.Send(ctx, dst.Owner, note.Marshal())
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
 	}
-	return noticeError(status) // bcastwire.go: one table of notice answers
+	return ctlwire.ErrOf(status) // ctlwire: one table of notice answers
 }
 
-func (r *Runtime) pushed(from peer.ID, n pushNotice) error {
-	s, err := r.sinks.lookup(n.slot, n.incarnation, n.token)
+func (r *Runtime) pushed(from peer.ID, n ctlwire.PushNotice) error {
+	s, err := r.sinks.Lookup(n.Slot, n.Incarnation, n.Token)
 	if err != nil {
 		return err
 	}
-	if n.bytes != s.buf.Len() {
-		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.bytes, s.buf.Len())
+	if n.Bytes != s.Buf.Len() {
+		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.Bytes, s.Buf.Len())
 	}
-	s.completedBy(from)
+	s.CompletedBy(from)
 	return nil
 }
 
 // handlePush answers the push notices of one stream, one at a time, until
-// the pusher closes it or it has been quiet for noticeIdle.
+// the pusher closes it or it has been quiet for notices.Idle.
 func (r *Runtime) handlePush(s network.Stream) {
 	defer s.Close()
 	for {
-		s.SetDeadline(time.Now().Add(noticeIdle))
-		p, err := readMsg(s, ctlwire.MaxNotice)
+		s.SetDeadline(time.Now().Add(notices.Idle))
+		p, err := ctlwire.ReadMsg(s, ctlwire.MaxNotice)
 		if err != nil {
 			if errors.Is(err, wire.ErrMalformed) {
 				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up
 			}
-			return // closed, reset, quiet for noticeIdle, or malformed
+			return // closed, reset, quiet for notices.Idle, or malformed
 		}
 		from := s.Conn().RemotePeer()
 		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
-			r.sinks.notices.Add(1)
+			r.sinks.Notices.Add(1)
 			answer := []byte{ctlwire.StatusRefused}
-			if n, err := parsePushBatchNotice(p); err == nil {
-				r.sinks.noticed.Add(int64(len(n.items)))
-				answer = answerPushBatch(r.pushedBatch(from, n))
+			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
+				r.sinks.Noticed.Add(int64(len(n.Items)))
+				answer = ctlwire.AnswerPushBatch(r.pushedBatch(from, n))
 			} else {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
 			}
@@ -482,14 +251,14 @@ func (r *Runtime) handlePush(s network.Stream) {
 				err = r.onBcast(from, m)
 			}
 		} else {
-			var n pushNotice
-			r.sinks.notices.Add(1)
-			r.sinks.noticed.Add(1)
-			if n, err = parsePushNotice(p); err == nil {
+			var n ctlwire.PushNotice
+			r.sinks.Notices.Add(1)
+			r.sinks.Noticed.Add(1)
+			if n, err = ctlwire.ParsePushNotice(p); err == nil {
 				err = r.pushed(from, n)
 			}
 		}
-		status := noticeStatus(err)
+		status := ctlwire.StatusOf(err)
 		if err != nil {
 			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
 		}

@@ -70,7 +70,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 			assert.Equal(t, BatchGroup{Owner: shortID(rts[1].host.ID()), Transport: tr, Refs: n, Bytes: bp.Groups[0].Bytes, Coalesced: true,
 				Reason: tr + " moves many objects to one destination together"}, bp.Groups[0])
 			assert.Equal(t, 1, bp.Refused, "the source this runtime does not own")
-			before := rts[1].sinks.notices.Load()
+			before := rts[1].sinks.Notices.Load()
 			xs, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{})
 			require.Len(t, errs, n+1)
 			for i, err := range errs {
@@ -89,7 +89,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 				require.NoError(t, err)
 				sameBytes(t, want[i], got)
 			}
-			assert.Equal(t, int64(1), rts[1].sinks.notices.Load()-before, "one push notice for the whole batch")
+			assert.Equal(t, int64(1), rts[1].sinks.Notices.Load()-before, "one push notice for the whole batch")
 			assert.Equal(t, 1.0, counter(t, rts[1], "tensorlane_push_notices_total"))
 			assert.Equal(t, float64(n-3), counter(t, rts[1], "tensorlane_push_notice_items_total"), "the pushes that landed")
 			for _, i := range []int{5, 7} {
@@ -141,14 +141,14 @@ func TestPushBatchSeparate(t *testing.T) {
 		defer s.Close()
 		srcs, dsts = append(srcs, ref), append(dsts, s.Ref())
 	}
-	before := rts[1].sinks.notices.Load()
+	before := rts[1].sinks.Notices.Load()
 	xs, errs := owner.PushBatch(ctx, srcs, dsts, BatchConfig{Separate: true})
 	for i, err := range errs {
 		require.NoError(t, err)
 		assert.Zero(t, xs[i].Stats.Coalesced)
 		assert.Zero(t, xs[i].Notified)
 	}
-	assert.Equal(t, int64(5), rts[1].sinks.notices.Load()-before)
+	assert.Equal(t, int64(5), rts[1].sinks.Notices.Load()-before)
 }
 
 // TestPushBatchToSelf: slots of the pushing runtime itself are told
@@ -177,20 +177,20 @@ func TestPushBatchToSelf(t *testing.T) {
 
 // The push batch notice, byte for byte, and its refusals.
 func TestPushBatchNoticeWire(t *testing.T) {
-	n := pushBatchNotice{incarnation: 300, items: []pushBatchItem{
-		{slot: fabric.ObjectID{0xaa, 15: 0xbb}, token: []byte("tk"), bytes: 4096},
-		{slot: fabric.ObjectID{1}, bytes: 0},
+	n := ctlwire.PushBatchNotice{Incarnation: 300, Items: []ctlwire.PushBatchItem{
+		{Slot: fabric.ObjectID{0xaa, 15: 0xbb}, Token: []byte("tk"), Bytes: 4096},
+		{Slot: fabric.ObjectID{1}, Bytes: 0},
 	}}
-	got := fmt.Sprintf("%x", n.marshal())
+	got := fmt.Sprintf("%x", n.Marshal())
 	want := "10" + "ac02" + "02" + "aa0000000000000000000000000000bb" + "02746b" + "8020" +
 		"01000000000000000000000000000000" + "00" + "00"
 	assert.Equal(t, want, got)
-	back, err := parsePushBatchNotice(n.marshal())
+	back, err := ctlwire.ParsePushBatchNotice(n.Marshal())
 	require.NoError(t, err)
-	assert.Equal(t, n.incarnation, back.incarnation)
-	require.Len(t, back.items, 2)
-	assert.Equal(t, n.items[0], back.items[0])
-	assert.Equal(t, int64(0), back.items[1].bytes)
+	assert.Equal(t, n.Incarnation, back.Incarnation)
+	require.Len(t, back.Items, 2)
+	assert.Equal(t, n.Items[0], back.Items[0])
+	assert.Equal(t, int64(0), back.Items[1].Bytes)
 
 	huge := []byte{ctlwire.PushBatch, 1, 0xff, 0xff, 0xff, 0xff, 0x0f}
 	for name, p := range map[string][]byte{
@@ -198,33 +198,33 @@ func TestPushBatchNoticeWire(t *testing.T) {
 		"wrong kind":    {1, 0, 1},
 		"zero items":    {ctlwire.PushBatch, 1, 0},
 		"count 2^32":    huge,
-		"over maxItems": append([]byte{ctlwire.PushBatch, 1, 0x81, 0x08}, make([]byte, 1025*minPushItem)...),
-		"count > bytes": append([]byte{ctlwire.PushBatch, 1, 10}, make([]byte, 9*minPushItem)...),
-		"truncated":     n.marshal()[:20],
-		"trailing":      append(n.marshal(), 0),
+		"over maxItems": append([]byte{ctlwire.PushBatch, 1, 0x81, 0x08}, make([]byte, 1025*ctlwire.MinPushItem)...),
+		"count > bytes": append([]byte{ctlwire.PushBatch, 1, 10}, make([]byte, 9*ctlwire.MinPushItem)...),
+		"truncated":     n.Marshal()[:20],
+		"trailing":      append(n.Marshal(), 0),
 	} {
-		_, err := parsePushBatchNotice(p)
+		_, err := ctlwire.ParsePushBatchNotice(p)
 		assert.ErrorIs(t, err, ErrMalformedRef, name)
 	}
-	assert.Equal(t, []byte{0}, answerPushBatch([]error{nil, nil}))
-	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 1, 2}, answerPushBatch([]error{nil, ErrObjectNotFound, ErrUnauthorized}))
+	assert.Equal(t, []byte{0}, ctlwire.AnswerPushBatch([]error{nil, nil}))
+	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 1, 2}, ctlwire.AnswerPushBatch([]error{nil, ErrObjectNotFound, ErrUnauthorized}))
 }
 
 func FuzzPushBatchNotice(f *testing.F) {
-	f.Add(pushBatchNotice{incarnation: 1, items: []pushBatchItem{{token: []byte("x"), bytes: 5}}}.marshal())
+	f.Add(ctlwire.PushBatchNotice{Incarnation: 1, Items: []ctlwire.PushBatchItem{{Token: []byte("x"), Bytes: 5}}}.Marshal())
 	f.Fuzz(func(t *testing.T, p []byte) {
-		n, err := parsePushBatchNotice(p)
+		n, err := ctlwire.ParsePushBatchNotice(p)
 		if err != nil {
 			if !errors.Is(err, ErrMalformedRef) {
 				t.Fatalf("untyped: %v", err)
 			}
 			return
 		}
-		if len(n.items) == 0 || len(n.items) > maxPushBatch {
-			t.Fatalf("%d items", len(n.items))
+		if len(n.Items) == 0 || len(n.Items) > ctlwire.MaxPushBatch {
+			t.Fatalf("%d items", len(n.Items))
 		}
-		again, err := parsePushBatchNotice(n.marshal())
-		if err != nil || len(again.items) != len(n.items) {
+		again, err := ctlwire.ParsePushBatchNotice(n.Marshal())
+		if err != nil || len(again.Items) != len(n.Items) {
 			t.Fatalf("re-encoding differs: %v", err)
 		}
 	})
@@ -240,13 +240,13 @@ func TestPushedBatchOncePerSlot(t *testing.T) {
 	s, err := a.Reserve(ctx, desc, tensor.GPUDevice(0))
 	require.NoError(t, err)
 	defer s.Close()
-	it := pushBatchItem{slot: s.id, token: s.token, bytes: 64}
-	errs := rts[0].pushedBatch("someone", pushBatchNotice{incarnation: rts[0].incarnation, items: []pushBatchItem{it, it, {slot: fabric.ObjectID{9}, bytes: 64}}})
+	it := ctlwire.PushBatchItem{Slot: s.s.ID, Token: s.s.Token, Bytes: 64}
+	errs := rts[0].pushedBatch("someone", ctlwire.PushBatchNotice{Incarnation: rts[0].incarnation, Items: []ctlwire.PushBatchItem{it, it, {Slot: fabric.ObjectID{9}, Bytes: 64}}})
 	assert.NoError(t, errs[0])
 	assert.ErrorIs(t, errs[1], ErrMalformedRef)
 	assert.ErrorIs(t, errs[2], ErrObjectNotFound)
 	assert.Equal(t, uint64(1), s.Pushes())
-	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 4, 1}, answerPushBatch(errs))
+	assert.Equal(t, []byte{ctlwire.StatusItems, 0, 4, 1}, ctlwire.AnswerPushBatch(errs))
 }
 
 // TestPushBatchReaderLeaves: the slot runtime shuts down while a push
@@ -277,10 +277,7 @@ func TestPushBatchReaderLeaves(t *testing.T) {
 			// Leave once a write into one of the slots has begun (or soon).
 			writing := func() bool {
 				for _, s := range slots {
-					s.mu.Lock()
-					pinned := s.pins > 0
-					s.mu.Unlock()
-					if pinned {
+					if s.s.Pinned() {
 						return true
 					}
 				}

@@ -5,30 +5,12 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/multiformats/go-multiaddr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
-
-func TestRefAddrsRanksAndCaps(t *testing.T) {
-	var ms []multiaddr.Multiaddr
-	add := func(s string) { ms = append(ms, multiaddr.StringCast(s)) }
-	add("/ip4/127.0.0.1/tcp/1")
-	add("/ip4/169.254.0.9/tcp/1")
-	for i := range 20 {
-		add(fmt.Sprintf("/ip4/10.1.0.%d/tcp/1", i+1))
-	}
-	add("/ip4/10.1.0.1/tcp/1") // a duplicate
-	got := refAddrs(ms)
-	require.Len(t, got, maxRefAddrs)
-	assert.Equal(t, "/ip4/10.1.0.1/tcp/1", got[0], "routable addresses first, in their order")
-	assert.NotContains(t, got, "/ip4/127.0.0.1/tcp/1", "loopback is the first to go when there are too many")
-
-	few := refAddrs(ms[:2])
-	assert.Equal(t, []string{"/ip4/169.254.0.9/tcp/1", "/ip4/127.0.0.1/tcp/1"}, few)
-}
 
 // An owner listening on more addresses than a ref carries (0.0.0.0 on a
 // host with container bridges and many NICs) still writes refs that every
@@ -50,7 +32,7 @@ func TestRefFromOwnerWithManyAddresses(t *testing.T) {
 	x := fill(t, p.a, tensor.HostDevice, tensor.Float32, 64)
 	ref, err := owner.Put(ctx, x)
 	require.NoError(t, err)
-	require.Len(t, ref.Addrs, maxRefAddrs)
+	require.Len(t, ref.Addrs, refwire.MaxAddrs)
 
 	b, err := ref.MarshalBinary()
 	require.NoError(t, err)

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -30,6 +29,13 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
+	"github.com/tensorlane/tensorlane/rdt/internal/faults"
+	"github.com/tensorlane/tensorlane/rdt/internal/leases"
+	"github.com/tensorlane/tensorlane/rdt/internal/notices"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -48,18 +54,17 @@ type Runtime struct {
 	devices map[tensor.DeviceID]tensor.Memory
 	owned   []interface{ Close() error } // memories this runtime created and closes
 
-	objects  *objectTable
-	sinks    *sinkTable
-	notices  noticePool   // idle push-notice streams per slot runtime (notices.go)
+	objects  *objstore.Table
+	sinks    *objstore.Sinks
+	notices  notices.Pool // the push-notice streams per slot runtime
 	paths    *stack.Stack // the data transports and their servers (datapaths.go)
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer       // recent and live transfers, for dashboards (observe.go)
-	bcasts   bcastState     // broadcasts this runtime owns, in flight (broadcast.go)
-	gens     genTable       // generations readers are done with (generation.go)
-	bmet     *bcast.Metrics // broadcast outcomes (bcastmetrics.go)
-	views    viewTable      // zero-copy views this runtime holds (view.go)
+	obs      observer         // recent and live transfers, for dashboards (observe.go)
+	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
+	relays   *bcastrun.Relays // its slots' side of broadcasts
+	views    viewTable        // zero-copy views this runtime holds (view.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -67,25 +72,19 @@ type Runtime struct {
 	done   chan struct{}
 
 	// Lifecycle (lease.go, peers.go, life.go).
-	peers       *peerTable
+	peers       *peers.Table
 	lifeMetrics *lifeMetrics
-	holdMu      sync.Mutex
-	holds       map[holdKey]*hold // leases this runtime holds as a reader
+	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
 	reap        chan struct{}
 	unclaim     func()        // drops the device claims (claims.go)
-	ctl         handlers      // control handlers in flight (control.go)
+	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
 	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
 	getsMu      sync.Mutex
 	gets        map[*int]context.CancelCauseFunc // Gets in flight, for Shutdown
 	getsWG      sync.WaitGroup
-	// Test hooks: blackholed stops answering heartbeats and serving reads
-	// without closing anything (a hung process, simulated); abandonHolds
-	// makes Shutdown skip releasing leases (a crashed reader, simulated).
-	blackholed   atomic.Bool
-	stallReads   atomic.Bool // reads hang, the control channel answers
-	abandonHolds bool
+	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -101,20 +100,20 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		holds: map[holdKey]*hold{}, reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
-	r.peers = newPeerTable(r)
+		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
 	r.incarnation = binary.BigEndian.Uint64(inc[:]) | 1
-	r.objects = newObjectTable(r.incarnation)
-	r.sinks = newSinkTable(r.incarnation)
-	r.objects.onFree = func(id fabric.ObjectID, why string) {
-		r.revokeRegistrations(id)
-		r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
-	}
-	r.objects.blocked = r.blockedRead
-	r.objects.onStage = r.viewStaged
+	r.objects = objstore.New(r.incarnation)
+	r.sinks = objstore.NewSinks(r.incarnation)
+	r.objects.SetHooks(objstore.Hooks{
+		OnFree: func(id fabric.ObjectID, why string) {
+			r.revokeRegistrations(id)
+			r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
+		},
+		Blocked: r.blockedRead, OnStage: r.viewStaged,
+	})
 
 	ok := false
 	defer func() {
@@ -147,17 +146,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("rdt: start control host: %w", err)
 	}
 	r.process = fmt.Sprintf("%s/%x", r.host.ID(), r.incarnation)
+	r.notices.Host, r.notices.Protocol, r.notices.Timeout = r.host, pushProtocol, controlTimeout
 	r.log = c.Logger.With("runtime", c.Host, "peer", shortID(r.host.ID()))
-	r.host.SetStreamHandler(controlProtocol, r.handleControl)
-	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
-	r.host.SetStreamHandler(pushProtocol, r.handlePush)
-	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
-		// Only the last connection's loss matters; the monitor re-dials to
-		// tell a dead peer from a dropped connection.
-		if n.Connectedness(c.RemotePeer()) != network.Connected {
-			r.peers.kickPeer(c.RemotePeer())
-		}
-	}})
 
 	r.registry = prometheus.NewRegistry()
 	var reg prometheus.Registerer = r.registry
@@ -166,9 +156,27 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.metrics = fabric.NewMetrics(reg)
 	r.lifeMetrics = newLifeMetrics(reg, r)
-	r.bmet = bcast.NewMetrics(reg)
-	r.sinks.register(reg) // push notices (pushbatch.go)
+	bmet := bcast.NewMetrics(reg)
+	r.bcast = bcastrun.NewOwner(bcastrun.Deps{Env: bcastEnv{r}, Cluster: c.Cluster, Objects: r.objects,
+		Metrics: bmet, Log: r.log, AbortWait: c.HeartbeatInterval})
+	r.relays = bcastrun.NewRelays(bcastrun.RelayDeps{Env: bcastEnv{r}, Sinks: r.sinks, Metrics: bmet, Log: r.log,
+		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
+	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
 	r.obs.init(r, reg)
+	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
+		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
+	r.leases = r.newLeases()
+	// The protocols are served once what they use exists.
+	r.host.SetStreamHandler(controlProtocol, r.handleControl)
+	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.SetStreamHandler(pushProtocol, r.handlePush)
+	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
+		// Only the last connection's loss matters; the monitor re-dials to
+		// tell a dead peer from a dropped connection.
+		if n.Connectedness(c.RemotePeer()) != network.Connected {
+			r.peers.Kick(c.RemotePeer())
+		}
+	}})
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
 		return nil, err
@@ -298,7 +306,7 @@ func (r *Runtime) Memory(dev tensor.DeviceID) (tensor.Memory, error) {
 func (r *Runtime) Registry() *prometheus.Registry { return r.registry }
 
 // Objects is the number of live objects this runtime owns.
-func (r *Runtime) Objects() int { return r.objects.len() }
+func (r *Runtime) Objects() int { return r.objects.Len() }
 
 func (r *Runtime) endpoint(dev tensor.DeviceID) fabric.Endpoint {
 	return fabric.Endpoint{Process: r.process, Host: r.cfg.Host, Device: dev}
@@ -340,8 +348,8 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.mu.Unlock()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
-		inFlight := r.objects.close()
-		r.sinks.close()
+		inFlight := r.objects.Close()
+		r.sinks.Close()
 		r.log.Info("shutting down: new leases, reads and pushes refused", "reads_in_flight", inFlight)
 		if r.host != nil {
 			r.host.RemoveStreamHandler(controlProtocol)
@@ -359,7 +367,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 		select {
-		case <-r.objects.drained():
+		case <-r.objects.Drained():
 		case <-ctx.Done():
 		}
 		// Abort the rest: cancelled Gets release their buffers as they
@@ -374,16 +382,16 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
 		}
 		<-gets
-		r.ctl.drain(ctx) // answer the messages already queued (control.go)
-		if !r.abandonHolds {
-			r.releaseAllHolds(ctx)
+		r.ctl.Drain(ctx) // answer the messages already queued (control.go)
+		if !r.faults.AbandonHolds.Load() {
+			r.leases.ReleaseAll(ctx)
 		}
 		if r.host != nil {
 			r.host.RemoveStreamHandler(lifeProtocol)
 		}
 		r.stopLoops()
 		r.loops.Wait()
-		r.peers.stop()
+		r.peers.Stop()
 		r.shutdownErr = r.teardown()
 		r.log.Info("runtime stopped")
 	})
@@ -440,7 +448,7 @@ func (g allowGater) InterceptSecured(_ network.Direction, id peer.ID, _ network.
 // blockedRead is the blackhole hook on the object table: a read hangs until
 // the runtime shuts down.
 func (r *Runtime) blockedRead(ctx context.Context) error {
-	if !r.blackholed.Load() && !r.stallReads.Load() {
+	if !r.faults.ReadsBlocked() {
 		return nil
 	}
 	select {
@@ -466,7 +474,7 @@ func (r *Runtime) learnAddrs(ref Ref) {
 	// A ref of an incarnation that never answered here is news of a new
 	// life of its owner (a restart): dials that failed while an earlier one
 	// was down say nothing about it, so their backoff must not delay it.
-	if !r.peers.seenAlive(ref.Owner, ref.Incarnation) {
+	if !r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
 		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
 			sw.Backoff().Clear(ref.Owner)
 		}
@@ -490,7 +498,14 @@ func (r *Runtime) WatchPeer(ctx context.Context, id peer.ID) <-chan PeerEvent {
 	}
 	r.loops.Add(1)
 	r.mu.Unlock()
-	unwatch := r.peers.watch(id, ch)
+	// A watcher that does not keep up loses events; the runtime never
+	// loses its liveness checks.
+	unwatch := r.peers.Watch(id, func(ev peers.Event) {
+		select {
+		case ch <- peerEvent(ev):
+		default:
+		}
+	}, func() { close(ch) })
 	go func() {
 		defer r.loops.Done()
 		select {
@@ -507,7 +522,7 @@ func (r *Runtime) teardown() error {
 	// The control host goes first: peers see the connection drop and
 	// declare this incarnation dead before its data connections close
 	// under their transfers.
-	r.notices.close()
+	r.notices.Close()
 	if r.host != nil {
 		r.host.RemoveStreamHandler(controlProtocol)
 		errs = append(errs, r.host.Close())
@@ -515,8 +530,8 @@ func (r *Runtime) teardown() error {
 	if r.paths != nil {
 		errs = append(errs, r.paths.Close())
 	}
-	for _, id := range r.objects.ids() {
-		if err := r.objects.free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
+	for _, id := range r.objects.IDs() {
+		if err := r.objects.Free(id); err != nil && !errors.Is(err, ErrObjectNotFound) {
 			errs = append(errs, err)
 		}
 	}

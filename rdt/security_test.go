@@ -270,26 +270,3 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
-
-// layoutOf is what a lease compares: equal layouts (whether strides are
-// spelled out or implied) give the same digest, and any change to dtype,
-// shape, strides or offset gives another.
-func TestLayoutDigest(t *testing.T) {
-	base := tensor.NewDesc(tensor.Float32, 4, 8)
-	implied := base.Clone()
-	implied.Strides = nil
-	assert.Equal(t, layoutOf(base), layoutOf(implied))
-	transposed := base.Clone()
-	transposed.Strides = []int64{1, 4}
-	offset := base.Clone()
-	offset.Offset = 8
-	for name, d := range map[string]tensor.Desc{
-		"dtype":   tensor.NewDesc(tensor.Int32, 4, 8),
-		"shape":   tensor.NewDesc(tensor.Float32, 8, 4),
-		"rank":    tensor.NewDesc(tensor.Float32, 32),
-		"strides": transposed,
-		"offset":  offset,
-	} {
-		assert.NotEqual(t, layoutOf(base), layoutOf(d), name)
-	}
-}

@@ -3,12 +3,14 @@ package rdt
 import (
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -33,19 +35,13 @@ func TestShutdownRefusesNewWorkAndDrains(t *testing.T) {
 
 	// The first read to pin the object waits in the owner until released.
 	inflight, release := make(chan struct{}), make(chan struct{})
-	first := true
-	p.a.objects.mu.Lock()
-	p.a.objects.pinned = func(context.Context) {
-		p.a.objects.mu.Lock()
-		me := first
-		first = false
-		p.a.objects.mu.Unlock()
-		if me {
+	var first sync.Once
+	p.a.objects.SetHooks(objstore.Hooks{Pinned: func(context.Context) {
+		first.Do(func() {
 			close(inflight)
 			<-release
-		}
-	}
-	p.a.objects.mu.Unlock()
+		})
+	}})
 
 	far := must(p.b.Spawn("far"))
 	type result struct {
@@ -65,11 +61,7 @@ func TestShutdownRefusesNewWorkAndDrains(t *testing.T) {
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.a.Shutdown(grace) }()
-	require.Eventually(t, func() bool {
-		p.a.objects.mu.Lock()
-		defer p.a.objects.mu.Unlock()
-		return p.a.objects.closing
-	}, 10*time.Second, time.Millisecond)
+	require.Eventually(t, p.a.objects.Closing, 10*time.Second, time.Millisecond)
 
 	// New work, after Shutdown began: a reader without a lease is refused
 	// at the lease; one holding a lease already is refused on the data

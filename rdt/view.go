@@ -2,10 +2,10 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -23,7 +23,7 @@ import (
 
 // ErrNoZeroCopy: no path can map the object into this runtime (another
 // host, or memory that cannot be shared); Get copies it instead.
-var ErrNoZeroCopy = errors.New("rdt: no zero-copy path to the object")
+var ErrNoZeroCopy = errs.NoZeroCopy
 
 // View is a read-only, zero-copy view of an object on this host.
 type View struct {
@@ -111,12 +111,7 @@ func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
 }
 
 // holding reports whether this runtime still holds a lease for k.
-func (r *Runtime) holding(k holdKey) bool {
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	_, ok := r.holds[k]
-	return ok
-}
+func (r *Runtime) holding(k holdKey) bool { return r.leases.Held(k) }
 
 // viewTable tracks live views by the lease that keeps their object alive.
 type viewTable struct {

@@ -121,7 +121,7 @@ func TestViewGrantIsPrivateCopy(t *testing.T) {
 	require.NoError(t, owner.Free(ctx, yref))
 	require.NoError(t, owner.Free(ctx, ref))
 	for _, id := range []fabric.ObjectID{ref.Object, yref.Object} {
-		done, err := p.a.objects.freedChan(id)
+		done, err := p.a.objects.FreedChan(id)
 		require.NoError(t, err)
 		select {
 		case <-done:

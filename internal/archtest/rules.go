@@ -37,6 +37,28 @@ var Rules = []Rule{
 		Why: "fabric/stack builds, tunes and closes the transports; the user API reaches them through it and fabric's interfaces"},
 	{Tree: "rdt/internal", MustNot: []string{"fabric/stack"},
 		Why: "rdt's machinery behind its front (broadcast, the control plane's wire) sees transports only through fabric's interfaces, handed to it by the Runtime"},
+	{Tree: "rdt/internal/errs", MustNot: rdtEngines,
+		Why: "rdt's conditions are the leaf every package behind rdt returns"},
+	{Tree: "rdt/internal/ctlwire", MustNot: rdtEngines,
+		Why: "the control plane's one table of kinds and statuses, and its codecs, are wire vocabulary every engine shares"},
+	{Tree: "rdt/internal/refwire", MustNot: rdtEngines,
+		Why: "the Ref's wire form is vocabulary every engine shares"},
+	{Tree: "rdt/internal/bcast", MustNot: rdtEngines,
+		Why: "the broadcast's planner, tree, windows and codec need no runtime"},
+	{Tree: "rdt/internal/objstore", MustNot: without(rdtEngines, "rdt/internal/objstore"),
+		Why: "the object and slot tables hold state; the protocols act on them through their methods, never the other way"},
+	{Tree: "rdt/internal/bcastrun", MustNot: without(rdtEngines, "rdt/internal/bcastrun", "rdt/internal/objstore"),
+		Why: "the broadcast engine reaches its runtime through Env only, and fills objstore's slots"},
+	{Tree: "rdt/internal/peers", MustNot: without(rdtEngines, "rdt/internal/peers"),
+		Why: "the failure detector reaches its runtime through Prober only"},
+	{Tree: "rdt/internal/leases", MustNot: without(rdtEngines, "rdt/internal/leases"),
+		Why: "the reader's lease table sends through Leaser only"},
+	{Tree: "rdt/internal/notices", MustNot: without(rdtEngines, "rdt/internal/notices"),
+		Why: "the notice sender knows streams and status bytes, not what the notices do"},
+	{Tree: "rdt/internal/ctlmsg", MustNot: without(rdtEngines, "rdt/internal/ctlmsg"),
+		Why: "the actor-message protocol hands messages to the runtime's inboxes through a callback"},
+	{Tree: "rdt/internal/claims", MustNot: without(rdtEngines, "rdt/internal/claims"),
+		Why: "device claims are lock files, nothing of the runtime"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
@@ -55,6 +77,23 @@ var Rules = []Rule{
 		Why: "the dashboard shows a running runtime, not benchmark runs"},
 	{Tree: "fabricsim", MustNot: []string{"fabric/local", "fabric/shm", "fabric/rdma", "fabric/tcp", "fabric/linkstat", "fabric/stack", "sched", "bench", "dashboard"},
 		Why: "the simulator runs tensorlane's plans (the planner, rdt's broadcast tree) against simulated links, never a transport"},
+}
+
+// rdtEngines are rdt's machinery behind its front, each a seam of its own:
+// none imports another (rdt wires them together), and the wire vocabulary
+// below them (errs, ctlwire, refwire, bcast) imports none of them.
+var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults"}
+
+// without is list less drop.
+func without(list []string, drop ...string) []string {
+	var out []string
+	for _, s := range list {
+		if !slices.Contains(drop, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // TestOnly are packages made for _test.go files: they import "testing", so

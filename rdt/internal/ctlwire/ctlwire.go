@@ -5,7 +5,7 @@
 //
 // The numbers here are wire format: a kind or status is never renumbered
 // or reused, and a bound may grow only with a versioned change. rdt maps
-// the statuses to its sentinel errors (rdt/noticewire.go); rdt's push,
+// each status to its condition (StatusOf, ErrOf: status.go); rdt's push,
 // push batch and broadcast (rdt/internal/bcast) encode the bodies.
 package ctlwire
 

@@ -1,20 +1,73 @@
-package rdt
+package bcastrun
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
+	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
+
+// RelayDeps is what Relays are built from.
+type RelayDeps struct {
+	Env     Env
+	Sinks   *objstore.Sinks // the slots broadcasts fill
+	Metrics *bcast.Metrics
+	Log     *slog.Logger
+	// TransferTimeout bounds a broadcast into a slot; ReportWait each
+	// report to the owner.
+	TransferTimeout, ReportWait time.Duration
+}
+
+// Relays is a runtime's reader side of broadcasts: each relay fills some
+// of its slots and forwards what lands to the children the owner names.
+type Relays struct {
+	d   RelayDeps
+	env Env
+
+	// Prepares counts the prepare notices this runtime's slots took (one
+	// per reader per broadcast).
+	Prepares atomic.Int64
+	// Test hook: slots of this runtime take only the first chunk of a
+	// broadcast (the rest are acknowledged and dropped), so a reader is
+	// mid-transfer for as long as a test needs.
+	DropChunks atomic.Bool
+	// Test hook: chunk notices to this runtime's slots wait while Hold is
+	// set (until it is closed), so a test sees how many chunks a writer
+	// keeps in flight: Held counts those waiting, HeldMax the most at once.
+	Hold    atomic.Pointer[chan struct{}]
+	Held    atomic.Int64
+	HeldMax atomic.Int64
+}
+
+// NewRelays returns a runtime's reader side.
+func NewRelays(d RelayDeps) *Relays { return &Relays{d: d, env: d.Env} }
+
+// holdChunk waits while the test hook Hold is set.
+func (rs *Relays) holdChunk() {
+	h := rs.Hold.Load()
+	if h == nil {
+		return
+	}
+	n := rs.Held.Add(1)
+	for m := rs.HeldMax.Load(); n > m && !rs.HeldMax.CompareAndSwap(m, n); m = rs.HeldMax.Load() {
+	}
+	<-*h
+	rs.Held.Add(-1)
+}
 
 // The reader side of a broadcast. The owner prepares each reader's slot for
 // the broadcast (a relay: which chunks have landed), tells the readers that
@@ -28,7 +81,7 @@ import (
 // object of a batch (a state dict), whose chunks are numbered in one space
 // (bcast.Chunks) so that the whole batch flows down the tree as one stream.
 type relay struct {
-	r         *Runtime
+	rs        *Relays
 	items     []relayItem
 	byID      map[fabric.ObjectID]int
 	id        bcast.ID
@@ -52,7 +105,7 @@ type relay struct {
 
 // relayItem is one slot of a relay.
 type relayItem struct {
-	s      *Slot
+	s      *objstore.Slot
 	n      int // its chunks
 	got    int
 	gen    uint64 // the slot's generation once every chunk landed
@@ -67,39 +120,40 @@ type forwarder struct {
 	probe bool     // the child was re-parented: ask before each write whether it lacks the chunk
 }
 
-func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
-	r.bcasts.prepares.Add(1)
+// Prepare readies this runtime's slots for broadcast m from its owner.
+func (rs *Relays) Prepare(from peer.ID, m Msg) error {
+	rs.Prepares.Add(1)
 	items := m.Items
 	if len(items) == 0 {
 		items = []bcast.Item{{Slot: m.Slot, Token: m.Token, N: m.N}}
 	}
 	chunks, cerr := bcast.NewChunks(m.Off)
 	if cerr != nil {
-		return fmt.Errorf("%w: %w", ErrMalformedRef, cerr)
+		return fmt.Errorf("%w: %w", errs.MalformedRef, cerr)
 	}
-	if m.Gen > MaxBroadcastWindow {
-		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", ErrMalformedRef, m.Gen, MaxBroadcastWindow)
+	if m.Gen > bcast.MaxWindow {
+		return fmt.Errorf("%w: broadcast window of %d chunks (at most %d)", errs.MalformedRef, m.Gen, bcast.MaxWindow)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	rl := &relay{r: r, id: m.ID, origin: from, originInc: m.OriginInc, chunks: chunks, window: max(1, int(m.Gen)), ctx: ctx, cancel: cancel,
+	rl := &relay{rs: rs, id: m.ID, origin: from, originInc: m.OriginInc, chunks: chunks, window: max(1, int(m.Gen)), ctx: ctx, cancel: cancel,
 		byID: map[fabric.ObjectID]int{}, complete: make(chan struct{})}
 	for k, it := range items {
-		s, err := r.sinks.lookup(it.Slot, m.Inc, it.Token)
+		s, err := rs.d.Sinks.Lookup(it.Slot, m.Inc, it.Token)
 		if err != nil {
 			cancel(nil)
 			return fmt.Errorf("slot %d of %d: %w", k+1, len(items), err)
 		}
 		if _, dup := rl.byID[it.Slot]; dup {
 			cancel(nil)
-			return fmt.Errorf("%w: slot %v twice in one broadcast", ErrMalformedRef, it.Slot)
+			return fmt.Errorf("%w: slot %v twice in one broadcast", errs.MalformedRef, it.Slot)
 		}
-		if it.N != s.buf.Len() {
+		if it.N != s.Buf.Len() {
 			cancel(nil)
-			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", ErrMalformedRef, it.N, s.buf.Len())
+			return fmt.Errorf("%w: broadcast of %d bytes into a slot of %d", errs.MalformedRef, it.N, s.Buf.Len())
 		}
 		if err := chunks.Add(it.N); err != nil {
 			cancel(nil)
-			return fmt.Errorf("%w: %w", ErrMalformedRef, err)
+			return fmt.Errorf("%w: %w", errs.MalformedRef, err)
 		}
 		rl.byID[it.Slot] = k
 		rl.items = append(rl.items, relayItem{s: s, n: chunks.Count(k)})
@@ -109,47 +163,29 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 	// A closed or busy slot refuses the whole broadcast before any is
 	// taken (the owner retries a busy one), ...
 	for _, it := range rl.items {
-		s := it.s
-		s.mu.Lock()
-		closed, busy, gen := s.closed, s.flow && s.pushes > s.consumed, s.pushes
-		s.mu.Unlock()
-		if closed {
+		if err := it.s.Writable(); err != nil {
 			cancel(nil)
-			return ErrObjectFreed
-		}
-		if busy {
-			cancel(nil)
-			return fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, gen)
+			return err
 		}
 	}
 	// ... then they are taken one by one; a slot that is closed or busy fails the
 	// reader's whole broadcast (run releases those taken already).
 	var err error
-	var old []*relay
+	var old []objstore.Filler
 	for k := range rl.items {
 		it := &rl.items[k]
-		s := it.s
-		s.mu.Lock()
-		switch {
-		case s.closed:
-			err = ErrObjectFreed
-		case s.flow && s.pushes > s.consumed:
-			err = fmt.Errorf("%w: generation %d not done yet", ErrSlotBusy, s.pushes)
-		default:
-			if s.relay != nil && !slices.Contains(old, s.relay) {
-				old = append(old, s.relay)
-			}
-			s.relay, s.lastErr = rl, nil
-			s.pins++ // the relay reads the slot to forward it
-			it.pinned = true
-		}
-		s.mu.Unlock()
-		if err != nil {
+		o, ferr := it.s.Fill(rl) // the relay reads the slot to forward it
+		if ferr != nil {
+			err = ferr
 			break
+		}
+		it.pinned = true
+		if o != nil && !slices.Contains(old, o) {
+			old = append(old, o)
 		}
 	}
 	for _, o := range old {
-		o.cancel(fmt.Errorf("%w: replaced by a newer broadcast", ErrBroadcastAborted))
+		o.Abort(fmt.Errorf("%w: replaced by a newer broadcast", errs.BroadcastAborted))
 	}
 	if err != nil {
 		rl.ownerEnded.Store(true) // the owner learns it from the answer
@@ -162,24 +198,24 @@ func (r *Runtime) relayPrepare(from peer.ID, m bcastMsg) error {
 // run ends the relay: when every chunk landed and was forwarded, or when it
 // is aborted (the owner died or said so, Shutdown, the transfer timeout).
 func (rl *relay) run() {
-	r := rl.r
+	rs := rl.rs
 	var death <-chan struct{} // nil: the owner is this runtime, which cannot outlive itself
-	if rl.origin != r.host.ID() {
-		unuse := r.peers.use(rl.origin)
-		defer unuse()
-		death = r.peers.deathOf(rl.origin, rl.originInc)
+	if self, _ := rs.env.Self(); rl.origin != self {
+		d, unwatch := rs.env.Watch(rl.origin, rl.originInc)
+		defer unwatch()
+		death = d
 	}
-	tctx, tcancel := context.WithTimeout(rl.ctx, r.cfg.TransferTimeout)
+	tctx, tcancel := context.WithTimeout(rl.ctx, rs.d.TransferTimeout)
 	defer tcancel()
 	watch := func() {
 		select {
 		case <-death:
-			rl.cancel(fmt.Errorf("%w: %s (incarnation %x) died during a broadcast", ErrOwnerDied, shortID(rl.origin), rl.originInc))
-		case <-r.done:
-			rl.cancel(ErrClosed)
+			rl.cancel(fmt.Errorf("%w: %s (incarnation %x) died during a broadcast", errs.OwnerDied, refwire.ShortID(rl.origin), rl.originInc))
+		case <-rs.env.Done():
+			rl.cancel(errs.Closed)
 		case <-tctx.Done():
 			if rl.ctx.Err() == nil {
-				rl.cancel(fmt.Errorf("rdt: broadcast into slot %v: %w", rl.items[0].s.id, context.DeadlineExceeded))
+				rl.cancel(fmt.Errorf("rdt: broadcast into slot %v: %w", rl.items[0].s.ID, context.DeadlineExceeded))
 			}
 		}
 	}
@@ -214,23 +250,16 @@ func (rl *relay) run() {
 		rl.mu.Lock()
 		done := it.got == it.n
 		rl.mu.Unlock()
-		s := it.s
-		s.mu.Lock()
-		if s.relay == rl {
-			s.relay = nil
-			if aborted != nil && !done && !s.closed { // Close closed changed for good
-				s.lastErr = aborted
-				close(s.changed)
-				s.changed = make(chan struct{})
-			}
-		}
-		s.mu.Unlock()
-		s.unpin()
+		it.s.Unfill(rl, aborted, done)
 	}
 	if aborted != nil && !rl.isComplete() {
-		r.log.Info("broadcast into slot aborted", "slot", rl.items[0].s.id, "slots", len(rl.items), "err", aborted)
+		rs.d.Log.Info("broadcast into slot aborted", "slot", rl.items[0].s.ID, "slots", len(rl.items), "err", aborted)
 	}
 }
+
+// Abort ends the relay with cause (objstore.Filler: the slot closed, or a
+// newer broadcast replaced it).
+func (rl *relay) Abort(cause error) { rl.cancel(cause) }
 
 func (rl *relay) forwards() bool {
 	rl.mu.Lock()
@@ -249,39 +278,38 @@ func (rl *relay) isComplete() bool {
 
 // relayOf finds the relay a notice names, checking the slot's capability,
 // and the slot's item in it.
-func (r *Runtime) relayOf(m bcastMsg) (*relay, int, error) {
-	s, err := r.sinks.lookup(m.Slot, m.Inc, m.Token)
+func (rs *Relays) relayOf(m Msg) (*relay, int, error) {
+	s, err := rs.d.Sinks.Lookup(m.Slot, m.Inc, m.Token)
 	if err != nil {
 		return nil, 0, err
 	}
-	s.mu.Lock()
-	rl := s.relay
-	s.mu.Unlock()
+	rl, _ := s.Filler().(*relay)
 	if rl == nil || rl.id != m.ID {
-		return nil, 0, fmt.Errorf("%w: no broadcast %x into slot %v", ErrObjectNotFound, m.ID[:4], m.Slot)
+		return nil, 0, fmt.Errorf("%w: no broadcast %x into slot %v", errs.ObjectNotFound, m.ID[:4], m.Slot)
 	}
 	return rl, rl.byID[m.Slot], nil
 }
 
-func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
-	rl, _, err := r.relayOf(m)
+// Children makes this runtime's slot forward what lands to m's children.
+func (rs *Relays) Children(from peer.ID, m Msg) error {
+	rl, _, err := rs.relayOf(m)
 	if err != nil {
 		return err
 	}
 	if from != rl.origin {
-		return fmt.Errorf("%w: only the broadcast's owner names children", ErrUnauthorized)
+		return fmt.Errorf("%w: only the broadcast's owner names children", errs.Unauthorized)
 	}
 	// A batch names one child a notice, with its slot per item.
 	if (len(m.Items) > 0 || len(rl.items) > 1) && (len(m.Children) != 1 || len(m.Items) != len(rl.items)) {
-		return fmt.Errorf("%w: %d children with %d slots for a broadcast of %d objects", ErrMalformedRef, len(m.Children), len(m.Items), len(rl.items))
+		return fmt.Errorf("%w: %d children with %d slots for a broadcast of %d objects", errs.MalformedRef, len(m.Children), len(m.Items), len(rl.items))
 	}
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.finishing || rl.ctx.Err() != nil {
-		return fmt.Errorf("%w: broadcast into slot %v has ended", ErrObjectNotFound, m.Slot)
+		return fmt.Errorf("%w: broadcast into slot %v has ended", errs.ObjectNotFound, m.Slot)
 	}
 	for _, c := range m.Children {
-		r.learnAddrs(c)
+		rs.env.Learn(c)
 		f := &forwarder{child: c, items: []Ref{c}, q: make(chan int, rl.nchunks), probe: m.Gen == 1}
 		if len(m.Items) > 0 {
 			f.items = make([]Ref, len(m.Items))
@@ -305,20 +333,20 @@ func (r *Runtime) relayChildren(from peer.ID, m bcastMsg) error {
 
 // chunkOf is the relay's chunk number for the range a chunk or probe
 // notice names in item k.
-func (rl *relay) chunkOf(k int, m bcastMsg) (int, error) {
+func (rl *relay) chunkOf(k int, m Msg) (int, error) {
 	g, err := rl.chunks.Index(k, m.Off, m.N)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMalformedRef, err)
+		return 0, fmt.Errorf("%w: %w", errs.MalformedRef, err)
 	}
 	return g, nil
 }
 
-// relayProbe answers a re-parented slot's new feeder: errChunkHeld when
+// Probe answers a re-parented slot's new feeder: errs.ChunkHeld when
 // the slot has the chunk already, so that only the chunks it lacks cross
 // the new edge (and a flow-controlled slot whose object has landed is not
 // written again).
-func (r *Runtime) relayProbe(m bcastMsg) error {
-	rl, k, err := r.relayOf(m)
+func (rs *Relays) Probe(m Msg) error {
+	rl, k, err := rs.relayOf(m)
 	if err != nil {
 		return err
 	}
@@ -329,14 +357,16 @@ func (r *Runtime) relayProbe(m bcastMsg) error {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] {
-		r.bmet.Skipped.Inc()
-		return errChunkHeld
+		rs.d.Metrics.Skipped.Inc()
+		return errs.ChunkHeld
 	}
 	return nil
 }
 
-func (r *Runtime) relayChunk(m bcastMsg) error {
-	rl, k, err := r.relayOf(m)
+// Chunk takes a chunk that landed in this runtime's slot: forwarded to
+// every child at once, the slot complete once every chunk landed.
+func (rs *Relays) Chunk(m Msg) error {
+	rl, k, err := rs.relayOf(m)
 	if err != nil {
 		return err
 	}
@@ -345,10 +375,10 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	if err != nil {
 		return err
 	}
-	if g > 0 && r.bcasts.dropChunks.Load() {
+	if g > 0 && rs.DropChunks.Load() {
 		return nil
 	}
-	r.bcasts.holdChunk()
+	rs.holdChunk()
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] || rl.ctx.Err() != nil {
@@ -362,11 +392,11 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	}
 	if it.got == it.n {
 		// Each object of a batch is the reader's as soon as it landed.
-		it.gen = it.s.completedBy(rl.origin)
+		it.gen = it.s.CompletedBy(rl.origin)
 	}
 	if rl.got == rl.nchunks {
 		close(rl.complete)
-		rep := bcastMsg{Kind: ctlwire.Report, Gen: rl.items[0].gen}
+		rep := Msg{Kind: ctlwire.Report, Gen: rl.items[0].gen}
 		if len(rl.items) > 1 {
 			for _, x := range rl.items {
 				rep.Gens = append(rep.Gens, x.gen)
@@ -381,34 +411,36 @@ func (r *Runtime) relayChunk(m bcastMsg) error {
 	return nil
 }
 
-func (r *Runtime) relayAbort(from peer.ID, m bcastMsg) error {
-	rl, _, err := r.relayOf(m)
+// Abort ends broadcast m into this runtime's slot, at its owner's word.
+func (rs *Relays) Abort(from peer.ID, m Msg) error {
+	rl, _, err := rs.relayOf(m)
 	if err != nil {
 		return nil // already over
 	}
 	if from != rl.origin {
-		return ErrUnauthorized
+		return errs.Unauthorized
 	}
 	rl.ownerEnded.Store(true)
-	rl.cancel(fmt.Errorf("%w: %s", ErrBroadcastAborted, m.Text))
+	rl.cancel(fmt.Errorf("%w: %s", errs.BroadcastAborted, m.Text))
 	return nil
 }
 
 // report tells the owner about this slot; an owner that cannot be told is
 // gone or has given up on the broadcast, which then says so itself.
-func (rl *relay) report(m bcastMsg) {
-	m.ID, m.Slot, m.Inc = rl.id, rl.items[0].s.id, rl.r.incarnation
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), controlTimeout)
+func (rl *relay) report(m Msg) {
+	_, inc := rl.rs.env.Self()
+	m.ID, m.Slot, m.Inc = rl.id, rl.items[0].s.ID, inc
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rl.ctx), rl.rs.d.ReportWait)
 	defer cancel()
 	go func() { // not past Shutdown
 		select {
-		case <-rl.r.done:
+		case <-rl.rs.env.Done():
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
-	if err := rl.r.sendBcast(ctx, rl.origin, m); err != nil {
-		rl.r.log.Debug("broadcast report not delivered", "slot", rl.items[0].s.id, "err", err)
+	if err := rl.rs.env.Send(ctx, rl.origin, m); err != nil {
+		rl.rs.d.Log.Debug("broadcast report not delivered", "slot", rl.items[0].s.ID, "err", err)
 	}
 }
 
@@ -417,7 +449,6 @@ func (rl *relay) report(m bcastMsg) {
 // reported and ends f.
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
-	r := rl.r
 	w := bcast.NewWindow(rl.ctx, rl.window)
 chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
@@ -428,9 +459,9 @@ chunks:
 			break chunks
 		}
 		k, off, n := rl.chunks.Locate(i)
-		buf := rl.items[k].s.buf
+		buf := rl.items[k].s.Buf
 		started := w.Send(func(ctx context.Context) error {
-			return r.writeChunk(ctx, rl.id, &window{Buffer: buf, off: off, n: n}, r.endpoint(buf.Device()), f.items[k], off, n, f.probe)
+			return WriteChunk(ctx, rl.rs.env, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, f.items[k], off, f.probe)
 		})
 		if !started {
 			break chunks
@@ -441,39 +472,27 @@ chunks:
 	switch {
 	case ok == rl.nchunks:
 	case err != nil && rl.ctx.Err() == nil:
-		rl.report(bcastMsg{Kind: ctlwire.Report, Failed: f.child.Object, Text: err.Error()})
+		rl.report(Msg{Kind: ctlwire.Report, Failed: f.child.Object, Text: err.Error()})
 	case rl.ctx.Err() != nil:
 		// Stopped before the child had everything: unless the owner
 		// ended it (or died, or this runtime is shutting down), the
 		// owner must feed the child itself.
-		if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, ErrOwnerDied) && !errors.Is(c, ErrClosed) {
+		if c := context.Cause(rl.ctx); !rl.ownerEnded.Load() && !errors.Is(c, errs.OwnerDied) && !errors.Is(c, errs.Closed) {
 			// Told from a goroutine of its own, so the slot's pin
 			// (held until the forwarders end) does not wait on it.
-			go rl.report(bcastMsg{Kind: ctlwire.Report, Failed: f.child.Object, Text: "its parent stopped forwarding: " + c.Error()})
+			go rl.report(Msg{Kind: ctlwire.Report, Failed: f.child.Object, Text: "its parent stopped forwarding: " + c.Error()})
 		}
 	}
 }
 
-// writeChunk writes n bytes of src into dst's slot at off and tells the
-// slot's runtime they landed. With probe (dst was re-parented) it first
-// asks whether the slot lacks them, and skips them when it does not.
-func (r *Runtime) writeChunk(ctx context.Context, id bcast.ID, src *window, srcEp fabric.Endpoint, dst Ref, off, n int64, probe bool) error {
-	note := bcastMsg{Kind: ctlwire.Chunk, ID: id, Slot: dst.Object, Inc: dst.Incarnation, Token: dst.Token, Off: off, N: n}
-	if probe {
-		q := note
-		q.Kind = ctlwire.Probe
-		if err := r.sendBcast(ctx, dst.Owner, q); errors.Is(err, errChunkHeld) {
-			return nil
-		}
-		// Any other answer: write it; the write or its notice says
-		// what is wrong, if anything.
+// Landed is how many chunks of the broadcast filling s have landed in its
+// relay so far (0 when no broadcast fills it): its progress as a reader.
+func Landed(s *objstore.Slot) int {
+	rl, _ := s.Filler().(*relay)
+	if rl == nil {
+		return 0
 	}
-	if n > 0 {
-		remote := r.remoteFor(dst)
-		remote.Offset, remote.Length = off, n
-		if _, _, err := r.planner.Write(ctx, srcEp, src, remote); err != nil {
-			return err
-		}
-	}
-	return r.sendBcast(ctx, dst.Owner, note)
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return rl.got
 }

@@ -1,4 +1,9 @@
-package rdt
+// Package notices is the sending side of rdt's push-notice protocol
+// (/tensorlane/push/1.0.0): the notices after bytes moved (a push, a push
+// batch, the broadcast's messages) go out on long-lived pooled libp2p
+// streams, each answered with a status byte (ctlwire's table). The
+// receiving side is rdt's handler (rdt/push.go).
+package notices
 
 import (
 	"context"
@@ -8,8 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
@@ -22,10 +29,10 @@ import (
 // each other.
 
 const (
-	// noticeIdle is how long a slot runtime keeps a quiet notice stream.
-	noticeIdle = 30 * time.Second
+	// Idle is how long a slot runtime keeps a quiet notice stream.
+	Idle = 30 * time.Second
 	// noticeReuse is how long a pusher reuses an idle stream: well under
-	// noticeIdle, so it rarely meets one the other side has just closed.
+	// Idle, so it rarely meets one the other side has just closed.
 	noticeReuse = 10 * time.Second
 	// maxIdleNotices bounds the idle streams kept per slot runtime.
 	maxIdleNotices = 8
@@ -36,15 +43,21 @@ type noticeStream struct {
 	used time.Time
 }
 
-// noticePool holds the idle notice streams per slot runtime.
-type noticePool struct {
+// Pool sends notices on the push protocol, keeping the idle streams per
+// slot runtime. Host and Protocol are set before the first Send.
+type Pool struct {
+	Host     host.Host
+	Protocol protocol.ID
+	// Timeout bounds a notice's exchange when ctx has a later deadline.
+	Timeout time.Duration
+
 	mu     sync.Mutex
 	idle   map[peer.ID][]noticeStream
 	closed bool
 }
 
 // take returns an idle stream to id that is still fresh, or nil.
-func (p *noticePool) take(id peer.ID) network.Stream {
+func (p *Pool) take(id peer.ID) network.Stream {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for list := p.idle[id]; len(list) > 0; list = p.idle[id] {
@@ -59,7 +72,7 @@ func (p *noticePool) take(id peer.ID) network.Stream {
 }
 
 // put keeps s for the next notice to id, or closes it.
-func (p *noticePool) put(id peer.ID, s network.Stream) {
+func (p *Pool) put(id peer.ID, s network.Stream) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || len(p.idle[id]) >= maxIdleNotices {
@@ -72,8 +85,8 @@ func (p *noticePool) put(id peer.ID, s network.Stream) {
 	p.idle[id] = append(p.idle[id], noticeStream{s, time.Now()})
 }
 
-// close resets every idle stream; later puts close theirs.
-func (p *noticePool) close() {
+// Close resets every idle stream; later puts close theirs. Idempotent.
+func (p *Pool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
@@ -85,33 +98,33 @@ func (p *noticePool) close() {
 	p.idle = nil
 }
 
-// sendNotice delivers note to the slot's runtime and returns its status
+// Send delivers note to the slot's runtime and returns its status
 // byte. A pooled stream that fails is usually one the other side closed
 // while idle, before reading the notice, so the notice is sent again, once,
 // on a new stream; a failure on a new stream is returned. (Only a
 // connection lost after the notice was read and before its answer came
 // back makes the slot count that push twice; its bytes are the same.)
-func (r *Runtime) sendNotice(ctx context.Context, to peer.ID, note []byte) (byte, error) {
-	status, _, err := r.sendNoticeItems(ctx, to, note, 0)
+func (p *Pool) Send(ctx context.Context, to peer.ID, note []byte) (byte, error) {
+	status, _, err := p.SendItems(ctx, to, note, 0)
 	return status, err
 }
 
-// sendNoticeItems is sendNotice for a notice about items slots
-// (pushbatch.go): an answer of ctlwire.StatusItems is followed by one status byte
-// per item, returned too.
-func (r *Runtime) sendNoticeItems(ctx context.Context, to peer.ID, note []byte, items int) (byte, []byte, error) {
+// SendItems is Send for a notice about items slots (a push batch): an
+// answer of ctlwire.StatusItems is followed by one status byte per item,
+// returned too.
+func (p *Pool) SendItems(ctx context.Context, to peer.ID, note []byte, items int) (byte, []byte, error) {
 	for {
-		s, pooled := r.notices.take(to), true
+		s, pooled := p.take(to), true
 		if s == nil {
 			var err error
-			if s, err = r.host.NewStream(ctx, to, pushProtocol); err != nil {
+			if s, err = p.Host.NewStream(ctx, to, p.Protocol); err != nil {
 				return 0, nil, fmt.Errorf("rdt: push done, but the slot's runtime cannot be told: %w", err)
 			}
 			pooled = false
 		}
-		status, each, err := exchangeNotice(ctx, s, note, items)
+		status, each, err := exchange(ctx, s, note, items, p.Timeout)
 		if err == nil {
-			r.notices.put(to, s)
+			p.put(to, s)
 			return status, each, nil
 		}
 		s.Reset()
@@ -121,15 +134,15 @@ func (r *Runtime) sendNoticeItems(ctx context.Context, to peer.ID, note []byte, 
 	}
 }
 
-func exchangeNotice(ctx context.Context, s network.Stream, note []byte, items int) (byte, []byte, error) {
-	deadline := time.Now().Add(controlTimeout)
+func exchange(ctx context.Context, s network.Stream, note []byte, items int, timeout time.Duration) (byte, []byte, error) {
+	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	s.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
-	if err := writeMsg(s, note); err != nil {
+	if err := ctlwire.WriteMsg(s, note); err != nil {
 		return 0, nil, err
 	}
 	status := make([]byte, 1, 1+items)
@@ -151,4 +164,11 @@ func exchangeNotice(ctx context.Context, s network.Stream, note []byte, items in
 	}
 	s.SetDeadline(time.Time{})
 	return status[0], each, nil
+}
+
+// IdleTo counts the idle streams kept to id.
+func (p *Pool) IdleTo(id peer.ID) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle[id])
 }

@@ -1,4 +1,4 @@
-package rdt
+package peers
 
 import (
 	"context"
