@@ -14,7 +14,8 @@ import (
 
 // BenchmarkLatency4KiB times single 4 KiB reads over one loopback rail,
 // through the software provider and through libfabric (net provider,
-// TENSORLANE_OFI_PROVIDER to change it; ofi-poll: Config.NoWait),
+// TENSORLANE_OFI_PROVIDER to change it; ofi-poll: Config.NoWait;
+// ofi-pollfd: Config.PollWaitFD, the wait fd slept on in poll(2)),
 // interleaved read by read (the order rotating) so that load from other
 // processes hits all alike. It reports each provider's p50 and p90 in µs
 // and the ratio of libfabric's p50 to softrdma's (ofi/soft-p50; the goal
@@ -30,10 +31,11 @@ func BenchmarkLatency4KiB(b *testing.B) {
 			}
 			return p
 		},
-		"ofi":      ofiProvider(false),
-		"ofi-poll": ofiProvider(true),
+		"ofi":        ofiProvider(false),
+		"ofi-poll":   ofiProvider(true),
+		"ofi-pollfd": ofiProviderWith(func(c *ofi.Config) { c.PollWaitFD = true }),
 	}
-	names := []string{"soft", "ofi", "ofi-poll"}
+	names := []string{"soft", "ofi", "ofi-poll", "ofi-pollfd"}
 	saved := newTestProvider
 	defer func() { newTestProvider = saved }()
 	const n = 4 << 10
@@ -85,9 +87,14 @@ func BenchmarkLatency4KiB(b *testing.B) {
 // ofiProvider makes libfabric providers for the rdma tests; poll: the
 // completion queues poll with backoff instead of sleeping in fi_cq_sread.
 func ofiProvider(poll bool) func(t testing.TB, names ...string) testProvider {
+	return ofiProviderWith(func(c *ofi.Config) { c.NoWait = poll })
+}
+
+// ofiProviderWith is ofiProvider with the Config changed by set.
+func ofiProviderWith(set func(*ofi.Config)) func(t testing.TB, names ...string) testProvider {
 	return func(t testing.TB, names ...string) testProvider {
 		cfg := ofi.FromEnv()
-		cfg.NoWait = poll
+		set(&cfg)
 		if cfg.Provider == "" {
 			cfg.Provider = "net"
 		}
