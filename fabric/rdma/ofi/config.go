@@ -56,10 +56,11 @@ type Config struct {
 	// sleeping on the provider's wait object (fi_cq_sread). Default:
 	// wait objects where the provider has them.
 	NoWait bool
-	// PollWaitFD makes completion queues with a wait fd sleep on it in
-	// poll(2), a thread blocked in the kernel, as before the netpoller
+	// PollWaitFD makes every completion queue with a wait fd sleep on it
+	// in poll(2), a thread blocked in the kernel, as before the netpoller
 	// did it (benchmarks compare the two). Default: the Go netpoller
-	// watches the fd (waitfd.go).
+	// watches a reader's queue's fd while no writes are outstanding
+	// (waitfd.go).
 	PollWaitFD bool
 }
 

@@ -154,13 +154,24 @@ func (q *cq) tryWait() bool {
 
 // waiterFor returns the netpoller waiter for the queue's wait fd, with
 // q.waiting held, or nil when there is none (no fd, the runtime cannot
-// poll it, or another goroutine is waiting on it: that one then sleeps on
-// the fd with poll). A queue reset opens a new fd, and a new waiter.
+// poll it, writes are outstanding, or another goroutine is waiting on it:
+// that one then sleeps on the fd with poll). A queue reset opens a new
+// fd, and a new waiter.
 func (q *cq) waiterFor(fd int) *fdWaiter {
 	if fd < 0 || q.dev.pollFD || !q.waiting.TryLock() {
 		return nil
 	}
 	q.mu.Lock()
+	for _, o := range q.ops {
+		if o.opc == rdma.OpWrite {
+			// A write needs its socket to become writable again, which
+			// the provider's wait set does not pass on to a watch (see
+			// device.progress): poll(2) it is, until the writes are done.
+			q.mu.Unlock()
+			q.waiting.Unlock()
+			return nil
+		}
+	}
 	if q.waiterFD != fd {
 		q.waiter.close()
 		q.waiter, q.waiterFD = nil, fd

@@ -166,8 +166,6 @@ func (d *device) progress() {
 		defer d.fiMu.Unlock()
 		return C.tl_trywait(d.dom, d.tcq) == 0
 	}
-	w := d.waiterFor(fd)
-	defer w.close()
 	for {
 		select {
 		case <-d.stop:
@@ -175,13 +173,14 @@ func (d *device) progress() {
 		default:
 		}
 		slept := false
-		if w != nil {
-			// Sleep on the wait fd through the netpoller (waitfd.go)
-			// without holding fiMu, when fi_trywait says nothing is
-			// pending; a read comes after every wake.
-			slept = w.wait(100*time.Millisecond, tryWait)
-		} else if fd >= 0 {
-			// The same with poll(2).
+		if fd >= 0 {
+			// Sleep on the wait fd without holding fiMu (fi_trywait says
+			// whether nothing is pending); a read comes after every wake.
+			// In poll(2), not through the netpoller as the queues do
+			// (waitfd.go): the target sends the data of remote reads, and
+			// a socket that becomes writable again does not wake a watch
+			// on the wait fd (the provider's set passes on only POLLIN);
+			// poll(2) finds the set readable anyway and keeps going.
 			if slept = tryWait(); slept {
 				pollFD(fd, 100)
 			}
