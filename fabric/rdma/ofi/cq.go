@@ -66,6 +66,9 @@ type cq struct {
 
 const cqBatch = 64
 
+// netpollWait bounds one sleep through the netpoller (waitfd.go).
+const netpollWait = 2 * time.Millisecond
+
 // statusAmbiguous marks a cancelled request that classify resolves.
 const statusAmbiguous rdma.Status = 255
 
@@ -121,7 +124,10 @@ func (q *cq) Wait(ctx context.Context) error {
 		if w := q.waiterFor(fd); w != nil {
 			// Sleep on the wait fd through the netpoller when fi_trywait
 			// says nothing is pending (fi_cq_signal wakes it too).
-			slept = w.wait(50*time.Millisecond, q.tryWait)
+			// A short timeout: should the one request's own send wait
+			// for a writable socket (which does not wake the watch), the
+			// loop comes round to drive it soon.
+			slept = w.wait(netpollWait, q.tryWait)
 			q.waiting.Unlock()
 		} else if fd >= 0 {
 			// Sleep on the wait fd without holding fiMu when fi_trywait
@@ -162,11 +168,20 @@ func (q *cq) waiterFor(fd int) *fdWaiter {
 		return nil
 	}
 	q.mu.Lock()
+	if len(q.ops) > 1 {
+		// A pipeline (a bulk transfer) may need a socket to become
+		// writable again before its requests or data go out, which the
+		// provider's wait set does not pass on to a watch (see
+		// device.progress): it sleeps in poll(2), which finds the set
+		// readable and keeps going. Its rate does not hang on how fast
+		// one wake is; a single request's latency does.
+		q.mu.Unlock()
+		q.waiting.Unlock()
+		return nil
+	}
 	for _, o := range q.ops {
 		if o.opc == rdma.OpWrite {
-			// A write needs its socket to become writable again, which
-			// the provider's wait set does not pass on to a watch (see
-			// device.progress): poll(2) it is, until the writes are done.
+			// A write's data may wait for a writable socket too.
 			q.mu.Unlock()
 			q.waiting.Unlock()
 			return nil
