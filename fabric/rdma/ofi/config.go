@@ -59,8 +59,8 @@ type Config struct {
 	// PollWaitFD makes every completion queue with a wait fd sleep on it
 	// in poll(2), a thread blocked in the kernel, as before the netpoller
 	// did it (benchmarks compare the two). Default: the Go netpoller
-	// watches a reader's queue's fd while no writes are outstanding
-	// (waitfd.go).
+	// watches a reader's queue's fd while one request and no write is
+	// outstanding (waitfd.go).
 	PollWaitFD bool
 }
 

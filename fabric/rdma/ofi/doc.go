@@ -26,10 +26,10 @@
 //     go through libfabric (fi_read, fi_write) and complete on a completion
 //     queue;
 //   - completion queues sleep on the provider's wait fd where it has one:
-//     a reader's queue without writes outstanding through the Go netpoller
-//     (waitfd.go: a completion wakes a goroutine on a running thread, not
-//     a thread blocked in poll(2)), the owner's target loop and queues
-//     with writes in flight in poll(2) (the wait set does not pass on a
+//     a reader's queue with one request outstanding and no writes through
+//     the Go netpoller (waitfd.go: a completion wakes a goroutine on a
+//     running thread, not a thread blocked in poll(2)), the owner's target
+//     loop and pipelines in poll(2) (the wait set does not pass on a
 //     socket becoming writable), Config.PollWaitFD poll(2) everywhere;
 //     else in fi_cq_sread on its wait object; where a provider has
 //     neither, reads back off from a spin to 1 ms sleeps.
