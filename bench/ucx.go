@@ -66,23 +66,43 @@ const ucxMinBytes = 256 << 20
 // take at the bandwidth UCX reported (over at least ucxMinBytes, after
 // warm-up iterations).
 func (u UCX) Round(ctx context.Context, k int) (time.Duration, error) {
-	bps, err := u.Bandwidth(ctx, max(k, int((ucxMinBytes+u.Size-1)/u.Size)))
+	d, _, err := u.RoundCPU(ctx, k)
+	return d, err
+}
+
+// RoundCPU is Round with the CPU time (user and system) both ucx_perftest
+// processes spent on those k messages. It is an estimate: both processes'
+// CPU divided by the life of the client that ran the test (start-up,
+// connection, warm-up, the timed iterations; the server waits for it in a
+// blocking accept) gives the cores they kept busy (UCX polls, so that
+// share is steady), and that times Round's duration is the CPU of the k
+// messages.
+func (u UCX) RoundCPU(ctx context.Context, k int) (wall, cpu time.Duration, err error) {
+	bps, cores, err := u.run(ctx, max(k, int((ucxMinBytes+u.Size-1)/u.Size)))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return time.Duration(float64(k) * float64(u.Size) / bps * float64(time.Second)), nil
+	wall = time.Duration(float64(k) * float64(u.Size) / bps * float64(time.Second))
+	return wall, time.Duration(cores * float64(wall)), nil
 }
 
 // Bandwidth runs iters timed iterations (after two warm-up ones, one from
 // 256 MiB) and
 // returns UCX's overall bandwidth in bytes per second.
 func (u UCX) Bandwidth(ctx context.Context, iters int) (float64, error) {
+	bps, _, err := u.run(ctx, iters)
+	return bps, err
+}
+
+// run is Bandwidth that also returns the cores both processes kept busy
+// while the client that ran the test lived (CPU time over wall time).
+func (u UCX) run(ctx context.Context, iters int) (bps, cores float64, err error) {
 	bin, err := ucxPath()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if u.Size <= 0 || iters <= 0 || u.TLS == "" || strings.ContainsAny(u.TLS, " \t\n") {
-		return 0, fmt.Errorf("%w: size %d, %d iterations, transport %q", ErrUCX, u.Size, iters, u.TLS)
+		return 0, 0, fmt.Errorf("%w: size %d, %d iterations, transport %q", ErrUCX, u.Size, iters, u.TLS)
 	}
 	timeout := u.Timeout
 	if timeout <= 0 {
@@ -92,7 +112,7 @@ func (u UCX) Bandwidth(ctx context.Context, iters int) (float64, error) {
 	defer cancel()
 	port, err := freePort()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	warm := 2
 	if u.Size >= 256<<20 {
@@ -107,28 +127,36 @@ func (u UCX) Bandwidth(ctx context.Context, iters int) (float64, error) {
 	server.Stdout, server.Stderr = &sout, &sout
 	server.WaitDelay = time.Second
 	if err := server.Start(); err != nil {
-		return 0, fmt.Errorf("%w: start server: %v", ErrUCX, err)
+		return 0, 0, fmt.Errorf("%w: start server: %v", ErrUCX, err)
 	}
+	waited := false
 	defer func() {
-		server.Process.Kill()
-		server.Wait()
+		if !waited {
+			server.Process.Kill()
+			server.Wait()
+		}
 	}()
 	// The client fails at once while the server is not listening yet;
 	// it is retried until the server is, or the round's time is up.
 	var out []byte
+	var cpu time.Duration // of every client run and the server
+	var life time.Duration // of the client that ran the test
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
 		client := exec.CommandContext(ctx, bin, append([]string{"127.0.0.1"}, args...)...)
 		client.Env = env
 		client.WaitDelay = time.Second
+		began := time.Now()
 		out, err = client.CombinedOutput()
+		life = time.Since(began)
+		cpu += procCPU(client.ProcessState)
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
-			return 0, fmt.Errorf("%w: %v (server: %s)", ErrUCX, ctx.Err(), tail(sout.Bytes()))
+			return 0, 0, fmt.Errorf("%w: %v (server: %s)", ErrUCX, ctx.Err(), tail(sout.Bytes()))
 		}
 		if !bytes.Contains(out, []byte("onnect")) { // "connect failed", "Connection refused"
-			return 0, fmt.Errorf("%w: %v: %s", ErrUCX, err, tail(out))
+			return 0, 0, fmt.Errorf("%w: %v: %s", ErrUCX, err, tail(out))
 		}
 		select {
 		case <-ctx.Done():
@@ -137,9 +165,24 @@ func (u UCX) Bandwidth(ctx context.Context, iters int) (float64, error) {
 	}
 	bw, err := parseUCXBandwidth(out)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v: %s", ErrUCX, err, tail(out))
+		return 0, 0, fmt.Errorf("%w: %v: %s", ErrUCX, err, tail(out))
 	}
-	return bw, nil
+	// The server ends with its client; its CPU counts once it has.
+	stop := time.AfterFunc(5*time.Second, func() { server.Process.Kill() })
+	server.Wait()
+	stop.Stop()
+	waited = true
+	cpu += procCPU(server.ProcessState)
+	return bw, cpu.Seconds() / life.Seconds(), nil
+}
+
+// procCPU is the user and system time of a process that ended (0 for one
+// that never started).
+func procCPU(ps *os.ProcessState) time.Duration {
+	if ps == nil {
+		return 0
+	}
+	return ps.UserTime() + ps.SystemTime()
 }
 
 // parseUCXBandwidth reads the overall bandwidth off ucx_perftest's final

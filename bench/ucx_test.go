@@ -52,12 +52,12 @@ func TestUCXRound(t *testing.T) {
 		t.Skip("ucx_perftest not installed (ucx-utils)")
 	}
 	u := UCX{TLS: "tcp", Size: 1 << 20, Timeout: time.Minute}
-	d, err := u.Round(context.Background(), 4)
+	d, cpu, err := u.RoundCPU(context.Background(), 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d <= 0 {
-		t.Fatalf("round of %v", d)
+	if d <= 0 || cpu <= 0 {
+		t.Fatalf("round of %v, %v of CPU", d, cpu)
 	}
-	t.Logf("ucx tcp: 4 x 1 MiB in %v (%.2f GB/s)", d, 4*float64(1<<20)/d.Seconds()/1e9)
+	t.Logf("ucx tcp: 4 x 1 MiB in %v (%.2f GB/s), %v of CPU (%.2f GB per CPU second)", d, 4*float64(1<<20)/d.Seconds()/1e9, cpu, 4*float64(1<<20)/cpu.Seconds()/1e9)
 }

@@ -38,6 +38,7 @@ needs=(
 	"command -v dot|graphviz|topo --dot is checked by rendering it with Graphviz"
 	"chrome_path|chromium-headless-shell|the dashboard browser test (chromedp); the headless shell is 19 packages, the chromium browser 130"
 	"have ip && have tc|iproute2|network-namespace hosts for the multi-host fault tests (as root)"
+	"command -v ucx_perftest|ucx-utils|tensorlane bench's UCX baselines (ucx-tcp beside tcp, ucx-sm beside shm) run ucx_perftest; without it those rows are skipped"
 	"python3 -c 'import ensurepip, venv'|python3-venv|the Python package and Ray plug-in tests run in .venv"
 )
 

@@ -53,6 +53,11 @@ type Record struct {
 	// and system, every thread) in the path's rounds: what the path costs,
 	// which other processes' load changes far less than its rate.
 	CPUGBps float64 `json:"cpu_gbps,omitempty"`
+	// BaselineCPUGBps is the same for the baseline: this process's CPU in
+	// its rounds, or for UCX both ucx_perftest processes' (an estimate,
+	// see bench.UCX.RoundCPU). CPUGBps over it is the path's CPU per byte
+	// against the baseline's, below 1 when the path costs more.
+	BaselineCPUGBps float64 `json:"baseline_cpu_gbps,omitempty"`
 	// Rounds is how many interleaved (path, baseline) pairs were timed.
 	Rounds int `json:"rounds,omitempty"`
 	// AllocPerGiB is heap bytes allocated by the measured path per GiB moved.

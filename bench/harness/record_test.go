@@ -172,3 +172,36 @@ func TestCheckGoals(t *testing.T) {
 		t.Errorf("report lacks the goals:\n%s", md.String())
 	}
 }
+
+// TestCPUColumns: the reports print CPU per GB of the path and of its
+// baseline and their ratio (baseline's CPU per byte over the path's), and
+// a dash where a figure is missing.
+func TestCPUColumns(t *testing.T) {
+	for _, c := range []struct {
+		path, base float64
+		ms, bms    string
+		ratio      string
+	}{
+		{2, 4, "500", "250", "0.50x"},
+		{4, 2, "250", "500", "2.00x"},
+		{2, 0, "500", "-", "-"},
+		{0, 0, "-", "-", "-"},
+	} {
+		r := Record{Kind: KindThroughput, Path: PathTCP, Mode: ModePull, Size: 64 << 20, Concurrency: 1, GBps: 1,
+			Baseline: BaseRawTCP, BaselineGBps: 1, Ratio: 1, CPUGBps: c.path, BaselineCPUGBps: c.base}
+		if got := cpuMs(r.CPUGBps) + " " + cpuMs(r.BaselineCPUGBps) + " " + cpuRatioString(r); got != c.ms+" "+c.bms+" "+c.ratio {
+			t.Errorf("%v/%v: %q, want %q", c.path, c.base, got, c.ms+" "+c.bms+" "+c.ratio)
+		}
+		var md, tbl strings.Builder
+		if err := WriteMarkdown(&md, Result{Records: []Record{r}}.File()); err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteTable(&tbl, []Record{r}); err != nil {
+			t.Fatal(err)
+		}
+		want := "| " + c.ms + " | " + c.bms + " | " + c.ratio + " |"
+		if !strings.Contains(md.String(), want) || !strings.Contains(tbl.String(), c.ratio) {
+			t.Errorf("reports lack %q:\n%s\n%s", want, md.String(), tbl.String())
+		}
+	}
+}

@@ -11,15 +11,16 @@ import (
 // then latency, then what is not built or was skipped.
 func WriteTable(w io.Writer, recs []Record) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tmode\tsize\tin-flight\tGB/s\tbaseline\tbase GB/s\tratio\theap/GiB\twire/raw\t")
+	fmt.Fprintln(tw, "path\tmode\tsize\tin-flight\tGB/s\tbaseline\tbase GB/s\tratio\tCPU ms/GB\tbase CPU ms/GB\tCPU ratio\theap/GiB\twire/raw\t")
 	for _, r := range recs {
 		if r.Kind == KindThroughput && r.Measured() {
 			wire := "-"
 			if r.WireRatio > 0 {
 				wire = fmt.Sprintf("%.2f", r.WireRatio)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency,
-				r.GBps, r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)), wire)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency,
+				r.GBps, r.Baseline, r.BaselineGBps, ratioString(r.Ratio), cpuMs(r.CPUGBps), cpuMs(r.BaselineCPUGBps), cpuRatioString(r),
+				bytesString(int64(r.AllocPerGiB)), wire)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -71,12 +72,14 @@ func WriteMarkdown(w io.Writer, f File, plots ...string) error {
 	b.WriteString("Simulated cluster: two dgx-h100 hosts in one process (memfd-backed device arenas, real copies, loopback). ")
 	b.WriteString("Paths: local (view), p2p (NVLink copy, one runtime), p2p-ipc (NVLink copy into a second runtime on the host, via shared memory), shm (into that runtime's host memory), ")
 	b.WriteString("rdma (software verbs over TCP to the other host), tcp (rdma off), tcp-z (tcp, compression always, bf16 weights). Every cell checks that its transfers took the path it names.\n")
-	b.WriteString("Each path is interleaved round by round with its baseline; ratio = median over rounds of baseline time / path time (higher is better).\n\n")
-	b.WriteString("## Throughput\n\n| path | mode | size | in flight | GB/s | baseline | baseline GB/s | ratio | heap bytes / GiB | note |\n|---|---|---:|---:|---:|---|---:|---:|---:|---|\n")
+	b.WriteString("Each path is interleaved round by round with its baseline; ratio = median over rounds of baseline time / path time (higher is better). ")
+	b.WriteString("CPU ms/GB is user and system CPU time per GB moved, both ends together (the baseline's: this process's, or both ucx_perftest processes', estimated); CPU ratio = baseline's CPU per byte / path's (higher is better), which load moves far less than the ratio.\n\n")
+	b.WriteString("## Throughput\n\n| path | mode | size | in flight | GB/s | baseline | baseline GB/s | ratio | CPU ms/GB | baseline CPU ms/GB | CPU ratio | heap bytes / GiB | note |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range f.Records {
 		if r.Kind == KindThroughput && r.Measured() {
-			fmt.Fprintf(&b, "| %s | %s | %s | %d | %.2f | %s | %.2f | %s | %s | %s |\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency, r.GBps,
-				r.Baseline, r.BaselineGBps, ratioString(r.Ratio), bytesString(int64(r.AllocPerGiB)), r.Note)
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %.2f | %s | %.2f | %s | %s | %s | %s | %s | %s |\n", r.Path, r.Mode, SizeString(r.Size), r.Concurrency, r.GBps,
+				r.Baseline, r.BaselineGBps, ratioString(r.Ratio), cpuMs(r.CPUGBps), cpuMs(r.BaselineCPUGBps), cpuRatioString(r),
+				bytesString(int64(r.AllocPerGiB)), r.Note)
 		}
 	}
 	if hasKind(f.Records, KindLatency) {
@@ -112,6 +115,24 @@ func WriteMarkdown(w io.Writer, f File, plots ...string) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// cpuMs prints a rate in bytes per CPU second as CPU milliseconds per GB
+// ("-" when there is none).
+func cpuMs(gbps float64) string {
+	if gbps <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", 1e3/gbps)
+}
+
+// cpuRatioString is the baseline's CPU per byte over the path's ("-" when
+// either is missing).
+func cpuRatioString(r Record) string {
+	if r.CPUGBps <= 0 || r.BaselineCPUGBps <= 0 {
+		return "-"
+	}
+	return ratioString(r.CPUGBps / r.BaselineCPUGBps)
 }
 
 func describe(r Record) string {

@@ -717,7 +717,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		op   op
 	}
 	// timed baselines time themselves (k operations per round).
-	timed := map[string]func(ctx context.Context, k int) (time.Duration, error){}
+	timed := map[string]func(ctx context.Context, k int) (wall, cpu time.Duration, err error){}
 	var bases []base
 	if network(path) {
 		n := &s.net
@@ -743,7 +743,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	if tls := ucxTLS[path]; tls != "" && c == 1 && g.spec.mode == ModePull && !cfg.Quick && bench.UCXAvailable() {
 		u := bench.UCX{TLS: tls, Size: s.size}
 		bases = append(bases, base{u.Name(), nil})
-		timed[u.Name()] = u.Round
+		timed[u.Name()] = u.RoundCPU
 	}
 	// Enough operations per worker per round that a round moves about
 	// 1 MiB, so small sizes are not timer-bound.
@@ -768,6 +768,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	var pathRounds []float64  // seconds per round, for the per-round figures the A/B guard compares
 	var pathCPU time.Duration // process CPU time spent in the path's rounds
 	baseTotal := make([]time.Duration, len(bases))
+	baseCPU := make([]time.Duration, len(bases))
 	ratios := make([][]float64, len(bases))
 	var alloc uint64
 	var ms runtime.MemStats
@@ -791,17 +792,20 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 		pathRounds = append(pathRounds, pt.Seconds())
 		for i := range bases {
 			j := (i + rounds) % len(bases) // rotate the order of baselines
-			var bt time.Duration
+			var bt, bcpu time.Duration
 			var err error
 			if f := timed[bases[j].name]; f != nil {
-				bt, err = f(ctx, k)
+				bt, bcpu, err = f(ctx, k)
 			} else {
+				cpu0 := cpuTime()
 				bt, err = round(ctx, bases[j].op, c, k)
+				bcpu = cpuTime() - cpu0
 			}
 			if err != nil {
 				return nil, fmt.Errorf("baseline %s: %w", bases[j].name, err)
 			}
 			baseTotal[j] += bt
+			baseCPU[j] += bcpu
 			ratios[j] = append(ratios[j], bt.Seconds()/pt.Seconds())
 		}
 		rounds++
@@ -831,11 +835,21 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			GBps: gbps, Baseline: b.name, BaselineGBps: moved / baseTotal[i].Seconds() / 1e9,
 			Ratio: median(ratios[i]), Rounds: rounds, WireRatio: wireRatio,
 			MedianGBps: roundBytes / median(pathRounds) / 1e9, BestGBps: roundBytes / slices.Min(pathRounds) / 1e9,
-			CPUGBps:     moved / pathCPU.Seconds() / 1e9,
-			AllocPerGiB: float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
+			CPUGBps:         moved / pathCPU.Seconds() / 1e9,
+			BaselineCPUGBps: cpuRate(moved, baseCPU[i]),
+			AllocPerGiB:     float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
 		}
 	}
 	return recs, nil
+}
+
+// cpuRate is bytes moved per second of CPU in GB/s, 0 when no CPU time
+// was seen (a baseline without a CPU figure).
+func cpuRate(moved float64, cpu time.Duration) float64 {
+	if cpu <= 0 {
+		return 0
+	}
+	return moved / cpu.Seconds() / 1e9
 }
 
 // round runs k operations on each of c workers at once and returns the

@@ -10,11 +10,14 @@
 // in blocks of ChunkSize (256 KiB) in internal/tcodec's self-describing
 // format: each block carries its codec, lengths and an XXH3-64 checksum of the raw
 // bytes, so corruption anywhere between the two memories is reported as
-// fabric.ErrCorrupt and never delivered. On an encrypted connection the
-// AEAD that authenticates every record is the check of raw blocks instead
+// fabric.ErrCorrupt and never delivered; XXH3 is not a MAC, so this
+// guards against faults, not against an attacker on the wire. On an
+// encrypted connection the AEAD that authenticates every record is the
+// check of raw blocks instead, which an attacker cannot forge either
 // (flagSealed: one pass over each byte fewer on both ends; an owner from
 // before it is asked again with checksums; Config.SealedChecksums keeps
-// both; docs/benchmarks.md says what each mode guarantees). Raw blocks go
+// both; docs/security.md, "Integrity of the bytes in flight", says what
+// each mode guarantees and what it does not cover). Raw blocks go
 // out with writev straight from the owner's memory and land straight in
 // the reader's buffer; large transfers are striped over several
 // connections (Streams).

@@ -56,6 +56,12 @@ type Config struct {
 	// sleeping on the provider's wait object (fi_cq_sread). Default:
 	// wait objects where the provider has them.
 	NoWait bool
+	// PollWaitFD makes every completion queue with a wait fd sleep on it
+	// in poll(2), a thread blocked in the kernel, as before the netpoller
+	// did it (benchmarks compare the two). Default: the Go netpoller
+	// watches a reader's queue's fd while one request and no write is
+	// outstanding (waitfd.go).
+	PollWaitFD bool
 }
 
 // FromEnv returns the Config the environment asks for: the libfabric

@@ -57,9 +57,17 @@ type cq struct {
 	probes sync.WaitGroup // classify goroutines
 	fd     int            // the wait object's fd (FI_GETWAIT), -1 when none
 	kick   chan struct{}  // a post wakes Wait's backoff
+	// waiter sleeps on fd through the netpoller (waitfd.go); waiting is
+	// held by the one goroutine using it.
+	waiter   *fdWaiter
+	waiterFD int // the fd waiter watches, or failed to: -1 before the first
+	waiting  sync.Mutex
 }
 
 const cqBatch = 64
+
+// netpollWait bounds one sleep through the netpoller (waitfd.go).
+const netpollWait = 2 * time.Millisecond
 
 // statusAmbiguous marks a cancelled request that classify resolves.
 const statusAmbiguous rdma.Status = 255
@@ -67,7 +75,7 @@ const statusAmbiguous rdma.Status = 255
 func newCQ(d *device, c *C.struct_fid_cq, wait bool, fd int) *cq {
 	q := &cq{dev: d, c: c, wait: wait, ops: map[uint64]*op{}, qps: map[*qp]struct{}{},
 		buf: C.malloc(C.tl_entry_size() * cqBatch), errb: C.malloc(C.size_t(unsafe.Sizeof(C.struct_fi_cq_err_entry{}))),
-		fd: fd, kick: make(chan struct{}, 1)}
+		fd: fd, kick: make(chan struct{}, 1), waiterFD: -1}
 	return q
 }
 
@@ -113,13 +121,18 @@ func (q *cq) Wait(ctx context.Context) error {
 		fd := q.fd
 		q.mu.Unlock()
 		slept := false
-		if fd >= 0 {
+		if w := q.waiterFor(fd); w != nil {
+			// Sleep on the wait fd through the netpoller when fi_trywait
+			// says nothing is pending (fi_cq_signal wakes it too).
+			// A short timeout: should the one request's own send wait
+			// for a writable socket (which does not wake the watch), the
+			// loop comes round to drive it soon.
+			slept = w.wait(netpollWait, q.tryWait)
+			q.waiting.Unlock()
+		} else if fd >= 0 {
 			// Sleep on the wait fd without holding fiMu when fi_trywait
 			// says nothing is pending (fi_cq_signal wakes it too).
-			q.dev.fiMu.Lock()
-			slept = C.tl_trywait(q.dev.dom, q.c) == 0
-			q.dev.fiMu.Unlock()
-			if slept {
+			if slept = q.tryWait(); slept {
 				pollFD(fd, 50)
 			}
 		} else if q.wait {
@@ -136,6 +149,57 @@ func (q *cq) Wait(ctx context.Context) error {
 		// queue must not burn a core.
 		idle = backoff(idle, n == 0, q.kick)
 	}
+}
+
+// tryWait reports whether fi_trywait lets a waiter sleep on the wait fd.
+func (q *cq) tryWait() bool {
+	q.dev.fiMu.Lock()
+	defer q.dev.fiMu.Unlock()
+	return C.tl_trywait(q.dev.dom, q.c) == 0
+}
+
+// waiterFor returns the netpoller waiter for the queue's wait fd, with
+// q.waiting held, or nil when there is none (no fd, the runtime cannot
+// poll it, writes are outstanding, or another goroutine is waiting on it:
+// that one then sleeps on the fd with poll). A queue reset opens a new
+// fd, and a new waiter.
+func (q *cq) waiterFor(fd int) *fdWaiter {
+	if fd < 0 || q.dev.pollFD || !q.waiting.TryLock() {
+		return nil
+	}
+	q.mu.Lock()
+	if len(q.ops) > 1 {
+		// A pipeline (a bulk transfer) may need a socket to become
+		// writable again before its requests or data go out, which the
+		// provider's wait set does not pass on to a watch (see
+		// device.progress): it sleeps in poll(2), which finds the set
+		// readable and keeps going. Its rate does not hang on how fast
+		// one wake is; a single request's latency does.
+		q.mu.Unlock()
+		q.waiting.Unlock()
+		return nil
+	}
+	for _, o := range q.ops {
+		if o.opc == rdma.OpWrite {
+			// A write's data may wait for a writable socket too.
+			q.mu.Unlock()
+			q.waiting.Unlock()
+			return nil
+		}
+	}
+	if q.waiterFD != fd {
+		q.waiter.close()
+		q.waiter, q.waiterFD = nil, fd
+		if !q.closed {
+			q.waiter = q.dev.waiterFor(fd)
+		}
+	}
+	w := q.waiter
+	q.mu.Unlock()
+	if w == nil {
+		q.waiting.Unlock()
+	}
+	return w
 }
 
 func (q *cq) signal() {
@@ -447,6 +511,9 @@ func (q *cq) Close() error {
 	q.dev.Mu.Lock()
 	delete(q.dev.cqs, q)
 	q.dev.Mu.Unlock()
+	q.mu.Lock()
+	q.waiter.close()
+	q.mu.Unlock()
 	C.free(q.buf)
 	C.free(q.errb)
 	return nil

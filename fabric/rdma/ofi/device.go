@@ -42,6 +42,10 @@ type device struct {
 	mrMode  uint64
 	keySize int
 	noWait  bool
+	// pollFD: queues sleep on wait fds in poll(2) (Config.PollWaitFD,
+	// or the netpoller could not watch one: netpollOnce logged it).
+	pollFD      bool
+	netpollOnce sync.Once
 
 	// fiMu serializes every libfabric call on the domain: the rxm
 	// provider crashed (1.17, tcp) when a queue was read while another
@@ -89,7 +93,7 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 	}
 	defer C.fi_freeinfo(info)
 	d := &device{p: p, nic: nic,
-		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait,
+		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait, pollFD: p.cfg.PollWaitFD,
 		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	d.Init("ofi", nic.Name, nic.Addr, cfg, p.cfg.HandshakeTimeout, "ofi", p.prov)
@@ -157,6 +161,11 @@ func (d *device) progress() {
 	defer C.free(errb)
 	var idle int
 	fd := d.tfd
+	tryWait := func() bool {
+		d.fiMu.Lock()
+		defer d.fiMu.Unlock()
+		return C.tl_trywait(d.dom, d.tcq) == 0
+	}
 	for {
 		select {
 		case <-d.stop:
@@ -167,10 +176,12 @@ func (d *device) progress() {
 		if fd >= 0 {
 			// Sleep on the wait fd without holding fiMu (fi_trywait says
 			// whether nothing is pending); a read comes after every wake.
-			d.fiMu.Lock()
-			slept = C.tl_trywait(d.dom, d.tcq) == 0
-			d.fiMu.Unlock()
-			if slept {
+			// In poll(2), not through the netpoller as the queues do
+			// (waitfd.go): the target sends the data of remote reads, and
+			// a socket that becomes writable again does not wake a watch
+			// on the wait fd (the provider's set passes on only POLLIN);
+			// poll(2) finds the set readable anyway and keeps going.
+			if slept = tryWait(); slept {
 				pollFD(fd, 100)
 			}
 		}
@@ -197,6 +208,23 @@ func (d *device) progress() {
 		_ = slept
 		idle = backoff(idle, n == 0, d.kick) // as in cq.Wait: never spin while idle
 	}
+}
+
+// waiterFor makes the netpoller waiter for a wait fd, or returns nil: no
+// fd, Config.PollWaitFD, or the runtime cannot watch it (logged once per
+// device: its queues then sleep in poll(2), each wake a thread the kernel
+// has to schedule).
+func (d *device) waiterFor(fd int) *fdWaiter {
+	if fd < 0 || d.pollFD {
+		return nil
+	}
+	w := newFDWaiter(fd)
+	if w == nil {
+		d.netpollOnce.Do(func() {
+			d.Log.Warn("ofi: the Go netpoller cannot watch the provider's wait fd; completion queues sleep in poll(2), which wakes slower", "nic", d.nic.Name)
+		})
+	}
+	return w
 }
 
 // lockFI takes fiMu, waking the device's queues asleep in fi_cq_sread

@@ -25,9 +25,14 @@
 //     two-sided control messages (QueuePair.Call). One-sided READ and WRITE
 //     go through libfabric (fi_read, fi_write) and complete on a completion
 //     queue;
-//   - completion queues are read with fi_cq_sread, which sleeps on the
-//     provider's wait object instead of spinning; where a provider has
-//     none, reads back off from a spin to 1 ms sleeps.
+//   - completion queues sleep on the provider's wait fd where it has one:
+//     a reader's queue with one request outstanding and no writes through
+//     the Go netpoller (waitfd.go: a completion wakes a goroutine on a
+//     running thread, not a thread blocked in poll(2)), the owner's target
+//     loop and pipelines in poll(2) (the wait set does not pass on a
+//     socket becoming writable), Config.PollWaitFD poll(2) everywhere;
+//     else in fi_cq_sread on its wait object; where a provider has
+//     neither, reads back off from a spin to 1 ms sleeps.
 //
 // Selecting it: TENSORLANE_RDMA_PROVIDER=ofi (or rdt.Config.Transports.RDMAProviderKind, a stack.Config field),
 // TENSORLANE_OFI_PROVIDER=tcp|verbs|efa|... names the libfabric provider
