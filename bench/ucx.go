@@ -139,7 +139,7 @@ func (u UCX) run(ctx context.Context, iters int) (bps, cores float64, err error)
 	// The client fails at once while the server is not listening yet;
 	// it is retried until the server is, or the round's time is up.
 	var out []byte
-	var cpu time.Duration // of every client run and the server
+	var cpu time.Duration  // of every client run and the server
 	var life time.Duration // of the client that ran the test
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
 		client := exec.CommandContext(ctx, bin, append([]string{"127.0.0.1"}, args...)...)

@@ -69,6 +69,11 @@ const (
 	// installed (bench/ucx.go).
 	BaseUCXTCP = "ucx-tcp"
 	BaseUCXSM  = "ucx-sm"
+	// UCXMinSize is the least message size UCX's baselines run at: each
+	// of their rounds starts two processes and moves at least 256 MiB, so
+	// small messages cost minutes and say nothing about the bulk path the
+	// comparison is about.
+	UCXMinSize = 1 << 20
 )
 
 // Modes: the reader pulls (Get into its buffer), or the owner pushes into
@@ -101,6 +106,10 @@ type Config struct {
 	LatencySizes []int64
 	// NoLatency turns the latency mode off.
 	NoLatency bool
+	// NoUCX leaves out UCX's baselines (ucx-tcp, ucx-sm), which otherwise
+	// run beside tcp and shm pulls of UCXMinSize and up, one in flight,
+	// whenever ucx_perftest is installed (outside Quick).
+	NoUCX bool
 	// LatencySamples is the number of timed Gets (and as many ping-pongs)
 	// per latency size.
 	LatencySamples int

@@ -740,7 +740,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	// UCX beside tcp and shm when ucx_perftest is installed (bench/ucx.go),
 	// outside --quick: the quick matrix is the regression guard's, whose
 	// stored baseline must not depend on what a machine has installed.
-	if tls := ucxTLS[path]; tls != "" && c == 1 && g.spec.mode == ModePull && !cfg.Quick && bench.UCXAvailable() {
+	if tls := ucxTLS[path]; tls != "" && c == 1 && g.spec.mode == ModePull && !cfg.Quick && !cfg.NoUCX && s.size >= UCXMinSize && bench.UCXAvailable() {
 		u := bench.UCX{TLS: tls, Size: s.size}
 		bases = append(bases, base{u.Name(), nil})
 		timed[u.Name()] = u.RoundCPU
@@ -770,6 +770,10 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	baseTotal := make([]time.Duration, len(bases))
 	baseCPU := make([]time.Duration, len(bases))
 	ratios := make([][]float64, len(bases))
+	// A timed baseline that fails (UCX's processes: a foreign tool that
+	// may hang or refuse on a busy machine) loses its row, loudly; the
+	// path and the other baselines are still measured.
+	dropped := make([]bool, len(bases))
 	var alloc uint64
 	var ms runtime.MemStats
 	began := time.Now()
@@ -794,8 +798,15 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			j := (i + rounds) % len(bases) // rotate the order of baselines
 			var bt, bcpu time.Duration
 			var err error
+			if dropped[j] {
+				continue
+			}
 			if f := timed[bases[j].name]; f != nil {
-				bt, bcpu, err = f(ctx, k)
+				if bt, bcpu, err = f(ctx, k); err != nil && ctx.Err() == nil {
+					slog.Warn("bench: baseline dropped from this cell", "baseline", bases[j].name, "path", path, "size", s.size, "err", err)
+					dropped[j] = true
+					continue
+				}
 			} else {
 				cpu0 := cpuTime()
 				bt, err = round(ctx, bases[j].op, c, k)
@@ -828,9 +839,12 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	gbps := moved / pathTotal.Seconds() / 1e9
 	roundBytes := float64(k) * float64(c) * float64(s.size)
 	rss := PeakRSS()
-	recs := make([]Record, len(bases))
+	recs := make([]Record, 0, len(bases))
 	for i, b := range bases {
-		recs[i] = Record{
+		if dropped[i] {
+			continue
+		}
+		recs = append(recs, Record{
 			Kind: KindThroughput, Path: path, Mode: g.spec.mode, Size: s.size, Concurrency: c,
 			GBps: gbps, Baseline: b.name, BaselineGBps: moved / baseTotal[i].Seconds() / 1e9,
 			Ratio: median(ratios[i]), Rounds: rounds, WireRatio: wireRatio,
@@ -838,7 +852,7 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 			CPUGBps:         moved / pathCPU.Seconds() / 1e9,
 			BaselineCPUGBps: cpuRate(moved, baseCPU[i]),
 			AllocPerGiB:     float64(alloc) / (moved / (1 << 30)), PeakRSS: rss, Note: note,
-		}
+		})
 	}
 	return recs, nil
 }

@@ -20,6 +20,7 @@ type benchOptions struct {
 	tolerance      float64
 	writeBaseline  string
 	noLatency      bool
+	noUCX          bool
 	sizes          []string
 	concurrency    []int
 	minTime        time.Duration
@@ -76,6 +77,7 @@ the cell's own, stored in the baseline) below it.`,
 	f.StringVar(&o.writeBaseline, "write-baseline", "", "write this run as a baseline file for --check")
 	f.IntVar(&o.baselineRuns, "baseline-runs", 3, "with --write-baseline: run the matrix this many times and store each cell's median ratio")
 	f.BoolVar(&o.noLatency, "no-latency", false, "skip the latency mode")
+	f.BoolVar(&o.noUCX, "no-ucx", false, "leave out UCX's baselines (ucx_perftest beside tcp and shm at 1MiB and up, when installed)")
 	f.StringSliceVar(&o.sizes, "sizes", nil, "override the sizes (e.g. 4KiB,1MiB)")
 	f.IntSliceVar(&o.concurrency, "concurrency", nil, "override the in-flight counts (e.g. 1,8)")
 	f.DurationVar(&o.minTime, "min-time", 0, "override the least time per cell (default 1s, 150ms with --quick)")
@@ -126,7 +128,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 			return nil
 		}
 	}
-	cfg := harness.Config{Quick: o.quick, NoLatency: o.noLatency, Concurrency: o.concurrency,
+	cfg := harness.Config{Quick: o.quick, NoLatency: o.noLatency, NoUCX: o.noUCX, Concurrency: o.concurrency,
 		MinTime: o.minTime, MinRounds: o.minRounds, LatencySamples: o.latencySamples}
 	if cmd.Flags().Changed("paths") {
 		cfg.Paths = nonEmpty(o.paths)

@@ -25,7 +25,7 @@ func runBenchArgs(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-var tiny = []string{"--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB,8KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
+var tiny = []string{"--no-ucx", "--retries", "0", "--baseline-runs", "2", "--sizes", "4KiB,8KiB", "--concurrency", "1", "--min-time", "1ms", "--min-rounds", "2", "--latency-samples", "5"}
 
 // narrow is the matrix of the baseline and check runs: two paths keep them
 // fast (every path is covered by the first run).
