@@ -927,7 +927,9 @@ class WeightPublisher:
             # Delta mode: readers that hold the last version get the delta.
             delta_readers: List[ReaderHandle] = []
             blob_bytes = 0
-            if self._delta and self._prev is not None:
+            # Encode only for readers that hold the last version: with none
+            # (all new or resynced) the delta would be made for nobody.
+            if self._delta and self._prev is not None and any(h.name in self._fresh for h in handles):
                 blob, _ = self._encode(state_dict)
                 blob_bytes = int(blob.nbytes)
                 worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (self._codec * 1e9) < full_bytes / (self._link * 1e9)
