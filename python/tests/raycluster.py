@@ -168,18 +168,22 @@ class Cluster:
             f.close()
 
     def _start_nodes(self, num_cpus: int, object_store: int) -> None:
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        # Ray's CLI through this interpreter, not the venv's ``ray`` script:
+        # a copied venv's scripts keep the original's interpreter in their
+        # #! line, and the nodes' workers would run that one (without this
+        # venv's packages, e.g. torch for GLOO/NIXL).
+        ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
         common = ["--num-cpus", str(num_cpus), "--object-store-memory", str(object_store),
                   "--resources", '{"%s": 1000}' % (RESOURCE % "{name}"),
                   "--disable-usage-stats", "--block"]
         h = self.head
         h.log = os.path.join(self.tmp, "head.log")
-        h.proc = self._launch(h, [ray_bin, "start", "--head", "--node-ip-address", h.ip, "--port", "6379",
+        h.proc = self._launch(h, [*ray_cli, "start", "--head", "--node-ip-address", h.ip, "--port", "6379",
                                   "--include-dashboard", "false", "--temp-dir", os.path.join(self.tmp, "ray"), *_named(common, h)], h.log)
         self._wait_port(h, 6379, 60)
         w = self.worker
         w.log = os.path.join(self.tmp, "worker.log")
-        self._worker_argv = [ray_bin, "start", "--address", f"{h.ip}:6379", "--node-ip-address", w.ip,
+        self._worker_argv = [*ray_cli, "start", "--address", f"{h.ip}:6379", "--node-ip-address", w.ip,
                              "--temp-dir", os.path.join(self.tmp, "ray"), *_named(common, w)]
         w.proc = self._launch(w, self._worker_argv, w.log)
 
