@@ -633,7 +633,11 @@ def two_nodes(fn: Callable[..., Any], args: tuple, rate: str, object_store: int,
     env = {"PYTHONPATH": os.pathsep.join([HERE, raycluster.PYTHON_DIR, raycluster.HERE]),
            "TENSORLANE_SLABS": "1" if slabs else "0",
            # gloo finds its interface by the host name, which no resolver knows here
-           "GLOO_SOCKET_IFNAME": "eth0"}
+           "GLOO_SOCKET_IFNAME": "eth0",
+           # The nodes share one kernel: UCX (NIXL) would find its shared-
+           # memory and cma transports between them and never touch the
+           # shaped link. Two real hosts have only the network.
+           "UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
     for k in ("TENSORLANE_TRANSPORTS",):
         if os.environ.get(k) is not None:
             env[k] = os.environ[k]
