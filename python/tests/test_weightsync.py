@@ -399,3 +399,49 @@ def test_publisher_delta_auto(link_gbps, mode):
         owner.close()
         for x in readers:
             x.close()
+
+
+@pytest.mark.parametrize("area,via", [(0.125, "tree"), (0.0, "fetch")], ids=["fits the area", "no area"])
+def test_publisher_delta_along_the_tree(area, via):
+    """A delta that fits the readers' delta areas goes along the broadcast
+    tree (one copy crosses to h1, where the first reader relays it to the
+    second); without an area each reader fetches it from the trainer. Either
+    way every reader ends byte for byte with the trainer's state."""
+    pytest.importorskip("ml_dtypes")
+    owner, readers = _cluster(2, 1)
+    try:
+        rng = np.random.default_rng(9)
+        master = {f"w{i}": (rng.standard_normal(50000) * 0.02).astype(np.float32) for i in range(4)}
+        sd = {k: v.astype(_bf16()) for k, v in master.items()}
+        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30)
+        recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt, delta_area=area)
+                for i, rt in enumerate(readers)]
+        assert all(bool(r.handle().pieces) == (area > 0) for r in recv)
+        for r in recv:
+            pub.join(r.handle())
+        assert pub.publish(sd).ok
+        for r in recv:
+            assert r.wait(timeout=10) == 1
+            r.done()
+        for step in range(2, 5):
+            for k in master:  # most bf16 weights unchanged: a small delta
+                master[k][rng.random(master[k].shape) < 0.01] *= 1.5
+                sd[k][:] = master[k].astype(_bf16())
+            res = pub.publish(sd)
+            assert res.ok, res.failed()
+            assert set(res.modes.values()) == {"delta"} and res.delta_via == via, (res.modes, res.delta_via)
+            assert 0 < res.delta_bytes * 8 < res.full_bytes
+            if via == "tree":  # one copy to h1, relayed there
+                assert sorted(r.fed for r in res.readers.values()).count("owner") == 2, res.tree
+            for r in recv:
+                assert r.wait(timeout=10) == step
+                for k in sd:
+                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+                r.done()
+        pub.close()
+        for r in recv:
+            r.close()
+    finally:
+        owner.close()
+        for r in readers:
+            r.close()
