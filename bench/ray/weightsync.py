@@ -478,6 +478,7 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
         for n in counts:
             c.readers = pool[:n]
             ray.get(trainer.start.remote(handles[:n]))
+            skip = set()
             if "gloo broadcast" in rows and "gloo broadcast" not in failed:
                 try:
                     c.group = f"wsbcast{placement}{n}"
@@ -485,8 +486,10 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
                         Member.options(**placed(reader_role(placement, i))).remote(sizes, i + 1) for i in range(n)]
                     ray.get([m.join.remote(n + 1, c.group) for m in c.members], timeout=300)
                 except Exception as e:
-                    failed["gloo broadcast"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
-            live = [r for r in rows if r not in failed]
+                    # This count only: its group of fresh actors did not form.
+                    failed[f"gloo broadcast at {n}"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+                    skip.add("gloo broadcast")
+            live = [r for r in rows if r not in failed and r not in skip]
             # Warm: one of each row before the clock, every reader's bytes
             # verified (weight sync at every count, the others at the first).
             for row in live:
@@ -499,7 +502,7 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
                         verify(c)
                 except Exception as e:
                     failed[row] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
-            live = [r for r in rows if r not in failed]
+            live = [r for r in rows if r not in failed and r not in skip]
             load = [os.getloadavg()[0]]
             for _ in range(reps):
                 for row in live:
@@ -512,6 +515,8 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
             for m in c.members:
                 ray.kill(m)
             c.members = []
+            partial({"placement": placement, "readers": n, "load": load, "failed": failed,
+                     "samples": {r: samples[r][n] for r in live}})
             print(f"{placement}, {n} readers (load {load[0]:.1f} -> {load[1]:.1f}): "
                   + ", ".join(f"{r} {statistics.median(samples[r][n]):.3f} s" for r in live), flush=True)
         ray.get(trainer.start.remote([]))
@@ -559,12 +564,22 @@ def measure_delta(sizes: List[int], counts: List[int], lrs: List[float], reps: i
             d, f = statistics.median(res["delta"]), statistics.median(res["full"])
             db, fb = statistics.median(res["delta_bytes"]), statistics.median(res["full_bytes"])
             out[f"{lr:g} {n}"] = dict(res, lr=lr, readers=n, load=load)
+            partial(out[f"{lr:g} {n}"])
             print(f"delta e2e lr {lr:g}, {n} readers (load {load[0]:.1f} -> {load[1]:.1f}): delta {d:.3f} s, full {f:.3f} s "
                   f"({f / d:.2f}x faster), {fb / db:.1f}x fewer bytes from the trainer per reader, "
                   f"{100 * statistics.median(res['changed']):.2f}% of weights changed", flush=True)
     for a in [trainer] + pool:
         ray.kill(a)
     return out
+
+
+def partial(rec: Dict[str, Any]) -> None:
+    """Appends a finished cell to WSYNC_PARTIAL (JSON lines), so a run cut
+    short (a node out of memory on a shared machine) keeps what it measured."""
+    path = os.environ.get("WSYNC_PARTIAL")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
 
 
 def verify_kept(c: Ctx) -> None:
@@ -638,7 +653,7 @@ def two_nodes(fn: Callable[..., Any], args: tuple, rate: str, object_store: int,
            # memory and cma transports between them and never touch the
            # shaped link. Two real hosts have only the network.
            "UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
-    for k in ("TENSORLANE_TRANSPORTS",):
+    for k in ("TENSORLANE_TRANSPORTS", "WSYNC_PARTIAL"):
         if os.environ.get(k) is not None:
             env[k] = os.environ[k]
     with raycluster.start(num_cpus=8, object_store=object_store, env=env) as c:
