@@ -49,6 +49,25 @@ var (
 	dec     *zstd.Decoder
 )
 
+// planes keeps plane buffers between calls: a state dict's tensors are
+// encoded and decoded every step at the same sizes, and a fresh buffer per
+// tensor is fresh pages for the kernel to fault in and zero each time.
+var planes sync.Pool // of *[]byte
+
+// planesBuf returns a buffer of n bytes, zeroed if zero is set.
+func planesBuf(n int, zero bool) []byte {
+	if p, ok := planes.Get().(*[]byte); ok && cap(*p) >= n {
+		b := (*p)[:n]
+		if zero {
+			clear(b)
+		}
+		return b
+	}
+	return make([]byte, n)
+}
+
+func putPlanes(b []byte) { planes.Put(&b) }
+
 func coders() (*zstd.Encoder, *zstd.Decoder) {
 	encOnce.Do(func() {
 		// Both are safe for concurrent EncodeAll/DecodeAll; one each for
@@ -88,8 +107,9 @@ func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
 	}
 	n := len(cur)
 	// One pass: the XOR, straight into its byte planes.
-	planes := make([]byte, n)
-	changed := xorPlanes(planes, prev, cur, elem)
+	buf := planesBuf(n, true)
+	defer putPlanes(buf)
+	changed := xorPlanes(buf, prev, cur, elem)
 	h := make([]byte, headerSize)
 	copy(h, magic)
 	h[4] = byte(elem)
@@ -99,7 +119,7 @@ func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
 	start := len(dst)
 	dst = append(dst, h...)
 	e, _ := coders()
-	dst = e.EncodeAll(planes, dst)
+	dst = e.EncodeAll(buf, dst)
 	return dst, Stats{Raw: int64(n), Encoded: int64(len(dst) - start), Changed: changed}, nil
 }
 
@@ -135,13 +155,14 @@ func Decode(base, d []byte) error {
 		return ErrBaseMismatch
 	}
 	_, z := coders()
-	planes, err := z.DecodeAll(d[headerSize:], make([]byte, 0, len(base)))
-	if err != nil || len(planes) != len(base) {
-		return fmt.Errorf("%w: %d bytes decoded for %d (%v)", ErrCorrupt, len(planes), len(base), err)
+	pl, err := z.DecodeAll(d[headerSize:], planesBuf(len(base), false)[:0])
+	if err != nil || len(pl) != len(base) {
+		return fmt.Errorf("%w: %d bytes decoded for %d (%v)", ErrCorrupt, len(pl), len(base), err)
 	}
-	applyPlanes(base, planes, elem)
+	defer putPlanes(pl)
+	applyPlanes(base, pl, elem)
 	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
-		applyPlanes(base, planes, elem) // XOR is its own inverse: the base is restored
+		applyPlanes(base, pl, elem) // XOR is its own inverse: the base is restored
 		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
 	}
 	return nil
