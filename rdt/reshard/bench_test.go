@@ -21,9 +21,10 @@ import (
 // Sub-benchmarks: "resharded" (readers made with NewReceiverOver: the
 // moves land in the readers' shards, no scatter), "resharded-scatter"
 // (NewReceiver: a slot per move, scattered at Receive), "unsharded", and
-// "interleaved", which runs a resharded step (in place) and an unsharded
-// one alternately and reports their times and the ratio, so drift on a
-// shared machine hits both alike: read that line for the goal.
+// "interleaved", which runs a resharded step (in place), an unsharded one
+// and a resharded one with scattering readers in turn and reports the
+// times and the ratios to unsharded (ratio, scatter-ratio), so drift on a
+// shared machine hits them alike: read that line for the goal.
 func BenchmarkReshard(b *testing.B) {
 	ctx := context.Background()
 	shape, elem := []int64{4096, 4096}, int64(2) // 32 MiB of bf16
@@ -179,23 +180,26 @@ func BenchmarkReshard(b *testing.B) {
 		}
 	})
 	b.Run("interleaved", func(b *testing.B) {
-		var re, un []float64
+		var re, sc, un []float64
 		for b.Loop() {
 			t0 := time.Now()
 			reshardStep(b, inPlace)
 			t1 := time.Now()
 			unshardedStep(b)
-			re, un = append(re, float64(t1.Sub(t0))), append(un, float64(time.Since(t1)))
+			t2 := time.Now()
+			reshardStep(b, scatter)
+			re, un, sc = append(re, float64(t1.Sub(t0))), append(un, float64(t2.Sub(t1))), append(sc, float64(time.Since(t2)))
 		}
-		// Medians, and the median of each pair's ratio: a load spike on a
-		// shared machine lands on one step, not on the figure.
-		ratios := make([]float64, len(re))
+		// Medians, and the median of each triple's ratios: a load spike on
+		// a shared machine lands on one step, not on the figure.
+		ratios, scatters := make([]float64, len(re)), make([]float64, len(re))
 		for i := range re {
-			ratios[i] = re[i] / un[i]
+			ratios[i], scatters[i] = re[i]/un[i], sc[i]/un[i]
 		}
 		b.ReportMetric(median(re)/1e6, "resharded-ms/step")
 		b.ReportMetric(median(un)/1e6, "unsharded-ms/step")
 		b.ReportMetric(median(ratios), "ratio")
+		b.ReportMetric(median(scatters), "scatter-ratio")
 	})
 }
 
