@@ -461,8 +461,9 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
         samples: Dict[str, Dict[int, List[float]]] = {r: {} for r in rows}
         failed: Dict[str, str] = {}
         trainer = Trainer.options(**placed("trainer")).remote(sizes)
-        pool = [Reader.options(**placed(reader_role(placement, i))).remote(sizes, f"reader{i}")
-                for i in range(max(counts))]
+        # The gloo broadcast has actors of its own: alone, it needs no readers.
+        pool = [] if rows == ["gloo broadcast"] else [
+            Reader.options(**placed(reader_role(placement, i))).remote(sizes, f"reader{i}") for i in range(max(counts))]
         ray.get([a.ready.remote(warm) for a in [trainer] + pool])
         _register_rdt([trainer] + pool)
         if "GLOO per reader" in rows:
