@@ -610,7 +610,12 @@ class WeightReceiver:
     numpy arrays, CPU torch tensors, DLPack or buffer-protocol objects).
     Hand :meth:`handle` to the trainer's :meth:`WeightPublisher.join`; then
     :meth:`wait` for each state dict, use it, and :meth:`done` before the
-    next can land."""
+    next can land.
+
+    ``delta_area``: the share of the parameters' bytes reserved (for good)
+    for the publisher's deltas, which then come along the broadcast tree; a
+    larger delta is fetched from the trainer instead. 0 reserves none (a
+    publisher that sends whole state dicts only)."""
 
     def __init__(self, params: Mapping[str, Any], *, name: Optional[str] = None, runtime: Optional[Runtime] = None,
                  delta_area: float = 0.125):
