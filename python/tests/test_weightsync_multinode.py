@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Dict
 
 import pytest
@@ -53,7 +54,20 @@ def _drv_example() -> Dict[str, Any]:
 
     # The worker node's leader (the one the trainer feeds over the link) dies.
     leader = next(k for k, p in steps[-1]["paths"].items() if p not in ("shm", "local"))
-    ray.kill(engines[int(leader.removeprefix("engine"))])
+    dead = engines[int(leader.removeprefix("engine"))]
+    ray.kill(dead)
+    # ray.kill returns at once: wait until the actor is gone, or the next
+    # publish may still reach it.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(dead.node.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            pass  # a loaded machine: ask again
+        assert time.monotonic() < deadline, "the killed engine still answers"
+        time.sleep(0.2)
     alive = [e for i, e in enumerate(engines) if f"engine{i}" != leader]
     want = ray.get(trainer.train_step.remote())
     pending = [e.sync.remote() for e in alive]
