@@ -42,6 +42,7 @@ import ctypes
 import json
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -834,7 +835,8 @@ class WeightPublisher:
     readers that hold the last version only the delta, which they fetch and
     apply; readers that missed it get the whole state dict. ``"auto"`` does
     so only when the delta beats the whole state dict at ``link_gbps`` (the
-    readers' link, GB/s) with the codec at ``codec_gbps``.
+    readers' link, GB/s) with the codec at ``codec_gbps``, or at the rate
+    this publisher measured encoding when that is slower.
     """
 
     def __init__(self, *, runtime: Optional[Runtime] = None, chunk_size: Optional[int] = None,
@@ -847,6 +849,7 @@ class WeightPublisher:
         self._rt = _rt(runtime)
         self._chunk, self._window, self._busy, self._timeout = chunk_size, window, busy_wait, timeout
         self._delta, self._link, self._codec = delta, link_gbps, codec_gbps
+        self._codec_seen: Optional[float] = None  # GB/s of state dict encoded, as measured
         self._lock = threading.RLock()
         self._readers: Dict[str, ReaderHandle] = {}
         self._names: Optional[Tuple[str, ...]] = None
@@ -1004,9 +1007,16 @@ class WeightPublisher:
             # Encode only for readers that hold the last version: with none
             # (all new or resynced) the delta would be made for nobody.
             if self._delta and self._prev is not None and any(h.name in self._fresh for h in handles):
+                t0 = time.perf_counter()
                 blob, _ = self._encode(state_dict)
+                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+                # The codec rate this machine shows (encoding, smoothed),
+                # when slower than the one configured: a loaded host's codec
+                # can be slower than its link, and then the delta loses.
+                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+                codec = min(self._codec, self._codec_seen)
                 blob_bytes = int(blob.nbytes)
-                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (self._codec * 1e9) < full_bytes / (self._link * 1e9)
+                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
                 if worth:
                     delta_readers = [h for h in handles if h.name in self._fresh]
             full_readers = [h for h in handles if h not in delta_readers]
