@@ -13,9 +13,9 @@ Run it on one machine::
     python examples/ray_weight_sync/weightsync_demo.py --readers 4 --steps 3
 
 or on a running cluster (``--address auto``; readers are spread over the
-nodes). Python's tests run it on one node (python/tests/test_weightsync_ray.py);
-for two nodes use the multi-node fixture of python/tests/raycluster.py and
-pass its address.
+nodes). Python's tests run it on one node (python/tests/test_weightsync_ray.py)
+and on two Ray nodes of the multi-node fixture, trainer on one and engines on
+both (python/tests/test_weightsync_multinode.py).
 """
 
 from __future__ import annotations
@@ -98,6 +98,11 @@ class Trainer:
     def readers(self) -> List[str]:
         return self.pub.readers()
 
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class Engine:
     """An inference-like reader: its own parameters, weights land in them."""
@@ -127,18 +132,26 @@ class Engine:
         return ray.get_runtime_context().get_node_id()
 
 
-def run(readers: int = 4, steps: int = 3, spread: bool = False, log=print) -> Dict[str, Any]:
+def run(readers: int = 4, steps: int = 3, spread: bool = False, log=print,
+        nodes: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Runs the loop on the connected Ray cluster and returns a summary;
-    raises AssertionError if any reader's bytes differ from the trainer's."""
+    raises AssertionError if any reader's bytes differ from the trainer's.
+    ``nodes``: actor options per node (e.g. custom resources); the trainer
+    goes to the first, engine i to nodes[(i + 1) % len(nodes)], so with two
+    nodes the engines alternate between the other node and the trainer's."""
     import ray
 
     opts: Dict[str, Any] = {"scheduling_strategy": "SPREAD"} if spread else {}
-    trainer = _remote(Trainer).options(**opts).remote()
-    engines = [_remote(Engine).options(**opts).remote(f"engine{i}") for i in range(readers)]
+    if nodes:
+        trainer = _remote(Trainer).options(**nodes[0]).remote()
+        engines = [_remote(Engine).options(**nodes[(i + 1) % len(nodes)]).remote(f"engine{i}") for i in range(readers)]
+    else:
+        trainer = _remote(Trainer).options(**opts).remote()
+        engines = [_remote(Engine).options(**opts).remote(f"engine{i}") for i in range(readers)]
     handles = ray.get([e.handle.remote() for e in engines])
     assert all(j is None for j in ray.get([trainer.join.remote(h) for h in handles]))
     summary: Dict[str, Any] = {"steps": [], "landing": ray.get(engines[0].landing.remote()),
-                               "nodes": len(set(ray.get([e.node.remote() for e in engines])))}
+                               "nodes": len(set(ray.get([e.node.remote() for e in engines] + [trainer.node.remote()])))}
     for step in range(1, steps + 1):
         want = ray.get(trainer.train_step.remote())
         pending = [e.sync.remote() for e in engines]  # readers wait while the trainer publishes

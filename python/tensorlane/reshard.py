@@ -143,17 +143,48 @@ class ReshardSender:
                 pass
 
 
+def _dst_range(m: Mapping[str, Any]) -> Optional[int]:
+    """The move's offset in the reader's shard if its bytes lie there as one
+    contiguous range, in the order the sender packs them; else None."""
+    runs = m["runs"]
+    if not runs:
+        return None
+    at = off = runs[0]["dst_off"]
+    for r in runs:
+        if r["dst_off"] != at or (r["count"] > 1 and r["dst_stride"] != r["len"]):
+            return None
+        at += r["count"] * r["len"]
+    return off if at - off == m["bytes"] else None
+
+
 class ReshardReceiver:
     """A reader shard's side of a plan: one flow-controlled slot per trainer
-    shard that feeds it."""
+    shard that feeds it.
 
-    def __init__(self, plan: ReshardPlan, shard: int, *, runtime: Optional[Runtime] = None):
+    With ``into`` (the reader's shard, for good: every :meth:`receive`
+    passes it), each move that is one contiguous range of the shard (rows
+    to columns: every move) gets its slot over that range, so trainers on
+    other hosts write it in place and nothing is scattered; same-host
+    trainers' bytes are staged and copied in at :meth:`receive`, as a
+    scatter would. A move that lands in place writes the shard as it
+    arrives: after an error the shard may hold part of the step."""
+
+    def __init__(self, plan: ReshardPlan, shard: int, *, runtime: Optional[Runtime] = None, into: Any = None):
         if not 0 <= shard < len(plan.dst_bytes):
             raise errors.InvalidArgument(f"reader shard {shard} of {len(plan.dst_bytes)}")
         self._rt = runtime if runtime is not None else _default_runtime()
         self.plan, self.shard = plan, shard
         self.moves = plan.into(shard)
-        self._slots = [Slot(np.empty(m["bytes"], np.uint8), runtime=self._rt) for m in self.moves]
+        self._into = None if into is None else _bytes_of(as_array(into), plan.dst_bytes[shard], f"reader shard {shard}")
+        self._keep = into
+        #: Per move: whether it lands in the shard itself.
+        self.in_place: List[bool] = []
+        self._slots: List[Slot] = []
+        for m in self.moves:
+            off = None if self._into is None else _dst_range(m)
+            buf = np.empty(m["bytes"], np.uint8) if off is None else self._into[off:off + m["bytes"]]
+            self._slots.append(Slot(buf, runtime=self._rt))
+            self.in_place.append(off is not None)
 
     def slots(self) -> Dict[Tuple[int, int], bytes]:
         """This reader's slot refs by (trainer shard, reader shard): hand them
@@ -161,12 +192,17 @@ class ReshardReceiver:
         return {(m["src"], m["dst"]): bytes(s.ref) for m, s in zip(self.moves, self._slots)}
 
     def receive(self, shard: Any, *, timeout: Optional[float] = None) -> None:
-        """Waits until every move of the next step has landed, scatters them
-        into ``shard`` (row-major, written in place) and says done, so the
-        step after can land. On a timeout ``shard`` is unchanged."""
+        """Waits until every move of the next step has landed, scatters those
+        not landed in place into ``shard`` (row-major, written in place; with
+        ``into``, that memory) and says done, so the step after can land. On
+        a timeout ``shard`` is unchanged, but for moves landed in place."""
         dst = _bytes_of(as_array(shard), self.plan.dst_bytes[self.shard], f"reader shard {self.shard}")
+        if self._into is not None and dst.__array_interface__["data"][0] != self._into.__array_interface__["data"][0]:
+            raise errors.InvalidArgument(f"reader shard {self.shard}: not the memory the receiver was made over")
         wait_slots(self._slots, timeout=timeout)
-        for m, s in zip(self.moves, self._slots):
+        for m, s, inplace in zip(self.moves, self._slots, self.in_place):
+            if inplace:
+                continue
             buf, at = s.array, 0
             for r in m["runs"]:
                 k = r["count"] * r["len"]

@@ -42,6 +42,7 @@ import ctypes
 import json
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -527,8 +528,8 @@ def delta_apply(base: Any, delta: Any) -> None:
 MAILBOX_BYTES = 2048
 
 
-def _mail(version: int, mode: str, blob: Optional[bytes] = None) -> np.ndarray:
-    doc: Dict[str, Any] = {"v": version, "mode": mode}
+def _mail(version: int, mode: str, blob: Optional[bytes] = None, **extra: Any) -> np.ndarray:
+    doc: Dict[str, Any] = {"v": version, "mode": mode, **extra}
     if blob is not None:
         doc["blob"] = base64.b64encode(bytes(blob)).decode("ascii")
     p = json.dumps(doc).encode()
@@ -565,6 +566,20 @@ def _read_mail(a: np.ndarray) -> Dict[str, Any]:
     return json.loads(a[4:4 + n].tobytes())
 
 
+def _delta_area(total: int, fraction: float = 0.125) -> Tuple[int, int]:
+    """(piece bytes, pieces) of a reader's delta area for a state dict of
+    ``total`` bytes: ``fraction`` of it (a delta up to that size travels
+    along the tree; a larger one is fetched from the trainer by each
+    reader), in pieces of 4 KiB to 1 MiB (a delta is padded to whole
+    pieces, so they stay small against the delta)."""
+    if fraction <= 0 or total <= 0:
+        return 0, 0
+    piece = 4096
+    while piece < (1 << 20) and piece * 64 < total:
+        piece *= 2
+    return piece, max(1, -(-int(total * fraction) // piece))
+
+
 @dataclass(frozen=True)
 class ReaderHandle:
     """What a trainer needs of a reader: its name, parameter names, and one
@@ -575,6 +590,10 @@ class ReaderHandle:
     names: Tuple[str, ...]
     refs: Tuple[bytes, ...]
     nbytes: Tuple[int, ...]
+    #: The delta area's slots (equal pieces of ``piece_bytes``): a delta
+    #: that fits travels along the broadcast tree into them.
+    pieces: Tuple[bytes, ...] = ()
+    piece_bytes: int = 0
 
     @property
     def mailbox(self) -> bytes:
@@ -592,9 +611,15 @@ class WeightReceiver:
     numpy arrays, CPU torch tensors, DLPack or buffer-protocol objects).
     Hand :meth:`handle` to the trainer's :meth:`WeightPublisher.join`; then
     :meth:`wait` for each state dict, use it, and :meth:`done` before the
-    next can land."""
+    next can land.
 
-    def __init__(self, params: Mapping[str, Any], *, name: Optional[str] = None, runtime: Optional[Runtime] = None):
+    ``delta_area``: the share of the parameters' bytes reserved (for good)
+    for the publisher's deltas, which then come along the broadcast tree; a
+    larger delta is fetched from the trainer instead. 0 reserves none (a
+    publisher that sends whole state dicts only)."""
+
+    def __init__(self, params: Mapping[str, Any], *, name: Optional[str] = None, runtime: Optional[Runtime] = None,
+                 delta_area: float = 0.125):
         if not params:
             raise errors.InvalidArgument("no parameters to receive into")
         self._rt = _rt(runtime)
@@ -603,10 +628,19 @@ class WeightReceiver:
         self._params = params
         self._mailbox = np.zeros(MAILBOX_BYTES, np.uint8)
         self._slots: List[Slot] = []
+        self._pieces: List[Slot] = []
+        self._piece_gen: List[int] = []  # per piece: the generation taken
+        self._piece_held: List[Tuple[Slot, int]] = []  # pieces to say done with
         try:
             self._slots.append(Slot(self._mailbox, runtime=self._rt))
             for k in self._names:
                 self._slots.append(Slot(params[k], runtime=self._rt))
+            # The delta area (``delta_area`` of the parameters' bytes): a
+            # publisher's delta that fits comes along the tree into it.
+            self._piece_bytes, n = _delta_area(sum(int(s._np.nbytes) for s in self._slots[1:]), delta_area)
+            for _ in range(n):
+                self._pieces.append(Slot(self._rt.empty(self._piece_bytes, np.uint8), runtime=self._rt))
+                self._piece_gen.append(0)
         except BaseException:
             self.close()
             raise
@@ -625,7 +659,8 @@ class WeightReceiver:
     def handle(self) -> ReaderHandle:
         """The picklable handle the trainer joins."""
         return ReaderHandle(name=self.name, names=self._names, refs=tuple(bytes(s.ref) for s in self._slots),
-                            nbytes=tuple(int(s._np.nbytes) for s in self._slots[1:]))
+                            nbytes=tuple(int(s._np.nbytes) for s in self._slots[1:]),
+                            pieces=tuple(bytes(s.ref) for s in self._pieces), piece_bytes=self._piece_bytes)
 
     def landing(self) -> str:
         """:data:`LAND_IN_PLACE` if every parameter is written in place, else
@@ -641,27 +676,42 @@ class WeightReceiver:
         return _read_mail(self._mailbox)
 
     def _apply_delta(self, mail: Mapping[str, Any], timeout: Optional[float]) -> None:
+        if "pieces" in mail:
+            # It came along the tree, into the delta area's first pieces.
+            k, size = int(mail["pieces"]), int(mail["size"])
+            if not 0 < k <= len(self._pieces) or size > k * self._piece_bytes:
+                raise errors.Corrupt(f"a delta of {size} bytes in {k} pieces for an area of {len(self._pieces)}")
+            slots = self._pieces[:k]
+            gens = wait_slots(slots, after=self._piece_gen[:k], timeout=timeout)
+            self._piece_gen[:k] = gens
+            self._piece_held = list(zip(slots, gens))
+            blob = np.concatenate([np.asarray(s.array).reshape(-1).view(np.uint8) for s in slots])[:size]
+            self._apply_blob(blob)
+            return
         ref = base64.b64decode(mail["blob"])
         blob = self._rt.get(ref, timeout=timeout).reshape(-1).view(np.uint8)
         try:
-            n = int.from_bytes(blob[:4].tobytes(), "little")
-            index = json.loads(blob[4:4 + n].tobytes())
-            at = 4 + n
-            if index["names"] != list(self._names):
-                raise errors.LayoutMismatch("the delta's parameters are not this reader's")
-            parts = []
-            for k, size in zip(self._names, index["sizes"]):
-                parts.append((self._params[k], blob[at:at + size]))
-                at += size
-            # Every base first: a reader whose parameters are not the last
-            # version changes none of them (never a mix of two versions).
-            list(_pool().map(lambda pd: delta_check(*pd), parts))
-            list(_pool().map(lambda pd: delta_apply(*pd), parts))
+            self._apply_blob(blob)
         finally:
             try:
                 self._rt.release(ref)
             except errors.Error:
                 pass
+
+    def _apply_blob(self, blob: np.ndarray) -> None:
+        n = int.from_bytes(blob[:4].tobytes(), "little")
+        index = json.loads(blob[4:4 + n].tobytes())
+        at = 4 + n
+        if index["names"] != list(self._names):
+            raise errors.LayoutMismatch("the delta's parameters are not this reader's")
+        parts = []
+        for k, size in zip(self._names, index["sizes"]):
+            parts.append((self._params[k], blob[at:at + size]))
+            at += size
+        # Every base first: a reader whose parameters are not the last
+        # version changes none of them (never a mix of two versions).
+        list(_pool().map(lambda pd: delta_check(*pd), parts))
+        list(_pool().map(lambda pd: delta_apply(*pd), parts))
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Waits until a whole new state dict has arrived and lands it in the
@@ -705,6 +755,9 @@ class WeightReceiver:
         with self._lock:
             if self._mail_gen:
                 self._slots[0].done(self._mail_gen)
+            for slot, gen in self._piece_held:
+                slot.done(gen)
+            self._piece_held = []
             if self._full > self._full_done:  # a delta leaves the parameter slots as they were
                 for s in self._slots[1:]:
                     s.done(self._full)
@@ -712,12 +765,12 @@ class WeightReceiver:
 
     def close(self) -> None:
         """Closes the slots; later publishes skip this reader. Idempotent."""
-        for s in self._slots:
+        for s in self._slots + self._pieces:
             try:
                 s.close()
             except errors.Error:
                 pass
-        self._slots = []
+        self._slots, self._pieces = [], []
 
     def __enter__(self) -> "WeightReceiver":
         return self
@@ -743,6 +796,10 @@ class SyncResult:
     modes: Dict[str, str] = field(default_factory=dict)
     full_bytes: int = 0
     delta_bytes: int = 0
+    #: How the delta went: "tree" (along the broadcast tree, into the
+    #: readers' delta areas) or "fetch" (each reader read it from the
+    #: trainer: it did not fit a reader's area); "" without a delta.
+    delta_via: str = ""
 
     @property
     def ok(self) -> bool:
@@ -778,7 +835,8 @@ class WeightPublisher:
     readers that hold the last version only the delta, which they fetch and
     apply; readers that missed it get the whole state dict. ``"auto"`` does
     so only when the delta beats the whole state dict at ``link_gbps`` (the
-    readers' link, GB/s) with the codec at ``codec_gbps``.
+    readers' link, GB/s) with the codec at ``codec_gbps``, or at the rate
+    this publisher measured encoding when that is slower.
     """
 
     def __init__(self, *, runtime: Optional[Runtime] = None, chunk_size: Optional[int] = None,
@@ -791,6 +849,7 @@ class WeightPublisher:
         self._rt = _rt(runtime)
         self._chunk, self._window, self._busy, self._timeout = chunk_size, window, busy_wait, timeout
         self._delta, self._link, self._codec = delta, link_gbps, codec_gbps
+        self._codec_seen: Optional[float] = None  # GB/s of state dict encoded, as measured
         self._lock = threading.RLock()
         self._readers: Dict[str, ReaderHandle] = {}
         self._names: Optional[Tuple[str, ...]] = None
@@ -803,6 +862,7 @@ class WeightPublisher:
         self._fresh: set = set()  # readers holding the last version
         self._prev: Optional[Dict[str, np.ndarray]] = None  # the last version (delta mode)
         self._blobs: List[Ref] = []  # the last two deltas: a reader may still fetch the previous one
+        self._piece_src: List[Tuple[np.ndarray, Ref]] = []  # the delta's pieces, published once, rewritten per publish
         self._last: Optional[Operation[BroadcastResult]] = None
         #: The version of the last publish (0: none yet).
         self.version = 0
@@ -903,6 +963,23 @@ class WeightPublisher:
             at += d.data.nbytes
         return blob, sum(d.nbytes for d in ds)
 
+    def _pieces(self, blob: np.ndarray, piece: int, k: int) -> List[Ref]:
+        """The refs of k pieces of ``piece`` bytes holding the blob (the
+        last one padded): published once, rewritten in place each publish
+        (publish blocks until the broadcast is done)."""
+        if self._piece_src and self._piece_src[0][0].nbytes != piece:
+            for _, ref in self._piece_src:
+                self._rt.free(ref)
+            self._piece_src = []
+        while len(self._piece_src) < k:
+            a = self._rt.empty(piece, np.uint8)
+            self._piece_src.append((a, self._rt.put(a)))
+        flat = blob.reshape(-1).view(np.uint8)
+        for i in range(k):
+            part = flat[i * piece:(i + 1) * piece]
+            self._piece_src[i][0][:part.nbytes] = part
+        return [ref for _, ref in self._piece_src[:k]]
+
     def publish(self, state_dict: Mapping[str, Any], *, timeout: Optional[float] = None) -> SyncResult:
         """Sends the state dict to every reader (one broadcast along the tree;
         in delta mode, the delta to readers that hold the last version) and
@@ -927,34 +1004,63 @@ class WeightPublisher:
             # Delta mode: readers that hold the last version get the delta.
             delta_readers: List[ReaderHandle] = []
             blob_bytes = 0
-            if self._delta and self._prev is not None:
+            # Encode only for readers that hold the last version: with none
+            # (all new or resynced) the delta would be made for nobody.
+            if self._delta and self._prev is not None and any(h.name in self._fresh for h in handles):
+                t0 = time.perf_counter()
                 blob, _ = self._encode(state_dict)
+                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+                # The codec rate this machine shows (encoding, smoothed),
+                # when slower than the one configured: a loaded host's codec
+                # can be slower than its link, and then the delta loses.
+                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+                codec = min(self._codec, self._codec_seen)
                 blob_bytes = int(blob.nbytes)
-                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (self._codec * 1e9) < full_bytes / (self._link * 1e9)
+                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
                 if worth:
-                    self._blobs.append(self._rt.put(blob))
-                    if len(self._blobs) > 2:
-                        self._rt.free(self._blobs.pop(0))
                     delta_readers = [h for h in handles if h.name in self._fresh]
             full_readers = [h for h in handles if h not in delta_readers]
             out: Dict[str, ReaderResult] = {}
             modes: Dict[str, str] = {}
             dropped: List[str] = []
-            seconds, nbytes, tree = 0.0, 0, ""
+            seconds, nbytes, tree, via = 0.0, 0, "", ""
             if delta_readers:
-                self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
-                mref = self._mails()[1]
-                for h in delta_readers:
-                    # The reader says done with the last mailbox before the next lands.
+                piece = delta_readers[0].piece_bytes
+                k = -(-blob_bytes // piece) if piece else 0
+                if piece and all(h.piece_bytes == piece and len(h.pieces) >= k for h in delta_readers):
+                    # Along the tree: one copy per host, as the full state dict.
+                    via = "tree"
+                    self._mail_delta[:] = _mail(self.version, "delta", pieces=k, size=blob_bytes)
+                    op = broadcast([self._mails()[1]] + self._pieces(blob, piece, k),
+                                   [[h.mailbox] + list(h.pieces[:k]) for h in delta_readers], chunk_size=self._chunk,
+                                   window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
+                                   runtime=self._rt)
                     try:
-                        wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
-                    except errors.Error:
-                        pass  # the push below reports it (SlotBusy, ReaderDied...)
-                res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
-                                 timeout=timeout or self._timeout, runtime=self._rt)
-                for i, (h, r) in enumerate(zip(delta_readers, res)):
-                    out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
-                    modes[h.name] = "delta"
+                        res = op.result()
+                    finally:
+                        op.close()
+                    seconds, nbytes, tree = res.seconds, res.bytes, res.tree
+                    for h, rr in zip(delta_readers, res.readers):
+                        out[h.name] = rr
+                        modes[h.name] = "delta"
+                else:
+                    via = "fetch"
+                    self._blobs.append(self._rt.put(blob))
+                    if len(self._blobs) > 2:
+                        self._rt.free(self._blobs.pop(0))
+                    self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
+                    mref = self._mails()[1]
+                    for h in delta_readers:
+                        # The reader says done with the last mailbox before the next lands.
+                        try:
+                            wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
+                        except errors.Error:
+                            pass  # the push below reports it (SlotBusy, ReaderDied...)
+                    res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
+                                     timeout=timeout or self._timeout, runtime=self._rt)
+                    for i, (h, r) in enumerate(zip(delta_readers, res)):
+                        out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
+                        modes[h.name] = "delta"
             if full_readers:
                 self._mail_full[:] = _mail(self.version, "full")
                 if self._last is not None:
@@ -965,7 +1071,7 @@ class WeightPublisher:
                                runtime=self._rt)
                 res = op.result()
                 self._last = op
-                seconds, nbytes, tree = res.seconds, res.bytes, res.tree
+                seconds, nbytes, tree = seconds + res.seconds, res.bytes, res.tree
                 for h, rr in zip(full_readers, res.readers):
                     out[h.name] = rr
                     modes[h.name] = "full"
@@ -987,7 +1093,7 @@ class WeightPublisher:
                         np.copyto(self._prev[k], as_array(state_dict[k]))
             return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
                               tree=tree, modes=modes, full_bytes=full_bytes,
-                              delta_bytes=blob_bytes if delta_readers else 0)
+                              delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
 
     def wait_consumed(self, timeout: Optional[float] = None) -> None:
         """Waits until every reader the last full publish reached said done
@@ -1003,14 +1109,15 @@ class WeightPublisher:
             if self._last is not None:
                 self._last.close()
                 self._last = None
-            refs = [r for _, r, _ in self._refs.values()] + list(self._mail_refs or ()) + self._blobs
+            refs = [r for _, r, _ in self._refs.values()] + list(self._mail_refs or ()) + self._blobs + \
+                [r for _, r in self._piece_src]
             for ref in refs:
                 try:
                     self._rt.free(ref)
                 except errors.Error:
                     pass
             self._refs.clear()
-            self._mail_refs, self._blobs, self._prev = None, [], None
+            self._mail_refs, self._blobs, self._prev, self._piece_src = None, [], None, []
             self._readers.clear()
 
     def __enter__(self) -> "WeightPublisher":

@@ -168,9 +168,10 @@ class Cluster:
             f.close()
 
     def _start_nodes(self, num_cpus: int, object_store: int) -> None:
-        # Ray's CLI through this interpreter, not the venv's `ray` script:
+        # Ray's CLI through this interpreter, not the venv's ``ray`` script:
         # a copied venv's scripts keep the original's interpreter in their
-        # shebang (the nodes then ran without this venv's torch and nixl).
+        # #! line, and the nodes' workers would run that one (without this
+        # venv's packages, e.g. torch for GLOO/NIXL).
         ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
         common = ["--num-cpus", str(num_cpus), "--object-store-memory", str(object_store),
                   "--resources", '{"%s": 1000}' % (RESOURCE % "{name}"),

@@ -5,6 +5,7 @@ the latest version."""
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -48,6 +49,18 @@ def test_example_three_steps_four_readers_every_byte():
 
     # A reader dies: the next publish reaches the others and drops it.
     ray.kill(engines[1])
+    # ray.kill returns at once: wait until the actor is gone, or the next
+    # publish may still reach it.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(engines[1].node.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            pass  # a loaded machine: ask again
+        assert time.monotonic() < deadline, "the killed engine still answers"
+        time.sleep(0.2)
     ray.get(trainer.train_step.remote())
     alive = [e for i, e in enumerate(engines) if i != 1]
     pending = [e.sync.remote() for e in alive]

@@ -65,3 +65,49 @@ def test_fsdp_rows_to_tp_columns_three_steps():
     finally:
         for rt in trainers + readers:
             rt.close()
+
+
+@pytest.mark.parametrize("src,dst,in_place", [(rs.rows(3), rs.cols(2), True), (rs.cols(2), rs.rows(3), False)],
+                         ids=["rows to columns", "columns to rows"])
+def test_receiver_into_the_shard(src, dst, in_place):
+    """ReshardReceiver(into=shard): moves that are one contiguous range of
+    the reader's shard land in it (trainers on the other host); the others
+    are scattered. Every step the shard is exactly the reader's block."""
+    shape = (96, 40)
+    plan = rs.ReshardPlan(shape, np.float32, src, dst)
+    nsrc, ndst = len(plan.src_bytes), len(plan.dst_bytes)
+    trainers = [tl.Runtime(_host("h0")) for _ in range(nsrc)]
+    readers = [tl.Runtime(_host("h1")) for _ in range(ndst)]
+    try:
+        dim_s, dim_d = src[1], dst[1]
+        parts_s = np.array_split(np.arange(shape[dim_s]), nsrc)
+        parts_d = np.array_split(np.arange(shape[dim_d]), ndst)
+
+        def block(w, dim, idx):
+            sl = [slice(None), slice(None)]
+            sl[dim] = slice(idx[0], idx[-1] + 1)
+            return np.ascontiguousarray(w[tuple(sl)])
+
+        shards = [np.zeros(block(np.zeros(shape), dim_d, parts_d[j]).shape, np.float32) for j in range(ndst)]
+        senders = [rs.ReshardSender(plan, i, runtime=rt) for i, rt in enumerate(trainers)]
+        receivers = [rs.ReshardReceiver(plan, j, runtime=rt, into=shards[j]) for j, rt in enumerate(readers)]
+        assert all(ip == in_place for r in receivers for ip in r.in_place)
+        slots = {}
+        for r in receivers:
+            slots.update(r.slots())
+        with pytest.raises(errors.InvalidArgument):
+            receivers[0].receive(np.zeros_like(shards[0]), timeout=1)
+        for step in range(2):
+            w = np.random.default_rng(step + 10).standard_normal(shape).astype(np.float32)
+            for i, s in enumerate(senders):
+                s.send(block(w, dim_s, parts_s[i]), slots, timeout=10)
+            for j, r in enumerate(receivers):
+                r.receive(shards[j], timeout=10)
+                np.testing.assert_array_equal(shards[j], block(w, dim_d, parts_d[j]))
+        for s in senders:
+            s.close()
+        for r in receivers:
+            r.close()
+    finally:
+        for rt in trainers + readers:
+            rt.close()

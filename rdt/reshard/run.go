@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -66,9 +67,12 @@ func NewSender(ctx context.Context, a *rdt.Actor, p *Plan, shard int) (*Sender, 
 func (s *Sender) Moves() []Move { return s.moves }
 
 // Send packs this step's bytes of the shard (src, row-major, the shard's
-// size) and pushes every move into its destination's slot at once (one
-// PushBatch: coalesced per path and destination). slots are the
-// receivers' (Receiver.Slots, merged). The error joins each move's.
+// size) and pushes every move into its destination's slot. Each move's
+// push starts as soon as it is packed, so the packing of the next overlaps
+// the wire (every move goes to another destination shard, so a push batch
+// would coalesce nothing). slots are the receivers' (Receiver.Slots,
+// merged). The transfers come in the order of Moves; the error joins each
+// move's.
 func (s *Sender) Send(ctx context.Context, src []byte, slots map[Key]rdt.Ref) ([]rdt.Transfer, error) {
 	if int64(len(src)) != s.plan.From.Bytes(s.shard) {
 		return nil, fmt.Errorf("%w: source shard %d holds %d bytes, not %d", tensor.ErrTooSmall, s.shard, s.plan.From.Bytes(s.shard), len(src))
@@ -80,16 +84,23 @@ func (s *Sender) Send(ctx context.Context, src []byte, slots map[Key]rdt.Ref) ([
 			return nil, fmt.Errorf("%w: no slot for the move from %d to %d", ErrLayout, m.Src, m.Dst)
 		}
 		dsts[i] = d
-		m.Pack(s.packs[i], src)
 	}
+	xs := make([]rdt.Transfer, len(s.moves))
+	errs := make([]error, len(s.moves))
+	var wg sync.WaitGroup
+	for i, m := range s.moves {
+		m.Pack(s.packs[i], src)
+		wg.Go(func() {
+			x, err := s.a.Push(ctx, s.refs[i], dsts[i])
+			xs[i] = x
+			if err != nil {
+				errs[i] = fmt.Errorf("move %d -> %d: %w", m.Src, m.Dst, err)
+			}
+		})
+	}
+	wg.Wait()
 	if len(s.moves) == 0 {
 		return nil, nil
-	}
-	xs, errs := s.a.PushBatch(ctx, s.refs, dsts, rdt.BatchConfig{})
-	for i, err := range errs {
-		if err != nil {
-			errs[i] = fmt.Errorf("move %d -> %d: %w", s.moves[i].Src, s.moves[i].Dst, err)
-		}
 	}
 	return xs, errors.Join(errs...)
 }
@@ -114,27 +125,69 @@ type Receiver struct {
 	moves []Move
 	slots []*rdt.Slot
 	gen   uint64
+	// over is the shard's memory of NewReceiverOver (nil: NewReceiver);
+	// inPlace[i] says move i lands in it (no scatter).
+	over    []byte
+	inPlace []bool
 }
 
 // NewReceiver reserves shard's slots of p on actor a (host memory).
 func NewReceiver(ctx context.Context, a *rdt.Actor, p *Plan, shard int) (*Receiver, error) {
+	return newReceiver(ctx, a, p, shard, nil)
+}
+
+// NewReceiverOver is NewReceiver for a shard whose memory is dst for good
+// (every Receive passes it): each move whose block is one contiguous range
+// of the shard (a row split feeding a column split, and any split along
+// the first dimension) lands in dst itself, at its offset, so Receive has
+// no copy to make for it; the other moves land in their own slots and are
+// scattered as with NewReceiver. dst is memory the runtime cannot share:
+// network paths (tcp, rdma) write it in place, and a sender on the same
+// host reaches it over the network too (loudly), so use it for senders on
+// other hosts. A move that lands in place writes dst while it arrives:
+// after an error, dst may hold part of the step.
+func NewReceiverOver(ctx context.Context, a *rdt.Actor, p *Plan, shard int, dst []byte) (*Receiver, error) {
+	if p != nil && shard >= 0 && shard < len(p.To.Shards) && int64(len(dst)) != p.To.Bytes(shard) {
+		return nil, fmt.Errorf("%w: destination shard %d holds %d bytes, not %d", tensor.ErrTooSmall, shard, p.To.Bytes(shard), len(dst))
+	}
+	if dst == nil {
+		dst = []byte{}
+	}
+	return newReceiver(ctx, a, p, shard, dst)
+}
+
+func newReceiver(ctx context.Context, a *rdt.Actor, p *Plan, shard int, over []byte) (*Receiver, error) {
 	if a == nil || p == nil {
 		return nil, fmt.Errorf("%w: no actor or plan", ErrLayout)
 	}
 	if shard < 0 || shard >= len(p.To.Shards) {
 		return nil, fmt.Errorf("%w: destination shard %d of %d", ErrLayout, shard, len(p.To.Shards))
 	}
-	r := &Receiver{plan: p, shard: shard, moves: p.Into(shard)}
+	r := &Receiver{plan: p, shard: shard, moves: p.Into(shard), over: over}
 	for _, m := range r.moves {
-		s, err := a.Reserve(ctx, tensor.NewDesc(tensor.Uint8, m.Bytes), tensor.HostDevice, rdt.WithGenerations())
+		desc := tensor.NewDesc(tensor.Uint8, m.Bytes)
+		var s *rdt.Slot
+		var err error
+		off, contiguous := m.dstRange()
+		if over != nil && contiguous {
+			// The slot owns the buffer it is made over and releases it
+			// at Close; a foreign buffer's Release leaves the memory alone.
+			s, err = a.ReserveOver(ctx, tensor.NewForeign(over[off:off+m.Bytes], tensor.ForeignConfig{}), desc, rdt.WithGenerations())
+		} else {
+			s, err = a.Reserve(ctx, desc, tensor.HostDevice, rdt.WithGenerations())
+		}
 		if err != nil {
 			r.Close()
 			return nil, err
 		}
-		r.slots = append(r.slots, s)
+		r.slots, r.inPlace = append(r.slots, s), append(r.inPlace, over != nil && contiguous)
 	}
 	return r, nil
 }
+
+// InPlace says, per move of the receiver (in the order of Slots' moves,
+// Plan.Into), whether it lands in the shard's memory itself.
+func (r *Receiver) InPlace() []bool { return slices.Clone(r.inPlace) }
 
 // Slots are the receiver's slot refs by move, for the senders.
 func (r *Receiver) Slots() map[Key]rdt.Ref {
@@ -146,12 +199,17 @@ func (r *Receiver) Slots() map[Key]rdt.Ref {
 }
 
 // Receive waits until every incoming move of the next step has landed,
-// scatters them into dst (the destination shard, row-major, its size) and
-// tells the senders it is done, so the step after can land. On an error
-// dst is unchanged.
+// scatters those that did not land in place into dst (the destination
+// shard, row-major, its size; for NewReceiverOver, the memory it was made
+// over) and tells the senders it is done, so the step after can land. On
+// an error dst is unchanged, but for moves that land in place (see
+// NewReceiverOver).
 func (r *Receiver) Receive(ctx context.Context, dst []byte) error {
 	if int64(len(dst)) != r.plan.To.Bytes(r.shard) {
 		return fmt.Errorf("%w: destination shard %d holds %d bytes, not %d", tensor.ErrTooSmall, r.shard, r.plan.To.Bytes(r.shard), len(dst))
+	}
+	if r.over != nil && len(dst) > 0 && &dst[0] != &r.over[0] {
+		return fmt.Errorf("%w: destination shard %d: not the memory the receiver was made over", ErrLayout, r.shard)
 	}
 	views := make([][]byte, len(r.slots))
 	gens := make([]uint64, len(r.slots))
@@ -160,14 +218,20 @@ func (r *Receiver) Receive(ctx context.Context, dst []byte) error {
 		if err != nil {
 			return fmt.Errorf("move %d -> %d: %w", r.moves[i].Src, r.moves[i].Dst, err)
 		}
+		gens[i] = g
+		if r.inPlace[i] {
+			continue
+		}
 		b, err := tensor.BytesOf(t.Buffer())
 		if err != nil {
 			return err
 		}
-		views[i], gens[i] = b, g
+		views[i] = b
 	}
 	for i, m := range r.moves {
-		m.Unpack(dst, views[i])
+		if !r.inPlace[i] {
+			m.Unpack(dst, views[i])
+		}
 	}
 	var errs []error
 	for i, s := range r.slots {
@@ -185,4 +249,21 @@ func (r *Receiver) Close() error {
 	}
 	r.slots = nil
 	return errors.Join(errs...)
+}
+
+// dstRange is the move's offset in the destination shard and whether its
+// bytes lie there as one contiguous range, in the order Pack writes them.
+func (m Move) dstRange() (int64, bool) {
+	if len(m.Runs) == 0 {
+		return 0, false
+	}
+	off := m.Runs[0].DstOff
+	at := off
+	for _, r := range m.Runs {
+		if r.DstOff != at || (r.Count > 1 && r.DstStride != r.Len) {
+			return 0, false
+		}
+		at += r.Count * r.Len
+	}
+	return off, at-off == m.Bytes
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -114,4 +115,86 @@ func TestReshardFSDPRowsToTPColumns(t *testing.T) {
 		}
 	}
 	assert.Equal(t, int64(len(global(shape, elem))), p.Bytes(), "each reader gets only its columns: the tensor's bytes once in all")
+}
+
+// TestReshardReceiverOverLandsInPlace: readers made over their shards'
+// memory (NewReceiverOver, senders on another host). Rows to columns: each
+// move is one contiguous range of the reader's shard, so all land in place
+// and Receive scatters nothing; columns to rows: each move is strided in
+// the reader's shard, so it lands in a slot and is scattered. Either way
+// the shard is exactly the reader's block of every step's weight; a
+// Receive with other memory than the receiver was made over is refused.
+func TestReshardReceiverOverLandsInPlace(t *testing.T) {
+	ctx := context.Background()
+	shape, elem := []int64{96, 40}, int64(2)
+	for _, tc := range []struct {
+		name     string
+		from, to Layout
+		inPlace  bool
+	}{
+		{"rows to columns", split(t, shape, elem, 0, 3), split(t, shape, elem, 1, 2), true},
+		{"columns to rows", split(t, shape, elem, 1, 2), split(t, shape, elem, 0, 3), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := NewPlan(tc.from, tc.to)
+			require.NoError(t, err)
+			hosts := []string{}
+			for range tc.from.Shards {
+				hosts = append(hosts, "h0")
+			}
+			for range tc.to.Shards {
+				hosts = append(hosts, "h1")
+			}
+			rts := runtimes(t, hosts...)
+			nf := len(tc.from.Shards)
+			var senders []*Sender
+			for i := range nf {
+				a, err := rts[i].Spawn("trainer")
+				require.NoError(t, err)
+				s, err := NewSender(ctx, a, p, i)
+				require.NoError(t, err)
+				t.Cleanup(func() { s.Close(ctx) })
+				senders = append(senders, s)
+			}
+			slots := map[Key]rdt.Ref{}
+			var receivers []*Receiver
+			var dsts [][]byte
+			for j := range tc.to.Shards {
+				a, err := rts[nf+j].Spawn("engine")
+				require.NoError(t, err)
+				dst := make([]byte, tc.to.Bytes(j))
+				_, err = NewReceiverOver(ctx, a, p, j, dst[1:])
+				require.ErrorIs(t, err, tensor.ErrTooSmall)
+				r, err := NewReceiverOver(ctx, a, p, j, dst)
+				require.NoError(t, err)
+				t.Cleanup(func() { r.Close() })
+				for _, ip := range r.InPlace() {
+					assert.Equal(t, tc.inPlace, ip)
+				}
+				for k, v := range r.Slots() {
+					slots[k] = v
+				}
+				receivers, dsts = append(receivers, r), append(dsts, dst)
+			}
+			require.ErrorIs(t, receivers[0].Receive(ctx, make([]byte, tc.to.Bytes(0))), ErrLayout)
+			for step := range 2 {
+				g := global(shape, elem)
+				for i := range g {
+					g[i] += byte(step*29 + 1)
+				}
+				errs := make(chan error, nf)
+				for i, s := range senders {
+					src := extract(g, shape, elem, tc.from.Shards[i])
+					go func() { _, err := s.Send(ctx, src, slots); errs <- err }()
+				}
+				for range senders {
+					require.NoError(t, <-errs)
+				}
+				for j, r := range receivers {
+					require.NoError(t, r.Receive(ctx, dsts[j]))
+					assert.True(t, bytes.Equal(extract(g, shape, elem, tc.to.Shards[j]), dsts[j]), "step %d reader %d", step, j)
+				}
+			}
+		})
+	}
 }
