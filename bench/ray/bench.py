@@ -412,9 +412,13 @@ def two_nodes(sizes, reps, rate):
     biggest = max(sizes)
     # GLOO_SOCKET_IFNAME: gloo finds its interface by resolving the host
     # name, and the nodes' names (unshare --uts) are in no resolver here.
+    # UCX_TLS=tcp: the nodes share one kernel, so UCX (NIXL) would pick its
+    # shared-memory and cma transports between them and never touch the
+    # link; two real hosts have only the network.
     with raycluster.start(num_cpus=8, object_store=max(1 << 30, 4 * biggest),
                           env={"PYTHONPATH": os.pathsep.join([HERE, raycluster.PYTHON_DIR, raycluster.HERE]),
-                               "GLOO_SOCKET_IFNAME": "eth0"}) as c:
+                               "GLOO_SOCKET_IFNAME": "eth0",
+                               "UCX_TLS": os.environ.get("UCX_TLS", "tcp")}) as c:
         if rate and rate != "0":
             c.shape(rate)
         return c.call(bench.measure, sizes, reps, True, timeout=3600)
