@@ -10,14 +10,11 @@
 package main
 
 import (
-	"bytes"
-	"flag"
 	"fmt"
 	"go/format"
-	"os"
-	"path/filepath"
 	"strings"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/genfile"
 	"github.com/tensorlane/tensorlane/rdt/schema"
 )
 
@@ -32,65 +29,29 @@ const (
 	endMark    = "/* end of generated config fields */"
 )
 
-func main() {
-	check := flag.Bool("check", false, "report out-of-date files instead of writing them")
-	root := flag.String("root", ".", "module root")
-	flag.Parse()
-	stale, err := run(*root, !*check)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "confgen:", err)
-		os.Exit(1)
-	}
-	if *check && len(stale) > 0 {
-		fmt.Fprintf(os.Stderr, "confgen: out of date: %s (run go generate ./rdt/schema)\n", strings.Join(stale, ", "))
-		os.Exit(1)
+func main() { genfile.Main("confgen", "run go generate ./rdt/schema", files) }
+
+// files are the generated files and how each is made.
+func files() []genfile.File {
+	return []genfile.File{
+		{Path: headerPath, Gen: header},
+		{Path: pythonPath, Gen: func([]byte) ([]byte, error) { return python(), nil }},
+		{Path: docsPath, Gen: func([]byte) ([]byte, error) { return docs(), nil }},
+		{Path: capiPath, Gen: func([]byte) ([]byte, error) { return goStruct(capiStruct) }},
+		{Path: workerPath, Gen: func([]byte) ([]byte, error) { return goStruct(workerStruct) }},
 	}
 }
 
 // run regenerates every file under root and returns those whose content
 // changed; it writes them only when write is set.
-func run(root string, write bool) (stale []string, err error) {
-	for _, f := range []struct {
-		path string
-		gen  func(old []byte) ([]byte, error)
-	}{
-		{headerPath, header},
-		{pythonPath, func([]byte) ([]byte, error) { return python(), nil }},
-		{docsPath, func([]byte) ([]byte, error) { return docs(), nil }},
-		{capiPath, func([]byte) ([]byte, error) { return goStruct(capiStruct) }},
-		{workerPath, func([]byte) ([]byte, error) { return goStruct(workerStruct) }},
-	} {
-		p := filepath.Join(root, f.path)
-		old, err := os.ReadFile(p)
-		if err != nil && !os.IsNotExist(err) {
-			return nil, err
-		}
-		out, err := f.gen(old)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.path, err)
-		}
-		if bytes.Equal(old, out) {
-			continue
-		}
-		stale = append(stale, f.path)
-		if write {
-			if err := os.WriteFile(p, out, 0o644); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return stale, nil
+func run(root string, write bool) ([]string, error) {
+	return genfile.Regenerate(root, write, files())
 }
 
 // header replaces the field list between the markers of the C header.
 func header(old []byte) ([]byte, error) {
-	s := string(old)
-	a, b := strings.Index(s, beginMark), strings.Index(s, endMark)
-	if a < 0 || b < a {
-		return nil, fmt.Errorf("markers %q and %q not found", beginMark, endMark)
-	}
 	var e strings.Builder
-	e.WriteString(beginMark + "\n/* The keys of config_json (docs/config.md has each one's type, default\n * and meaning):\n")
+	e.WriteString("/* The keys of config_json (docs/config.md has each one's type, default\n * and meaning):\n")
 	line := " *"
 	for i, f := range schema.Of(schema.JSON) {
 		w := " " + f.Name
@@ -115,7 +76,7 @@ func header(old []byte) ([]byte, error) {
 		}
 	}
 	e.WriteString(wrap("Old names still read, with a warning once: "+strings.Join(olds, ", ")+". */", " * ", 78))
-	return []byte(s[:a] + e.String() + s[b:]), nil
+	return genfile.Splice(old, beginMark, endMark, e.String())
 }
 
 // pyType is a field's type in Python's Config.

@@ -8,14 +8,11 @@
 package main
 
 import (
-	"bytes"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/tensorlane/tensorlane/rdt"
+	"github.com/tensorlane/tensorlane/rdt/internal/genfile"
 )
 
 // The generated files, relative to the module root.
@@ -26,67 +23,31 @@ const (
 	endMark    = "/* end of generated error kinds */"
 )
 
-func main() {
-	check := flag.Bool("check", false, "report out-of-date files instead of writing them")
-	root := flag.String("root", ".", "module root")
-	flag.Parse()
-	stale, err := run(*root, !*check)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "errgen:", err)
-		os.Exit(1)
-	}
-	if *check && len(stale) > 0 {
-		fmt.Fprintf(os.Stderr, "errgen: out of date: %s (run go generate ./rdt)\n", strings.Join(stale, ", "))
-		os.Exit(1)
+func main() { genfile.Main("errgen", "run go generate ./rdt", files) }
+
+// files are the generated files and how each is made.
+func files() []genfile.File {
+	return []genfile.File{
+		{Path: headerPath, Gen: header},
+		{Path: pythonPath, Gen: func([]byte) ([]byte, error) { return python(), nil }},
 	}
 }
 
 // run regenerates every file under root and returns those whose content
 // changed; it writes them only when write is set.
-func run(root string, write bool) (stale []string, err error) {
-	for _, f := range []struct {
-		path string
-		gen  func(old []byte) ([]byte, error)
-	}{
-		{headerPath, header},
-		{pythonPath, func([]byte) ([]byte, error) { return python(), nil }},
-	} {
-		p := filepath.Join(root, f.path)
-		old, err := os.ReadFile(p)
-		if err != nil && !os.IsNotExist(err) {
-			return nil, err
-		}
-		out, err := f.gen(old)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.path, err)
-		}
-		if bytes.Equal(old, out) {
-			continue
-		}
-		stale = append(stale, f.path)
-		if write {
-			if err := os.WriteFile(p, out, 0o644); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return stale, nil
+func run(root string, write bool) ([]string, error) {
+	return genfile.Regenerate(root, write, files())
 }
 
 // header replaces the enum between the markers of the C header.
 func header(old []byte) ([]byte, error) {
-	s := string(old)
-	a, b := strings.Index(s, beginMark), strings.Index(s, endMark)
-	if a < 0 || b < a {
-		return nil, fmt.Errorf("markers %q and %q not found", beginMark, endMark)
-	}
 	var e strings.Builder
-	e.WriteString(beginMark + "\nenum {\n\tTL_OK = 0,\n")
+	e.WriteString("enum {\n\tTL_OK = 0,\n")
 	for _, k := range rdt.Kinds() {
 		fmt.Fprintf(&e, "\tTL_E_%s = %d, /* %s */\n", strings.ToUpper(k.Name), k.Code, k.Doc)
 	}
 	e.WriteString("};\n")
-	return []byte(s[:a] + e.String() + s[b:]), nil
+	return genfile.Splice(old, beginMark, endMark, e.String())
 }
 
 // python writes the package's table of kinds.
