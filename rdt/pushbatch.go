@@ -37,23 +37,6 @@ func registerNotices(reg prometheus.Registerer, t *objstore.Sinks) {
 	)
 }
 
-// pushedBatch takes the pushes a batch notice reports, each slot on its
-// own, and returns each item's error. A slot named twice in one notice is
-// taken once: its generation advances once per push.
-func (r *Runtime) pushedBatch(from peer.ID, n ctlwire.PushBatchNotice) []error {
-	errs := make([]error, len(n.Items))
-	seen := make(map[fabric.ObjectID]struct{}, len(n.Items))
-	for i, it := range n.Items {
-		if _, dup := seen[it.Slot]; dup {
-			errs[i] = fmt.Errorf("%w: slot %v named twice in one push batch", ErrMalformedRef, it.Slot)
-			continue
-		}
-		seen[it.Slot] = struct{}{}
-		errs[i] = r.pushed(from, ctlwire.PushNotice{Slot: it.Slot, Incarnation: n.Incarnation, Token: it.Token, Bytes: it.Bytes})
-	}
-	return errs
-}
-
 // pushOne is one item of a push batch on its way: the pinned source, the
 // window of it that moves, and the slot's Remote.
 type pushOne struct {
@@ -170,45 +153,16 @@ func (r *Runtime) notifyPushBatch(ctx context.Context, o ownerKey, idx []int, ds
 		idx = idx[k:]
 		var itemErrs []error
 		if o.id == r.host.ID() {
-			itemErrs = r.pushedBatch(r.host.ID(), n)
+			itemErrs = r.sinks.PushedBatch(r.host.ID(), n)
 		} else {
 			r.learnAddrs(dsts[part[0]])
-			itemErrs = r.sendPushBatch(ctx, o.id, n)
+			itemErrs = r.notices.TellBatch(ctx, o.id, n)
 		}
 		for k, i := range part {
 			errs[i] = itemErrs[k]
 			xs[i].Notified = len(part)
 		}
 	}
-}
-
-// sendPushBatch delivers a push batch notice and returns each item's
-// outcome.
-func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n ctlwire.PushBatchNotice) []error {
-	errs := make([]error, len(n.Items))
-	fail := func(err error) []error {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
-	}
-	status, items, err := r.notices.SendItems(ctx, to, n.Marshal(), len(n.Items))
-	switch {
-	case err != nil:
-		return fail(fmt.Errorf("%w: %w", ErrPeerUnreachable, err))
-	case status == 0:
-		return errs
-	case status != ctlwire.StatusItems:
-		return fail(ctlwire.ErrOf(status))
-	}
-	for i, s := range items {
-		if s == ctlwire.StatusItems { // not an item's status: the answer is garbled
-			errs[i] = fmt.Errorf("%w: push batch answer with status %d for an item", ErrMalformedRef, s)
-			continue
-		}
-		errs[i] = ctlwire.ErrOf(s)
-	}
-	return errs
 }
 
 // ExplainPushBatch says how PushBatch of srcs into dsts would move them:
