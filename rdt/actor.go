@@ -157,7 +157,7 @@ func (a *Actor) Get(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.T
 
 // Fetch is Get that also reports the plan and the transfer's statistics.
 func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
-	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst)) // observe.go
+	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst)) // observe.go
 	t, x, err := a.fetch(ctx, ref, dst)
 	done(x, err)
 	return t, x, err
@@ -219,7 +219,7 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 // an error (a path that failed part way, the owner's death) dst's contents
 // are undefined and must not be used.
 func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
-	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
+	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
 	x, err := a.getInto(ctx, ref, dst)
 	done(x, err)
 	return x, err

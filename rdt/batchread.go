@@ -88,7 +88,7 @@ func (a *Actor) fetchOwner(ctx context.Context, refs []Ref, idx []int, dst tenso
 	dones := make([]func(Transfer, error), 0, len(live))
 	for _, i := range live {
 		ref := refs[i]
-		done := r.obs.begin(a.name, ref, dstEp) // observe.go
+		done := r.observeRead(a.name, ref, dstEp) // observe.go
 		remote := r.remoteFor(ref)
 		buf, err := mem.Alloc(ctx, remote.Length)
 		if err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/observe"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -61,7 +62,7 @@ type Runtime struct {
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer         // recent and live transfers, for dashboards (observe.go)
+	obs      *observe.Ring    // recent and live transfers, for dashboards (observe.go)
 	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
 	relays   *bcastrun.Relays // its slots' side of broadcasts
 	views    viewTable        // zero-copy views this runtime holds (view.go)
@@ -162,7 +163,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.relays = bcastrun.NewRelays(bcastrun.RelayDeps{Env: bcastEnv{r}, Sinks: r.sinks, Metrics: bmet, Log: r.log,
 		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
 	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
-	r.obs.init(r, reg)
+	r.obs = newObserver(r, reg)
 	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
 		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
 	r.leases = r.newLeases()

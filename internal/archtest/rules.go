@@ -59,6 +59,8 @@ var Rules = []Rule{
 		Why: "the actor-message protocol hands messages to the runtime's inboxes through a callback"},
 	{Tree: "rdt/internal/claims", MustNot: without(rdtEngines, "rdt/internal/claims"),
 		Why: "device claims are lock files, nothing of the runtime"},
+	{Tree: "rdt/internal/observe", MustNot: without(rdtEngines, "rdt/internal/observe"),
+		Why: "the observer records what rdt tells it about a transfer, and knows nothing of how it moved"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
@@ -83,7 +85,7 @@ var Rules = []Rule{
 // none imports another (rdt wires them together), and the wire vocabulary
 // below them (errs, ctlwire, refwire, bcast) imports none of them.
 var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
-	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults"}
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe"}
 
 // without is list less drop.
 func without(list []string, drop ...string) []string {
