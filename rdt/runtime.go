@@ -33,6 +33,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
 	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
+	"github.com/tensorlane/tensorlane/rdt/internal/life"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/observe"
@@ -169,7 +170,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.leases = r.newLeases()
 	// The protocols are served once what they use exists.
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
-	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.SetStreamHandler(life.Protocol, r.handleLife)
 	r.host.SetStreamHandler(pushProtocol, r.handlePush)
 	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
 		// Only the last connection's loss matters; the monitor re-dials to
@@ -388,7 +389,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			r.leases.ReleaseAll(ctx)
 		}
 		if r.host != nil {
-			r.host.RemoveStreamHandler(lifeProtocol)
+			r.host.RemoveStreamHandler(life.Protocol)
 		}
 		r.stopLoops()
 		r.loops.Wait()
