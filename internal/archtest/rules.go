@@ -63,6 +63,8 @@ var Rules = []Rule{
 		Why: "the observer records what rdt tells it about a transfer, and knows nothing of how it moved"},
 	{Tree: "rdt/internal/life", MustNot: without(rdtEngines, "rdt/internal/life"),
 		Why: "the lifecycle protocol's transport hands each request to the runtime through a callback; what a lease does is objstore's, rdt wires them"},
+	{Tree: "rdt/internal/pushrun", MustNot: without(rdtEngines, "rdt/internal/pushrun"),
+		Why: "the push engine reaches its runtime (pins, the planner, notices) through Env only"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
@@ -87,7 +89,7 @@ var Rules = []Rule{
 // none imports another (rdt wires them together), and the wire vocabulary
 // below them (errs, ctlwire, refwire, bcast) imports none of them.
 var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
-	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life"}
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun"}
 
 // without is list less drop.
 func without(list []string, drop ...string) []string {
