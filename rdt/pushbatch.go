@@ -85,7 +85,7 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 	var g batchGrouper
 	for i, dst := range dsts {
 		if i >= len(srcs) || srcs[i].Owner != r.host.ID() {
-			g.out.Refused++
+			g.Refused++
 			continue
 		}
 		remote := r.remoteFor(dst)
@@ -95,7 +95,7 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 		if dst.Owner == r.host.ID() {
 			own = "slots of this runtime: a local copy each"
 		}
-		g.add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
+		g.Add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
 	}
 	return g.done()
 }

@@ -43,6 +43,8 @@ var Rules = []Rule{
 		Why: "the control plane's one table of kinds and statuses, and its codecs, are wire vocabulary every engine shares"},
 	{Tree: "rdt/internal/refwire", MustNot: rdtEngines,
 		Why: "the Ref's wire form is vocabulary every engine shares"},
+	{Tree: "rdt/internal/batchplan", MustNot: rdtEngines,
+		Why: "grouping a batch's plans for Explain is a pure function of the plans"},
 	{Tree: "rdt/internal/bcast", MustNot: rdtEngines,
 		Why: "the broadcast's planner, tree, windows and codec need no runtime"},
 	{Tree: "rdt/internal/objstore", MustNot: without(rdtEngines, "rdt/internal/objstore"),
