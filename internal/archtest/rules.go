@@ -67,6 +67,8 @@ var Rules = []Rule{
 		Why: "the lifecycle protocol's transport hands each request to the runtime through a callback; what a lease does is objstore's, rdt wires them"},
 	{Tree: "rdt/internal/pushrun", MustNot: without(rdtEngines, "rdt/internal/pushrun"),
 		Why: "the push engine reaches its runtime (pins, the planner, notices) through Env only"},
+	{Tree: "rdt/internal/ctlhost", MustNot: without(rdtEngines, "rdt/internal/ctlhost"),
+		Why: "the control plane's libp2p host knows peers and addresses, not the protocols that run on it"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
@@ -91,7 +93,7 @@ var Rules = []Rule{
 // none imports another (rdt wires them together), and the wire vocabulary
 // below them (errs, ctlwire, refwire, bcast) imports none of them.
 var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
-	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun"}
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun", "rdt/internal/ctlhost"}
 
 // without is list less drop.
 func without(list []string, drop ...string) []string {
