@@ -8,10 +8,10 @@ import (
 	"strconv"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
@@ -343,9 +343,7 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 	if errors.Is(err, fabric.ErrPeerClosed) || errors.Is(err, fabric.ErrStalled) || errors.Is(err, ErrPeerUnreachable) {
 		// Is the owner gone, or only the path? One ping, at most a
 		// heartbeat interval, tells.
-		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
-			sw.Backoff().Clear(ref.Owner)
-		}
+		ctlhost.ClearBackoff(r.host, ref.Owner)
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
 		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()
