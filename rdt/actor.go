@@ -8,10 +8,10 @@ import (
 	"strconv"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
@@ -157,7 +157,7 @@ func (a *Actor) Get(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.T
 
 // Fetch is Get that also reports the plan and the transfer's statistics.
 func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
-	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst)) // observe.go
+	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst)) // observe.go
 	t, x, err := a.fetch(ctx, ref, dst)
 	done(x, err)
 	return t, x, err
@@ -219,7 +219,7 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 // an error (a path that failed part way, the owner's death) dst's contents
 // are undefined and must not be used.
 func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
-	done := a.rt.obs.begin(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
+	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
 	x, err := a.getInto(ctx, ref, dst)
 	done(x, err)
 	return x, err
@@ -343,9 +343,7 @@ func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
 	if errors.Is(err, fabric.ErrPeerClosed) || errors.Is(err, fabric.ErrStalled) || errors.Is(err, ErrPeerUnreachable) {
 		// Is the owner gone, or only the path? One ping, at most a
 		// heartbeat interval, tells.
-		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
-			sw.Backoff().Clear(ref.Owner)
-		}
+		ctlhost.ClearBackoff(r.host, ref.Owner)
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
 		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
 		cancel()

@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/batchplan"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -88,7 +89,7 @@ func (a *Actor) fetchOwner(ctx context.Context, refs []Ref, idx []int, dst tenso
 	dones := make([]func(Transfer, error), 0, len(live))
 	for _, i := range live {
 		ref := refs[i]
-		done := r.obs.begin(a.name, ref, dstEp) // observe.go
+		done := r.observeRead(a.name, ref, dstEp) // observe.go
 		remote := r.remoteFor(ref)
 		buf, err := mem.Alloc(ctx, remote.Length)
 		if err != nil {
@@ -174,57 +175,20 @@ func (a *Actor) ExplainBatch(refs []Ref, dst tensor.DeviceID) BatchPlan {
 		if ref.Owner == a.rt.host.ID() {
 			own = "this runtime's own objects: a view or a local copy each"
 		}
-		g.add(shortID(ref.Owner), plan, plan.Coalesces(), own, spanBytes(ref.Desc), "reads", "of one owner")
+		g.Add(shortID(ref.Owner), plan, plan.Coalesces(), own, spanBytes(ref.Desc), "reads", "of one owner")
 	}
 	return g.done()
 }
 
-// batchGrouper builds a BatchPlan one planned item at a time.
-type batchGrouper struct {
-	out BatchPlan
-	at  map[[2]string]int
-}
-
-// add puts an item of plan into the group of (peer, chosen transport);
-// coalesces says whether that transport moves many items of one peer
-// together, own (when not "") why it is not a transfer between runtimes,
-// verb what the transport does one at a time ("reads", "pushes"), whose
-// whose objects it moves together ("of one owner").
-func (g *batchGrouper) add(peer string, plan fabric.Plan, coalesces bool, own string, bytes int64, verb, whose string) {
-	if plan.Err != nil || plan.Chosen == "" {
-		g.out.Refused++
-		return
-	}
-	if g.at == nil {
-		g.at = map[[2]string]int{}
-	}
-	k := [2]string{peer, plan.Chosen}
-	i, ok := g.at[k]
-	if !ok {
-		i = len(g.out.Groups)
-		g.at[k] = i
-		b := BatchGroup{Owner: peer, Transport: plan.Chosen}
-		switch {
-		case own != "":
-			b.Reason = own
-		case coalesces:
-			b.Coalesced = true
-			b.Reason = plan.Chosen + " moves many objects " + whose + " together"
-		default:
-			b.Reason = plan.Chosen + " " + verb + " one object at a time"
-		}
-		g.out.Groups = append(g.out.Groups, b)
-	}
-	g.out.Groups[i].Refs++
-	g.out.Groups[i].Bytes += bytes
-}
+// batchGrouper builds a BatchPlan one planned item at a time
+// (batchplan.Grouper).
+type batchGrouper struct{ batchplan.Grouper }
 
 func (g *batchGrouper) done() BatchPlan {
-	for i, b := range g.out.Groups {
-		if b.Coalesced && b.Refs < 2 {
-			g.out.Groups[i].Coalesced = false
-			g.out.Groups[i].Reason = "a single object: nothing to coalesce"
-		}
+	groups := g.Done()
+	out := BatchPlan{Refused: g.Refused}
+	for _, b := range groups {
+		out.Groups = append(out.Groups, BatchGroup(b))
 	}
-	return g.out
+	return out
 }

@@ -42,11 +42,7 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 	if err != nil {
 		return err
 	}
-	status, err := r.notices.Send(ctx, to, p)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err)
-	}
-	return ctlwire.ErrOf(status)
+	return r.notices.Tell(ctx, to, p)
 }
 
 // onBcast handles a broadcast notice from peer from.

@@ -260,7 +260,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	var observed []func(Transfer, error)
 	out, err := r.bcast.Broadcast(ctx, wireRefs(srcs), wr, cfg, func(b *bcastrun.Run) {
 		for _, n := range b.Readers() {
-			observed = append(observed, r.obs.begin(a.name+" (broadcast)", Ref(b.Source()), fabric.Endpoint{Host: n.Host, Device: n.Device}))
+			observed = append(observed, r.observeRead(a.name+" (broadcast)", Ref(b.Source()), fabric.Endpoint{Host: n.Host, Device: n.Device}))
 		}
 		if progress != nil {
 			progress(b)

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
-	"github.com/libp2p/go-libp2p/core/peerstore"
-	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
@@ -17,7 +15,7 @@ import (
 // The control channel: one libp2p stream (Noise-secured, yamux-multiplexed)
 // per message, the protocol of package ctlmsg; the inboxes are the actors'.
 const (
-	controlProtocol = protocol.ID("/tensorlane/ctl/1.0.0")
+	controlProtocol = ctlmsg.Protocol
 	// MaxPayload bounds a control message's payload: tensors belong in refs.
 	MaxPayload     = ctlmsg.MaxPayload
 	controlTimeout = 30 * time.Second
@@ -69,46 +67,20 @@ func (a *Actor) Send(ctx context.Context, to ActorAddr, msg Message) error {
 	msg.From = a.Addr()
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
+	body, err := encodeEnvelope(to.Name, msg)
+	if err != nil {
+		return err
+	}
 	if to.Peer == r.host.ID() {
 		// Round-trip through the encoding so local and remote receivers see
 		// the same thing (and refs are independent copies).
-		body, err := encodeEnvelope(to.Name, msg)
-		if err != nil {
-			return err
-		}
 		_, m, err := decodeEnvelope(body)
 		if err != nil {
 			return err
 		}
 		return r.deliver(ctx, to.Name, m)
 	}
-	body, err := encodeEnvelope(to.Name, msg)
-	if err != nil {
-		return err
-	}
-	if len(to.Addrs) > 0 {
-		r.host.Peerstore().AddAddrs(to.Peer, to.Addrs, peerstore.TempAddrTTL)
-	}
-	s, err := r.host.NewStream(ctx, to.Peer, controlProtocol)
-	if err != nil {
-		return fmt.Errorf("rdt: open control stream to %v: %w", to, err)
-	}
-	defer s.Close()
-	status, reason, sent, err := ctlmsg.Call(ctx, s, body)
-	if err != nil {
-		if sent { // the whole message went out: it may have been queued
-			return fmt.Errorf("%w: %v: no reply: %w", ErrDeliveryUnknown, to, err)
-		}
-		return fmt.Errorf("rdt: send to %v: %w", to, err)
-	}
-	switch status {
-	case ctlmsg.ReplyOK:
-		return nil
-	case ctlmsg.ReplyUnknownActor:
-		return fmt.Errorf("%w: %v", ErrUnknownActor, to)
-	default:
-		return fmt.Errorf("rdt: %v refused the message: %s", to, reason)
-	}
+	return ctlmsg.Send(ctx, r.host, to.Peer, to.Addrs, to, body)
 }
 
 func (r *Runtime) deliver(ctx context.Context, name string, m Message) error {

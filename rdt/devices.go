@@ -3,9 +3,9 @@ package rdt
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/claims"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/tensor/backend"
 )
@@ -23,22 +23,9 @@ import (
 // IgnoreEnv): auto, sim, real, cuda, hip.
 const EnvDeviceBackend = backend.EnvMode
 
-// driverVisibleEnv are the variables a scheduler sets to hand a process its
-// GPUs, in the order they are consulted when TENSORLANE_DEVICES is unset:
-// CUDA's, then HIP's and ROCm's (AMD's runtime honours both).
-var driverVisibleEnv = []string{EnvCUDAVisible, "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
-
 // visibleFromDriverEnv returns the first driver visibility variable that is
-// set, parsed like CUDA_VISIBLE_DEVICES.
-func visibleFromDriverEnv() (vis []int, name string, set bool, err error) {
-	for _, name := range driverVisibleEnv {
-		if v, ok := os.LookupEnv(name); ok {
-			vis, err := parseCUDAVisible(v)
-			return vis, name, true, err
-		}
-	}
-	return nil, "", false, nil
-}
+// set (CUDA's, HIP's, ROCm's), parsed like CUDA_VISIBLE_DEVICES.
+var visibleFromDriverEnv = claims.DriverVisible
 
 // openDevices opens the visible devices of the runtime's host through the
 // back-end registry.

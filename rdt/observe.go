@@ -3,47 +3,24 @@ package rdt
 import (
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/observe"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // RecentTransfers is how many finished transfers a runtime remembers for
 // observers (the dashboard); older ones drop off the ring.
-const RecentTransfers = 256
+const RecentTransfers = observe.Recent
 
 // TransferRecord describes one Fetch, Get or GetInto as an observer sees it:
-// while it runs (Live) and after it finished.
-type TransferRecord struct {
-	Seq      uint64    `json:"seq"` // per runtime, increasing
-	Start    time.Time `json:"start"`
-	Object   string    `json:"object"`
-	Owner    string    `json:"owner"`  // owner's peer ID, short form
-	Reader   string    `json:"reader"` // reading actor
-	Src      string    `json:"src"`    // host/device of the object
-	Dst      string    `json:"dst"`    // host/device it is read into
-	Path     string    `json:"path"`   // transport that moved the bytes ("" when none did)
-	Best     string    `json:"best"`   // best transport the topology allows
-	Degraded bool      `json:"degraded"`
-	// Fallback is set when the transport that moved the bytes is not the
-	// one the plan chose first (the first path failed).
-	Fallback bool `json:"fallback"`
-	ZeroCopy bool `json:"zero_copy,omitempty"`
-	// ViewCopy: the owner served a private copy of the object's view (an
-	// on-host grant of a view that is only part of its allocation).
-	ViewCopy  bool          `json:"view_copy,omitempty"`
-	Bytes     int64         `json:"bytes"`
-	Duration  time.Duration `json:"duration_ns"`
-	GBps      float64       `json:"gbps"`
-	Live      bool          `json:"live"`
-	Error     string        `json:"error,omitempty"`
-	ErrorKind string        `json:"error_kind,omitempty"`
-}
+// while it runs (Live) and after it finished. The ring that keeps them is
+// rdt/internal/observe's.
+type TransferRecord = observe.Record
 
 // ObjectInfo is one row of a runtime's object table.
 type ObjectInfo struct {
@@ -62,134 +39,45 @@ type ObjectInfo struct {
 	StagedBytes int64 `json:"staged_bytes,omitempty"`
 }
 
-// observer keeps what the dashboard shows of a runtime: a bounded ring of
-// finished transfers and the set in flight. Recording costs a mutex and a
-// small struct per transfer, nothing per byte.
-type observer struct {
-	rt     *Runtime
-	errors *prometheus.CounterVec
-	// viewCopies, viewCopyBytes: views staged as private copies for
-	// on-host grants; viewCopyFailures: stagings refused (no memory).
-	viewCopies, viewCopyBytes, viewCopyFailures prometheus.Counter
-
-	mu   sync.Mutex
-	seq  uint64
-	ring []TransferRecord // len <= RecentTransfers; next is the oldest once full
-	next int
-	live map[uint64]*TransferRecord
-}
-
-// init registers the observer's metrics: transfer errors by kind and device
-// memory, read at scrape time.
-func (o *observer) init(r *Runtime, reg prometheus.Registerer) {
-	o.rt = r
-	o.live = map[uint64]*TransferRecord{}
-	o.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tensorlane_transfer_errors_total", Help: "Failed reads (Get, Fetch, GetInto), by error kind.",
-	}, []string{"kind"})
-	// Every kind starts at zero, so rates and alerts see the series before
-	// the first error.
-	for _, k := range Kinds() {
-		o.errors.WithLabelValues(k.Name)
+// newObserver is the runtime's observer, its metrics registered with
+// device memory's, read at scrape time.
+func newObserver(r *Runtime, reg prometheus.Registerer) *observe.Ring {
+	kinds := Kinds()
+	names := make([]string, len(kinds))
+	for i, k := range kinds {
+		names[i] = k.Name
 	}
-	o.viewCopies = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tensorlane_view_copies_total",
-		Help: "Published views of part of an allocation staged as a private copy for on-host grants (shm, p2p), so no reader gets the rest of the allocation.",
-	})
-	o.viewCopyBytes = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tensorlane_view_copy_bytes_total", Help: "Bytes copied staging views for on-host grants.",
-	})
-	o.viewCopyFailures = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tensorlane_view_copy_failures_total",
-		Help: "On-host grants refused because a view's private copy could not be made (out of device memory); the reader falls back to another path.",
-	})
+	o := observe.New(names)
 	if reg != nil {
-		reg.MustRegister(o.errors, memCollector{r}, o.viewCopies, o.viewCopyBytes, o.viewCopyFailures)
+		reg.MustRegister(append(o.Collectors(), memCollector{r})...)
 	}
+	return o
 }
 
-// begin records a transfer in flight; the returned func records its end.
-func (o *observer) begin(reader string, ref Ref, dst fabric.Endpoint) func(Transfer, error) {
+// observeRead records a read by reader of ref into dst in flight; the
+// returned func records its end.
+func (r *Runtime) observeRead(reader string, ref Ref, dst fabric.Endpoint) func(Transfer, error) {
 	_, n := ref.span()
-	rec := &TransferRecord{
+	end := r.obs.Begin(TransferRecord{
 		Start: time.Now(), Object: ref.Object.String(), Owner: shortID(ref.Owner), Reader: reader,
-		Src: ref.Host + "/" + ref.Device.String(), Dst: dst.String(), Bytes: n, Live: true,
-	}
-	o.mu.Lock()
-	o.seq++
-	rec.Seq = o.seq
-	if o.live != nil {
-		o.live[rec.Seq] = rec
-	}
-	o.mu.Unlock()
-	return func(x Transfer, err error) { o.end(rec, x, err) }
-}
-
-func (o *observer) end(rec *TransferRecord, x Transfer, err error) {
-	r := *rec
-	r.Live = false
-	r.Duration = time.Since(r.Start)
-	r.Best, r.Degraded = x.Plan.Best, x.Plan.Degraded
-	r.Path = x.Stats.Transport
-	r.Fallback = r.Path != "" && x.Plan.Chosen != "" && r.Path != x.Plan.Chosen
-	r.ZeroCopy = x.Stats.ZeroCopy
-	r.ViewCopy = x.Stats.ViewCopy
-	if err != nil {
-		r.Error, r.ErrorKind = err.Error(), ErrorKind(err)
-		if r.Path == "" {
-			r.Path = x.Plan.Chosen
+		Src: ref.Host + "/" + ref.Device.String(), Dst: dst.String(), Bytes: n,
+	})
+	return func(x Transfer, err error) {
+		kind := ""
+		if err != nil {
+			kind = ErrorKind(err)
 		}
-	} else {
-		r.Bytes = x.Stats.Bytes
-		if x.Stats.Duration > 0 {
-			r.Duration = x.Stats.Duration
-		}
-		r.GBps = float64(r.Bytes) / r.Duration.Seconds() / 1e9
-	}
-	o.mu.Lock()
-	delete(o.live, rec.Seq)
-	if len(o.ring) < RecentTransfers {
-		o.ring = append(o.ring, r)
-	} else {
-		o.ring[o.next] = r
-		o.next = (o.next + 1) % RecentTransfers
-	}
-	o.mu.Unlock()
-	if err != nil && o.errors != nil {
-		o.errors.WithLabelValues(r.ErrorKind).Inc()
+		end(x.Plan, x.Stats, err, kind)
 	}
 }
 
 // RecentTransfers returns the last finished transfers this runtime's actors
 // made (at most RecentTransfers), newest first.
-func (r *Runtime) RecentTransfers() []TransferRecord {
-	o := &r.obs
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	out := make([]TransferRecord, 0, len(o.ring))
-	for i := len(o.ring) - 1; i >= 0; i-- {
-		out = append(out, o.ring[(o.next+i)%len(o.ring)])
-	}
-	return out
-}
+func (r *Runtime) RecentTransfers() []TransferRecord { return r.obs.Finished() }
 
 // LiveTransfers returns the transfers in flight, oldest first; Bytes is the
 // size being read and Duration the time so far.
-func (r *Runtime) LiveTransfers() []TransferRecord {
-	o := &r.obs
-	o.mu.Lock()
-	out := make([]TransferRecord, 0, len(o.live))
-	for _, t := range o.live {
-		out = append(out, *t)
-	}
-	o.mu.Unlock()
-	now := time.Now()
-	for i := range out {
-		out[i].Duration = now.Sub(out[i].Start)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
-	return out
-}
+func (r *Runtime) LiveTransfers() []TransferRecord { return r.obs.Live() }
 
 // ObjectTable returns the objects this runtime owns, ordered by owner then
 // ID.
@@ -258,13 +146,13 @@ func (c memCollector) Collect(ch chan<- prometheus.Metric) {
 // on-host grant (n bytes), or a staging that failed.
 func (r *Runtime) viewStaged(o *objstore.Object, n int64, err error) {
 	if err != nil {
-		r.obs.viewCopyFailures.Inc()
+		r.obs.ViewCopyFailures.Inc()
 		r.log.Warn("cannot stage a private copy of a view for an on-host grant: the reader falls back to another path",
 			"object", o.ID, "bytes", o.End-o.Start, "device", o.Buf.Device(), "err", err)
 		return
 	}
-	r.obs.viewCopies.Inc()
-	r.obs.viewCopyBytes.Add(float64(n))
+	r.obs.ViewCopies.Inc()
+	r.obs.ViewCopyBytes.Add(float64(n))
 	r.log.Debug("view staged as a private copy for on-host grants", "object", o.ID, "bytes", n,
 		"view", fmt.Sprintf("[%d,%d)", o.Start, o.End), "parent_bytes", o.Buf.Len(), "device", o.Buf.Device())
 }

@@ -66,7 +66,7 @@ func TestObserveTransfers(t *testing.T) {
 	assert.Empty(t, p.a.LiveTransfers())
 	assert.Empty(t, p.a.ObjectTable())
 
-	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.errors.WithLabelValues("object_freed")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.Errors.WithLabelValues("object_freed")))
 	n, err := testutil.GatherAndCount(p.a.Registry(), "tensorlane_device_memory_used_bytes")
 	require.NoError(t, err)
 	assert.Equal(t, 9, n, "eight GPUs and host memory")
@@ -78,11 +78,10 @@ func TestObserveTransfers(t *testing.T) {
 
 func TestObserveRingAndLive(t *testing.T) {
 	p := newPair(t, nil)
-	o := &p.a.obs
 	ref := Ref{Host: "h1", Device: tensor.GPUDevice(3)}
 	ends := make([]func(Transfer, error), 0, RecentTransfers+10)
 	for i := 0; i < RecentTransfers+10; i++ {
-		ends = append(ends, o.begin(fmt.Sprintf("r%d", i), ref, p.a.endpoint(tensor.GPUDevice(0))))
+		ends = append(ends, p.a.observeRead(fmt.Sprintf("r%d", i), ref, p.a.endpoint(tensor.GPUDevice(0))))
 	}
 	live := p.a.LiveTransfers()
 	require.Len(t, live, RecentTransfers+10)

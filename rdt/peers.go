@@ -6,9 +6,9 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 )
@@ -107,9 +107,7 @@ func (p peerProber) Connected(id peer.ID) bool {
 func (p peerProber) ClearBackoff(id peer.ID) {
 	// A re-dial right after a lost connection must not be refused by the
 	// swarm's backoff from an earlier failure.
-	if sw, ok := p.r.host.Network().(*swarm.Swarm); ok {
-		sw.Backoff().Clear(id)
-	}
+	ctlhost.ClearBackoff(p.r.host, id)
 }
 
 func (p peerProber) Died(id peer.ID, inc uint64, reason string) { p.r.peerDied(id, inc, reason) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -71,21 +72,21 @@ func TestProbeOwner(t *testing.T) {
 	tests := []struct {
 		name  string
 		addrs []string
-		want  probeOutcome
+		want  peers.ProbeOutcome
 	}{
-		{"frozen process", []string{silent}, probeSilent},
-		{"live runtime", addrs(live), probeSpoke},
-		{"live runtime on a private network", addrs(private), probeSpoke},
-		{"a process that hangs up", []string{talking}, probeSpoke},
-		{"nobody listens", []string{closed}, probeNoConnect},
-		{"no address", nil, probeNoConnect},
-		{"not tcp", []string{"/ip4/127.0.0.1/udp/9/quic-v1", "not a multiaddr"}, probeNoConnect},
-		{"one address answers", []string{silent, closed, talking}, probeSpoke},
-		{"silent and closed", []string{closed, silent}, probeSilent},
+		{"frozen process", []string{silent}, peers.Silent},
+		{"live runtime", addrs(live), peers.Spoke},
+		{"live runtime on a private network", addrs(private), peers.Spoke},
+		{"a process that hangs up", []string{talking}, peers.Spoke},
+		{"nobody listens", []string{closed}, peers.NoConnect},
+		{"no address", nil, peers.NoConnect},
+		{"not tcp", []string{"/ip4/127.0.0.1/udp/9/quic-v1", "not a multiaddr"}, peers.NoConnect},
+		{"one address answers", []string{silent, closed, talking}, peers.Spoke},
+		{"silent and closed", []string{closed, silent}, peers.Silent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, probeOwner(context.Background(), tt.addrs, probeWait))
+			require.Equal(t, tt.want, peers.Probe(context.Background(), tt.addrs, peers.ProbeWait))
 		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -195,26 +194,10 @@ func spanBytes(d tensor.Desc) int64 {
 func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	note := ctlwire.PushNotice{Slot: dst.Object, Incarnation: dst.Incarnation, Token: dst.Token, Bytes: n}
 	if dst.Owner == r.host.ID() {
-		return r.pushed(r.host.ID(), note)
+		return r.sinks.Pushed(r.host.ID(), note)
 	}
 	r.learnAddrs(dst)
-	status, err := r.notices.Send(ctx, dst.Owner, note.Marshal())
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrPeerUnreachable, err) // as sendBcast's
-	}
-	return ctlwire.ErrOf(status) // ctlwire: one table of notice answers
-}
-
-func (r *Runtime) pushed(from peer.ID, n ctlwire.PushNotice) error {
-	s, err := r.sinks.Lookup(n.Slot, n.Incarnation, n.Token)
-	if err != nil {
-		return err
-	}
-	if n.Bytes != s.Buf.Len() {
-		return fmt.Errorf("%w: push of %d bytes into a slot of %d", ErrMalformedRef, n.Bytes, s.Buf.Len())
-	}
-	s.CompletedBy(from)
-	return nil
+	return r.notices.Tell(ctx, dst.Owner, note.Marshal())
 }
 
 // handlePush answers the push notices of one stream, one at a time, until
@@ -236,7 +219,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			answer := []byte{ctlwire.StatusRefused}
 			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
 				r.sinks.Noticed.Add(int64(len(n.Items)))
-				answer = ctlwire.AnswerPushBatch(r.pushedBatch(from, n))
+				answer = ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
 			} else {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
 			}
@@ -255,7 +238,7 @@ func (r *Runtime) handlePush(s network.Stream) {
 			r.sinks.Notices.Add(1)
 			r.sinks.Noticed.Add(1)
 			if n, err = ctlwire.ParsePushNotice(p); err == nil {
-				err = r.pushed(from, n)
+				err = r.sinks.Pushed(from, n)
 			}
 		}
 		status := ctlwire.StatusOf(err)

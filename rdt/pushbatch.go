@@ -2,8 +2,6 @@ package rdt
 
 import (
 	"context"
-	"fmt"
-	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,18 +9,12 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/pushrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// Coalesced pushes. A trainer pushing a state dict into a reader's slots
-// pays, per tensor, a write over the path and a push notice round trip on
-// the control channel. PushBatch hands every write to the planner together
-// (fabric.Planner.WriteBatch: tcp pipelines the writes of one destination,
-// rdma resolves all its sinks in one round trip) and then tells each
-// destination runtime about all its completed pushes in one notice
-// (ctlwire.PushBatch), which answers with one status per item. A slot's
-// generation advances once per push whose bytes landed and whose notice
-// the slot took: an item that failed anywhere leaves its slot as it was.
+// Coalesced pushes: the engine is rdt/internal/pushrun.
 
 // register exports the notice counters: pushes over notices taken is how
 // much PushBatch coalesced the control round trips into this runtime.
@@ -37,178 +29,51 @@ func registerNotices(reg prometheus.Registerer, t *objstore.Sinks) {
 	)
 }
 
-// pushedBatch takes the pushes a batch notice reports, each slot on its
-// own, and returns each item's error. A slot named twice in one notice is
-// taken once: its generation advances once per push.
-func (r *Runtime) pushedBatch(from peer.ID, n ctlwire.PushBatchNotice) []error {
-	errs := make([]error, len(n.Items))
-	seen := make(map[fabric.ObjectID]struct{}, len(n.Items))
-	for i, it := range n.Items {
-		if _, dup := seen[it.Slot]; dup {
-			errs[i] = fmt.Errorf("%w: slot %v named twice in one push batch", ErrMalformedRef, it.Slot)
-			continue
-		}
-		seen[it.Slot] = struct{}{}
-		errs[i] = r.pushed(from, ctlwire.PushNotice{Slot: it.Slot, Incarnation: n.Incarnation, Token: it.Token, Bytes: it.Bytes})
-	}
-	return errs
-}
-
-// pushOne is one item of a push batch on its way: the pinned source, the
-// window of it that moves, and the slot's Remote.
-type pushOne struct {
-	i      int
-	pin    tensor.Buffer
-	src    *objstore.Window
-	remote fabric.Remote
-}
-
-// pushBatch pushes srcs[i] into dsts[i] for every i: validated and pinned
-// one by one, moved coalesced per (path, destination) by the planner, then
-// one notice per destination runtime (per ctlwire.MaxPushBatch items).
+// pushBatch pushes srcs[i] into dsts[i] for every i (pushrun.Batch).
 func (a *Actor) pushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig) ([]Transfer, []error) {
 	r := a.rt
-	xs := make([]Transfer, len(srcs))
-	errs := make([]error, len(srcs))
 	if r.isClosed() {
+		errs := make([]error, len(srcs))
 		for i := range errs {
 			errs[i] = ErrClosed
 		}
-		return xs, errs
+		return make([]Transfer, len(srcs)), errs
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
-	type slotKey struct {
-		owner peer.ID
-		slot  fabric.ObjectID
-	}
-	first := map[slotKey]int{}
-	var moving []pushOne
-	defer func() {
-		for _, m := range moving {
-			m.pin.Release()
-		}
-	}()
-	for i, src := range srcs {
-		dst := dsts[i]
-		if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
-			errs[i] = fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
-			continue
-		}
-		k := slotKey{dst.Owner, dst.Object}
-		if j, dup := first[k]; dup {
-			// Two writes into one slot at once would race; and a push
-			// advances its slot's generation once.
-			errs[i] = fmt.Errorf("%w: slot %v is the destination of items %d and %d of one batch", ErrMalformedRef, dst.Object, j, i)
-			continue
-		}
-		first[k] = i
-		pin, win, remote, err := r.openPush(ctx, src, dst)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		moving = append(moving, pushOne{i: i, pin: pin, src: win, remote: remote})
-	}
-	eps := make([]fabric.Endpoint, len(moving))
-	bufs := make([]tensor.Buffer, len(moving))
-	remotes := make([]fabric.Remote, len(moving))
-	for k, m := range moving {
-		eps[k], bufs[k], remotes[k] = r.endpoint(srcs[m.i].Device), m.src, m.remote
-	}
-	res := r.planner.WriteBatch(ctx, eps, bufs, remotes, cfg.Parallel)
-	// The pushes whose bytes landed, per destination runtime.
-	landed := map[ownerKey][]int{}
-	var owners []ownerKey
-	for k, m := range moving {
-		xs[m.i] = Transfer{Plan: res[k].Plan, Stats: res[k].Stats}
-		if errs[m.i] = res[k].Err; errs[m.i] != nil {
-			continue
-		}
-		dst := dsts[m.i]
-		o := ownerKey{dst.Owner, dst.Incarnation}
-		if landed[o] == nil {
-			owners = append(owners, o)
-		}
-		landed[o] = append(landed[o], m.i)
-	}
-	var wg sync.WaitGroup
-	for _, o := range owners {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.notifyPushBatch(ctx, o, landed[o], dsts, xs, errs)
-		}()
-	}
-	wg.Wait()
-	for i := range srcs {
-		if errs[i] == nil && cfg.onItem != nil {
-			cfg.onItem(spanBytes(srcs[i].Desc))
-		}
+	res, errs := pushrun.Batch(ctx, pushEnv{r}, wireRefs(srcs), wireRefs(dsts), cfg.Parallel, cfg.onItem)
+	xs := make([]Transfer, len(res))
+	for i, x := range res {
+		xs[i] = Transfer{Plan: x.Plan, Stats: x.Stats, Notified: x.Notified}
 	}
 	return xs, errs
 }
 
-// notifyPushBatch tells one slot runtime that the pushes idx completed,
-// in as few notices as fit (one for up to ctlwire.MaxPushBatch items), and records
-// each item's outcome and the notice it shared.
-func (r *Runtime) notifyPushBatch(ctx context.Context, o ownerKey, idx []int, dsts []Ref, xs []Transfer, errs []error) {
-	for len(idx) > 0 {
-		n := ctlwire.PushBatchNotice{Incarnation: o.inc}
-		size := 32
-		k := 0
-		for ; k < len(idx) && k < ctlwire.MaxPushBatch; k++ {
-			d := dsts[idx[k]]
-			it := ctlwire.PushBatchItem{Slot: d.Object, Token: d.Token, Bytes: spanBytes(d.Desc)}
-			if k > 0 && size+it.Size() > ctlwire.PushBatchBudget {
-				break
-			}
-			size += it.Size()
-			n.Items = append(n.Items, it)
-		}
-		part := idx[:k]
-		idx = idx[k:]
-		var itemErrs []error
-		if o.id == r.host.ID() {
-			itemErrs = r.pushedBatch(r.host.ID(), n)
-		} else {
-			r.learnAddrs(dsts[part[0]])
-			itemErrs = r.sendPushBatch(ctx, o.id, n)
-		}
-		for k, i := range part {
-			errs[i] = itemErrs[k]
-			xs[i].Notified = len(part)
-		}
+// pushEnv is the runtime as the push engine sees it (pushrun.Env).
+type pushEnv struct{ r *Runtime }
+
+func (e pushEnv) Self() (peer.ID, uint64) { return e.r.host.ID(), e.r.incarnation }
+
+func (e pushEnv) Open(ctx context.Context, src, dst refwire.Ref) (tensor.Buffer, tensor.Buffer, fabric.Remote, error) {
+	pin, win, remote, err := e.r.openPush(ctx, Ref(src), Ref(dst))
+	if err != nil {
+		return nil, nil, remote, err
 	}
+	return pin, win, remote, nil
 }
 
-// sendPushBatch delivers a push batch notice and returns each item's
-// outcome.
-func (r *Runtime) sendPushBatch(ctx context.Context, to peer.ID, n ctlwire.PushBatchNotice) []error {
-	errs := make([]error, len(n.Items))
-	fail := func(err error) []error {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
+func (e pushEnv) Endpoint(dev tensor.DeviceID) fabric.Endpoint { return e.r.endpoint(dev) }
+
+func (e pushEnv) WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []tensor.Buffer, remotes []fabric.Remote, parallel int) []fabric.BatchResult {
+	return e.r.planner.WriteBatch(ctx, eps, bufs, remotes, parallel)
+}
+
+func (e pushEnv) Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlwire.PushBatchNotice) []error {
+	if to == e.r.host.ID() {
+		return e.r.sinks.PushedBatch(to, n)
 	}
-	status, items, err := r.notices.SendItems(ctx, to, n.Marshal(), len(n.Items))
-	switch {
-	case err != nil:
-		return fail(fmt.Errorf("%w: %w", ErrPeerUnreachable, err))
-	case status == 0:
-		return errs
-	case status != ctlwire.StatusItems:
-		return fail(ctlwire.ErrOf(status))
-	}
-	for i, s := range items {
-		if s == ctlwire.StatusItems { // not an item's status: the answer is garbled
-			errs[i] = fmt.Errorf("%w: push batch answer with status %d for an item", ErrMalformedRef, s)
-			continue
-		}
-		errs[i] = ctlwire.ErrOf(s)
-	}
-	return errs
+	e.r.learnAddrs(Ref(about))
+	return e.r.notices.TellBatch(ctx, to, n)
 }
 
 // ExplainPushBatch says how PushBatch of srcs into dsts would move them:
@@ -220,7 +85,7 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 	var g batchGrouper
 	for i, dst := range dsts {
 		if i >= len(srcs) || srcs[i].Owner != r.host.ID() {
-			g.out.Refused++
+			g.Refused++
 			continue
 		}
 		remote := r.remoteFor(dst)
@@ -230,7 +95,7 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 		if dst.Owner == r.host.ID() {
 			own = "slots of this runtime: a local copy each"
 		}
-		g.add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
+		g.Add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
 	}
 	return g.done()
 }

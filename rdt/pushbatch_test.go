@@ -241,7 +241,7 @@ func TestPushedBatchOncePerSlot(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	it := ctlwire.PushBatchItem{Slot: s.s.ID, Token: s.s.Token, Bytes: 64}
-	errs := rts[0].pushedBatch("someone", ctlwire.PushBatchNotice{Incarnation: rts[0].incarnation, Items: []ctlwire.PushBatchItem{it, it, {Slot: fabric.ObjectID{9}, Bytes: 64}}})
+	errs := rts[0].sinks.PushedBatch("someone", ctlwire.PushBatchNotice{Incarnation: rts[0].incarnation, Items: []ctlwire.PushBatchItem{it, it, {Slot: fabric.ObjectID{9}, Bytes: 64}}})
 	assert.NoError(t, errs[0])
 	assert.ErrorIs(t, errs[1], ErrMalformedRef)
 	assert.ErrorIs(t, errs[2], ErrObjectNotFound)

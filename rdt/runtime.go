@@ -12,29 +12,23 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/peerstore"
-	"github.com/libp2p/go-libp2p/core/pnet"
-	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
-	"github.com/libp2p/go-libp2p/p2p/net/swarm"
-	"github.com/libp2p/go-libp2p/p2p/security/noise"
-	libp2ptcp "github.com/libp2p/go-libp2p/p2p/transport/tcp"
-	ma "github.com/multiformats/go-multiaddr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/stack"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
 	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
+	"github.com/tensorlane/tensorlane/rdt/internal/life"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/observe"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -61,7 +55,7 @@ type Runtime struct {
 	planner  *fabric.Planner
 	registry *prometheus.Registry
 	metrics  *fabric.Metrics
-	obs      observer         // recent and live transfers, for dashboards (observe.go)
+	obs      *observe.Ring    // recent and live transfers, for dashboards (observe.go)
 	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
 	relays   *bcastrun.Relays // its slots' side of broadcasts
 	views    viewTable        // zero-copy views this runtime holds (view.go)
@@ -124,24 +118,17 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := r.setupDevices(); err != nil {
 		return nil, err
 	}
-	opts := []libp2p.Option{
-		libp2p.Identity(c.Identity),
-		libp2p.ListenAddrStrings(c.ListenAddrs...),
-		libp2p.Transport(libp2ptcp.NewTCPTransport),
-		libp2p.Security(noise.ID, noise.New),
-		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
-		libp2p.DisableRelay(),
-		libp2p.ResourceManager(&network.NullResourceManager{}),
-	}
-	if c.ClusterKey != nil {
-		// A private network: connections from peers without the key fail
-		// before any libp2p protocol runs.
-		opts = append(opts, libp2p.PrivateNetwork(pnet.PSK(c.ClusterKey)))
-	}
+	hc := ctlhost.Config{Identity: c.Identity, ListenAddrs: c.ListenAddrs, ClusterKey: c.ClusterKey}
 	if len(c.AllowPeers) > 0 {
-		opts = append(opts, libp2p.ConnectionGater(allowGater{r}))
+		hc.Authorize = func(id peer.ID) bool {
+			err := r.authorize(id)
+			if err != nil {
+				r.log.Warn("control connection refused", "peer", id, "err", err)
+			}
+			return err == nil
+		}
 	}
-	r.host, err = libp2p.New(opts...)
+	r.host, err = ctlhost.New(hc)
 	if err != nil {
 		return nil, fmt.Errorf("rdt: start control host: %w", err)
 	}
@@ -162,13 +149,13 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.relays = bcastrun.NewRelays(bcastrun.RelayDeps{Env: bcastEnv{r}, Sinks: r.sinks, Metrics: bmet, Log: r.log,
 		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
 	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
-	r.obs.init(r, reg)
+	r.obs = newObserver(r, reg)
 	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
 		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
 	r.leases = r.newLeases()
 	// The protocols are served once what they use exists.
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
-	r.host.SetStreamHandler(lifeProtocol, r.handleLife)
+	r.host.SetStreamHandler(life.Protocol, r.handleLife)
 	r.host.SetStreamHandler(pushProtocol, r.handlePush)
 	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
 		// Only the last connection's loss matters; the monitor re-dials to
@@ -264,9 +251,7 @@ func (r *Runtime) Connect(ctx context.Context, info peer.AddrInfo) error {
 	defer cancel()
 	// An explicit Connect overrides the dial backoff of earlier failures,
 	// so a peer that restarted is reachable at once.
-	if sw, ok := r.host.Network().(*swarm.Swarm); ok {
-		sw.Backoff().Clear(info.ID)
-	}
+	ctlhost.ClearBackoff(r.host, info.ID)
 	if err := r.host.Connect(ctx, info); err != nil {
 		return fmt.Errorf("%w: connect to %s: %w", ErrPeerUnreachable, shortID(info.ID), err)
 	}
@@ -387,7 +372,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			r.leases.ReleaseAll(ctx)
 		}
 		if r.host != nil {
-			r.host.RemoveStreamHandler(lifeProtocol)
+			r.host.RemoveStreamHandler(life.Protocol)
 		}
 		r.stopLoops()
 		r.loops.Wait()
@@ -429,22 +414,6 @@ func (r *Runtime) authorize(id peer.ID) error {
 	return fmt.Errorf("%w: peer %s is not in AllowPeers", ErrUnauthorized, id)
 }
 
-// allowGater enforces AllowPeers on libp2p connections, once the remote's
-// identity is authenticated.
-type allowGater struct{ r *Runtime }
-
-func (allowGater) InterceptPeerDial(peer.ID) bool                                  { return true }
-func (allowGater) InterceptAddrDial(peer.ID, ma.Multiaddr) bool                    { return true }
-func (allowGater) InterceptAccept(network.ConnMultiaddrs) bool                     { return true }
-func (allowGater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
-func (g allowGater) InterceptSecured(_ network.Direction, id peer.ID, _ network.ConnMultiaddrs) bool {
-	if err := g.r.authorize(id); err != nil {
-		g.r.log.Warn("control connection refused", "peer", id, "err", err)
-		return false
-	}
-	return true
-}
-
 // blockedRead is the blackhole hook on the object table: a read hangs until
 // the runtime shuts down.
 func (r *Runtime) blockedRead(ctx context.Context) error {
@@ -462,22 +431,12 @@ func (r *Runtime) blockedRead(ctx context.Context) error {
 // learnAddrs adds a ref's owner addresses to the peerstore so the control
 // channel can reach an owner this runtime never connected to.
 func (r *Runtime) learnAddrs(ref Ref) {
-	var addrs []ma.Multiaddr
-	for _, a := range ref.Addrs {
-		if m, err := ma.NewMultiaddr(a); err == nil {
-			addrs = append(addrs, m)
-		}
-	}
-	if len(addrs) > 0 {
-		r.host.Peerstore().AddAddrs(ref.Owner, addrs, peerstore.TempAddrTTL)
-	}
+	ctlhost.Learn(r.host, ref.Owner, ref.Addrs)
 	// A ref of an incarnation that never answered here is news of a new
 	// life of its owner (a restart): dials that failed while an earlier one
 	// was down say nothing about it, so their backoff must not delay it.
 	if !r.peers.SeenAlive(ref.Owner, ref.Incarnation) {
-		if sw, ok := r.host.Network().(*swarm.Swarm); ok {
-			sw.Backoff().Clear(ref.Owner)
-		}
+		ctlhost.ClearBackoff(r.host, ref.Owner)
 	}
 }
 

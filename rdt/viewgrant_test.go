@@ -75,8 +75,8 @@ func TestViewGrantIsPrivateCopy(t *testing.T) {
 	assert.Equal(t, want, vb, "zero-copy view of a partial view")
 	require.NoError(t, v.Release())
 	assert.Equal(t, int64(n), p.a.ObjectTable()[0].StagedBytes)
-	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.viewCopies), "staged once for both paths")
-	assert.Equal(t, float64(n), testutil.ToFloat64(p.a.obs.viewCopyBytes))
+	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.ViewCopies), "staged once for both paths")
+	assert.Equal(t, float64(n), testutil.ToFloat64(p.a.obs.ViewCopyBytes))
 	assert.GreaterOrEqual(t, mem.Stats().Used-used, int64(n), "the copy is accounted on the device")
 
 	// What the shm server passes for this claim: the handle of the pin.
@@ -110,7 +110,7 @@ func TestViewGrantIsPrivateCopy(t *testing.T) {
 	assert.Equal(t, fabric.SHM, tr.Stats.Transport)
 	assert.False(t, tr.Stats.ViewCopy)
 	require.NoError(t, got.Release())
-	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.viewCopies), "no copy of a whole allocation")
+	assert.Equal(t, 1.0, testutil.ToFloat64(p.a.obs.ViewCopies), "no copy of a whole allocation")
 	for _, o := range p.a.ObjectTable() {
 		if o.ID == yref.Object.String() {
 			assert.Zero(t, o.StagedBytes)
@@ -170,7 +170,7 @@ func TestViewCopyOutOfMemoryFallsBack(t *testing.T) {
 	assert.NotEqual(t, fabric.P2P, tr.Stats.Transport, "served on-host without a copy")
 	b, _ := got.SpanBytes()
 	assert.Equal(t, want, b)
-	assert.GreaterOrEqual(t, testutil.ToFloat64(p.a.obs.viewCopyFailures), 1.0)
-	assert.Zero(t, testutil.ToFloat64(p.a.obs.viewCopies))
+	assert.GreaterOrEqual(t, testutil.ToFloat64(p.a.obs.ViewCopyFailures), 1.0)
+	assert.Zero(t, testutil.ToFloat64(p.a.obs.ViewCopies))
 	assert.Zero(t, p.a.ObjectTable()[0].StagedBytes)
 }

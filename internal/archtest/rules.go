@@ -43,6 +43,8 @@ var Rules = []Rule{
 		Why: "the control plane's one table of kinds and statuses, and its codecs, are wire vocabulary every engine shares"},
 	{Tree: "rdt/internal/refwire", MustNot: rdtEngines,
 		Why: "the Ref's wire form is vocabulary every engine shares"},
+	{Tree: "rdt/internal/batchplan", MustNot: rdtEngines,
+		Why: "grouping a batch's plans for Explain is a pure function of the plans"},
 	{Tree: "rdt/internal/bcast", MustNot: rdtEngines,
 		Why: "the broadcast's planner, tree, windows and codec need no runtime"},
 	{Tree: "rdt/internal/objstore", MustNot: without(rdtEngines, "rdt/internal/objstore"),
@@ -59,6 +61,14 @@ var Rules = []Rule{
 		Why: "the actor-message protocol hands messages to the runtime's inboxes through a callback"},
 	{Tree: "rdt/internal/claims", MustNot: without(rdtEngines, "rdt/internal/claims"),
 		Why: "device claims are lock files, nothing of the runtime"},
+	{Tree: "rdt/internal/observe", MustNot: without(rdtEngines, "rdt/internal/observe"),
+		Why: "the observer records what rdt tells it about a transfer, and knows nothing of how it moved"},
+	{Tree: "rdt/internal/life", MustNot: without(rdtEngines, "rdt/internal/life"),
+		Why: "the lifecycle protocol's transport hands each request to the runtime through a callback; what a lease does is objstore's, rdt wires them"},
+	{Tree: "rdt/internal/pushrun", MustNot: without(rdtEngines, "rdt/internal/pushrun"),
+		Why: "the push engine reaches its runtime (pins, the planner, notices) through Env only"},
+	{Tree: "rdt/internal/ctlhost", MustNot: without(rdtEngines, "rdt/internal/ctlhost"),
+		Why: "the control plane's libp2p host knows peers and addresses, not the protocols that run on it"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
 		Why: "placement is a pure function of topology, request and state"},
 	{Tree: "internal", MustNot: []string{"fabric", "rdt", "sched", "bench", "dashboard"},
@@ -83,7 +93,7 @@ var Rules = []Rule{
 // none imports another (rdt wires them together), and the wire vocabulary
 // below them (errs, ctlwire, refwire, bcast) imports none of them.
 var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
-	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults"}
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun", "rdt/internal/ctlhost"}
 
 // without is list less drop.
 func without(list []string, drop ...string) []string {

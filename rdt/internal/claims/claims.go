@@ -65,6 +65,23 @@ func ParseCUDAVisible(s string) ([]int, error) {
 	return out, nil
 }
 
+// DriverVisibleEnv are the variables a scheduler sets to hand a process
+// its GPUs, in the order they are consulted when TENSORLANE_DEVICES is
+// unset: CUDA's, then HIP's and ROCm's (AMD's runtime honours both).
+var DriverVisibleEnv = []string{"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+
+// DriverVisible returns the first of DriverVisibleEnv that is set, parsed
+// like CUDA_VISIBLE_DEVICES.
+func DriverVisible() (vis []int, name string, set bool, err error) {
+	for _, name := range DriverVisibleEnv {
+		if v, ok := os.LookupEnv(name); ok {
+			vis, err := ParseCUDAVisible(v)
+			return vis, name, true, err
+		}
+	}
+	return nil, "", false, nil
+}
+
 // ParseVisible parses a TENSORLANE_DEVICES value; nil means all devices.
 func ParseVisible(s string) ([]int, error) {
 	s = strings.TrimSpace(s)

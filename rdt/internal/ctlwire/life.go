@@ -179,3 +179,14 @@ func LeaseErrOf(code byte) error {
 	}
 	return fmt.Errorf("owner refused the lease (status %d)", code)
 }
+
+// LeaseErrs is the condition of each claim's status (nil for LeaseOK).
+func LeaseErrs(st []byte) []error {
+	out := make([]error, len(st))
+	for i, s := range st {
+		if s != LeaseOK {
+			out[i] = LeaseErrOf(s)
+		}
+	}
+	return out
+}

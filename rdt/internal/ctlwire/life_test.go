@@ -59,6 +59,10 @@ func TestLeaseStatusCodes(t *testing.T) {
 	}
 	assert.Equal(t, LeaseFailed, LeaseStatusOf(errors.New("other")))
 	assert.Error(t, LeaseErrOf(200))
+	es := LeaseErrs([]byte{LeaseOK, LeaseStatusOf(errs.ObjectFreed), LeaseOK})
+	assert.NoError(t, es[0], "granted")
+	assert.ErrorIs(t, es[1], errs.ObjectFreed)
+	assert.NoError(t, es[2])
 }
 
 // FuzzLifeMsg: any bytes a peer sends on the lifecycle protocol decode to

@@ -541,3 +541,29 @@ func (t *Table) Closing() bool {
 	defer t.mu.Unlock()
 	return t.closing
 }
+
+// LeaseClaims applies a lease (release false) or release request from who
+// to the table and returns each claim's status (ctlwire's lease table);
+// layouts[i], when present, is the layout claim i's reader expects. Leases
+// granted expire at expires unless renewed.
+func (t *Table) LeaseClaims(who peer.ID, release bool, claims []fabric.Claim, layouts []LayoutSum, expires time.Time) []byte {
+	out := make([]byte, len(claims))
+	for i, c := range claims {
+		var err error
+		if release {
+			err = t.Unlease(who, c)
+		} else {
+			var l LayoutSum
+			if i < len(layouts) {
+				l = layouts[i]
+			}
+			err = t.Lease(who, c, l, expires)
+		}
+		if err != nil {
+			out[i] = ctlwire.LeaseStatusOf(err)
+			continue
+		}
+		out[i] = ctlwire.LeaseOK
+	}
+	return out
+}
