@@ -173,7 +173,7 @@ func (s *stringsValue) String() string {
 	}
 	return "[" + strings.Join(*s.p, ",") + "]"
 }
-func (s *stringsValue) Type() string   { return "strings" }
+func (s *stringsValue) Type() string { return "strings" }
 
 type sizeValue struct {
 	p        *int64
@@ -210,4 +210,4 @@ func (d *durationValue) String() string {
 	}
 	return time.Duration(*d).String()
 }
-func (d *durationValue) Type() string   { return "duration" }
+func (d *durationValue) Type() string { return "duration" }

@@ -87,7 +87,7 @@ type Field struct {
 	// zero value means nothing is set). WorkerDefault is the worker's own
 	// where it differs (it simulates a small cluster).
 	Default, WorkerDefault string
-	Doc     string
+	Doc                    string
 	// Env is the environment variable that sets the field when the config
 	// does not (unless the runtime ignores the environment).
 	Env     string

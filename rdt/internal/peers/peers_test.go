@@ -17,9 +17,11 @@ type verdicts struct {
 	dead []string
 }
 
-func (v *verdicts) Ping(context.Context, peer.ID) (uint64, error) { return 0, errors.New("no network here") }
-func (v *verdicts) Connected(peer.ID) bool                        { return false }
-func (v *verdicts) ClearBackoff(peer.ID)                          {}
+func (v *verdicts) Ping(context.Context, peer.ID) (uint64, error) {
+	return 0, errors.New("no network here")
+}
+func (v *verdicts) Connected(peer.ID) bool { return false }
+func (v *verdicts) ClearBackoff(peer.ID)   {}
 func (v *verdicts) Died(id peer.ID, inc uint64, reason string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
