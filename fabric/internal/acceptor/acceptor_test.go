@@ -131,8 +131,12 @@ func TestAcceptErrors(t *testing.T) {
 			if tc.served {
 				require.NoError(t, roundTrip(t, inner.Addr().String()))
 			} else {
+				// The loop counts the error, then logs it: wait for both.
 				require.Eventually(t, func() bool {
-					return testutil.ToFloat64(m.AcceptErrors.WithLabelValues("t", "fatal")) == 1
+					lmu.Lock()
+					logged := strings.Contains(logs.String(), tc.logs)
+					lmu.Unlock()
+					return logged && testutil.ToFloat64(m.AcceptErrors.WithLabelValues("t", "fatal")) == 1
 				}, 10*time.Second, 5*time.Millisecond)
 			}
 			assert.Equal(t, tc.temporary, testutil.ToFloat64(m.AcceptErrors.WithLabelValues("t", "temporary")))
