@@ -74,64 +74,10 @@ import tensorlane.ray as tlr
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import floor  # noqa: E402
+from benchkit import NIXL, TORCH, human, nixl_agent, parse_size, rdt_ready, torch, via  # noqa: E402
 
 tlr.register()
 floor.register()
-
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-try:
-    import torch
-
-    TORCH = True
-except ImportError:
-    torch = None
-    TORCH = False
-try:
-    import nixl  # noqa: F401
-
-    NIXL = True
-except ImportError:
-    NIXL = False
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("IB")
-    return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
-
-
-def human(n: int) -> str:
-    for u, v in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= v:
-            return f"{n // v} {u}"
-    return f"{n} B"
-
-
-def _nixl_agent():
-    from ray.experimental.rdt.util import get_tensor_transport_manager
-
-    get_tensor_transport_manager("NIXL").get_nixl_agent()
-
-
-def _rdt_ready():
-    from ray.experimental.rdt.util import _ensure_default_transports_registered
-
-    _ensure_default_transports_registered()
-    return True
-
-
-def _via(name: str):
-    """@ray.method(tensor_transport=name), or a plain method where this
-    Python lacks the transport (TENSORLANE_TORCH, GLOO and NIXL need torch):
-    Ray refuses an unknown name at class definition, and those rows are
-    skipped (rows()) anyway."""
-    from ray.experimental.rdt import util
-
-    util._ensure_default_transports_registered()
-    if name.upper() in util.transport_manager_info:
-        return ray.method(tensor_transport=name)
-    return lambda f: f
-
 
 @ray.remote(enable_tensor_transport=True)
 class Sender:
@@ -151,11 +97,11 @@ class Sender:
         if warm == "tensorlane":
             tlr.runtime()  # see make_pair
         elif warm == "nixl":
-            _nixl_agent()
+            nixl_agent()
         return True
 
     def rdt_ready(self):
-        return _rdt_ready()
+        return rdt_ready()
 
     def plain(self):
         return self.a
@@ -164,15 +110,15 @@ class Sender:
     def tensorlane(self):
         return self.a
 
-    @_via("TENSORLANE_TORCH")
+    @via("TENSORLANE_TORCH")
     def tensorlane_torch(self):
         return self.a
 
-    @_via("GLOO")
+    @via("GLOO")
     def gloo(self):
         return self.a
 
-    @_via("NIXL")
+    @via("NIXL")
     def nixl(self):
         return self.a
 
@@ -197,13 +143,13 @@ class Sender:
 @ray.remote(enable_tensor_transport=True)
 class Receiver:
     def rdt_ready(self):
-        return _rdt_ready()
+        return rdt_ready()
 
     def ready(self, warm: str = ""):
         if warm == "tensorlane":
             tlr.runtime()
         elif warm == "nixl":
-            _nixl_agent()
+            nixl_agent()
         return True
 
     def touch(self, a):

@@ -82,28 +82,8 @@ from tensorlane import weightsync as ws
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__)))
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-try:
-    import torch
-
-    TORCH = True
-except ImportError:
-    torch = None
-    TORCH = False
-try:
-    import nixl  # noqa: F401
-
-    NIXL = True
-except ImportError:
-    NIXL = False
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("IB")
-    return int(s[:-1]) * UNITS[s[-1]] if s[-1] in UNITS else int(s)
-
-
+sys.path.insert(0, HERE)
+from benchkit import NIXL, TORCH, nixl_agent, parse_size, rdt_ready, torch, via  # noqa: E402
 def shapes(total: int, tensors: int) -> List[int]:
     """Element counts (bf16) of the tensors: equal, the last takes the rest."""
     each = total // tensors // 2
@@ -134,28 +114,12 @@ def as_numpy(t: Any) -> np.ndarray:
     return t.contiguous().view(torch.int16).numpy().view(bf16())
 
 
-def _via(name: str):
-    """@ray.method(tensor_transport=name), or a plain method where this
-    Python lacks the transport (GLOO and NIXL need torch): Ray refuses an
-    unknown name at class definition, and those rows are skipped anyway."""
-    from ray.experimental.rdt import util
-
-    util._ensure_default_transports_registered()
-    if name.upper() in util.transport_manager_info:
-        return ray.method(tensor_transport=name)
-    return lambda f: f
-
-
 def _ready(warm: str) -> bool:
     """Each transport's own once-per-actor set-up, before the clock."""
-    from ray.experimental.rdt.util import _ensure_default_transports_registered
-
-    _ensure_default_transports_registered()
+    rdt_ready()
     tlr.runtime()
     if warm == "nixl":
-        from ray.experimental.rdt.util import get_tensor_transport_manager
-
-        get_tensor_transport_manager("NIXL").get_nixl_agent()
+        nixl_agent()
     return True
 
 
@@ -213,11 +177,11 @@ class Trainer:
             self.torch_sd = {k: as_torch(v) for k, v in self.sd.items()}
         return self.torch_sd
 
-    @_via("GLOO")
+    @via("GLOO")
     def gloo(self) -> Dict[str, Any]:
         return self._torch()
 
-    @_via("NIXL")
+    @via("NIXL")
     def nixl(self) -> Dict[str, Any]:
         return self._torch()
 
