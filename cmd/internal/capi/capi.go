@@ -745,18 +745,35 @@ func (r *Runtime) count(x rdt.Transfer, start time.Time, err error) {
 // GetInto reads the ref's tensor into dst, which must hold its span. op,
 // when not 0, names the Get for Cancel.
 func (r *Runtime) GetInto(ctx context.Context, refBytes, dst []byte, op uint64, timeout time.Duration) (rdt.Transfer, error) {
-	ref, err := parseRef(refBytes)
+	ref, n, err := refFor(refBytes, int64(len(dst)))
 	if err != nil {
 		return rdt.Transfer{}, err
 	}
+	return r.getInto(ctx, ref, tensor.NewForeign(dst[:n], tensor.ForeignConfig{}), n, op, timeout)
+}
+
+// refFor parses a ref whose object a destination of have bytes is to
+// receive, and returns the object's span: an empty object or a destination
+// too small for it is refused before anything moves.
+func refFor(refBytes []byte, have int64) (rdt.Ref, int64, error) {
+	ref, err := parseRef(refBytes)
+	if err != nil {
+		return rdt.Ref{}, 0, err
+	}
 	_, n := spanOf(ref.Desc)
-	if int64(len(dst)) < n {
-		return rdt.Transfer{}, fmt.Errorf("%w: destination holds %d bytes, the object has %d", rdt.ErrTooSmall, len(dst), n)
-	}
 	if n == 0 {
-		return rdt.Transfer{}, invalid("the object is empty")
+		return rdt.Ref{}, 0, invalid("the object is empty")
 	}
-	t, err := tensor.New(tensor.NewForeign(dst[:n], tensor.ForeignConfig{}), tensor.NewDesc(tensor.Uint8, n))
+	if have < n {
+		return rdt.Ref{}, 0, fmt.Errorf("%w: destination holds %d bytes, the object has %d", rdt.ErrTooSmall, have, n)
+	}
+	return ref, n, nil
+}
+
+// getInto reads ref's n bytes into dst (host or device memory) as one
+// counted Get that op names for Cancel.
+func (r *Runtime) getInto(ctx context.Context, ref rdt.Ref, dst tensor.Buffer, n int64, op uint64, timeout time.Duration) (rdt.Transfer, error) {
+	t, err := tensor.New(dst, tensor.NewDesc(tensor.Uint8, n))
 	if err != nil {
 		return rdt.Transfer{}, err
 	}

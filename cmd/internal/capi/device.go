@@ -240,16 +240,9 @@ func (g Region) descOnly() (tensor.Desc, error) {
 // d (the caller's: a torch tensor's, or DeviceAlloc's), which must hold its
 // span. op, when not 0, names the Get for Cancel.
 func (r *Runtime) GetDevice(ctx context.Context, refBytes []byte, d Device, ptr uint64, n int64, op uint64, timeout time.Duration) (rdt.Transfer, error) {
-	ref, err := parseRef(refBytes)
+	ref, span, err := refFor(refBytes, n)
 	if err != nil {
 		return rdt.Transfer{}, err
-	}
-	_, span := spanOf(ref.Desc)
-	if span == 0 {
-		return rdt.Transfer{}, invalid("the object is empty")
-	}
-	if n < span {
-		return rdt.Transfer{}, fmt.Errorf("%w: destination holds %d bytes, the object has %d", rdt.ErrTooSmall, n, span)
 	}
 	m, err := r.deviceMemory(d)
 	if err != nil {
@@ -260,16 +253,7 @@ func (r *Runtime) GetDevice(ctx context.Context, refBytes []byte, d Device, ptr 
 		return rdt.Transfer{}, invalid("%v", err)
 	}
 	defer dst.Release()
-	t, err := tensor.New(dst, tensor.NewDesc(tensor.Uint8, span))
-	if err != nil {
-		return rdt.Transfer{}, err
-	}
-	ctx, done := r.begin(ctx, op, timeout)
-	defer done()
-	start := time.Now()
-	x, err := r.actor.GetInto(ctx, ref, t)
-	r.count(x, start, err)
-	return x, err
+	return r.getInto(ctx, ref, dst, span, op, timeout)
 }
 
 // DeviceCopy copies n bytes from src to dst, each a host pointer (DLCPU)
