@@ -373,8 +373,17 @@ func (t *Table) monitor(ctx context.Context, st *peerState) {
 		misses++
 		t.c.Heartbeats.WithLabelValues("missed").Inc()
 		t.c.Log.Debug("heartbeat missed", "peer", refwire.ShortID(st.id), "misses", misses, "err", err)
+		t.mu.Lock()
+		wasAlive := st.alive
+		t.mu.Unlock()
 		switch {
-		case kicked:
+		case kicked && wasAlive:
+			// A connection that worked went away and the peer no longer
+			// answers. A peer that never answered has lost nothing: a
+			// refused handshake (an allowlist, a wrong cluster key) drops
+			// the connection too, and is a miss like any other, not a
+			// death (its reads say unreachable; a frozen one is found by
+			// the misses and the probe).
 			t.DeclareDead(st.id, "connection lost")
 		case misses >= t.c.Misses:
 			t.DeclareDead(st.id, "missed heartbeats")

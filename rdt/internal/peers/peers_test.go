@@ -3,11 +3,14 @@ package peers
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -61,4 +64,47 @@ func TestVerdicts(t *testing.T) {
 	assert.True(t, tab.IsDead(id, 2))
 	assert.Equal(t, []string{"restarted", "missed heartbeats"}, v.dead)
 	tab.Stop()
+}
+
+// pings counts a prober's pings; every one fails.
+type pings struct {
+	verdicts
+	n chan struct{}
+}
+
+func (p *pings) Ping(context.Context, peer.ID) (uint64, error) {
+	p.n <- struct{}{}
+	return 0, errors.New("refused")
+}
+
+// A dropped connection ends a peer that answered before at once; one that
+// never answered (its handshake refused us) only misses a heartbeat, so a
+// read from it is not taken for the owner's death.
+func TestKickDeclaresDeadOnlyAPeerSeenAlive(t *testing.T) {
+	for _, seen := range []bool{false, true} {
+		p := &pings{n: make(chan struct{}, 8)}
+		tab := New(Config{Prober: p, Clock: clockwork.NewFakeClock(), Interval: time.Second, Misses: 5,
+			Log: slog.New(slog.DiscardHandler), Heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hb"}, []string{"result"})})
+		id := peer.ID("owner")
+		death := tab.DeathOf(id, 7)
+		if seen {
+			tab.SawAlive(id, 7)
+		}
+		done := tab.Use(id)
+		if !seen {
+			<-p.n // an unknown peer is pinged as its monitor starts
+		}
+		tab.Kick(id)
+		<-p.n
+		// The monitor handles one event at a time: the next kick's ping
+		// comes after the first kick's verdict (or its absence).
+		tab.Kick(id)
+		select {
+		case <-p.n:
+		case <-death:
+		}
+		assert.Equal(t, seen, closed(death), "seen alive before: %v", seen)
+		done()
+		tab.Stop()
+	}
 }
