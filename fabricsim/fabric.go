@@ -97,6 +97,25 @@ type CPU struct {
 	// bytes of a Get after they land (the harness checks every byte
 	// against its pattern; a library user's reader may not).
 	VerifySeconds float64
+	// Handoff is, per transport ("rdma", "tcp"), what a broadcast edge
+	// between two processes waits each time its window runs out (nil or
+	// a transport missing: nothing).
+	Handoff map[string]Handoff
+}
+
+// Handoff is what a broadcast edge between two processes waits each time
+// its window runs out: the edge's threads went idle, and every hop of the
+// next chunk (its resolve, its bytes, its notice and the answer) wakes a
+// process. It is charged only where the plan stalls (a window that never
+// empties keeps the processes runnable), and only with shared cores and a
+// process per host.
+type Handoff struct {
+	// StallSeconds is that wait on free cores, beyond what the model
+	// already has (round trips, the chunk's CPU work).
+	StallSeconds float64 `json:"stall_seconds"`
+	// HandoffSeconds is added per process of the run beyond the cores:
+	// each woken process waits its turn for a core behind the others.
+	HandoffSeconds float64 `json:"handoff_seconds"`
 }
 
 func (s Spec) withDefaults() Spec {
@@ -177,7 +196,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	if spec.HostsPerLeaf < 0 || spec.Oversubscription < 0 || spec.RDMAEfficiency > 1 || spec.TCPEfficiency > 1 || spec.Burst < 0 {
 		return nil, fmt.Errorf("%w: negative size or efficiency above 1", ErrBadSpec)
 	}
-	if cpu := spec.CPU; cpu.Cores < 0 || cpu.ByteSeconds < 0 || cpu.ChunkSeconds < 0 || cpu.VerifySeconds < 0 || (cpu.Cores > 0 && cpu.ByteSeconds == 0) {
+	if cpu := spec.CPU; cpu.Cores < 0 || cpu.ByteSeconds < 0 || cpu.ChunkSeconds < 0 || cpu.VerifySeconds < 0 || negativeHandoff(cpu.Handoff) || (cpu.Cores > 0 && cpu.ByteSeconds == 0) {
 		return nil, fmt.Errorf("%w: CPU costs must not be negative, and shared cores need a per-byte cost", ErrBadSpec)
 	}
 	if err := c.Validate(); err != nil {
@@ -271,6 +290,15 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	}
 	f.base = slices.Clone(f.sim.links)
 	return f, nil
+}
+
+func negativeHandoff(h map[string]Handoff) bool {
+	for _, x := range h {
+		if x.StallSeconds < 0 || x.HandoffSeconds < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // unknownNICGbps is the line rate of a NIC whose speed the topology does

@@ -318,3 +318,82 @@ func TestTransferCut(t *testing.T) {
 	_, err = links(t, 1).TransferCut(src, Endpoint{Host: "h0", Device: 1}, size, Cut{})
 	require.ErrorIs(t, err, ErrBadSpec, "p2p on one host: no rails to cut")
 }
+
+// HandoffFrom solves what the simulation lacks of each measured chain: a
+// simulator that already has part of the wait gets only the rest, and a
+// chain of as many processes as cores is required.
+func TestHandoffFrom(t *testing.T) {
+	const cores = 2
+	measured := []HandoffSample{
+		{Processes: 2, PerChunk: 300e-6},
+		{Processes: 3, PerChunk: 650e-6},
+		{Processes: 4, PerChunk: 1000e-6},
+	}
+	// A simulator that has 200 µs per chunk and 50 µs per process beyond
+	// the cores of its own, plus what it is given.
+	sim := func(h Handoff, n int) (float64, error) {
+		beyond := float64(max(0, n-cores))
+		return 200e-6 + 50e-6*beyond + h.StallSeconds + h.HandoffSeconds*beyond, nil
+	}
+	h, err := HandoffFrom(cores, measured, sim)
+	require.NoError(t, err)
+	require.InDelta(t, 100e-6, h.StallSeconds, 1e-7)
+	require.InDelta(t, 300e-6, h.HandoffSeconds, 1e-7)
+	for _, s := range measured {
+		require.InDelta(t, s.PerChunk, s.Simulated, 1e-7, "%d processes", s.Processes)
+	}
+	_, err = HandoffFrom(cores, measured[1:], sim)
+	require.ErrorIs(t, err, ErrBadSpec, "no chain of as many processes as cores")
+	_, err = HandoffFrom(cores, measured[:1], sim)
+	require.ErrorIs(t, err, ErrBadSpec, "no longer chain")
+}
+
+// An edge between processes waits its transport's hand-off each time its
+// window runs out, more per process beyond the cores: every chunk at
+// window 1, every fourth at window 4 where nothing else holds it back; an
+// edge inside one process, or a transport without a hand-off, waits
+// nothing.
+func TestHandoffChargedWhereThePlanStalls(t *testing.T) {
+	owner := Endpoint{Host: "h0", Device: 0}
+	const size = 64 << 20
+	cfg := rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: 1}
+	// Links and cores too fast to matter: the waits are the time.
+	fast := func(h map[string]Handoff) *Fabric {
+		c, spec, err := HarnessCluster(4, 1, 1e6)
+		require.NoError(t, err)
+		spec.Burst, spec.QueueSeconds, spec.ControlRTT, spec.Latency = 0, 0, 1e-9, 1e-9
+		spec.CPU = CPU{Cores: 2, ByteSeconds: 1e-15, Handoff: h}
+		f, err := New(c, spec)
+		require.NoError(t, err)
+		return f
+	}
+	h := map[string]Handoff{fabric.RDMA: {StallSeconds: 100e-6, HandoffSeconds: 300e-6}}
+	chunks := float64(size / cfg.ChunkSize)
+	for _, tc := range []struct {
+		readers []Endpoint
+		perHop  float64 // the wait per chunk and edge
+		window  int
+	}{
+		{spread(1), 100e-6, 1},                // two processes on two cores: the stall only
+		{spread(2), 100e-6 + 300e-6, 1},       // three: one beyond the cores
+		{spread(3), 100e-6 + 600e-6, 1},       // four: two beyond
+		{spread(3), (100e-6 + 600e-6) / 4, 4}, // once per four chunks
+	} {
+		cfg.Window = tc.window
+		res, err := fast(h).Broadcast(owner, tc.readers, size, cfg)
+		require.NoError(t, err)
+		// The edges wait side by side: the run takes the chain's
+		// per-chunk wait once per chunk, besides the arenas' copies
+		// (3.3 µs a chunk at 20 GB/s) and the pipeline's fill.
+		copies := chunks * float64(cfg.ChunkSize) / 20e9
+		require.InDelta(t, chunks*tc.perHop+copies, res.Seconds, 0.01*chunks*tc.perHop+copies, "%d readers, window %d", len(tc.readers), tc.window)
+	}
+	// Readers on the owner's host only: no edge between processes.
+	res, err := fast(h).Broadcast(owner, []Endpoint{{Host: "h0", Device: 1}}, size, rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: 1})
+	require.NoError(t, err)
+	require.Less(t, res.Seconds, 5e-3)
+	// No hand-off for the edge's transport: nothing.
+	res, err = fast(map[string]Handoff{fabric.TCP: h[fabric.RDMA]}).Broadcast(owner, spread(3), size, rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: 1})
+	require.NoError(t, err)
+	require.Less(t, res.Seconds, 10e-3)
+}

@@ -251,6 +251,11 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		wireBusy bool
 		queued   []int
 		rdma     bool // the edge is an rdma write
+		// transport is the edge's (the planner's choice).
+		transport string
+		// waking: the edge stalled, and its sender waits its turn for
+		// a core before it pushes again, whatever else arrives.
+		waking bool
 	}
 	nodes := make([]*node, len(readers))
 	var rootKids []int
@@ -270,8 +275,8 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 		if p := plan.Nodes[i].Parent; p >= 0 {
 			from = nodes[p].ep
 		}
-		if rt, err := f.Route(from, nd.ep); err == nil && rt.Transport == fabric.RDMA {
-			nd.rdma = true
+		if rt, err := f.Route(from, nd.ep); err == nil {
+			nd.transport, nd.rdma = rt.Transport, rt.Transport == fabric.RDMA
 		}
 	}
 	finish := make([]float64, len(readers))
@@ -286,6 +291,21 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 			return nodes[p].ep
 		}
 		return owner
+	}
+	procs := map[string]bool{owner.Host: true}
+	for _, e := range readers {
+		procs[e.Host] = true
+	}
+	// What an edge between processes waits when its window runs out:
+	// its transport's stall, and a hand-off per process of the run
+	// beyond the shared cores (Spec.CPU.Handoff).
+	stall := func(i int) float64 {
+		c := f.spec.CPU
+		h, ok := c.Handoff[nodes[i].transport]
+		if c.Cores <= 0 || !f.spec.ProcessPerHost || !ok || parentEp(i).Host == nodes[i].ep.Host {
+			return 0
+		}
+		return h.StallSeconds + h.HandoffSeconds*max(0, float64(len(procs))-c.Cores)
 	}
 	var push func(i int)
 	var wire func(i int)
@@ -328,7 +348,18 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 					}
 				})
 				f.sim.after(rtt, func() {
+					// A full window stalled the edge: the answer wakes
+					// its sender for the next chunk, which waits its turn.
+					stalled := nd.inflight == window
 					nd.inflight--
+					if wait := stall(i); stalled && wait > 0 {
+						nd.waking = true
+						f.sim.after(wait, func() {
+							nd.waking = false
+							push(i)
+						})
+						return
+					}
 					push(i)
 				})
 			})
@@ -336,6 +367,9 @@ func (f *Fabric) Broadcast(owner Endpoint, readers []Endpoint, n int64, cfg rdt.
 	}
 	push = func(i int) {
 		nd := nodes[i]
+		if nd.waking {
+			return
+		}
 		for nd.inflight < window && nd.next < chunks && parentHas(i, nd.next) {
 			k := nd.next
 			nd.next++
