@@ -60,8 +60,8 @@ type Spec struct {
 	// writes cost no link time. 0: plain links.
 	Burst float64
 	// QueueSeconds is how much of a link's rate its FIFO holds when
-	// control messages share it with data (tc's tbf latency on the
-	// harness's veths): a broadcast chunk's notice waits behind the
+	// control messages share it with data (on the harness's veths, what
+	// TCP fills of tbf's queue: HarnessQueueSeconds): a broadcast chunk's notice waits behind the
 	// chunks its edge already wrote, up to that long. 0: control does
 	// not queue behind data (its own queue pair or priority).
 	QueueSeconds float64

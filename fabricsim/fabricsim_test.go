@@ -234,9 +234,11 @@ func TestNoticeQueuesBehindData(t *testing.T) {
 	require.NoError(t, err)
 	queued, err := harnessWith(t, 1, func(s *Spec) { s.CPU = CPU{} }).Broadcast(owner, spread(3), size, rdt.BroadcastConfig{})
 	require.NoError(t, err)
-	// Window 4: three chunks of 4 MiB (105 ms) ahead, capped at 100 ms,
-	// on each of the two relaying hops.
-	require.InDelta(t, noQueue.Seconds+2*HarnessQueueSeconds, queued.Seconds, 0.2*HarnessQueueSeconds)
+	// Window 4: three chunks of 4 MiB (105 ms) ahead, capped at what the
+	// queue holds, on each of the two relaying hops (and a little more:
+	// a relay that hears late also forwards into a fuller window).
+	require.GreaterOrEqual(t, queued.Seconds, noQueue.Seconds+2*HarnessQueueSeconds*0.9)
+	require.Less(t, queued.Seconds, noQueue.Seconds+3*HarnessQueueSeconds)
 	one, err := harnessWith(t, 1, func(s *Spec) { s.CPU = CPU{} }).Broadcast(owner, spread(1), size, rdt.BroadcastConfig{})
 	require.NoError(t, err)
 	require.Less(t, one.Seconds, queued.Seconds-HarnessQueueSeconds, "one reader relays nothing: its last notice has nothing ahead")

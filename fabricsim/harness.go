@@ -17,9 +17,15 @@ const HarnessWireEfficiency = 1448.0 / 1514.0
 // as internal/netns sets it (512kb: tc's kb is 1,024 bytes).
 const HarnessBurst = 512 << 10
 
-// HarnessQueueSeconds is tbf's latency as internal/netns sets it: the
-// most a shaped harness link queues, in seconds of its rate.
-const HarnessQueueSeconds = 0.1
+// HarnessQueueSeconds is the most a shaped harness link was seen to
+// queue, in seconds of its rate: tbf's latency (100ms, as internal/netns
+// sets it) lets it hold 12.5 MB, but TCP (BBR here, paced, with TCP small
+// queues) never fills it. `tc -s qdisc` sampled every 2 ms through 16
+// broadcasts of 64 MiB in 4 MiB chunks, windows 1-8, 1 and 3 readers
+// (TestSimQueueBacklog), showed at most 3.05 MB of backlog on the owner's
+// and the first relay's link: 24 ms at 1 Gbit/s. The queue the notices
+// wait in is that, not tbf's limit.
+const HarnessQueueSeconds = 0.024
 
 // HarnessCluster is the multihost harness's machine: hosts dgx-h100 hosts
 // (each a network namespace with one `tensorlane worker`), whose NICs are
@@ -48,8 +54,9 @@ func HarnessCluster(hosts, rails int, gbit float64) (*topology.Cluster, Spec, er
 		ProcessPerHost: true,
 		// internal/netns shapes with tbf and a 512 KiB burst.
 		Burst: HarnessBurst,
-		// and 100ms of latency: its FIFO holds 100 ms of the rate, and
-		// the runtimes' control streams queue in it behind the data.
+		// and 100ms of latency, of which TCP fills about a quarter
+		// (HarnessQueueSeconds); the runtimes' control streams queue
+		// in it behind the data.
 		QueueSeconds: HarnessQueueSeconds,
 		// The harness's hosts are namespaces of one machine: they share
 		// its cores, at the costs the machine measured of itself.

@@ -2,10 +2,12 @@ package multihost
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -346,4 +348,57 @@ func workersCPU(t *testing.T, c *Cluster) float64 {
 		}
 	}
 	return sum
+}
+
+var backlogRE = regexp.MustCompile(`backlog (\d+)b`)
+
+// TestSimQueueBacklog measures what fabricsim.HarnessQueueSeconds stands
+// for: how full tbf's queue on a shaped link really gets while a
+// broadcast runs (tbf's latency would let it hold 100 ms; TCP decides
+// how much of that it fills). It samples `tc -s qdisc` on the owner's and
+// the first relay's link every 2 ms through broadcasts of 64 MiB in 4 MiB
+// chunks to 1 and 3 readers at windows 1-8, and logs the largest backlog
+// in bytes and in seconds of the link. Opt-in (TENSORLANE_SIM_LIVE=1,
+// root); a measurement, not a check.
+func TestSimQueueBacklog(t *testing.T) {
+	if os.Getenv("TENSORLANE_SIM_LIVE") == "" {
+		t.Skip("a measurement: set TENSORLANE_SIM_LIVE=1 to run it (root, network namespaces)")
+	}
+	const size = 64 << 20
+	c := New(t, Options{Hosts: 4, DeviceMemory: "512MiB", NSLabel: "simq"})
+	ctx := testCtx(t, 5*time.Minute)
+	shapeAll(t, ctx, c, "1gbit")
+	src := put(t, ctx, c.Hosts[0].W, size, 11)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 3, size)
+	most := 0
+	for range 2 {
+		for _, n := range []int{1, 3} {
+			for _, window := range []int{1, 2, 4, 8} {
+				sctx, cancel := context.WithCancel(ctx)
+				seen := make(chan int, 1)
+				go func() {
+					m := 0
+					for sctx.Err() == nil {
+						for _, h := range c.Hosts[:2] {
+							out, _ := exec.Command("ip", "netns", "exec", h.NS.Name, "tc", "-s", "qdisc", "show", "dev", h.Dev).Output()
+							for _, b := range backlogRE.FindAllStringSubmatch(string(out), -1) {
+								v, _ := strconv.Atoi(b[1])
+								m = max(m, v)
+							}
+						}
+						time.Sleep(2 * time.Millisecond) // the sampling period, not a wait for work
+					}
+					seen <- m
+				}()
+				r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), Window: window, TimeoutMS: 120_000})
+				cancel()
+				require.NoError(t, err)
+				require.True(t, r.OK, "broadcast: %s", r.Error)
+				m := <-seen
+				most = max(most, m)
+				t.Logf("%d readers, window %d: %.3f s, largest backlog %d B (%.1f ms of 1 Gbit/s); load %s", n, window, r.Seconds, m, float64(m)/125e3, loadAverage())
+			}
+		}
+	}
+	t.Logf("largest backlog of all: %d B, %.1f ms of the link (fabricsim.HarnessQueueSeconds: %.0f ms)", most, float64(most)/125e3, 1e3*fabricsim.HarnessQueueSeconds)
 }
