@@ -65,6 +65,10 @@ type BroadcastRecord struct {
 	NaiveRatio  float64 `json:"naive_ratio_vs_one,omitzero"`
 	Status      string  `json:"status,omitempty"`
 	Note        string  `json:"note,omitempty"`
+	// Load is the machine's 1-minute load average before and after the
+	// cell ("3.10 -> 4.25"), where the run kept it: on a machine shared
+	// with other work it says how much of the cores the cell had.
+	Load string `json:"load,omitempty"`
 }
 
 func (c BroadcastConfig) withDefaults() BroadcastConfig {

@@ -185,7 +185,7 @@ func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.B
 	// shifts them alike.
 	for _, n := range sc.readers {
 		for _, window := range sc.windows {
-			best := 0.0
+			best, load0 := 0.0, loadAverage()
 			for range 2 {
 				r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), ChunkSize: sc.chunk, Window: window, TimeoutMS: 120_000 + size>>20*100})
 				require.NoError(t, err)
@@ -209,7 +209,7 @@ func broadcastShaped(t *testing.T, tc pathCase, sc shapedCase) (recs []harness.B
 			if one[window] == 0 { // the first count, 1 unless told otherwise
 				one[window] = best
 			}
-			recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", " + links, Readers: n, Hosts: 4, Size: size, Window: window, Seconds: best, RatioVsOne: best / one[window]})
+			recs = append(recs, harness.BroadcastRecord{Path: harness.PathBroadcast, Transport: tc.name + ", " + links, Readers: n, Hosts: 4, Size: size, Window: window, Seconds: best, RatioVsOne: best / one[window], Load: load0 + " -> " + loadAverage()})
 			record(t, fmt.Sprintf("broadcast %dMiB to %2d readers, %s, %s, window %d", size>>20, n, links, tc.name, window), time.Duration(best*float64(time.Second)), fmt.Sprintf("ratio vs 1 reader %.2f", best/one[window]))
 		}
 	}
