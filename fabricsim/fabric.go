@@ -61,9 +61,10 @@ type Spec struct {
 	Burst float64
 	// QueueSeconds is how much of a link's rate its FIFO holds when
 	// control messages share it with data (on the harness's veths, what
-	// TCP fills of tbf's queue: HarnessQueueSeconds): a broadcast chunk's notice waits behind the
-	// chunks its edge already wrote, up to that long. 0: control does
-	// not queue behind data (its own queue pair or priority).
+	// TCP fills of tbf's queue: HarnessQueueSeconds): a broadcast
+	// chunk's notice waits behind the chunks its edge already wrote, up
+	// to that long. 0: control does not queue behind data (its own queue
+	// pair or priority).
 	QueueSeconds float64
 	// RailTimeout is how long a rail with slices outstanding may make no
 	// progress before the transport declares it broken and moves its
