@@ -354,7 +354,7 @@ func TestBroadcastPlanOrder(t *testing.T) {
 	for _, h := range cl.Hosts {
 		h.Labels[topology.LabelRack] = racks[h.ID]
 	}
-	r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 16 << 20})
+	r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 16 << 20})
 	require.NoError(t, err)
 	defer r.Shutdown(ctx)
 	src := Ref{Owner: r.host.ID(), Incarnation: r.incarnation, Host: "h0", Device: tensor.GPUDevice(0)}

@@ -53,7 +53,7 @@ func TestExplainPCIeOnlyServer(t *testing.T) {
 	cl, err := topology.Preset("rtx-pro-6000", 1)
 	require.NoError(t, err)
 	mk := func() *Runtime {
-		r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 16 << 20})
+		r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 16 << 20})
 		require.NoError(t, err)
 		t.Cleanup(func() { r.Shutdown(ctx) })
 		return r

@@ -18,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(testhelp.Isolated(m),
 		// libp2p's shared helpers that live for the process.
 		goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
 		goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
@@ -36,8 +36,9 @@ func newPair(t *testing.T, mutate func(*Config)) pair {
 	ctx := context.Background()
 	cl, err := topology.Preset("dgx-h100", 2)
 	require.NoError(t, err)
+	dir := t.TempDir() // the test's own device claims
 	mk := func(host string) *Runtime {
-		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 256 << 20}
+		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 256 << 20}
 		if mutate != nil {
 			mutate(&cfg)
 		}
@@ -318,7 +319,7 @@ func TestRefEncoding(t *testing.T) {
 
 func FuzzParseRef(f *testing.F) {
 	cl, _ := topology.Preset("dgx-h100", 1)
-	r, err := New(context.Background(), Config{Cluster: cl, IgnoreEnv: true, DeviceMemory: 1 << 20})
+	r, err := New(context.Background(), Config{Cluster: cl, IgnoreEnv: true, RuntimeDir: f.TempDir(), DeviceMemory: 1 << 20})
 	if err != nil {
 		f.Fatal(err)
 	}
