@@ -133,7 +133,7 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 		var v any = reports // --plugin: the device plugin's report alone, as before
 		if o.plugin == "" {
 			v = struct {
-				DevicePlugins []topocheck.Report    `json:"device_plugins"`
+				DevicePlugins []topocheck.Report   `json:"device_plugins"`
 				Points        []conformance.Report `json:"points"`
 				Levels        map[string]string    `json:"levels"`
 			}{reports, points, levelDemands()}
