@@ -139,13 +139,17 @@ func TestExplain(t *testing.T) {
 
 	plan := owner.Explain(ref, tensor.GPUDevice(7))
 	assert.Equal(t, fabric.P2P, plan.Chosen)
-	assert.Equal(t, "NV18", plan.Path.String())
+	assert.Equal(t, "NV18", plan.Path)
 	assert.Contains(t, plan.String(), "device link NV18")
+	assert.Zero(t, plan.Stripes, "a device link is not striped")
 
 	plan = far.Explain(ref, tensor.GPUDevice(0))
 	assert.Equal(t, fabric.RDMA, plan.Chosen)
 	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
 	assert.False(t, plan.Degraded)
+	assert.Empty(t, plan.Fallback)
+	assert.Equal(t, 8, plan.Stripes, "a dgx-h100 stripes over its eight RDMA rails")
+	assert.Contains(t, plan.String(), "(striped over up to 8)")
 	for _, c := range plan.Candidates {
 		switch c.Transport {
 		case fabric.Local:
@@ -169,7 +173,8 @@ func TestExplainSaysWhatIsMissing(t *testing.T) {
 	assert.Equal(t, fabric.TCP, plan.Chosen)
 	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
 	assert.True(t, plan.Degraded, "tcp is worse than the rdma the topology allows")
-	assert.Contains(t, plan.String(), "not running in this runtime")
+	assert.Equal(t, "allowed by the topology but not running in this runtime", plan.Fallback, "the fallback said aloud")
+	assert.Contains(t, plan.String(), "DEGRADED: rdma is not available: allowed by the topology but not running in this runtime")
 }
 
 func TestDenyListFallsBackLoudly(t *testing.T) {
