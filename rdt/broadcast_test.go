@@ -423,7 +423,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	t.Helper()
 	ctx := context.Background()
-	f.rts[k].relays.DropChunks.Store(true)
+	f.rts[k].faults.DropChunks.Store(true)
 	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
 	for i, s := range f.slots {
 		if s.rt == f.rts[k] {
