@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -14,8 +15,8 @@ func TestHoldChunk(t *testing.T) {
 	for range 3 {
 		wg.Go(s.HoldChunk)
 	}
-	for s.Held.Load() != 3 {
-		// Held counts the waiters before they block on the gate.
+	for s.Held.Load() != 3 { // Held counts the waiters before they block on the gate
+		runtime.Gosched()
 	}
 	close(gate)
 	wg.Wait()
