@@ -16,7 +16,6 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
-	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -31,9 +30,12 @@ type RelayDeps struct {
 	// TransferTimeout bounds a broadcast into a slot; ReportWait each
 	// report to the owner.
 	TransferTimeout, ReportWait time.Duration
-	// Faults are the runtime's simulated ones (DropChunks, Hold); nil is
-	// healthy.
-	Faults *faults.Sim
+	// The faults tests simulate (rdt/internal/faults.Sim, which the
+	// runtime holds): DropChunks says whether this runtime's slots drop
+	// every chunk but a broadcast's first; HoldChunk waits while tests
+	// hold chunk notices back. nil: healthy.
+	DropChunks func() bool
+	HoldChunk  func()
 }
 
 // Relays is a runtime's reader side of broadcasts: each relay fills some
@@ -49,8 +51,11 @@ type Relays struct {
 
 // NewRelays returns a runtime's reader side.
 func NewRelays(d RelayDeps) *Relays {
-	if d.Faults == nil {
-		d.Faults = new(faults.Sim)
+	if d.DropChunks == nil {
+		d.DropChunks = func() bool { return false }
+	}
+	if d.HoldChunk == nil {
+		d.HoldChunk = func() {}
 	}
 	return &Relays{d: d, env: d.Env}
 }
@@ -361,10 +366,10 @@ func (rs *Relays) Chunk(m Msg) error {
 	if err != nil {
 		return err
 	}
-	if g > 0 && rs.d.Faults.DropChunks.Load() {
+	if g > 0 && rs.d.DropChunks() {
 		return nil
 	}
-	rs.d.Faults.HoldChunk()
+	rs.d.HoldChunk()
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] || rl.ctx.Err() != nil {
