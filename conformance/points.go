@@ -48,7 +48,7 @@ var (
 )
 
 // Points lists every built-in plug-in point but the device plugins, which
-// topology/topotest verifies in process (DevicePlugin points come from
+// topology/topocheck verifies in process (DevicePlugin points come from
 // topology.DefaultPlugins). The declared levels are the project's claims;
 // the checks are what backs them.
 func Points() []Point {

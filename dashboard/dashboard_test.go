@@ -18,13 +18,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric/linkstat"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(testhelp.Isolated(m),
 		goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
 		goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
 		goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
@@ -42,7 +43,7 @@ func twoHosts(t *testing.T) []*rdt.Runtime {
 	require.NoError(t, err)
 	var rts []*rdt.Runtime
 	for _, h := range cl.HostIDs() {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, DeviceMemory: 64 << 20})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 64 << 20})
 		require.NoError(t, err)
 		t.Cleanup(func() { r.Shutdown(context.Background()) })
 		rts = append(rts, r)

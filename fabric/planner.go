@@ -79,6 +79,7 @@ type Candidate struct {
 	Usable    bool    `json:"usable"`
 	GBps      float64 `json:"gbps,omitempty"`
 	Reason    string  `json:"reason"`
+	Stripes   int     `json:"stripes,omitempty"` // Cost.Stripes: rails or connections one transfer is cut across
 
 	t Transport // nil for the best path when this runtime does not run it
 }
@@ -275,7 +276,7 @@ func (p *Planner) Plan(src, dst Endpoint) Plan {
 				c.Reason = "cannot reach the destination"
 			}
 		default:
-			c.Usable, c.GBps, c.Reason = true, cost.GBps, cost.Reason
+			c.Usable, c.GBps, c.Reason, c.Stripes = true, cost.GBps, cost.Reason, cost.Stripes
 			if plan.Chosen == "" {
 				plan.Chosen = t.Name()
 			}

@@ -84,6 +84,9 @@ type Cost struct {
 	Path   topology.Path
 	GBps   float64 // estimated throughput, gigabytes per second
 	Reason string  // why this transport can serve the pair
+	// Stripes is the most rails (rdma) or connections (tcp) one transfer
+	// is cut across; 0 when the transport does not stripe.
+	Stripes int
 }
 
 // Stats describes one completed transfer.

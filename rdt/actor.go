@@ -453,11 +453,10 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 	return a.rt.objects.Free(ref.Object)
 }
 
-// Explain says which path a Get of ref onto dst would take, and why the
-// other transports would not be used.
+// explain is Explain's plan as the planner makes it (explain.go).
 // A destination Get would refuse (a device the actor may not use, a
 // malformed ref) makes a plan with nothing chosen and Err saying why.
-func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
+func (a *Actor) explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
 	plan := a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst)) // the value Get runs
 	noteViewCopy(&plan, ref)
 	a.rt.noteMemory(&plan, dst) // devices.go

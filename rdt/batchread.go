@@ -167,7 +167,7 @@ func (p BatchPlan) String() string {
 func (a *Actor) ExplainBatch(refs []Ref, dst tensor.DeviceID) BatchPlan {
 	var g batchGrouper
 	for _, ref := range refs {
-		plan := a.Explain(ref, dst)
+		plan := a.explain(ref, dst)
 		if plan.Err == nil && ref.Owner != a.rt.host.ID() {
 			plan = a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst))
 		}

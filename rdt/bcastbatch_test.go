@@ -169,7 +169,7 @@ func TestBroadcastBatchReparent(t *testing.T) {
 	srcs, data := stateDict(t, f, 2<<20, 3000, 1<<20+1)
 	slots, refs := reserveDict(t, f, srcs)
 	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3).
-	f.rts[2].relays.DropChunks.Store(true)
+	f.rts[2].faults.DropChunks.Store(true)
 	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
 	waitRelay(t, slots[2][0])
 	dead, cancel := context.WithCancel(ctx)
@@ -201,7 +201,7 @@ func TestBroadcastBatchReparentFlow(t *testing.T) {
 	slots, refs := reserveDict(t, f, srcs, WithGenerations())
 	// Chain: owner → h1 (reader 1) → h2 (reader 2) → h3 (reader 3); h2
 	// takes the first chunk only (the whole first object) and forwards it.
-	f.rts[2].relays.DropChunks.Store(true)
+	f.rts[2].faults.DropChunks.Store(true)
 	h := f.owner.StartBroadcastBatch(ctx, srcs, refs, BroadcastConfig{ChunkSize: 256 << 10})
 	require.Eventually(t, func() bool { return slots[3][0].Pushes() == 1 }, 20*time.Second, time.Millisecond, "h3 has the first object")
 	dead, cancel := context.WithCancel(ctx)

@@ -24,25 +24,25 @@ func TestBroadcastWindow(t *testing.T) {
 			refs := f.refs()[1:3]        // h1's reader, then h2's (fed by h1's)
 			h1, h2 := f.rts[1], f.rts[2]
 			hold1, hold2 := make(chan struct{}), make(chan struct{})
-			h1.relays.Hold.Store(&hold1)
-			h2.relays.Hold.Store(&hold2)
+			h1.faults.Hold.Store(&hold1)
+			h2.faults.Hold.Store(&hold2)
 			release := func(r *Runtime, c chan struct{}) {
-				if r.relays.Hold.Swap(nil) != nil {
+				if r.faults.Hold.Swap(nil) != nil {
 					close(c)
 				}
 			}
 			t.Cleanup(func() { release(h1, hold1); release(h2, hold2) }) // a failed test does not hang
 			h := f.owner.StartBroadcast(ctx, f.src, refs, BroadcastConfig{ChunkSize: bcast.MinChunk, Window: window})
-			require.Eventually(t, func() bool { return h1.relays.Held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the owner's edge fills its window")
+			require.Eventually(t, func() bool { return h1.faults.Held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the owner's edge fills its window")
 			release(h1, hold1)
-			require.Eventually(t, func() bool { return h2.relays.Held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the forward fills its window")
+			require.Eventually(t, func() bool { return h2.faults.Held.Load() == int64(window) }, 20*time.Second, time.Millisecond, "the forward fills its window")
 			release(h2, hold2)
 			res, err := h.Await(ctx)
 			require.NoError(t, err)
 			require.NoError(t, res.Err())
 			assert.Equal(t, 0, res.Readers[1].FedBy, "h2 is fed by h1's reader")
-			assert.Equal(t, int64(window), h1.relays.HeldMax.Load(), "never more than the window")
-			assert.Equal(t, int64(window), h2.relays.HeldMax.Load(), "never more than the window")
+			assert.Equal(t, int64(window), h1.faults.HeldMax.Load(), "never more than the window")
+			assert.Equal(t, int64(window), h2.faults.HeldMax.Load(), "never more than the window")
 			checkSlot(t, f.slots[1], 0, f.data)
 			checkSlot(t, f.slots[2], 0, f.data)
 			assert.Equal(t, Progress{Done: 2 * res.Bytes, Total: 2 * res.Bytes}, h.Progress())

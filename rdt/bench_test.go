@@ -43,7 +43,7 @@ func newBenchEnv(b *testing.B) benchEnv {
 	cl, _ := topology.Preset("dgx-h100", 2)
 	var rts []*Runtime
 	mk := func(host string, noRDMA bool) *Runtime {
-		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, Transports: stack.Config{DisableRDMA: noRDMA}})
+		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: b.TempDir(), DeviceMemory: 1 << 30, Transports: stack.Config{DisableRDMA: noRDMA}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -281,7 +281,7 @@ func BenchmarkGetTCPEncrypted(b *testing.B) {
 		// rdma off on both readers: encryption turns it off, and the plain
 		// reader must move the bytes the same way for the ratio to mean
 		// what encryption costs.
-		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 1 << 30, EncryptData: enc, Transports: stack.Config{DisableRDMA: true}})
+		r, err := New(ctx, Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: b.TempDir(), DeviceMemory: 1 << 30, EncryptData: enc, Transports: stack.Config{DisableRDMA: true}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -19,7 +19,7 @@ func ExampleActor_Broadcast() {
 	cluster, _ := topology.Preset("dgx-h100", 3)
 	var rts []*rdt.Runtime
 	for _, h := range []string{"h0", "h1", "h2"} {
-		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true})
+		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 		defer r.Shutdown(ctx)
 		rts = append(rts, r)
 	}
@@ -73,7 +73,7 @@ func ExampleActor_BroadcastBatch() {
 	cluster, _ := topology.Preset("dgx-h100", 3)
 	var rts []*rdt.Runtime
 	for _, h := range []string{"h0", "h1", "h2"} {
-		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true})
+		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 		defer r.Shutdown(ctx)
 		rts = append(rts, r)
 	}

@@ -354,7 +354,7 @@ func TestBroadcastPlanOrder(t *testing.T) {
 	for _, h := range cl.Hosts {
 		h.Labels[topology.LabelRack] = racks[h.ID]
 	}
-	r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 16 << 20})
+	r, err := New(ctx, Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 16 << 20})
 	require.NoError(t, err)
 	defer r.Shutdown(ctx)
 	src := Ref{Owner: r.host.ID(), Incarnation: r.incarnation, Host: "h0", Device: tensor.GPUDevice(0)}
@@ -423,7 +423,7 @@ func TestWaitConsumedReaderLeaves(t *testing.T) {
 func killMidway(t *testing.T, f *fleet, k int) *BroadcastResult {
 	t.Helper()
 	ctx := context.Background()
-	f.rts[k].relays.DropChunks.Store(true)
+	f.rts[k].faults.DropChunks.Store(true)
 	h := f.owner.StartBroadcast(ctx, f.src, f.refs(), BroadcastConfig{ChunkSize: 256 << 10})
 	for i, s := range f.slots {
 		if s.rt == f.rts[k] {

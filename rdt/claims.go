@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"testing"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/claims"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
@@ -76,15 +75,10 @@ var (
 )
 
 // defaultRuntimeDir is where claims live when neither Config nor the
-// environment says. A test binary gets a directory of its own: go test runs
-// packages in parallel processes that simulate the same hosts, and they
-// must not refuse each other (tests of the guard set RuntimeDir).
-func defaultRuntimeDir(log *slog.Logger) string {
-	if testing.Testing() {
-		return ProcessRuntimeDir()
-	}
-	return claims.UserDir(log)
-}
+// environment says: the user's directory, whoever runs. Tests choose their
+// own (internal/testhelp.Isolated, or Config.RuntimeDir), so that parallel
+// test processes simulating the same hosts do not refuse each other.
+func defaultRuntimeDir(log *slog.Logger) string { return claims.UserDir(log) }
 
 // claimDevices claims devs on host for this runtime (package claims), as
 // a *DeviceClaimError when another process holds one.

@@ -72,9 +72,10 @@ type Config struct {
 	// device), flock'ed for the runtime's life. Default:
 	// TENSORLANE_RUNTIME_DIR unless IgnoreEnv, else
 	// $XDG_RUNTIME_DIR/tensorlane, else <tmp>/tensorlane-<uid> unless another
-	// local user holds it, else <user cache>/tensorlane/run (a test
-	// binary gets a directory of its own, so parallel test packages do
-	// not refuse each other).
+	// local user holds it, else <user cache>/tensorlane/run. A program
+	// that simulates a whole cluster in one process sets
+	// ProcessRuntimeDir(); a test sets t.TempDir() (or runs under
+	// internal/testhelp.Isolated, which sets TENSORLANE_RUNTIME_DIR).
 	RuntimeDir string
 	// DeviceMemory caps each simulated device's arena (bytes); 0 uses the
 	// device's memory size from the topology.

@@ -23,7 +23,7 @@ func TestSendTruthfulWhenReceiverShutsDown(t *testing.T) {
 	const rounds = 12
 	delivered := 0
 	for i := range rounds {
-		rt, err := New(ctx, Config{Cluster: p.cluster, Host: "h1", IgnoreEnv: true, DeviceMemory: 1 << 20})
+		rt, err := New(ctx, Config{Cluster: p.cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 1 << 20})
 		require.NoError(t, err)
 		rcv, _ := rt.Spawn("receiver")
 		got := make(chan bool, 1)
@@ -45,7 +45,7 @@ func TestSendTruthfulWhenReceiverShutsDown(t *testing.T) {
 	}
 	assert.Equal(t, rounds, delivered, "every message reached a live receiver")
 	// After Shutdown, Send fails and says why.
-	rt, err := New(ctx, Config{Cluster: p.cluster, Host: "h1", IgnoreEnv: true, DeviceMemory: 1 << 20})
+	rt, err := New(ctx, Config{Cluster: p.cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 1 << 20})
 	require.NoError(t, err)
 	rcv, _ := rt.Spawn("receiver")
 	require.NoError(t, rt.Shutdown(ctx))

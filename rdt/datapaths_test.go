@@ -18,7 +18,7 @@ import (
 func sameHostRuntime(t *testing.T, p pair, mutate func(*Config)) *Runtime {
 	t.Helper()
 	ctx := context.Background()
-	cfg := Config{Cluster: p.cluster, Host: "h0", IgnoreEnv: true, DeviceMemory: 256 << 20}
+	cfg := Config{Cluster: p.cluster, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 256 << 20}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -49,7 +49,7 @@ func TestRuntimeOpensCUDADevices(t *testing.T) {
 	require.NoError(t, err)
 	cl.Hosts[0].Simulated = false // as topology.Discover builds it
 	var logs syncBuffer
-	r, err := New(ctx, Config{Cluster: cl, IgnoreEnv: true, VisibleDevices: []int{0, 1},
+	r, err := New(ctx, Config{Cluster: cl, IgnoreEnv: true, RuntimeDir: t.TempDir(), VisibleDevices: []int{0, 1},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	defer r.Shutdown(ctx)
@@ -97,7 +97,7 @@ func TestRuntimeWithoutDriverSimulatesLoudly(t *testing.T) {
 	require.NoError(t, err)
 	cl.Hosts[0].Simulated = false
 	var logs syncBuffer
-	r, err := New(ctx, Config{Cluster: cl, IgnoreEnv: true, VisibleDevices: []int{2}, DeviceMemory: 1 << 20,
+	r, err := New(ctx, Config{Cluster: cl, IgnoreEnv: true, RuntimeDir: t.TempDir(), VisibleDevices: []int{2}, DeviceMemory: 1 << 20,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	st := r.MemoryStats()
@@ -106,7 +106,7 @@ func TestRuntimeWithoutDriverSimulatesLoudly(t *testing.T) {
 	assert.Contains(t, logs.String(), "level=WARN msg=\"device memory is simulated\"")
 	assert.Contains(t, logs.String(), "cuda driver not usable")
 
-	_, err = New(ctx, Config{Cluster: cl, IgnoreEnv: true, VisibleDevices: []int{2}, DeviceBackend: "real"})
+	_, err = New(ctx, Config{Cluster: cl, IgnoreEnv: true, RuntimeDir: t.TempDir(), VisibleDevices: []int{2}, DeviceBackend: "real"})
 	require.ErrorIs(t, err, cuda.ErrUnavailable)
 	assert.Contains(t, err.Error(), "rdt: host h0 devices: backend cuda")
 }

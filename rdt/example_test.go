@@ -16,9 +16,9 @@ import (
 func Example() {
 	ctx := context.Background()
 	cluster, _ := topology.Preset("dgx-h100", 2)
-	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true})
+	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 	defer a.Shutdown(ctx)
-	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true})
+	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 	defer b.Shutdown(ctx)
 
 	trainer, _ := a.Spawn("trainer")
@@ -51,9 +51,9 @@ func Example() {
 func ExampleActor_Release() {
 	ctx := context.Background()
 	cluster, _ := topology.Preset("dgx-h100", 2)
-	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true})
+	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 	defer a.Shutdown(ctx)
-	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true})
+	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 	defer b.Shutdown(ctx)
 	owner, _ := a.Spawn("owner")
 	reader, _ := b.Spawn("reader")
@@ -83,9 +83,9 @@ func ExampleActor_Release() {
 func ExampleActor_Push() {
 	ctx := context.Background()
 	cluster, _ := topology.Preset("dgx-h100", 2)
-	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, DeviceMemory: 64 << 20})
+	a, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 64 << 20})
 	defer a.Shutdown(ctx)
-	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, DeviceMemory: 64 << 20})
+	b, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 64 << 20})
 	defer b.Shutdown(ctx)
 	trainer, _ := a.Spawn("trainer")
 	reader, _ := b.Spawn("reader")
@@ -125,7 +125,7 @@ func ExampleActor_Push() {
 func ExampleParseRef() {
 	ctx := context.Background()
 	cluster, _ := topology.Preset("dgx-h100", 2)
-	owner, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, DeviceMemory: 64 << 20})
+	owner, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h0", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 64 << 20})
 	defer owner.Shutdown(ctx)
 	trainer, _ := owner.Spawn("trainer")
 	gpu0, _ := owner.Memory(tensor.GPUDevice(0))
@@ -134,7 +134,7 @@ func ExampleParseRef() {
 	wire, _ := ref.MarshalBinary()          // the owner's process writes these bytes...
 	addr, _ := trainer.Addr().MarshalText() // ...and where to find it
 
-	other, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, DeviceMemory: 64 << 20})
+	other, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: "h1", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 64 << 20})
 	defer other.Shutdown(ctx)
 	got, err := rdt.ParseRef(wire) // the reader's process parses them
 	if err != nil {

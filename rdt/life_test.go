@@ -434,7 +434,7 @@ func TestRestartWithSameIdentity(t *testing.T) {
 	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	require.NoError(t, err)
 	mk := func(host string, mutate func(*Config)) *Runtime {
-		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 64 << 20}
+		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 64 << 20}
 		fastLife(&cfg)
 		if mutate != nil {
 			mutate(&cfg)
@@ -493,7 +493,7 @@ func cluster(t *testing.T, mutate ...func(*Config)) []*Runtime {
 	require.NoError(t, err)
 	out := make([]*Runtime, len(mutate))
 	for i, m := range mutate {
-		cfg := Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 64 << 20}
+		cfg := Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 64 << 20}
 		fastLife(&cfg)
 		if m != nil {
 			m(&cfg)

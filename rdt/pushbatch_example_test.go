@@ -18,7 +18,7 @@ func ExampleActor_PushBatch() {
 	cluster, _ := topology.Preset("dgx-h100", 2)
 	var rts []*rdt.Runtime
 	for _, h := range []string{"h0", "h1"} {
-		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true})
+		r, _ := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir()})
 		defer r.Shutdown(ctx)
 		rts = append(rts, r)
 	}

@@ -29,7 +29,7 @@ func TestRDMAProviderKind(t *testing.T) {
 	}{{"bogus", "unknown rdma provider"}, {"ofi", ofi.ErrNotBuiltIn.Error()}} {
 		t.Run(tc.kind, func(t *testing.T) {
 			var logs bytes.Buffer
-			r, err := rdt.New(context.Background(), rdt.Config{Cluster: cl, Host: "h0", IgnoreEnv: true, Transports: stack.Config{RDMAProviderKind: tc.kind},
+			r, err := rdt.New(context.Background(), rdt.Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), Transports: stack.Config{RDMAProviderKind: tc.kind},
 				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			if err != nil {
 				t.Fatal(err)

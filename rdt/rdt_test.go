@@ -18,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(testhelp.Isolated(m),
 		// libp2p's shared helpers that live for the process.
 		goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
 		goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
@@ -36,8 +36,9 @@ func newPair(t *testing.T, mutate func(*Config)) pair {
 	ctx := context.Background()
 	cl, err := topology.Preset("dgx-h100", 2)
 	require.NoError(t, err)
+	dir := t.TempDir() // the test's own device claims
 	mk := func(host string) *Runtime {
-		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 256 << 20}
+		cfg := Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 256 << 20}
 		if mutate != nil {
 			mutate(&cfg)
 		}
@@ -138,13 +139,17 @@ func TestExplain(t *testing.T) {
 
 	plan := owner.Explain(ref, tensor.GPUDevice(7))
 	assert.Equal(t, fabric.P2P, plan.Chosen)
-	assert.Equal(t, "NV18", plan.Path.String())
+	assert.Equal(t, "NV18", plan.Path)
 	assert.Contains(t, plan.String(), "device link NV18")
+	assert.Zero(t, plan.Stripes, "a device link is not striped")
 
 	plan = far.Explain(ref, tensor.GPUDevice(0))
 	assert.Equal(t, fabric.RDMA, plan.Chosen)
 	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
 	assert.False(t, plan.Degraded)
+	assert.Empty(t, plan.Fallback)
+	assert.Equal(t, 8, plan.Stripes, "a dgx-h100 stripes over its eight RDMA rails")
+	assert.Contains(t, plan.String(), "(striped over up to 8)")
 	for _, c := range plan.Candidates {
 		switch c.Transport {
 		case fabric.Local:
@@ -168,7 +173,8 @@ func TestExplainSaysWhatIsMissing(t *testing.T) {
 	assert.Equal(t, fabric.TCP, plan.Chosen)
 	assert.Equal(t, fabric.RDMA, plan.Best, "both hosts have RDMA NICs")
 	assert.True(t, plan.Degraded, "tcp is worse than the rdma the topology allows")
-	assert.Contains(t, plan.String(), "not running in this runtime")
+	assert.Equal(t, "allowed by the topology but not running in this runtime", plan.Fallback, "the fallback said aloud")
+	assert.Contains(t, plan.String(), "DEGRADED: rdma is not available: allowed by the topology but not running in this runtime")
 }
 
 func TestDenyListFallsBackLoudly(t *testing.T) {
@@ -318,7 +324,7 @@ func TestRefEncoding(t *testing.T) {
 
 func FuzzParseRef(f *testing.F) {
 	cl, _ := topology.Preset("dgx-h100", 1)
-	r, err := New(context.Background(), Config{Cluster: cl, IgnoreEnv: true, DeviceMemory: 1 << 20})
+	r, err := New(context.Background(), Config{Cluster: cl, IgnoreEnv: true, RuntimeDir: f.TempDir(), DeviceMemory: 1 << 20})
 	if err != nil {
 		f.Fatal(err)
 	}

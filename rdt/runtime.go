@@ -147,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.bcast = bcastrun.NewOwner(bcastrun.Deps{Env: bcastEnv{r}, Cluster: c.Cluster, Objects: r.objects,
 		Metrics: bmet, Log: r.log, AbortWait: c.HeartbeatInterval})
 	r.relays = bcastrun.NewRelays(bcastrun.RelayDeps{Env: bcastEnv{r}, Sinks: r.sinks, Metrics: bmet, Log: r.log,
-		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout})
+		TransferTimeout: c.TransferTimeout, ReportWait: controlTimeout, DropChunks: r.faults.DropChunks.Load, HoldChunk: r.faults.HoldChunk})
 	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
 	r.obs = newObserver(r, reg)
 	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,

@@ -21,7 +21,7 @@ func TestPlanBroadcastTreeIsExplainBroadcast(t *testing.T) {
 	require.NoError(t, err)
 	var rts []*rdt.Runtime
 	for _, h := range []string{"h0", "h1", "h2"} {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cluster, Host: h, IgnoreEnv: true, RuntimeDir: t.TempDir()})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = r.Shutdown(ctx) })
 		rts = append(rts, r)

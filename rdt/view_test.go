@@ -23,7 +23,7 @@ func sameHost(t *testing.T) (*Runtime, *Runtime) {
 	require.NoError(t, err)
 	var rts []*Runtime
 	for range 2 {
-		cfg := Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 64 << 20}
+		cfg := Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 64 << 20}
 		fastLife(&cfg)
 		r, err := New(ctx, cfg)
 		require.NoError(t, err)

@@ -21,5 +21,6 @@
 // (SELF, NV#, PIX, PXB, PHB, NODE, SYS, MNNVL, NET), NICPath how a device
 // reaches a NIC and NearestNICs which NIC serves a device; the scheduler
 // places actors with the same model. Plugins are checked by the conformance
-// suite in topology/topotest, which also builds fake sysfs trees for tests.
+// suite in topology/topocheck, which also builds fake sysfs trees (tests run
+// it through topology/topotest).
 package topology

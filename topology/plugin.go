@@ -88,7 +88,8 @@ func ParseMaturity(s string) (Maturity, error) {
 // could not read with Scan.Warn rather than fail: an error it returns is
 // recorded as a warning too, and discovery goes on with the next plugin.
 //
-// Plugins are run by the conformance suite in topology/topotest.
+// Plugins are run by the conformance suite in topology/topocheck (in a
+// vendor's tests through topology/topotest.Run).
 type Plugin interface {
 	// Name is short, lower case and stable ("nvidia", "amd").
 	Name() string

@@ -135,7 +135,7 @@ func runBroadcastCells(ctx context.Context, cfg BroadcastConfig, tr string, size
 		}
 	}()
 	for i := range cfg.Hosts {
-		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: size + 16<<20}
+		c := rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: size + 16<<20}
 		if tr == "tcp" {
 			c.Transports.Deny = []string{"rdma"}
 		}

@@ -59,7 +59,7 @@ func RunZeroCopy(ctx context.Context, sizes []int64, rounds int) (out []ZeroCopy
 		}
 	}()
 	for range 2 {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: "h0", IgnoreEnv: true, DeviceMemory: 2*maxSize + 64<<20})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: "h0", IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 2*maxSize + 64<<20})
 		if err != nil {
 			return nil, err
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/tensorlane/tensorlane/conformance"
 
 	"github.com/tensorlane/tensorlane/topology"
-	"github.com/tensorlane/tensorlane/topology/topotest"
+	"github.com/tensorlane/tensorlane/topology/topocheck"
 )
 
 type conformanceOptions struct {
@@ -43,7 +43,7 @@ func newConformanceCmd() *cobra.Command {
 verified (experimental, alpha, beta, stable), from one definition of what each level demands
 (package conformance; docs/ci.md lists it).
 
-Device plugins: the topology suite (package topology/topotest) runs in process on every plugin
+Device plugins: the topology suite (package topology/topocheck) runs in process on every plugin
 (built-in and registered) against the built-in fixture trees; its stable checks discover this
 machine and need --hardware, which says that it has the plugin's devices.
 
@@ -88,21 +88,21 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	cache := topotest.NewTreeCache(tmp)
+	cache := topocheck.NewTreeCache(tmp)
 	if o.trees != "" {
-		for _, f := range topotest.Fixtures() {
+		for _, f := range topocheck.Fixtures() {
 			d := filepath.Join(o.trees, f.Name)
 			if fi, err := os.Stat(d); err == nil && fi.IsDir() {
 				cache.Seed(f.Name, d)
 			}
 		}
 	}
-	var reports []topotest.Report
+	var reports []topocheck.Report
 	for _, p := range topology.DefaultPlugins() {
 		if o.plugin != "" && p.Name() != o.plugin || len(o.points) > 0 {
 			continue
 		}
-		reports = append(reports, topotest.Check(ctx, p, topotest.Config{Hardware: o.hardware, Cache: cache}))
+		reports = append(reports, topocheck.Check(ctx, p, topocheck.Config{Hardware: o.hardware, Cache: cache}))
 	}
 	if len(reports) == 0 && len(o.points) == 0 {
 		return fmt.Errorf("conformance: no plugin %q", o.plugin)
@@ -133,7 +133,7 @@ func runConformance(ctx context.Context, w io.Writer, o conformanceOptions) erro
 		var v any = reports // --plugin: the device plugin's report alone, as before
 		if o.plugin == "" {
 			v = struct {
-				DevicePlugins []topotest.Report    `json:"device_plugins"`
+				DevicePlugins []topocheck.Report   `json:"device_plugins"`
 				Points        []conformance.Report `json:"points"`
 				Levels        map[string]string    `json:"levels"`
 			}{reports, points, levelDemands()}

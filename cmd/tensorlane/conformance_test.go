@@ -8,14 +8,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorlane/tensorlane/topology/topotest"
+	"github.com/tensorlane/tensorlane/topology/topocheck"
 )
 
 func TestConformanceCommand(t *testing.T) {
 	trees := filepath.Join("..", "..", "topology", "testdata", "sysfs")
 	out, err := execCmd(t, newConformanceCmd(), "--plugin", "nvidia", "--json", "--trees", trees)
 	require.NoError(t, err)
-	var reps []topotest.Report
+	var reps []topocheck.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &reps))
 	require.Len(t, reps, 1)
 	assert.True(t, reps[0].OK())

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 )
 
 // TestMain lets a test run this binary as the command itself: with
@@ -19,7 +21,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(testhelp.Isolated(m).Run())
 }
 
 // runMain runs the command in a child process and returns its stdout,

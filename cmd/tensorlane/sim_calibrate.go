@@ -141,7 +141,7 @@ func runCalibrate(ctx context.Context, w io.Writer, o calibrateOptions) error {
 		}
 	}()
 	for i := range 2 {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, DeviceMemory: 2*size + 16<<20})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: cl.Hosts[i].ID, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 2*size + 16<<20})
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 	"github.com/tensorlane/tensorlane/fabric/rdma/ofi"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 )
@@ -25,11 +26,12 @@ import (
 func BenchmarkLatency4KiB(b *testing.B) {
 	providers := map[string]func(t testing.TB, names ...string) testProvider{
 		"soft": func(t testing.TB, names ...string) testProvider {
-			p, err := softrdma.New(softrdma.Config{NICs: loopbackNICs(names...)})
+			sim := new(faults.Sim)
+			p, err := softrdma.New(softrdma.Config{NICs: loopbackNICs(names...), Faults: sim})
 			if err != nil {
 				t.Fatal(err)
 			}
-			return p
+			return testProvider{p, sim}
 		},
 		"ofi":        ofiProvider(false),
 		"ofi-poll":   ofiProvider(true),
@@ -101,10 +103,11 @@ func ofiProviderWith(set func(*ofi.Config)) func(t testing.TB, names ...string) 
 		for _, n := range names {
 			cfg.NICs = append(cfg.NICs, ofi.NIC{Name: n, Domain: "lo", Addr: "127.0.0.1:0"})
 		}
+		cfg.Faults = new(faults.Sim)
 		p, err := ofi.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p
+		return testProvider{p, cfg.Faults}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -37,9 +38,9 @@ type twoHosts struct {
 
 func newTwoHosts(tb testing.TB, size int64, mutate func(*rdma.Config)) *twoHosts {
 	tb.Helper()
-	netns.Require(tb)
+	netnstest.Require(tb)
 	ctx := context.Background()
-	h := &twoHosts{a: netns.New(tb, "rdmaa"), b: netns.New(tb, "rdmab"), token: []byte("tok")}
+	h := &twoHosts{a: netnstest.New(tb, "rdmaa"), b: netnstest.New(tb, "rdmab"), token: []byte("tok")}
 	for i := range 2 {
 		dev := fmt.Sprintf("r%d", i)
 		if err := netns.Veth(ctx, h.a, dev, fmt.Sprintf("10.7%d.0.1/24", i+1), h.b, dev, fmt.Sprintf("10.7%d.0.2/24", i+1)); err != nil {

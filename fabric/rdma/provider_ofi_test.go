@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 	"github.com/tensorlane/tensorlane/fabric/rdma/ofi"
 )
 
@@ -27,10 +28,11 @@ func init() {
 		for _, n := range names {
 			cfg.NICs = append(cfg.NICs, ofi.NIC{Name: n, Domain: "lo", Addr: "127.0.0.1:0"})
 		}
+		cfg.Faults = new(faults.Sim)
 		p, err := ofi.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p
+		return testProvider{p, cfg.Faults}
 	}
 }

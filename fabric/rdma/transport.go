@@ -219,14 +219,17 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 		cost.Path.Class = topology.PathSYS
 		cost.GBps = 2 // the software provider over loopback
 		cost.Reason = "same host over loopback rails (AllowLoopback)"
+		cost.Stripes = len(t.nics)
 		return cost, true
 	}
 	if t.cfg.Topology == nil {
 		cost.GBps = 12.5
 		cost.Reason = "different hosts (no topology: assuming RDMA NICs)"
+		cost.Stripes = len(t.nics)
 		return cost, true
 	}
 	var speeds [2]float64
+	var rails [2]int
 	for i, h := range []string{src.Host, dst.Host} {
 		host, ok := t.cfg.Topology.Host(h)
 		if !ok {
@@ -235,6 +238,7 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 		for _, n := range host.NICs {
 			if n.RDMA() {
 				speeds[i] += n.SpeedGbps
+				rails[i]++
 			}
 		}
 		if speeds[i] == 0 {
@@ -242,6 +246,7 @@ func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 		}
 	}
 	cost.GBps = min(speeds[0], speeds[1]) / 8
+	cost.Stripes = min(rails[0], rails[1])
 	cost.Reason = fmt.Sprintf("RDMA NICs on both hosts (%.0f Gb/s striped)", min(speeds[0], speeds[1]))
 	return cost, true
 }

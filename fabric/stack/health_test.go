@@ -25,6 +25,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -55,9 +56,9 @@ func (b heldBuf) Bytes() []byte { p, _ := tensor.BytesOf(b.Buffer); return p }
 
 func newHealthRig(t *testing.T, size int64, pause time.Duration, forceTCPInfo bool) *healthRig {
 	t.Helper()
-	netns.Require(t)
+	netnstest.Require(t)
 	ctx := context.Background()
-	h := &healthRig{a: netns.New(t, "lha"), b: netns.New(t, "lhb"), clk: clockwork.NewFakeClock()}
+	h := &healthRig{a: netnstest.New(t, "lha"), b: netnstest.New(t, "lhb"), clk: clockwork.NewFakeClock()}
 	for i := range 2 {
 		dev := fmt.Sprintf("r%d", i)
 		require.NoError(t, netns.Veth(ctx, h.a, dev, fmt.Sprintf("10.8%d.0.1/24", i+1), h.b, dev, fmt.Sprintf("10.8%d.0.2/24", i+1)))

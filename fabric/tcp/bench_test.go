@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -226,10 +227,10 @@ func BenchmarkAutoLoopback(b *testing.B) {
 // always-ratio = compressed throughput / uncompressed, auto-ratio = auto /
 // uncompressed (auto has to discover that the link is slow).
 func BenchmarkShapedLink(b *testing.B) {
-	netns.Require(b)
+	netnstest.Require(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	owner, reader := netns.New(b, "own"), netns.New(b, "rd")
+	owner, reader := netnstest.New(b, "own"), netnstest.New(b, "rd")
 	if err := netns.Veth(ctx, owner, "to", "10.77.0.1/24", reader, "tr", "10.77.0.2/24"); err != nil {
 		b.Fatal(err)
 	}

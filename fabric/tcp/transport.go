@@ -172,9 +172,9 @@ const (
 // Reach serves any pair: tcp is the path of last resort.
 func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	if src.Host == dst.Host {
-		return fabric.Cost{Path: topology.Path{Class: topology.PathSYS}, GBps: loopbackGBps, Reason: "same host over loopback sockets"}, true
+		return fabric.Cost{Path: topology.Path{Class: topology.PathSYS}, GBps: loopbackGBps, Reason: "same host over loopback sockets", Stripes: t.cfg.Streams}, true
 	}
-	return fabric.Cost{Path: topology.Path{Class: topology.PathNET}, GBps: netGBps, Reason: "any host over TCP"}, true
+	return fabric.Cost{Path: topology.Path{Class: topology.PathNET}, GBps: netGBps, Reason: "any host over TCP", Stripes: t.cfg.Streams}, true
 }
 
 // transfer is one Read or Write as its stripes see it.

@@ -59,6 +59,7 @@ func listModule(t *testing.T) []Package {
 				order = append(order, path)
 			}
 			for _, imp := range p.Imports {
+				pkg.Testing = pkg.Testing || imp == "testing"
 				if strings.HasPrefix(imp, Module+"/") && !slices.Contains(pkg.Imports, rel(imp)) {
 					pkg.Imports = append(pkg.Imports, rel(imp))
 				}
@@ -147,6 +148,21 @@ func TestCheck(t *testing.T) {
 			{Path: "dashboard", Imports: []string{"internal/testhelp"}, Doc: doc},
 			{Path: "internal/testhelp", Doc: doc},
 		}, []string{"dashboard imports internal/testhelp, a helper for tests only"}},
+		{"a program links a *test package (the conformance command and topotest)", []Package{
+			{Path: "cmd/tensorlane", Imports: []string{"topology/topotest", "topology/topocheck"}, Doc: doc},
+			{Path: "topology/topocheck", Imports: []string{"topology"}, Doc: doc},
+			{Path: "topology/topotest", Imports: []string{"topology", "topology/topocheck"}, Doc: doc, Testing: true},
+		}, []string{"cmd/tensorlane imports topology/topotest, a helper for tests only"}},
+		{"a package that imports testing is a test helper, whatever its name", []Package{
+			{Path: "conformance", Imports: []string{"internal/netns"}, Doc: doc},
+			{Path: "internal/netns", Doc: doc, Testing: true},
+		}, []string{"conformance imports internal/netns, a helper for tests only"}},
+		{"helpers build on helpers (below testhelp is a helper too); a name that only contains test is not one", []Package{
+			{Path: "fabric/rdma/internal/provtest", Imports: []string{"fabric/fabrictest"}, Doc: doc, Testing: true},
+			{Path: "fabric/fabrictest", Doc: doc, Testing: true},
+			{Path: "internal/testhelp/caps", Imports: []string{"internal/testhelp"}, Doc: doc},
+			{Path: "rdt", Imports: []string{"fabric/fabrictestdata"}, Doc: doc},
+		}, nil},
 		{"no doc comment", []Package{{Path: "fabric/new"}}, []string{"fabric/new has no package doc comment"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -156,5 +172,24 @@ func TestCheck(t *testing.T) {
 				assert.True(t, strings.HasPrefix(got[i], c.want[i]), "got %q, want it to begin %q", got[i], c.want[i])
 			}
 		})
+	}
+}
+
+// TestProgramsLinkNoTestCode: the command and the C library link neither
+// the testing package nor a test helper, under every tag set (the
+// conformance command used to link topology/topotest, and through
+// internal/netns, testing).
+func TestProgramsLinkNoTestCode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, tags := range tagSets {
+		out, err := exec.CommandContext(ctx, "go", "list", "-tags", tags, "-deps", Module+"/cmd/tensorlane", Module+"/cmd/libtensorlane").Output()
+		require.NoError(t, err, "go list -deps -tags %q", tags)
+		for dep := range strings.Lines(string(out)) {
+			dep = strings.TrimSpace(dep)
+			if dep == "testing" || strings.HasPrefix(dep, Module+"/") && TestOnly(Package{Path: rel(dep)}) {
+				t.Errorf("the programs link %s (tags %q)", dep, tags)
+			}
+		}
 	}
 }

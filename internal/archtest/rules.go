@@ -106,15 +106,29 @@ func without(list []string, drop ...string) []string {
 	return out
 }
 
-// TestOnly are packages made for _test.go files: they import "testing", so
-// no non-test package but another of them may import them.
-var TestOnly = []string{"internal/testhelp", "rdt/rdttest", "fabric/fabrictest", "fabric/rdma/internal/provtest"}
+// TestOnly says whether p is made for _test.go files, so that no package
+// but another such helper may import it: its name ends in "test"
+// (fabrictest, rdttest, topotest, cudatest, ...) or is testhelp, it lies
+// below such a package, or its own files import "testing". Code that a
+// program needs lives elsewhere (topology/topocheck beside topotest).
+func TestOnly(p Package) bool {
+	if p.Testing {
+		return true
+	}
+	for e := range strings.SplitSeq(p.Path, "/") {
+		if strings.HasSuffix(e, "test") || e == "testhelp" {
+			return true
+		}
+	}
+	return false
+}
 
 // Package is what Check needs to know of one package.
 type Package struct {
-	Path    string // relative to Module
-	Imports []string
+	Path    string   // relative to Module
+	Imports []string // the module's packages it imports
 	Doc     string
+	Testing bool // its non-test files import "testing"
 }
 
 // under reports whether pkg is tree or below it.
@@ -125,6 +139,10 @@ func under(pkg, tree string) bool {
 // Check returns one line for every broken rule, sorted.
 func Check(pkgs []Package) []string {
 	var out []string
+	byPath := map[string]Package{}
+	for _, p := range pkgs {
+		byPath[p.Path] = p
+	}
 	for _, p := range pkgs {
 		if p.Doc == "" {
 			out = append(out, fmt.Sprintf("%s has no package doc comment", p.Path))
@@ -143,12 +161,12 @@ func Check(pkgs []Package) []string {
 		}
 		// A test helper may build on another (fabric/rdma/internal/provtest
 		// on fabric/fabrictest): both only ever reach _test.go files.
-		helper := slices.ContainsFunc(TestOnly, func(t string) bool { return under(p.Path, t) })
+		if TestOnly(p) {
+			continue
+		}
 		for _, imp := range p.Imports {
-			for _, t := range TestOnly {
-				if imp == t && !helper {
-					out = append(out, fmt.Sprintf("%s imports %s, a helper for tests only", p.Path, imp))
-				}
+			if h, ok := byPath[imp]; ok && TestOnly(h) || !ok && TestOnly(Package{Path: imp}) {
+				out = append(out, fmt.Sprintf("%s imports %s, a helper for tests only", p.Path, imp))
 			}
 		}
 	}

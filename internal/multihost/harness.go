@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/internal/workerproto"
 )
 
@@ -78,7 +79,7 @@ const (
 // down in t.Cleanup, even when the test fails.
 func New(t testing.TB, o Options) *Cluster {
 	t.Helper()
-	netns.Require(t)
+	netnstest.Require(t)
 	if o.Hosts <= 0 {
 		o.Hosts = 3
 	}
@@ -91,11 +92,11 @@ func New(t testing.TB, o Options) *Cluster {
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = 3 * time.Second
 	}
-	c := &Cluster{t: t, opts: o, bin: Binary(t), dir: t.TempDir(), Bridge: netns.NewBridge(t, o.NSLabel+"br")}
+	c := &Cluster{t: t, opts: o, bin: Binary(t), dir: t.TempDir(), Bridge: netnstest.NewBridge(t, o.NSLabel+"br")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := 0; i < o.Hosts; i++ {
-		h := &Host{c: c, ID: fmt.Sprintf("h%d", i), NS: netns.New(t, fmt.Sprintf("%sh%d", o.NSLabel, i)), Dev: "eth0", IP: fmt.Sprintf("10.77.0.%d", i+1)}
+		h := &Host{c: c, ID: fmt.Sprintf("h%d", i), NS: netnstest.New(t, fmt.Sprintf("%sh%d", o.NSLabel, i)), Dev: "eth0", IP: fmt.Sprintf("10.77.0.%d", i+1)}
 		h.identity = filepath.Join(c.dir, h.ID+".key")
 		port, err := c.Bridge.Attach(ctx, h.NS, h.Dev, h.IP+"/24")
 		if err != nil {
@@ -121,7 +122,7 @@ func New(t testing.TB, o Options) *Cluster {
 // a non-member is a rogue process on the cluster's network without them.
 func (c *Cluster) AddHost(ctx context.Context, label, id, ip string, member bool, args ...string) *Host {
 	c.t.Helper()
-	h := &Host{c: c, ID: id, NS: netns.New(c.t, label), Dev: "eth0", IP: ip, outsider: !member, args: args}
+	h := &Host{c: c, ID: id, NS: netnstest.New(c.t, label), Dev: "eth0", IP: ip, outsider: !member, args: args}
 	h.identity = filepath.Join(c.dir, label+".key")
 	port, err := c.Bridge.Attach(ctx, h.NS, h.Dev, h.IP+"/24")
 	if err != nil {

@@ -17,12 +17,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/rdt/rdttest"
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testhelp.Isolated(m).Run()
 	Cleanup()
 	if code == 0 {
 		// The spawner thread lives as long as the process, by design.

@@ -19,6 +19,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/fabricsim"
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
@@ -49,9 +50,9 @@ const railTimeout = time.Second
 
 func newRailHosts(t *testing.T, size int64) *railHosts {
 	t.Helper()
-	netns.Require(t)
+	netnstest.Require(t)
 	ctx := context.Background()
-	h := &railHosts{a: netns.New(t, "simrca"), b: netns.New(t, "simrcb"), token: []byte("sim"), nics: []string{"veth0", "veth1"}}
+	h := &railHosts{a: netnstest.New(t, "simrca"), b: netnstest.New(t, "simrcb"), token: []byte("sim"), nics: []string{"veth0", "veth1"}}
 	for i, dev := range h.nics {
 		require.NoError(t, netns.Veth(ctx, h.a, dev, fmt.Sprintf("10.8%d.0.1/24", i+1), h.b, dev, fmt.Sprintf("10.8%d.0.2/24", i+1)))
 		for _, ns := range []*netns.NS{h.a, h.b} {

@@ -2,8 +2,9 @@
 // namespaces, so that tests of the data paths exercise real sockets on real
 // (virtual) links instead of simulated ones.
 //
-// A test calls Require (which skips with a clear message when the process is
-// not root or the ip/tc tools are missing), creates namespaces with New,
+// A test calls netnstest.Require (which skips with a clear message when the
+// process is not root or the ip/tc tools are missing), creates namespaces
+// with netnstest.New (a program: Create, and Delete them itself),
 // joins them with Veth pairs or through a Bridge, assigns addresses, and then
 // creates listeners and dialers inside a namespace with NS.Listen and
 // NS.Dial. A socket keeps the namespace it was created in, so one test
@@ -13,7 +14,7 @@
 // Links can be cut and restored (NS.SetLink) in the middle of a transfer and
 // shaped with tc (NS.Shape: rate through tbf, delay and loss through netem).
 //
-// Everything created through a testing.TB is removed in t.Cleanup, even when
+// Everything created through netnstest is removed in t.Cleanup, even when
 // the test fails. Namespace names embed the creating process's pid
 // ("tln<pid>-<label>-<random>"), so Sweep can delete leftovers of crashed
 // test processes without touching namespaces that another live test process

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,15 +62,10 @@ var probeOnce = sync.OnceValue(func() error {
 	return ns.Delete()
 })
 
-// Require skips the test unless network namespaces, ip and tc are usable.
-// It also sweeps namespaces left behind by dead test processes.
-func Require(t testing.TB) {
-	t.Helper()
-	if err := probeOnce(); err != nil {
-		t.Skipf("skipping: needs root, ip(8), tc(8) and network namespaces: %v", err)
-	}
-	Sweep()
-}
+// Usable reports whether namespaces, ip and tc work here, by creating one
+// the first time it is asked (being root is not enough inside some
+// containers); later calls return the first answer.
+func Usable() error { return probeOnce() }
 
 // NS is a network namespace created by this package.
 type NS struct {
@@ -81,23 +75,9 @@ type NS struct {
 	deleted bool
 }
 
-// New creates a namespace whose name contains label (lowercase letters and
-// digits, at most 12), with its loopback up, and deletes it in t.Cleanup.
-func New(t testing.TB, label string) *NS {
-	t.Helper()
-	ns, err := Create(label)
-	if err != nil {
-		t.Fatalf("netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := ns.Delete(); err != nil {
-			t.Errorf("netns: cleanup: %v", err)
-		}
-	})
-	return ns
-}
-
-// Create creates a namespace without a test; the caller must Delete it.
+// Create creates a namespace whose name contains label (lowercase letters
+// and digits, at most 12), with its loopback up; the caller must Delete it
+// (netnstest.New deletes it when the test ends).
 func Create(label string) (*NS, error) {
 	if !labelRE.MatchString(label) {
 		return nil, fmt.Errorf("netns: label %q: want 1-12 lowercase letters or digits", label)
@@ -321,19 +301,24 @@ type Bridge struct {
 	mu  sync.Mutex
 }
 
-// NewBridge creates a bridge namespace (deleted in t.Cleanup) with a bridge
-// device "br0" that is up.
-func NewBridge(t testing.TB, label string) *Bridge {
-	t.Helper()
-	ns := New(t, label)
+// CreateBridge creates a bridge namespace with a bridge device "br0" that
+// is up; the caller must Delete b.NS (netnstest.NewBridge deletes it when
+// the test ends).
+func CreateBridge(label string) (*Bridge, error) {
+	ns, err := Create(label)
+	if err != nil {
+		return nil, err
+	}
 	ctx := context.Background()
-	if err := ns.IP(ctx, "link", "add", "br0", "type", "bridge"); err != nil {
-		t.Fatalf("netns: %v", err)
+	err = ns.IP(ctx, "link", "add", "br0", "type", "bridge")
+	if err == nil {
+		err = ns.SetLink(ctx, "br0", true)
 	}
-	if err := ns.SetLink(ctx, "br0", true); err != nil {
-		t.Fatalf("netns: %v", err)
+	if err != nil {
+		ns.Delete()
+		return nil, err
 	}
-	return &Bridge{NS: ns, Dev: "br0"}
+	return &Bridge{NS: ns, Dev: "br0"}, nil
 }
 
 // Attach plugs host into the bridge with a veth pair: dev (with cidr) in

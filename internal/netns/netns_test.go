@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,8 +28,8 @@ func ctxT(t *testing.T) context.Context {
 
 // pair builds A <-> B over one veth pair 10.9.0.1/24 <-> 10.9.0.2/24.
 func pair(t *testing.T) (a, b *netns.NS) {
-	netns.Require(t)
-	a, b = netns.New(t, "a"), netns.New(t, "b")
+	netnstest.Require(t)
+	a, b = netnstest.New(t, "a"), netnstest.New(t, "b")
 	if err := netns.Veth(ctxT(t), a, "ra", "10.9.0.1/24", b, "rb", "10.9.0.2/24"); err != nil {
 		t.Fatal(err)
 	}
@@ -160,12 +161,12 @@ func TestShape(t *testing.T) {
 }
 
 func TestBridge(t *testing.T) {
-	netns.Require(t)
+	netnstest.Require(t)
 	ctx := ctxT(t)
-	br := netns.NewBridge(t, "sw")
+	br := netnstest.NewBridge(t, "sw")
 	hosts := make([]*netns.NS, 3)
 	for i := range hosts {
-		hosts[i] = netns.New(t, fmt.Sprintf("h%d", i))
+		hosts[i] = netnstest.New(t, fmt.Sprintf("h%d", i))
 		if _, err := br.Attach(ctx, hosts[i], "eth0", fmt.Sprintf("192.168.77.%d/24", i+1)); err != nil {
 			t.Fatal(err)
 		}
@@ -225,15 +226,15 @@ func TestCreateRejectsBadLabels(t *testing.T) {
 			t.Errorf("Create(%q) succeeded", l)
 		}
 	}
-	netns.Require(t)
-	err := netns.Veth(ctxT(t), netns.New(t, "x"), "thisnameistoolong", "", netns.New(t, "y"), "b", "")
+	netnstest.Require(t)
+	err := netns.Veth(ctxT(t), netnstest.New(t, "x"), "thisnameistoolong", "", netnstest.New(t, "y"), "b", "")
 	if err == nil {
 		t.Error("Veth accepted a 17-byte interface name")
 	}
 }
 
 func TestDeleteIdempotentAndSweep(t *testing.T) {
-	netns.Require(t)
+	netnstest.Require(t)
 	ns, err := netns.Create("idem")
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +251,7 @@ func TestDeleteIdempotentAndSweep(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "delete", dead).Run() })
-	live := netns.New(t, "live")
+	live := netnstest.New(t, "live")
 	deleted := netns.Sweep()
 	if !contains(deleted, dead) {
 		t.Errorf("Sweep deleted %v, want %s among them", deleted, dead)
@@ -273,7 +274,7 @@ func contains(s []string, x string) bool {
 }
 
 func TestDoReportsSetnsFailure(t *testing.T) {
-	netns.Require(t)
+	netnstest.Require(t)
 	ns := &netns.NS{Name: "tln-does-not-exist"}
 	err := ns.Do(func() error { return nil })
 	if err == nil || !errors.Is(err, os.ErrNotExist) {

@@ -1,7 +1,8 @@
 // Package testhelp holds the small helpers that tests across the module
 // share: a fresh libp2p identity (Key), golden-file comparison (Golden),
-// the median of a sample (Median), the process's CPU time (CPUTime), and
-// patterned tensors compared byte for byte (Fill, SameBytes).
+// the median of a sample (Median), the process's CPU time (CPUTime),
+// patterned tensors compared byte for byte (Fill, SameBytes), and a test
+// process's own device-claims directory (Isolated, for TestMain).
 //
 // It is imported only from _test.go files. It depends on tensor and the
 // libp2p core packages, never on fabric, rdt or sched, so any package's

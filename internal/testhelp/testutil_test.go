@@ -2,6 +2,7 @@ package testhelp
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,4 +69,41 @@ func TestFillSameBytes(t *testing.T) {
 func ExampleMedian() {
 	fmt.Println(Median([]int{9, 1, 5}), Median([]float64{}))
 	// Output: 5 0
+}
+
+type runFunc func() int
+
+func (f runFunc) Run() int { return f() }
+
+func TestIsolatedGivesEachRunItsOwnClaimsDir(t *testing.T) {
+	t.Setenv(envRuntimeDir, "/before")
+	t.Setenv(envIsolated, "")
+	var dirs []string
+	run := Isolated(runFunc(func() int {
+		dir := os.Getenv(envRuntimeDir)
+		st, err := os.Stat(dir)
+		require.NoError(t, err)
+		assert.True(t, st.IsDir())
+		assert.Equal(t, os.FileMode(0o700), st.Mode().Perm(), "private to the user")
+		dirs = append(dirs, dir)
+		return 3
+	}))
+	assert.Equal(t, 3, run.Run(), "the tests' exit code passes through")
+	assert.Equal(t, 3, run.Run())
+	require.Len(t, dirs, 2)
+	assert.NotEqual(t, dirs[0], dirs[1])
+	for _, d := range dirs {
+		assert.NoDirExists(t, d, "removed after the run")
+	}
+	assert.Equal(t, "/before", os.Getenv(envRuntimeDir), "the environment is restored")
+}
+
+// A test binary that an isolated run starts keeps the directory its parent
+// gave it.
+func TestIsolatedChildKeepsItsParentsDir(t *testing.T) {
+	t.Setenv(envRuntimeDir, "/from-parent")
+	t.Setenv(envIsolated, "1")
+	var got string
+	Isolated(runFunc(func() int { got = os.Getenv(envRuntimeDir); return 0 })).Run()
+	assert.Equal(t, "/from-parent", got)
 }

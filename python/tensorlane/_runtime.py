@@ -463,7 +463,13 @@ class Runtime:
     def explain(self, ref: bytes) -> Dict[str, Any]:
         """Which path a read of ref here would take and why; for the owner,
         also how the memory is shared (``memory``: shareable, or foreign and
-        whether it was copied once for a same-host reader)."""
+        whether it was copied once for a same-host reader).
+
+        ``plan`` is rdt's Plan: ``src``, ``dst``, ``path`` (``"NV18"``,
+        ``"NET"``), ``best``, ``chosen`` (``""``: none), ``via``,
+        ``stripes``, ``zero_copy``, ``degraded`` and ``fallback`` (why the
+        best path is not taken), ``problem``, and ``candidates`` (each with
+        ``transport``, ``usable``, ``gbps``, ``reason``)."""
         return json.loads(_lib.call_json(_lib.lib().tl_explain, self._h(), _refb(ref), len(ref)))
 
     def stats(self) -> Dict[str, Any]:

@@ -32,7 +32,13 @@ def test_new_names_round_trip():
         x = np.arange(1 << 16, dtype=np.float32)
         ref = a.put(x)
         np.testing.assert_array_equal(b.get(ref), x)
-        assert b.explain(ref)["plan"]["chosen"] == "tcp"
+        plan = b.explain(ref)["plan"]
+        assert plan["chosen"] == "tcp"
+        # The fallback said aloud: the best path the topology allows on one
+        # host is not tcp, and the plan says why it is not taken.
+        best = [c for c in plan["candidates"] if c["transport"] == plan["best"]]
+        assert plan["degraded"] and best and plan["fallback"] == best[0]["reason"], plan
+        assert isinstance(plan["path"], str) and plan["src"] and plan["dst"], plan
     finally:
         a.close()
         b.close()

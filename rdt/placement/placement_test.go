@@ -34,7 +34,7 @@ type pair struct {
 func newRuntime(t *testing.T, cl *topology.Cluster, host string) *rdt.Runtime {
 	t.Helper()
 	ctx := context.Background()
-	r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, DeviceMemory: 256 << 20})
+	r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: host, IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 256 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Shutdown(ctx) })
 	return r
@@ -193,7 +193,7 @@ func TestSpawnAllOrNothing(t *testing.T) {
 			mutate: func(_ *sched.Placement, rts map[string]*rdt.Runtime) (func(int) string, func()) {
 				// A third runtime for the last bundle's host, shut down:
 				// the first bundles spawn, the last fails, all are undone.
-				cfg := rdt.Config{Cluster: f.p.cluster, Host: lastHost, IgnoreEnv: true, DeviceMemory: 1 << 20}
+				cfg := rdt.Config{Cluster: f.p.cluster, Host: lastHost, IgnoreEnv: true, RuntimeDir: t.TempDir(), DeviceMemory: 1 << 20}
 				r, err := rdt.New(ctx, cfg)
 				require.NoError(t, err)
 				require.NoError(t, r.Shutdown(ctx))
@@ -248,7 +248,7 @@ func ExampleSpawn() {
 	cl, _ := topology.Preset("dgx-h100", 2)
 	runtimes := map[string]*rdt.Runtime{}
 	for _, h := range cl.Hosts {
-		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: h.ID, IgnoreEnv: true, DeviceMemory: 1 << 20})
+		r, err := rdt.New(ctx, rdt.Config{Cluster: cl, Host: h.ID, IgnoreEnv: true, RuntimeDir: rdt.ProcessRuntimeDir(), DeviceMemory: 1 << 20})
 		if err != nil {
 			panic(err)
 		}
@@ -275,4 +275,4 @@ func ExampleSpawn() {
 	// stage1 on h1 with 2 GPUs
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testhelp.Isolated(m)) }

@@ -216,8 +216,9 @@ func runtimesTB(b *testing.B, hosts ...string) []*rdt.Runtime {
 	b.Helper()
 	ctx := context.Background()
 	var out []*rdt.Runtime
+	dir := b.TempDir()
 	for _, h := range hosts {
-		r, err := newRuntime(ctx, h)
+		r, err := newRuntime(ctx, dir, h)
 		if err != nil {
 			b.Fatal(err)
 		}

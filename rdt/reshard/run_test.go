@@ -15,16 +15,18 @@ import (
 	"github.com/tensorlane/tensorlane/topology"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testhelp.Libp2pBackground()...) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(testhelp.Isolated(m), testhelp.Libp2pBackground()...)
+}
 
 // newRuntime starts a runtime claiming host h of a two-host dgx-h100
-// cluster.
-func newRuntime(ctx context.Context, h string) (*rdt.Runtime, error) {
+// cluster, its device claims in dir.
+func newRuntime(ctx context.Context, dir, h string) (*rdt.Runtime, error) {
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return nil, err
 	}
-	return rdt.New(ctx, rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, DeviceMemory: 64 << 20})
+	return rdt.New(ctx, rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 64 << 20})
 }
 
 // runtimes starts one runtime per host name.
@@ -32,8 +34,9 @@ func runtimes(t *testing.T, hosts ...string) []*rdt.Runtime {
 	t.Helper()
 	ctx := context.Background()
 	var out []*rdt.Runtime
+	dir := t.TempDir()
 	for _, h := range hosts {
-		r, err := newRuntime(ctx, h)
+		r, err := newRuntime(ctx, dir, h)
 		require.NoError(t, err)
 		t.Cleanup(func() { r.Shutdown(ctx) })
 		out = append(out, r)

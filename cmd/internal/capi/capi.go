@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"slices"
 	"strings"
@@ -917,7 +916,11 @@ func (r *Runtime) Free(ctx context.Context, refBytes []byte, timeout time.Durati
 
 // Explanation is Explain's answer.
 type Explanation struct {
-	Plan Plan `json:"plan"`
+	// Plan is rdt's, in its own JSON: the old fields (path as text,
+	// best, chosen, degraded, candidates with transport, usable, gbps as
+	// a number, reason) and, added since, src, dst, via, stripes,
+	// zero_copy, fallback and problem.
+	Plan rdt.Plan `json:"plan"`
 	// Memory, for objects this runtime owns: "shareable" (published from
 	// tensorlane memory, no copy on any path), "foreign, not copied"
 	// (network paths read it in place; no same-host reader yet) or
@@ -934,7 +937,7 @@ func (r *Runtime) Explain(refBytes []byte) (Explanation, error) {
 	if err != nil {
 		return Explanation{}, err
 	}
-	e := Explanation{Plan: planOf(r.actor.Explain(ref, tensor.HostDevice))}
+	e := Explanation{Plan: r.actor.Explain(ref, tensor.HostDevice)}
 	r.mu.Lock()
 	p, ok := r.objects[ref.Object]
 	r.mu.Unlock()
@@ -1067,36 +1070,6 @@ func (r *Runtime) Stats() Stats {
 	}
 	r.stats.byTransportMu.Unlock()
 	return s
-}
-
-// Plan is fabric.Plan in JSON that any decoder reads: the path as text and
-// bandwidths that are numbers (an unbounded one, the local view's, is 0).
-type Plan struct {
-	Path       string      `json:"path"`
-	Best       string      `json:"best"`
-	Chosen     string      `json:"chosen"`
-	Degraded   bool        `json:"degraded"`
-	Candidates []Candidate `json:"candidates"`
-}
-
-// Candidate is one transport the planner considered.
-type Candidate struct {
-	Transport string  `json:"transport"`
-	Usable    bool    `json:"usable"`
-	GBps      float64 `json:"gbps"`
-	Reason    string  `json:"reason"`
-}
-
-func planOf(p fabric.Plan) Plan {
-	out := Plan{Path: p.Path.String(), Best: p.Best, Chosen: p.Chosen, Degraded: p.Degraded}
-	for _, c := range p.Candidates {
-		g := c.GBps
-		if math.IsInf(g, 0) || math.IsNaN(g) {
-			g = 0
-		}
-		out.Candidates = append(out.Candidates, Candidate{Transport: c.Transport, Usable: c.Usable, GBps: g, Reason: c.Reason})
-	}
-	return out
 }
 
 // counterSeries reads one labelled counter family from reg, by the label's

@@ -12,11 +12,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/rdt"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(testhelp.Isolated(m),
 		goleak.IgnoreAnyFunction("github.com/libp2p/go-libp2p/p2p/transport/tcpreuse.(*ConnMgr).run"),
 		goleak.IgnoreTopFunction("github.com/libp2p/go-libp2p/p2p/net/nat.DiscoverNAT"),
 		goleak.IgnoreTopFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
@@ -91,6 +92,7 @@ func TestForeignPutEveryPath(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.transport, eb.Plan.Chosen)
 			assert.Empty(t, eb.Memory, "only the owner knows how its memory is held")
+			assertExplainJSON(t, eb)
 
 			require.NoError(t, b.Release(ctx, ref))
 			require.NoError(t, a.Free(ctx, ref, 5*time.Second))
@@ -347,4 +349,30 @@ wait:
 	_, err = b.GetInto(ctx, ref, dst, 8, 0)
 	require.NoError(t, err)
 	assert.Equal(t, src, dst)
+}
+
+// assertExplainJSON: tl_explain's JSON keeps every field it had before
+// rdt owned the plan (path as text, gbps as a number), with the new ones
+// beside them.
+func assertExplainJSON(t *testing.T, e Explanation) {
+	t.Helper()
+	b, err := json.Marshal(e)
+	require.NoError(t, err)
+	var got struct {
+		Plan map[string]any `json:"plan"`
+	}
+	require.NoError(t, json.Unmarshal(b, &got))
+	for _, k := range []string{"path", "best", "chosen", "degraded", "candidates", "src", "dst"} {
+		assert.Contains(t, got.Plan, k, "%s", b)
+	}
+	assert.IsType(t, "", got.Plan["path"], "the path is text")
+	cands, _ := got.Plan["candidates"].([]any)
+	require.NotEmpty(t, cands)
+	for _, c := range cands {
+		c := c.(map[string]any)
+		for _, k := range []string{"transport", "usable", "gbps", "reason"} {
+			assert.Contains(t, c, k, "%s", b)
+		}
+		assert.IsType(t, 0.0, c["gbps"], "gbps is a number, even unbounded")
+	}
 }

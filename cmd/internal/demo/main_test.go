@@ -11,5 +11,5 @@ import (
 // TestMain checks that no test leaves a goroutine behind: the runtimes
 // shut down and the requests in flight end.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, testhelp.Libp2pBackground()...)
+	goleak.VerifyTestMain(testhelp.Isolated(m), testhelp.Libp2pBackground()...)
 }

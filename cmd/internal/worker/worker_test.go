@@ -180,7 +180,7 @@ func FuzzWorkerRequest(f *testing.F) {
 func newFuzzWorker(f *testing.F) *worker {
 	cluster, err := topology.Preset("dgx-h100", 1)
 	require.NoError(f, err)
-	rt, err := rdt.New(context.Background(), rdt.Config{Cluster: cluster, DeviceMemory: 8 << 20, IgnoreEnv: true})
+	rt, err := rdt.New(context.Background(), rdt.Config{Cluster: cluster, DeviceMemory: 8 << 20, IgnoreEnv: true, RuntimeDir: f.TempDir()})
 	require.NoError(f, err)
 	f.Cleanup(func() { rt.Shutdown(context.Background()) })
 	w := &worker{rt: rt, started: time.Now(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), objects: map[string]tensor.Tensor{}}

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 )
 
 // Errors of the provider.
@@ -62,6 +64,13 @@ type Config struct {
 	// watches a reader's queue's fd while one request and no write is
 	// outstanding (waitfd.go).
 	PollWaitFD bool
+	// Faults is how this module's tests make the provider damage what it
+	// sends: the next control answer loses its last byte, which the
+	// reader must catch. The data itself cannot be damaged from here:
+	// libfabric moves it, and the wire's own checks (the NIC's CRC, TCP's
+	// checksum for the tcp provider) cover it. nil (the only value other
+	// code can set) is healthy.
+	Faults *faults.Sim
 }
 
 // FromEnv returns the Config the environment asks for: the libfabric

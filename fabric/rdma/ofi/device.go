@@ -334,7 +334,7 @@ func (d *device) serve(c net.Conn) {
 				c.Close()
 				return
 			}
-			if out.kind == kindReply && len(out.payload) > 0 && d.p.corrupt.CompareAndSwap(true, false) {
+			if out.kind == kindReply && len(out.payload) > 0 && d.p.cfg.Faults.TakeCorrupt() {
 				out.payload = out.payload[:len(out.payload)-1]
 			}
 			wmu.Lock()

@@ -15,7 +15,6 @@ import (
 	"net"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -137,16 +136,7 @@ type Provider struct {
 	nics []NIC
 	msg  bool // the provider offers MSG endpoints only
 	log  *slog.Logger
-	// corrupt: the next control answer a device sends is cut short.
-	corrupt atomic.Bool
 }
-
-// InjectCorruption makes the next control answer a device of this
-// provider sends lose its last byte, which the reader must catch (fault
-// injection for fabrictest). The data itself cannot be corrupted from
-// here: libfabric moves it, and the wire's own checks (the NIC's CRC,
-// TCP's checksum for the tcp provider) cover it.
-func (p *Provider) InjectCorruption() { p.corrupt.Store(true) }
 
 var _ rdma.Provider = (*Provider)(nil)
 

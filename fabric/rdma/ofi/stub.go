@@ -34,6 +34,3 @@ func (*Provider) Fabric() string { return "" }
 
 // NICs is empty in this build.
 func (*Provider) NICs() []NIC { return nil }
-
-// InjectCorruption does nothing in this build.
-func (*Provider) InjectCorruption() {}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -16,6 +15,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provbase"
 )
 
@@ -57,6 +57,9 @@ type Config struct {
 	// that stops reading is dropped rather than holding the responder (and
 	// the registrations of its queue pair); default 30 s.
 	StallTimeout time.Duration
+	// Faults is how this module's tests make the provider damage what it
+	// sends; nil (the only value other code can set) is healthy.
+	Faults *faults.Sim
 }
 
 // Provider is the software verbs provider: each NIC is a TCP listener, a
@@ -66,8 +69,7 @@ type Config struct {
 // registration table. Nothing is simulated about the bytes: they cross real
 // sockets; what is emulated is the NIC (in software, on the host CPU).
 type Provider struct {
-	cfg     Config
-	corrupt atomic.Bool
+	cfg Config
 }
 
 var _ rdma.Provider = (*Provider)(nil)
@@ -108,11 +110,6 @@ func (p *Provider) Devices() []rdma.Device {
 	}
 	return out
 }
-
-// InjectCorruption makes the next data frame a device of this provider
-// sends as a responder carry a flipped bit (after its checksum was
-// computed). Fault injection for tests; the receiver must catch it.
-func (p *Provider) InjectCorruption() { p.corrupt.Store(true) }
 
 // Open opens a NIC; with cfg.Listen it starts accepting queue pairs.
 func (p *Provider) Open(ctx context.Context, name string, cfg rdma.OpenConfig) (rdma.Context, error) {

@@ -158,7 +158,7 @@ func (r *responder) serveRead(f frame) error {
 		if off+c == f.length {
 			out.flags = flagLast
 		}
-		corrupt := c > 0 && r.dev.p.corrupt.CompareAndSwap(true, false)
+		corrupt := c > 0 && r.dev.p.cfg.Faults.TakeCorrupt() // a flipped bit after the checksum
 		ok, err := m.io(f.addr+uint64(off), int(c), &r.abort, func(chunk []byte) error {
 			return r.send(out, chunk, corrupt)
 		})

@@ -16,6 +16,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
+	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 	"github.com/tensorlane/tensorlane/fabric/rdma/internal/provtest"
 )
 
@@ -47,6 +48,7 @@ func (h *echoHandler) QPClosed(from rdma.RemoteQP) {
 // requester queue pair.
 type pair struct {
 	prov      *Provider
+	faults    *faults.Sim // the provider's
 	server    rdma.Context
 	client    rdma.Context
 	remote    rdma.MemoryRegion
@@ -68,13 +70,14 @@ func newPair(t *testing.T, size int, timeout time.Duration) *pair {
 // server (when not nil).
 func newPairWith(t *testing.T, size int, timeout time.Duration, server func(*rdma.OpenConfig)) *pair {
 	t.Helper()
-	prov, err := New(Config{NICs: []NIC{{Name: "s0", Addr: "127.0.0.1:0"}, {Name: "c0", Addr: "127.0.0.1:0"}}, ChunkSize: 64 << 10})
+	sim := new(faults.Sim)
+	prov, err := New(Config{NICs: []NIC{{Name: "s0", Addr: "127.0.0.1:0"}, {Name: "c0", Addr: "127.0.0.1:0"}}, ChunkSize: 64 << 10, Faults: sim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sk, sid := newKey(t)
 	ck, cid := newKey(t)
-	p := &pair{prov: prov, handler: &echoHandler{closed: make(chan rdma.RemoteQP, 4)}, clientID: cid}
+	p := &pair{prov: prov, faults: sim, handler: &echoHandler{closed: make(chan rdma.RemoteQP, 4)}, clientID: cid}
 	ctx := context.Background()
 	scfg := rdma.OpenConfig{Security: fabric.Security{Identity: sk}, Listen: true, Handler: p.handler}
 	if server != nil {
@@ -338,7 +341,7 @@ func TestCloseFlushes(t *testing.T) {
 
 func TestCorruptFrame(t *testing.T) {
 	p := newPair(t, 1<<20, 0)
-	p.prov.InjectCorruption()
+	p.faults.CorruptNext()
 	clear(p.localBuf)
 	p.qp.PostRead(p.readWR(1, 0, 1<<20))
 	wc := p.wait(t)

@@ -30,6 +30,12 @@ type RelayDeps struct {
 	// TransferTimeout bounds a broadcast into a slot; ReportWait each
 	// report to the owner.
 	TransferTimeout, ReportWait time.Duration
+	// The faults tests simulate (rdt/internal/faults.Sim, which the
+	// runtime holds): DropChunks says whether this runtime's slots drop
+	// every chunk but a broadcast's first; HoldChunk waits while tests
+	// hold chunk notices back. nil: healthy.
+	DropChunks func() bool
+	HoldChunk  func()
 }
 
 // Relays is a runtime's reader side of broadcasts: each relay fills some
@@ -41,32 +47,17 @@ type Relays struct {
 	// Prepares counts the prepare notices this runtime's slots took (one
 	// per reader per broadcast).
 	Prepares atomic.Int64
-	// Test hook: slots of this runtime take only the first chunk of a
-	// broadcast (the rest are acknowledged and dropped), so a reader is
-	// mid-transfer for as long as a test needs.
-	DropChunks atomic.Bool
-	// Test hook: chunk notices to this runtime's slots wait while Hold is
-	// set (until it is closed), so a test sees how many chunks a writer
-	// keeps in flight: Held counts those waiting, HeldMax the most at once.
-	Hold    atomic.Pointer[chan struct{}]
-	Held    atomic.Int64
-	HeldMax atomic.Int64
 }
 
 // NewRelays returns a runtime's reader side.
-func NewRelays(d RelayDeps) *Relays { return &Relays{d: d, env: d.Env} }
-
-// holdChunk waits while the test hook Hold is set.
-func (rs *Relays) holdChunk() {
-	h := rs.Hold.Load()
-	if h == nil {
-		return
+func NewRelays(d RelayDeps) *Relays {
+	if d.DropChunks == nil {
+		d.DropChunks = func() bool { return false }
 	}
-	n := rs.Held.Add(1)
-	for m := rs.HeldMax.Load(); n > m && !rs.HeldMax.CompareAndSwap(m, n); m = rs.HeldMax.Load() {
+	if d.HoldChunk == nil {
+		d.HoldChunk = func() {}
 	}
-	<-*h
-	rs.Held.Add(-1)
+	return &Relays{d: d, env: d.Env}
 }
 
 // The reader side of a broadcast. The owner prepares each reader's slot for
@@ -375,10 +366,10 @@ func (rs *Relays) Chunk(m Msg) error {
 	if err != nil {
 		return err
 	}
-	if g > 0 && rs.DropChunks.Load() {
+	if g > 0 && rs.d.DropChunks() {
 		return nil
 	}
-	rs.holdChunk()
+	rs.d.HoldChunk()
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
 	if rl.have[g] || rl.ctx.Err() != nil {

@@ -1,4 +1,4 @@
-package topotest
+package topocheck
 
 import (
 	"fmt"
