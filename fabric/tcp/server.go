@@ -82,8 +82,10 @@ type Server struct {
 	ln   net.Listener
 	loop *acceptor.Loop
 
-	corruptNext  atomic.Bool // tests: damage the next block served
-	refuseSealed atomic.Bool // tests: answer flagSealed as an owner before it did
+	corruptNext  atomic.Bool                                    // tests: damage the next block served
+	refuseSealed atomic.Bool                                    // tests: answer flagSealed as an owner before it did
+	wholeStage   atomic.Bool                                    // benchmarks: stage a device read whole before sending, as before sendDevice
+	traceFn      atomic.Pointer[func(step string, piece int64)] // tests: sendDevice's steps
 }
 
 // Listen starts a data server.
@@ -194,6 +196,9 @@ func (s *Server) open(claims *claimCtx, req request, resolve func(context.Contex
 		return nil, nil, err
 	}
 	if tensor.IsDevice(pin) {
+		if req.op == opRead {
+			return pin, nil, nil // staged piece by piece as it is sent (sendDevice)
+		}
 		return stageDevice(pin, req)
 	}
 	data, err := tensor.BytesOf(pin)
@@ -210,6 +215,9 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 	pin, data, err := s.open(claims, req, s.cfg.Source.Open)
 	if err != nil {
 		return refuse(l, err)
+	}
+	if tensor.IsDevice(pin) {
+		return s.sendDevice(l, pin, req)
 	}
 	defer pin.Release()
 	// writev: the status, block headers and the tensor bytes straight from

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -401,4 +402,95 @@ func MemcpyBaseline(dst, src *Buffer, n int64) error {
 		}
 		return m.drv.err("cuStreamSynchronize", a.cuStreamSynchronize(l.stream))
 	})
+}
+
+// StartCopyOut starts copying len(dst) bytes of the buffer at off into dst
+// and returns before the copy ends (tensor.AsyncCopier): when dst is pinned
+// memory of this device, one cuMemcpyDtoHAsync on a lane's stream with an
+// event recorded behind it; the lane (and the buffer, which cannot be
+// released meanwhile) is held until Wait. Other host memory is copied by
+// CopyOut on a goroutine.
+func (b *Buffer) StartCopyOut(ctx context.Context, off int64, dst []byte) (tensor.Pending, error) {
+	if off < 0 || off+int64(len(dst)) > b.n {
+		return nil, fmt.Errorf("%w: copy of %d bytes at %d out of %d", tensor.ErrTooSmall, len(dst), off, b.n)
+	}
+	return b.start(ctx, off, dst, false)
+}
+
+// StartCopyIn starts copying src into the buffer at off and returns before
+// the copy ends; see StartCopyOut.
+func (b *Buffer) StartCopyIn(ctx context.Context, off int64, src []byte) (tensor.Pending, error) {
+	if off < 0 || off+int64(len(src)) > b.n {
+		return nil, fmt.Errorf("%w: copy of %d bytes at %d into %d", tensor.ErrTooSmall, len(src), off, b.n)
+	}
+	return b.start(ctx, off, src, true)
+}
+
+func (b *Buffer) start(ctx context.Context, off int64, host []byte, toDevice bool) (tensor.Pending, error) {
+	m := b.mem
+	if !m.isPinned(host) {
+		// Pageable memory goes through the lane's own staging chunks,
+		// which a synchronous copy drives; run one on the side.
+		if toDevice {
+			return tensor.Go(func() error { return b.CopyIn(ctx, off, host) }), nil
+		}
+		return tensor.Go(func() error { return b.CopyOut(ctx, off, host) }), nil
+	}
+	release, err := b.use(toDevice)
+	if err != nil {
+		return nil, err
+	}
+	l, err := m.getLane(ctx)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	err = m.drv.on(m.ctx, func() error {
+		a := &m.drv.api
+		hp := unsafe.Pointer(unsafe.SliceData(host))
+		var r Result
+		op := "cuMemcpyHtoDAsync_v2"
+		if toDevice {
+			r = a.cuMemcpyHtoDAsync(b.ptr+uint64(off), hp, uint64(len(host)), l.stream)
+		} else {
+			op = "cuMemcpyDtoHAsync_v2"
+			r = a.cuMemcpyDtoHAsync(hp, b.ptr+uint64(off), uint64(len(host)), l.stream)
+		}
+		if r != Success {
+			return m.drv.err(op, r)
+		}
+		if r := a.cuEventRecord(l.ev[0], l.stream); r != Success {
+			// The copy was queued: wait for the whole stream instead.
+			a.cuStreamSynchronize(l.stream)
+			return m.drv.err("cuEventRecord", r)
+		}
+		return nil
+	})
+	if err != nil {
+		m.putLane(l, false)
+		release()
+		return nil, err
+	}
+	return &pending{m: m, l: l, release: release}, nil
+}
+
+// pending is a copy queued on a lane, its event recorded behind it.
+type pending struct {
+	m       *Memory
+	l       *lane
+	release func() // the buffer's use
+	once    sync.Once
+	err     error
+}
+
+// Wait waits for the copy's event (a cancelled ctx still waits for the
+// device, up to CopyTimeout) and gives the lane back, or abandons it when
+// the device never finished.
+func (p *pending) Wait(ctx context.Context) error {
+	p.once.Do(func() {
+		p.err = p.m.drv.on(p.m.ctx, func() error { return p.m.wait(ctx, p.l.ev[0]) })
+		p.m.putLane(p.l, errors.Is(p.err, errHung))
+		p.release()
+	})
+	return p.err
 }
