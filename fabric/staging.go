@@ -38,13 +38,13 @@ func StagedRead(ctx context.Context, dst tensor.Buffer, n int64, fetch func(ctx 
 	if err != nil {
 		return err
 	}
-	// copied[h] carries the result of the device copy out of half h.
-	var copied [2]chan error
+	// copied[h] is the device copy out of half h, under way.
+	var copied [2]tensor.Pending
 	wait := func(h int) error {
 		if copied[h] == nil {
 			return nil
 		}
-		err := <-copied[h]
+		err := copied[h].Wait(ctx)
 		copied[h] = nil
 		return err
 	}
@@ -61,11 +61,15 @@ func StagedRead(ctx context.Context, dst tensor.Buffer, n int64, fetch func(ctx 
 			first = err
 			break
 		}
-		done := make(chan error, 1)
-		copied[h] = done
-		go func(off, at, k int64) {
-			done <- tensor.Copy(ctx, dst, off, stage, at, k)
-		}(off, at, k)
+		// One copy in flight at a time (each holds one of the device's
+		// lanes; holding two while waiting for a lane can deadlock
+		// readers): the previous one had this fetch's time to finish.
+		if err := wait(1 - h); err != nil {
+			first = err
+			break
+		}
+		// An async copy on the device's stream where it has one.
+		copied[h] = tensor.StartCopy(ctx, dst, off, stage, at, k)
 	}
 	for h := range copied {
 		if err := wait(h); err != nil && first == nil {
