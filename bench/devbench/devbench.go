@@ -29,7 +29,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/tensorlane/tensorlane/bench/harness"
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/local"
 	"github.com/tensorlane/tensorlane/fabric/shm"
@@ -46,18 +45,65 @@ const (
 	PathTCP       = "cuda-tcp"        // device → tcp → device on loopback
 
 	BaseDtoD   = "cuMemcpyDtoD"
-	BaseRawTCP = harness.BaseRawTCP
+	BaseRawTCP = "tcp-raw" // bench/harness's name for the same baseline
 
 	ModeGPU  = "gpu"
 	ModeFake = "fake-driver"
 )
 
-// Goals are issue 25's, on a GPU (the fake driver's rows have none).
-var Goals = []harness.Goal{
-	{Path: PathD2D, Mode: ModeGPU, Baseline: BaseDtoD, MinSize: 64 << 20, Min: 0.9},
-	{Path: PathIPCVMM, Mode: ModeGPU, Baseline: BaseDtoD, MinSize: 64 << 20, Min: 0.8},
-	{Path: PathIPCLegacy, Mode: ModeGPU, Baseline: BaseDtoD, MinSize: 64 << 20, Min: 0.8},
-	{Path: PathTCP, Mode: ModeGPU, Baseline: BaseRawTCP, MinSize: 64 << 20, Min: 0.7},
+// Goals are issue 25's ratios per path, on a GPU at 64 MiB and up (the
+// fake driver's rows have none).
+var Goals = map[string]float64{PathD2D: 0.9, PathIPCVMM: 0.8, PathIPCLegacy: 0.8, PathTCP: 0.7}
+
+// GoalMinSize is the least size a goal applies at (bandwidth-bound).
+const GoalMinSize = 64 << 20
+
+// Row is one measured (or skipped) path. The package stays apart from
+// bench/harness (which links the whole runtime) so that the GPU check's
+// test binary, carried to a GPU machine, stays small; the command turns
+// rows into harness records.
+type Row struct {
+	Path, Mode, Baseline string
+	Size                 int64
+	GBps, BaselineGBps   float64 // medians
+	Ratio                float64 // median of the rounds' baseline time / path time
+	Rounds               int
+	Skipped              string // why the row did not run; empty when measured
+	Note                 string
+}
+
+// Goal returns the row's goal and whether one applies.
+func (r Row) Goal() (float64, bool) {
+	g, ok := Goals[r.Path]
+	return g, ok && r.Mode == ModeGPU && r.Skipped == "" && r.Size >= GoalMinSize
+}
+
+// String is the row as the GPU check prints it.
+func (r Row) String() string {
+	if r.Skipped != "" {
+		return fmt.Sprintf("%-16s %s: skipped: %s", r.Path, sizeString(r.Size), r.Skipped)
+	}
+	line := fmt.Sprintf("%-16s %-11s %6s: %8.2f GB/s, %s %8.2f GB/s, ratio %.2f", r.Path, r.Mode, sizeString(r.Size), r.GBps, r.Baseline, r.BaselineGBps, r.Ratio)
+	if g, ok := r.Goal(); ok {
+		verdict := "met"
+		if r.Ratio < g {
+			verdict = "BELOW GOAL"
+		}
+		line += fmt.Sprintf(" (goal >= %.2f) %s", g, verdict)
+	}
+	return line
+}
+
+func sizeString(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
 }
 
 // Config says what to measure. Zero values mean the defaults.
@@ -90,7 +136,7 @@ func (c *Config) defaults() {
 // here (the driver has no VMM for the VMM row, say) is a record with
 // status skipped and the reason, not an error; a driver that is not there
 // is an error.
-func Run(ctx context.Context, cfg Config) ([]harness.Record, error) {
+func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	cfg.defaults()
 	m, err := cuda.NewMemory(cuda.Config{Library: cfg.Library, Device: cfg.Device})
 	if err != nil {
@@ -101,10 +147,10 @@ func Run(ctx context.Context, cfg Config) ([]harness.Record, error) {
 	if strings.Contains(m.Info().Name, "test double") {
 		mode = ModeFake
 	}
-	var recs []harness.Record
+	var recs []Row
 	for _, n := range cfg.Sizes {
 		for _, p := range cfg.Paths {
-			r := harness.Record{Kind: harness.KindThroughput, Path: p, Mode: mode, Size: n, Concurrency: 1, Baseline: BaseDtoD}
+			r := Row{Path: p, Mode: mode, Size: n, Baseline: BaseDtoD}
 			var base, path []time.Duration
 			switch p {
 			case PathD2D:
@@ -115,7 +161,7 @@ func Run(ctx context.Context, cfg Config) ([]harness.Record, error) {
 					md = cuda.ModeLegacy
 				}
 				if md == cuda.ModeVMM && !m.Info().VMM {
-					r.Status, r.Note = harness.StatusSkipped, "the device has no VMM allocations"
+					r.Skipped = "the device has no VMM allocations"
 					recs = append(recs, r)
 					continue
 				}
@@ -127,11 +173,11 @@ func Run(ctx context.Context, cfg Config) ([]harness.Record, error) {
 				return recs, fmt.Errorf("devbench: no path %q (have %s, %s, %s, %s)", p, PathD2D, PathIPCVMM, PathIPCLegacy, PathTCP)
 			}
 			if err != nil {
-				return recs, fmt.Errorf("devbench: %s %s: %w", p, harness.SizeString(n), err)
+				return recs, fmt.Errorf("devbench: %s %s: %w", p, sizeString(n), err)
 			}
 			bm, pm := median(base), median(path)
 			r.GBps, r.BaselineGBps = float64(n)/pm.Seconds()/1e9, float64(n)/bm.Seconds()/1e9
-			r.MedianGBps, r.Rounds = r.GBps, len(path)
+			r.Rounds = len(path)
 			r.Ratio = ratio(base, path)
 			if mode == ModeFake {
 				r.Note = "fake CUDA driver: copies are memcpy on the CPU; the figures mean nothing"
@@ -140,19 +186,6 @@ func Run(ctx context.Context, cfg Config) ([]harness.Record, error) {
 		}
 	}
 	return recs, nil
-}
-
-// CheckGoals judges the GPU rows against the issue's goals.
-func CheckGoals(recs []harness.Record) []harness.GoalResult {
-	var out []harness.GoalResult
-	for _, g := range Goals {
-		for _, r := range recs {
-			if r.Measured() && r.Path == g.Path && r.Mode == g.Mode && r.Baseline == g.Baseline && r.Size >= g.MinSize {
-				out = append(out, harness.GoalResult{Goal: g, Size: r.Size, Ratio: r.Ratio, Met: r.Ratio >= g.Min})
-			}
-		}
-	}
-	return out
 }
 
 // interleave times base and path alternately (the order swapping every

@@ -25,9 +25,18 @@ func runDeviceBench(cmd *cobra.Command, o benchOptions) error {
 		}
 		cfg.Sizes = append(cfg.Sizes, n)
 	}
-	recs, err := devbench.Run(cmd.Context(), cfg)
+	rows, err := devbench.Run(cmd.Context(), cfg)
 	if err != nil {
 		return fmt.Errorf("device rows: %w", err)
+	}
+	recs := make([]harness.Record, len(rows))
+	for i, r := range rows {
+		recs[i] = harness.Record{Kind: harness.KindThroughput, Path: r.Path, Mode: r.Mode, Size: r.Size, Concurrency: 1,
+			GBps: r.GBps, MedianGBps: r.GBps, Baseline: r.Baseline, BaselineGBps: r.BaselineGBps, Ratio: r.Ratio,
+			Rounds: r.Rounds, Note: r.Note}
+		if r.Skipped != "" {
+			recs[i].Status, recs[i].Note = harness.StatusSkipped, r.Skipped
+		}
 	}
 	if o.json {
 		for _, r := range recs {
@@ -41,12 +50,18 @@ func runDeviceBench(cmd *cobra.Command, o benchOptions) error {
 	if err := harness.WriteTable(out, recs); err != nil {
 		return err
 	}
-	for _, g := range devbench.CheckGoals(recs) {
-		fmt.Fprintf(out, "  %s\n", g)
+	for _, r := range rows {
+		if g, ok := r.Goal(); ok {
+			verdict := "met"
+			if r.Ratio < g {
+				verdict = "below the goal"
+			}
+			fmt.Fprintf(out, "  goal: %s %s vs %s: %.2f (goal >= %.2f) %s\n", r.Path, harness.SizeString(r.Size), r.Baseline, r.Ratio, g, verdict)
+		}
 	}
-	for _, r := range recs {
-		if r.Measured() && r.Mode == devbench.ModeFake {
-			fmt.Fprintf(out, "  %s: %s\n", r.Path, r.Note)
+	for _, r := range rows {
+		if r.Skipped == "" && r.Mode == devbench.ModeFake {
+			fmt.Fprintf(out, "  %s\n", r.Note)
 			break
 		}
 	}
