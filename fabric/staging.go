@@ -101,24 +101,71 @@ func ReadStaged(ctx context.Context, transport string, src Remote, dst tensor.Bu
 	return total, nil
 }
 
-// WriteStaged copies the first n bytes of src, device memory the CPU
-// cannot address, out to host staging and hands them to write (a push
-// over tcp or rdma). The device copy counts in the returned duration.
-func WriteStaged(ctx context.Context, transport string, src tensor.Buffer, n int64, write func(ctx context.Context, p []byte) (Stats, error)) (Stats, error) {
-	stage, err := tensor.StageFor(ctx, src, max(n, 1))
+// WriteStaged pushes the first n bytes of src, device memory the CPU
+// cannot address, through host staging for a transport that needs host
+// bytes (tcp, rdma): write(ctx, off, p) must push p as bytes [off,
+// off+len(p)) of the destination (a push of that range, as a stripe of a
+// striped push is). Transfers longer than one StageSegment alternate
+// between two staging halves, so the device copies segment i+1 out (an
+// async copy where the device has one, one in flight) while segment i is
+// pushed. The device copies count in the returned duration.
+func WriteStaged(ctx context.Context, transport string, src tensor.Buffer, n int64, write func(ctx context.Context, off int64, p []byte) (Stats, error)) (Stats, error) {
+	seg := max(min(n, StageSegment), 0)
+	halves := int64(1)
+	if n > seg {
+		halves = 2
+	}
+	stage, err := tensor.StageFor(ctx, src, max(seg*halves, 1))
 	if err != nil {
 		return Stats{}, err
 	}
 	defer stage.Release()
-	p, err := tensor.BytesOf(stage)
+	buf, err := tensor.BytesOf(stage)
 	if err != nil {
 		return Stats{}, err
 	}
 	start := time.Now()
-	if err := tensor.Copy(ctx, stage, 0, src, 0, n); err != nil {
-		return Stats{}, fmt.Errorf("%s: stage %d bytes of %v: %w", transport, n, src.Device(), err)
+	copyOut := func(i int64) tensor.Pending {
+		off, at := i*seg, (i%halves)*seg
+		return tensor.StartCopy(ctx, stage, at, src, off, min(seg, n-off))
 	}
-	st, err := write(ctx, p[:n])
-	st.Duration = time.Since(start)
-	return st, err
+	staged := func(err error, off int64) error {
+		if err == nil {
+			return nil
+		}
+		return fmt.Errorf("%s: stage bytes %d.. of %v: %w", transport, off, src.Device(), err)
+	}
+	total := Stats{Transport: transport}
+	if n <= 0 {
+		st, err := write(ctx, 0, nil)
+		st.Duration = time.Since(start)
+		return st, err
+	}
+	if err := staged(copyOut(0).Wait(ctx), 0); err != nil {
+		return Stats{}, err
+	}
+	for i, off := int64(0), int64(0); off < n; i, off = i+1, off+seg {
+		var next tensor.Pending
+		if off+seg < n {
+			next = copyOut(i + 1)
+		}
+		at, k := (i%halves)*seg, min(seg, n-off)
+		st, err := write(ctx, off, buf[at:at+k])
+		if next != nil {
+			// Always wait: the device may be writing the other half.
+			if cerr := staged(next.Wait(ctx), off+seg); err == nil {
+				err = cerr
+			}
+		}
+		if st.Transport != "" {
+			total.Transport = st.Transport
+		}
+		total.Bytes += st.Bytes
+		total.Streams = max(total.Streams, st.Streams)
+		if err != nil {
+			return Stats{}, err
+		}
+	}
+	total.Duration = time.Since(start)
+	return total, nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -67,5 +69,69 @@ func TestStagedRead(t *testing.T) {
 	calls = 0
 	if err := fabric.StagedRead(context.Background(), &devBuf{}, 0, func(context.Context, int64, []byte) error { calls++; return nil }); err != nil || calls != 1 {
 		t.Errorf("empty read: %v, %d fetches", err, calls)
+	}
+}
+
+// logBuf is a devBuf with asynchronous copies out (tensor.AsyncCopier)
+// that logs when each starts; the copy itself is done at once.
+type logBuf struct {
+	devBuf
+	log  *[]string
+	fail int64 // the copy out at this offset fails (-1: none)
+}
+
+type waited struct{ err error }
+
+func (w waited) Wait(context.Context) error { return w.err }
+
+func (d *logBuf) StartCopyOut(ctx context.Context, off int64, dst []byte) (tensor.Pending, error) {
+	*d.log = append(*d.log, fmt.Sprintf("copy %d", off/fabric.StageSegment))
+	if off == d.fail {
+		return waited{errors.New("device fault")}, nil
+	}
+	return waited{d.devBuf.CopyOut(ctx, off, dst)}, nil
+}
+
+func (d *logBuf) StartCopyIn(ctx context.Context, off int64, src []byte) (tensor.Pending, error) {
+	return waited{d.devBuf.CopyIn(ctx, off, src)}, nil
+}
+
+// A staged push moves segment by segment, each pushed at its offset, and
+// segment i+1's device copy is started before segment i is pushed (and
+// waited for before segment i+2's starts: one in flight). A copy that
+// fails ends the push with its error once the push under way is done.
+func TestWriteStaged(t *testing.T) {
+	const n = 2*fabric.StageSegment + 12345
+	want := make([]byte, n)
+	for i := range want {
+		want[i] = byte(i*11 + i>>15)
+	}
+	var log []string
+	src := &logBuf{devBuf: devBuf{p: want}, log: &log, fail: -1}
+	got := make([]byte, n)
+	write := func(_ context.Context, off int64, p []byte) (fabric.Stats, error) {
+		log = append(log, fmt.Sprintf("push %d", off/fabric.StageSegment))
+		copy(got[off:], p)
+		return fabric.Stats{Transport: "x", Bytes: int64(len(p)), Streams: 1}, nil
+	}
+	st, err := fabric.WriteStaged(context.Background(), "x", src, n, write)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) || st.Bytes != n {
+		t.Fatalf("bytes differ (%d of %d)", st.Bytes, n)
+	}
+	if w := []string{"copy 0", "copy 1", "push 0", "copy 2", "push 1", "push 2"}; fmt.Sprint(log) != fmt.Sprint(w) {
+		t.Errorf("order %v, want %v", log, w)
+	}
+
+	log = nil
+	src.fail = fabric.StageSegment
+	_, err = fabric.WriteStaged(context.Background(), "x", src, n, write)
+	if err == nil || !strings.Contains(err.Error(), "device fault") {
+		t.Errorf("failing copy: %v", err)
+	}
+	if w := []string{"copy 0", "copy 1", "push 0"}; fmt.Sprint(log) != fmt.Sprint(w) {
+		t.Errorf("order %v, want %v", log, w)
 	}
 }

@@ -31,11 +31,14 @@ func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tenso
 	})
 }
 
-// writeDevice copies src's bytes out to host staging, then pushes them.
+// writeDevice pushes src's bytes through host staging, a segment at a
+// time, each a push of its range (fabric.WriteStaged).
 func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
 	t.gd.staged(src, "push")
-	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, p []byte) (fabric.Stats, error) {
-		return t.transfer(ctx, dst, src.Device(), p, true)
+	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, off int64, p []byte) (fabric.Stats, error) {
+		r := dst
+		r.Offset, r.Length = dst.Offset+off, int64(len(p))
+		return t.transfer(ctx, r, src.Device(), p, true)
 	})
 }
 

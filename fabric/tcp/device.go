@@ -17,9 +17,10 @@ import (
 // (segments, fabric.StagedRead); an owner answering a read stages the
 // range a piece at a time into a ring of two pinned pieces, the device
 // copying piece k+1 out while piece k is on the wire (sendDevice). A
-// pusher stages its source whole before sending, and an owner receiving
-// a push into device memory copies it in once received; those copies
-// count in the transfer's time.
+// pusher pushes 32 MiB segments, the device copying segment i+1 out while
+// segment i is pushed (fabric.WriteStaged); an owner receiving a push into
+// device memory copies it in once received. The copies count in the
+// transfer's time.
 
 // stageTimeout bounds the device copy an owner makes for a request (the
 // device's own bound, CopyTimeout, is longer).
@@ -34,10 +35,13 @@ func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tenso
 	})
 }
 
-// writeDevice copies src's bytes out to host staging, then pushes them.
+// writeDevice pushes src's bytes through host staging, a segment at a
+// time, each a push of its range (fabric.WriteStaged).
 func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
-	return fabric.WriteStaged(ctx, fabric.TCP, src, dst.Length, func(ctx context.Context, p []byte) (fabric.Stats, error) {
-		return t.run(ctx, opWrite, dst, p)
+	return fabric.WriteStaged(ctx, fabric.TCP, src, dst.Length, func(ctx context.Context, off int64, p []byte) (fabric.Stats, error) {
+		r := dst
+		r.Offset, r.Length = dst.Offset+off, int64(len(p))
+		return t.run(ctx, opWrite, r, p)
 	})
 }
 
