@@ -61,9 +61,8 @@ func StagedRead(ctx context.Context, dst tensor.Buffer, n int64, fetch func(ctx 
 			first = err
 			break
 		}
-		// One copy in flight at a time (each holds one of the device's
-		// lanes; holding two while waiting for a lane can deadlock
-		// readers): the previous one had this fetch's time to finish.
+		// One copy in flight at a time (tensor.AsyncCopier's rule): the
+		// previous one had this fetch's time to finish.
 		if err := wait(1 - h); err != nil {
 			first = err
 			break

@@ -250,10 +250,11 @@ func IsDevice(b Buffer) bool {
 // return before it ends: one DMA queued on a stream with an event recorded
 // behind it (tensor/cuda). A transport overlaps such copies with the wire.
 // The host bytes must stay untouched, and allocated, until the Pending's
-// Wait has returned, whatever happened meanwhile. A pending copy holds one
-// of the device's copy lanes and keeps the buffer from being released, so
-// a caller keeps one copy of its own in flight at a time: starting another
-// before waiting can deadlock against other callers doing the same.
+// Wait has returned, whatever happened meanwhile. A pending copy keeps the
+// device buffer from being released (and may hold other device resources
+// of a back-end), so a caller keeps one copy of its own in flight at a
+// time: a second start on the same buffer can wait behind a Release that
+// waits for the first.
 type AsyncCopier interface {
 	// StartCopyOut starts copying len(dst) bytes of the buffer at off
 	// into dst.

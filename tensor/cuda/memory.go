@@ -123,6 +123,7 @@ type Memory struct {
 	access      []memAccessDesc
 
 	lanes  chan *lane
+	events chan uintptr // spare events of asynchronous copies (StartCopyOut/In)
 	pinned pinnedPool
 
 	mu       sync.Mutex
@@ -416,6 +417,9 @@ func (m *Memory) Close() error {
 		select {
 		case l := <-m.lanes:
 			errs = append(errs, m.freeLane(l))
+			continue
+		case ev := <-m.events:
+			errs = append(errs, m.destroyEvent(ev))
 			continue
 		default:
 		}
