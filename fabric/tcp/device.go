@@ -19,8 +19,8 @@ import (
 // copying piece k+1 out while piece k is on the wire (sendDevice). A
 // pusher pushes 32 MiB segments, the device copying segment i+1 out while
 // segment i is pushed (fabric.WriteStaged); an owner receiving a push into
-// device memory copies it in once received. The copies count in the
-// transfer's time.
+// device memory copies the verified bytes in as they arrive (stagedPin).
+// The copies count in the transfer's time.
 
 // stageTimeout bounds the device copy an owner makes for a request (the
 // device's own bound, CopyTimeout, is longer).
@@ -46,23 +46,75 @@ func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabr
 }
 
 // stagedPin is a pin of device memory with the host staging a request
-// moves through; Release releases both.
+// moves through; Release releases both. For a push, the received bytes go
+// into the device a piece at a time while the rest arrives (received),
+// one copy in flight; commit copies the remainder.
 type stagedPin struct {
 	tensor.Buffer // the pin
 	stage         tensor.Buffer
 	off, n        int64
+
+	done    int64          // bytes copied in or being copied
+	pending tensor.Pending // the copy under way
+	cancel  context.CancelFunc
+	err     error // the first failed copy: no more are started
 }
 
 func (s *stagedPin) Release() error {
+	s.abort()
 	s.stage.Release()
 	return s.Buffer.Release()
 }
 
-// commit copies a push's staged bytes into the device.
-func (s *stagedPin) commit() error {
+// received starts copying the verified bytes [done, pos) into the device
+// once a piece of them is there, after the copy before has ended.
+func (s *stagedPin) received(pos int) {
+	if s.err != nil || int64(pos)-s.done < ownerPiece {
+		return
+	}
+	if s.err = s.wait(); s.err != nil {
+		return
+	}
+	s.start(int64(pos))
+}
+
+func (s *stagedPin) start(pos int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), stageTimeout)
-	defer cancel()
-	return tensor.Copy(ctx, s.Buffer, s.off, s.stage, 0, s.n)
+	s.pending, s.cancel = tensor.StartCopy(ctx, s.Buffer, s.off+s.done, s.stage, s.done, pos-s.done), cancel
+	s.done = pos
+}
+
+// wait waits for the copy under way, if any.
+func (s *stagedPin) wait() error {
+	if s.pending == nil {
+		return nil
+	}
+	err := s.pending.Wait(context.Background())
+	s.cancel()
+	s.pending, s.cancel = nil, nil
+	if err != nil {
+		return fmt.Errorf("tcp: copy pushed bytes into %v: %w", s.Buffer.Device(), err)
+	}
+	return nil
+}
+
+// abort waits for a copy under way (the staging must outlive it).
+func (s *stagedPin) abort() { s.wait() }
+
+// commit copies a push's staged bytes not yet copied into the device, and
+// returns once all are there, or the first copy's error.
+func (s *stagedPin) commit() error {
+	if s.err != nil {
+		s.abort()
+		return s.err
+	}
+	if err := s.wait(); err != nil {
+		return err
+	}
+	if s.done < s.n {
+		s.start(s.n)
+	}
+	return s.wait()
 }
 
 // stageDevice returns staging for a request on device memory: for a read

@@ -296,3 +296,57 @@ func BenchmarkDeviceOwnerStaging(b *testing.B) {
 		})
 	}
 }
+
+// A push into device memory goes into the device a piece at a time while
+// the rest arrives (the owner's copies of verified bytes, one in flight),
+// bytes whole; a copy that fails is refused with a status once the push is
+// received (the connection stays in step), and nothing leaks.
+func TestDevicePushCopiedInAsItArrives(t *testing.T) {
+	cudatest.NoLeaks(t)
+	lib := cudatest.FakeLibrary(t)
+	ctx := context.Background()
+	owner, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 0})
+	require.NoError(t, err)
+	defer owner.Close()
+	const n = 3*ownerPiece + 5
+	sink, err := owner.Alloc(ctx, n)
+	require.NoError(t, err)
+	defer sink.Release()
+	ownerKey, ownerID := testhelp.Key(t)
+	srv, err := Listen(ServerConfig{Security: fabric.Security{Identity: ownerKey},
+		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
+		Sink:   sinkOf(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return devPin{sink}, nil })})
+	require.NoError(t, err)
+	defer srv.Close()
+	readerKey, _ := testhelp.Key(t)
+	tr, err := New(Config{Security: fabric.Security{Identity: readerKey}, Streams: 1})
+	require.NoError(t, err)
+	defer tr.Close()
+	src, err := tensor.NewHostMemory(0).Alloc(ctx, n)
+	require.NoError(t, err)
+	defer src.Release()
+	want, _ := tensor.BytesOf(src)
+	for i := range want {
+		want[i] = byte(i*3 + i>>10)
+	}
+	dst := fabric.Remote{Endpoint: fabric.Endpoint{Process: "owner", Host: "h0", Device: tensor.GPUDevice(0)},
+		Peer: ownerID.String(), Addrs: map[string]string{fabric.TCP: srv.Addr()},
+		Claim: fabric.Claim{Object: fabric.ObjectID{8}, Incarnation: 1}, Length: n, DType: tensor.Uint8}
+	before := cudatest.Live("htod")
+	_, err = tr.Write(ctx, src, dst)
+	require.NoError(t, err)
+	got := make([]byte, n)
+	require.NoError(t, sink.(*cuda.Buffer).CopyOut(ctx, 0, got))
+	require.True(t, bytes.Equal(got, want), "device push over tcp differs")
+	require.GreaterOrEqual(t, cudatest.Live("htod")-before, int64(3), "copied in as it arrived, not once at the end")
+
+	cudatest.Set(t, "failhtod", 2)
+	_, err = tr.Write(ctx, src, dst)
+	var re *peerauth.RemoteError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, peerauth.StatusInternal, re.Code)
+	require.Contains(t, re.Message, "cuMemcpyHtoDAsync")
+	cudatest.SetNow("failhtod", 0)
+	_, err = tr.Write(ctx, src, dst) // the same pooled connection: still in step
+	require.NoError(t, err)
+}

@@ -257,7 +257,15 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 			return err
 		}
 	}
-	if _, err := l.recvBlocks(data, req.offset, req.flags&flagSealed != 0); err != nil {
+	var received func(int)
+	sp, device := pin.(*stagedPin)
+	if device {
+		received = sp.received
+	}
+	if _, err := l.recvBlocksTo(data, req.offset, req.flags&flagSealed != 0, received); err != nil {
+		if device {
+			sp.abort()
+		}
 		if errors.Is(err, fabric.ErrCorrupt) {
 			// Tell the pusher why, then hang up: the rest of its blocks
 			// are still in flight, so the connection is out of step.
@@ -266,9 +274,10 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 		}
 		return err
 	}
-	if sp, ok := pin.(*stagedPin); ok {
-		// Device memory: the verified bytes go in from staging now, before
-		// the pusher hears that its push is complete.
+	if device {
+		// Device memory: the verified bytes went in as they arrived; the
+		// rest goes in now, before the pusher hears that its push is
+		// complete.
 		if err := sp.commit(); err != nil {
 			return refuse(l, err)
 		}
