@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -133,5 +134,64 @@ func TestWriteStaged(t *testing.T) {
 	}
 	if w := []string{"copy 0", "copy 1", "push 0"}; fmt.Sprint(log) != fmt.Sprint(w) {
 		t.Errorf("order %v, want %v", log, w)
+	}
+}
+
+// inBuf is a devBuf with asynchronous copies in that log their ranges.
+type inBuf struct {
+	devBuf
+	mu  sync.Mutex
+	log []string
+}
+
+func (d *inBuf) StartCopyIn(ctx context.Context, off int64, src []byte) (tensor.Pending, error) {
+	d.mu.Lock()
+	d.log = append(d.log, fmt.Sprintf("%d+%d", off, len(src)))
+	d.mu.Unlock()
+	return waited{d.devBuf.CopyIn(ctx, off, src)}, nil
+}
+
+func (d *inBuf) StartCopyOut(ctx context.Context, off int64, dst []byte) (tensor.Pending, error) {
+	return waited{d.devBuf.CopyOut(ctx, off, dst)}, nil
+}
+
+// A transport that reports bytes as they arrive (two stripes of a segment,
+// each in 1 MiB blocks, one restarting as a retried stripe does) has them
+// copied into the device a piece at a time before the fetch returns; the
+// gaps are copied after it, and every byte lands once the read returns.
+func TestStagedReadProgress(t *testing.T) {
+	const mib = 1 << 20
+	const n = fabric.StageSegment + 10*mib + 7 // two segments
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i*5 + i>>13)
+	}
+	dst := &inBuf{devBuf: devBuf{p: make([]byte, n)}}
+	var duringFetch []int
+	fetch := func(_ context.Context, off int64, p []byte, received fabric.Received) error {
+		half := int64(len(p)) / 2
+		for _, r := range [][2]int64{{0, half}, {half, int64(len(p))}} {
+			for pos := r[0]; pos < r[1]; pos += mib {
+				end := min(pos+mib, r[1])
+				copy(p[pos:end], src[off+pos:off+end])
+				received(r[0], end-r[0])
+				if r[0] == 0 && end-r[0] == 6*mib {
+					received(r[0], 2*mib) // a retried stripe starting over: ignored
+				}
+			}
+		}
+		dst.mu.Lock()
+		duringFetch = append(duringFetch, len(dst.log))
+		dst.mu.Unlock()
+		return nil
+	}
+	if err := fabric.StagedReadProgress(context.Background(), dst, n, fetch); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.p, src) {
+		t.Fatal("bytes differ")
+	}
+	if len(duringFetch) != 2 || duringFetch[0] < 4 {
+		t.Errorf("copies started while the first segment was fetched: %v (log %v), want 4 or more", duringFetch, dst.log)
 	}
 }

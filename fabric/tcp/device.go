@@ -13,8 +13,8 @@ import (
 // Device memory the CPU cannot address (tensor/cuda) crosses tcp through
 // host staging: the device's pinned memory where it has some
 // (tensor.StageFor), so the socket reads into or writes from memory the
-// device copies by one DMA. A reader's device copies overlap the wire
-// (segments, fabric.StagedRead); an owner answering a read stages the
+// device copies by one DMA. A reader copies the bytes into the device as
+// they arrive (fabric.StagedReadProgress); an owner answering a read stages the
 // range a piece at a time into a ring of two pinned pieces, the device
 // copying piece k+1 out while piece k is on the wire (sendDevice). A
 // pusher pushes 32 MiB segments, the device copying segment i+1 out while
@@ -26,12 +26,13 @@ import (
 // device's own bound, CopyTimeout, is longer).
 const stageTimeout = 30 * time.Second
 
-// readDevice reads through host staging into dst, a segment at a time
-// (fabric.StagedRead: the device takes one segment in while the next
-// crosses the wire).
+// readDevice reads through host staging into dst, a segment at a time,
+// the device copying each segment's bytes in as they arrive and verify
+// (fabric.StagedReadProgress): only the last piece's copy is not
+// overlapped with the wire.
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
-	return fabric.ReadStaged(ctx, fabric.TCP, src, dst, func(ctx context.Context, r fabric.Remote, p []byte) (fabric.Stats, error) {
-		return t.run(ctx, opRead, r, p)
+	return fabric.ReadStagedProgress(ctx, fabric.TCP, src, dst, func(ctx context.Context, r fabric.Remote, p []byte, received func(off int64, n int)) (fabric.Stats, error) {
+		return t.runWith(ctx, opRead, r, p, received)
 	})
 }
 

@@ -350,3 +350,29 @@ func TestDevicePushCopiedInAsItArrives(t *testing.T) {
 	_, err = tr.Write(ctx, src, dst) // the same pooled connection: still in step
 	require.NoError(t, err)
 }
+
+// A reader's device copies start while the read is still arriving: a
+// 12 MiB read (one segment) into CUDA memory goes into the device in
+// pieces, not in one copy once received; the bytes arrive whole.
+func TestDeviceReadCopiedInAsItArrives(t *testing.T) {
+	cudatest.NoLeaks(t)
+	r, want, _ := deviceOwner(t, 3*ownerPiece+5)
+	reader, err := cuda.NewMemory(cuda.Config{Library: cudatest.FakeLibrary(t), Device: 1})
+	require.NoError(t, err)
+	defer reader.Close()
+	ctx := context.Background()
+	dst, err := reader.Alloc(ctx, r.Length)
+	require.NoError(t, err)
+	defer dst.Release()
+	readerKey, _ := testhelp.Key(t)
+	tr, err := New(Config{Security: fabric.Security{Identity: readerKey}, Streams: 1})
+	require.NoError(t, err)
+	defer tr.Close()
+	before := cudatest.Live("htod")
+	_, err = tr.Read(ctx, r, dst)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, cudatest.Live("htod")-before, int64(3), "copied in as it arrived")
+	got := make([]byte, r.Length)
+	require.NoError(t, dst.(*cuda.Buffer).CopyOut(ctx, 0, got))
+	require.True(t, bytes.Equal(got, want))
+}
