@@ -17,7 +17,9 @@ import (
 // (DeviceMemory: the driver's GPUDirect RDMA attribute). Where either
 // says no, device memory is staged through host memory, loudly: a warning
 // once per reason, tensorlane_rdma_device_staged_total{reason}, and a note
-// in Explain (Reach's reason).
+// in Explain (Reach's reason). Where both say yes it is staged too, for
+// now (StagedNotWired): registering device memory in the data path is not
+// written, as no machine this was built on has a libfabric to test it.
 
 // HMEMCaps is what a provider reports about registering device memory
 // with its NICs.
@@ -62,11 +64,11 @@ type GPUDirectInfo interface {
 
 // Staging reasons: the label values of tensorlane_rdma_device_staged_total.
 const (
-	StagedNoHMEM       = "provider_no_hmem"    // the provider offers no FI_MR_HMEM
-	StagedNoIface      = "provider_no_iface"   // its libfabric lacks the device's interface
-	StagedNoGPUDirect  = "device_no_gpudirect" // the device's driver says no
-	StagedUnknownMem   = "device_unknown"      // device memory that does not describe itself
-	StagedNotConnected = "direct_not_wired"    // both say yes; this version still stages
+	StagedNoHMEM      = "provider_no_hmem"    // the provider offers no FI_MR_HMEM
+	StagedNoIface     = "provider_no_iface"   // its libfabric lacks the device's interface
+	StagedNoGPUDirect = "device_no_gpudirect" // the device's driver says no
+	StagedUnknownMem  = "device_unknown"      // device memory that does not describe itself
+	StagedNotWired    = "direct_not_wired"    // both say yes; this version still stages
 )
 
 // GPUDirect is the decision for one kind of device memory on one provider.
@@ -160,7 +162,7 @@ func (g *gpuDirect) caps() HMEMCaps {
 func (g *gpuDirect) staged(b tensor.Buffer, op string) GPUDirect {
 	d := DecideGPUDirect(g.caps(), DeviceMemoryOf(b))
 	if d.Direct {
-		d = GPUDirect{Reason: StagedNotConnected, Why: d.Why + ", but this version stages device memory through host memory still"}
+		d = GPUDirect{Reason: StagedNotWired, Why: d.Why + ", but this version stages device memory through host memory still"}
 	}
 	if g.metrics != nil {
 		g.metrics.DeviceStaged.WithLabelValues(d.Reason).Inc()

@@ -195,3 +195,65 @@ func (p devPin) Device() tensor.DeviceID        { return p.b.Device() }
 func (p devPin) Len() int64                     { return p.b.Len() }
 func (p devPin) Release() error                 { return nil }
 func (p devPin) Unwrap() (tensor.Buffer, int64) { return p.b, 0 }
+
+// hmemProvider is a provider that says its NICs register CUDA memory.
+type hmemProvider struct{ rdma.Provider }
+
+func (hmemProvider) HMEM() rdma.HMEMCaps {
+	return rdma.HMEMCaps{Provider: "hmem-test", HMEM: true, Ifaces: []string{"cuda"}}
+}
+
+// Where the provider and the device both allow GPUDirect RDMA this version
+// still stages, and says so under its own reason: direct_not_wired.
+func TestDeviceMemoryStagedEvenWhereDirectWouldDo(t *testing.T) {
+	cudatest.NoLeaks(t)
+	lib := cudatest.FakeLibrary(t)
+	ctx := context.Background()
+	mem, err := cuda.NewMemory(cuda.Config{Library: lib, Device: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	const n = 1 << 20
+	obj, err := mem.Alloc(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obj.Release()
+	dst, err := mem.Alloc(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Release()
+	ownerKey, ownerID := key(t)
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: newTestProvider(t, "a"), Security: fabric.Security{Identity: ownerKey},
+		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return devPin{obj}, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rk, _ := key(t)
+	logs := &logLines{}
+	metrics := rdma.NewMetrics(prometheus.NewRegistry())
+	tr, err := rdma.New(ctx, rdma.Config{Provider: hmemProvider{newTestProvider(t, "a")}, Security: fabric.Security{Identity: rk, Logger: slog.New(logs)},
+		AllowLoopback: true, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	r := fabric.Remote{Endpoint: fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(0)}, Peer: ownerID.String(),
+		Addrs: map[string]string{fabric.RDMA: srv.Addr()}, Claim: fabric.Claim{Object: fabric.ObjectID{1}}, Length: n}
+	if _, err := tr.Read(ctx, r, dst); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(metrics.DeviceStaged.WithLabelValues(rdma.StagedNotWired)); got != 1 {
+		t.Errorf("staged with reason %s: %v, want 1", rdma.StagedNotWired, got)
+	}
+	if w := logs.staged(); len(w) != 1 || !strings.Contains(w[0], rdma.StagedNotWired) {
+		t.Errorf("warnings %q", w)
+	}
+	cost, _ := tr.Reach(fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(0)}, fabric.Endpoint{Host: "h0", Device: tensor.GPUDevice(1)})
+	if !strings.Contains(cost.Reason, "hmem-test offers device-memory registration, but this version stages") {
+		t.Errorf("Reach's reason = %q", cost.Reason)
+	}
+}
