@@ -7,7 +7,9 @@
 #    authenticated Unix socket), device->host->tcp->host->device over
 #    loopback, peer copies with two GPUs; each timed against cuMemcpy or raw
 #    TCP of the same size in the same run, with the issue's goals (0.9x,
-#    0.8x, 0.7x).
+#    0.8x, 0.7x); then the device rows of `tensorlane bench --paths device`
+#    (bench/devbench: d2d and cross-process Gets vs cuMemcpyDtoD, device ->
+#    tcp -> device vs raw TCP), printed as BENCH lines and the bench table.
 # 2. Python through the C ABI (scripts/gpu_check_device.py): torch CUDA
 #    tensors between two processes on one GPU against torch's own CUDA IPC
 #    (goal 0.8x), device->tcp->device on loopback against raw TCP (0.7x),
@@ -30,8 +32,10 @@
 # (timed rounds, default 15 for Go, 10 for Python), GPUCHECK_NO_GOALS=1
 # (report ratios without failing on them), GPUCHECK_PYTHON (default
 # python3), TENSORLANE_LIBCUDA (driver library, default libcuda.so.1).
-# Budget: on one H200 the whole check takes a few minutes; each step is
-# bounded (Go 5 minutes, Python 3 minutes) so it ends within 8.
+# Budget: on one H200 the whole check takes a few minutes (estimated, not
+# yet timed on one: the bench rows add about 15 s at 256 MiB, two owner
+# processes' CUDA start-up and ~17 rounds of a 256 MiB tcp Get); each step
+# is bounded (Go 5 minutes, Python 3 minutes) so it ends within 8.
 # Exit status: non-zero when a check or a goal failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +63,7 @@ run() {
 	fi
 	echo
 	echo "== summary"
-	grep -E '^(DRIVER|DEVICE|RESULT|SKIP|FAIL )' "$log" || true
+	grep -E '^(DRIVER|DEVICE|RESULT|BENCH|SKIP|FAIL )' "$log" || true
 	grep -E '^(--- FAIL|FAIL|PASS|ok)' "$log" | grep -v '^--- PASS' || true
 	rm -f "$log"
 	return $rc

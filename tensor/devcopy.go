@@ -244,3 +244,89 @@ func IsDevice(b Buffer) bool {
 	_, ok := root.(DeviceCopier)
 	return ok
 }
+
+// AsyncCopier is the optional capability of device buffers that start a
+// copy between the device and pinned host memory (their Stager's) and
+// return before it ends: one DMA queued on a stream with an event recorded
+// behind it (tensor/cuda). A transport overlaps such copies with the wire.
+// The host bytes must stay untouched, and allocated, until the Pending's
+// Wait has returned, whatever happened meanwhile. A pending copy keeps the
+// device buffer from being released (and may hold other device resources
+// of a back-end), so a caller keeps one copy of its own in flight at a
+// time: a second start on the same buffer can wait behind a Release that
+// waits for the first.
+type AsyncCopier interface {
+	// StartCopyOut starts copying len(dst) bytes of the buffer at off
+	// into dst.
+	StartCopyOut(ctx context.Context, off int64, dst []byte) (Pending, error)
+	// StartCopyIn starts copying src into the buffer at off.
+	StartCopyIn(ctx context.Context, off int64, src []byte) (Pending, error)
+}
+
+// Pending is a copy under way. Wait returns once it has ended (its bytes
+// are in place, or it failed); a cancelled ctx still waits for the device
+// to stop touching the memory, as Copy does. Wait may be called more than
+// once; later calls return the first call's result.
+type Pending interface {
+	Wait(ctx context.Context) error
+}
+
+// StartCopy starts copying n bytes of src at srcOff to dst at dstOff, as
+// Copy does, and returns before the copy ends: between device memory that
+// is an AsyncCopier and host memory, the device's own asynchronous copy;
+// otherwise Copy on a goroutine of its own. Errors arrive through Wait,
+// which the caller must call before it reuses or releases either side.
+func StartCopy(ctx context.Context, dst Buffer, dstOff int64, src Buffer, srcOff, n int64) Pending {
+	if n > 0 && dstOff >= 0 && srcOff >= 0 && dstOff+n <= dst.Len() && srcOff+n <= src.Len() {
+		d, do := Unwrap(dst)
+		s, so := Unwrap(src)
+		to, toErr := hostBytes(d)
+		from, fromErr := hostBytes(s)
+		var p Pending
+		var err error
+		ad, dok := d.(AsyncCopier)
+		as, sok := s.(AsyncCopier)
+		switch {
+		case toErr == nil && fromErr != nil && sok:
+			p, err = as.StartCopyOut(ctx, srcOff+so, to[dstOff+do:dstOff+do+n])
+		case fromErr == nil && toErr != nil && dok:
+			p, err = ad.StartCopyIn(ctx, dstOff+do, from[srcOff+so:srcOff+so+n])
+		}
+		if err != nil {
+			return ended{err}
+		}
+		if p != nil {
+			return p
+		}
+	}
+	return Go(func() error { return Copy(ctx, dst, dstOff, src, srcOff, n) })
+}
+
+// Go runs a synchronous copy on a goroutine of its own and returns it as a
+// Pending, for a device without asynchronous copies of its own.
+func Go(copy func() error) Pending {
+	g := &goCopy{done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		g.err = copy()
+	}()
+	return g
+}
+
+// ended is a Pending that has already ended.
+type ended struct{ err error }
+
+func (e ended) Wait(context.Context) error { return e.err }
+
+// goCopy is a copy running on its own goroutine. Wait ignores ctx: the
+// copy honours its own, and the caller must not touch the memory before
+// it ends.
+type goCopy struct {
+	done chan struct{}
+	err  error
+}
+
+func (g *goCopy) Wait(context.Context) error {
+	<-g.done
+	return g.err
+}

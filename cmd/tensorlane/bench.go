@@ -67,7 +67,7 @@ the cell's own, stored in the baseline) below it.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&o.quick, "quick", false, "small matrix (1MiB x1,x8 and 64MiB x1; pull on every path, push on p2p-ipc and rdma): well under a minute on 2 cores")
-	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\"; broadcast: one owner to --readers readers on --hosts simulated hosts; statedict: a 1B-parameter bf16 state dict as one GetBatch vs one tensor; zerocopy: on-host View vs cold and warm Get vs memcpy)")
+	f.StringSliceVar(&o.paths, "paths", nil, "override the paths pulled (local,p2p,p2p-ipc,shm,rdma,tcp,tcp-z; none: \"\"; broadcast: one owner to --readers readers on --hosts simulated hosts; statedict: a 1B-parameter bf16 state dict as one GetBatch vs one tensor; zerocopy: on-host View vs cold and warm Get vs memcpy; device: CUDA device memory, d2d/IPC Gets vs cuMemcpyDtoD and device->tcp->device vs raw TCP, on the GPU the driver (TENSORLANE_LIBCUDA) gives)")
 	f.StringSliceVar(&o.push, "push", nil, "override the paths pushed (p2p,p2p-ipc,shm,rdma,tcp; none: \"\")")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per record instead of a table")
 	f.StringVar(&o.out, "out", "", "write results.json, report.md and throughput-<path>.png plots into this directory")
@@ -104,6 +104,16 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		var err error
 		if base, err = harness.ReadFile(o.check); err != nil {
 			return err
+		}
+	}
+	if takePath(&o, pathDevice) {
+		// A harness of its own (bench_device.go); other paths run only
+		// when named beside it.
+		if err := runDeviceBench(cmd, o); err != nil {
+			return err
+		}
+		if len(o.paths) == 0 {
+			return nil
 		}
 	}
 	if bc, sd, zc := takePath(&o, harness.PathBroadcast), takePath(&o, harness.PathStateDict), takePath(&o, harness.PathZeroCopy); bc || sd || zc {

@@ -11,7 +11,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorlane/tensorlane/bench/devbench"
 	"github.com/tensorlane/tensorlane/bench/harness"
+	"github.com/tensorlane/tensorlane/tensor/cuda"
+	"github.com/tensorlane/tensorlane/tensor/cuda/cudatest"
 )
 
 func runBenchArgs(t *testing.T, args ...string) (string, error) {
@@ -100,4 +103,38 @@ func TestBenchBadFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown path")
 	_, err = runBenchArgs(t, "--sizes", "4KiB", "--push", "tcp-z")
 	assert.ErrorContains(t, err, "no push mode")
+}
+
+// The device rows run on the fake CUDA driver (the CI machine has no GPU):
+// every row measured against its baseline, including the cross-process
+// ones (the owner is this test binary again, devbench.Owner in TestMain),
+// and labelled fake-driver with a note that the figures mean nothing.
+func TestBenchDeviceRows(t *testing.T) {
+	t.Setenv(cuda.LibraryEnv, cudatest.FakeLibrary(t))
+	out, err := runBenchArgs(t, "--json", "--paths", "device", "--sizes", "4MiB", "--min-rounds", "2")
+	require.NoError(t, err)
+	rows := map[string]harness.Record{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r harness.Record
+		require.NoError(t, json.Unmarshal([]byte(l), &r), l)
+		rows[r.Path] = r
+	}
+	for p, base := range map[string]string{devbench.PathD2D: devbench.BaseDtoD, devbench.PathIPCVMM: devbench.BaseDtoD,
+		devbench.PathIPCLegacy: devbench.BaseDtoD, devbench.PathTCP: devbench.BaseRawTCP} {
+		r, ok := rows[p]
+		if !assert.True(t, ok, "no %s row in %s", p, out) {
+			continue
+		}
+		assert.True(t, r.Measured(), "%s: %+v", p, r)
+		assert.Equal(t, devbench.ModeFake, r.Mode, p)
+		assert.Equal(t, base, r.Baseline, p)
+		assert.Equal(t, int64(4<<20), r.Size, p)
+		assert.Positive(t, r.Ratio, p)
+		assert.Equal(t, 2, r.Rounds, p)
+		assert.Contains(t, r.Note, "mean nothing", p)
+	}
+	out, err = runBenchArgs(t, "--paths", "device", "--sizes", "1MiB", "--min-rounds", "1")
+	require.NoError(t, err)
+	assert.Contains(t, out, "cuda-tcp  fake-driver")
+	assert.Contains(t, out, "figures mean nothing")
 }

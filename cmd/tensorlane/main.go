@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/tensorlane/tensorlane/bench/devbench"
 )
 
 var rootCmd = &cobra.Command{
@@ -19,6 +21,9 @@ var rootCmd = &cobra.Command{
 }
 
 func main() {
+	if code, ok := devbench.Owner(); ok {
+		os.Exit(code) // this process is the owner of a device bench row
+	}
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "tensorlane:", err)
 		os.Exit(1)

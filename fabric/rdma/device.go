@@ -16,21 +16,29 @@ import (
 // into an owner's device memory are refused (the owner would have to copy
 // the staged bytes in when the push completes, which the verbs-shaped
 // protocol does not tell it yet); the planner then takes tcp. GPUDirect
-// RDMA (registering device memory with the NIC itself) is the real fix.
+// RDMA (registering device memory with the NIC itself) is the real fix:
+// gpudirect.go decides, from what the provider and the device report,
+// whether it could be used, and every staged transfer says why it was
+// staged (a warning once per reason, a metric, Explain).
 
 // readDevice reads through host staging into dst, a segment at a time
 // (fabric.StagedRead: the device takes one segment in while the next
 // crosses the wire).
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
+	t.gd.staged(dst, "read")
 	return fabric.ReadStaged(ctx, fabric.RDMA, src, dst, func(ctx context.Context, r fabric.Remote, p []byte) (fabric.Stats, error) {
 		return t.transfer(ctx, r, dst.Device(), p, false)
 	})
 }
 
-// writeDevice copies src's bytes out to host staging, then pushes them.
+// writeDevice pushes src's bytes through host staging, a segment at a
+// time, each a push of its range (fabric.WriteStaged).
 func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
-	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, p []byte) (fabric.Stats, error) {
-		return t.transfer(ctx, dst, src.Device(), p, true)
+	t.gd.staged(src, "push")
+	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, off int64, p []byte) (fabric.Stats, error) {
+		r := dst
+		r.Offset, r.Length = dst.Offset+off, int64(len(p))
+		return t.transfer(ctx, r, src.Device(), p, true)
 	})
 }
 

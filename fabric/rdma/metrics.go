@@ -13,6 +13,10 @@ type Metrics struct {
 	// HealthPauses counts rails that link telemetry marked degraded
 	// (Transport.Degrade): tensorlane_rail_health_pauses_total{rail}.
 	HealthPauses *prometheus.CounterVec
+	// DeviceStaged counts transfers of device memory staged through host
+	// memory instead of registered with the NICs (GPUDirect RDMA), by
+	// reason (gpudirect.go): tensorlane_rdma_device_staged_total{reason}.
+	DeviceStaged *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -34,9 +38,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		HealthPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_rail_health_pauses_total", Help: "Times link telemetry marked an rdma rail degraded (no new slices until it recovers).",
 		}, []string{"rail"}),
+		DeviceStaged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_device_staged_total", Help: "Device-memory transfers staged through host memory instead of registered with the NIC (GPUDirect RDMA), by reason.",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses, m.HealthPauses)
+		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses, m.HealthPauses, m.DeviceStaged)
 	}
 	return m
 }

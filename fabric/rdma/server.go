@@ -40,6 +40,9 @@ type ServerConfig struct {
 	// ListenerMetrics counts each rail's listener ("rdma/<nic>"); nil: not
 	// counted.
 	ListenerMetrics *fabric.ListenerMetrics
+	// Metrics counts device memory the owner stages for the NICs
+	// (DeviceStaged); nil: not counted.
+	Metrics *Metrics
 }
 
 // Server is the owner side: one listening device per NIC. A reader's
@@ -52,6 +55,7 @@ type ServerConfig struct {
 type Server struct {
 	cfg  ServerConfig
 	nics []serverNIC
+	gd   *gpuDirect
 
 	mu     sync.Mutex
 	regs   map[regID]*registration
@@ -112,7 +116,8 @@ func Listen(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("%w: provider %s has no device to serve on", ErrNoDevice, cfg.Provider.Name())
 	}
-	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{}}
+	s := &Server{cfg: cfg, regs: map[regID]*registration{}, tombs: map[regID]time.Time{},
+		gd: &gpuDirect{prov: cfg.Provider, log: cfg.Logger, metrics: cfg.Metrics}}
 	for _, name := range names {
 		dev, err := cfg.Provider.Open(ctx, name, OpenConfig{Security: cfg.Security, Listen: true,
 			Handler: &nicHandler{s: s, nic: name}, Limits: cfg.Limits, ListenerMetrics: cfg.ListenerMetrics})
@@ -271,6 +276,9 @@ func (s *Server) register(ctx context.Context, qp qpRef, who peer.ID, req *resol
 	if err = fabric.CheckRange(req.offset, req.length, pin.Len()); err == nil {
 		if tensor.IsDevice(pin) {
 			// Device memory: the NICs read a staged copy (see device.go).
+			if !req.push {
+				s.gd.staged(pin, "serve")
+			}
 			pin, data, err = stageRead(octx, pin, req.offset, req.length, req.push)
 		} else if data, err = tensor.BytesOf(pin); err == nil {
 			data = data[req.offset : req.offset+req.length]

@@ -142,6 +142,7 @@ type Transport struct {
 	cfg  Config
 	nics []*localNIC
 	log  *slog.Logger
+	gd   *gpuDirect
 
 	mu      sync.Mutex
 	rails   map[string]*rail
@@ -173,6 +174,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger, rails: map[string]*rail{}, waiters: map[uint64]chan<- Completion{},
 		changed: make(chan struct{})}
+	t.gd = &gpuDirect{prov: cfg.Provider, log: cfg.Logger, metrics: cfg.Metrics}
 	t.base, t.stop = context.WithCancel(context.Background())
 	names := cfg.NICs
 	if len(names) == 0 {
@@ -211,6 +213,15 @@ func (t *Transport) Name() string { return fabric.RDMA }
 // topology (any two different hosts without a topology), and the same
 // host only with AllowLoopback.
 func (t *Transport) Reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
+	cost, ok := t.reach(src, dst)
+	if ok {
+		// Explain says what becomes of device memory on this path.
+		cost.Reason += t.gd.note(src.Device, dst.Device)
+	}
+	return cost, ok
+}
+
+func (t *Transport) reach(src, dst fabric.Endpoint) (fabric.Cost, bool) {
 	cost := fabric.Cost{Path: topology.Path{Class: topology.PathNET}}
 	if src.Host == dst.Host {
 		if !t.cfg.AllowLoopback {

@@ -29,16 +29,17 @@ func (s *Stack) startRDMA(ctx context.Context) error {
 		return err
 	}
 	s.rdmaProv = prov
+	metrics := rdma.NewMetrics(n.Registerer)
 	s.rdmaSrv, err = rdma.Listen(ctx, rdma.ServerConfig{
 		Provider: prov, Security: n.Security, Source: n.Source, Sink: n.Sink,
-		Limits: c.Limits, ListenerMetrics: s.listen,
+		Limits: c.Limits, ListenerMetrics: s.listen, Metrics: metrics,
 	})
 	if err != nil {
 		return err
 	}
 	s.rdmaTr, err = rdma.New(ctx, rdma.Config{
 		Provider: prov, Security: n.Security, Topology: n.Cluster, Host: n.Host,
-		Metrics: rdma.NewMetrics(n.Registerer), Clock: c.Clock,
+		Metrics: metrics, Clock: c.Clock,
 	})
 	if err == nil {
 		s.health.setRDMA(s.rdmaTr)

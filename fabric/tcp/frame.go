@@ -356,6 +356,13 @@ func (l *link) skipBlocks(n int64) error {
 // flagSealed is in force). base is dst's offset in the object, for error
 // messages. It returns the bytes read off the wire.
 func (l *link) recvBlocks(dst []byte, base int64, unsummed bool) (int64, error) {
+	return l.recvBlocksTo(dst, base, unsummed, nil)
+}
+
+// recvBlocksTo is recvBlocks that calls received(pos) after each block,
+// once dst[:pos] is in place and verified (an owner copies a push into
+// device memory while the rest arrives).
+func (l *link) recvBlocksTo(dst []byte, base int64, unsummed bool, received func(pos int)) (int64, error) {
 	hb := l.in[:]
 	var wire int64
 	for pos := 0; pos < len(dst); {
@@ -396,6 +403,9 @@ func (l *link) recvBlocks(dst []byte, base int64, unsummed bool) (int64, error) 
 		}
 		wire += int64(headerSize + h.EncLen)
 		pos += h.RawLen
+		if received != nil {
+			received(pos)
+		}
 	}
 	return wire, nil
 }

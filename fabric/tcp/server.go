@@ -82,8 +82,10 @@ type Server struct {
 	ln   net.Listener
 	loop *acceptor.Loop
 
-	corruptNext  atomic.Bool // tests: damage the next block served
-	refuseSealed atomic.Bool // tests: answer flagSealed as an owner before it did
+	corruptNext  atomic.Bool                                    // tests: damage the next block served
+	refuseSealed atomic.Bool                                    // tests: answer flagSealed as an owner before it did
+	wholeStage   atomic.Bool                                    // benchmarks: stage a device read whole before sending, as before sendDevice
+	traceFn      atomic.Pointer[func(step string, piece int64)] // tests: sendDevice's steps
 }
 
 // Listen starts a data server.
@@ -194,6 +196,9 @@ func (s *Server) open(claims *claimCtx, req request, resolve func(context.Contex
 		return nil, nil, err
 	}
 	if tensor.IsDevice(pin) {
+		if req.op == opRead {
+			return pin, nil, nil // staged piece by piece as it is sent (sendDevice)
+		}
 		return stageDevice(pin, req)
 	}
 	data, err := tensor.BytesOf(pin)
@@ -210,6 +215,9 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 	pin, data, err := s.open(claims, req, s.cfg.Source.Open)
 	if err != nil {
 		return refuse(l, err)
+	}
+	if tensor.IsDevice(pin) {
+		return s.sendDevice(l, pin, req)
 	}
 	defer pin.Release()
 	// writev: the status, block headers and the tensor bytes straight from
@@ -249,7 +257,15 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 			return err
 		}
 	}
-	if _, err := l.recvBlocks(data, req.offset, req.flags&flagSealed != 0); err != nil {
+	var received func(int)
+	sp, device := pin.(*stagedPin)
+	if device {
+		received = sp.received
+	}
+	if _, err := l.recvBlocksTo(data, req.offset, req.flags&flagSealed != 0, received); err != nil {
+		if device {
+			sp.abort()
+		}
 		if errors.Is(err, fabric.ErrCorrupt) {
 			// Tell the pusher why, then hang up: the rest of its blocks
 			// are still in flight, so the connection is out of step.
@@ -258,9 +274,10 @@ func (s *Server) handleWrite(l *link, claims *claimCtx, req request) error {
 		}
 		return err
 	}
-	if sp, ok := pin.(*stagedPin); ok {
-		// Device memory: the verified bytes go in from staging now, before
-		// the pusher hears that its push is complete.
+	if device {
+		// Device memory: the verified bytes went in as they arrived; the
+		// rest goes in now, before the pusher hears that its push is
+		// complete.
 		if err := sp.commit(); err != nil {
 			return refuse(l, err)
 		}

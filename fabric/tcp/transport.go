@@ -184,6 +184,10 @@ type transfer struct {
 	claim    fabric.Claim
 	compress bool
 	dtype    tensor.DType
+	// received, when set, hears of a read's bytes as they arrive: n bytes
+	// from object offset off are in place (a device read copies them in
+	// meanwhile, fabric.StagedReadProgress).
+	received func(off int64, n int)
 }
 
 // Read pulls src into dst over one or more authenticated connections.
@@ -219,12 +223,17 @@ func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Rem
 }
 
 func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte) (fabric.Stats, error) {
+	return t.runWith(ctx, op, r, p, nil)
+}
+
+// runWith is run with a read's progress reported to received (transfer).
+func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []byte, received func(off int64, n int)) (fabric.Stats, error) {
 	start := time.Now()
 	addr := r.Addrs[fabric.TCP]
 	if addr == "" {
 		return fabric.Stats{}, fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, r.Peer)
 	}
-	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType}
+	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType, received: received}
 	n := int64(len(p))
 	var est linkEstimate
 	var codecBps float64
@@ -387,7 +396,11 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 		t.sealedN.Add(1)
 	}
 	if x.op == opRead {
-		wire, err := c.recvBlocks(p, off, sealed)
+		var progress func(pos int)
+		if x.received != nil {
+			progress = func(pos int) { x.received(off, pos) }
+		}
+		wire, err := c.recvBlocksTo(p, off, sealed, progress)
 		if err != nil {
 			if errors.Is(err, fabric.ErrCorrupt) {
 				return wire, false, err

@@ -48,6 +48,7 @@ const (
 	attrVMMSupported          = 102
 	attrPosixFDSupported      = 103
 	attrGPUDirectRDMA         = 116
+	attrDMABufSupported       = 124
 	attrFabricHandleSupported = 128
 	attrNUMAID                = 131
 )

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -21,6 +22,7 @@ type lane struct {
 
 func (m *Memory) setupLanes() error {
 	m.lanes = make(chan *lane, m.cfg.Lanes)
+	m.events = make(chan uintptr, 2*m.cfg.Lanes)
 	return m.drv.on(m.ctx, func() error {
 		a := &m.drv.api
 		for range m.cfg.Lanes {
@@ -401,4 +403,147 @@ func MemcpyBaseline(dst, src *Buffer, n int64) error {
 		}
 		return m.drv.err("cuStreamSynchronize", a.cuStreamSynchronize(l.stream))
 	})
+}
+
+// StartCopyOut starts copying len(dst) bytes of the buffer at off into dst
+// and returns before the copy ends (tensor.AsyncCopier): when dst is pinned
+// memory of this device, one cuMemcpyDtoHAsync queued on a lane's stream
+// with an event of its own recorded behind it; the lane goes back at once,
+// the buffer cannot be released until Wait. Other host memory is copied
+// by CopyOut on a goroutine (which takes a lane for the copy).
+func (b *Buffer) StartCopyOut(ctx context.Context, off int64, dst []byte) (tensor.Pending, error) {
+	if off < 0 || off+int64(len(dst)) > b.n {
+		return nil, fmt.Errorf("%w: copy of %d bytes at %d out of %d", tensor.ErrTooSmall, len(dst), off, b.n)
+	}
+	return b.start(ctx, off, dst, false)
+}
+
+// StartCopyIn starts copying src into the buffer at off and returns before
+// the copy ends; see StartCopyOut.
+func (b *Buffer) StartCopyIn(ctx context.Context, off int64, src []byte) (tensor.Pending, error) {
+	if off < 0 || off+int64(len(src)) > b.n {
+		return nil, fmt.Errorf("%w: copy of %d bytes at %d into %d", tensor.ErrTooSmall, len(src), off, b.n)
+	}
+	return b.start(ctx, off, src, true)
+}
+
+func (b *Buffer) start(ctx context.Context, off int64, host []byte, toDevice bool) (tensor.Pending, error) {
+	m := b.mem
+	if !m.isPinned(host) {
+		// Pageable memory goes through the lane's own staging chunks,
+		// which a synchronous copy drives; run one on the side.
+		if toDevice {
+			return tensor.Go(func() error { return b.CopyIn(ctx, off, host) }), nil
+		}
+		return tensor.Go(func() error { return b.CopyOut(ctx, off, host) }), nil
+	}
+	release, err := b.use(toDevice)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := m.getEvent()
+	if err != nil {
+		release()
+		return nil, err
+	}
+	l, err := m.getLane(ctx)
+	if err != nil {
+		m.putEvent(ev)
+		release()
+		return nil, err
+	}
+	err = m.drv.on(m.ctx, func() error {
+		a := &m.drv.api
+		hp := unsafe.Pointer(unsafe.SliceData(host))
+		var r Result
+		op := "cuMemcpyHtoDAsync_v2"
+		if toDevice {
+			r = a.cuMemcpyHtoDAsync(b.ptr+uint64(off), hp, uint64(len(host)), l.stream)
+		} else {
+			op = "cuMemcpyDtoHAsync_v2"
+			r = a.cuMemcpyDtoHAsync(hp, b.ptr+uint64(off), uint64(len(host)), l.stream)
+		}
+		if r != Success {
+			return m.drv.err(op, r)
+		}
+		if r := a.cuEventRecord(ev, l.stream); r != Success {
+			// The copy was queued: wait for the whole stream instead.
+			a.cuStreamSynchronize(l.stream)
+			return m.drv.err("cuEventRecord", r)
+		}
+		return nil
+	})
+	// The lane goes back at once: later work on its stream runs after this
+	// copy, and the copy's own event marks its end, so a caller that sends
+	// for a while before it waits (a slow reader) holds no lane.
+	m.putLane(l, false)
+	if err != nil {
+		m.putEvent(ev)
+		release()
+		return nil, err
+	}
+	return &pending{m: m, ev: ev, release: release}, nil
+}
+
+// getEvent takes a spare event or creates one.
+func (m *Memory) getEvent() (uintptr, error) {
+	select {
+	case ev := <-m.events:
+		return ev, nil
+	default:
+	}
+	var ev uintptr
+	err := m.drv.on(m.ctx, func() error {
+		return m.drv.err("cuEventCreate", m.drv.api.cuEventCreate(&ev, eventDisableTiming))
+	})
+	return ev, err
+}
+
+// putEvent keeps an event for the next asynchronous copy, or destroys it
+// when the memory closed or enough are kept.
+func (m *Memory) putEvent(ev uintptr) {
+	// Under mu, so that Close (which sets closed under it, then drains)
+	// finds every event kept before it.
+	m.mu.Lock()
+	kept := false
+	if !m.closed {
+		select {
+		case m.events <- ev:
+			kept = true
+		default:
+		}
+	}
+	m.mu.Unlock()
+	if !kept {
+		m.destroyEvent(ev)
+	}
+}
+
+func (m *Memory) destroyEvent(ev uintptr) error {
+	return m.drv.on(m.ctx, func() error { return m.drv.err("cuEventDestroy_v2", m.drv.api.cuEventDestroy(ev)) })
+}
+
+// pending is a copy queued on a stream, its own event recorded behind it.
+type pending struct {
+	m       *Memory
+	ev      uintptr
+	release func() // the buffer's use
+	once    sync.Once
+	err     error
+}
+
+// Wait waits for the copy's event (a cancelled ctx still waits for the
+// device, up to CopyTimeout) and keeps the event for the next copy, or
+// abandons it when the device never finished.
+func (p *pending) Wait(ctx context.Context) error {
+	p.once.Do(func() {
+		p.err = p.m.drv.on(p.m.ctx, func() error { return p.m.wait(ctx, p.ev) })
+		if errors.Is(p.err, errHung) {
+			p.m.cfg.Logger.Error("cuda: an asynchronous copy did not complete; its event is abandoned", "device", p.m.info.Ordinal)
+		} else {
+			p.m.putEvent(p.ev)
+		}
+		p.release()
+	})
+	return p.err
 }

@@ -18,6 +18,7 @@ type DeviceInfo struct {
 	PosixFD       bool // VMM allocations exportable as POSIX fds
 	Fabric        bool // VMM allocations exportable as fabric handles (multi-node NVLink)
 	GPUDirectRDMA bool
+	DMABuf        bool // memory exportable as a dma-buf fd (cuMemGetHandleForAddressRange), for NIC registration
 	// Peers lists the ordinals this device can access directly
 	// (cuDeviceCanAccessPeer: NVLink or PCIe P2P).
 	Peers []int
@@ -93,6 +94,7 @@ func (d *Driver) Device(ordinal int) (DeviceInfo, error) {
 	info.PosixFD = info.VMM && (d.dia.PosixFDWithVMM || attr(attrPosixFDSupported) == 1)
 	info.Fabric = info.VMM && attr(attrFabricHandleSupported) == 1
 	info.GPUDirectRDMA = attr(attrGPUDirectRDMA) == 1
+	info.DMABuf = attr(attrDMABufSupported) == 1
 	if v := attr(attrNUMAID); v >= 0 {
 		info.NUMANode = v
 	}

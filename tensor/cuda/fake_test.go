@@ -513,3 +513,81 @@ func TestCopyTimeout(t *testing.T) {
 		t.Fatalf("the other lane: %v", err)
 	}
 }
+
+// StartCopyOut/In (tensor.AsyncCopier): with pinned host memory the copy is
+// queued with an event of its own, the lane given back at once, the event
+// kept for the next copy after Wait (a second Wait returns the first's
+// result); pageable memory runs the synchronous copy on the side; a copy
+// that fails to queue returns its error at once and holds nothing; and
+// tensor.StartCopy picks the right one through wrappers. NoLeaks checks
+// that Close destroys the kept events.
+func TestStartCopy(t *testing.T) {
+	noLeaks(t)
+	knob(t, "notready", 2)
+	ctx := context.Background()
+	m := newFake(t, Config{Device: 0, Lanes: 1})
+	const n = 3<<20 + 17
+	want := pattern(n, 3)
+	b, err := m.Alloc(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	dev := b.(*Buffer)
+	pin, err := m.Pinned(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Release()
+	copy(pin.Bytes(), want)
+	events := cudatest.Live("events")
+	p, err := dev.StartCopyIn(ctx, 0, pin.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(m.lanes); got != 1 {
+		t.Fatalf("%d lanes free while the copy is pending, want 1: a pending copy holds its own event, not a lane", got)
+	}
+	if got := cudatest.Live("events"); got != events+1 {
+		t.Fatalf("%d events while the copy is pending, want %d", got, events+1)
+	}
+	if err := p.Wait(ctx); err != nil || p.Wait(ctx) != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	// The event is kept for the next copy, not made again.
+	p, err = dev.StartCopyIn(ctx, 0, pin.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil || cudatest.Live("events") != events+1 {
+		t.Fatalf("second copy: %v, %d events (want %d)", err, cudatest.Live("events"), events+1)
+	}
+	clear(pin.Bytes())
+	if err := tensor.StartCopy(ctx, pin, 0, b, 0, n).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(pin.Bytes(), want) {
+		t.Fatal("pinned round trip differs")
+	}
+	host := make([]byte, n) // pageable: CopyOut on a goroutine
+	p, err = dev.StartCopyOut(ctx, 0, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil || !bytes.Equal(host, want) {
+		t.Fatalf("pageable copy out: %v", err)
+	}
+	knob(t, "faildtoh", 1)
+	if _, err := dev.StartCopyOut(ctx, 0, pin.Bytes()); err == nil || !strings.Contains(err.Error(), "cuMemcpyDtoHAsync") {
+		t.Fatalf("failed queue: %v", err)
+	}
+	if got := len(m.lanes); got != 1 || len(m.events) != 1 {
+		t.Fatalf("%d lanes and %d events free after a failed start, want 1 and 1", got, len(m.events))
+	}
+	if err := tensor.StartCopy(ctx, pin, 0, b, 0, n).Wait(ctx); err == nil {
+		t.Fatal("StartCopy hid the driver's error")
+	}
+	if _, err := dev.StartCopyOut(ctx, n, pin.Bytes()[:1]); !errors.Is(err, tensor.ErrTooSmall) {
+		t.Fatalf("out of range: %v", err)
+	}
+}

@@ -123,6 +123,7 @@ type Memory struct {
 	access      []memAccessDesc
 
 	lanes  chan *lane
+	events chan uintptr // spare events of asynchronous copies (StartCopyOut/In)
 	pinned pinnedPool
 
 	mu       sync.Mutex
@@ -417,6 +418,9 @@ func (m *Memory) Close() error {
 		case l := <-m.lanes:
 			errs = append(errs, m.freeLane(l))
 			continue
+		case ev := <-m.events:
+			errs = append(errs, m.destroyEvent(ev))
+			continue
 		default:
 		}
 		break
@@ -538,3 +542,15 @@ func (m *Memory) Wrap(ptr uint64, n int64) (*Buffer, error) {
 
 // ErrBadRange is returned by Wrap for a null, empty or overflowing range.
 var ErrBadRange = errors.New("cuda: not a device memory range")
+
+// GPUDirect describes the buffer's device for fabric/rdma's GPUDirect RDMA
+// decision (rdma.GPUDirectInfo): libfabric's name for the driver ("cuda",
+// "rocr" for HIP), and whether the driver says its NICs may access the
+// memory directly and export it as a dma-buf.
+func (b *Buffer) GPUDirect() (iface string, rdma, dmabuf bool) {
+	iface = b.mem.drv.dia.name()
+	if iface == "hip" {
+		iface = "rocr"
+	}
+	return iface, b.mem.info.GPUDirectRDMA, b.mem.info.DMABuf
+}

@@ -205,3 +205,32 @@ int tl_trywait(tl_dom *d, struct fid_cq *cq) {
 	struct fid *f = &cq->fid;
 	return fi_trywait(d->fabric, &f, 1);
 }
+
+// tl_hmem_probe asks whether prov offers reliable-datagram RMA endpoints
+// that register device memory: FI_HMEM in caps and FI_MR_HMEM accepted in
+// mr_mode. 0: yes; a negative fi_errno otherwise (-FI_ENODATA: no such
+// endpoint). *dmabuf says whether this libfabric takes dma-buf
+// registrations (FI_MR_DMABUF, 1.20 and later, in the headers and at run
+// time).
+int tl_hmem_probe(const char *prov, int *dmabuf) {
+	*dmabuf = 0;
+	struct fi_info *hints = fi_allocinfo();
+	if (!hints) return -FI_ENOMEM;
+	hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_HMEM;
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->mode = FI_CONTEXT | FI_CONTEXT2;
+	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
+	hints->domain_attr->threading = FI_THREAD_SAFE;
+	if (prov && *prov) hints->fabric_attr->prov_name = strdup(prov);
+	struct fi_info *out = NULL;
+	// FI_HMEM came with API 1.10.
+	int rc = fi_getinfo(FI_VERSION(1, 10), NULL, NULL, 0, hints, &out);
+	fi_freeinfo(hints);
+	if (rc) return rc;
+	if (!(out->caps & FI_HMEM) || !(out->domain_attr->mr_mode & FI_MR_HMEM)) rc = -FI_ENODATA;
+#ifdef FI_MR_DMABUF
+	if (!rc && FI_VERSION_GE(fi_version(), FI_VERSION(1, 20))) *dmabuf = 1;
+#endif
+	fi_freeinfo(out);
+	return rc;
+}

@@ -40,6 +40,7 @@ size_t tl_src_addrlen(struct fi_info *i);
 void *tl_src_addr(struct fi_info *i);
 uint64_t tl_link_speed(struct fi_info *i);
 const char *tl_nic_name(struct fi_info *i);
+int tl_hmem_probe(const char *prov, int *dmabuf);
 int tl_dom_open(struct fi_info *info, tl_dom **out);
 void tl_dom_close(tl_dom *d);
 int tl_cq_open(tl_dom *d, int wait, struct fid_cq **out);

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -331,5 +332,38 @@ func TestDiscovery(t *testing.T) {
 	a := Probe(Config{Provider: testProv()})
 	if !a.BuiltIn || a.Reason != "" || len(a.Providers) == 0 {
 		t.Fatalf("Probe: %+v", a)
+	}
+}
+
+// The provider answers the GPUDirect capability question from libfabric
+// itself: here, a libfabric without a device-memory interface (as on every
+// CI machine), FI_HMEM with FI_MR_HMEM finds no endpoint and device memory
+// is staged, with fi_getinfo's answer as the reason. On a machine whose
+// libfabric registers device memory the answer is HMEM with interfaces.
+// hmemCaps maps both answers.
+func TestHMEMProbe(t *testing.T) {
+	p := loopback(t, "nic0")
+	c := p.HMEM()
+	t.Logf("%+v", c)
+	if c.Provider != "ofi "+p.Fabric() {
+		t.Errorf("Provider = %q", c.Provider)
+	}
+	if c.HMEM {
+		if len(c.Ifaces) == 0 {
+			t.Errorf("HMEM without interfaces: %+v", c)
+		}
+	} else if c.Note == "" || !strings.Contains(c.Note, "FI_HMEM") {
+		t.Errorf("no HMEM and no reason: %+v", c)
+	}
+	if d := rdma.DecideGPUDirect(c, rdma.DeviceMemory{Iface: "cuda", GPUDirectRDMA: true}); d.Direct != c.HMEM {
+		t.Errorf("decision %+v for caps %+v", d, c)
+	}
+	yes := hmemCaps("verbs;ofi_rxm", 0, true)
+	if !yes.HMEM || !yes.DMABuf || len(yes.Ifaces) != 2 || yes.Note != "" {
+		t.Errorf("hmemCaps(0) = %+v", yes)
+	}
+	no := hmemCaps("tcp;ofi_rxm", -61, false) // -FI_ENODATA
+	if no.HMEM || no.DMABuf || !strings.Contains(no.Note, "fi_getinfo with FI_HMEM") {
+		t.Errorf("hmemCaps(-FI_ENODATA) = %+v", no)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -131,11 +132,13 @@ func preferred(ds []domainInfo) []domainInfo {
 
 // Provider drives libfabric domains as RDMA NICs.
 type Provider struct {
-	cfg  Config
-	prov string // the libfabric provider chosen, e.g. "tcp;ofi_rxm"
-	nics []NIC
-	msg  bool // the provider offers MSG endpoints only
-	log  *slog.Logger
+	cfg      Config
+	prov     string // the libfabric provider chosen, e.g. "tcp;ofi_rxm"
+	nics     []NIC
+	msg      bool // the provider offers MSG endpoints only
+	log      *slog.Logger
+	hmemOnce sync.Once
+	hmem     rdma.HMEMCaps
 }
 
 var _ rdma.Provider = (*Provider)(nil)
@@ -277,6 +280,37 @@ func (p *Provider) Devices() []rdma.Device {
 		out[i] = rdma.Device{Name: n.Name, Addr: n.Addr}
 	}
 	return out
+}
+
+// HMEM reports whether the provider's NICs register device memory
+// (rdma.HMEMReporter): fi_getinfo asked once for the same endpoints with
+// FI_HMEM in caps and FI_MR_HMEM in mr_mode. Only registering what the
+// answer allows is safe: a provider that did not say FI_MR_HMEM may take a
+// device pointer for host memory.
+func (p *Provider) HMEM() rdma.HMEMCaps {
+	p.hmemOnce.Do(func() {
+		cp := C.CString(p.prov)
+		defer C.free(unsafe.Pointer(cp))
+		var dmabuf C.int
+		rc := C.tl_hmem_probe(cp, &dmabuf)
+		p.hmem = hmemCaps(p.prov, int(rc), dmabuf != 0)
+	})
+	return p.hmem
+}
+
+// hmemCaps turns tl_hmem_probe's answer into the capability rdma decides
+// by. libfabric does not say which device interfaces it initialised (a
+// provider reports FI_HMEM once any did), so an HMEM provider is taken to
+// drive both CUDA and ROCr; a registration of one it lacks fails at
+// fi_mr_regattr.
+func hmemCaps(prov string, rc int, dmabuf bool) rdma.HMEMCaps {
+	c := rdma.HMEMCaps{Provider: "ofi " + prov}
+	if rc != 0 {
+		c.Note = fiErr("fi_getinfo with FI_HMEM and FI_MR_HMEM", C.int(rc)).Error()
+		return c
+	}
+	c.HMEM, c.Ifaces, c.DMABuf = true, []string{"cuda", "rocr"}, dmabuf
+	return c
 }
 
 // NICs lists the NICs with their domains.

@@ -34,3 +34,8 @@ func (*Provider) Fabric() string { return "" }
 
 // NICs is empty in this build.
 func (*Provider) NICs() []NIC { return nil }
+
+// HMEM says no device-memory registration: no libfabric in this build.
+func (*Provider) HMEM() rdma.HMEMCaps {
+	return rdma.HMEMCaps{Provider: "ofi", Note: ErrNotBuiltIn.Error()}
+}

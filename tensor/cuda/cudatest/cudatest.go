@@ -52,7 +52,9 @@ func FakeLibrary(t testing.TB) string {
 // devices (2), memory per device (1 GiB), novmm, nofabric, notready (how
 // many times an event reports CUDA_ERROR_NOT_READY first), failcreate,
 // noinit, release (events report done at once, whatever notready said),
-// noreadonly (cuMemSetAccess refuses read-only access).
+// noreadonly (cuMemSetAccess refuses read-only access), faildtoh (N > 0:
+// the Nth device-to-host copy from now, and every one after it, fails with
+// CUDA_ERROR_INVALID_VALUE), failhtod (the same for host-to-device copies).
 func Set(t *testing.T, key string, v int64) {
 	t.Helper()
 	driver.Set(t, key, v)
@@ -72,5 +74,6 @@ func NoLeaks(t *testing.T) {
 func SetNow(key string, v int64) { driver.SetNow(key, v) }
 
 // Live returns one of the fake driver's counters: allocs, host, streams,
-// events (live objects), busy (CUDA_ERROR_NOT_READY answers so far).
+// events (live objects), busy (CUDA_ERROR_NOT_READY answers so far), dtoh
+// and htod (device-to-host and host-to-device copies issued so far).
 func Live(what string) int64 { return driver.Live(what) }

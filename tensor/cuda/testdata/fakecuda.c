@@ -54,6 +54,8 @@ static long long devmem = 1ll << 30;
 static int novmm, nofabric, notready, failcreate, noinit;
 static volatile int release_all; // events report done at once
 static int noreadonly;            // cuMemSetAccess refuses read-only
+static int faildtoh, failhtod;    // device<->host copies fail once *_left ran out
+static long long dtoh_left, dtoh_calls, htod_left, htod_calls;
 static int inited;
 static long long used[MAXDEV];
 static long long live_allocs, live_host, live_events, live_streams, live_ctx, busy_replies;
@@ -69,6 +71,8 @@ int fakecuda_set(const char *key, long long v) {
 	else if (!strcmp(key, "noinit")) noinit = (int)v;
 	else if (!strcmp(key, "release")) release_all = (int)v;
 	else if (!strcmp(key, "noreadonly")) noreadonly = (int)v;
+	else if (!strcmp(key, "faildtoh")) { dtoh_left = v - 1; faildtoh = v > 0; }
+	else if (!strcmp(key, "failhtod")) { htod_left = v - 1; failhtod = v > 0; }
 	else return -1;
 	return 0;
 }
@@ -81,6 +85,8 @@ long long fakecuda_live(const char *what) {
 	if (!strcmp(what, "streams")) return live_streams;
 	if (!strcmp(what, "ctx")) return live_ctx;
 	if (!strcmp(what, "busy")) return busy_replies;
+	if (!strcmp(what, "dtoh")) return dtoh_calls;
+	if (!strcmp(what, "htod")) return htod_calls;
 	if (!strcmp(what, "used0")) return used[0];
 	if (!strcmp(what, "used1")) return used[1];
 	return -1;
@@ -345,8 +351,18 @@ CUresult cuEventQuery(CUevent e) {
 }
 CUresult cuEventSynchronize(CUevent e) { NEED_CTX(); ((struct event *)e)->pending = 0; return OK; }
 
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { NEED_CTX(); memcpy((void *)(uintptr_t)d, s, n); return OK; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { NEED_CTX(); memcpy(d, (void *)(uintptr_t)s, n); return OK; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) {
+	NEED_CTX();
+	__sync_fetch_and_add(&htod_calls, 1);
+	if (failhtod && __sync_fetch_and_sub(&htod_left, 1) <= 0) return INVALID_VALUE;
+	memcpy((void *)(uintptr_t)d, s, n); return OK;
+}
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) {
+	NEED_CTX();
+	__sync_fetch_and_add(&dtoh_calls, 1);
+	if (faildtoh && __sync_fetch_and_sub(&dtoh_left, 1) <= 0) return INVALID_VALUE;
+	memcpy(d, (void *)(uintptr_t)s, n); return OK;
+}
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { NEED_CTX(); memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return OK; }
 CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) {
 	NEED_CTX(); if (!dc || !sc) return INVALID_CONTEXT; memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return OK;
