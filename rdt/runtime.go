@@ -30,6 +30,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/observe"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -58,7 +59,7 @@ type Runtime struct {
 	obs      *observe.Ring    // recent and live transfers, for dashboards (observe.go)
 	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
 	relays   *bcastrun.Relays // its slots' side of broadcasts
-	views    viewTable        // zero-copy views this runtime holds (view.go)
+	reader   *reader.Reader   // the read side: Gets, views, holds (reader.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -75,9 +76,6 @@ type Runtime struct {
 	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
-	getsMu      sync.Mutex
-	gets        map[*int]context.CancelCauseFunc // Gets in flight, for Shutdown
-	getsWG      sync.WaitGroup
 	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
 
 	shutdownOnce sync.Once
@@ -94,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
+		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1)}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -175,6 +173,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.reader = r.newReader()
 	lctx, stop := context.WithCancel(context.Background())
 	r.stopLoops = stop
 	r.loops.Add(1)
@@ -331,6 +330,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.closed = true
 		close(r.done)
 		r.mu.Unlock()
+		gets := r.reader.Close()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
 		inFlight := r.objects.Close()
@@ -345,8 +345,6 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			defer cancel()
 		}
 		// Finish what is in flight, within ctx.
-		gets := make(chan struct{})
-		go func() { r.getsWG.Wait(); close(gets) }()
 		select {
 		case <-gets:
 		case <-ctx.Done():
@@ -357,13 +355,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		}
 		// Abort the rest: cancelled Gets release their buffers as they
 		// return, which the transports make prompt.
-		r.getsMu.Lock()
-		aborted := len(r.gets)
-		for _, cancel := range r.gets {
-			cancel(fmt.Errorf("%w: aborted by Shutdown", ErrClosed))
-		}
-		r.getsMu.Unlock()
-		if aborted > 0 {
+		if aborted := r.reader.Abort(fmt.Errorf("%w: aborted by Shutdown", ErrClosed)); aborted > 0 {
 			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
 		}
 		<-gets
@@ -381,29 +373,6 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.log.Info("runtime stopped")
 	})
 	return r.shutdownErr
-}
-
-// beginGet registers a Get in flight so Shutdown can wait for it or abort
-// it; ctx's cause says which.
-func (r *Runtime) beginGet(ctx context.Context) (context.Context, func(), error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, nil, ErrClosed
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	key := new(int)
-	r.getsMu.Lock()
-	r.gets[key] = cancel
-	r.getsMu.Unlock()
-	r.getsWG.Add(1)
-	return ctx, func() {
-		r.getsMu.Lock()
-		delete(r.gets, key)
-		r.getsMu.Unlock()
-		cancel(nil)
-		r.getsWG.Done()
-	}, nil
 }
 
 // authorize admits data connections from the allowlist (all when empty).
