@@ -256,31 +256,7 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 // A destination Get would refuse (a device the actor may not use, a
 // malformed ref) makes a plan with nothing chosen and Err saying why.
 func (a *Actor) Explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
-	plan := a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst)) // the value Get runs
-	noteViewCopy(&plan, ref)
-	a.rt.noteMemory(&plan, dst) // devices.go
-	if err := a.mayUse(dst); err != nil {
-		plan.Refuse(err)
-	} else if err := ref.Desc.Validate(); err != nil {
-		plan.Refuse(fmt.Errorf("%w: %v", ErrMalformedRef, err))
-	}
-	return plan
-}
-
-// noteViewCopy says on the on-host candidates that pass a descriptor to
-// another process (p2p, shm) that the owner serves a private copy of the
-// ref's view, when the ref shows the view is only part of its buffer (it
-// starts past the buffer's start; a view that starts at 0 but ends short
-// of its buffer is staged too, which the ref does not show).
-func noteViewCopy(plan *fabric.Plan, ref Ref) {
-	if start, _ := ref.Desc.Span(); start == 0 || plan.Src.Process == plan.Dst.Process {
-		return
-	}
-	for i, c := range plan.Candidates {
-		if c.Usable && (c.Transport == fabric.P2P || c.Transport == fabric.SHM) {
-			plan.Candidates[i].Reason += "; the owner grants a private copy of this view (part of a larger allocation), staged once at the first on-host grant"
-		}
-	}
+	return a.rt.reader.Explain(a.who(), refwire.Ref(ref), dst)
 }
 
 func (r *Runtime) remoteFor(ref Ref) fabric.Remote { return reader.Remote(refwire.Ref(ref)) }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/claims"
-	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/tensor/backend"
 )
 
@@ -64,25 +62,4 @@ func (r *Runtime) openDevices() error {
 		log.Info("device memory", "host", r.cfg.Host, "backends", backend.Summary(devs), "real", real, "simulated", len(devs)-real)
 	}
 	return nil
-}
-
-// noteMemory says in Explain's usable candidates which back-end holds the
-// destination when it is a real device's memory ("into gpu:1's cuda
-// memory"): the same plan copies very differently into a GPU than into a
-// simulated arena. Simulated and host destinations add nothing (the plan's
-// host already says simulated).
-func (r *Runtime) noteMemory(plan *fabric.Plan, dst tensor.DeviceID) {
-	m, ok := r.devices[dst]
-	if !ok {
-		return
-	}
-	switch b := m.Stats().Backend; b {
-	case "", "sim", "host", "slab":
-	default:
-		for i, c := range plan.Candidates {
-			if c.Usable {
-				plan.Candidates[i].Reason += fmt.Sprintf("; into %v's %s memory", dst, b)
-			}
-		}
-	}
 }

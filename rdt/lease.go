@@ -42,12 +42,7 @@ func (l leaser) Lease(ctx context.Context, owner peer.ID, kind byte, claims []fa
 func (r *Runtime) newLeases() *leases.Table {
 	return leases.New(leases.Config{Leaser: leaser{r}, Self: r.host.ID(), Clock: r.cfg.Clock, Log: r.log,
 		Linger: r.linger(), RenewWait: r.cfg.LeaseRenew, ReleaseWait: r.cfg.HeartbeatInterval,
-		Watch: r.peers.Use, Gone: func(k leases.Key) { r.reader.Revoke(k) }, Idle: func() {
-			select {
-			case r.idleKick <- struct{}{}:
-			default:
-			}
-		}})
+		Watch: r.peers.Use, Gone: func(k leases.Key) { r.reader.Revoke(k) }})
 }
 
 // peerDied is called once per dead incarnation: refs held on it are gone,
@@ -68,38 +63,18 @@ func (r *Runtime) kickReaper() {
 	}
 }
 
-// lifeLoop renews this runtime's leases and expires others' on its objects.
+// lifeLoop expires others' leases on this runtime's objects (its own
+// leases as a reader are the lease table's: leases.Table.Keep).
 func (r *Runtime) lifeLoop(ctx context.Context) {
 	defer r.loops.Done()
-	clk := r.cfg.Clock
-	renew := clk.NewTicker(r.cfg.LeaseRenew)
-	defer renew.Stop()
 	// Expiry is checked a few times per expiry period so a lease outlives
 	// its deadline by at most a quarter of it.
-	expire := clk.NewTicker(r.cfg.LeaseExpiry / 4)
+	expire := r.cfg.Clock.NewTicker(r.cfg.LeaseExpiry / 4)
 	defer expire.Stop()
-	var idle <-chan time.Time        // armed while Get-only leases linger
-	watching := map[peer.ID]func(){} // owners of held leases (renewLeases)
-	defer func() {
-		for _, unuse := range watching {
-			unuse()
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.idleKick:
-			if idle == nil {
-				idle = clk.After(r.linger())
-			}
-		case <-idle:
-			idle = nil
-			if r.leases.ReleaseIdle(ctx) {
-				idle = clk.After(r.linger())
-			}
-		case <-renew.Chan():
-			r.leases.Renew(ctx, watching)
 		case <-expire.Chan():
 			r.expireLeases()
 		case <-r.reap:

@@ -2,15 +2,13 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
@@ -200,40 +198,27 @@ func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
 	return r.notices.Tell(ctx, dst.Owner, note.Marshal())
 }
 
-// handlePush answers the push notices of one stream, one at a time, until
-// the pusher closes it or it has been quiet for notices.Idle.
+// handlePush answers the push notices of one stream (notices.Serve): a
+// push, a push batch (pushbatch.go) or a broadcast's message (bcastwire.go).
 func (r *Runtime) handlePush(s network.Stream) {
-	defer s.Close()
-	for {
-		s.SetDeadline(time.Now().Add(notices.Idle))
-		p, err := ctlwire.ReadMsg(s, ctlwire.MaxNotice)
-		if err != nil {
-			if errors.Is(err, wire.ErrMalformed) {
-				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up
-			}
-			return // closed, reset, quiet for notices.Idle, or malformed
-		}
-		from := s.Conn().RemotePeer()
-		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
+	notices.Serve(s, func(from peer.ID, p []byte) []byte {
+		var err error
+		switch {
+		case len(p) > 0 && p[0] == ctlwire.PushBatch:
 			r.sinks.Notices.Add(1)
-			answer := []byte{ctlwire.StatusRefused}
-			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
-				r.sinks.Noticed.Add(int64(len(n.Items)))
-				answer = ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
-			} else {
+			n, err := ctlwire.ParsePushBatchNotice(p)
+			if err != nil {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
+				return []byte{ctlwire.StatusRefused}
 			}
-			if _, err := s.Write(answer); err != nil {
-				return
-			}
-			continue
-		}
-		if len(p) > 0 && p[0] != ctlwire.Push { // a broadcast notice (bcastwire.go)
+			r.sinks.Noticed.Add(int64(len(n.Items)))
+			return ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
+		case len(p) > 0 && p[0] != ctlwire.Push:
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
 				err = r.onBcast(from, m)
 			}
-		} else {
+		default:
 			var n ctlwire.PushNotice
 			r.sinks.Notices.Add(1)
 			r.sinks.Noticed.Add(1)
@@ -241,12 +226,9 @@ func (r *Runtime) handlePush(s network.Stream) {
 				err = r.sinks.Pushed(from, n)
 			}
 		}
-		status := ctlwire.StatusOf(err)
 		if err != nil {
-			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
+			r.log.Debug("push notice refused", "peer", shortID(from), "err", err)
 		}
-		if _, err := s.Write([]byte{status}); err != nil {
-			return
-		}
-	}
+		return []byte{ctlwire.StatusOf(err)}
+	})
 }

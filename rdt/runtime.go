@@ -71,9 +71,8 @@ type Runtime struct {
 	lifeMetrics *lifeMetrics
 	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
 	reap        chan struct{}
-	unclaim     func()        // drops the device claims (claims.go)
-	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
-	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
+	unclaim     func()      // drops the device claims (claims.go)
+	ctl         ctlmsg.Gate // control handlers in flight (control.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
 	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
@@ -92,7 +91,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1)}
+		reap: make(chan struct{}, 1)}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -176,8 +175,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.reader = r.newReader()
 	lctx, stop := context.WithCancel(context.Background())
 	r.stopLoops = stop
-	r.loops.Add(1)
+	r.loops.Add(2)
 	go r.lifeLoop(lctx)
+	go func() { defer r.loops.Done(); r.leases.Keep(lctx) }()
 	ok = true
 	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
 	return r, nil

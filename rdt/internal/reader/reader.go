@@ -74,6 +74,8 @@ type Planner interface {
 	ReadBatch(ctx context.Context, srcs []fabric.Remote, dst fabric.Endpoint, bufs []tensor.Buffer, parallel int) []fabric.BatchResult
 	PlanView(src fabric.Remote, dst fabric.Endpoint) fabric.Plan
 	RunView(ctx context.Context, plan *fabric.Plan, src fabric.Remote) (tensor.Buffer, fabric.Stats, error)
+	// Transports are the transports that go by name (Warm asks them).
+	Transports(name string) []fabric.Transport
 }
 
 // Peers is the failure detector (peers.Table) as reads use it.

@@ -190,6 +190,7 @@ func (p *fakePeers) DeclareDead(id peer.ID, _ string) {
 type fakePlanner struct {
 	err  error
 	hold bool
+	warm fabric.Transport // the chosen transport, for Warm
 }
 
 func (f *fakePlanner) PlanRead(src fabric.Remote, dst fabric.Endpoint) fabric.Plan {
@@ -225,6 +226,13 @@ func (f *fakePlanner) ReadBatch(ctx context.Context, srcs []fabric.Remote, dst f
 	return out
 }
 
+func (f *fakePlanner) Transports(name string) []fabric.Transport {
+	if f.warm == nil {
+		return nil
+	}
+	return []fabric.Transport{f.warm}
+}
+
 func (f *fakePlanner) PlanView(fabric.Remote, fabric.Endpoint) fabric.Plan { return fabric.Plan{} }
 func (f *fakePlanner) RunView(context.Context, *fabric.Plan, fabric.Remote) (tensor.Buffer, fabric.Stats, error) {
 	return nil, fabric.Stats{}, errs.NoZeroCopy
@@ -242,7 +250,7 @@ type rig struct {
 func newRig() *rig {
 	g := &rig{env: newEnv(), peers: newPeers(), plan: &fakePlanner{}, died: prometheus.NewCounter(prometheus.CounterOpts{Name: "died"})}
 	g.leases = leases.New(leases.Config{Leaser: leaserOf{g.env}, Self: self, Clock: clockwork.NewFakeClock(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Watch: g.peers.Use, Gone: func(leases.Key) {}, Idle: func() {}})
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Watch: g.peers.Use, Gone: func(leases.Key) {}})
 	g.r = New(Deps{Env: g.env, Planner: g.plan, Peers: g.peers, Leases: g.leases,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), OwnerDied: g.died, PingWait: time.Second})
 	return g
@@ -457,4 +465,53 @@ func TestHandle(t *testing.T) {
 	_, err = c.Await(context.Background())
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, Progress{}, c.Progress())
+}
+
+// warmTransport is a transport that keeps connections.
+type warmTransport struct {
+	fabric.Transport
+	dialed []fabric.Remote
+}
+
+func (w *warmTransport) Preconnect(_ context.Context, r fabric.Remote) error {
+	w.dialed = append(w.dialed, r)
+	return nil
+}
+
+func TestWarm(t *testing.T) {
+	g := newRig()
+	require.NoError(t, g.r.Warm(context.Background(), me, ref(ownerID, 1), tensor.HostDevice), "no transport keeps connections")
+	w := &warmTransport{}
+	g.plan.warm = w
+	require.NoError(t, g.r.Warm(context.Background(), me, ref(ownerID, 1), tensor.HostDevice))
+	require.Len(t, w.dialed, 1)
+	assert.Equal(t, Remote(ref(ownerID, 1)), w.dialed[0])
+	assert.Zero(t, g.env.leases[ownerID], "Warm takes no lease")
+	require.ErrorIs(t, g.r.Warm(context.Background(), Actor{Name: "a"}, ref(ownerID, 1), tensor.HostDevice), errs.UnknownDevice)
+	require.ErrorIs(t, g.r.Warm(context.Background(), me, Ref{Owner: ownerID}, tensor.HostDevice), errs.MalformedRef)
+}
+
+func TestExplain(t *testing.T) {
+	g := newRig()
+	for _, tc := range []struct {
+		name string
+		a    Actor
+		ref  Ref
+		want error
+	}{
+		{"runs", me, ref(ownerID, 1), nil},
+		{"device the actor may not use", Actor{Name: "a"}, ref(ownerID, 1), errs.UnknownDevice},
+		{"malformed ref", me, Ref{Owner: ownerID}, errs.MalformedRef},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := g.r.Explain(tc.a, tc.ref, tensor.HostDevice)
+			if tc.want == nil {
+				require.NoError(t, plan.Err)
+				assert.Equal(t, "fake", plan.Chosen, "the plan Fetch runs")
+				return
+			}
+			require.ErrorIs(t, plan.Err, tc.want)
+			assert.Empty(t, plan.Chosen)
+		})
+	}
 }
