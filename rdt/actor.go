@@ -176,18 +176,9 @@ func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transf
 // the reader's Shutdown, or the reader's death (its lease expires on the
 // owner after Config.LeaseExpiry).
 func (a *Actor) Hold(ctx context.Context, ref Ref) error {
-	if a.rt.isClosed() {
-		return ErrClosed
-	}
-	if ref.Owner == a.rt.host.ID() {
-		if ref.Incarnation != a.rt.incarnation {
-			return ErrStaleRef
-		}
-		return nil // the owner's runtime does not lease from itself
-	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	return a.rt.reader.Hold(ctx, a.name, refwire.Ref(ref))
+	return a.rt.reader.HoldFor(ctx, a.name, refwire.Ref(ref))
 }
 
 // Release says the actor is done with a ref. A reader drops its hold (and

@@ -97,26 +97,12 @@ func (s *Slot) Pushes() uint64 {
 func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, error) {
 	ctx, cancel := s.rt.bounded(ctx)
 	defer cancel()
-	for {
-		n, ch, closed, lastErr := s.s.State()
-		if closed {
-			return n, tensor.Tensor{}, ErrObjectFreed
-		}
-		if lastErr != nil && n <= after {
-			return n, tensor.Tensor{}, lastErr // the broadcast filling it failed
-		}
-		if n > after {
-			t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
-			return n, t, err
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return n, tensor.Tensor{}, ctx.Err()
-		case <-s.rt.done:
-			return n, tensor.Tensor{}, ErrClosed
-		}
+	n, err := s.s.Wait(ctx, after, s.rt.done)
+	if err != nil {
+		return n, tensor.Tensor{}, err
 	}
+	t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
+	return n, t, err
 }
 
 // Close unregisters the slot: later pushes get ErrObjectFreed, and its

@@ -56,3 +56,43 @@ func TestBroadcastRefusesBadInput(t *testing.T) {
 		assert.ErrorIs(t, err, errs.MalformedRef, name)
 	}
 }
+
+// Wait returns once the reader is done with the generation, and says why
+// when it will not be.
+func TestGensWait(t *testing.T) {
+	a := peer.ID("a")
+	k := Key{a, fabric.ObjectID{1}}
+	never := make(chan struct{})
+	closed := make(chan struct{})
+	close(closed)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name          string
+		ctx           context.Context
+		gen           uint64
+		death, closed <-chan struct{}
+		want          error // nil: done
+	}{
+		{"done with it", context.Background(), 2, never, never, nil},
+		{"reader died", context.Background(), 3, closed, never, errs.ReaderDied},
+		{"runtime shut down", context.Background(), 3, never, closed, errs.Closed},
+		{"ctx done", cancelled, 3, never, never, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var g Gens
+			g.Consumed(a, k.Slot, 2)
+			err := g.Wait(tc.ctx, k, tc.gen, tc.death, tc.closed)
+			if tc.want == nil {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorIs(t, err, tc.want)
+			}
+		})
+	}
+	var g Gens
+	done := make(chan error)
+	go func() { done <- g.Wait(context.Background(), k, 1, never, never) }()
+	g.Consumed(a, k.Slot, 1)
+	assert.NoError(t, <-done, "a later Consumed ends the wait")
+}

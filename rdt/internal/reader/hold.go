@@ -15,6 +15,22 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 )
 
+// HoldFor makes actor a holder of ref for rdt's Hold: a ref this runtime
+// owns needs no lease (the owner's runtime does not lease from itself),
+// only the right incarnation.
+func (r *Reader) HoldFor(ctx context.Context, actor string, ref Ref) error {
+	if r.env.Closed() {
+		return errs.Closed
+	}
+	if self, inc := r.env.Self(); ref.Owner == self {
+		if ref.Incarnation != inc {
+			return errs.StaleRef
+		}
+		return nil
+	}
+	return r.Hold(ctx, actor, ref)
+}
+
 // Hold makes actor a holder of ref (or, with actor "", counts a Get in
 // flight), registering a lease with the owner when this runtime did not
 // hold one yet. Errors say why the object cannot be held: ObjectFreed,
