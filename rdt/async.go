@@ -26,14 +26,13 @@ type Handle[T any] = reader.Handle[T]
 // returns, also after a Cancel that came too late.
 func (a *Actor) GetAsync(ctx context.Context, ref Ref, dst tensor.DeviceID) *Handle[tensor.Tensor] {
 	total := spanBytes(ref.Desc)
-	var done atomic.Int64
-	return reader.Start(ctx, func(ctx context.Context) (tensor.Tensor, error) {
+	return reader.Count(ctx, total, func(ctx context.Context, landed func(int64)) (tensor.Tensor, error) {
 		t, err := a.Get(ctx, ref, dst)
 		if err == nil {
-			done.Store(total)
+			landed(total)
 		}
 		return t, err
-	}, func(bool, tensor.Tensor, error) Progress { return Progress{Done: done.Load(), Total: total} })
+	})
 }
 
 // GetBatchAsync starts a GetBatch; its progress counts each object as it
@@ -43,10 +42,10 @@ func (a *Actor) GetBatchAsync(ctx context.Context, refs []Ref, dst tensor.Device
 	for _, r := range refs {
 		total += spanBytes(r.Desc)
 	}
-	var done atomic.Int64
-	cfg.onItem = func(n int64) { done.Add(n) }
-	return reader.Start(ctx, func(ctx context.Context) ([]BatchItem, error) { return a.GetBatch(ctx, refs, dst, cfg) },
-		func(bool, []BatchItem, error) Progress { return Progress{Done: done.Load(), Total: total} })
+	return reader.Count(ctx, total, func(ctx context.Context, landed func(int64)) ([]BatchItem, error) {
+		cfg.onItem = landed
+		return a.GetBatch(ctx, refs, dst, cfg)
+	})
 }
 
 // StartBroadcast starts a Broadcast; its progress counts bytes the owner

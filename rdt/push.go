@@ -12,6 +12,8 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/pushrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -129,23 +131,13 @@ func (n nopRelease) Bytes() []byte {
 // the slot's runtime that the push completed. src and dst must have the
 // same size.
 func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
-	r := a.rt
-	if r.isClosed() {
+	if a.rt.isClosed() {
 		return Transfer{}, ErrClosed
 	}
-	ctx, cancel := r.bounded(ctx)
+	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	pin, win, remote, err := r.openPush(ctx, src, dst)
-	if err != nil {
-		return Transfer{}, err
-	}
-	defer pin.Release()
-	st, plan, err := r.planner.Write(ctx, r.endpoint(src.Device), win, remote)
-	tr := Transfer{Plan: plan, Stats: st}
-	if err != nil {
-		return tr, err
-	}
-	return tr, r.notifyPush(ctx, dst, win.N)
+	x, err := pushrun.One(ctx, pushEnv{a.rt}, refwire.Ref(src), refwire.Ref(dst))
+	return Transfer{Plan: x.Plan, Stats: x.Stats}, err
 }
 
 // openPush checks that this runtime owns src and that its bytes fit dst's
@@ -172,16 +164,6 @@ func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer
 func spanBytes(d tensor.Desc) int64 {
 	start, end := d.Span()
 	return end - start
-}
-
-// notifyPush tells the slot's runtime that a push completed.
-func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
-	note := ctlwire.PushNotice{Slot: dst.Object, Incarnation: dst.Incarnation, Token: dst.Token, Bytes: n}
-	if dst.Owner == r.host.ID() {
-		return r.sinks.Pushed(r.host.ID(), note)
-	}
-	r.learnAddrs(dst)
-	return r.notices.Tell(ctx, dst.Owner, note.Marshal())
 }
 
 // handlePush answers the push notices of one stream (notices.Serve): a

@@ -68,6 +68,18 @@ func (e pushEnv) WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []t
 	return e.r.planner.WriteBatch(ctx, eps, bufs, remotes, parallel)
 }
 
+func (e pushEnv) Write(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, remote fabric.Remote) (fabric.Stats, fabric.Plan, error) {
+	return e.r.planner.Write(ctx, ep, buf, remote)
+}
+
+func (e pushEnv) Notify(ctx context.Context, dst refwire.Ref, n ctlwire.PushNotice) error {
+	if dst.Owner == e.r.host.ID() {
+		return e.r.sinks.Pushed(dst.Owner, n)
+	}
+	e.r.learnAddrs(Ref(dst))
+	return e.r.notices.Tell(ctx, dst.Owner, n.Marshal())
+}
+
 func (e pushEnv) Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlwire.PushBatchNotice) []error {
 	if to == e.r.host.ID() {
 		return e.r.sinks.PushedBatch(to, n)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 )
 
@@ -95,4 +96,17 @@ func TestGensWait(t *testing.T) {
 	go func() { done <- g.Wait(context.Background(), k, 1, never, never) }()
 	g.Consumed(a, k.Slot, 1)
 	assert.NoError(t, <-done, "a later Consumed ends the wait")
+}
+
+// Handle routes a reader's Consumed to the owner's generations and
+// refuses a kind it does not know; ParseMsg names bad bytes MalformedRef.
+func TestHandle(t *testing.T) {
+	o, rs := NewOwner(Deps{}), NewRelays(RelayDeps{})
+	slot := fabric.ObjectID{1}
+	assert.NoError(t, Handle(o, rs, "a", Msg{Kind: ctlwire.Consumed, Slot: slot, Gen: 4}))
+	got, _ := o.Gens.State(Key{"a", slot})
+	assert.Equal(t, uint64(4), got)
+	assert.ErrorIs(t, Handle(o, rs, "a", Msg{Kind: 0xEE}), errs.MalformedRef)
+	_, err := ParseMsg([]byte{0xEE, 1, 2})
+	assert.ErrorIs(t, err, errs.MalformedRef)
 }

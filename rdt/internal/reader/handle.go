@@ -1,6 +1,9 @@
 package reader
 
-import "context"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // Progress is how far an operation has come, in bytes (rdt.Progress).
 type Progress struct {
@@ -30,6 +33,15 @@ func Start[T any](ctx context.Context, f func(ctx context.Context) (T, error), p
 		h.res, h.err = f(ctx)
 	}()
 	return h
+}
+
+// Count starts f as Start does, its progress the bytes f says landed of
+// total (transports report no partial progress: a read counts when its
+// object has landed).
+func Count[T any](ctx context.Context, total int64, f func(ctx context.Context, landed func(bytes int64)) (T, error)) *Handle[T] {
+	var done atomic.Int64
+	return Start(ctx, func(ctx context.Context) (T, error) { return f(ctx, func(n int64) { done.Add(n) }) },
+		func(bool, T, error) Progress { return Progress{Done: done.Load(), Total: total} })
 }
 
 // Done is closed when the operation has ended.

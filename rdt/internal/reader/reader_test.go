@@ -515,3 +515,18 @@ func TestExplain(t *testing.T) {
 		})
 	}
 }
+
+func TestCount(t *testing.T) {
+	release := make(chan struct{})
+	h := Count(context.Background(), 10, func(ctx context.Context, landed func(int64)) (int, error) {
+		landed(4)
+		<-release
+		landed(6)
+		return 1, nil
+	})
+	require.Eventually(t, func() bool { return h.Progress() == Progress{Done: 4, Total: 10} }, 10*time.Second, time.Millisecond)
+	close(release)
+	_, err := h.Await(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, Progress{Done: 10, Total: 10}, h.Progress())
+}
