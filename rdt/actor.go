@@ -62,7 +62,7 @@ func (r *Runtime) Spawn(name string, opts ...ActorOption) (*Actor, error) {
 		o(a)
 	}
 	for _, d := range a.devices {
-		if _, ok := r.devices[d]; !ok {
+		if _, ok := r.devs.Memory(d); !ok {
 			return nil, fmt.Errorf("%w: actor %q asks for %v, host %s has %v", ErrUnknownDevice, name, d, r.cfg.Host, r.Devices())
 		}
 	}

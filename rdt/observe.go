@@ -105,7 +105,8 @@ func (r *Runtime) MemoryStats() []tensor.MemStats {
 	devs := r.Devices()
 	out := make([]tensor.MemStats, 0, len(devs))
 	for _, d := range devs {
-		out = append(out, r.devices[d].Stats())
+		m, _ := r.devs.Memory(d)
+		out = append(out, m.Stats())
 	}
 	return out
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
+	"github.com/tensorlane/tensorlane/rdt/internal/devset"
 	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/life"
@@ -32,6 +32,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
 	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/backend"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -46,8 +47,7 @@ type Runtime struct {
 	process     string
 	topoHost    *topology.Host
 
-	devices map[tensor.DeviceID]tensor.Memory
-	owned   []interface{ Close() error } // memories this runtime created and closes
+	devs *devset.Set // the devices it serves (devset: given, or opened through tensor/backend)
 
 	objects  *objstore.Table
 	sinks    *objstore.Sinks
@@ -90,7 +90,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
+	r := &Runtime{cfg: c, actors: map[string]*Actor{}, done: make(chan struct{}),
 		reap: make(chan struct{}, 1)}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
@@ -179,52 +179,27 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	go r.lifeLoop(lctx)
 	go func() { defer r.loops.Done(); r.leases.Keep(lctx) }()
 	ok = true
-	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
+	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devs.IDs()), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
 	return r, nil
 }
 
 func (r *Runtime) setupDevices() error {
-	if len(r.cfg.Devices) > 0 {
-		for _, m := range r.cfg.Devices {
-			if _, dup := r.devices[m.Device()]; dup {
-				return fmt.Errorf("rdt: device %v given twice", m.Device())
-			}
-			r.devices[m.Device()] = m
-		}
-	} else if err := r.openDevices(); err != nil { // devices.go: the back-end registry
+	mode := r.cfg.DeviceBackend
+	if mode == "" && !r.cfg.IgnoreEnv {
+		mode = backend.ModeFromEnv()
+	}
+	devs, err := devset.Open(devset.Config{Given: r.cfg.Devices, Host: r.topoHost, Mode: mode, Visible: r.cfg.VisibleDevices,
+		Capacity: r.cfg.DeviceMemory, HostMemory: r.cfg.HostMemory, Log: r.cfg.Logger})
+	if err != nil {
 		return err
 	}
-	if _, ok := r.devices[tensor.HostDevice]; !ok {
-		m := tensor.NewHostMemory(r.cfg.HostMemory)
-		r.owned = append(r.owned, m)
-		r.devices[tensor.HostDevice] = m
-	}
+	r.devs = devs
 	release, err := claimDevices(r.cfg.RuntimeDir, r.cfg.Cluster.Name, r.cfg.Host, r.Devices()) // claims.go
 	if err != nil {
 		return err
 	}
 	r.unclaim = release
 	return nil
-}
-
-// visible is the set of accelerator indices Config.VisibleDevices names,
-// checked against the host; nil means all.
-func (r *Runtime) visible() (map[int]bool, error) {
-	if r.cfg.VisibleDevices == nil {
-		return nil, nil
-	}
-	have := map[int]bool{}
-	for _, d := range r.topoHost.Devices {
-		have[d.Index] = true
-	}
-	out := map[int]bool{}
-	for _, i := range r.cfg.VisibleDevices {
-		if !have[i] {
-			return nil, fmt.Errorf("%w: visible device %d: host %s has %d accelerators", ErrUnknownDevice, i, r.cfg.Host, len(r.topoHost.Devices))
-		}
-		out[i] = true
-	}
-	return out, nil
 }
 
 // ID returns the runtime's libp2p peer ID.
@@ -259,26 +234,11 @@ func (r *Runtime) Connect(ctx context.Context, info peer.AddrInfo) error {
 
 // Devices lists the runtime's devices, host memory first, then by kind and
 // index.
-func (r *Runtime) Devices() []tensor.DeviceID {
-	out := make([]tensor.DeviceID, 0, len(r.devices))
-	for id := range r.devices {
-		out = append(out, id)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].IsHost() != out[j].IsHost() {
-			return out[i].IsHost()
-		}
-		if out[i].Kind != out[j].Kind {
-			return out[i].Kind < out[j].Kind
-		}
-		return out[i].Index < out[j].Index
-	})
-	return out
-}
+func (r *Runtime) Devices() []tensor.DeviceID { return r.devs.IDs() }
 
 // Memory returns a device's memory.
 func (r *Runtime) Memory(dev tensor.DeviceID) (tensor.Memory, error) {
-	m, ok := r.devices[dev]
+	m, ok := r.devs.Memory(dev)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v on host %s", ErrUnknownDevice, dev, r.cfg.Host)
 	}
@@ -463,8 +423,8 @@ func (r *Runtime) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, m := range r.owned {
-		errs = append(errs, m.Close())
+	if r.devs != nil {
+		errs = append(errs, r.devs.Close())
 	}
 	if r.unclaim != nil {
 		r.unclaim()
