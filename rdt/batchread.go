@@ -49,29 +49,13 @@ func (p BatchPlan) String() string {
 
 // ExplainBatch says how GetBatch of refs onto dst would move them.
 func (a *Actor) ExplainBatch(refs []Ref, dst tensor.DeviceID) BatchPlan {
-	var g batchGrouper
-	for _, ref := range refs {
-		plan := a.Explain(ref, dst)
-		if plan.Err == nil && ref.Owner != a.rt.host.ID() {
-			plan = a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst))
-		}
-		own := ""
-		if ref.Owner == a.rt.host.ID() {
-			own = "this runtime's own objects: a view or a local copy each"
-		}
-		g.Add(shortID(ref.Owner), plan, plan.Coalesces(), own, spanBytes(ref.Desc), "reads", "of one owner")
-	}
-	return g.done()
+	return batchPlan(a.rt.reader.ExplainBatch(a.who(), wireRefs(refs), dst))
 }
 
-// batchGrouper builds a BatchPlan one planned item at a time
-// (batchplan.Grouper).
-type batchGrouper struct{ batchplan.Grouper }
-
-func (g *batchGrouper) done() BatchPlan {
-	groups := g.Done()
+// batchPlan is g's groups as rdt reports them.
+func batchPlan(g *batchplan.Grouper) BatchPlan {
 	out := BatchPlan{Refused: g.Refused}
-	for _, b := range groups {
+	for _, b := range g.Done() {
 		out.Groups = append(out.Groups, BatchGroup(b))
 	}
 	return out

@@ -51,36 +51,16 @@ func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 	r.log.Warn("peer died", "peer", shortID(id), "incarnation", fmt.Sprintf("%x", inc), "reason", reason)
 	r.lifeMetrics.peerDeaths.WithLabelValues(reason).Inc()
 	r.leases.Drop(id, inc)
-	if r.objects.DropPeer(id) > 0 {
-		r.kickReaper()
-	}
-}
-
-func (r *Runtime) kickReaper() {
-	select {
-	case r.reap <- struct{}{}:
-	default:
-	}
+	r.objects.DropPeer(id) // and Expiring's next pass frees what they alone kept
 }
 
 // lifeLoop expires others' leases on this runtime's objects (its own
-// leases as a reader are the lease table's: leases.Table.Keep).
+// leases as a reader are the lease table's: leases.Table.Keep). Expiry is
+// checked a few times per expiry period so a lease outlives its deadline
+// by at most a quarter of it.
 func (r *Runtime) lifeLoop(ctx context.Context) {
 	defer r.loops.Done()
-	// Expiry is checked a few times per expiry period so a lease outlives
-	// its deadline by at most a quarter of it.
-	expire := r.cfg.Clock.NewTicker(r.cfg.LeaseExpiry / 4)
-	defer expire.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-expire.Chan():
-			r.expireLeases()
-		case <-r.reap:
-			r.expireLeases()
-		}
-	}
+	r.objects.Expiring(ctx, r.cfg.Clock, r.cfg.LeaseExpiry/4, r.expireLeases)
 }
 
 func (r *Runtime) expireLeases() {

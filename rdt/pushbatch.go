@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/batchplan"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/pushrun"
@@ -94,7 +95,7 @@ func (e pushEnv) Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlw
 // pushes are announced in one notice.
 func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 	r := a.rt
-	var g batchGrouper
+	var g batchplan.Grouper
 	for i, dst := range dsts {
 		if i >= len(srcs) || srcs[i].Owner != r.host.ID() {
 			g.Refused++
@@ -109,5 +110,5 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 		}
 		g.Add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
 	}
-	return g.done()
+	return batchPlan(&g)
 }

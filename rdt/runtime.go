@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -70,9 +69,8 @@ type Runtime struct {
 	peers       *peers.Table
 	lifeMetrics *lifeMetrics
 	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
-	reap        chan struct{}
-	unclaim     func()      // drops the device claims (claims.go)
-	ctl         ctlmsg.Gate // control handlers in flight (control.go)
+	unclaim     func()        // drops the device claims (claims.go)
+	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
 	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
@@ -90,8 +88,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: c, actors: map[string]*Actor{}, done: make(chan struct{}),
-		reap: make(chan struct{}, 1)}
+	r := &Runtime{cfg: c, actors: map[string]*Actor{}, done: make(chan struct{})}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -154,13 +151,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
 	r.host.SetStreamHandler(life.Protocol, r.handleLife)
 	r.host.SetStreamHandler(pushProtocol, r.handlePush)
-	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
-		// Only the last connection's loss matters; the monitor re-dials to
-		// tell a dead peer from a dropped connection.
-		if n.Connectedness(c.RemotePeer()) != network.Connected {
-			r.peers.Kick(c.RemotePeer())
-		}
-	}})
+	ctlhost.OnLastDisconnect(r.host, r.peers.Kick)
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
 		return nil, err

@@ -4,7 +4,9 @@ import (
 	"fmt"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/batchplan"
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -22,6 +24,23 @@ func (r *Reader) Explain(a Actor, ref Ref, dst tensor.DeviceID) fabric.Plan {
 		plan.Refuse(fmt.Errorf("%w: %v", errs.MalformedRef, err))
 	}
 	return plan
+}
+
+// ExplainBatch groups the plans GetBatch of refs onto dst for a would
+// run by owner and chosen path; reads it would refuse count in Refused.
+func (r *Reader) ExplainBatch(a Actor, refs []Ref, dst tensor.DeviceID) *batchplan.Grouper {
+	g := &batchplan.Grouper{}
+	for _, ref := range refs {
+		plan := r.Explain(a, ref, dst)
+		own := ""
+		if r.own(ref) {
+			own = "this runtime's own objects: a view or a local copy each"
+		} else if plan.Err == nil {
+			plan = r.d.Planner.PlanRead(Remote(ref), r.env.Endpoint(dst)) // the plan without Explain's notes
+		}
+		g.Add(refwire.ShortID(ref.Owner), plan, plan.Coalesces(), own, Bytes(ref.Desc), "reads", "of one owner")
+	}
+	return g
 }
 
 // noteViewCopy says on the on-host candidates that pass a descriptor to

@@ -1,7 +1,8 @@
 // Package reader is rdt's read side: the single and batch Get, GetInto,
 // View and Hold paths, the death watch that ends them when the owner dies,
 // the error that says why a read failed, the Gets in flight that Shutdown
-// drains, the zero-copy views a runtime holds, and the async handles. A
+// drains, the zero-copy views a runtime holds, Warm, the plans Explain
+// and ExplainBatch show (the ones the reads run), and the async handles. A
 // read of another runtime's object takes a lease on it first (one request
 // per owner for a batch), watches the owner while it runs, moves the bytes
 // with the planner and, on failure, asks the owner whether it is gone or

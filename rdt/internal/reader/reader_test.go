@@ -22,6 +22,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -529,4 +530,23 @@ func TestCount(t *testing.T) {
 	_, err := h.Await(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, Progress{Done: 10, Total: 10}, h.Progress())
+}
+
+// ExplainBatch groups by owner and path: this runtime's own refs as such,
+// refused reads counted apart.
+func TestExplainBatch(t *testing.T) {
+	g := newRig()
+	refs := []Ref{ref(ownerID, 1), ref(ownerID, 2), ref(other, 1), ref(self, 3), {Owner: ownerID}}
+	b := g.r.ExplainBatch(me, refs, tensor.HostDevice)
+	groups := b.Done()
+	require.Len(t, groups, 3)
+	assert.Equal(t, 1, b.Refused)
+	byOwner := map[string]int{}
+	for _, gr := range groups {
+		byOwner[gr.Owner] = gr.Refs
+	}
+	assert.Equal(t, 2, byOwner[refwire.ShortID(ownerID)])
+	assert.Equal(t, 1, byOwner[refwire.ShortID(other)])
+	assert.Equal(t, 1, byOwner[refwire.ShortID(self)])
+	assert.Zero(t, g.env.leases[ownerID], "explaining takes no lease")
 }
