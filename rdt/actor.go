@@ -2,18 +2,16 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -64,7 +62,7 @@ func (r *Runtime) Spawn(name string, opts ...ActorOption) (*Actor, error) {
 		o(a)
 	}
 	for _, d := range a.devices {
-		if _, ok := r.devices[d]; !ok {
+		if _, ok := r.devs.Memory(d); !ok {
 			return nil, fmt.Errorf("%w: actor %q asks for %v, host %s has %v", ErrUnknownDevice, name, d, r.cfg.Host, r.Devices())
 		}
 	}
@@ -94,12 +92,7 @@ func (a *Actor) Addr() ActorAddr {
 	return ActorAddr{Peer: a.rt.host.ID(), Name: a.name, Addrs: a.rt.host.Addrs()}
 }
 
-func (a *Actor) mayUse(dev tensor.DeviceID) error {
-	if !slices.Contains(a.devices, dev) {
-		return fmt.Errorf("%w: actor %q may use %v, not %v", ErrUnknownDevice, a.name, a.devices, dev)
-	}
-	return nil
-}
+func (a *Actor) mayUse(dev tensor.DeviceID) error { return a.who().MayUse(dev) }
 
 // Put publishes a tensor that lives in this runtime's device memory and
 // returns a reference to it. Nothing is copied: the object is the tensor's
@@ -157,60 +150,10 @@ func (a *Actor) Get(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.T
 
 // Fetch is Get that also reports the plan and the transfer's statistics.
 func (a *Actor) Fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
-	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst)) // observe.go
-	t, x, err := a.fetch(ctx, ref, dst)
-	done(x, err)
-	return t, x, err
-}
-
-func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor.Tensor, Transfer, error) {
-	if a.rt.isClosed() {
-		return tensor.Tensor{}, Transfer{}, ErrClosed
-	}
-	if err := a.mayUse(dst); err != nil {
-		return tensor.Tensor{}, Transfer{}, err
-	}
-	if err := ref.Desc.Validate(); err != nil {
-		return tensor.Tensor{}, Transfer{}, fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
-	ctx, end, err := a.rt.beginGet(ctx)
-	if err != nil {
-		return tensor.Tensor{}, Transfer{}, err
-	}
-	defer end()
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	ctx, unguard, err := a.rt.guard(ctx, ref)
-	if err != nil {
-		return tensor.Tensor{}, Transfer{}, err
-	}
-	defer unguard()
-	remote := a.rt.remoteFor(ref)
-	plan := a.rt.planner.PlanRead(remote, a.rt.endpoint(dst)) // what Explain prints
-	alloc := func(ctx context.Context, n int64) (tensor.Buffer, error) {
-		mem, err := a.rt.Memory(dst)
-		if err != nil {
-			return nil, err
-		}
-		return mem.Alloc(ctx, n)
-	}
-	// The reader never sees a partial tensor: on failure Fetch returns the
-	// buffer to its device before the error comes back. The owner's death
-	// cancels ctx: why says so, not "context canceled".
-	buf, st, err := a.rt.planner.Fetch(ctx, &plan, remote, alloc)
-	if err != nil {
-		return tensor.Tensor{}, Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
-	}
-	desc := ref.Desc.Rebased()
-	if st.ZeroCopy {
-		desc = ref.Desc // the owner's own buffer: the view keeps its offset
-	}
-	out, err := tensor.New(buf, desc)
-	if err != nil {
-		buf.Release()
-		return tensor.Tensor{}, Transfer{Plan: plan}, err
-	}
-	return out, Transfer{Plan: plan, Stats: st}, nil
+	t, x, err := a.rt.reader.Fetch(ctx, a.who(), refwire.Ref(ref), dst)
+	return t, transfer(x), err
 }
 
 // GetInto reads the ref's tensor into dst, a tensor the caller allocated
@@ -219,155 +162,10 @@ func (a *Actor) fetch(ctx context.Context, ref Ref, dst tensor.DeviceID) (tensor
 // an error (a path that failed part way, the owner's death) dst's contents
 // are undefined and must not be used.
 func (a *Actor) GetInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
-	done := a.rt.observeRead(a.name, ref, a.rt.endpoint(dst.Device())) // observe.go
-	x, err := a.getInto(ctx, ref, dst)
-	done(x, err)
-	return x, err
-}
-
-func (a *Actor) getInto(ctx context.Context, ref Ref, dst tensor.Tensor) (Transfer, error) {
-	if a.rt.isClosed() {
-		return Transfer{}, ErrClosed
-	}
-	if !dst.Valid() {
-		return Transfer{}, fmt.Errorf("%w: empty destination", tensor.ErrBadDesc)
-	}
-	if err := a.mayUse(dst.Device()); err != nil {
-		return Transfer{}, err
-	}
-	if err := ref.Desc.Validate(); err != nil {
-		return Transfer{}, fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
-	remote := a.rt.remoteFor(ref)
-	if !dst.Desc().Contiguous() {
-		return Transfer{}, fmt.Errorf("%w: destination must be contiguous", tensor.ErrBadDesc)
-	}
-	if start, end := dst.Desc().Span(); end-start < remote.Length {
-		return Transfer{}, fmt.Errorf("%w: destination holds %d bytes, the object has %d", ErrTooSmall, end-start, remote.Length)
-	}
-	target := dst.Buffer()
-	if start, _ := dst.Desc().Span(); start != 0 {
-		return Transfer{}, fmt.Errorf("%w: destination must start at its buffer's beginning", tensor.ErrBadDesc)
-	}
-	ctx, end, err := a.rt.beginGet(ctx)
-	if err != nil {
-		return Transfer{}, err
-	}
-	defer end()
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	ctx, unguard, err := a.rt.guard(ctx, ref)
-	if err != nil {
-		return Transfer{}, err
-	}
-	defer unguard()
-	st, plan, err := a.rt.planner.Read(ctx, remote, a.rt.endpoint(dst.Device()), target)
-	if err != nil {
-		return Transfer{Plan: plan}, a.rt.why(ctx, ref, err)
-	}
-	return Transfer{Plan: plan, Stats: st}, nil
-}
-
-// guard prepares a Get of a ref owned by another runtime: it takes a Get's
-// hold on the ref for the Get's duration (a lease with the owner, which
-// also checks the ref and its layout: freed, stale or forged refs fail
-// here, before the reader allocates), watches the owner, and returns a
-// context cancelled with ErrOwnerDied if the owner incarnation is declared
-// dead while the Get runs. A ref this runtime owns is checked against its
-// own object table.
-func (r *Runtime) guard(ctx context.Context, ref Ref) (context.Context, func(), error) {
-	if ref.Owner == r.host.ID() {
-		if err := r.objects.Confirm(fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token}, objstore.LayoutOf(ref.Desc)); err != nil {
-			return nil, nil, fmt.Errorf("%v: %w", ref, err)
-		}
-		return ctx, func() {}, nil
-	}
-	unuse := r.peers.Use(ref.Owner)
-	ctx, cancel := context.WithCancelCause(ctx)
-	done := make(chan struct{})
-	watch := func() {
-		death := r.peers.DeathOf(ref.Owner, ref.Incarnation)
-		go func() {
-			select {
-			case <-death:
-				cancel(r.deathVerdict(ctx, ref, "a Get waited on it"))
-			case <-done:
-			case <-ctx.Done():
-			}
-		}()
-	}
-	// The death watch starts before the lease request: a hung owner (its
-	// connection open, nothing answering) never answers that request
-	// either, and only the heartbeats' verdict ends it in time. Except when
-	// this runtime knows another incarnation of the owner: the ref may name
-	// a newer one it has not met yet (deathOf would take it for the older),
-	// so the lease's answer says which incarnation runs first.
-	_, other := r.peers.Replaced(ref.Owner, ref.Incarnation)
-	if !other {
-		watch()
-	}
-	if err := r.hold(ctx, "", ref); err != nil {
-		err = r.why(ctx, ref, err)
-		if context.Cause(ctx) == nil && r.frozenOwner(ctx, ref, err) {
-			err = r.frozenErr(ref, err)
-		}
-		close(done)
-		cancel(nil)
-		unuse()
-		return nil, nil, err
-	}
-	if other {
-		watch()
-	}
-	return ctx, func() {
-		close(done)
-		cancel(nil)
-		unuse()
-		r.unget(ref)
-	}, nil
-}
-
-// why turns a failed Get's error into the condition behind it: the owner's
-// death (signalled, or confirmed now because the data path broke and the
-// owner no longer answers), Shutdown, or the error itself.
-func (r *Runtime) why(ctx context.Context, ref Ref, err error) error {
-	if cause := context.Cause(ctx); cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrPeerUnreachable) || errors.Is(cause, ErrStaleRef) || errors.Is(cause, ErrClosed)) {
-		if errors.Is(err, cause) {
-			return r.counted(err)
-		}
-		return r.counted(fmt.Errorf("%w; transfer: %w", cause, err))
-	}
-	if ref.Owner == r.host.ID() || fabric.Terminal(err) || errors.Is(err, ErrOwnerDied) {
-		return r.counted(err)
-	}
-	if errors.Is(err, fabric.ErrPeerClosed) || errors.Is(err, fabric.ErrStalled) || errors.Is(err, ErrPeerUnreachable) {
-		// Is the owner gone, or only the path? One ping, at most a
-		// heartbeat interval, tells.
-		ctlhost.ClearBackoff(r.host, ref.Owner)
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HeartbeatInterval)
-		reply, perr := r.call(pctx, ref.Owner, ctlwire.LifeMsg{Kind: ctlwire.LifePing})
-		cancel()
-		switch {
-		case perr != nil && !r.isClosed() && r.peers.SeenAlive(ref.Owner, ref.Incarnation):
-			r.peers.DeclareDead(ref.Owner, "connection lost")
-			return r.counted(r.ownerDiedErr(ref, err))
-		case perr != nil && !errors.Is(err, ErrPeerUnreachable):
-			// Never reached on the control channel: not known to have
-			// lived, so not known to have died.
-			return fmt.Errorf("%w; transfer: %w", perr, err)
-		case perr == nil && reply.Incarnation != ref.Incarnation:
-			r.peers.SawAlive(ref.Owner, reply.Incarnation)
-			return fmt.Errorf("%w: owner restarted; transfer: %w", ErrStaleRef, err)
-		}
-	}
-	return err
-}
-
-func (r *Runtime) counted(err error) error {
-	if errors.Is(err, ErrOwnerDied) {
-		r.lifeMetrics.ownerDied.Inc()
-	}
-	return err
+	x, err := a.rt.reader.Into(ctx, a.who(), refwire.Ref(ref), dst)
+	return transfer(x), err
 }
 
 // Hold registers the actor as a holder of a ref owned by another runtime:
@@ -378,18 +176,9 @@ func (r *Runtime) counted(err error) error {
 // the reader's Shutdown, or the reader's death (its lease expires on the
 // owner after Config.LeaseExpiry).
 func (a *Actor) Hold(ctx context.Context, ref Ref) error {
-	if a.rt.isClosed() {
-		return ErrClosed
-	}
-	if ref.Owner == a.rt.host.ID() {
-		if ref.Incarnation != a.rt.incarnation {
-			return ErrStaleRef
-		}
-		return nil // the owner's runtime does not lease from itself
-	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	return a.rt.hold(ctx, a.name, ref)
+	return a.rt.reader.HoldFor(ctx, a.name, refwire.Ref(ref))
 }
 
 // Release says the actor is done with a ref. A reader drops its hold (and
@@ -410,7 +199,7 @@ func (a *Actor) Release(ctx context.Context, ref Ref) error {
 	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	return a.rt.unhold(ctx, a.name, ref)
+	return a.rt.leases.Unhold(ctx, a.name, refwire.Ref(ref))
 }
 
 // WaitFreed blocks until an object this runtime owns has been freed and its
@@ -457,45 +246,10 @@ func (a *Actor) Free(ctx context.Context, ref Ref) error {
 // A destination Get would refuse (a device the actor may not use, a
 // malformed ref) makes a plan with nothing chosen and Err saying why.
 func (a *Actor) explain(ref Ref, dst tensor.DeviceID) fabric.Plan {
-	plan := a.rt.planner.PlanRead(a.rt.remoteFor(ref), a.rt.endpoint(dst)) // the value Get runs
-	noteViewCopy(&plan, ref)
-	a.rt.noteMemory(&plan, dst) // devices.go
-	if err := a.mayUse(dst); err != nil {
-		plan.Refuse(err)
-	} else if err := ref.Desc.Validate(); err != nil {
-		plan.Refuse(fmt.Errorf("%w: %v", ErrMalformedRef, err))
-	}
-	return plan
+	return a.rt.reader.Explain(a.who(), refwire.Ref(ref), dst)
 }
 
-// noteViewCopy says on the on-host candidates that pass a descriptor to
-// another process (p2p, shm) that the owner serves a private copy of the
-// ref's view, when the ref shows the view is only part of its buffer (it
-// starts past the buffer's start; a view that starts at 0 but ends short
-// of its buffer is staged too, which the ref does not show).
-func noteViewCopy(plan *fabric.Plan, ref Ref) {
-	if start, _ := ref.Desc.Span(); start == 0 || plan.Src.Process == plan.Dst.Process {
-		return
-	}
-	for i, c := range plan.Candidates {
-		if c.Usable && (c.Transport == fabric.P2P || c.Transport == fabric.SHM) {
-			plan.Candidates[i].Reason += "; the owner grants a private copy of this view (part of a larger allocation), staged once at the first on-host grant"
-		}
-	}
-}
-
-func (r *Runtime) remoteFor(ref Ref) fabric.Remote {
-	off, n := ref.span()
-	return fabric.Remote{
-		Endpoint: fabric.Endpoint{Process: refwire.PeerString(ref.Owner) + "/" + strconv.FormatUint(ref.Incarnation, 16), Host: ref.Host, Device: ref.Device},
-		Peer:     refwire.PeerString(ref.Owner),
-		Addrs:    ref.DataAddrs,
-		Claim:    fabric.Claim{Object: ref.Object, Incarnation: ref.Incarnation, Token: ref.Token},
-		Offset:   off,
-		Length:   n,
-		DType:    ref.Desc.DType,
-	}
-}
+func (r *Runtime) remoteFor(ref Ref) fabric.Remote { return reader.Remote(refwire.Ref(ref)) }
 
 // Receive returns the next message sent to the actor.
 func (a *Actor) Receive(ctx context.Context) (Message, error) {

@@ -36,7 +36,7 @@ func (r *Runtime) TopologyDevice(index int) (tensor.DeviceID, error) {
 				continue
 			}
 			id := tensor.DeviceID{Kind: d.Kind, Index: d.Index}
-			if _, ok := r.devices[id]; !ok {
+			if _, ok := r.devs.Memory(id); !ok {
 				return tensor.DeviceID{}, fmt.Errorf("%w: %v is not served by the runtime on %s", ErrUnknownDevice, id, r.cfg.Host)
 			}
 			return id, nil

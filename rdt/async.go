@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -15,72 +16,23 @@ import (
 // wait.
 
 // Progress is how far an operation has come, in bytes.
-type Progress struct {
-	Done, Total int64
-}
+type Progress = reader.Progress
 
-// Handle is an operation in flight.
-type Handle[T any] struct {
-	done     chan struct{}
-	cancel   context.CancelFunc
-	res      T
-	err      error
-	progress func() Progress
-}
-
-func start[T any](ctx context.Context, f func(ctx context.Context) (T, error)) *Handle[T] {
-	ctx, cancel := context.WithCancel(ctx)
-	h := &Handle[T]{done: make(chan struct{}), cancel: cancel}
-	go func() {
-		defer close(h.done)
-		defer cancel()
-		h.res, h.err = f(ctx)
-	}()
-	return h
-}
-
-// Done is closed when the operation has ended.
-func (h *Handle[T]) Done() <-chan struct{} { return h.done }
-
-// Await waits for the operation's result, or for ctx (the operation goes
-// on; Cancel stops it).
-func (h *Handle[T]) Await(ctx context.Context) (T, error) {
-	select {
-	case <-h.done:
-		return h.res, h.err
-	case <-ctx.Done():
-		var zero T
-		return zero, ctx.Err()
-	}
-}
-
-// Cancel stops the operation; Await then returns its result (which says it
-// was cancelled, unless it had completed). Idempotent.
-func (h *Handle[T]) Cancel() { h.cancel() }
-
-// Progress reports the bytes done so far.
-func (h *Handle[T]) Progress() Progress {
-	if h.progress == nil {
-		return Progress{}
-	}
-	return h.progress()
-}
+// Handle is an operation in flight: Done, Await, Cancel and Progress.
+type Handle[T any] = reader.Handle[T]
 
 // GetAsync starts a Get. Its progress counts the object when it has landed
 // (transports report no partial progress). Release the tensor Await
 // returns, also after a Cancel that came too late.
 func (a *Actor) GetAsync(ctx context.Context, ref Ref, dst tensor.DeviceID) *Handle[tensor.Tensor] {
 	total := spanBytes(ref.Desc)
-	var done atomic.Int64
-	h := start(ctx, func(ctx context.Context) (tensor.Tensor, error) {
+	return reader.Count(ctx, total, func(ctx context.Context, landed func(int64)) (tensor.Tensor, error) {
 		t, err := a.Get(ctx, ref, dst)
 		if err == nil {
-			done.Store(total)
+			landed(total)
 		}
 		return t, err
 	})
-	h.progress = func() Progress { return Progress{Done: done.Load(), Total: total} }
-	return h
 }
 
 // GetBatchAsync starts a GetBatch; its progress counts each object as it
@@ -90,23 +42,20 @@ func (a *Actor) GetBatchAsync(ctx context.Context, refs []Ref, dst tensor.Device
 	for _, r := range refs {
 		total += spanBytes(r.Desc)
 	}
-	var done atomic.Int64
-	cfg.onItem = func(n int64) { done.Add(n) }
-	h := start(ctx, func(ctx context.Context) ([]BatchItem, error) { return a.GetBatch(ctx, refs, dst, cfg) })
-	h.progress = func() Progress { return Progress{Done: done.Load(), Total: total} }
-	return h
+	return reader.Count(ctx, total, func(ctx context.Context, landed func(int64)) ([]BatchItem, error) {
+		cfg.onItem = landed
+		return a.GetBatch(ctx, refs, dst, cfg)
+	})
 }
 
 // StartBroadcast starts a Broadcast; its progress counts bytes the owner
 // has written and readers that completed from another reader.
 func (a *Actor) StartBroadcast(ctx context.Context, src Ref, slots []Ref, cfg BroadcastConfig) *Handle[*BroadcastResult] {
 	var run atomic.Pointer[bcastrun.Run]
-	h := start(ctx, func(ctx context.Context) (*BroadcastResult, error) {
-		return a.broadcast(ctx, src, slots, cfg, func(b *bcastrun.Run) { run.Store(b) })
-	})
 	total := spanBytes(src.Desc) * int64(len(slots))
-	h.progress = broadcastProgress(h, &run, total)
-	return h
+	return reader.Start(ctx, func(ctx context.Context) (*BroadcastResult, error) {
+		return a.broadcast(ctx, src, slots, cfg, func(b *bcastrun.Run) { run.Store(b) })
+	}, broadcastProgress[*BroadcastResult](&run, total))
 }
 
 // deliverer is a broadcast result: the bytes it delivered, all readers
@@ -122,19 +71,15 @@ func (r *BroadcastResult) delivered() int64 {
 
 // broadcastProgress reports a broadcast handle's progress: the run's count
 // while it runs, what its result says once it is done.
-func broadcastProgress[T deliverer](h *Handle[T], run *atomic.Pointer[bcastrun.Run], total int64) func() Progress {
-	return func() Progress {
+func broadcastProgress[T deliverer](run *atomic.Pointer[bcastrun.Run], total int64) func(bool, T, error) Progress {
+	return func(finished bool, res T, err error) Progress {
 		b := run.Load()
 		if b == nil {
 			return Progress{Total: total}
 		}
 		d, t := b.Progress()
-		select {
-		case <-h.done:
-			if h.err == nil {
-				d = h.res.delivered()
-			}
-		default:
+		if finished && err == nil {
+			d = res.delivered()
 		}
 		return Progress{Done: min(d, t), Total: t}
 	}

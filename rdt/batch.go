@@ -2,17 +2,10 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sort"
 	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
-	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
-	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -61,52 +54,11 @@ func (a *Actor) GetBatch(ctx context.Context, refs []Ref, dst tensor.DeviceID, c
 	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	items := make([]BatchItem, len(refs))
-	held := a.rt.holdBatch(ctx, a.name, refs)
-	// Another runtime's refs move per owner, coalesced per path where the
-	// path can (batchread.go); this runtime's own go one by one (a view on
-	// their own device, a local copy otherwise).
-	owners := map[ownerKey][]int{}
-	var keys []ownerKey
-	order := make([]int, 0, len(refs))
-	for i, err := range held {
-		if err != nil {
-			items[i].Err = err
-			continue
-		}
-		if ref := refs[i]; ref.Owner != a.rt.host.ID() && !cfg.Separate {
-			k := ownerKey{ref.Owner, ref.Incarnation}
-			if owners[k] == nil {
-				keys = append(keys, k)
-			}
-			owners[k] = append(owners[k], i)
-			continue
-		}
-		order = append(order, i)
+	res := a.rt.reader.GetBatch(ctx, a.who(), wireRefs(refs), dst, reader.Batch{Parallel: cfg.Parallel, Separate: cfg.Separate, OnItem: cfg.onItem})
+	items := make([]BatchItem, len(res))
+	for i, it := range res {
+		items[i] = BatchItem{Tensor: it.Tensor, Transfer: transfer(it.Result), Err: it.Err}
 	}
-	var wg sync.WaitGroup
-	for _, k := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.fetchOwner(ctx, refs, owners[k], dst, items, cfg)
-		}()
-	}
-	sort.SliceStable(order, func(x, y int) bool { return spanBytes(refs[order[x]].Desc) > spanBytes(refs[order[y]].Desc) })
-	sem := make(chan struct{}, cfg.Parallel)
-	for _, i := range order {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			t, x, err := a.Fetch(ctx, refs[i], dst)
-			items[i] = BatchItem{Tensor: t, Transfer: x, Err: err}
-			if err == nil && cfg.onItem != nil {
-				cfg.onItem(spanBytes(refs[i].Desc))
-			}
-		}()
-	}
-	wg.Wait()
 	return items, nil
 }
 
@@ -134,110 +86,7 @@ func (a *Actor) HoldBatch(ctx context.Context, refs []Ref) []error {
 	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	return a.rt.holdBatch(ctx, a.name, refs)
-}
-
-// holdBatch makes actor a holder of every ref, with one lease request per
-// owner (per ctlwire.MaxClaims refs) for those this runtime does not hold yet. It
-// returns each ref's error.
-func (r *Runtime) holdBatch(ctx context.Context, actor string, refs []Ref) []error {
-	errs := make([]error, len(refs))
-	type owner struct {
-		id  peer.ID
-		inc uint64
-	}
-	groups := map[owner][]int{}
-	for i, ref := range refs {
-		if err := ref.Desc.Validate(); err != nil {
-			errs[i] = fmt.Errorf("%w: %v", ErrMalformedRef, err)
-			continue
-		}
-		if ref.Owner == r.host.ID() {
-			if ref.Incarnation != r.incarnation {
-				errs[i] = ErrStaleRef
-			}
-			continue
-		}
-		if r.leases.Held(keyOf(ref)) {
-			continue // held already: the Get's own hold checks and joins it
-		}
-		k := owner{ref.Owner, ref.Incarnation}
-		groups[k] = append(groups[k], i)
-	}
-	var wg sync.WaitGroup
-	for _, idx := range groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.holdGroup(ctx, actor, refs, idx, errs)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
-// holdGroup leases refs[idx...], all of one owner incarnation.
-func (r *Runtime) holdGroup(ctx context.Context, actor string, refs []Ref, idx []int, errs []error) {
-	first := refs[idx[0]]
-	if r.peers.IsDead(first.Owner, first.Incarnation) {
-		for _, i := range idx {
-			errs[i] = r.deadErr(refs[i], errors.New("declared dead earlier"))
-		}
-		return
-	}
-	r.learnAddrs(first)
-	// The death watch of a Get (guard) for the batch's lease request: a
-	// hung owner never answers it, and only the heartbeats' verdict ends
-	// it in time (a frozen owner never reached says OwnerDied, not the
-	// dial's PeerUnreachable at its own deadline: probe.go).
-	if _, other := r.peers.Replaced(first.Owner, first.Incarnation); !other {
-		defer r.peers.Use(first.Owner)()
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		death := r.peers.DeathOf(first.Owner, first.Incarnation)
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-death:
-				cancel(r.deathVerdict(ctx, first, "a batch's lease request waited on it"))
-			case <-done:
-			case <-ctx.Done():
-			}
-		}()
-	}
-	for start := 0; start < len(idx); start += ctlwire.MaxClaims {
-		part := idx[start:min(start+ctlwire.MaxClaims, len(idx))]
-		claims := make([]fabric.Claim, len(part))
-		layouts := make([]objstore.LayoutSum, len(part))
-		for k, i := range part {
-			claims[k] = fabric.Claim{Object: refs[i].Object, Incarnation: refs[i].Incarnation, Token: refs[i].Token}
-			layouts[k] = objstore.LayoutOf(refs[i].Desc)
-		}
-		inc, es, err := r.leaseRemote(ctx, first.Owner, ctlwire.LifeLease, claims, layouts)
-		cause := context.Cause(ctx)
-		frozen := cause == nil && r.frozenOwner(ctx, first, err)
-		for k, i := range part {
-			ref := refs[i]
-			switch {
-			case err != nil && cause != nil && (errors.Is(cause, ErrOwnerDied) || errors.Is(cause, ErrPeerUnreachable) || errors.Is(cause, ErrStaleRef)):
-				errs[i] = fmt.Errorf("%w (lease request: %v)", cause, err)
-			case frozen:
-				errs[i] = r.frozenErr(ref, err)
-			case err != nil && errors.Is(err, ErrPeerUnreachable) && r.peers.IsDead(ref.Owner, ref.Incarnation):
-				errs[i] = r.ownerDiedErr(ref, err)
-			case err != nil:
-				errs[i] = err
-			case inc != ref.Incarnation:
-				errs[i] = fmt.Errorf("%w: %v: owner restarted (incarnation %x, ref names %x)", ErrStaleRef, ref, inc, ref.Incarnation)
-			case es[k] != nil:
-				errs[i] = fmt.Errorf("%v: %w", ref, es[k])
-			default:
-				errs[i] = r.leases.Add(actor, refwire.Ref(ref), objstore.LayoutOf(ref.Desc))
-			}
-		}
-	}
+	return a.rt.reader.HoldBatch(ctx, a.name, wireRefs(refs))
 }
 
 // PushBatch pushes srcs[i] into the slot dsts[i] names for every i and

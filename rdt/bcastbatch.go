@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 )
 
 // BroadcastBatch sends a set of objects (a state dict) to many readers
@@ -36,20 +37,18 @@ type BatchBroadcastResult struct {
 // StartBroadcastBatch starts a BroadcastBatch.
 func (a *Actor) StartBroadcastBatch(ctx context.Context, srcs []Ref, readers [][]Ref, cfg BroadcastConfig) *Handle[*BatchBroadcastResult] {
 	var run atomic.Pointer[bcastrun.Run]
-	h := start(ctx, func(ctx context.Context) (*BatchBroadcastResult, error) {
-		res, items, err := a.broadcastSet(ctx, srcs, readers, cfg, func(b *bcastrun.Run) { run.Store(b) })
-		if err != nil {
-			return nil, err
-		}
-		return &BatchBroadcastResult{BroadcastResult: res, Items: items}, nil
-	})
 	var total int64
 	for _, s := range srcs {
 		total += spanBytes(s.Desc)
 	}
 	total *= int64(len(readers))
-	h.progress = broadcastProgress(h, &run, total)
-	return h
+	return reader.Start(ctx, func(ctx context.Context) (*BatchBroadcastResult, error) {
+		res, items, err := a.broadcastSet(ctx, srcs, readers, cfg, func(b *bcastrun.Run) { run.Store(b) })
+		if err != nil {
+			return nil, err
+		}
+		return &BatchBroadcastResult{BroadcastResult: res, Items: items}, nil
+	}, broadcastProgress[*BatchBroadcastResult](&run, total))
 }
 
 func (r *BatchBroadcastResult) delivered() int64 {

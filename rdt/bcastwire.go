@@ -2,14 +2,10 @@ package rdt
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
-	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -22,15 +18,8 @@ import (
 // bcastMsg is every broadcast notice, its children named by their refs.
 type bcastMsg = bcastrun.Msg
 
-// parseBcastMsg decodes a broadcast notice; a malformed one is
-// ErrMalformedRef.
-func parseBcastMsg(p []byte) (bcastMsg, error) {
-	m, err := bcast.ParseMsg(p, refwire.Unmarshal)
-	if errors.Is(err, bcast.ErrMalformed) {
-		err = fmt.Errorf("%w: %w", ErrMalformedRef, err)
-	}
-	return m, err
-}
+// parseBcastMsg decodes a broadcast notice (bcastrun.ParseMsg).
+func parseBcastMsg(p []byte) (bcastMsg, error) { return bcastrun.ParseMsg(p) }
 
 // sendBcast delivers a broadcast notice to runtime to (this one included)
 // and returns the condition it was answered with.
@@ -45,26 +34,9 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 	return r.notices.Tell(ctx, to, p)
 }
 
-// onBcast handles a broadcast notice from peer from.
+// onBcast handles a broadcast notice from peer from (bcastrun.Handle).
 func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
-	switch m.Kind {
-	case ctlwire.Prepare:
-		return r.relays.Prepare(from, m)
-	case ctlwire.Children:
-		return r.relays.Children(from, m)
-	case ctlwire.Chunk:
-		return r.relays.Chunk(m)
-	case ctlwire.Probe:
-		return r.relays.Probe(m)
-	case ctlwire.Abort:
-		return r.relays.Abort(from, m)
-	case ctlwire.Report:
-		return r.bcast.Report(from, m)
-	case ctlwire.Consumed:
-		r.bcast.Gens.Consumed(from, m.Slot, m.Gen)
-		return nil
-	}
-	return fmt.Errorf("%w: broadcast notice kind %d", ErrMalformedRef, m.Kind)
+	return bcastrun.Handle(r.bcast, r.relays, from, m)
 }
 
 // bcastEnv is the runtime as the broadcast engine sees it (bcastrun.Env).

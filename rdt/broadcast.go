@@ -240,17 +240,8 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	if r.isClosed() {
 		return nil, nil, ErrClosed
 	}
-	ctx, cancel := r.bounded(ctx)
+	ctx, cancel := r.bounded(ctx) // and Shutdown ends it (bcastrun.Owner.Broadcast)
 	defer cancel()
-	// Shutdown ends the broadcast; a runtime that is gone tells no reader
-	// anything (they learn of its death as they would of a crash).
-	go func() {
-		select {
-		case <-r.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	wr := make([][]refwire.Ref, len(readers))
 	for j, rs := range readers {
 		wr[j] = wireRefs(rs)

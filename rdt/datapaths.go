@@ -33,7 +33,8 @@ func (r *Runtime) startDataPaths(ctx context.Context, reg prometheus.Registerer)
 // their page tables before their first read (fabric/shm prefetch).
 func (r *Runtime) slabExporters() []tensor.SlabExporter {
 	var out []tensor.SlabExporter
-	for _, m := range r.devices {
+	for _, id := range r.devs.IDs() {
+		m, _ := r.devs.Memory(id)
 		if se, ok := m.(tensor.SlabExporter); ok {
 			out = append(out, se)
 		}

@@ -1,17 +1,12 @@
 package rdt
 
 import (
-	"context"
-	"fmt"
-
-	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/rdt/internal/claims"
-	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/tensor/backend"
 )
 
-// The devices a runtime claims get their memory from tensor/backend's
-// registry: on a discovered host, each device's vendor back-end (CUDA,
+// The devices a runtime claims (rdt/internal/devset) get their memory
+// from tensor/backend's registry: on a discovered host, each device's vendor back-end (CUDA,
 // HIP) whenever its driver is usable, simulated memory otherwise (logged
 // as a warning, with why); on a preset host, simulated memory. Config's
 // DeviceBackend (else $TENSORLANE_DEVICE_BACKEND) asks for "sim", "real"
@@ -26,63 +21,3 @@ const EnvDeviceBackend = backend.EnvMode
 // visibleFromDriverEnv returns the first driver visibility variable that is
 // set (CUDA's, HIP's, ROCm's), parsed like CUDA_VISIBLE_DEVICES.
 var visibleFromDriverEnv = claims.DriverVisible
-
-// openDevices opens the visible devices of the runtime's host through the
-// back-end registry.
-func (r *Runtime) openDevices() error {
-	if _, err := r.visible(); err != nil { // checks the indices against the host
-		return err
-	}
-	mode := r.cfg.DeviceBackend
-	if mode == "" && !r.cfg.IgnoreEnv {
-		mode = backend.ModeFromEnv()
-	}
-	log := r.cfg.Logger
-	devs, err := backend.Open(context.Background(), backend.Config{Mode: mode, Host: r.topoHost,
-		Visible: r.cfg.VisibleDevices, Capacity: r.cfg.DeviceMemory, Logger: log})
-	if err != nil {
-		return fmt.Errorf("rdt: host %s devices: %w", r.cfg.Host, err)
-	}
-	real := 0
-	for _, d := range devs {
-		if c, ok := d.Memory.(interface{ Close() error }); ok {
-			r.owned = append(r.owned, c)
-		}
-		r.devices[d.ID] = d.Memory
-		if d.Backend != "sim" {
-			real++
-		}
-	}
-	for _, d := range devs {
-		// Simulating a device of a real host is a fallback, and fallbacks
-		// are loud; simulating a preset's device is what a preset is for.
-		if d.Note != "" && !r.topoHost.Simulated {
-			log.Warn("device memory is simulated", "host", r.cfg.Host, "device", d.ID, "why", d.Note)
-		}
-	}
-	if len(devs) > 0 {
-		log.Info("device memory", "host", r.cfg.Host, "backends", backend.Summary(devs), "real", real, "simulated", len(devs)-real)
-	}
-	return nil
-}
-
-// noteMemory says in Explain's usable candidates which back-end holds the
-// destination when it is a real device's memory ("into gpu:1's cuda
-// memory"): the same plan copies very differently into a GPU than into a
-// simulated arena. Simulated and host destinations add nothing (the plan's
-// host already says simulated).
-func (r *Runtime) noteMemory(plan *fabric.Plan, dst tensor.DeviceID) {
-	m, ok := r.devices[dst]
-	if !ok {
-		return
-	}
-	switch b := m.Stats().Backend; b {
-	case "", "sim", "host", "slab":
-	default:
-		for i, c := range plan.Candidates {
-			if c.Usable {
-				plan.Candidates[i].Reason += fmt.Sprintf("; into %v's %s memory", dst, b)
-			}
-		}
-	}
-}

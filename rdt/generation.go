@@ -2,7 +2,6 @@ package rdt
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
@@ -49,26 +48,10 @@ func (s *Slot) Done(ctx context.Context, gen uint64) error {
 func (a *Actor) WaitConsumed(ctx context.Context, slot Ref, gen uint64) error {
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	k := bcastrun.Key{Peer: slot.Owner, Slot: slot.Object}
 	var death <-chan struct{}
 	if slot.Owner != a.rt.host.ID() {
-		unuse := a.rt.peers.Use(slot.Owner)
-		defer unuse()
+		defer a.rt.peers.Use(slot.Owner)()
 		death = a.rt.peers.DeathOf(slot.Owner, slot.Incarnation)
 	}
-	for {
-		got, ch := a.rt.bcast.Gens.State(k)
-		if got >= gen {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-death:
-			return fmt.Errorf("%w: slot %v's reader %s, done with generation %d of %d", ErrReaderDied, slot.Object, shortID(slot.Owner), got, gen)
-		case <-ctx.Done():
-			return fmt.Errorf("rdt: waiting for slot %v to be done with generation %d (done: %d): %w", slot.Object, gen, got, ctx.Err())
-		case <-a.rt.done:
-			return ErrClosed
-		}
-	}
+	return a.rt.bcast.Gens.Wait(ctx, bcastrun.Key{Peer: slot.Owner, Slot: slot.Object}, gen, death, a.rt.done)
 }

@@ -49,7 +49,7 @@ func newObserver(r *Runtime, reg prometheus.Registerer) *observe.Ring {
 	}
 	o := observe.New(names)
 	if reg != nil {
-		reg.MustRegister(append(o.Collectors(), memCollector{r})...)
+		reg.MustRegister(append(o.Collectors(), observe.Memory(r.cfg.Host, r.MemoryStats, r.objects.Len))...)
 	}
 	return o
 }
@@ -105,41 +105,10 @@ func (r *Runtime) MemoryStats() []tensor.MemStats {
 	devs := r.Devices()
 	out := make([]tensor.MemStats, 0, len(devs))
 	for _, d := range devs {
-		out = append(out, r.devices[d].Stats())
+		m, _ := r.devs.Memory(d)
+		out = append(out, m.Stats())
 	}
 	return out
-}
-
-// memCollector exports device memory at scrape time, so the gauges never go
-// stale and nothing polls.
-type memCollector struct{ r *Runtime }
-
-var (
-	memUsedDesc = prometheus.NewDesc("tensorlane_device_memory_used_bytes",
-		"Bytes in live allocations on a device.", []string{"host", "device", "simulated"}, nil)
-	memCapDesc = prometheus.NewDesc("tensorlane_device_memory_capacity_bytes",
-		"A device's memory capacity (0: unbounded).", []string{"host", "device", "simulated"}, nil)
-	objectsDesc = prometheus.NewDesc("tensorlane_objects",
-		"Live objects the runtime owns.", []string{"host"}, nil)
-)
-
-func (c memCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- memUsedDesc
-	ch <- memCapDesc
-	ch <- objectsDesc
-}
-
-func (c memCollector) Collect(ch chan<- prometheus.Metric) {
-	host := c.r.cfg.Host
-	for _, s := range c.r.MemoryStats() {
-		sim := "false"
-		if s.Simulated {
-			sim = "true"
-		}
-		ch <- prometheus.MustNewConstMetric(memUsedDesc, prometheus.GaugeValue, float64(s.Used), host, s.Device.String(), sim)
-		ch <- prometheus.MustNewConstMetric(memCapDesc, prometheus.GaugeValue, float64(s.Capacity), host, s.Device.String(), sim)
-	}
-	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.r.objects.Len()), host)
 }
 
 // viewStaged reports an object's view staged as a private copy for an

@@ -2,18 +2,18 @@ package rdt
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/fabric"
-	"github.com/tensorlane/tensorlane/internal/wire"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
+	"github.com/tensorlane/tensorlane/rdt/internal/pushrun"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -99,26 +99,12 @@ func (s *Slot) Pushes() uint64 {
 func (s *Slot) Wait(ctx context.Context, after uint64) (uint64, tensor.Tensor, error) {
 	ctx, cancel := s.rt.bounded(ctx)
 	defer cancel()
-	for {
-		n, ch, closed, lastErr := s.s.State()
-		if closed {
-			return n, tensor.Tensor{}, ErrObjectFreed
-		}
-		if lastErr != nil && n <= after {
-			return n, tensor.Tensor{}, lastErr // the broadcast filling it failed
-		}
-		if n > after {
-			t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
-			return n, t, err
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return n, tensor.Tensor{}, ctx.Err()
-		case <-s.rt.done:
-			return n, tensor.Tensor{}, ErrClosed
-		}
+	n, err := s.s.Wait(ctx, after, s.rt.done)
+	if err != nil {
+		return n, tensor.Tensor{}, err
 	}
+	t, err := tensor.New(nopRelease{s.s.Buf}, s.s.Desc)
+	return n, t, err
 }
 
 // Close unregisters the slot: later pushes get ErrObjectFreed, and its
@@ -145,23 +131,13 @@ func (n nopRelease) Bytes() []byte {
 // the slot's runtime that the push completed. src and dst must have the
 // same size.
 func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
-	r := a.rt
-	if r.isClosed() {
+	if a.rt.isClosed() {
 		return Transfer{}, ErrClosed
 	}
-	ctx, cancel := r.bounded(ctx)
+	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	pin, win, remote, err := r.openPush(ctx, src, dst)
-	if err != nil {
-		return Transfer{}, err
-	}
-	defer pin.Release()
-	st, plan, err := r.planner.Write(ctx, r.endpoint(src.Device), win, remote)
-	tr := Transfer{Plan: plan, Stats: st}
-	if err != nil {
-		return tr, err
-	}
-	return tr, r.notifyPush(ctx, dst, win.N)
+	x, err := pushrun.One(ctx, pushEnv{a.rt}, refwire.Ref(src), refwire.Ref(dst))
+	return Transfer{Plan: x.Plan, Stats: x.Stats}, err
 }
 
 // openPush checks that this runtime owns src and that its bytes fit dst's
@@ -190,50 +166,27 @@ func spanBytes(d tensor.Desc) int64 {
 	return end - start
 }
 
-// notifyPush tells the slot's runtime that a push completed.
-func (r *Runtime) notifyPush(ctx context.Context, dst Ref, n int64) error {
-	note := ctlwire.PushNotice{Slot: dst.Object, Incarnation: dst.Incarnation, Token: dst.Token, Bytes: n}
-	if dst.Owner == r.host.ID() {
-		return r.sinks.Pushed(r.host.ID(), note)
-	}
-	r.learnAddrs(dst)
-	return r.notices.Tell(ctx, dst.Owner, note.Marshal())
-}
-
-// handlePush answers the push notices of one stream, one at a time, until
-// the pusher closes it or it has been quiet for notices.Idle.
+// handlePush answers the push notices of one stream (notices.Serve): a
+// push, a push batch (pushbatch.go) or a broadcast's message (bcastwire.go).
 func (r *Runtime) handlePush(s network.Stream) {
-	defer s.Close()
-	for {
-		s.SetDeadline(time.Now().Add(notices.Idle))
-		p, err := ctlwire.ReadMsg(s, ctlwire.MaxNotice)
-		if err != nil {
-			if errors.Is(err, wire.ErrMalformed) {
-				s.Write([]byte{ctlwire.StatusRefused}) // the framing is lost: answer and hang up
-			}
-			return // closed, reset, quiet for notices.Idle, or malformed
-		}
-		from := s.Conn().RemotePeer()
-		if len(p) > 0 && p[0] == ctlwire.PushBatch { // many pushes (pushbatch.go)
+	notices.Serve(s, func(from peer.ID, p []byte) []byte {
+		var err error
+		switch {
+		case len(p) > 0 && p[0] == ctlwire.PushBatch:
 			r.sinks.Notices.Add(1)
-			answer := []byte{ctlwire.StatusRefused}
-			if n, err := ctlwire.ParsePushBatchNotice(p); err == nil {
-				r.sinks.Noticed.Add(int64(len(n.Items)))
-				answer = ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
-			} else {
+			n, err := ctlwire.ParsePushBatchNotice(p)
+			if err != nil {
 				r.log.Debug("push batch notice refused", "peer", shortID(from), "err", err)
+				return []byte{ctlwire.StatusRefused}
 			}
-			if _, err := s.Write(answer); err != nil {
-				return
-			}
-			continue
-		}
-		if len(p) > 0 && p[0] != ctlwire.Push { // a broadcast notice (bcastwire.go)
+			r.sinks.Noticed.Add(int64(len(n.Items)))
+			return ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
+		case len(p) > 0 && p[0] != ctlwire.Push:
 			var m bcastMsg
 			if m, err = parseBcastMsg(p); err == nil {
 				err = r.onBcast(from, m)
 			}
-		} else {
+		default:
 			var n ctlwire.PushNotice
 			r.sinks.Notices.Add(1)
 			r.sinks.Noticed.Add(1)
@@ -241,12 +194,9 @@ func (r *Runtime) handlePush(s network.Stream) {
 				err = r.sinks.Pushed(from, n)
 			}
 		}
-		status := ctlwire.StatusOf(err)
 		if err != nil {
-			r.log.Debug("push notice refused", "peer", shortID(s.Conn().RemotePeer()), "err", err)
+			r.log.Debug("push notice refused", "peer", shortID(from), "err", err)
 		}
-		if _, err := s.Write([]byte{status}); err != nil {
-			return
-		}
-	}
+		return []byte{ctlwire.StatusOf(err)}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/batchplan"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/pushrun"
@@ -68,6 +69,18 @@ func (e pushEnv) WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []t
 	return e.r.planner.WriteBatch(ctx, eps, bufs, remotes, parallel)
 }
 
+func (e pushEnv) Write(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, remote fabric.Remote) (fabric.Stats, fabric.Plan, error) {
+	return e.r.planner.Write(ctx, ep, buf, remote)
+}
+
+func (e pushEnv) Notify(ctx context.Context, dst refwire.Ref, n ctlwire.PushNotice) error {
+	if dst.Owner == e.r.host.ID() {
+		return e.r.sinks.Pushed(dst.Owner, n)
+	}
+	e.r.learnAddrs(Ref(dst))
+	return e.r.notices.Tell(ctx, dst.Owner, n.Marshal())
+}
+
 func (e pushEnv) Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlwire.PushBatchNotice) []error {
 	if to == e.r.host.ID() {
 		return e.r.sinks.PushedBatch(to, n)
@@ -82,7 +95,7 @@ func (e pushEnv) Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlw
 // pushes are announced in one notice.
 func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 	r := a.rt
-	var g batchGrouper
+	var g batchplan.Grouper
 	for i, dst := range dsts {
 		if i >= len(srcs) || srcs[i].Owner != r.host.ID() {
 			g.Refused++
@@ -97,5 +110,5 @@ func (a *Actor) ExplainPushBatch(srcs, dsts []Ref) BatchPlan {
 		}
 		g.Add(shortID(dst.Owner), plan, plan.CoalescesWrites(), own, remote.Length, "pushes", "to one destination")
 	}
-	return g.done()
+	return batchPlan(&g)
 }

@@ -8,12 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlhost"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlmsg"
+	"github.com/tensorlane/tensorlane/rdt/internal/devset"
 	"github.com/tensorlane/tensorlane/rdt/internal/faults"
 	"github.com/tensorlane/tensorlane/rdt/internal/leases"
 	"github.com/tensorlane/tensorlane/rdt/internal/life"
@@ -30,7 +29,9 @@ import (
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
 	"github.com/tensorlane/tensorlane/rdt/internal/observe"
 	"github.com/tensorlane/tensorlane/rdt/internal/peers"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/backend"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -45,8 +46,7 @@ type Runtime struct {
 	process     string
 	topoHost    *topology.Host
 
-	devices map[tensor.DeviceID]tensor.Memory
-	owned   []interface{ Close() error } // memories this runtime created and closes
+	devs *devset.Set // the devices it serves (devset: given, or opened through tensor/backend)
 
 	objects  *objstore.Table
 	sinks    *objstore.Sinks
@@ -58,7 +58,7 @@ type Runtime struct {
 	obs      *observe.Ring    // recent and live transfers, for dashboards (observe.go)
 	bcast    *bcastrun.Owner  // broadcasts this runtime owns, generations its readers are done with
 	relays   *bcastrun.Relays // its slots' side of broadcasts
-	views    viewTable        // zero-copy views this runtime holds (view.go)
+	reader   *reader.Reader   // the read side: Gets, views, holds (reader.go)
 
 	mu     sync.Mutex
 	actors map[string]*Actor
@@ -69,15 +69,10 @@ type Runtime struct {
 	peers       *peers.Table
 	lifeMetrics *lifeMetrics
 	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
-	reap        chan struct{}
 	unclaim     func()        // drops the device claims (claims.go)
 	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
-	idleKick    chan struct{} // a Get-only lease went unused (lease.go)
 	loops       sync.WaitGroup
 	stopLoops   context.CancelFunc
-	getsMu      sync.Mutex
-	gets        map[*int]context.CancelCauseFunc // Gets in flight, for Shutdown
-	getsWG      sync.WaitGroup
 	faults      faults.Sim // failures the tests simulate (a hung process, a crashed reader)
 
 	shutdownOnce sync.Once
@@ -93,8 +88,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: c, devices: map[tensor.DeviceID]tensor.Memory{}, actors: map[string]*Actor{}, done: make(chan struct{}),
-		reap: make(chan struct{}, 1), idleKick: make(chan struct{}, 1), gets: map[*int]context.CancelCauseFunc{}}
+	r := &Runtime{cfg: c, actors: map[string]*Actor{}, done: make(chan struct{})}
 	r.topoHost, _ = c.Cluster.Host(c.Host)
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -157,13 +151,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)
 	r.host.SetStreamHandler(life.Protocol, r.handleLife)
 	r.host.SetStreamHandler(pushProtocol, r.handlePush)
-	r.host.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
-		// Only the last connection's loss matters; the monitor re-dials to
-		// tell a dead peer from a dropped connection.
-		if n.Connectedness(c.RemotePeer()) != network.Connected {
-			r.peers.Kick(c.RemotePeer())
-		}
-	}})
+	ctlhost.OnLastDisconnect(r.host, r.peers.Kick)
 
 	if r.paths, err = r.startDataPaths(ctx, reg); err != nil {
 		return nil, err
@@ -175,57 +163,34 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.reader = r.newReader()
 	lctx, stop := context.WithCancel(context.Background())
 	r.stopLoops = stop
-	r.loops.Add(1)
+	r.loops.Add(2)
 	go r.lifeLoop(lctx)
+	go func() { defer r.loops.Done(); r.leases.Keep(lctx) }()
 	ok = true
-	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devices), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
+	r.log.Info("runtime started", "host", c.Host, "devices", len(r.devs.IDs()), "control", r.host.Addrs(), "data", r.paths.TCPAddr(), "simulated", r.topoHost.Simulated)
 	return r, nil
 }
 
 func (r *Runtime) setupDevices() error {
-	if len(r.cfg.Devices) > 0 {
-		for _, m := range r.cfg.Devices {
-			if _, dup := r.devices[m.Device()]; dup {
-				return fmt.Errorf("rdt: device %v given twice", m.Device())
-			}
-			r.devices[m.Device()] = m
-		}
-	} else if err := r.openDevices(); err != nil { // devices.go: the back-end registry
+	mode := r.cfg.DeviceBackend
+	if mode == "" && !r.cfg.IgnoreEnv {
+		mode = backend.ModeFromEnv()
+	}
+	devs, err := devset.Open(devset.Config{Given: r.cfg.Devices, Host: r.topoHost, Mode: mode, Visible: r.cfg.VisibleDevices,
+		Capacity: r.cfg.DeviceMemory, HostMemory: r.cfg.HostMemory, Log: r.cfg.Logger})
+	if err != nil {
 		return err
 	}
-	if _, ok := r.devices[tensor.HostDevice]; !ok {
-		m := tensor.NewHostMemory(r.cfg.HostMemory)
-		r.owned = append(r.owned, m)
-		r.devices[tensor.HostDevice] = m
-	}
+	r.devs = devs
 	release, err := claimDevices(r.cfg.RuntimeDir, r.cfg.Cluster.Name, r.cfg.Host, r.Devices()) // claims.go
 	if err != nil {
 		return err
 	}
 	r.unclaim = release
 	return nil
-}
-
-// visible is the set of accelerator indices Config.VisibleDevices names,
-// checked against the host; nil means all.
-func (r *Runtime) visible() (map[int]bool, error) {
-	if r.cfg.VisibleDevices == nil {
-		return nil, nil
-	}
-	have := map[int]bool{}
-	for _, d := range r.topoHost.Devices {
-		have[d.Index] = true
-	}
-	out := map[int]bool{}
-	for _, i := range r.cfg.VisibleDevices {
-		if !have[i] {
-			return nil, fmt.Errorf("%w: visible device %d: host %s has %d accelerators", ErrUnknownDevice, i, r.cfg.Host, len(r.topoHost.Devices))
-		}
-		out[i] = true
-	}
-	return out, nil
 }
 
 // ID returns the runtime's libp2p peer ID.
@@ -260,26 +225,11 @@ func (r *Runtime) Connect(ctx context.Context, info peer.AddrInfo) error {
 
 // Devices lists the runtime's devices, host memory first, then by kind and
 // index.
-func (r *Runtime) Devices() []tensor.DeviceID {
-	out := make([]tensor.DeviceID, 0, len(r.devices))
-	for id := range r.devices {
-		out = append(out, id)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].IsHost() != out[j].IsHost() {
-			return out[i].IsHost()
-		}
-		if out[i].Kind != out[j].Kind {
-			return out[i].Kind < out[j].Kind
-		}
-		return out[i].Index < out[j].Index
-	})
-	return out
-}
+func (r *Runtime) Devices() []tensor.DeviceID { return r.devs.IDs() }
 
 // Memory returns a device's memory.
 func (r *Runtime) Memory(dev tensor.DeviceID) (tensor.Memory, error) {
-	m, ok := r.devices[dev]
+	m, ok := r.devs.Memory(dev)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v on host %s", ErrUnknownDevice, dev, r.cfg.Host)
 	}
@@ -331,6 +281,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.closed = true
 		close(r.done)
 		r.mu.Unlock()
+		gets := r.reader.Close()
 		// Owner side: no new pins, leases or pushes from here on, so the
 		// reads in flight are all there is to drain.
 		inFlight := r.objects.Close()
@@ -345,8 +296,6 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 			defer cancel()
 		}
 		// Finish what is in flight, within ctx.
-		gets := make(chan struct{})
-		go func() { r.getsWG.Wait(); close(gets) }()
 		select {
 		case <-gets:
 		case <-ctx.Done():
@@ -357,13 +306,7 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		}
 		// Abort the rest: cancelled Gets release their buffers as they
 		// return, which the transports make prompt.
-		r.getsMu.Lock()
-		aborted := len(r.gets)
-		for _, cancel := range r.gets {
-			cancel(fmt.Errorf("%w: aborted by Shutdown", ErrClosed))
-		}
-		r.getsMu.Unlock()
-		if aborted > 0 {
+		if aborted := r.reader.Abort(fmt.Errorf("%w: aborted by Shutdown", ErrClosed)); aborted > 0 {
 			r.log.Warn("shutdown aborted transfers in flight", "count", aborted)
 		}
 		<-gets
@@ -381,29 +324,6 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		r.log.Info("runtime stopped")
 	})
 	return r.shutdownErr
-}
-
-// beginGet registers a Get in flight so Shutdown can wait for it or abort
-// it; ctx's cause says which.
-func (r *Runtime) beginGet(ctx context.Context) (context.Context, func(), error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, nil, ErrClosed
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	key := new(int)
-	r.getsMu.Lock()
-	r.gets[key] = cancel
-	r.getsMu.Unlock()
-	r.getsWG.Add(1)
-	return ctx, func() {
-		r.getsMu.Lock()
-		delete(r.gets, key)
-		r.getsMu.Unlock()
-		cancel(nil)
-		r.getsWG.Done()
-	}, nil
 }
 
 // authorize admits data connections from the allowlist (all when empty).
@@ -494,8 +414,8 @@ func (r *Runtime) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, m := range r.owned {
-		errs = append(errs, m.Close())
+	if r.devs != nil {
+		errs = append(errs, r.devs.Close())
 	}
 	if r.unclaim != nil {
 		r.unclaim()

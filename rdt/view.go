@@ -2,10 +2,10 @@ package rdt
 
 import (
 	"context"
-	"fmt"
-	"sync"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/errs"
+	"github.com/tensorlane/tensorlane/rdt/internal/reader"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -32,123 +32,28 @@ type View struct {
 	Tensor   tensor.Tensor
 	Transfer Transfer
 
-	rt      *Runtime
-	ref     Ref
-	leased  bool // the view holds a use of its runtime's lease on ref
-	key     holdKey
-	revoked chan struct{}
-	once    sync.Once
+	v *reader.View
 }
 
 // Revoked is closed when the object behind the view was freed or its owner
 // died: the bytes are no longer the object's and the view should be
 // released.
-func (v *View) Revoked() <-chan struct{} { return v.revoked }
+func (v *View) Revoked() <-chan struct{} { return v.v.Revoked() }
 
 // Release unmaps the view and ends the lease it kept (like a finished
 // Get's, it goes a moment later unless the actor Holds the ref).
 // Idempotent.
-func (v *View) Release() error {
-	var err error
-	v.once.Do(func() {
-		v.rt.views.remove(v)
-		err = v.Tensor.Release()
-		if v.leased {
-			v.rt.unget(v.ref)
-		}
-	})
-	return err
-}
+func (v *View) Release() error { return v.v.Release() }
 
 // View maps the ref's object read-only into this runtime, with a lease
 // that keeps it alive, or fails with ErrNoZeroCopy when no path can map it
 // (another host): use Get then.
 func (a *Actor) View(ctx context.Context, ref Ref) (*View, error) {
-	r := a.rt
-	if r.isClosed() {
-		return nil, ErrClosed
-	}
-	if err := ref.Desc.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
-	ctx, cancel := r.bounded(ctx)
+	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	remote := r.remoteFor(ref)
-	plan := r.planner.PlanView(remote, r.endpoint(ref.Device))
-	if plan.Chosen == "" {
-		return nil, fmt.Errorf("%w: %v from %s", ErrNoZeroCopy, ref, r.cfg.Host)
-	}
-	ctx, unguard, err := r.guard(ctx, ref)
+	v, err := a.rt.reader.View(ctx, refwire.Ref(ref), a.rt.cfg.Host)
 	if err != nil {
 		return nil, err
 	}
-	defer unguard()
-	buf, st, err := r.planner.RunView(ctx, &plan, remote)
-	if err != nil {
-		return nil, r.why(ctx, ref, err)
-	}
-	desc := ref.Desc
-	if ref.Owner != r.host.ID() {
-		desc = desc.Rebased() // the shared view starts at the tensor's first byte
-	}
-	t, err := tensor.New(buf, desc)
-	if err != nil {
-		buf.Release()
-		return nil, err
-	}
-	v := &View{Tensor: t, rt: r, key: keyOf(ref), revoked: make(chan struct{}),
-		Transfer: Transfer{Plan: plan, Stats: st}}
-	if ref.Owner != r.host.ID() {
-		// The view keeps the lease the Get-like guard took, until its
-		// Release (lease.go: a lease with a use outlives its Get).
-		v.ref, v.leased = ref, r.keepGetHold(ref)
-		r.views.add(v)
-		if !r.holding(v.key) { // freed or dead between the lease and now
-			r.views.revoke(v.key)
-		}
-	}
-	return v, nil
-}
-
-// holding reports whether this runtime still holds a lease for k.
-func (r *Runtime) holding(k holdKey) bool { return r.leases.Held(k) }
-
-// viewTable tracks live views by the lease that keeps their object alive.
-type viewTable struct {
-	mu sync.Mutex
-	m  map[holdKey]map[*View]struct{}
-}
-
-func (t *viewTable) add(v *View) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.m == nil {
-		t.m = map[holdKey]map[*View]struct{}{}
-	}
-	if t.m[v.key] == nil {
-		t.m[v.key] = map[*View]struct{}{}
-	}
-	t.m[v.key][v] = struct{}{}
-}
-
-func (t *viewTable) remove(v *View) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.m[v.key], v)
-	if len(t.m[v.key]) == 0 {
-		delete(t.m, v.key)
-	}
-}
-
-// revoke closes Revoked of every view of k: its lease is gone.
-func (t *viewTable) revoke(k holdKey) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for v := range t.m[k] {
-		select {
-		case <-v.revoked:
-		default:
-			close(v.revoked)
-		}
-	}
+	return &View{Tensor: v.Tensor, Transfer: transfer(v.Result), v: v}, nil
 }

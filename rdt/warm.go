@@ -2,9 +2,8 @@ package rdt
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/refwire"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -23,32 +22,7 @@ import (
 // tries on its own). It is bounded like a Get (Config.TransferTimeout when
 // ctx has no deadline).
 func (a *Actor) Warm(ctx context.Context, ref Ref, dst tensor.DeviceID) error {
-	if a.rt.isClosed() {
-		return ErrClosed
-	}
-	if err := a.mayUse(dst); err != nil {
-		return err
-	}
-	if err := ref.Desc.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformedRef, err)
-	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	remote := a.rt.remoteFor(ref)
-	plan := a.rt.planner.PlanRead(remote, a.rt.endpoint(dst))
-	if plan.Err != nil {
-		return plan.Err
-	}
-	for _, t := range a.rt.planner.Transports(plan.Chosen) {
-		if p, ok := t.(preconnector); ok {
-			return p.Preconnect(ctx, remote)
-		}
-	}
-	return nil
-}
-
-// preconnector is a transport that can open its connections to an owner
-// ahead of a read (fabric/tcp).
-type preconnector interface {
-	Preconnect(ctx context.Context, r fabric.Remote) error
+	return a.rt.reader.Warm(ctx, a.who(), refwire.Ref(ref), dst)
 }

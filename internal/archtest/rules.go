@@ -67,6 +67,10 @@ var Rules = []Rule{
 		Why: "the lifecycle protocol's transport hands each request to the runtime through a callback; what a lease does is objstore's, rdt wires them"},
 	{Tree: "rdt/internal/pushrun", MustNot: without(rdtEngines, "rdt/internal/pushrun"),
 		Why: "the push engine reaches its runtime (pins, the planner, notices) through Env only"},
+	{Tree: "rdt/internal/reader", MustNot: without(rdtEngines, "rdt/internal/reader", "rdt/internal/leases", "rdt/internal/peers", "rdt/internal/objstore"),
+		Why: "the read side reaches its runtime (leases over the control channel, memory, the planner) through Env and Planner, takes leases in leases' table, knows liveness through Peers (peers.Table) and layouts by objstore's sum"},
+	{Tree: "rdt/internal/devset", MustNot: without(rdtEngines, "rdt/internal/devset"),
+		Why: "a runtime's devices are memories opened through tensor/backend, nothing of the runtime's protocols"},
 	{Tree: "rdt/internal/ctlhost", MustNot: without(rdtEngines, "rdt/internal/ctlhost"),
 		Why: "the control plane's libp2p host knows peers and addresses, not the protocols that run on it"},
 	{Tree: "sched", MustNot: []string{"fabric", "rdt", "bench", "dashboard"},
@@ -93,7 +97,8 @@ var Rules = []Rule{
 // none imports another (rdt wires them together), and the wire vocabulary
 // below them (errs, ctlwire, refwire, bcast) imports none of them.
 var rdtEngines = []string{"rdt/internal/objstore", "rdt/internal/bcastrun", "rdt/internal/peers", "rdt/internal/leases",
-	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun", "rdt/internal/ctlhost"}
+	"rdt/internal/notices", "rdt/internal/ctlmsg", "rdt/internal/claims", "rdt/internal/faults", "rdt/internal/observe", "rdt/internal/life", "rdt/internal/pushrun", "rdt/internal/ctlhost",
+	"rdt/internal/reader", "rdt/internal/devset"}
 
 // without is list less drop.
 func without(list []string, drop ...string) []string {

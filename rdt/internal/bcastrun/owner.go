@@ -215,7 +215,9 @@ func (o *Owner) Report(from peer.ID, m Msg) error {
 // be sent (not owned, freed) is left out, its error in the outcome's
 // Items; err is non-nil when nothing could start. started, if not nil,
 // sees the run once the input is checked and before anything is sent.
-// ctx bounds the broadcast; the caller ends it at Shutdown.
+// ctx bounds the broadcast, and the runtime's Shutdown (Env.Done) ends
+// it: a runtime that is gone tells no reader anything (they learn of its
+// death as they would of a crash).
 func (o *Owner) Broadcast(ctx context.Context, srcs []Ref, readers [][]Ref, cfg bcast.Config, started func(*Run)) (*Outcome, error) {
 	if len(readers) == 0 {
 		return nil, fmt.Errorf("%w: broadcast to no readers", errs.MalformedRef)
@@ -235,6 +237,15 @@ func (o *Owner) Broadcast(ctx context.Context, srcs []Ref, readers [][]Ref, cfg 
 	if cfg.Window < 1 || cfg.Window > bcast.MaxWindow {
 		return nil, fmt.Errorf("%w: a window of %d chunks per edge (1 to %d)", errs.MalformedRef, cfg.Window, bcast.MaxWindow)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-o.d.Env.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	b := &Run{o: o, env: o.d.Env, cfg: cfg, kick: make(chan struct{}, 1), bySlot: map[fabric.ObjectID]int{}}
 	rand.Read(b.id[:])
 	// Pin every object; one that cannot be is left out of the batch.

@@ -80,6 +80,17 @@ func Learn(h host.Host, id peer.ID, addrs []string) {
 	}
 }
 
+// OnLastDisconnect calls f with each peer whose last connection to h
+// closed (only that loss matters to a failure detector: it re-dials to
+// tell a dead peer from a dropped connection).
+func OnLastDisconnect(h host.Host, f func(peer.ID)) {
+	h.Network().Notify(&network.NotifyBundle{DisconnectedF: func(n network.Network, c network.Conn) {
+		if n.Connectedness(c.RemotePeer()) != network.Connected {
+			f(c.RemotePeer())
+		}
+	}})
+}
+
 // ClearBackoff lets h's next dial to id go out at once, whatever earlier
 // dials failed.
 func ClearBackoff(h host.Host, id peer.ID) {

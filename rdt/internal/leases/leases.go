@@ -3,7 +3,7 @@
 // one lease per object on its owner while any of its actors holds the ref
 // or a Get of it is in flight; a Get's lease lingers briefly after the Get
 // returns, so back-to-back Gets of one ref cost no extra round trips. The
-// table renews its leases every renewal period (the owner forgets a lease
+// table keeps its leases (Keep): it renews them every renewal period (the owner forgets a lease
 // not renewed in time, so a dead reader cannot pin memory forever), drops
 // those whose objects are gone, and releases them when done. The owner's
 // side is objstore.Table; the messages go through Leaser (rdt's lifecycle
@@ -52,7 +52,8 @@ type Config struct {
 	Clock  clockwork.Clock
 	Log    *slog.Logger
 	// Linger is how long a lease only Gets took outlives the last of them;
-	// RenewWait bounds each renewal, ReleaseWait each release message.
+	// Keep renews every RenewWait, which also bounds each renewal;
+	// ReleaseWait bounds each release message.
 	Linger, RenewWait, ReleaseWait time.Duration
 	// Watch keeps an owner watched (its failure detected) until the
 	// returned func is called.
@@ -60,9 +61,6 @@ type Config struct {
 	// Gone is told of each lease dropped because its object or owner is
 	// gone (views of it are revoked).
 	Gone func(Key)
-	// Idle is told when a Get-only lease went unused: ReleaseIdle is due
-	// after Linger.
-	Idle func()
 }
 
 type hold struct {
@@ -77,13 +75,47 @@ func (h *hold) unused() bool { return len(h.actors) == 0 && h.gets == 0 }
 
 // Table is the leases a runtime holds as a reader.
 type Table struct {
-	c  Config
-	mu sync.Mutex
-	m  map[Key]*hold // nil once ReleaseAll ran
+	c    Config
+	mu   sync.Mutex
+	m    map[Key]*hold // nil once ReleaseAll ran
+	idle chan struct{} // a Get-only lease went unused: ReleaseIdle is due after Linger
 }
 
 // New returns an empty table.
-func New(c Config) *Table { return &Table{c: c, m: map[Key]*hold{}} }
+func New(c Config) *Table { return &Table{c: c, m: map[Key]*hold{}, idle: make(chan struct{}, 1)} }
+
+// Keep keeps the table's leases until ctx is done: it renews them every
+// RenewWait (Renew) and releases those only Gets took once they lingered
+// (ReleaseIdle). The owners of held leases stay watched while it runs.
+func (t *Table) Keep(ctx context.Context) {
+	clk := t.c.Clock
+	renew := clk.NewTicker(t.c.RenewWait)
+	defer renew.Stop()
+	var idle <-chan time.Time        // armed while Get-only leases linger
+	watching := map[peer.ID]func(){} // owners of held leases (Renew)
+	defer func() {
+		for _, unuse := range watching {
+			unuse()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.idle:
+			if idle == nil {
+				idle = clk.After(t.c.Linger)
+			}
+		case <-idle:
+			idle = nil
+			if t.ReleaseIdle(ctx) {
+				idle = clk.After(t.c.Linger)
+			}
+		case <-renew.Chan():
+			t.Renew(ctx, watching)
+		}
+	}
+}
 
 func take(h *hold, actor string) {
 	if actor == "" {
@@ -162,7 +194,7 @@ func (t *Table) KeepGet(k Key) bool {
 }
 
 // Unget ends a Get's use of k's lease; a lease nobody holds any more is
-// released by ReleaseIdle after Linger.
+// released by ReleaseIdle after Linger (Keep).
 func (t *Table) Unget(k Key) {
 	t.mu.Lock()
 	h, ok := t.m[k]
@@ -176,7 +208,10 @@ func (t *Table) Unget(k Key) {
 	}
 	t.mu.Unlock()
 	if idle {
-		t.c.Idle()
+		select {
+		case t.idle <- struct{}{}:
+		default:
+		}
 	}
 }
 

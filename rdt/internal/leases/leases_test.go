@@ -38,7 +38,7 @@ func (o *owner) Lease(_ context.Context, _ peer.ID, kind byte, claims []fabric.C
 func newTable(o *owner, clk clockwork.Clock, gone *[]Key) *Table {
 	return New(Config{Leaser: o, Self: "me", Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Linger: time.Second, RenewWait: time.Second, ReleaseWait: time.Second,
-		Watch: func(peer.ID) func() { return func() {} }, Gone: func(k Key) { *gone = append(*gone, k) }, Idle: func() {}})
+		Watch: func(peer.ID) func() { return func() {} }, Gone: func(k Key) { *gone = append(*gone, k) }})
 }
 
 // One lease per ref, shared by its holders and Gets; it goes when the last
@@ -81,4 +81,24 @@ func TestHolders(t *testing.T) {
 	tab.ReleaseAll(ctx)
 	assert.Equal(t, 2, o.released)
 	assert.ErrorIs(t, tab.Add("a", ref, layout), errs.Closed)
+}
+
+// Keep renews what is held and releases a Get-only lease once it lingered.
+func TestKeep(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	clk := clockwork.NewFakeClock()
+	o := &owner{}
+	var gone []Key
+	tab := newTable(o, clk, &gone)
+	done := make(chan struct{})
+	go func() { defer close(done); tab.Keep(ctx) }()
+	defer func() { cancel(); <-done }()
+	ref := refwire.Ref{Owner: "them", Incarnation: 1, Object: fabric.ObjectID{1}, Token: []byte("t")}
+	require.NoError(t, tab.Add("", ref, ctlwire.Layout{}))
+	tab.Unget(KeyOf(ref))
+	require.NoError(t, clk.BlockUntilContext(ctx, 2), "the renewal ticker and the linger timer")
+	assert.Equal(t, 1, tab.Len(), "it lingers")
+	clk.Advance(time.Second)
+	require.Eventually(t, func() bool { return tab.Len() == 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { o.mu.Lock(); defer o.mu.Unlock(); return o.released == 1 }, 10*time.Second, time.Millisecond)
 }

@@ -2,7 +2,8 @@
 // (/tensorlane/push/1.0.0): the notices after bytes moved (a push, a push
 // batch, the broadcast's messages) go out on long-lived pooled libp2p
 // streams, each answered with a status byte (ctlwire's table). The
-// receiving side is rdt's handler (rdt/push.go).
+// receiving side's loop is Serve; what a notice does is rdt's
+// (rdt/push.go).
 package notices
 
 import (

@@ -79,6 +79,7 @@ type Table struct {
 	unpinned  chan struct{} // closed and replaced whenever pins drops to 0
 	closing   bool          // Shutdown began: no new pins or leases
 	hooks     Hooks
+	reap      chan struct{} // DropPeer marked leases expired: a pass is due (Expiring)
 }
 
 type Object struct {
@@ -112,7 +113,7 @@ var _ fabric.Source = (*Table)(nil)
 
 func New(incarnation uint64) *Table {
 	return &Table{incarnation: incarnation, objects: map[fabric.ObjectID]*Object{}, freed: map[fabric.ObjectID]chan struct{}{},
-		unpinned: make(chan struct{}), hooks: Hooks{OnFree: func(fabric.ObjectID, string) {}}}
+		unpinned: make(chan struct{}), hooks: Hooks{OnFree: func(fabric.ObjectID, string) {}}, reap: make(chan struct{}, 1)}
 }
 
 // Add publishes desc's view of buf, which lives in mem (where a private
@@ -309,6 +310,12 @@ func (t *Table) DropPeer(who peer.ID) (dropped int) {
 		}
 	}
 	t.mu.Unlock()
+	if dropped > 0 {
+		select {
+		case t.reap <- struct{}{}:
+		default:
+		}
+	}
 	return dropped
 }
 

@@ -192,6 +192,31 @@ func (s *Slot) State() (gen uint64, changed <-chan struct{}, closed bool, lastEr
 	return s.pushes, s.changed, s.closed, s.lastErr
 }
 
+// Wait blocks until more than after pushes have completed and returns
+// their count, or until the slot closes (errs.ObjectFreed), the broadcast
+// filling it fails (its error), ctx is done, or closed is (the runtime
+// shut down: errs.Closed).
+func (s *Slot) Wait(ctx context.Context, after uint64, closed <-chan struct{}) (uint64, error) {
+	for {
+		n, ch, gone, lastErr := s.State()
+		switch {
+		case gone:
+			return n, errs.ObjectFreed
+		case lastErr != nil && n <= after:
+			return n, lastErr
+		case n > after:
+			return n, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-closed:
+			return n, errs.Closed
+		}
+	}
+}
+
 // Generation is the slot's current generation and the last one its reader
 // said it is done with.
 func (s *Slot) Generation() (current, done uint64) {

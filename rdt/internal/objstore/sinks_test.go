@@ -56,3 +56,38 @@ func TestSlotFlowControl(t *testing.T) {
 	assert.True(t, closed)
 	require.NoError(t, tab.CloseSlot(s), "idempotent")
 }
+
+// Wait returns the count once a push completed past after, and says why
+// when none will.
+func TestSlotWait(t *testing.T) {
+	ctx := context.Background()
+	buf, err := tensor.NewHostMemory(1<<20).Alloc(ctx, 64)
+	require.NoError(t, err)
+	s := NewSlot(buf, tensor.NewDesc(tensor.Uint8, 64))
+	tab := NewSinks(3)
+	tab.Add(s)
+	never := make(chan struct{})
+	done := make(chan uint64)
+	go func() {
+		n, err := s.Wait(ctx, 0, never)
+		assert.NoError(t, err)
+		done <- n
+	}()
+	s.CompletedBy("writer")
+	assert.Equal(t, uint64(1), <-done)
+	n, err := s.Wait(ctx, 0, never)
+	require.NoError(t, err, "a count past after returns at once")
+	assert.Equal(t, uint64(1), n)
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.Wait(cctx, 1, never)
+	assert.ErrorIs(t, err, context.Canceled)
+	shut := make(chan struct{})
+	close(shut)
+	_, err = s.Wait(ctx, 1, shut)
+	assert.ErrorIs(t, err, errs.Closed)
+	require.NoError(t, tab.CloseSlot(s))
+	_, err = s.Wait(ctx, 1, never)
+	assert.ErrorIs(t, err, errs.ObjectFreed)
+}

@@ -1,8 +1,8 @@
 // Package observe keeps what an observer (the dashboard) sees of a
-// runtime's reads: a bounded ring of finished transfers, the set in flight,
-// and the counters of failed reads by error kind and of views staged as
-// private copies. Recording costs a mutex and a small struct per transfer,
-// nothing per byte. rdt's TransferRecord is its Record; rdt says what a
+// runtime's reads: a bounded ring of finished transfers, the set in
+// flight, the counters of failed reads by error kind and of views staged
+// as private copies, and the device memory gauges (Memory). Recording
+// costs a mutex and a small struct per transfer, nothing per byte. rdt's TransferRecord is its Record; rdt says what a
 // transfer is and how its error is named.
 package observe
 

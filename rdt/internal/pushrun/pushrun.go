@@ -1,4 +1,5 @@
-// Package pushrun is rdt's engine of coalesced pushes (rdt's PushBatch). A
+// Package pushrun is rdt's engine of pushes: one (rdt's Push, One) and
+// coalesced (rdt's PushBatch, Batch). A
 // trainer pushing a state dict into a reader's slots pays, per tensor, a
 // write over the path and a push notice round trip on the control channel.
 // Batch hands every write to the planner together (tcp pipelines the
@@ -35,12 +36,18 @@ type Env interface {
 	Open(ctx context.Context, src, dst refwire.Ref) (pin, win tensor.Buffer, remote fabric.Remote, err error)
 	// Endpoint is where this runtime's device dev sits.
 	Endpoint(dev tensor.DeviceID) fabric.Endpoint
+	// Write moves buf, at ep, into remote over the best path that can
+	// push (the planner's).
+	Write(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, remote fabric.Remote) (fabric.Stats, fabric.Plan, error)
 	// WriteBatch moves bufs[i] from eps[i] into remotes[i] (the planner's).
 	WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []tensor.Buffer, remotes []fabric.Remote, parallel int) []fabric.BatchResult
 	// Tell delivers a push batch notice to slot runtime to (this one
 	// included) and returns each item's condition; about is a slot there,
 	// whose addresses reach it.
 	Tell(ctx context.Context, to peer.ID, about refwire.Ref, n ctlwire.PushBatchNotice) []error
+	// Notify delivers one push's notice to the runtime of slot dst (this
+	// one included) and returns its condition.
+	Notify(ctx context.Context, dst refwire.Ref, n ctlwire.PushNotice) error
 }
 
 // Result is one push's outcome besides its error (rdt.Transfer).

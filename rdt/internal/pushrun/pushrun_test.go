@@ -34,6 +34,7 @@ type env struct {
 	released atomic.Int64
 	mu       sync.Mutex
 	notices  map[peer.ID][]int // items per notice, per slot runtime
+	one      []ctlwire.PushNotice
 }
 
 func (e *env) Self() (peer.ID, uint64) { return "me", 1 }
@@ -45,6 +46,16 @@ func (e *env) Open(_ context.Context, src, dst refwire.Ref) (tensor.Buffer, tens
 	return b, b, fabric.Remote{}, nil
 }
 func (e *env) Endpoint(tensor.DeviceID) fabric.Endpoint { return fabric.Endpoint{} }
+func (e *env) Write(_ context.Context, _ fabric.Endpoint, b tensor.Buffer, _ fabric.Remote) (fabric.Stats, fabric.Plan, error) {
+	return fabric.Stats{Bytes: b.Len()}, fabric.Plan{Chosen: "fake"}, nil
+}
+func (e *env) Notify(_ context.Context, dst refwire.Ref, n ctlwire.PushNotice) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.notices[dst.Owner] = append(e.notices[dst.Owner], 1)
+	e.one = append(e.one, n)
+	return nil
+}
 func (e *env) WriteBatch(_ context.Context, eps []fabric.Endpoint, _ []tensor.Buffer, _ []fabric.Remote, _ int) []fabric.BatchResult {
 	return make([]fabric.BatchResult, len(eps))
 }
@@ -91,4 +102,35 @@ func TestBatch(t *testing.T) {
 	assert.Equal(t, 2, xs[ctlwire.MaxPushBatch+3].Notified)
 	assert.Equal(t, int64(n-3), e.released.Load(), "every pin released")
 	assert.Equal(t, int64(8*(n-3)), bytes.Load())
+}
+
+// One opens, writes, releases its pin and tells the slot's runtime; a
+// push that cannot open tells nobody.
+func TestOne(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		src     refwire.Ref
+		slot    fabric.ObjectID
+		want    error
+		notices int
+	}{
+		{"pushed", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{1}, nil, 1},
+		{"slot gone", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{7}, errs.ObjectFreed, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &env{notices: map[peer.ID][]int{}}
+			dst := refwire.Ref{Owner: "b", Incarnation: 5, Object: tc.slot, Token: []byte("t")}
+			x, err := One(context.Background(), e, tc.src, dst)
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+				assert.Empty(t, e.one)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, "fake", x.Plan.Chosen)
+			require.Len(t, e.one, tc.notices)
+			assert.Equal(t, ctlwire.PushNotice{Slot: tc.slot, Incarnation: 5, Token: []byte("t"), Bytes: 8}, e.one[0])
+			assert.Equal(t, int64(1), e.released.Load(), "the pin is released")
+		})
+	}
 }
