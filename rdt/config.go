@@ -211,13 +211,13 @@ func (c *Config) withDefaults() (Config, error) {
 		out.RuntimeDir = defaultRuntimeDir(out.Logger)
 	}
 	if out.TransferTimeout <= 0 {
-		out.TransferTimeout = 2 * time.Minute
+		out.TransferTimeout = schema.DefaultDuration("transfer_timeout")
 	}
 	if out.StallTimeout <= 0 {
-		out.StallTimeout = 30 * time.Second
+		out.StallTimeout = schema.DefaultDuration("stall_timeout")
 	}
 	if out.LeaseRenew <= 0 {
-		out.LeaseRenew = 5 * time.Second
+		out.LeaseRenew = schema.DefaultDuration("lease_renew")
 	}
 	if out.LeaseExpiry <= 0 {
 		out.LeaseExpiry = 3 * out.LeaseRenew
@@ -226,10 +226,10 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, badField("lease_expiry", "LeaseExpiry %v must exceed LeaseRenew %v", out.LeaseExpiry, out.LeaseRenew)
 	}
 	if out.HeartbeatInterval <= 0 {
-		out.HeartbeatInterval = time.Second
+		out.HeartbeatInterval = schema.DefaultDuration("heartbeat_interval")
 	}
 	if out.HeartbeatMisses <= 0 {
-		out.HeartbeatMisses = 3
+		out.HeartbeatMisses = schema.DefaultInt("heartbeat_misses")
 	}
 	if out.Clock == nil {
 		out.Clock = clockwork.NewRealClock()
@@ -241,7 +241,7 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, badField("cluster_key", "ClusterKey must be 32 bytes, got %d", len(out.ClusterKey))
 	}
 	if out.InboxSize <= 0 {
-		out.InboxSize = 1024
+		out.InboxSize = schema.DefaultInt("inbox_size")
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -20,7 +20,10 @@ package schema
 //go:generate go run ../internal/confgen -root ../..
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Layer is a set of layers that expose a field.
@@ -161,3 +164,26 @@ func Of(l Layer) []Field {
 // other layer can carry them; every other field of rdt.Config is in the
 // table (a test checks).
 var GoOnly = []string{"Cluster", "Identity", "Devices", "Transports", "Clock", "Logger", "Registerer"}
+
+// DefaultDuration is the default of the Duration field name, parsed, so
+// that code applying defaults reads the one definition in the table. It
+// panics on a name that is not a Duration field with a plain default: a
+// programming error the schema's tests catch for every such field.
+func DefaultDuration(name string) time.Duration {
+	f, ok := Lookup(name)
+	d, err := time.ParseDuration(f.Default)
+	if !ok || f.Type != Duration || err != nil {
+		panic(fmt.Sprintf("schema: %q has no duration default", name))
+	}
+	return d
+}
+
+// DefaultInt is DefaultDuration for an Int field.
+func DefaultInt(name string) int {
+	f, ok := Lookup(name)
+	n, err := strconv.Atoi(f.Default)
+	if !ok || f.Type != Int || err != nil {
+		panic(fmt.Sprintf("schema: %q has no integer default", name))
+	}
+	return n
+}

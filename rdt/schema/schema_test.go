@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,4 +237,22 @@ func TestBindFlagsChecksTheStruct(t *testing.T) {
 	}
 	_ = wrong
 	assert.ErrorContains(t, BindFlags(pflag.NewFlagSet("w", pflag.ContinueOnError), &bad{}, Worker, nil), "Hosts")
+}
+
+// TestPlainDefaultsParse: every Duration and Int field whose default is a
+// value (not prose such as "3 × lease_renew") parses, so DefaultDuration
+// and DefaultInt serve the code that applies defaults.
+func TestPlainDefaultsParse(t *testing.T) {
+	assert.Equal(t, 2*time.Minute, DefaultDuration("transfer_timeout"))
+	assert.Equal(t, 1024, DefaultInt("inbox_size"))
+	for _, f := range Fields() {
+		switch {
+		case f.Type == Duration && f.Default != "" && !strings.Contains(f.Default, "×"):
+			assert.NotPanics(t, func() { DefaultDuration(f.Name) }, f.Name)
+		case f.Type == Int && f.Default != "" && f.Default[0] >= '0' && f.Default[0] <= '9':
+			assert.NotPanics(t, func() { DefaultInt(f.Name) }, f.Name)
+		}
+	}
+	assert.Panics(t, func() { DefaultDuration("inbox_size") })
+	assert.Panics(t, func() { DefaultInt("no_such_field") })
 }
