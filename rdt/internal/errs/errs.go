@@ -4,7 +4,7 @@
 // shared with the transports are fabric's values, as in rdt.
 //
 // A new condition is added here, exported from rdt (rdt/errors.go), and
-// given a kind in rdt/errkinds.go.
+// given a kind in kinds.go.
 package errs
 
 import (
