@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/rdt/internal/bcast"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 )
 
@@ -60,7 +61,7 @@ func TestBroadcastWindowBad(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformedRef, "window %d", w)
 	}
 	s := f.slots[1].Ref()
-	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastMsg{Kind: ctlwire.Prepare, Slot: s.Object, Inc: s.Incarnation, Token: s.Token,
+	err := f.rts[1].onBcast(f.rts[0].host.ID(), bcastrun.Msg{Kind: ctlwire.Prepare, Slot: s.Object, Inc: s.Incarnation, Token: s.Token,
 		N: 1 << 20, Off: bcast.MinChunk, Gen: MaxBroadcastWindow + 1})
 	assert.ErrorIs(t, err, ErrMalformedRef)
 	// Nothing was taken: the slot still takes a broadcast.

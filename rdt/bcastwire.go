@@ -15,15 +15,9 @@ import (
 // codec is bcast.Msg. They are small (a few refs at most) and answered
 // with one status byte like push notices.
 
-// bcastMsg is every broadcast notice, its children named by their refs.
-type bcastMsg = bcastrun.Msg
-
-// parseBcastMsg decodes a broadcast notice (bcastrun.ParseMsg).
-func parseBcastMsg(p []byte) (bcastMsg, error) { return bcastrun.ParseMsg(p) }
-
 // sendBcast delivers a broadcast notice to runtime to (this one included)
 // and returns the condition it was answered with.
-func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
+func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastrun.Msg) error {
 	if to == r.host.ID() {
 		return r.onBcast(to, m)
 	}
@@ -35,7 +29,7 @@ func (r *Runtime) sendBcast(ctx context.Context, to peer.ID, m bcastMsg) error {
 }
 
 // onBcast handles a broadcast notice from peer from (bcastrun.Handle).
-func (r *Runtime) onBcast(from peer.ID, m bcastMsg) error {
+func (r *Runtime) onBcast(from peer.ID, m bcastrun.Msg) error {
 	return bcastrun.Handle(r.bcast, r.relays, from, m)
 }
 
@@ -45,7 +39,7 @@ type bcastEnv struct{ r *Runtime }
 func (e bcastEnv) Self() (peer.ID, uint64) { return e.r.host.ID(), e.r.incarnation }
 func (e bcastEnv) Closed() bool            { return e.r.isClosed() }
 func (e bcastEnv) Done() <-chan struct{}   { return e.r.done }
-func (e bcastEnv) Send(ctx context.Context, to peer.ID, m bcastMsg) error {
+func (e bcastEnv) Send(ctx context.Context, to peer.ID, m bcastrun.Msg) error {
 	return e.r.sendBcast(ctx, to, m)
 }
 func (e bcastEnv) Learn(ref refwire.Ref) { e.r.learnAddrs(Ref(ref)) }

@@ -287,12 +287,12 @@ func TestBroadcastAsyncCancel(t *testing.T) {
 
 func TestBcastMsgEncoding(t *testing.T) {
 	f := newFleet(t, 1024, 1)
-	m := bcastMsg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: wireRefs(f.refs()[:2]),
+	m := bcastrun.Msg{Kind: ctlwire.Children, Off: 7, N: 9, Gen: 3, OriginInc: 5, Text: "x", Token: []byte("tok"), Children: wireRefs(f.refs()[:2]),
 		Items: []bcast.Item{{Token: []byte("a"), N: 5, DType: tensor.BFloat16}, {N: 1 << 40}}, Gens: []uint64{1, 2}}
 	rand.Read(m.ID[:])
 	p, err := m.Marshal()
 	require.NoError(t, err)
-	got, err := parseBcastMsg(p)
+	got, err := bcastrun.ParseMsg(p)
 	require.NoError(t, err)
 	assert.Equal(t, m.ID, got.ID)
 	assert.Equal(t, m.Off, got.Off)
@@ -300,24 +300,24 @@ func TestBcastMsgEncoding(t *testing.T) {
 	assert.Equal(t, m.Items, got.Items)
 	assert.Equal(t, m.Gens, got.Gens)
 	for _, bad := range [][]byte{nil, {0}, {9}, p[:len(p)-1], append(bytes.Clone(p), 0)} {
-		_, err := parseBcastMsg(bad)
+		_, err := bcastrun.ParseMsg(bad)
 		assert.ErrorIs(t, err, ErrMalformedRef, "%x", bad)
 	}
 }
 
 func FuzzBcastMsg(f *testing.F) {
-	m := bcastMsg{Kind: ctlwire.Chunk, Off: 1 << 20, N: 1 << 20, Token: []byte("t")}
+	m := bcastrun.Msg{Kind: ctlwire.Chunk, Off: 1 << 20, N: 1 << 20, Token: []byte("t")}
 	p, _ := m.Marshal()
 	f.Add(p)
 	f.Add([]byte{ctlwire.Report})
 	f.Fuzz(func(t *testing.T, p []byte) {
-		m, err := parseBcastMsg(p)
+		m, err := bcastrun.ParseMsg(p)
 		if err != nil {
 			return
 		}
 		q, err := m.Marshal()
 		require.NoError(t, err)
-		m2, err := parseBcastMsg(q)
+		m2, err := bcastrun.ParseMsg(q)
 		require.NoError(t, err)
 		assert.Equal(t, m.Off, m2.Off)
 	})

@@ -38,7 +38,7 @@ func (s *Slot) Done(ctx context.Context, gen uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	return s.rt.sendBcast(ctx, writer, bcastMsg{Kind: ctlwire.Consumed, Slot: s.s.ID, Inc: s.rt.incarnation, Gen: gen})
+	return s.rt.sendBcast(ctx, writer, bcastrun.Msg{Kind: ctlwire.Consumed, Slot: s.s.ID, Inc: s.rt.incarnation, Gen: gen})
 }
 
 // WaitConsumed blocks until the reader of slot has said it is done with

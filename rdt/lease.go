@@ -49,7 +49,7 @@ func (r *Runtime) newLeases() *leases.Table {
 // and leases it held on our objects go at once instead of at expiry.
 func (r *Runtime) peerDied(id peer.ID, inc uint64, reason string) {
 	r.log.Warn("peer died", "peer", shortID(id), "incarnation", fmt.Sprintf("%x", inc), "reason", reason)
-	r.lifeMetrics.peerDeaths.WithLabelValues(reason).Inc()
+	r.lifeMetrics.PeerDeaths.WithLabelValues(reason).Inc()
 	r.leases.Drop(id, inc)
 	r.objects.DropPeer(id) // and Expiring's next pass frees what they alone kept
 }
@@ -65,7 +65,7 @@ func (r *Runtime) lifeLoop(ctx context.Context) {
 
 func (r *Runtime) expireLeases() {
 	if n := r.objects.Expire(r.cfg.Clock.Now()); n > 0 {
-		r.lifeMetrics.leasesExpired.Add(float64(n))
+		r.lifeMetrics.LeasesExpired.Add(float64(n))
 		r.log.Info("reader leases expired", "count", n)
 	}
 }

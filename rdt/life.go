@@ -47,8 +47,8 @@ func (r *Runtime) leaseClaims(who peer.ID, kind byte, claims []fabric.Claim, lay
 	if kind == ctlwire.LifeRelease {
 		op = "release"
 	}
-	r.lifeMetrics.leaseRequests.WithLabelValues(op).Add(float64(len(claims)))
-	r.lifeMetrics.leaseMessages.WithLabelValues(op).Inc()
+	r.lifeMetrics.LeaseRequests.WithLabelValues(op).Add(float64(len(claims)))
+	r.lifeMetrics.LeaseMessages.WithLabelValues(op).Inc()
 	return out
 }
 

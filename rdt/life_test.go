@@ -57,7 +57,7 @@ func renewed(t *testing.T, clk *clockwork.FakeClock, owner *Runtime) {
 
 func leaseRequests(t *testing.T, r *Runtime) float64 {
 	t.Helper()
-	return testutil.ToFloat64(r.lifeMetrics.leaseRequests.WithLabelValues("lease"))
+	return testutil.ToFloat64(r.lifeMetrics.LeaseRequests.WithLabelValues("lease"))
 }
 
 func counter(t *testing.T, r *Runtime, name string) float64 {

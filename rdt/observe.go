@@ -42,12 +42,7 @@ type ObjectInfo struct {
 // newObserver is the runtime's observer, its metrics registered with
 // device memory's, read at scrape time.
 func newObserver(r *Runtime, reg prometheus.Registerer) *observe.Ring {
-	kinds := Kinds()
-	names := make([]string, len(kinds))
-	for i, k := range kinds {
-		names[i] = k.Name
-	}
-	o := observe.New(names)
+	o := observe.New()
 	if reg != nil {
 		reg.MustRegister(append(o.Collectors(), observe.Memory(r.cfg.Host, r.MemoryStats, r.objects.Len))...)
 	}
@@ -62,13 +57,7 @@ func (r *Runtime) observeRead(reader string, ref Ref, dst fabric.Endpoint) func(
 		Start: time.Now(), Object: ref.Object.String(), Owner: shortID(ref.Owner), Reader: reader,
 		Src: ref.Host + "/" + ref.Device.String(), Dst: dst.String(), Bytes: n,
 	})
-	return func(x Transfer, err error) {
-		kind := ""
-		if err != nil {
-			kind = ErrorKind(err)
-		}
-		end(x.Plan, x.Stats, err, kind)
-	}
+	return func(x Transfer, err error) { end(x.Plan, x.Stats, err) }
 }
 
 // RecentTransfers returns the last finished transfers this runtime's actors

@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/bcastrun"
 	"github.com/tensorlane/tensorlane/rdt/internal/ctlwire"
 	"github.com/tensorlane/tensorlane/rdt/internal/notices"
 	"github.com/tensorlane/tensorlane/rdt/internal/objstore"
@@ -182,8 +183,8 @@ func (r *Runtime) handlePush(s network.Stream) {
 			r.sinks.Noticed.Add(int64(len(n.Items)))
 			return ctlwire.AnswerPushBatch(r.sinks.PushedBatch(from, n))
 		case len(p) > 0 && p[0] != ctlwire.Push:
-			var m bcastMsg
-			if m, err = parseBcastMsg(p); err == nil {
+			var m bcastrun.Msg
+			if m, err = bcastrun.ParseMsg(p); err == nil {
 				err = r.onBcast(from, m)
 			}
 		default:

@@ -20,7 +20,7 @@ import (
 
 func (r *Runtime) newReader() *reader.Reader {
 	return reader.New(reader.Deps{Env: readEnv{r}, Planner: r.planner, Peers: r.peers, Leases: r.leases,
-		Log: r.log, OwnerDied: r.lifeMetrics.ownerDied, PingWait: r.cfg.HeartbeatInterval})
+		Log: r.log, OwnerDied: r.lifeMetrics.OwnerDied, PingWait: r.cfg.HeartbeatInterval})
 }
 
 // readEnv is the runtime as its reads see it (reader.Env).

@@ -67,7 +67,7 @@ type Runtime struct {
 
 	// Lifecycle (lease.go, peers.go, life.go).
 	peers       *peers.Table
-	lifeMetrics *lifeMetrics
+	lifeMetrics *life.Metrics
 	leases      *leases.Table // leases this runtime holds as a reader (lease.go)
 	unclaim     func()        // drops the device claims (claims.go)
 	ctl         ctlmsg.Gate   // control handlers in flight (control.go)
@@ -98,7 +98,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.objects.SetHooks(objstore.Hooks{
 		OnFree: func(id fabric.ObjectID, why string) {
 			r.revokeRegistrations(id)
-			r.lifeMetrics.objectsFreed.WithLabelValues(why).Inc()
+			r.lifeMetrics.ObjectsFreed.WithLabelValues(why).Inc()
 		},
 		Blocked: r.blockedRead, OnStage: r.viewStaged,
 	})
@@ -136,7 +136,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		reg = c.Registerer
 	}
 	r.metrics = fabric.NewMetrics(reg)
-	r.lifeMetrics = newLifeMetrics(reg, r)
+	r.lifeMetrics = life.NewMetrics(reg, r.holdCount, r.objects.Leases)
 	bmet := bcast.NewMetrics(reg)
 	r.bcast = bcastrun.NewOwner(bcastrun.Deps{Env: bcastEnv{r}, Cluster: c.Cluster, Objects: r.objects,
 		Metrics: bmet, Log: r.log, AbortWait: c.HeartbeatInterval})
@@ -145,7 +145,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	registerNotices(reg, r.sinks) // push notices (pushbatch.go)
 	r.obs = newObserver(r, reg)
 	r.peers = peers.New(peers.Config{Prober: peerProber{r}, Clock: c.Clock, Interval: c.HeartbeatInterval, Misses: c.HeartbeatMisses,
-		Log: r.log, Heartbeats: r.lifeMetrics.heartbeats})
+		Log: r.log, Heartbeats: r.lifeMetrics.Heartbeats})
 	r.leases = r.newLeases()
 	// The protocols are served once what they use exists.
 	r.host.SetStreamHandler(controlProtocol, r.handleControl)

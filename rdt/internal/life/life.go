@@ -3,7 +3,8 @@
 // request, a heartbeat or a lease or release of many claims, answered by
 // one reply. Call is the asking end; Serve the answering end, which hands
 // each request to the runtime (rdt/life.go says what a ping and a lease
-// are answered with).
+// are answered with). Metrics are the lifecycle's counters (heartbeats,
+// peer deaths, leases, frees).
 package life
 
 import (

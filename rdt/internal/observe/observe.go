@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt/internal/errs"
 )
 
 // Recent is how many finished transfers a Ring remembers; older ones
@@ -63,15 +64,16 @@ type Ring struct {
 	live map[uint64]*Record
 }
 
-// New is an empty ring whose error counter starts every one of kinds at
-// zero, so rates and alerts see the series before the first error.
-func New(kinds []string) *Ring {
+// New is an empty ring whose error counter starts every error kind
+// (errs.Kinds) at zero, so rates and alerts see the series before the
+// first error.
+func New() *Ring {
 	o := &Ring{live: map[uint64]*Record{}}
 	o.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tensorlane_transfer_errors_total", Help: "Failed reads (Get, Fetch, GetInto), by error kind.",
 	}, []string{"kind"})
-	for _, k := range kinds {
-		o.Errors.WithLabelValues(k)
+	for _, k := range errs.Kinds() {
+		o.Errors.WithLabelValues(k.Name)
 	}
 	o.ViewCopies = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tensorlane_view_copies_total",
@@ -94,18 +96,18 @@ func (o *Ring) Collectors() []prometheus.Collector {
 
 // Begin records rec (Start, who and what; Bytes the size being read) as in
 // flight; the returned func records its end: the plan and stats of the
-// transfer, its error and that error's kind.
-func (o *Ring) Begin(rec Record) func(plan fabric.Plan, st fabric.Stats, err error, kind string) {
+// transfer and its error (named by its kind, errs.KindOf).
+func (o *Ring) Begin(rec Record) func(plan fabric.Plan, st fabric.Stats, err error) {
 	rec.Live = true
 	o.mu.Lock()
 	o.seq++
 	rec.Seq = o.seq
 	o.live[rec.Seq] = &rec
 	o.mu.Unlock()
-	return func(plan fabric.Plan, st fabric.Stats, err error, kind string) { o.end(rec, plan, st, err, kind) }
+	return func(plan fabric.Plan, st fabric.Stats, err error) { o.end(rec, plan, st, err) }
 }
 
-func (o *Ring) end(r Record, plan fabric.Plan, st fabric.Stats, err error, kind string) {
+func (o *Ring) end(r Record, plan fabric.Plan, st fabric.Stats, err error) {
 	r.Live = false
 	r.Duration = time.Since(r.Start)
 	r.Best, r.Degraded = plan.Best, plan.Degraded
@@ -114,7 +116,7 @@ func (o *Ring) end(r Record, plan fabric.Plan, st fabric.Stats, err error, kind 
 	r.ZeroCopy = st.ZeroCopy
 	r.ViewCopy = st.ViewCopy
 	if err != nil {
-		r.Error, r.ErrorKind = err.Error(), kind
+		r.Error, r.ErrorKind = err.Error(), errs.KindOf(err)
 		if r.Path == "" {
 			r.Path = plan.Chosen
 		}

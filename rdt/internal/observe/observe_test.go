@@ -1,7 +1,6 @@
 package observe
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -14,9 +13,9 @@ import (
 )
 
 func TestRing(t *testing.T) {
-	o := New([]string{"stalled", "object_freed"})
+	o := New()
 	assert.Equal(t, 0.0, testutil.ToFloat64(o.Errors.WithLabelValues("object_freed")), "every kind starts at zero")
-	type end = func(fabric.Plan, fabric.Stats, error, string)
+	type end = func(fabric.Plan, fabric.Stats, error)
 	ends := make([]end, 0, Recent+10)
 	for i := range Recent + 10 {
 		ends = append(ends, o.Begin(Record{Start: time.Now(), Reader: fmt.Sprintf("r%d", i), Bytes: 10}))
@@ -28,10 +27,10 @@ func TestRing(t *testing.T) {
 	plan := fabric.Plan{Chosen: fabric.RDMA, Best: fabric.RDMA}
 	for i, e := range ends {
 		if i%2 == 1 {
-			e(plan, fabric.Stats{}, errors.New("stalled"), "stalled")
+			e(plan, fabric.Stats{}, fmt.Errorf("read: %w", fabric.ErrStalled))
 			continue
 		}
-		e(plan, fabric.Stats{Transport: fabric.TCP, Bytes: 10}, nil, "")
+		e(plan, fabric.Stats{Transport: fabric.TCP, Bytes: 10}, nil)
 	}
 	assert.Empty(t, o.Live())
 	rec := o.Finished()

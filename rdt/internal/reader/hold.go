@@ -49,7 +49,7 @@ func (r *Reader) Hold(ctx context.Context, actor string, ref Ref) error {
 		return nil
 	}
 	if r.d.Peers.IsDead(ref.Owner, ref.Incarnation) {
-		return r.DeadErr(ref, errors.New("declared dead earlier"))
+		return r.counted(r.DeadErr(ref, errors.New("declared dead earlier")))
 	}
 	if !r.own(ref) {
 		r.env.Learn(ref)
@@ -57,7 +57,7 @@ func (r *Reader) Hold(ctx context.Context, actor string, ref Ref) error {
 	inc, es, err := r.env.Lease(ctx, ref.Owner, []fabric.Claim{claim(ref)}, []ctlwire.Layout{layout})
 	if err != nil {
 		if errors.Is(err, errs.PeerUnreachable) && r.d.Peers.IsDead(ref.Owner, ref.Incarnation) {
-			return r.ownerDiedErr(ref, err)
+			return r.counted(r.ownerDiedErr(ref, err))
 		}
 		return err
 	}
@@ -103,7 +103,7 @@ func (r *Reader) Guard(ctx context.Context, ref Ref) (_ context.Context, end fun
 	if err := r.Hold(hctx, "", ref); err != nil {
 		err = r.Why(hctx, ref, err)
 		if context.Cause(hctx) == nil && r.frozenOwner(hctx, ref, err) {
-			err = r.frozenErr(ref, err)
+			err = r.counted(r.frozenErr(ref, err))
 		}
 		stop()
 		return nil, nil, err
@@ -162,7 +162,7 @@ func (r *Reader) holdGroup(ctx context.Context, actor string, refs []Ref, idx []
 	first := refs[idx[0]]
 	if r.d.Peers.IsDead(first.Owner, first.Incarnation) {
 		for _, i := range idx {
-			out[i] = r.DeadErr(refs[i], errors.New("declared dead earlier"))
+			out[i] = r.counted(r.DeadErr(refs[i], errors.New("declared dead earlier")))
 		}
 		return
 	}
@@ -191,9 +191,9 @@ func (r *Reader) holdGroup(ctx context.Context, actor string, refs []Ref, idx []
 			case err != nil && cause != nil && (errors.Is(cause, errs.OwnerDied) || errors.Is(cause, errs.PeerUnreachable) || errors.Is(cause, errs.StaleRef)):
 				out[i] = fmt.Errorf("%w (lease request: %v)", cause, err)
 			case frozen:
-				out[i] = r.frozenErr(ref, err)
+				out[i] = r.counted(r.frozenErr(ref, err))
 			case err != nil && errors.Is(err, errs.PeerUnreachable) && r.d.Peers.IsDead(ref.Owner, ref.Incarnation):
-				out[i] = r.ownerDiedErr(ref, err)
+				out[i] = r.counted(r.ownerDiedErr(ref, err))
 			case err != nil:
 				out[i] = err
 			case inc != ref.Incarnation:

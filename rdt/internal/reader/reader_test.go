@@ -2,6 +2,7 @@ package reader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -328,6 +329,11 @@ func TestFetch(t *testing.T) {
 			} else {
 				require.ErrorIs(t, err, tc.want)
 			}
+			died := 0.0
+			if errors.Is(err, errs.OwnerDied) {
+				died = 1
+			}
+			assert.Equal(t, died, testutil.ToFloat64(g.died), "a Get failed by an owner's death counts once")
 			assert.Equal(t, tc.leases, g.env.leases[ownerID], "lease requests")
 			assert.Zero(t, g.peers.uses, "the ownerID is watched only while the read runs")
 			assert.Zero(t, g.env.mem.Stats().Used, "a failed read returns its buffer")
@@ -350,7 +356,7 @@ func TestFetchOwnerDiesMidRead(t *testing.T) {
 	err := <-done
 	require.ErrorIs(t, err, errs.OwnerDied)
 	assert.Contains(t, err.Error(), "a Get waited on it")
-	assert.Positive(t, testutil.ToFloat64(g.died))
+	assert.Equal(t, 1.0, testutil.ToFloat64(g.died), "counted once")
 }
 
 // TestLeaseRequestOwnerDies: a lease request a hung ownerID never answers

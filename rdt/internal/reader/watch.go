@@ -94,8 +94,9 @@ func (r *Reader) DeadErr(ref Ref, cause error) error {
 	return r.ownerDiedErr(ref, cause)
 }
 
+// ownerDiedErr is the error of ref's owner's death; the call that returns it
+// to a caller counts it (counted), once.
 func (r *Reader) ownerDiedErr(ref Ref, cause error) error {
-	r.d.OwnerDied.Inc()
 	return fmt.Errorf("%w: %s (incarnation %x) holding %v: %w", errs.OwnerDied, refwire.ShortID(ref.Owner), ref.Incarnation, ref.Object, cause)
 }
 
@@ -134,10 +135,19 @@ func (r *Reader) Why(ctx context.Context, ref Ref, err error) error {
 	return err
 }
 
-// counted counts err when it says the owner died.
+// counted counts err when it says the owner died, once however many
+// layers of a read pass it on (the mark is an error wrapper that changes
+// neither its text nor what it matches).
 func (r *Reader) counted(err error) error {
-	if errors.Is(err, errs.OwnerDied) {
-		r.d.OwnerDied.Inc()
+	var c countedErr
+	if !errors.Is(err, errs.OwnerDied) || errors.As(err, &c) {
+		return err
 	}
-	return err
+	r.d.OwnerDied.Inc()
+	return countedErr{err}
 }
+
+// countedErr marks an owner's death already counted.
+type countedErr struct{ error }
+
+func (e countedErr) Unwrap() error { return e.error }
