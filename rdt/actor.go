@@ -127,9 +127,10 @@ func (r *Runtime) refFor(o *objstore.Object) Ref {
 	}
 }
 
-// Transfer reports how a Get was served.
+// Transfer reports how a Get was served: the plan it ran (plain data, as
+// Explain's) and what moved.
 type Transfer struct {
-	Plan  fabric.Plan
+	Plan  Plan
 	Stats fabric.Stats
 	// Notified is, for an item of a PushBatch, how many pushes shared its
 	// push notice to the slot's runtime (itself included): one control

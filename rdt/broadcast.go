@@ -248,7 +248,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 	}
 	// Each reader is a live transfer to observers (the dashboard) while
 	// the broadcast runs.
-	var observed []func(Transfer, error)
+	var observed []func(fabric.Plan, fabric.Stats, error)
 	out, err := r.bcast.Broadcast(ctx, wireRefs(srcs), wr, cfg, func(b *bcastrun.Run) {
 		for _, n := range b.Readers() {
 			observed = append(observed, r.observeRead(a.name+" (broadcast)", Ref(b.Source()), fabric.Endpoint{Host: n.Host, Device: n.Device}))
@@ -269,7 +269,7 @@ func (a *Actor) broadcastSet(ctx context.Context, srcs []Ref, readers [][]Ref, c
 		rr := ReaderResult{Slot: Ref(n.Slot), Parent: n.Parent, FedBy: n.FedBy, Fed: n.Fed, Path: n.Path, Generation: n.Generation, Err: n.Err,
 			Slots: apiRefs(n.Slots), Generations: n.Generations}
 		res.Readers = append(res.Readers, rr)
-		observed[i](Transfer{Stats: fabric.Stats{Transport: out.Plan.Nodes[i].Path, Bytes: out.Bytes, Duration: res.Duration}}, rr.Err)
+		observed[i](fabric.Plan{}, fabric.Stats{Transport: out.Plan.Nodes[i].Path, Bytes: out.Bytes, Duration: res.Duration}, rr.Err)
 	}
 	r.bcastMetrics(res)
 	return res, out.Items, nil

@@ -51,13 +51,12 @@ func newObserver(r *Runtime, reg prometheus.Registerer) *observe.Ring {
 
 // observeRead records a read by reader of ref into dst in flight; the
 // returned func records its end.
-func (r *Runtime) observeRead(reader string, ref Ref, dst fabric.Endpoint) func(Transfer, error) {
+func (r *Runtime) observeRead(reader string, ref Ref, dst fabric.Endpoint) func(fabric.Plan, fabric.Stats, error) {
 	_, n := ref.span()
-	end := r.obs.Begin(TransferRecord{
+	return r.obs.Begin(TransferRecord{
 		Start: time.Now(), Object: ref.Object.String(), Owner: shortID(ref.Owner), Reader: reader,
 		Src: ref.Host + "/" + ref.Device.String(), Dst: dst.String(), Bytes: n,
 	})
-	return func(x Transfer, err error) { end(x.Plan, x.Stats, err) }
 }
 
 // RecentTransfers returns the last finished transfers this runtime's actors

@@ -79,7 +79,7 @@ func TestObserveTransfers(t *testing.T) {
 func TestObserveRingAndLive(t *testing.T) {
 	p := newPair(t, nil)
 	ref := Ref{Host: "h1", Device: tensor.GPUDevice(3)}
-	ends := make([]func(Transfer, error), 0, RecentTransfers+10)
+	ends := make([]func(fabric.Plan, fabric.Stats, error), 0, RecentTransfers+10)
 	for i := 0; i < RecentTransfers+10; i++ {
 		ends = append(ends, p.a.observeRead(fmt.Sprintf("r%d", i), ref, p.a.endpoint(tensor.GPUDevice(0))))
 	}
@@ -92,7 +92,7 @@ func TestObserveRingAndLive(t *testing.T) {
 		if i%2 == 1 {
 			err = fmt.Errorf("wrapped: %w", fabric.ErrStalled)
 		}
-		end(Transfer{Stats: fabric.Stats{Transport: fabric.TCP, Bytes: 10}, Plan: fabric.Plan{Chosen: fabric.RDMA, Best: fabric.RDMA}}, err)
+		end(fabric.Plan{Chosen: fabric.RDMA, Best: fabric.RDMA}, fabric.Stats{Transport: fabric.TCP, Bytes: 10}, err)
 	}
 	assert.Empty(t, p.a.LiveTransfers())
 	rec := p.a.RecentTransfers()

@@ -138,7 +138,7 @@ func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
 	x, err := pushrun.One(ctx, pushEnv{a.rt}, refwire.Ref(src), refwire.Ref(dst))
-	return Transfer{Plan: x.Plan, Stats: x.Stats}, err
+	return Transfer{Plan: planFrom(x.Plan), Stats: x.Stats}, err
 }
 
 // openPush checks that this runtime owns src and that its bytes fit dst's

@@ -45,7 +45,7 @@ func (a *Actor) pushBatch(ctx context.Context, srcs, dsts []Ref, cfg BatchConfig
 	res, errs := pushrun.Batch(ctx, pushEnv{r}, wireRefs(srcs), wireRefs(dsts), cfg.Parallel, cfg.onItem)
 	xs := make([]Transfer, len(res))
 	for i, x := range res {
-		xs[i] = Transfer{Plan: x.Plan, Stats: x.Stats, Notified: x.Notified}
+		xs[i] = Transfer{Plan: planFrom(x.Plan), Stats: x.Stats, Notified: x.Notified}
 	}
 	return xs, errs
 }

@@ -82,7 +82,7 @@ func TestPushBatchCoalesced(t *testing.T) {
 				assert.Equal(t, tr, xs[i].Stats.Transport, "item %d", i)
 				assert.Equal(t, n-1, xs[i].Stats.Coalesced, "item %d moved with every item that reached the path (all but the foreign source and the repeated slot)", i)
 				assert.Equal(t, n-3, xs[i].Notified, "item %d: one notice for every push that landed", i)
-				assert.True(t, xs[i].Plan.CoalescesWrites())
+				assert.Equal(t, tr, xs[i].Plan.Chosen, "item %d: the plan names the coalescing path", i)
 				cur, done := slots[i].Generation()
 				assert.Equal(t, [2]uint64{1, 0}, [2]uint64{cur, done}, "slot %d advanced once", i)
 				_, got, err := slots[i].Wait(ctx, 0)

@@ -51,7 +51,7 @@ func (e readEnv) Endpoint(dev tensor.DeviceID) fabric.Endpoint      { return e.r
 
 func (e readEnv) Observe(actor string, ref reader.Ref, dst fabric.Endpoint) func(reader.Result, error) {
 	done := e.r.observeRead(actor, Ref(ref), dst) // observe.go
-	return func(x reader.Result, err error) { done(transfer(x), err) }
+	return func(x reader.Result, err error) { done(x.Plan, x.Stats, err) }
 }
 
 func (e readEnv) Probe(ctx context.Context, addrs []string) peers.ProbeOutcome {
@@ -59,7 +59,7 @@ func (e readEnv) Probe(ctx context.Context, addrs []string) peers.ProbeOutcome {
 }
 
 // transfer is a read's result as rdt reports it.
-func transfer(x reader.Result) Transfer { return Transfer{Plan: x.Plan, Stats: x.Stats} }
+func transfer(x reader.Result) Transfer { return Transfer{Plan: planFrom(x.Plan), Stats: x.Stats} }
 
 // who is the actor as its reads name it.
 func (a *Actor) who() reader.Actor { return reader.Actor{Name: a.name, Devices: a.devices} }
