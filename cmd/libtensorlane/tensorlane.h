@@ -284,8 +284,9 @@ int tl_op_wait_consumed(uint64_t rt, uint64_t op, int64_t timeout_ms);
 int tl_op_cancel(uint64_t rt, uint64_t op);
 int tl_op_close(uint64_t rt, uint64_t op);
 
-/* Delta mode (rdt/delta): the delta that turns prev into cur (XOR, byte
- * planes, zstd; checksums of both), for links slower than the codec. out
+/* Delta mode (rdt/delta): the delta that turns prev into cur (the
+ * changed 8-byte words' XOR and where they are, entropy-coded; checksums of
+ * both), for links slower than the codec. out
  * needs tl_delta_bound(nbytes) bytes. tl_delta_decode applies a delta to
  * base in place: TL_E_LAYOUT_MISMATCH when base is not the version it was
  * made against, TL_E_CORRUPT when it is damaged; base is then unchanged. */

@@ -1,0 +1,277 @@
+package delta
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/tensorlane/tensorlane/internal/tcodec"
+)
+
+// The sparse format (v2, "TLD2"), which Encode writes: the work is
+// proportional to the changed words, not to the tensor. The tensor is
+// read as 8-byte words in chunks of chunkWords; a chunk with no changed
+// word costs one bit of the chunk map and nothing else, and a changed
+// chunk costs its word map (one bit per word) and the XOR of its changed
+// words. v1 ("TLD1") XORed every element into full-size byte planes and
+// ran zstd over all of them (XOR, zero-fill and zstd cost the whole
+// tensor at both ends); Decode still reads it.
+//
+//	header:   "TLD2" | elem (1) | n (8) | xxh3 of base (8) | xxh3 of result (8) |
+//	          bytes of word maps (8) | bytes of words (8)         little-endian
+//	chunk map: one bit per chunk, ceil(chunks/8) bytes, raw
+//	word maps: chunkWords/8 bytes per changed chunk, as tcodec blocks (one byte plane, huff0)
+//	words:     the changed words' XOR, as tcodec blocks (byte planes of elem, huff0)
+//	tail:      the XOR of the last n%8 bytes, raw
+//
+// The word maps and words are tcodec blocks (internal/tcodec, what the tcp
+// transport sends compressed): each carries the XXH3 of its raw bytes, so a
+// damaged delta is caught before it touches the base.
+const (
+	magicV2    = "TLD2"
+	headerV2   = 4 + 1 + 8 + 8 + 8 + 8 + 8
+	chunkWords = 4096 // 32 KiB of tensor per chunk-map bit
+	chunkMap   = chunkWords / 8
+)
+
+// Bound is the most bytes Encode appends for a tensor of n bytes (the
+// header, the chunk map, the word maps and every word raw, and tcodec's
+// block headers), so a caller can size the output once.
+func Bound(n int64) int64 {
+	words := n / 8
+	chunks := (words + chunkWords - 1) / chunkWords
+	maps := chunks * chunkMap
+	blocks := (maps+n)/tcodec.MaxBlock + 2
+	return headerV2 + (chunks+7)/8 + maps + n + blocks*tcodec.HeaderSize + 64
+}
+
+var (
+	encoders = sync.Pool{New: func() any { return tcodec.NewEncoder() }}
+	decoders = sync.Pool{New: func() any { return tcodec.NewDecoder() }}
+)
+
+// laneMask[elem] has the top bit of every elem-byte lane of a word.
+var laneMask = [9]uint64{1: 0x8080808080808080, 2: 0x8000800080008000, 4: 0x8000000080000000, 8: 1 << 63}
+
+// lanesChanged counts the elem-byte lanes of x that are not zero (x is the
+// XOR of two words): per lane, (low bits + all-but-top ones) | x has the
+// top bit set iff the lane is not zero, with no carry across lanes.
+func lanesChanged(x uint64, elem int) int64 {
+	hi := laneMask[elem]
+	lo := ^hi
+	return int64(bits.OnesCount64(((x & lo) + lo | x) & hi))
+}
+
+// encodeV2 appends the sparse delta of prev -> cur to dst.
+func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
+	n := len(cur)
+	words := n / 8
+	chunks := (words + chunkWords - 1) / chunkWords
+	cmap := make([]byte, (chunks+7)/8)
+	// The word maps and the gathered words, in pooled buffers: sized by
+	// what changed (at most the tensor), reused across a state dict.
+	maps := planesBuf(0, false)[:0]
+	xs := planesBuf(0, false)[:0]
+	var changed int64
+	for c := range chunks {
+		w0, w1 := c*chunkWords, min((c+1)*chunkWords, words)
+		var wm [chunkMap]byte
+		any := false
+		for w := w0; w < w1; w++ {
+			x := binary.LittleEndian.Uint64(cur[8*w:]) ^ binary.LittleEndian.Uint64(prev[8*w:])
+			if x == 0 {
+				continue
+			}
+			any = true
+			wm[(w-w0)>>3] |= 1 << ((w - w0) & 7)
+			xs = binary.LittleEndian.AppendUint64(xs, x)
+			changed += lanesChanged(x, elem)
+		}
+		if any {
+			cmap[c>>3] |= 1 << (c & 7)
+			maps = append(maps, wm[:]...)
+		}
+	}
+	tail := make([]byte, n-8*words)
+	for i := range tail {
+		tail[i] = cur[8*words+i] ^ prev[8*words+i]
+	}
+	// Whole elements of the tail that changed.
+	for i := 0; i+elem <= len(tail); i += elem {
+		for k := range elem {
+			if tail[i+k] != 0 {
+				changed++
+				break
+			}
+		}
+	}
+
+	e := encoders.Get().(*tcodec.Encoder)
+	defer encoders.Put(e)
+	start := len(dst)
+	dst = append(dst, make([]byte, headerV2)...)
+	h := dst[start:]
+	copy(h, magicV2)
+	h[4] = byte(elem)
+	binary.LittleEndian.PutUint64(h[5:], uint64(n))
+	binary.LittleEndian.PutUint64(h[13:], xxh3.Hash(prev))
+	binary.LittleEndian.PutUint64(h[21:], xxh3.Hash(cur))
+	dst = append(dst, cmap...)
+	m0 := len(dst)
+	dst = appendBlocks(e, dst, maps, tcodec.Hint{Elem: 1, Float: true})
+	w0 := len(dst)
+	dst = appendBlocks(e, dst, xs, tcodec.Hint{Elem: elem, Float: true})
+	h = dst[start:]
+	binary.LittleEndian.PutUint64(h[29:], uint64(w0-m0))
+	binary.LittleEndian.PutUint64(h[37:], uint64(len(dst)-w0))
+	dst = append(dst, tail...)
+	putPlanes(maps)
+	putPlanes(xs)
+	return dst, Stats{Raw: int64(n), Encoded: int64(len(dst) - start), Changed: changed}
+}
+
+// appendBlocks appends p as tcodec blocks of at most MaxBlock bytes (whole
+// 8-byte words each, so every block's planes line up).
+func appendBlocks(e *tcodec.Encoder, dst, p []byte, hint tcodec.Hint) []byte {
+	for off := 0; off < len(p); off += tcodec.MaxBlock {
+		// Encode cannot fail for a block within MaxBlock.
+		dst, _ = e.AppendBlock(dst, p[off:min(off+tcodec.MaxBlock, len(p))], hint)
+	}
+	return dst
+}
+
+// readBlocks decodes the tcodec blocks of in into exactly want bytes.
+func readBlocks(dec *tcodec.Decoder, in []byte, want int) ([]byte, error) {
+	out := planesBuf(want, false)
+	at := 0
+	for len(in) > 0 {
+		h, err := tcodec.ParseHeader(in)
+		if err != nil {
+			putPlanes(out)
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		in = in[tcodec.HeaderSize:]
+		if h.EncLen > len(in) || h.RawLen > want-at {
+			putPlanes(out)
+			return nil, fmt.Errorf("%w: a block of %d/%d bytes past the delta's end", ErrCorrupt, h.RawLen, h.EncLen)
+		}
+		if err := dec.Decode(out[at:at+h.RawLen], h, in[:h.EncLen]); err != nil {
+			putPlanes(out)
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		at += h.RawLen
+		in = in[h.EncLen:]
+	}
+	if at != want {
+		putPlanes(out)
+		return nil, fmt.Errorf("%w: %d bytes decoded for %d", ErrCorrupt, at, want)
+	}
+	return out, nil
+}
+
+// v2 is a parsed sparse delta.
+type v2 struct {
+	elem           int
+	cmap           []byte
+	maps, xs, tail []byte // encoded word maps and words; the raw tail
+}
+
+func parseV2(base, d []byte) (v2, error) {
+	if len(d) < headerV2 {
+		return v2{}, fmt.Errorf("%w: a header of %d bytes", ErrCorrupt, len(d))
+	}
+	elem := int(d[4])
+	n := binary.LittleEndian.Uint64(d[5:])
+	if (elem != 1 && elem != 2 && elem != 4 && elem != 8) || n != uint64(len(base)) {
+		return v2{}, fmt.Errorf("%w: a delta of %d-byte elements for %d bytes applied to %d", ErrCorrupt, elem, n, len(base))
+	}
+	words := len(base) / 8
+	chunks := (words + chunkWords - 1) / chunkWords
+	cm := (chunks + 7) / 8
+	ml, wl := binary.LittleEndian.Uint64(d[29:]), binary.LittleEndian.Uint64(d[37:])
+	tl := uint64(len(base) - 8*words)
+	rest := uint64(len(d) - headerV2)
+	if uint64(cm) > rest || ml > rest-uint64(cm) || wl > rest-uint64(cm)-ml || rest-uint64(cm)-ml-wl != tl {
+		return v2{}, fmt.Errorf("%w: sections of %d+%d+%d+%d bytes in %d", ErrCorrupt, cm, ml, wl, tl, rest)
+	}
+	p := d[headerV2:]
+	v := v2{elem: elem, cmap: p[:cm]}
+	p = p[cm:]
+	v.maps, p = p[:ml], p[ml:]
+	v.xs, v.tail = p[:wl], p[wl:]
+	if rem := chunks % 8; rem != 0 && v.cmap[cm-1]>>rem != 0 {
+		return v2{}, fmt.Errorf("%w: chunk map past the tensor", ErrCorrupt)
+	}
+	return v, nil
+}
+
+// decodeV2 applies d (a v2 delta whose base hash matched) to base; on
+// error base is as it was.
+func decodeV2(base, d []byte) error {
+	v, err := parseV2(base, d)
+	if err != nil {
+		return err
+	}
+	words := len(base) / 8
+	var nch int
+	for _, b := range v.cmap {
+		nch += bits.OnesCount8(b)
+	}
+	dec := decoders.Get().(*tcodec.Decoder)
+	defer decoders.Put(dec)
+	maps, err := readBlocks(dec, v.maps, nch*chunkMap)
+	if err != nil {
+		return err
+	}
+	defer putPlanes(maps)
+	var nw int
+	for i := 0; i < len(maps); i += 8 {
+		nw += bits.OnesCount64(binary.LittleEndian.Uint64(maps[i:]))
+	}
+	// The last chunk's map names no word past the tensor.
+	if last := words % chunkWords; last != 0 && nch > 0 && v.cmap[(words/chunkWords)>>3]&(1<<((words/chunkWords)&7)) != 0 {
+		wm := maps[len(maps)-chunkMap:]
+		for w := last; w < chunkWords; w++ {
+			if wm[w>>3]&(1<<(w&7)) != 0 {
+				return fmt.Errorf("%w: word map past the tensor", ErrCorrupt)
+			}
+		}
+	}
+	xs, err := readBlocks(dec, v.xs, 8*nw)
+	if err != nil {
+		return err
+	}
+	defer putPlanes(xs)
+	apply := func() {
+		k, j := 0, 0
+		for c := range (words + chunkWords - 1) / chunkWords {
+			if v.cmap[c>>3]&(1<<(c&7)) == 0 {
+				continue
+			}
+			wm := maps[k*chunkMap : (k+1)*chunkMap]
+			k++
+			for i := 0; i < chunkMap; i += 8 {
+				m := binary.LittleEndian.Uint64(wm[i:])
+				for m != 0 {
+					w := c*chunkWords + i*8 + bits.TrailingZeros64(m)
+					m &= m - 1
+					x := binary.LittleEndian.Uint64(xs[8*j:])
+					j++
+					binary.LittleEndian.PutUint64(base[8*w:], binary.LittleEndian.Uint64(base[8*w:])^x)
+				}
+			}
+		}
+		for i, x := range v.tail {
+			base[8*words+i] ^= x
+		}
+	}
+	apply()
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
+		apply() // XOR is its own inverse: the base is restored
+		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
+	}
+	return nil
+}
