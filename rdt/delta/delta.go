@@ -167,14 +167,27 @@ func Check(base, d []byte) error {
 
 // Decode applies the delta d to base in place: base becomes the sender's
 // new version. On any error base is as it was.
-func Decode(base, d []byte) error {
-	if len(d) >= headerSize && string(d[:4]) == magicV2 {
-		if err := Check(base, d); err != nil {
-			return err
-		}
-		return decodeV2(base, d)
-	}
-	if len(d) < headerSize || string(d[:4]) != magic {
+func Decode(base, d []byte) error { return apply(base, d, sumBase, sumResult) }
+
+// Revert undoes Decode: base must be d's result (ErrBaseMismatch
+// otherwise) and becomes the version d was made against, checked against
+// d's checksum of it. A reader applying the deltas of a whole state dict
+// one by one reverts those it applied when a later one fails, so it never
+// ends with a mix of two versions without hashing every base twice (Check
+// of all, then Decode of each).
+func Revert(base, d []byte) error { return apply(base, d, sumResult, sumBase) }
+
+// Offsets of the two checksums in both formats' headers.
+const (
+	sumBase   = 13
+	sumResult = 21
+)
+
+// apply XORs d into base, which must hash to the checksum at offset from
+// in d's header, and checks the result against the one at offset to; on
+// any error base is as it was.
+func apply(base, d []byte, from, to int) error {
+	if len(d) < headerSize || (string(d[:4]) != magic && string(d[:4]) != magicV2) {
 		return fmt.Errorf("%w: no delta header", ErrCorrupt)
 	}
 	elem := int(d[4])
@@ -182,7 +195,12 @@ func Decode(base, d []byte) error {
 	if (elem != 1 && elem != 2 && elem != 4 && elem != 8) || n != uint64(len(base)) {
 		return fmt.Errorf("%w: a delta of %d-byte elements for %d bytes applied to %d", ErrCorrupt, elem, n, len(base))
 	}
-	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[13:]) {
+	want := binary.LittleEndian.Uint64(d[to:])
+	if string(d[:4]) == magicV2 {
+		// It checks the base in the same pass as it applies the words.
+		return decodeV2(base, d, binary.LittleEndian.Uint64(d[from:]), want)
+	}
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[from:]) {
 		return ErrBaseMismatch
 	}
 	_, z := coders()
@@ -192,7 +210,7 @@ func Decode(base, d []byte) error {
 	}
 	defer putPlanes(pl)
 	applyPlanes(base, pl, elem)
-	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
+	if xxh3.Hash(base) != want {
 		applyPlanes(base, pl, elem) // XOR is its own inverse: the base is restored
 		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
 	}

@@ -65,7 +65,11 @@ func lanesChanged(x uint64, elem int) int64 {
 	return int64(bits.OnesCount64(((x & lo) + lo | x) & hi))
 }
 
-// encodeV2 appends the sparse delta of prev -> cur to dst.
+// encodeV2 appends the sparse delta of prev -> cur to dst. One pass over
+// both versions, chunk by chunk: each chunk is hashed (both checksums,
+// streaming) and compared while it is in cache; where many words change
+// (a changed word's position is unpredictable: 2-60% of words change after
+// an Adam step) the compare has no branch per word.
 func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	n := len(cur)
 	words := n / 8
@@ -75,27 +79,68 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	// what changed (at most the tensor), reused across a state dict.
 	maps := planesBuf(0, false)[:0]
 	xs := planesBuf(0, false)[:0]
+	hp, hc := xxh3.New(), xxh3.New()
 	var changed int64
+	sparse := true
 	for c := range chunks {
 		w0, w1 := c*chunkWords, min((c+1)*chunkWords, words)
-		var wm [chunkMap]byte
-		any := false
-		for w := w0; w < w1; w++ {
-			x := binary.LittleEndian.Uint64(cur[8*w:]) ^ binary.LittleEndian.Uint64(prev[8*w:])
-			if x == 0 {
-				continue
-			}
-			any = true
-			wm[(w-w0)>>3] |= 1 << ((w - w0) & 7)
-			xs = binary.LittleEndian.AppendUint64(xs, x)
-			changed += lanesChanged(x, elem)
+		p, q := prev[8*w0:8*w1], cur[8*w0:8*w1]
+		hp.Write(p)
+		hc.Write(q)
+		j := len(xs) / 8
+		// Room for every word of the chunk: each is written, and kept
+		// (j moves on) only when it changed.
+		if need := 8 * (j + w1 - w0); cap(xs) < need {
+			grown := make([]byte, len(xs), need+need/2)
+			copy(grown, xs)
+			xs = grown
 		}
-		if any {
+		k0 := len(xs)
+		xs = xs[:cap(xs)]
+		var wm [chunkWords / 64]uint64
+		if sparse {
+			// Few changed words: a branch per word, mostly not taken, is
+			// cheaper than writing every word.
+			for i := 0; i < w1-w0; i++ {
+				x := binary.LittleEndian.Uint64(q[8*i:]) ^ binary.LittleEndian.Uint64(p[8*i:])
+				if x == 0 {
+					continue
+				}
+				binary.LittleEndian.PutUint64(xs[8*j:], x)
+				j++
+				wm[i>>6] |= 1 << (i & 63)
+			}
+		} else {
+			// Many: no branch per word (it would be mispredicted often).
+			for i := 0; i < w1-w0; i++ {
+				x := binary.LittleEndian.Uint64(q[8*i:]) ^ binary.LittleEndian.Uint64(p[8*i:])
+				nz := (x | -x) >> 63 // 1 when the word changed
+				binary.LittleEndian.PutUint64(xs[8*j:], x)
+				j += int(nz)
+				wm[i>>6] |= nz << (i & 63)
+			}
+		}
+		// The next chunk's loop, by this one's density (an eighth of words
+		// changed is about where the two cost the same here).
+		sparse = 8*(j-k0/8) < w1-w0
+		for k := k0 / 8; k < j; k++ { // in proportion to the changed words
+			changed += lanesChanged(binary.LittleEndian.Uint64(xs[8*k:]), elem)
+		}
+		xs = xs[:8*j]
+		var any uint64
+		for _, m := range wm {
+			any |= m
+		}
+		if any != 0 {
 			cmap[c>>3] |= 1 << (c & 7)
-			maps = append(maps, wm[:]...)
+			for _, m := range wm {
+				maps = binary.LittleEndian.AppendUint64(maps, m)
+			}
 		}
 	}
 	tail := make([]byte, n-8*words)
+	hp.Write(prev[8*words:])
+	hc.Write(cur[8*words:])
 	for i := range tail {
 		tail[i] = cur[8*words+i] ^ prev[8*words+i]
 	}
@@ -117,8 +162,8 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	copy(h, magicV2)
 	h[4] = byte(elem)
 	binary.LittleEndian.PutUint64(h[5:], uint64(n))
-	binary.LittleEndian.PutUint64(h[13:], xxh3.Hash(prev))
-	binary.LittleEndian.PutUint64(h[21:], xxh3.Hash(cur))
+	binary.LittleEndian.PutUint64(h[13:], hp.Sum64())
+	binary.LittleEndian.PutUint64(h[21:], hc.Sum64())
 	dst = append(dst, cmap...)
 	m0 := len(dst)
 	dst = appendBlocks(e, dst, maps, tcodec.Hint{Elem: 1, Float: true})
@@ -208,9 +253,9 @@ func parseV2(base, d []byte) (v2, error) {
 	return v, nil
 }
 
-// decodeV2 applies d (a v2 delta whose base hash matched) to base; on
-// error base is as it was.
-func decodeV2(base, d []byte) error {
+// decodeV2 applies d (a v2 delta) to base, which must hash to from, and
+// checks the result against want; on error base is as it was.
+func decodeV2(base, d []byte, from, want uint64) error {
 	v, err := parseV2(base, d)
 	if err != nil {
 		return err
@@ -245,32 +290,54 @@ func decodeV2(base, d []byte) error {
 		return err
 	}
 	defer putPlanes(xs)
-	apply := func() {
-		k, j := 0, 0
-		for c := range (words + chunkWords - 1) / chunkWords {
-			if v.cmap[c>>3]&(1<<(c&7)) == 0 {
-				continue
+	// One pass, chunk by chunk: hash the base's chunk, apply its words,
+	// hash the result's, while the chunk is in cache. A base or result
+	// that does not match is put back (XOR is its own inverse).
+	xor := func(c, k, j int) int { // chunk c, its word map k, the next word j
+		wm := maps[k*chunkMap : (k+1)*chunkMap]
+		for i := 0; i < chunkMap; i += 8 {
+			m := binary.LittleEndian.Uint64(wm[i:])
+			for m != 0 {
+				w := c*chunkWords + i*8 + bits.TrailingZeros64(m)
+				m &= m - 1
+				binary.LittleEndian.PutUint64(base[8*w:], binary.LittleEndian.Uint64(base[8*w:])^binary.LittleEndian.Uint64(xs[8*j:]))
+				j++
 			}
-			wm := maps[k*chunkMap : (k+1)*chunkMap]
-			k++
-			for i := 0; i < chunkMap; i += 8 {
-				m := binary.LittleEndian.Uint64(wm[i:])
-				for m != 0 {
-					w := c*chunkWords + i*8 + bits.TrailingZeros64(m)
-					m &= m - 1
-					x := binary.LittleEndian.Uint64(xs[8*j:])
-					j++
-					binary.LittleEndian.PutUint64(base[8*w:], binary.LittleEndian.Uint64(base[8*w:])^x)
-				}
+		}
+		return j
+	}
+	undo := func() {
+		for c, k, j := 0, 0, 0; c < (words+chunkWords-1)/chunkWords; c++ {
+			if v.cmap[c>>3]&(1<<(c&7)) != 0 {
+				j = xor(c, k, j)
+				k++
 			}
 		}
 		for i, x := range v.tail {
 			base[8*words+i] ^= x
 		}
 	}
-	apply()
-	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
-		apply() // XOR is its own inverse: the base is restored
+	hb, hr := xxh3.New(), xxh3.New()
+	for c, k, j := 0, 0, 0; c < (words+chunkWords-1)/chunkWords; c++ {
+		p := base[8*c*chunkWords : 8*min((c+1)*chunkWords, words)]
+		hb.Write(p)
+		if v.cmap[c>>3]&(1<<(c&7)) != 0 {
+			j = xor(c, k, j)
+			k++
+		}
+		hr.Write(p)
+	}
+	hb.Write(base[8*words:])
+	for i, x := range v.tail {
+		base[8*words+i] ^= x
+	}
+	hr.Write(base[8*words:])
+	switch {
+	case hb.Sum64() != from:
+		undo()
+		return ErrBaseMismatch
+	case hr.Sum64() != want:
+		undo()
 		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
 	}
 	return nil

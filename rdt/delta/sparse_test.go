@@ -164,3 +164,19 @@ func BenchmarkFormats(b *testing.B) {
 		})
 	}
 }
+
+// TestRevert: Revert undoes Decode in both formats; it refuses a base that
+// is not the delta's result and leaves it as it was.
+func TestRevert(t *testing.T) {
+	prev, cur := adam(1<<15+3, 1e-5, 3, 9)
+	for name, enc := range map[string]func(dst, prev, cur []byte, elem int) ([]byte, Stats, error){"v1": encodeV1, "v2": Encode} {
+		d, _, err := enc(nil, prev, cur, 2)
+		require.NoError(t, err)
+		base := bytes.Clone(prev)
+		assert.ErrorIs(t, Revert(base, d), ErrBaseMismatch, name+": not the result")
+		assert.Equal(t, prev, base, name)
+		require.NoError(t, Decode(base, d), name)
+		require.NoError(t, Revert(base, d), name)
+		assert.Equal(t, prev, base, name+": reverted")
+	}
+}
