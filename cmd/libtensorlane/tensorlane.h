@@ -294,6 +294,11 @@ int64_t tl_delta_bound(int64_t nbytes);
 int tl_delta_encode(const void *prev, const void *cur, int64_t nbytes, int32_t elem, void *out, int64_t cap,
                     int64_t *out_len, int64_t *changed);
 int tl_delta_decode(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+/* Undoes tl_delta_decode: base must be the delta's result
+ * (TL_E_LAYOUT_MISMATCH otherwise) and becomes the version the delta was made
+ * against. A reader applying a state dict's deltas one by one reverts the
+ * ones it applied when a later one fails (never a mix of two versions). */
+int tl_delta_revert(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
 /* Whether base is the version the delta was made against; changes nothing
  * (check every tensor of a state dict before applying any). */
 int tl_delta_check(const void *base, int64_t nbytes, const void *delta, int64_t delta_len);

@@ -292,6 +292,12 @@ def test_delta_after_adam_step_verified_against_full():
     with pytest.raises(errors.LayoutMismatch):
         ws.delta_apply(base, d)
     np.testing.assert_array_equal(base.view(np.uint16), cur.view(np.uint16))
+    # Revert undoes it (only from the delta's result).
+    ws.delta_revert(base, d)
+    np.testing.assert_array_equal(base.view(np.uint16), prev.view(np.uint16))
+    with pytest.raises(errors.LayoutMismatch):
+        ws.delta_revert(base, d)
+    ws.delta_apply(base, d)
     other = prev.copy()
     with pytest.raises(errors.Corrupt):
         ws.delta_apply(other, d.data[:-4])

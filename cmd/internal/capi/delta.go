@@ -43,6 +43,10 @@ func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 // any error base is unchanged.
 func DeltaDecode(base, d []byte) error { return deltaErr(delta.Decode(base, d)) }
 
+// DeltaRevert undoes DeltaDecode: base must be the delta's result
+// (layout_mismatch otherwise) and becomes the version it was made against.
+func DeltaRevert(base, d []byte) error { return deltaErr(delta.Revert(base, d)) }
+
 // DeltaCheck reports whether base is the version d was made against,
 // changing nothing.
 func DeltaCheck(base, d []byte) error { return deltaErr(delta.Check(base, d)) }
