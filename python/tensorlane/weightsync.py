@@ -1031,12 +1031,18 @@ class WeightPublisher:
             # Delta mode: readers that hold the last version get the delta.
             delta_readers: List[ReaderHandle] = []
             blob_bytes = 0
+            advance: Any = None  # the copy of this version into the last one, when encoded
             # Encode only for readers that hold the last version: with none
             # (all new or resynced) the delta would be made for nobody.
             if self._delta and self._prev is not None and any(h.name in self._fresh for h in handles):
                 t0 = time.perf_counter()
                 blob, _ = self._encode(state_dict)
                 seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+                # The last version becomes this one while the delta is on
+                # the wire (numpy copies without the GIL; the broadcasts
+                # read the state dict and the blob, not it).
+                prev = self._prev
+                advance = _pool().submit(lambda: [np.copyto(prev[k], as_array(state_dict[k])) for k in names])
                 # The codec rate this machine shows (encoding, smoothed),
                 # when slower than the one configured: a loaded host's codec
                 # can be slower than its link, and then the delta loses.
@@ -1112,7 +1118,9 @@ class WeightPublisher:
                     if rr.error is not None and rr.error.kind in _DEAD_KINDS:
                         self._readers.pop(h.name, None)
                         dropped.append(h.name)
-            if self._delta:
+            if advance is not None:
+                advance.result()
+            elif self._delta:
                 if self._prev is None:
                     self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
                 else:
