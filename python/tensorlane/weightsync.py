@@ -1178,130 +1178,142 @@ class WeightPublisher:
         dropped; readers still busy with the previous version (not done
         within ``busy_wait``) keep it and get SlotBusy."""
         with self._lock:
-            names = tuple(state_dict)
-            if not names:
-                raise errors.InvalidArgument("an empty state dict")
-            if self._names is None:
-                self._names = names
-                self._sizes = tuple(int(as_array(state_dict[k]).nbytes) for k in names)
-                for h in list(self._readers.values()):
-                    self._check(h)
-            elif names != self._names:
-                raise errors.LayoutMismatch("the state dict's keys differ from the first publish's (or their order)")
-            srcs = [self._ref(k, state_dict[k]) for k in names]
-            self.version += 1
-            handles = list(self._readers.values())
-            full_bytes = sum(self._sizes or ())
-            # Delta mode: readers that hold the last version get the delta.
-            delta_readers: List[ReaderHandle] = []
-            blob_bytes = 0
             advances: List[Any] = []  # copies of this version into the last one, when encoded
-            # Encode only for readers that hold the last version: with none
-            # (all new or resynced) the delta would be made for nobody.
-            out: Dict[str, ReaderResult] = {}
-            modes: Dict[str, str] = {}
-            dropped: List[str] = []
-            seconds, nbytes, tree, via = 0.0, 0, "", ""
-            streamed = False
-            fresh = [h for h in handles if h.name in self._fresh]
-            if self._delta is True and self._prev is not None and fresh and self._stream and \
-                    fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
-                # Streamed along the tree (see _stream_delta).
-                delta_readers, streamed = fresh, True
-                blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advances)
-                out.update(res)
-                modes.update({h.name: "delta" for h in fresh})
-            elif self._delta and self._prev is not None and fresh:
-                t0 = time.perf_counter()
-                blob, _ = self._encode(state_dict)
-                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
-                # The last version becomes this one while the delta is on
-                # the wire (numpy copies without the GIL; the broadcasts
-                # read the state dict and the blob, not it).
-                advances.append(self._advance(state_dict, names))
-                # The codec rate this machine shows (encoding, smoothed),
-                # when slower than the one configured: a loaded host's codec
-                # can be slower than its link, and then the delta loses.
-                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
-                codec = min(self._codec, self._codec_seen)
-                blob_bytes = int(blob.nbytes)
-                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
-                if worth:
-                    delta_readers = fresh
-            full_readers = [h for h in handles if h not in delta_readers]
-            if delta_readers and not streamed:
-                piece = delta_readers[0].piece_bytes
-                k = -(-blob_bytes // piece) if piece else 0
-                if piece and all(h.piece_bytes == piece and len(h.pieces) >= k for h in delta_readers):
-                    # Along the tree: one copy per host, as the full state dict.
-                    via = "tree"
-                    self._mail_delta[:] = _mail(self.version, "delta", pieces=k, size=blob_bytes)
-                    op = broadcast([self._mails()[1]] + self._pieces(blob, piece, k),
-                                   [[h.mailbox] + list(h.pieces[:k]) for h in delta_readers], chunk_size=self._chunk,
-                                   window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
-                                   runtime=self._rt)
-                    try:
-                        res = op.result()
-                    finally:
-                        op.close()
-                    seconds, nbytes, tree = res.seconds, res.bytes, res.tree
-                    for h, rr in zip(delta_readers, res.readers):
-                        out[h.name] = rr
-                        modes[h.name] = "delta"
-                else:
-                    via = "fetch"
-                    self._blobs.append(self._rt.put(blob))
-                    if len(self._blobs) > 2:
-                        self._rt.free(self._blobs.pop(0))
-                    self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
-                    mref = self._mails()[1]
-                    for h in delta_readers:
-                        # The reader says done with the last mailbox before the next lands.
-                        try:
-                            wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
-                        except errors.Error:
-                            pass  # the push below reports it (SlotBusy, ReaderDied...)
-                    res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
-                                     timeout=timeout or self._timeout, runtime=self._rt)
-                    for i, (h, r) in enumerate(zip(delta_readers, res)):
-                        out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
-                        modes[h.name] = "delta"
-            if full_readers:
-                self._mail_full[:] = _mail(self.version, "full")
-                if self._last is not None:
-                    self._last.close()
-                    self._last = None
-                op = broadcast(self._full_srcs()[:1] + srcs, [h.refs for h in full_readers], chunk_size=self._chunk,
+            try:
+                return self._publish(state_dict, timeout, advances)
+            except BaseException:
+                # The last version may be partly this one now: no reader
+                # holds it, so the next publish sends whole state dicts.
+                for f in advances:
+                    f.exception()
+                self._fresh.clear()
+                raise
+
+    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float], advances: List[Any]) -> SyncResult:
+        """publish's body, under its lock."""
+        names = tuple(state_dict)
+        if not names:
+            raise errors.InvalidArgument("an empty state dict")
+        if self._names is None:
+            self._names = names
+            self._sizes = tuple(int(as_array(state_dict[k]).nbytes) for k in names)
+            for h in list(self._readers.values()):
+                self._check(h)
+        elif names != self._names:
+            raise errors.LayoutMismatch("the state dict's keys differ from the first publish's (or their order)")
+        srcs = [self._ref(k, state_dict[k]) for k in names]
+        self.version += 1
+        handles = list(self._readers.values())
+        full_bytes = sum(self._sizes or ())
+        # Delta mode: readers that hold the last version get the delta.
+        delta_readers: List[ReaderHandle] = []
+        blob_bytes = 0
+        # Encode only for readers that hold the last version: with none
+        # (all new or resynced) the delta would be made for nobody.
+        out: Dict[str, ReaderResult] = {}
+        modes: Dict[str, str] = {}
+        dropped: List[str] = []
+        seconds, nbytes, tree, via = 0.0, 0, "", ""
+        streamed = False
+        fresh = [h for h in handles if h.name in self._fresh]
+        if self._delta is True and self._prev is not None and fresh and self._stream and \
+                fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
+            # Streamed along the tree (see _stream_delta).
+            delta_readers, streamed = fresh, True
+            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advances)
+            out.update(res)
+            modes.update({h.name: "delta" for h in fresh})
+        elif self._delta and self._prev is not None and fresh:
+            t0 = time.perf_counter()
+            blob, _ = self._encode(state_dict)
+            seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+            # The last version becomes this one while the delta is on
+            # the wire (numpy copies without the GIL; the broadcasts
+            # read the state dict and the blob, not it).
+            advances.append(self._advance(state_dict, names))
+            # The codec rate this machine shows (encoding, smoothed),
+            # when slower than the one configured: a loaded host's codec
+            # can be slower than its link, and then the delta loses.
+            self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+            codec = min(self._codec, self._codec_seen)
+            blob_bytes = int(blob.nbytes)
+            worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
+            if worth:
+                delta_readers = fresh
+        full_readers = [h for h in handles if h not in delta_readers]
+        if delta_readers and not streamed:
+            piece = delta_readers[0].piece_bytes
+            k = -(-blob_bytes // piece) if piece else 0
+            if piece and all(h.piece_bytes == piece and len(h.pieces) >= k for h in delta_readers):
+                # Along the tree: one copy per host, as the full state dict.
+                via = "tree"
+                self._mail_delta[:] = _mail(self.version, "delta", pieces=k, size=blob_bytes)
+                op = broadcast([self._mails()[1]] + self._pieces(blob, piece, k),
+                               [[h.mailbox] + list(h.pieces[:k]) for h in delta_readers], chunk_size=self._chunk,
                                window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
                                runtime=self._rt)
-                res = op.result()
-                self._last = op
-                seconds, nbytes, tree = seconds + res.seconds, res.bytes, res.tree
-                for h, rr in zip(full_readers, res.readers):
+                try:
+                    res = op.result()
+                finally:
+                    op.close()
+                seconds, nbytes, tree = res.seconds, res.bytes, res.tree
+                for h, rr in zip(delta_readers, res.readers):
                     out[h.name] = rr
-                    modes[h.name] = "full"
-            for h in handles:
-                rr = out[h.name]
-                if rr.ok:
-                    self._mail_gen[h.name] += 1
-                    self._fresh.add(h.name)
-                else:
-                    self._fresh.discard(h.name)
-                    if rr.error is not None and rr.error.kind in _DEAD_KINDS:
-                        self._readers.pop(h.name, None)
-                        dropped.append(h.name)
-            if advances:
-                for f in advances:
-                    f.result()
-            elif self._delta:
-                if self._prev is None:
-                    self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
-                else:
-                    for k in names:
-                        np.copyto(self._prev[k], as_array(state_dict[k]))
-            return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
-                              tree=tree, modes=modes, full_bytes=full_bytes,
-                              delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
+                    modes[h.name] = "delta"
+            else:
+                via = "fetch"
+                self._blobs.append(self._rt.put(blob))
+                if len(self._blobs) > 2:
+                    self._rt.free(self._blobs.pop(0))
+                self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
+                mref = self._mails()[1]
+                for h in delta_readers:
+                    # The reader says done with the last mailbox before the next lands.
+                    try:
+                        wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
+                    except errors.Error:
+                        pass  # the push below reports it (SlotBusy, ReaderDied...)
+                res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
+                                 timeout=timeout or self._timeout, runtime=self._rt)
+                for i, (h, r) in enumerate(zip(delta_readers, res)):
+                    out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
+                    modes[h.name] = "delta"
+        if full_readers:
+            self._mail_full[:] = _mail(self.version, "full")
+            if self._last is not None:
+                self._last.close()
+                self._last = None
+            op = broadcast(self._full_srcs()[:1] + srcs, [h.refs for h in full_readers], chunk_size=self._chunk,
+                           window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
+                           runtime=self._rt)
+            res = op.result()
+            self._last = op
+            seconds, nbytes, tree = seconds + res.seconds, res.bytes, res.tree
+            for h, rr in zip(full_readers, res.readers):
+                out[h.name] = rr
+                modes[h.name] = "full"
+        for h in handles:
+            rr = out[h.name]
+            if rr.ok:
+                self._mail_gen[h.name] += 1
+                self._fresh.add(h.name)
+            else:
+                self._fresh.discard(h.name)
+                if rr.error is not None and rr.error.kind in _DEAD_KINDS:
+                    self._readers.pop(h.name, None)
+                    dropped.append(h.name)
+        if advances:
+            for f in advances:
+                f.result()
+        elif self._delta:
+            if self._prev is None:
+                self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
+            else:
+                for k in names:
+                    np.copyto(self._prev[k], as_array(state_dict[k]))
+        return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
+                          tree=tree, modes=modes, full_bytes=full_bytes,
+                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
 
     def wait_consumed(self, timeout: Optional[float] = None) -> None:
         """Waits until every reader the last full publish reached said done
