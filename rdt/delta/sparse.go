@@ -202,20 +202,26 @@ func splitLanes(xs []byte, elem int) (lm, es []byte) {
 	lanes := 8 / elem
 	nw := len(xs) / 8
 	lm = make([]byte, (nw*lanes+7)/8)
-	es = planesBuf(0, false)[:0]
+	// Room for every lane of every word and an 8-byte store past the
+	// last: each lane is stored as a whole word at the next element's
+	// place and kept (e moves on) only when it changed, with no branch
+	// (a quarter to a half of the lanes change where it matters, at
+	// random); later stores overwrite what a store wrote past its element.
+	es = planesBuf(len(xs)+8, false)
 	mask := uint64(1)<<(8*elem) - 1
-	bit := 0
+	bit, e := 0, 0
 	for k := range nw {
 		x := binary.LittleEndian.Uint64(xs[8*k:])
 		for l := range lanes {
-			if v := x >> (8 * elem * l) & mask; v != 0 {
-				lm[bit>>3] |= 1 << (bit & 7)
-				at := len(es)
-				es = binary.LittleEndian.AppendUint64(es, v)[:at+elem]
-			}
+			v := x >> (8 * elem * l) & mask
+			nz := (v | -v) >> 63
+			binary.LittleEndian.PutUint64(es[e:], v)
+			e += int(nz) * elem
+			lm[bit>>3] |= byte(nz) << (bit & 7)
 			bit++
 		}
 	}
+	es = es[:e]
 	return lm, es
 }
 
