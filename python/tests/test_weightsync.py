@@ -407,8 +407,9 @@ def test_publisher_delta_auto(link_gbps, mode):
             x.close()
 
 
+@pytest.mark.parametrize("stream", [64 << 20, 0], ids=["streamed", "one blob"])
 @pytest.mark.parametrize("area,via", [(0.125, "tree"), (0.0, "fetch")], ids=["fits the area", "no area"])
-def test_publisher_delta_along_the_tree(area, via):
+def test_publisher_delta_along_the_tree(area, via, stream):
     """A delta that fits the readers' delta areas goes along the broadcast
     tree (one copy crosses to h1, where the first reader relays it to the
     second); without an area each reader fetches it from the trainer. Either
@@ -419,7 +420,7 @@ def test_publisher_delta_along_the_tree(area, via):
         rng = np.random.default_rng(9)
         master = {f"w{i}": (rng.standard_normal(50000) * 0.02).astype(np.float32) for i in range(4)}
         sd = {k: v.astype(_bf16()) for k, v in master.items()}
-        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30)
+        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30, delta_stream=stream)
         recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt, delta_area=area)
                 for i, rt in enumerate(readers)]
         assert all(bool(r.handle().pieces) == (area > 0) for r in recv)
