@@ -408,6 +408,27 @@ def _register_rdt(actors: List[Any]) -> None:
         rdt.wait_until_custom_transports_registered(a)
 
 
+def _tx() -> Optional[int]:
+    """Bytes this node has sent on eth0 (two nodes: the driver runs in the
+    head's namespace, where the trainer is, so this counts what crossed the
+    shaped link toward far readers, Ray's own traffic included); None where
+    there is no eth0."""
+    try:
+        with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def _on_wire(fn: Callable[[Ctx], float], c: Ctx, wire: List[Any]) -> float:
+    """fn(c), appending to wire the bytes the head sent meanwhile."""
+    a = _tx()
+    dt = fn(c)
+    b = _tx()
+    wire.append(None if a is None or b is None else b - a)
+    return dt
+
+
 def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, placements: List[str],
             two_node: bool = False) -> Dict[str, Any]:
     """Every row at every reader count and placement, in a connected
@@ -471,7 +492,8 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
             load = [os.getloadavg()[0]]
             for _ in range(reps):
                 for row in live:
-                    samples[row].setdefault(n, []).append(ROWS[row](c))
+                    wire = out.setdefault("wire", {}).setdefault(f"{placement} {row}", {}).setdefault(str(n), [])
+                    samples[row].setdefault(n, []).append(_on_wire(ROWS[row], c, wire))
             load.append(os.getloadavg()[0])
             out["load"][f"{placement} {n}"] = load
             if "weight sync" in live:
@@ -480,10 +502,13 @@ def measure(sizes: List[int], counts: List[int], rows: List[str], reps: int, pla
             for m in c.members:
                 ray.kill(m)
             c.members = []
+            wires = {r: out["wire"][f"{placement} {r}"][str(n)] for r in live}
             partial({"placement": placement, "readers": n, "load": load, "failed": failed,
-                     "samples": {r: samples[r][n] for r in live}})
+                     "samples": {r: samples[r][n] for r in live}, "wire": wires})
             print(f"{placement}, {n} readers (load {load[0]:.1f} -> {load[1]:.1f}): "
-                  + ", ".join(f"{r} {statistics.median(samples[r][n]):.3f} s" for r in live), flush=True)
+                  + ", ".join(f"{r} {statistics.median(samples[r][n]):.3f} s"
+                              + (f" ({statistics.median(wires[r]) / 1e6:.0f} MB sent)" if None not in wires[r] else "")
+                              for r in live), flush=True)
         ray.get(trainer.start.remote([]))
         for a in [trainer] + pool:
             ray.kill(a)
@@ -515,11 +540,14 @@ def measure_delta(sizes: List[int], counts: List[int], lrs: List[float], reps: i
             for _ in range(reps):
                 for mode in ("delta", "full"):
                     res["changed"].append(ray.get(trainer.adam_step.remote()))  # off the clock
+                    a = _tx()
                     t0 = time.perf_counter()
                     pending = [r.sync.remote() for r in c.readers]
                     pub = trainer.publish.remote() if mode == "delta" else trainer.publish_full.remote()
                     r = ray.get([pub] + pending)[0]
                     res[mode].append(time.perf_counter() - t0)
+                    b = _tx()
+                    res.setdefault(f"{mode}_wire", []).append(None if a is None or b is None else b - a)
                     assert set(r["modes"].values()) == {mode}, r["modes"]
                     if mode == "delta":
                         res["delta_bytes"].append(r["delta_bytes"])

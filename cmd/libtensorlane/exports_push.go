@@ -309,6 +309,11 @@ func tl_delta_decode(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer
 	return withDelta(base, nbytes, delta, deltaLen, capi.DeltaDecode)
 }
 
+//export tl_delta_revert
+func tl_delta_revert(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t) C.int {
+	return withDelta(base, nbytes, delta, deltaLen, capi.DeltaRevert)
+}
+
 // withDelta checks a base region and a delta region, then runs f on them.
 func withDelta(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t, f func(base, delta []byte) error) C.int {
 	return C.int(protect(func() error {

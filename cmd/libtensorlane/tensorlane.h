@@ -284,8 +284,9 @@ int tl_op_wait_consumed(uint64_t rt, uint64_t op, int64_t timeout_ms);
 int tl_op_cancel(uint64_t rt, uint64_t op);
 int tl_op_close(uint64_t rt, uint64_t op);
 
-/* Delta mode (rdt/delta): the delta that turns prev into cur (XOR, byte
- * planes, zstd; checksums of both), for links slower than the codec. out
+/* Delta mode (rdt/delta): the delta that turns prev into cur (the
+ * changed 8-byte words' XOR and where they are, entropy-coded; checksums of
+ * both), for links slower than the codec. out
  * needs tl_delta_bound(nbytes) bytes. tl_delta_decode applies a delta to
  * base in place: TL_E_LAYOUT_MISMATCH when base is not the version it was
  * made against, TL_E_CORRUPT when it is damaged; base is then unchanged. */
@@ -293,6 +294,11 @@ int64_t tl_delta_bound(int64_t nbytes);
 int tl_delta_encode(const void *prev, const void *cur, int64_t nbytes, int32_t elem, void *out, int64_t cap,
                     int64_t *out_len, int64_t *changed);
 int tl_delta_decode(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+/* Undoes tl_delta_decode: base must be the delta's result
+ * (TL_E_LAYOUT_MISMATCH otherwise) and becomes the version the delta was made
+ * against. A reader applying a state dict's deltas one by one reverts the
+ * ones it applied when a later one fails (never a mix of two versions). */
+int tl_delta_revert(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
 /* Whether base is the version the delta was made against; changes nothing
  * (check every tensor of a state dict before applying any). */
 int tl_delta_check(const void *base, int64_t nbytes, const void *delta, int64_t delta_len);

@@ -183,15 +183,25 @@ func (l *links) observe(k connKey, compressed bool, reason string, raw, wire int
 }
 
 var (
-	codecOnce sync.Once
-	codecCore float64 // measured bytes per second of one core, encode or decode, the slower
+	codecMu   sync.Mutex
+	codecCore float64   // measured bytes per second of one core, encode or decode, the slower
+	codecAt   time.Time // when; zero: never
 )
 
-// codecThroughput measures, once per process, how fast one core encodes and
-// decodes bf16 weights (the codec's slowest common case), and scales it by
-// the streams that run codecs in parallel.
+// codecRefresh: how long a measurement of the codec stands. Once per process
+// was too little: a measurement taken while the host was loaded held for
+// good, and with it "link-faster" (never compress) on a link the codec
+// beats; the load comes and goes, and a measurement costs a millisecond.
+const codecRefresh = 30 * time.Second
+
+// codecThroughput measures, at most every codecRefresh, how fast one core
+// encodes and decodes bf16 weights (the codec's slowest common case), and
+// scales it by the streams that run codecs in parallel.
 func codecThroughput(streams int) float64 {
-	codecOnce.Do(func() {
+	codecMu.Lock()
+	defer codecMu.Unlock()
+	if codecAt.IsZero() || time.Since(codecAt) > codecRefresh {
+		codecAt = time.Now()
 		// Small enough to cost a millisecond or two on the first transfer
 		// that asks (it runs on that transfer's path; 1 MiB cost 8 ms).
 		const n = 64 << 10
@@ -216,7 +226,7 @@ func codecThroughput(streams int) float64 {
 		}
 		td := time.Since(t0)
 		codecCore = float64(len(src)) / max(te, td, time.Microsecond).Seconds()
-	})
+	}
 	return codecCore * float64(min(streams, runtime.GOMAXPROCS(0)))
 }
 

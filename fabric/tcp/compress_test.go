@@ -189,3 +189,24 @@ func TestAutoCompression(t *testing.T) {
 	read()
 	assert.Equal(t, 1.0, count("false", "incompressible"))
 }
+
+// TestCodecThroughputRefreshes: the codec's rate is measured again once
+// its measurement is older than codecRefresh (a measurement taken under
+// load must not hold for the process's life), and not before.
+func TestCodecThroughputRefreshes(t *testing.T) {
+	first := codecThroughput(1)
+	require.Positive(t, first)
+	codecMu.Lock()
+	at := codecAt
+	codecMu.Unlock()
+	codecThroughput(1)
+	codecMu.Lock()
+	assert.Equal(t, at, codecAt, "a fresh measurement stands")
+	codecAt = time.Now().Add(-2 * codecRefresh)
+	old := codecAt
+	codecMu.Unlock()
+	assert.Positive(t, codecThroughput(1))
+	codecMu.Lock()
+	assert.True(t, codecAt.After(old), "a stale one is taken again")
+	codecMu.Unlock()
+}

@@ -75,6 +75,7 @@ _PROTOS = {
     "tl_delta_bound": ([i64], i64),
     "tl_delta_encode": ([vp, vp, i64, i32, vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)], ctypes.c_int),
     "tl_delta_decode": ([vp, i64, vp, i64], ctypes.c_int),
+    "tl_delta_revert": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_check": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_reshard_plan": ([cp, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     # Batches (_batch.py): refs back to back with their lengths beside.

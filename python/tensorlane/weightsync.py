@@ -21,8 +21,9 @@ Two layers:
   arrive. Each publish starts with a small mailbox per reader (the version,
   and whether the state dict comes whole or as a delta); in delta mode
   (``WeightPublisher(delta=True)``) readers that hold the last version get
-  only what changed (:func:`delta_encode`: XOR, byte planes, zstd), checked
-  against every parameter before any changes.
+  only what changed (:func:`delta_encode`: the changed words' XOR,
+  entropy-coded), each checked against its parameter as it is applied and
+  all reverted if any fails.
 
 Nothing here needs Ray: handles and results are plain picklable values that
 travel in Ray actor calls (``tensorlane.ray`` re-exports the classes). Where
@@ -475,11 +476,12 @@ class Delta:
 
 
 def delta_encode(prev: Any, cur: Any) -> Delta:
-    """The delta that turns ``prev`` into ``cur`` (same dtype and size): XOR
-    with the previous version, byte planes, zstd, with checksums of both
-    versions. Pays when the link is slower than the codec (a few hundred
-    MB/s a core): on bf16 weights after one Adam step at lr 1e-6..1e-5 it
-    is tens of times smaller than the tensor."""
+    """The delta that turns ``prev`` into ``cur`` (same dtype and size): the
+    8-byte words that changed (a bit each, a bit per unchanged 32 KiB chunk)
+    and their XOR with the previous version in entropy-coded byte planes,
+    with checksums of both versions. Pays when the link is slower than the
+    codec (about 1 GB/s a core here): on bf16 weights after one Adam step
+    at lr 1e-6..1e-5 it is 10-50 times smaller than the tensor."""
     p, c = as_array(prev), as_array(cur)
     if p.nbytes != c.nbytes or p.dtype.itemsize != c.dtype.itemsize:
         raise errors.InvalidArgument(f"delta of {c.dtype}[{c.nbytes} bytes] against {p.dtype}[{p.nbytes} bytes]")
@@ -515,6 +517,18 @@ def delta_apply(base: Any, delta: Any) -> None:
         raise errors.InvalidArgument("delta_apply needs a writable C-contiguous array")
     d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
     _lib.check(_lib.lib().tl_delta_decode(b.__array_interface__["data"][0], b.nbytes,
+                                          d.__array_interface__["data"][0], d.nbytes))
+
+
+def delta_revert(base: Any, delta: Any) -> None:
+    """Undoes :func:`delta_apply`: ``base`` must hold the delta's result
+    (LayoutMismatch otherwise) and becomes the version the delta was made
+    against, checked against the delta's checksum of it."""
+    b = as_array(base)
+    if not b.flags.c_contiguous or not b.flags.writeable:
+        raise errors.InvalidArgument("delta_revert needs a writable C-contiguous array")
+    d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
+    _lib.check(_lib.lib().tl_delta_revert(b.__array_interface__["data"][0], b.nbytes,
                                           d.__array_interface__["data"][0], d.nbytes))
 
 
@@ -676,42 +690,115 @@ class WeightReceiver:
         return _read_mail(self._mailbox)
 
     def _apply_delta(self, mail: Mapping[str, Any], timeout: Optional[float]) -> None:
+        if mail.get("stream"):
+            self._apply_stream(timeout)
+            return
         if "pieces" in mail:
             # It came along the tree, into the delta area's first pieces.
             k, size = int(mail["pieces"]), int(mail["size"])
             if not 0 < k <= len(self._pieces) or size > k * self._piece_bytes:
                 raise errors.Corrupt(f"a delta of {size} bytes in {k} pieces for an area of {len(self._pieces)}")
-            slots = self._pieces[:k]
-            gens = wait_slots(slots, after=self._piece_gen[:k], timeout=timeout)
-            self._piece_gen[:k] = gens
-            self._piece_held = list(zip(slots, gens))
-            blob = np.concatenate([np.asarray(s.array).reshape(-1).view(np.uint8) for s in slots])[:size]
-            self._apply_blob(blob)
+            blob = self._take_pieces(0, k, timeout)[:size]
+            self._apply_blob(blob, list(self._names))
             return
-        ref = base64.b64decode(mail["blob"])
+        self._apply_fetched(mail["blob"], list(self._names), timeout)
+
+    def _take_pieces(self, at: int, k: int, timeout: Optional[float]) -> np.ndarray:
+        """Waits for pieces [at, at+k) of the delta area, notes them to say
+        done with, and returns their bytes."""
+        slots = self._pieces[at:at + k]
+        gens = wait_slots(slots, after=self._piece_gen[at:at + k], timeout=timeout)
+        self._piece_gen[at:at + k] = gens
+        self._piece_held.extend(zip(slots, gens))
+        if k == 1:
+            return np.asarray(slots[0].array).reshape(-1).view(np.uint8)
+        return np.concatenate([np.asarray(s.array).reshape(-1).view(np.uint8) for s in slots])
+
+    def _apply_fetched(self, ref_b64: str, names: List[str], timeout: Optional[float]) -> List[Tuple[Any, Any]]:
+        ref = base64.b64decode(ref_b64)
         blob = self._rt.get(ref, timeout=timeout).reshape(-1).view(np.uint8)
         try:
-            self._apply_blob(blob)
+            return self._apply_blob(blob, names)
         finally:
             try:
                 self._rt.release(ref)
             except errors.Error:
                 pass
 
-    def _apply_blob(self, blob: np.ndarray) -> None:
+    def _apply_stream(self, timeout: Optional[float]) -> None:
+        """A streamed delta: groups in consecutive pieces of the delta area,
+        each applied as it lands; the index at the front of each group says
+        how many pieces it fills and whether it is the last. If any group
+        fails, every group applied is reverted."""
+        applied: List[Tuple[Any, Any]] = []
+        names: List[str] = []
+        at = 0
+        try:
+            while True:
+                if at >= len(self._pieces):
+                    raise errors.Corrupt(f"a streamed delta past the delta area's {len(self._pieces)} pieces")
+                first = self._take_pieces(at, 1, timeout)
+                n = int.from_bytes(first[:4].tobytes(), "little")
+                if not 0 < n <= first.nbytes - 4:
+                    raise errors.Corrupt(f"a delta group's index of {n} bytes")
+                head = json.loads(first[4:4 + n].tobytes())
+                if "fetch" in head:
+                    rest = list(self._names[len(names):])
+                    applied += self._apply_fetched(head["fetch"], rest, timeout)
+                    names += rest
+                    break
+                k, size = int(head["pieces"]), int(head["size"])
+                if not 0 < k <= len(self._pieces) - at or size > k * self._piece_bytes:
+                    raise errors.Corrupt(f"a delta group of {size} bytes in {k} pieces at piece {at}")
+                blob = first if k == 1 else np.concatenate([first, self._take_pieces(at + 1, k - 1, timeout)])
+                group = list(head["names"])
+                if group != list(self._names[len(names):len(names) + len(group)]):
+                    raise errors.LayoutMismatch("the delta's parameters are not this reader's")
+                applied += self._apply_blob(blob[:size], group)
+                names += group
+                at += k
+                if head["last"]:
+                    break
+            if names != list(self._names):
+                raise errors.LayoutMismatch("the delta's parameters are not this reader's")
+        except BaseException:
+            self._revert(applied)
+            raise
+
+    @staticmethod
+    def _revert(applied: List[Tuple[Any, Any]]) -> None:
+        """Reverts the deltas applied (a later one failed)."""
+        list(_pool().map(lambda pd: delta_revert(*pd), applied))
+
+    def _apply_blob(self, blob: np.ndarray, names: List[str]) -> List[Tuple[Any, Any]]:
+        """Applies the deltas of ``names`` in blob (a length-prefixed JSON
+        index, then the deltas) and returns (parameter, delta) pairs. Each
+        delta checks its base as it applies (one pass over the parameter);
+        if any fails, the ones applied here are reverted and its error
+        raised, so a reader whose parameters are not the last version ends
+        with none of them changed (never a mix of two versions)."""
         n = int.from_bytes(blob[:4].tobytes(), "little")
         index = json.loads(blob[4:4 + n].tobytes())
         at = 4 + n
-        if index["names"] != list(self._names):
+        if index["names"] != names:
             raise errors.LayoutMismatch("the delta's parameters are not this reader's")
         parts = []
-        for k, size in zip(self._names, index["sizes"]):
+        for k, size in zip(names, index["sizes"]):
             parts.append((self._params[k], blob[at:at + size]))
             at += size
-        # Every base first: a reader whose parameters are not the last
-        # version changes none of them (never a mix of two versions).
-        list(_pool().map(lambda pd: delta_check(*pd), parts))
-        list(_pool().map(lambda pd: delta_apply(*pd), parts))
+
+        def one(pd: Tuple[Any, Any]) -> Optional[BaseException]:
+            try:
+                delta_apply(*pd)
+                return None
+            except errors.Error as e:
+                return e
+
+        failed = list(_pool().map(one, parts))
+        if any(e is not None for e in failed):
+            self._revert([pd for pd, e in zip(parts, failed) if e is None])
+            raise next(e for e in failed if e is not None)
+        return parts
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Waits until a whole new state dict has arrived and lands it in the
@@ -837,11 +924,19 @@ class WeightPublisher:
     so only when the delta beats the whole state dict at ``link_gbps`` (the
     readers' link, GB/s) with the codec at ``codec_gbps``, or at the rate
     this publisher measured encoding when that is slower.
+
+    ``delta=True`` streams the delta along the tree in groups of about
+    ``delta_stream`` bytes of tensors (64 MiB): group g+1 is encoded while
+    group g is on the wire, and readers apply each group as it lands (the
+    applied ones are reverted if a later one fails). 0 sends it as one blob
+    after encoding all of it, as ``"auto"`` does (it decides by the whole
+    delta's size).
     """
 
     def __init__(self, *, runtime: Optional[Runtime] = None, chunk_size: Optional[int] = None,
                  window: Optional[int] = None, busy_wait: float = 30.0, timeout: Optional[float] = None,
-                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: float = 0.3):
+                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: float = 0.3,
+                 delta_stream: int = 64 << 20):
         if delta not in (False, True, "auto"):
             raise errors.InvalidArgument(f"delta={delta!r}: want False, True or 'auto'")
         if delta == "auto" and not link_gbps:
@@ -849,6 +944,9 @@ class WeightPublisher:
         self._rt = _rt(runtime)
         self._chunk, self._window, self._busy, self._timeout = chunk_size, window, busy_wait, timeout
         self._delta, self._link, self._codec = delta, link_gbps, codec_gbps
+        if delta_stream < 0:
+            raise errors.InvalidArgument(f"delta_stream={delta_stream}: want bytes per group, or 0")
+        self._stream = delta_stream
         self._codec_seen: Optional[float] = None  # GB/s of state dict encoded, as measured
         self._lock = threading.RLock()
         self._readers: Dict[str, ReaderHandle] = {}
@@ -946,14 +1044,26 @@ class WeightPublisher:
                 raise errors.InvalidArgument("explain needs a published state dict and a reader")
             return explain_broadcast(self._full_srcs(), [h.refs for h in self._readers.values()], runtime=self._rt)
 
-    def _encode(self, state_dict: Mapping[str, Any]) -> Tuple[np.ndarray, int]:
-        """The deltas of every tensor against the last version, as one blob:
-        a length-prefixed JSON index, then the deltas in order."""
+    def _encode(self, state_dict: Mapping[str, Any], names: Optional[Sequence[str]] = None,
+                piece: int = 0, last: bool = True) -> Tuple[np.ndarray, int]:
+        """The deltas of ``names`` (every tensor by default) against the last
+        version, as one blob: a length-prefixed JSON index, then the deltas
+        in order. With ``piece`` (a streamed group) the index also says how
+        many pieces of that size the blob fills, its size, and whether it is
+        the last group."""
         assert self._prev is not None and self._names is not None
+        names = list(self._names if names is None else names)
         # One tensor per thread: the codec runs in Go with the GIL released.
-        ds = list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), self._names))
-        index = json.dumps({"names": list(self._names), "sizes": [d.data.nbytes for d in ds]}).encode()
+        ds = list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), names))
+        head: Dict[str, Any] = {"names": names, "sizes": [d.data.nbytes for d in ds]}
+        if piece:
+            # Fixed-width fields: the index's length must not depend on them.
+            head.update(pieces="0" * 10, size="0" * 16, last=last)
+        index = json.dumps(head).encode()
         total = 4 + len(index) + sum(d.data.nbytes for d in ds)
+        if piece:
+            head.update(pieces=f"{-(-total // piece):010d}", size=f"{total:016d}")
+            index = json.dumps(head).encode()
         blob = self._rt.empty(total, np.uint8)
         blob[:4] = np.frombuffer(len(index).to_bytes(4, "little"), np.uint8)
         blob[4:4 + len(index)] = np.frombuffer(index, np.uint8)
@@ -963,22 +1073,103 @@ class WeightPublisher:
             at += d.data.nbytes
         return blob, sum(d.nbytes for d in ds)
 
-    def _pieces(self, blob: np.ndarray, piece: int, k: int) -> List[Ref]:
+    def _pieces(self, blob: np.ndarray, piece: int, k: int, at: int = 0) -> List[Ref]:
         """The refs of k pieces of ``piece`` bytes holding the blob (the
-        last one padded): published once, rewritten in place each publish
-        (publish blocks until the broadcast is done)."""
+        last one padded), from piece ``at`` on: published once, rewritten in
+        place each publish (publish blocks until its broadcasts are done)."""
         if self._piece_src and self._piece_src[0][0].nbytes != piece:
             for _, ref in self._piece_src:
                 self._rt.free(ref)
             self._piece_src = []
-        while len(self._piece_src) < k:
+        while len(self._piece_src) < at + k:
             a = self._rt.empty(piece, np.uint8)
             self._piece_src.append((a, self._rt.put(a)))
         flat = blob.reshape(-1).view(np.uint8)
         for i in range(k):
             part = flat[i * piece:(i + 1) * piece]
-            self._piece_src[i][0][:part.nbytes] = part
-        return [ref for _, ref in self._piece_src[:k]]
+            self._piece_src[at + i][0][:part.nbytes] = part
+        return [ref for _, ref in self._piece_src[at:at + k]]
+
+    def _groups(self) -> List[List[str]]:
+        """The streamed delta's groups: consecutive tensors of about
+        ``delta_stream`` bytes each."""
+        assert self._names is not None and self._sizes is not None
+        out: List[List[str]] = [[]]
+        acc = 0
+        for k, n in zip(self._names, self._sizes):
+            if out[-1] and acc + n > self._stream:
+                out.append([])
+                acc = 0
+            out[-1].append(k)
+            acc += n
+        return out
+
+    def _advance(self, state_dict: Mapping[str, Any], names: Sequence[str]) -> Any:
+        """Copies ``names`` of this version into the last one, in the
+        codec's pool (numpy copies without the GIL): the caller encoded
+        them already and waits for the future before the next publish."""
+        prev = self._prev
+        assert prev is not None
+        return _pool().submit(lambda: [np.copyto(prev[k], as_array(state_dict[k])) for k in names])
+
+    def _stream_delta(self, state_dict: Mapping[str, Any], readers: List[ReaderHandle],
+                      timeout: Optional[float], advances: List[Any]) -> Tuple[int, float, int, str, Dict[str, ReaderResult], str]:
+        """Delta mode along the tree, streamed: the tensors go in groups, one
+        broadcast each into consecutive pieces of the readers' delta areas;
+        group g+1 is encoded while group g is on the wire (the broadcast
+        runs in Go), and a reader applies each group as it lands. A group
+        that would not fit what is left of the area goes, with every tensor
+        after it, as one blob each reader fetches (its index, in one piece,
+        names it). Returns the delta's bytes, seconds, bytes moved, the
+        first tree, a result per reader, and how it went ("tree", or
+        "tree+fetch" when part of it was fetched)."""
+        piece, area = readers[0].piece_bytes, min(len(h.pieces) for h in readers)
+        self._mail_delta[:] = _mail(self.version, "delta", stream=True)
+        groups = self._groups()
+        ops: List[Any] = []
+        at, blob_bytes, t0, via = 0, 0, time.perf_counter(), "tree"
+        try:
+            for g, names in enumerate(groups):
+                last = g == len(groups) - 1
+                blob, _ = self._encode(state_dict, names, piece=piece, last=last)
+                k = -(-int(blob.nbytes) // piece)
+                encoded = list(names)
+                if at + k + (0 if last else 1) > area:
+                    # It does not fit (with a piece kept for a later group's
+                    # index): this group and the rest, fetched.
+                    rest = [n for gg in groups[g:] for n in gg]
+                    if len(rest) > len(names):
+                        blob, _ = self._encode(state_dict, rest)
+                        encoded = rest
+                    fetched = int(blob.nbytes)
+                    self._blobs.append(self._rt.put(blob))
+                    if len(self._blobs) > 2:
+                        self._rt.free(self._blobs.pop(0))
+                    head = json.dumps({"fetch": base64.b64encode(bytes(self._blobs[-1])).decode(), "last": True,
+                                       "pieces": f"{1:010d}"}).encode()
+                    blob = np.zeros(4 + len(head), np.uint8)
+                    blob[:4] = np.frombuffer(len(head).to_bytes(4, "little"), np.uint8)
+                    blob[4:] = np.frombuffer(head, np.uint8)
+                    blob_bytes += fetched
+                    k, last, via = 1, True, "tree+fetch"
+                blob_bytes += int(blob.nbytes)
+                advances.append(self._advance(state_dict, encoded))
+                srcs = ([self._mails()[1]] if g == 0 else []) + self._pieces(blob, piece, k, at)
+                dsts = [([h.mailbox] if g == 0 else []) + list(h.pieces[at:at + k]) for h in readers]
+                ops.append(broadcast(srcs, dsts, chunk_size=self._chunk, window=self._window, busy_wait=self._busy,
+                                     timeout=timeout or self._timeout, runtime=self._rt))
+                at += k
+                if last:
+                    break
+            results = [op.result() for op in ops]
+        finally:
+            for op in ops:
+                op.close()
+        out: Dict[str, ReaderResult] = {}
+        for i, h in enumerate(readers):
+            rrs = [r.readers[i] for r in results]
+            out[h.name] = next((rr for rr in rrs if not rr.ok), rrs[0])
+        return blob_bytes, time.perf_counter() - t0, sum(r.bytes for r in results), results[0].tree, out, via
 
     def publish(self, state_dict: Mapping[str, Any], *, timeout: Optional[float] = None) -> SyncResult:
         """Sends the state dict to every reader (one broadcast along the tree;
@@ -987,113 +1178,142 @@ class WeightPublisher:
         dropped; readers still busy with the previous version (not done
         within ``busy_wait``) keep it and get SlotBusy."""
         with self._lock:
-            names = tuple(state_dict)
-            if not names:
-                raise errors.InvalidArgument("an empty state dict")
-            if self._names is None:
-                self._names = names
-                self._sizes = tuple(int(as_array(state_dict[k]).nbytes) for k in names)
-                for h in list(self._readers.values()):
-                    self._check(h)
-            elif names != self._names:
-                raise errors.LayoutMismatch("the state dict's keys differ from the first publish's (or their order)")
-            srcs = [self._ref(k, state_dict[k]) for k in names]
-            self.version += 1
-            handles = list(self._readers.values())
-            full_bytes = sum(self._sizes or ())
-            # Delta mode: readers that hold the last version get the delta.
-            delta_readers: List[ReaderHandle] = []
-            blob_bytes = 0
-            # Encode only for readers that hold the last version: with none
-            # (all new or resynced) the delta would be made for nobody.
-            if self._delta and self._prev is not None and any(h.name in self._fresh for h in handles):
-                t0 = time.perf_counter()
-                blob, _ = self._encode(state_dict)
-                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
-                # The codec rate this machine shows (encoding, smoothed),
-                # when slower than the one configured: a loaded host's codec
-                # can be slower than its link, and then the delta loses.
-                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
-                codec = min(self._codec, self._codec_seen)
-                blob_bytes = int(blob.nbytes)
-                worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
-                if worth:
-                    delta_readers = [h for h in handles if h.name in self._fresh]
-            full_readers = [h for h in handles if h not in delta_readers]
-            out: Dict[str, ReaderResult] = {}
-            modes: Dict[str, str] = {}
-            dropped: List[str] = []
-            seconds, nbytes, tree, via = 0.0, 0, "", ""
-            if delta_readers:
-                piece = delta_readers[0].piece_bytes
-                k = -(-blob_bytes // piece) if piece else 0
-                if piece and all(h.piece_bytes == piece and len(h.pieces) >= k for h in delta_readers):
-                    # Along the tree: one copy per host, as the full state dict.
-                    via = "tree"
-                    self._mail_delta[:] = _mail(self.version, "delta", pieces=k, size=blob_bytes)
-                    op = broadcast([self._mails()[1]] + self._pieces(blob, piece, k),
-                                   [[h.mailbox] + list(h.pieces[:k]) for h in delta_readers], chunk_size=self._chunk,
-                                   window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
-                                   runtime=self._rt)
-                    try:
-                        res = op.result()
-                    finally:
-                        op.close()
-                    seconds, nbytes, tree = res.seconds, res.bytes, res.tree
-                    for h, rr in zip(delta_readers, res.readers):
-                        out[h.name] = rr
-                        modes[h.name] = "delta"
-                else:
-                    via = "fetch"
-                    self._blobs.append(self._rt.put(blob))
-                    if len(self._blobs) > 2:
-                        self._rt.free(self._blobs.pop(0))
-                    self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
-                    mref = self._mails()[1]
-                    for h in delta_readers:
-                        # The reader says done with the last mailbox before the next lands.
-                        try:
-                            wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
-                        except errors.Error:
-                            pass  # the push below reports it (SlotBusy, ReaderDied...)
-                    res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
-                                     timeout=timeout or self._timeout, runtime=self._rt)
-                    for i, (h, r) in enumerate(zip(delta_readers, res)):
-                        out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
-                        modes[h.name] = "delta"
-            if full_readers:
-                self._mail_full[:] = _mail(self.version, "full")
-                if self._last is not None:
-                    self._last.close()
-                    self._last = None
-                op = broadcast(self._full_srcs()[:1] + srcs, [h.refs for h in full_readers], chunk_size=self._chunk,
+            advances: List[Any] = []  # copies of this version into the last one, when encoded
+            try:
+                return self._publish(state_dict, timeout, advances)
+            except BaseException:
+                # The last version may be partly this one now: no reader
+                # holds it, so the next publish sends whole state dicts.
+                for f in advances:
+                    f.exception()
+                self._fresh.clear()
+                raise
+
+    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float], advances: List[Any]) -> SyncResult:
+        """publish's body, under its lock."""
+        names = tuple(state_dict)
+        if not names:
+            raise errors.InvalidArgument("an empty state dict")
+        if self._names is None:
+            self._names = names
+            self._sizes = tuple(int(as_array(state_dict[k]).nbytes) for k in names)
+            for h in list(self._readers.values()):
+                self._check(h)
+        elif names != self._names:
+            raise errors.LayoutMismatch("the state dict's keys differ from the first publish's (or their order)")
+        srcs = [self._ref(k, state_dict[k]) for k in names]
+        self.version += 1
+        handles = list(self._readers.values())
+        full_bytes = sum(self._sizes or ())
+        # Delta mode: readers that hold the last version get the delta.
+        delta_readers: List[ReaderHandle] = []
+        blob_bytes = 0
+        # Encode only for readers that hold the last version: with none
+        # (all new or resynced) the delta would be made for nobody.
+        out: Dict[str, ReaderResult] = {}
+        modes: Dict[str, str] = {}
+        dropped: List[str] = []
+        seconds, nbytes, tree, via = 0.0, 0, "", ""
+        streamed = False
+        fresh = [h for h in handles if h.name in self._fresh]
+        if self._delta is True and self._prev is not None and fresh and self._stream and \
+                fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
+            # Streamed along the tree (see _stream_delta).
+            delta_readers, streamed = fresh, True
+            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advances)
+            out.update(res)
+            modes.update({h.name: "delta" for h in fresh})
+        elif self._delta and self._prev is not None and fresh:
+            t0 = time.perf_counter()
+            blob, _ = self._encode(state_dict)
+            seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+            # The last version becomes this one while the delta is on
+            # the wire (numpy copies without the GIL; the broadcasts
+            # read the state dict and the blob, not it).
+            advances.append(self._advance(state_dict, names))
+            # The codec rate this machine shows (encoding, smoothed),
+            # when slower than the one configured: a loaded host's codec
+            # can be slower than its link, and then the delta loses.
+            self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+            codec = min(self._codec, self._codec_seen)
+            blob_bytes = int(blob.nbytes)
+            worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
+            if worth:
+                delta_readers = fresh
+        full_readers = [h for h in handles if h not in delta_readers]
+        if delta_readers and not streamed:
+            piece = delta_readers[0].piece_bytes
+            k = -(-blob_bytes // piece) if piece else 0
+            if piece and all(h.piece_bytes == piece and len(h.pieces) >= k for h in delta_readers):
+                # Along the tree: one copy per host, as the full state dict.
+                via = "tree"
+                self._mail_delta[:] = _mail(self.version, "delta", pieces=k, size=blob_bytes)
+                op = broadcast([self._mails()[1]] + self._pieces(blob, piece, k),
+                               [[h.mailbox] + list(h.pieces[:k]) for h in delta_readers], chunk_size=self._chunk,
                                window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
                                runtime=self._rt)
-                res = op.result()
-                self._last = op
-                seconds, nbytes, tree = seconds + res.seconds, res.bytes, res.tree
-                for h, rr in zip(full_readers, res.readers):
+                try:
+                    res = op.result()
+                finally:
+                    op.close()
+                seconds, nbytes, tree = res.seconds, res.bytes, res.tree
+                for h, rr in zip(delta_readers, res.readers):
                     out[h.name] = rr
-                    modes[h.name] = "full"
-            for h in handles:
-                rr = out[h.name]
-                if rr.ok:
-                    self._mail_gen[h.name] += 1
-                    self._fresh.add(h.name)
-                else:
-                    self._fresh.discard(h.name)
-                    if rr.error is not None and rr.error.kind in _DEAD_KINDS:
-                        self._readers.pop(h.name, None)
-                        dropped.append(h.name)
-            if self._delta:
-                if self._prev is None:
-                    self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
-                else:
-                    for k in names:
-                        np.copyto(self._prev[k], as_array(state_dict[k]))
-            return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
-                              tree=tree, modes=modes, full_bytes=full_bytes,
-                              delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
+                    modes[h.name] = "delta"
+            else:
+                via = "fetch"
+                self._blobs.append(self._rt.put(blob))
+                if len(self._blobs) > 2:
+                    self._rt.free(self._blobs.pop(0))
+                self._mail_delta[:] = _mail(self.version, "delta", self._blobs[-1])
+                mref = self._mails()[1]
+                for h in delta_readers:
+                    # The reader says done with the last mailbox before the next lands.
+                    try:
+                        wait_consumed(h.mailbox, self._mail_gen[h.name], timeout=self._busy, runtime=self._rt)
+                    except errors.Error:
+                        pass  # the push below reports it (SlotBusy, ReaderDied...)
+                res = push_batch([mref] * len(delta_readers), [h.mailbox for h in delta_readers],
+                                 timeout=timeout or self._timeout, runtime=self._rt)
+                for i, (h, r) in enumerate(zip(delta_readers, res)):
+                    out[h.name] = ReaderResult(index=i, fed="owner", path=r.transport, error=r.error)
+                    modes[h.name] = "delta"
+        if full_readers:
+            self._mail_full[:] = _mail(self.version, "full")
+            if self._last is not None:
+                self._last.close()
+                self._last = None
+            op = broadcast(self._full_srcs()[:1] + srcs, [h.refs for h in full_readers], chunk_size=self._chunk,
+                           window=self._window, busy_wait=self._busy, timeout=timeout or self._timeout,
+                           runtime=self._rt)
+            res = op.result()
+            self._last = op
+            seconds, nbytes, tree = seconds + res.seconds, res.bytes, res.tree
+            for h, rr in zip(full_readers, res.readers):
+                out[h.name] = rr
+                modes[h.name] = "full"
+        for h in handles:
+            rr = out[h.name]
+            if rr.ok:
+                self._mail_gen[h.name] += 1
+                self._fresh.add(h.name)
+            else:
+                self._fresh.discard(h.name)
+                if rr.error is not None and rr.error.kind in _DEAD_KINDS:
+                    self._readers.pop(h.name, None)
+                    dropped.append(h.name)
+        if advances:
+            for f in advances:
+                f.result()
+        elif self._delta:
+            if self._prev is None:
+                self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
+            else:
+                for k in names:
+                    np.copyto(self._prev[k], as_array(state_dict[k]))
+        return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
+                          tree=tree, modes=modes, full_bytes=full_bytes,
+                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
 
     def wait_consumed(self, timeout: Optional[float] = None) -> None:
         """Waits until every reader the last full publish reached said done
@@ -1130,6 +1350,6 @@ class WeightPublisher:
 __all__ = [
     "Slot", "wait_slots", "PushResult", "push", "push_batch", "wait_consumed", "ReaderResult", "BroadcastResult",
     "Progress", "Operation", "broadcast", "explain_broadcast", "ReaderHandle", "WeightReceiver", "WeightPublisher",
-    "SyncResult", "Delta", "delta_encode", "delta_check", "delta_apply", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
+    "SyncResult", "Delta", "delta_encode", "delta_check", "delta_apply", "delta_revert", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
     "MAILBOX_BYTES",
 ]

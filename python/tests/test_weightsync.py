@@ -292,6 +292,12 @@ def test_delta_after_adam_step_verified_against_full():
     with pytest.raises(errors.LayoutMismatch):
         ws.delta_apply(base, d)
     np.testing.assert_array_equal(base.view(np.uint16), cur.view(np.uint16))
+    # Revert undoes it (only from the delta's result).
+    ws.delta_revert(base, d)
+    np.testing.assert_array_equal(base.view(np.uint16), prev.view(np.uint16))
+    with pytest.raises(errors.LayoutMismatch):
+        ws.delta_revert(base, d)
+    ws.delta_apply(base, d)
     other = prev.copy()
     with pytest.raises(errors.Corrupt):
         ws.delta_apply(other, d.data[:-4])
@@ -401,8 +407,9 @@ def test_publisher_delta_auto(link_gbps, mode):
             x.close()
 
 
+@pytest.mark.parametrize("stream", [64 << 20, 0], ids=["streamed", "one blob"])
 @pytest.mark.parametrize("area,via", [(0.125, "tree"), (0.0, "fetch")], ids=["fits the area", "no area"])
-def test_publisher_delta_along_the_tree(area, via):
+def test_publisher_delta_along_the_tree(area, via, stream):
     """A delta that fits the readers' delta areas goes along the broadcast
     tree (one copy crosses to h1, where the first reader relays it to the
     second); without an area each reader fetches it from the trainer. Either
@@ -413,7 +420,7 @@ def test_publisher_delta_along_the_tree(area, via):
         rng = np.random.default_rng(9)
         master = {f"w{i}": (rng.standard_normal(50000) * 0.02).astype(np.float32) for i in range(4)}
         sd = {k: v.astype(_bf16()) for k, v in master.items()}
-        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30)
+        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30, delta_stream=stream)
         recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt, delta_area=area)
                 for i, rt in enumerate(readers)]
         assert all(bool(r.handle().pieces) == (area > 0) for r in recv)
@@ -438,6 +445,75 @@ def test_publisher_delta_along_the_tree(area, via):
                 for k in sd:
                     assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
                 r.done()
+        pub.close()
+        for r in recv:
+            r.close()
+    finally:
+        owner.close()
+        for r in readers:
+            r.close()
+
+
+@pytest.mark.parametrize("area,via", [(0.125, "tree"), (0.03, "tree+fetch")])
+def test_publisher_delta_streamed(area, via):
+    """delta_stream: the delta goes in groups (here one tensor each), each
+    its own broadcast into the next pieces of the readers' delta areas, and
+    readers apply each as it lands; a group that does not fit what is left
+    of a small area goes, with the rest, as one fetched blob. Every reader
+    ends byte for byte with the trainer's state; a reader whose last tensor
+    drifted refuses the step and has every group it applied reverted."""
+    pytest.importorskip("ml_dtypes")
+    owner, readers = _cluster(2, 1)
+    try:
+        rng = np.random.default_rng(11)
+        master = {f"w{i}": (rng.standard_normal(50000) * 0.02).astype(np.float32) for i in range(4)}
+        sd = {k: v.astype(_bf16()) for k, v in master.items()}
+        pub = ws.WeightPublisher(runtime=owner, delta=True, busy_wait=5, timeout=30, delta_stream=100_000)
+        recv = [ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name=f"r{i}", runtime=rt, delta_area=area)
+                for i, rt in enumerate(readers)]
+        for r in recv:
+            pub.join(r.handle())
+        assert pub.publish(sd).ok
+        for r in recv:
+            assert r.wait(timeout=10) == 1
+            r.done()
+        for step in range(2, 5):
+            for k in master:
+                master[k][rng.random(master[k].shape) < 0.02] *= 1.5
+                sd[k][:] = master[k].astype(_bf16())
+            res = pub.publish(sd)
+            assert res.ok, res.failed()
+            assert set(res.modes.values()) == {"delta"} and res.delta_via == via, (res.modes, res.delta_via)
+            assert 0 < res.delta_bytes * 4 < res.full_bytes
+            for r in recv:
+                assert r.wait(timeout=10) == step
+                for k in sd:
+                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+                r.done()
+        # The last group's base drifted on reader 0: it refuses, and the
+        # groups it had applied are put back.
+        recv[0]._params["w3"][5] += 1
+        before = {k: v.copy() for k, v in recv[0]._params.items()}
+        for k in master:
+            master[k][rng.random(master[k].shape) < 0.02] *= 1.5
+            sd[k][:] = master[k].astype(_bf16())
+        pub.publish(sd)
+        with pytest.raises(errors.LayoutMismatch):
+            recv[0].wait(timeout=10)
+        for k in sd:
+            assert recv[0]._params[k].view(np.uint16).tobytes() == before[k].view(np.uint16).tobytes(), k
+        recv[0].done()
+        for r in recv[1:]:
+            assert r.wait(timeout=10) == 5
+            r.done()
+        pub.resync("r0")
+        res = pub.publish(sd)
+        assert res.ok and res.modes == {"r0": "full", "r1": "delta", "r2": "delta"}, res.modes
+        for r in recv:
+            assert r.wait(timeout=10) == 6
+            for k in sd:
+                assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+            r.done()
         pub.close()
         for r in recv:
             r.close()

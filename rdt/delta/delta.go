@@ -2,12 +2,17 @@
 // reader already holds, for weight sync over links slower than the codec.
 // Most bf16 weights are bitwise unchanged by one optimizer step at the
 // learning rates of RL post-training (1e-6 to 1e-5): the step is smaller
-// than a bf16 ulp for most weights. So the sender XORs the new bytes with
-// the previous version (zero wherever nothing changed), splits the XOR into
-// byte planes (the high byte of a bf16 holds sign and exponent and is
-// almost always unchanged; the low byte holds the mantissa bits that flip)
-// and compresses each plane with zstd, which turns long runs of zeros into
-// a few bytes. The reader XORs the decoded planes into its copy.
+// than a bf16 ulp for most weights. So the sender compares the two
+// versions 8-byte word by word and sends only the words that changed: a
+// bit per 32 KiB chunk (an unchanged chunk costs that bit and nothing
+// more), a bit per word in the chunks that changed, and the changed words'
+// XOR with the previous version in byte planes, entropy-coded (huff0, as
+// the tcp codec: the high byte of a bf16 holds sign and exponent and its
+// XOR is almost always zero; the low byte holds the mantissa bits that
+// flip). The reader XORs the words into its copy. Coding costs a compare
+// of the two versions plus work in proportion to what changed (sparse.go;
+// the first format, v1, XORed every element into full-size planes and ran
+// zstd over all of them, and is still decoded).
 //
 // Every delta says which base it was made against and what it produces
 // (XXH3-64 of both): Decode refuses a base that is not the reader's
@@ -97,13 +102,33 @@ func (s Stats) Ratio() float64 {
 }
 
 // Encode appends to dst the delta that turns prev into cur (equal lengths,
-// elements of elem bytes: 1, 2, 4 or 8).
+// elements of elem bytes: 1, 2, 4 or 8), in the sparse format (v2): its
+// cost is a compare of the two versions word by word plus coding the
+// changed words; it appends at most Bound(len(cur)) bytes.
 func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
+	if err := checkArgs(prev, cur, elem); err != nil {
+		return dst, Stats{}, err
+	}
+	d, st := encodeV2(dst, prev, cur, elem)
+	return d, st, nil
+}
+
+func checkArgs(prev, cur []byte, elem int) error {
 	if len(prev) != len(cur) {
-		return dst, Stats{}, fmt.Errorf("delta: base of %d bytes, new version of %d", len(prev), len(cur))
+		return fmt.Errorf("delta: base of %d bytes, new version of %d", len(prev), len(cur))
 	}
 	if elem != 1 && elem != 2 && elem != 4 && elem != 8 {
-		return dst, Stats{}, fmt.Errorf("delta: element size %d", elem)
+		return fmt.Errorf("delta: element size %d", elem)
+	}
+	return nil
+}
+
+// encodeV1 appends the v1 delta (full-size XOR planes, zstd): what Encode
+// wrote before v2, kept so that Decode's v1 path stays tested and the
+// benchmarks can put the two side by side.
+func encodeV1(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
+	if err := checkArgs(prev, cur, elem); err != nil {
+		return dst, Stats{}, err
 	}
 	n := len(cur)
 	// One pass: the XOR, straight into its byte planes.
@@ -128,7 +153,7 @@ func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
 // deltas of a whole state dict checks every base first, so it never ends
 // with some tensors at the new version and some at the old.
 func Check(base, d []byte) error {
-	if len(d) < headerSize || string(d[:4]) != magic {
+	if len(d) < headerSize || (string(d[:4]) != magic && string(d[:4]) != magicV2) {
 		return fmt.Errorf("%w: no delta header", ErrCorrupt)
 	}
 	if n := binary.LittleEndian.Uint64(d[5:]); n != uint64(len(base)) {
@@ -142,8 +167,27 @@ func Check(base, d []byte) error {
 
 // Decode applies the delta d to base in place: base becomes the sender's
 // new version. On any error base is as it was.
-func Decode(base, d []byte) error {
-	if len(d) < headerSize || string(d[:4]) != magic {
+func Decode(base, d []byte) error { return apply(base, d, sumBase, sumResult) }
+
+// Revert undoes Decode: base must be d's result (ErrBaseMismatch
+// otherwise) and becomes the version d was made against, checked against
+// d's checksum of it. A reader applying the deltas of a whole state dict
+// one by one reverts those it applied when a later one fails, so it never
+// ends with a mix of two versions without hashing every base twice (Check
+// of all, then Decode of each).
+func Revert(base, d []byte) error { return apply(base, d, sumResult, sumBase) }
+
+// Offsets of the two checksums in both formats' headers.
+const (
+	sumBase   = 13
+	sumResult = 21
+)
+
+// apply XORs d into base, which must hash to the checksum at offset from
+// in d's header, and checks the result against the one at offset to; on
+// any error base is as it was.
+func apply(base, d []byte, from, to int) error {
+	if len(d) < headerSize || (string(d[:4]) != magic && string(d[:4]) != magicV2) {
 		return fmt.Errorf("%w: no delta header", ErrCorrupt)
 	}
 	elem := int(d[4])
@@ -151,7 +195,12 @@ func Decode(base, d []byte) error {
 	if (elem != 1 && elem != 2 && elem != 4 && elem != 8) || n != uint64(len(base)) {
 		return fmt.Errorf("%w: a delta of %d-byte elements for %d bytes applied to %d", ErrCorrupt, elem, n, len(base))
 	}
-	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[13:]) {
+	want := binary.LittleEndian.Uint64(d[to:])
+	if string(d[:4]) == magicV2 {
+		// It checks the base in the same pass as it applies the words.
+		return decodeV2(base, d, binary.LittleEndian.Uint64(d[from:]), want)
+	}
+	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[from:]) {
 		return ErrBaseMismatch
 	}
 	_, z := coders()
@@ -161,7 +210,7 @@ func Decode(base, d []byte) error {
 	}
 	defer putPlanes(pl)
 	applyPlanes(base, pl, elem)
-	if xxh3.Hash(base) != binary.LittleEndian.Uint64(d[21:]) {
+	if xxh3.Hash(base) != want {
 		applyPlanes(base, pl, elem) // XOR is its own inverse: the base is restored
 		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
 	}

@@ -10,12 +10,13 @@ import (
 )
 
 // DeltaBound is the most bytes DeltaEncode may write for n bytes of
-// tensor (zstd's worst case plus the header), so a caller can size the
-// output once.
-func DeltaBound(n int64) int64 { return n + n/128 + 1024 }
+// tensor (delta.Bound: every word changed and incompressible, plus the
+// maps and headers), so a caller can size the output once.
+func DeltaBound(n int64) int64 { return delta.Bound(n) }
 
 // DeltaEncode writes into out the delta that turns prev into cur (rdt/delta:
-// XOR, byte planes, zstd, checksums of both) and returns its length and
+// the changed 8-byte words' XOR and where they are, entropy-coded, and
+// checksums of both versions) and returns its length and
 // the count of elements that changed.
 func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 	if len(prev) != len(cur) || len(cur) == 0 {
@@ -41,6 +42,10 @@ func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 // delta's (ErrBaseMismatch) is a layout_mismatch, a bad delta corrupt; on
 // any error base is unchanged.
 func DeltaDecode(base, d []byte) error { return deltaErr(delta.Decode(base, d)) }
+
+// DeltaRevert undoes DeltaDecode: base must be the delta's result
+// (layout_mismatch otherwise) and becomes the version it was made against.
+func DeltaRevert(base, d []byte) error { return deltaErr(delta.Revert(base, d)) }
 
 // DeltaCheck reports whether base is the version d was made against,
 // changing nothing.

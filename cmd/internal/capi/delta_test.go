@@ -42,3 +42,20 @@ func TestDeltaRoundTripAndKinds(t *testing.T) {
 	_, _, err = DeltaEncode(prev, cur, out, 3)
 	assert.Equal(t, "invalid_argument", kindOf(err))
 }
+
+// TestDeltaRevert: DeltaRevert undoes DeltaDecode, and refuses a base that
+// is not the delta's result (layout_mismatch), leaving it as it was.
+func TestDeltaRevert(t *testing.T) {
+	prev := pattern(1 << 12)
+	cur := bytes.Clone(prev)
+	cur[100] ^= 0x40
+	out := make([]byte, DeltaBound(int64(len(cur))))
+	n, _, err := DeltaEncode(prev, cur, out, 2)
+	require.NoError(t, err)
+	base := bytes.Clone(prev)
+	assert.Equal(t, "layout_mismatch", kindOf(DeltaRevert(base, out[:n])))
+	assert.Equal(t, prev, base)
+	require.NoError(t, DeltaDecode(base, out[:n]))
+	require.NoError(t, DeltaRevert(base, out[:n]))
+	assert.Equal(t, prev, base)
+}
