@@ -1,10 +1,10 @@
 package tensor
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -57,14 +57,7 @@ func TestPopulateParallel(t *testing.T) {
 	require.NoError(t, err)
 	defer seg.free()
 	populateParallel(seg.data)
-	vec := make([]byte, (n+int(pageSize)-1)/int(pageSize))
-	_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&seg.data[0])), uintptr(n), uintptr(unsafe.Pointer(&vec[0])))
-	require.Zero(t, errno, "mincore")
-	for i, v := range vec {
-		if v&1 == 0 {
-			t.Fatalf("page %d not resident", i)
-		}
-	}
+	assert.Equal(t, n/int(pageSize), resident(t, seg.data), "every page resident")
 	assert.Equal(t, -1, slices.IndexFunc(seg.data, func(b byte) bool { return b != 0 }))
 }
 
@@ -99,4 +92,37 @@ func BenchmarkPopulate(b *testing.B) {
 	b.ReportMetric(one.Seconds()/par.Seconds(), "ratio-one/parallel")
 	b.ReportMetric(float64(b.N)*n/1e9/par.Seconds(), "parallel-GB/s")
 	b.ReportMetric(float64(b.N)*n/1e9/one.Seconds(), "one-GB/s")
+}
+
+// TestSlabLazyPages: a slab allocation populates its fresh pages unless
+// its context says a lazy writer fills them (WithLazyPages), and a range
+// a lazy writer filled is not populated again when it is reused.
+func TestSlabLazyPages(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	const n = 8 << 20
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want int // resident pages after Alloc
+	}{
+		{"populated", context.Background(), n / int(pageSize)},
+		{"lazy", WithLazyPages(context.Background()), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := NewSlabMemory(SlabConfig{SlabSize: n})
+			require.NoError(t, err)
+			defer m.Close()
+			b, err := m.Alloc(c.ctx, n)
+			require.NoError(t, err)
+			p, err := BytesOf(b)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, resident(t, p))
+			assert.True(t, lazyPages(c.ctx) == (c.want == 0))
+			// The chunks count as populated either way: reuse does not
+			// populate again.
+			s, e := b.(*slabBuffer).s.toPopulate(0, n)
+			assert.Equal(t, s, e, "nothing left to populate")
+			require.NoError(t, b.Release())
+		})
+	}
 }

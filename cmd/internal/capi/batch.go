@@ -90,7 +90,9 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
-	items, err := r.actor.GetBatch(ctx, refs, tensor.HostDevice, rdt.BatchConfig{})
+	// As in Get: the transports fill the new memory, faulting its pages in
+	// as the bytes arrive (tensor.WithLazyPages).
+	items, err := r.actor.GetBatch(tensor.WithLazyPages(ctx), refs, tensor.HostDevice, rdt.BatchConfig{})
 	if err != nil {
 		return nil, err
 	}

@@ -803,7 +803,10 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
-	t, x, err := r.actor.Fetch(ctx, ref, tensor.HostDevice)
+	// The transport fills the new memory: a network receive faults its
+	// pages in as the bytes arrive, which costs less than populating them
+	// all before the first byte (tensor.WithLazyPages).
+	t, x, err := r.actor.Fetch(tensor.WithLazyPages(ctx), ref, tensor.HostDevice)
 	r.count(x, start, err)
 	if err != nil {
 		return nil, 0, x, err
