@@ -90,9 +90,11 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
+	stop := r.warmOwners(ctx, refs)
 	// As in Get: the transports fill the new memory, faulting its pages in
 	// as the bytes arrive (tensor.WithLazyPages).
 	items, err := r.actor.GetBatch(tensor.WithLazyPages(ctx), refs, tensor.HostDevice, rdt.BatchConfig{})
+	stop()
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +114,54 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 		out[i] = BatchGot{Ptr: p, N: n}
 	}
 	return out, nil
+}
+
+// warmOwners starts rdt's Warm for the largest of refs of each owner, so
+// that a first read from an owner dials and authenticates its data
+// connections (tcp) while the Get's lease request, and the control
+// channel's own first contact, are in flight, not after them: the reader
+// learns of a ref only here (Ray hands it over in recv_multiple_tensors).
+// Only a runtime's first Get from each owner does it: a later Get finds
+// the connections pooled (or, after they idled out, dials as it always
+// did) and pays one map lookup, not a goroutine and a plan. Measured, a
+// fresh reader's first 64 MiB GetBatch over tcp (loopback, five runs of 8
+// interleaved pairs, load 15-22): median alone / with Warm alongside
+// 1.18, 1.13, 0.76, 1.08, 1.15. stop cancels what is still dialing and
+// waits for it.
+func (r *Runtime) warmOwners(ctx context.Context, refs []rdt.Ref) (stop func()) {
+	var largest map[string]int
+	for i, ref := range refs {
+		k := string(ref.Owner)
+		if _, done := r.warmed.Load(k); done {
+			continue
+		}
+		if largest == nil {
+			largest = map[string]int{}
+		}
+		if j, ok := largest[k]; !ok || spanLen(ref) > spanLen(refs[j]) {
+			largest[k] = i
+		}
+	}
+	if len(largest) == 0 {
+		return func() {}
+	}
+	for k := range largest {
+		r.warmed.Store(k, struct{}{})
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, i := range largest {
+		wg.Go(func() { _ = r.actor.Warm(ctx, refs[i], tensor.HostDevice) }) // its error: the Get tries on its own
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+func spanLen(ref rdt.Ref) int64 {
+	_, n := spanOf(ref.Desc)
+	return n
 }
 
 // adopt makes a buffer from the runtime's host memory an allocation of the

@@ -466,6 +466,10 @@ type Runtime struct {
 
 	stats counters
 
+	// warmed holds the owners (peer IDs) a Get has warmed already: later
+	// Gets skip warmOwners (batch.go).
+	warmed sync.Map
+
 	lazyStaging bool
 	staging     sync.WaitGroup // background staging copies (Put)
 }
@@ -806,7 +810,9 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	// The transport fills the new memory: a network receive faults its
 	// pages in as the bytes arrive, which costs less than populating them
 	// all before the first byte (tensor.WithLazyPages).
+	stop := r.warmOwners(ctx, []rdt.Ref{ref}) // dial data while the lease is asked (batch.go)
 	t, x, err := r.actor.Fetch(tensor.WithLazyPages(ctx), ref, tensor.HostDevice)
+	stop()
 	r.count(x, start, err)
 	if err != nil {
 		return nil, 0, x, err
