@@ -74,8 +74,8 @@ func WithLazyPages(ctx context.Context) context.Context {
 	return context.WithValue(ctx, lazyPagesKey{}, true)
 }
 
-// lazyPages reports whether ctx came from WithLazyPages.
-func lazyPages(ctx context.Context) bool {
+// LazyPages reports whether ctx came from WithLazyPages.
+func LazyPages(ctx context.Context) bool {
 	v, _ := ctx.Value(lazyPagesKey{}).(bool)
 	return v
 }

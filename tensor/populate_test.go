@@ -117,7 +117,7 @@ func TestSlabLazyPages(t *testing.T) {
 			p, err := BytesOf(b)
 			require.NoError(t, err)
 			assert.Equal(t, c.want, resident(t, p))
-			assert.True(t, lazyPages(c.ctx) == (c.want == 0))
+			assert.True(t, LazyPages(c.ctx) == (c.want == 0))
 			// The chunks count as populated either way: reuse does not
 			// populate again.
 			s, e := b.(*slabBuffer).s.toPopulate(0, n)

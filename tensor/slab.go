@@ -244,7 +244,7 @@ func (m *SlabMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 		// Marked populated either way: a lazy writer faults every page in
 		// as it fills the range.
 		start, end = b.s.toPopulate(b.off, size)
-		if lazyPages(ctx) {
+		if LazyPages(ctx) {
 			start, end = 0, 0
 		}
 	}

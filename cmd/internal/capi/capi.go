@@ -807,11 +807,10 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
-	// The transport fills the new memory: a network receive faults its
-	// pages in as the bytes arrive, which costs less than populating them
-	// all before the first byte (tensor.WithLazyPages).
-	stop := r.warmOwners(ctx, []rdt.Ref{ref}) // dial data while the lease is asked (batch.go)
-	t, x, err := r.actor.Fetch(tensor.WithLazyPages(ctx), ref, tensor.HostDevice)
+	// Data connections dial while the lease is asked; memory read from
+	// another host is not populated first (warmOwners, landing: batch.go).
+	stop := r.warmOwners(ctx, []rdt.Ref{ref})
+	t, x, err := r.actor.Fetch(r.landing(ctx, ref), ref, tensor.HostDevice)
 	stop()
 	r.count(x, start, err)
 	if err != nil {
