@@ -2,12 +2,14 @@ package tcp
 
 import (
 	"context"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorlane/tensorlane/internal/netns"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -24,9 +26,45 @@ import (
 //
 //	go test -run '^$' -bench FreshDestination -benchtime 5x ./fabric/tcp/
 func BenchmarkFreshDestination(b *testing.B) {
-	const n = 256 << 20
-	f := newFixture(b, n, nil)
-	tr := f.transport(b, Config{Compression: CompressOff})
+	f := newFixture(b, freshSize, nil)
+	freshDestination(b, f, nil)
+}
+
+// BenchmarkFreshDestinationShaped is BenchmarkFreshDestination over a veth
+// pair between two network namespaces shaped to 10 Gbit/s with tbf (as
+// bench/ray's two-node mode): the receive waits on the link, so faulting
+// pages inside it costs less than over loopback, where it is CPU-bound.
+//
+//	go test -run '^$' -bench FreshDestinationShaped -benchtime 5x ./fabric/tcp/
+func BenchmarkFreshDestinationShaped(b *testing.B) {
+	netns.Require(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owner, reader := netns.New(b, "fdown"), netns.New(b, "fdrd")
+	if err := netns.Veth(ctx, owner, "to", "10.78.0.1/24", reader, "tr", "10.78.0.2/24"); err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range []struct {
+		ns  *netns.NS
+		dev string
+	}{{owner, "to"}, {reader, "tr"}} {
+		if err := e.ns.Shape(ctx, e.dev, netns.Shape{Rate: "10gbit"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ln, err := owner.Listen(ctx, "tcp", "10.78.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := newFixture(b, freshSize, func(c *ServerConfig) { c.Listener = ln })
+	freshDestination(b, f, reader.DialFunc())
+}
+
+const freshSize = 256 << 20
+
+func freshDestination(b *testing.B, f *fixture, dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	const n = freshSize
+	tr := f.transport(b, Config{Compression: CompressOff, Dial: dial})
 	r := f.remote(n)
 	ctx := context.Background()
 	fresh := func() []byte {

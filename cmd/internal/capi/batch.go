@@ -116,12 +116,14 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 
 // landing is ctx for allocating the memory refs are read into: where
 // every owner is on another host, the network fills it and faults its
-// pages in as the bytes arrive, which costs less than populating them all
-// before the first byte (tensor.WithLazyPages; a fresh reader's first
-// 256 MiB Get over tcp 1.43-1.67x faster, interleaved, load 31-41). From
-// an owner on this host a copy fills it (shm), and populating first is
-// the faster way there (the same Get over shm: 256 -> 404 ms and 600 ->
-// 639 ms lazily, load 9-17), so ctx stays as it is.
+// pages in while the next bytes are on the link, which costs less than
+// populating them all before the first byte (tensor.WithLazyPages;
+// 256 MiB over a veth shaped to 10 Gbit/s: populated first / lazy 1.14-1.23,
+// fabric/tcp BenchmarkFreshDestinationShaped; over loopback, CPU-bound,
+// 0.88-1.74 with the load). From an owner on this host a copy fills it
+// (shm), and populating first is the faster way there (a fresh reader's
+// first 256 MiB Get over shm: 256 -> 404 ms and 600 -> 639 ms lazily,
+// load 9-17), so ctx stays as it is.
 func (r *Runtime) landing(ctx context.Context, refs ...rdt.Ref) context.Context {
 	here := r.rt.HostID()
 	for _, ref := range refs {
@@ -139,10 +141,10 @@ func (r *Runtime) landing(ctx context.Context, refs ...rdt.Ref) context.Context 
 // learns of a ref only here (Ray hands it over in recv_multiple_tensors).
 // Only a runtime's first Get from each owner does it: a later Get finds
 // the connections pooled (or, after they idled out, dials as it always
-// did) and pays one map lookup, not a goroutine and a plan. Measured, a
-// fresh reader's first 64 MiB GetBatch over tcp (loopback, five runs of 8
-// interleaved pairs, load 15-22): median alone / with Warm alongside
-// 1.18, 1.13, 0.76, 1.08, 1.15. stop cancels what is still dialing and
+// did) and pays one map lookup, not a goroutine and a plan. Over
+// loopback, where a dial costs microseconds, it made no measurable
+// difference (BenchmarkFirstGetWarm: alone / alongside 0.81-1.18); it is
+// for links with a round trip. stop cancels what is still dialing and
 // waits for it.
 func (r *Runtime) warmOwners(ctx context.Context, refs []rdt.Ref) (stop func()) {
 	var largest map[string]int
