@@ -1,7 +1,6 @@
 package tensor
 
 import (
-	"context"
 	"runtime"
 	"sync"
 
@@ -56,26 +55,4 @@ func populateParallel(p []byte) {
 	}
 	_ = unix.Madvise(p[spans[0][0]:spans[0][1]], unix.MADV_POPULATE_WRITE)
 	wg.Wait()
-}
-
-type lazyPagesKey struct{}
-
-// WithLazyPages marks allocations made with the returned context as filled
-// by a writer that takes its pages as it goes, such as a network receive
-// (the kernel faults each page in inside its copy, while the next bytes
-// are still on the wire). SlabMemory then does not populate the range
-// first. Measured on the 2-core VM (256 MiB tcp read into fresh
-// shared memory, interleaved, load 10-16): populate then read 612-859 ms
-// (median of 5), the read faulting the pages itself 380-419 ms; populating
-// first only puts the kernel's page work in front of the transfer. A
-// userspace copy gains nothing from it (faulting copy ~ populate, then
-// copy), so only readers whose transport fills the memory ask for it.
-func WithLazyPages(ctx context.Context) context.Context {
-	return context.WithValue(ctx, lazyPagesKey{}, true)
-}
-
-// LazyPages reports whether ctx came from WithLazyPages.
-func LazyPages(ctx context.Context) bool {
-	v, _ := ctx.Value(lazyPagesKey{}).(bool)
-	return v
 }

@@ -1,7 +1,6 @@
 package tensor
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
@@ -92,37 +91,4 @@ func BenchmarkPopulate(b *testing.B) {
 	b.ReportMetric(one.Seconds()/par.Seconds(), "ratio-one/parallel")
 	b.ReportMetric(float64(b.N)*n/1e9/par.Seconds(), "parallel-GB/s")
 	b.ReportMetric(float64(b.N)*n/1e9/one.Seconds(), "one-GB/s")
-}
-
-// TestSlabLazyPages: a slab allocation populates its fresh pages unless
-// its context says a lazy writer fills them (WithLazyPages), and a range
-// a lazy writer filled is not populated again when it is reused.
-func TestSlabLazyPages(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	const n = 8 << 20
-	for _, c := range []struct {
-		name string
-		ctx  context.Context
-		want int // resident pages after Alloc
-	}{
-		{"populated", context.Background(), n / int(pageSize)},
-		{"lazy", WithLazyPages(context.Background()), 0},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			m, err := NewSlabMemory(SlabConfig{SlabSize: n})
-			require.NoError(t, err)
-			defer m.Close()
-			b, err := m.Alloc(c.ctx, n)
-			require.NoError(t, err)
-			p, err := BytesOf(b)
-			require.NoError(t, err)
-			assert.Equal(t, c.want, resident(t, p))
-			assert.True(t, LazyPages(c.ctx) == (c.want == 0))
-			// The chunks count as populated either way: reuse does not
-			// populate again.
-			s, e := b.(*slabBuffer).s.toPopulate(0, n)
-			assert.Equal(t, s, e, "nothing left to populate")
-			require.NoError(t, b.Release())
-		})
-	}
 }

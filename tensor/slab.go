@@ -241,12 +241,7 @@ func (m *SlabMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	}
 	var start, end int64
 	if size >= 1<<20 {
-		// Marked populated either way: a lazy writer faults every page in
-		// as it fills the range.
 		start, end = b.s.toPopulate(b.off, size)
-		if LazyPages(ctx) {
-			start, end = 0, 0
-		}
 	}
 	m.mu.Unlock()
 	if end > start {

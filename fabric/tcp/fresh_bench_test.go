@@ -17,10 +17,10 @@ import (
 // BenchmarkFreshDestination reads 256 MiB into shared memory that was
 // never touched (a new memfd each time, as a reader's first Get into new
 // slab memory), three ways interleaved: the pages populated first
-// (MADV_POPULATE_WRITE on two cores, what slab memory did for every
-// allocation), the receive faulting them in itself (tensor.WithLazyPages,
-// what a Get from another host does now), and a populated destination
-// (warm, the floor). Reported: each way's median milliseconds and
+// (MADV_POPULATE_WRITE on two cores, what slab memory does for every
+// allocation), the receive faulting them in itself (lazy: tried for Gets
+// from other hosts and taken out, docs/benchmarks.md, fourth look), and a
+// populated destination (warm, the floor). Reported: each way's median milliseconds and
 // the median of populate-first over lazy per round (above 1, lazy is
 // faster).
 //

@@ -90,9 +90,7 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
-	stop := r.warmOwners(ctx, refs)
-	items, err := r.actor.GetBatch(r.landing(ctx, refs...), refs, tensor.HostDevice, rdt.BatchConfig{})
-	stop()
+	items, err := r.actor.GetBatch(ctx, refs, tensor.HostDevice, rdt.BatchConfig{})
 	if err != nil {
 		return nil, err
 	}
@@ -112,74 +110,6 @@ func (r *Runtime) GetBatch(ctx context.Context, refBytes [][]byte, op uint64, ti
 		out[i] = BatchGot{Ptr: p, N: n}
 	}
 	return out, nil
-}
-
-// landing is ctx for allocating the memory refs are read into: where
-// every owner is on another host, the network fills it and faults its
-// pages in while the next bytes are on the link, which costs less than
-// populating them all before the first byte (tensor.WithLazyPages;
-// 256 MiB over a veth shaped to 10 Gbit/s: populated first / lazy 1.14-1.23,
-// fabric/tcp BenchmarkFreshDestinationShaped; over loopback, CPU-bound,
-// 0.88-1.74 with the load). From an owner on this host a copy fills it
-// (shm), and populating first is the faster way there (a fresh reader's
-// first 256 MiB Get over shm: 256 -> 404 ms and 600 -> 639 ms lazily,
-// load 9-17), so ctx stays as it is.
-func (r *Runtime) landing(ctx context.Context, refs ...rdt.Ref) context.Context {
-	here := r.rt.HostID()
-	for _, ref := range refs {
-		if ref.Host == here || ref.Host == "" {
-			return ctx
-		}
-	}
-	return tensor.WithLazyPages(ctx)
-}
-
-// warmOwners starts rdt's Warm for the largest of refs of each owner, so
-// that a first read from an owner dials and authenticates its data
-// connections (tcp) while the Get's lease request, and the control
-// channel's own first contact, are in flight, not after them: the reader
-// learns of a ref only here (Ray hands it over in recv_multiple_tensors).
-// Only a runtime's first Get from each owner does it: a later Get finds
-// the connections pooled (or, after they idled out, dials as it always
-// did) and pays one map lookup, not a goroutine and a plan. Over
-// loopback, where a dial costs microseconds, it made no measurable
-// difference (BenchmarkFirstGetWarm: alone / alongside 0.81-1.18); it is
-// for links with a round trip. stop cancels what is still dialing and
-// waits for it.
-func (r *Runtime) warmOwners(ctx context.Context, refs []rdt.Ref) (stop func()) {
-	var largest map[string]int
-	for i, ref := range refs {
-		k := string(ref.Owner)
-		if _, done := r.warmed.Load(k); done {
-			continue
-		}
-		if largest == nil {
-			largest = map[string]int{}
-		}
-		if j, ok := largest[k]; !ok || spanLen(ref) > spanLen(refs[j]) {
-			largest[k] = i
-		}
-	}
-	if len(largest) == 0 {
-		return func() {}
-	}
-	for k := range largest {
-		r.warmed.Store(k, struct{}{})
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for _, i := range largest {
-		wg.Go(func() { _ = r.actor.Warm(ctx, refs[i], tensor.HostDevice) }) // its error: the Get tries on its own
-	}
-	return func() {
-		cancel()
-		wg.Wait()
-	}
-}
-
-func spanLen(ref rdt.Ref) int64 {
-	_, n := spanOf(ref.Desc)
-	return n
 }
 
 // adopt makes a buffer from the runtime's host memory an allocation of the

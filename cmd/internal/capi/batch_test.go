@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/rdt"
-	"github.com/tensorlane/tensorlane/tensor"
 )
 
 // TestBatchStateDict: an owner publishes a state dict in one PutBatch; a
@@ -144,30 +143,5 @@ func TestViewBatchOneLeaseRequest(t *testing.T) {
 	for i, v := range views {
 		assert.Equal(t, byte(i), *(*byte)(v.Ptr), "item %d after Release: the view keeps its lease", i)
 		require.NoError(t, b.ReleaseView(v.View))
-	}
-}
-
-// TestLanding: memory read from owners all on other hosts is allocated
-// lazily (the network fills it); from this host, or a batch that mixes
-// the two, populated first (a copy fills it).
-func TestLanding(t *testing.T) {
-	_, a, _ := pair(t, `{"allow":["shm"]}`)
-	here := a.rt.HostID()
-	require.NotEmpty(t, here)
-	ref := func(host string) rdt.Ref { return rdt.Ref{Host: host} }
-	for _, c := range []struct {
-		name string
-		refs []rdt.Ref
-		lazy bool
-	}{
-		{"this host", []rdt.Ref{ref(here)}, false},
-		{"another host", []rdt.Ref{ref("elsewhere")}, true},
-		{"other hosts", []rdt.Ref{ref("elsewhere"), ref("farther")}, true},
-		{"mixed", []rdt.Ref{ref("elsewhere"), ref(here)}, false},
-		{"host unknown", []rdt.Ref{ref("")}, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.lazy, tensor.LazyPages(a.landing(context.Background(), c.refs...)))
-		})
 	}
 }

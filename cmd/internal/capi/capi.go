@@ -466,10 +466,6 @@ type Runtime struct {
 
 	stats counters
 
-	// warmed holds the owners (peer IDs) a Get has warmed already: later
-	// Gets skip warmOwners (batch.go).
-	warmed sync.Map
-
 	lazyStaging bool
 	staging     sync.WaitGroup // background staging copies (Put)
 }
@@ -807,11 +803,7 @@ func (r *Runtime) Get(ctx context.Context, refBytes []byte, op uint64, timeout t
 	ctx, done := r.begin(ctx, op, timeout)
 	defer done()
 	start := time.Now()
-	// Data connections dial while the lease is asked; memory read from
-	// another host is not populated first (warmOwners, landing: batch.go).
-	stop := r.warmOwners(ctx, []rdt.Ref{ref})
-	t, x, err := r.actor.Fetch(r.landing(ctx, ref), ref, tensor.HostDevice)
-	stop()
+	t, x, err := r.actor.Fetch(ctx, ref, tensor.HostDevice)
 	r.count(x, start, err)
 	if err != nil {
 		return nil, 0, x, err

@@ -15,7 +15,7 @@ import (
 )
 
 // firstGets runs, per iteration, one fresh slab-mode reader per variant
-// (the order rotating) and times f, its first read of a 256 MiB object
+// (the order rotating) and times f, its first read of an n-byte object
 // over transport tr; it returns each variant's times.
 func firstGets(b *testing.B, tr string, n int64, variants int, f func(r *Runtime, ref, small rdt.Ref, variant int) time.Duration) [][]time.Duration {
 	b.Setenv(EnvSlabs, "")
@@ -56,47 +56,16 @@ func firstGets(b *testing.B, tr string, n int64, variants int, f func(r *Runtime
 	return took
 }
 
-// BenchmarkFirstGetLanding: a fresh reader's first 256 MiB Get into new
-// slab memory populated first (what every Get did) against filled lazily
-// (tensor.WithLazyPages, what capi's landing gives Gets from other
-// hosts), over tcp and over shm, after a 1-byte Get that connects.
-// Reported: populated/lazy, the median of the per-round ratios (above 1:
-// lazy is faster). Expected: above 1 over tcp, below 1 over shm.
-//
-//	go test -run '^$' -bench FirstGetLanding -benchtime 5x ./cmd/internal/capi/
-func BenchmarkFirstGetLanding(b *testing.B) {
-	for _, tr := range []string{"tcp", "shm"} {
-		b.Run(tr, func(b *testing.B) {
-			took := firstGets(b, tr, 256<<20, 2, func(r *Runtime, ref, small rdt.Ref, lazy int) time.Duration {
-				ctx := context.Background()
-				// A 1-byte read connects (the variants differ in pages only).
-				x, _, err := r.actor.Fetch(ctx, small, tensor.HostDevice)
-				require.NoError(b, err)
-				x.Release()
-				if lazy == 1 {
-					ctx = tensor.WithLazyPages(ctx)
-				}
-				t0 := time.Now()
-				x, _, err = r.actor.Fetch(ctx, ref, tensor.HostDevice)
-				d := time.Since(t0)
-				require.NoError(b, err)
-				x.Release()
-				return d
-			})
-			b.ReportMetric(medianRatio(took[0], took[1]), "populated/lazy")
-		})
-	}
-}
-
 // BenchmarkFirstGetWarm: a fresh reader's first 64 MiB GetBatch over tcp
-// (dials included) alone against with rdt's Warm started beside it, as
-// capi's warmOwners does. Reported: alone/warm, the median of the
-// per-round ratios (above 1: Warm beside it is faster).
+// (dials included) alone against with rdt's Warm started beside it (as
+// capi did for a while: docs/benchmarks.md, fourth look). Reported:
+// alone/warm, the median of the per-round ratios (above 1: Warm beside it
+// is faster).
 //
 //	go test -run '^$' -bench FirstGetWarm -benchtime 8x ./cmd/internal/capi/
 func BenchmarkFirstGetWarm(b *testing.B) {
 	took := firstGets(b, "tcp", 64<<20, 2, func(r *Runtime, ref, _ rdt.Ref, warm int) time.Duration {
-		ctx := tensor.WithLazyPages(context.Background())
+		ctx := context.Background()
 		t0 := time.Now()
 		var wg sync.WaitGroup
 		if warm == 1 {
