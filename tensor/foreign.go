@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorlane/tensorlane/internal/pcopy"
 )
 
@@ -278,13 +276,13 @@ func (w *window) Release() error {
 	return w.s.unref()
 }
 
-// populate asks the kernel to allocate p's pages in one call before a copy
-// fills them: fresh shared-memory pages faulted one at a time cost more
-// than the copy itself (about half the time of staging 256 MiB here).
-// Kernels before 5.14 lack MADV_POPULATE_WRITE; the copy then faults them.
+// populate asks the kernel to allocate p's pages before a copy fills them:
+// fresh shared-memory pages faulted one at a time cost more than the copy
+// itself (about half the time of staging 256 MiB here). Large ranges are
+// populated on several cores (populate.go).
 func populate(p []byte) {
 	if len(p) >= 1<<20 {
-		_ = unix.Madvise(p, unix.MADV_POPULATE_WRITE)
+		populateParallel(p)
 	}
 }
 

@@ -245,10 +245,10 @@ func (m *SlabMemory) Alloc(ctx context.Context, n int64) (Buffer, error) {
 	}
 	m.mu.Unlock()
 	if end > start {
-		// Populating fresh pages costs more than the copy that fills them;
-		// a chunk is populated once for the slab's life (kernels before
-		// 5.14 lack it: the first touch faults the pages).
-		_ = unix.Madvise(b.s.seg.data[start:end], unix.MADV_POPULATE_WRITE)
+		// Populating fresh pages costs more than the copy that fills them
+		// (on several cores: populate.go); a chunk is populated once for
+		// the slab's life.
+		populateParallel(b.s.seg.data[start:end])
 	}
 	return b, nil
 }
