@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorlane/tensorlane/internal/netns"
+	"github.com/tensorlane/tensorlane/internal/netns/netnstest"
 	"github.com/tensorlane/tensorlane/internal/testhelp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -37,10 +38,10 @@ func BenchmarkFreshDestination(b *testing.B) {
 //
 //	go test -run '^$' -bench FreshDestinationShaped -benchtime 5x ./fabric/tcp/
 func BenchmarkFreshDestinationShaped(b *testing.B) {
-	netns.Require(b)
+	netnstest.Require(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	owner, reader := netns.New(b, "fdown"), netns.New(b, "fdrd")
+	owner, reader := netnstest.New(b, "fdown"), netnstest.New(b, "fdrd")
 	if err := netns.Veth(ctx, owner, "to", "10.78.0.1/24", reader, "tr", "10.78.0.2/24"); err != nil {
 		b.Fatal(err)
 	}
