@@ -55,7 +55,7 @@ func adam(n int, lr float64, steps int, seed uint64) (prev, cur []byte) {
 // ratios are logged (bench figures come from BenchmarkDelta).
 func TestDeltaAfterAdamStep(t *testing.T) {
 	for _, lr := range []float64{1e-6, 3e-6, 1e-5} {
-		prev, cur := adam(1<<20, lr, 10, 7)
+		prev, cur := adam(1<<18, lr, 10, 7)
 		d, st, err := Encode(nil, prev, cur, 2)
 		require.NoError(t, err)
 		base := bytes.Clone(prev)
