@@ -87,6 +87,7 @@ func TestProbeOwner(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // each waits out a probe's deadline; none uses another's sockets exclusively
 			require.Equal(t, tt.want, peers.Probe(context.Background(), tt.addrs, peers.ProbeWait))
 		})
 	}
@@ -118,6 +119,7 @@ func TestNeverReachedOwner(t *testing.T) {
 	for _, tt := range tests {
 		for _, how := range []string{"get", "batch"} {
 			t.Run(tt.name+"/"+how, func(t *testing.T) {
+				t.Parallel() // each case waits on deadlines in its own pair of runtimes
 				ctx := context.Background()
 				p := newPair(t, tt.life)
 				owner, _ := p.a.Spawn("owner")
