@@ -270,23 +270,34 @@ func source(b tensor.Buffer) fabric.SourceFunc {
 	return func(context.Context, fabric.Claim) (tensor.Buffer, error) { return pin{b}, nil }
 }
 
+// pair allocates a source holding a pattern (seed) and a destination of
+// n bytes each on m; want is the pattern, for check.
+func pair(ctx context.Context, m *cuda.Memory, n int64, seed byte) (src, dst *cuda.Buffer, want []byte, err error) {
+	if src, err = alloc(ctx, m, n); err != nil {
+		return nil, nil, nil, err
+	}
+	if dst, err = alloc(ctx, m, n); err != nil {
+		src.Release()
+		return nil, nil, nil, err
+	}
+	want = make([]byte, n)
+	fill(want, seed)
+	if err = src.CopyIn(ctx, 0, want); err != nil {
+		src.Release()
+		dst.Release()
+		return nil, nil, nil, err
+	}
+	return src, dst, want, nil
+}
+
 // d2d: the in-process p2p transport's Get between two buffers of one GPU.
 func d2d(ctx context.Context, m *cuda.Memory, n int64, rounds int) ([]time.Duration, []time.Duration, error) {
-	src, err := alloc(ctx, m, n)
+	src, dst, want, err := pair(ctx, m, n, 2)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.Release()
-	dst, err := alloc(ctx, m, n)
-	if err != nil {
-		return nil, nil, err
-	}
 	defer dst.Release()
-	want := make([]byte, n)
-	fill(want, 2)
-	if err := src.CopyIn(ctx, 0, want); err != nil {
-		return nil, nil, err
-	}
 	tr := local.NewP2P(local.Config{Source: source(src)})
 	remote := fabric.Remote{Claim: fabric.Claim{Object: fabric.ObjectID{1}, Incarnation: 1}, Length: n}
 	get := func() error { _, err := tr.Read(ctx, remote, dst); return err }
@@ -302,21 +313,12 @@ func d2d(ctx context.Context, m *cuda.Memory, n int64, rounds int) ([]time.Durat
 // overTCP: device → host staging → tcp over loopback → host staging →
 // device, against raw TCP of host memory over one loopback connection.
 func overTCP(ctx context.Context, m *cuda.Memory, n int64, rounds int) ([]time.Duration, []time.Duration, error) {
-	src, err := alloc(ctx, m, n)
+	src, dst, want, err := pair(ctx, m, n, 5)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.Release()
-	dst, err := alloc(ctx, m, n)
-	if err != nil {
-		return nil, nil, err
-	}
 	defer dst.Release()
-	want := make([]byte, n)
-	fill(want, 5)
-	if err := src.CopyIn(ctx, 0, want); err != nil {
-		return nil, nil, err
-	}
 	okey, oid, err := newKey()
 	if err != nil {
 		return nil, nil, err
@@ -344,7 +346,7 @@ func overTCP(ctx context.Context, m *cuda.Memory, n int64, rounds int) ([]time.D
 	if err := check(ctx, dst, want); err != nil {
 		return nil, nil, err
 	}
-	raw, stop, err := rawTCP(n)
+	raw, stop, err := RawTCP(n)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -361,9 +363,10 @@ func newKey() (crypto.PrivKey, peer.ID, error) {
 	return k, id, err
 }
 
-// rawTCP returns a function that moves n bytes of host memory over one
-// loopback TCP connection (the baseline), and its stop.
-func rawTCP(n int64) (func() error, func(), error) {
+// RawTCP returns a function that moves n bytes of host memory over one
+// loopback TCP connection (the baseline of a device path over tcp), and its
+// stop.
+func RawTCP(n int64) (func() error, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -412,44 +411,14 @@ func newKey(t *testing.T) (crypto.PrivKey, peer.ID) {
 	return k, id
 }
 
-// rawTCP returns a function that moves n bytes host to host over one
-// loopback TCP connection: the baseline.
+// rawTCP is devbench's raw TCP baseline, stopped when the test ends.
 func rawTCP(t *testing.T, n int64) func() error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	read, stop, err := devbench.RawTCP(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	src := make([]byte, n)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		var one [1]byte
-		for {
-			if _, err := io.ReadFull(c, one[:]); err != nil {
-				return
-			}
-			if _, err := c.Write(src); err != nil {
-				return
-			}
-		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	dst := make([]byte, n)
-	return func() error {
-		if _, err := c.Write([]byte{1}); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, dst)
-		return err
-	}
+	t.Cleanup(stop)
+	return read
 }
 
 // The device rows of `tensorlane bench --paths device` (bench/devbench),
