@@ -27,6 +27,16 @@ def pair(request):
     b.close()
 
 
+
+def _assert_received(recv, sd, step) -> None:
+    """Every receiver holds generation step, byte for byte what a full
+    transfer of sd gives, and says it is done with it."""
+    for r in recv:
+        assert r.wait(timeout=10) == step
+        for k in sd:
+            assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
+        r.done()
+
 def test_slot_push_generations(pair):
     path, a, b = pair
     src = np.random.default_rng(0).standard_normal((128, 256)).astype(np.float32)
@@ -331,11 +341,7 @@ def test_publisher_delta_mode():
             assert res.ok, res.failed()
             assert set(res.modes.values()) == {"delta"}
             assert 0 < res.delta_bytes * 3 < res.full_bytes, (res.delta_bytes, res.full_bytes)
-            for r in recv:
-                assert r.wait(timeout=10) == step
-                for k in sd:  # byte for byte what a full transfer gives
-                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
-                r.done()
+            _assert_received(recv, sd, step)
         # A late joiner gets the whole state dict, then deltas with the rest.
         late = ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, name="late", runtime=readers[2])
         assert pub.join(late.handle()).ok
@@ -440,11 +446,7 @@ def test_publisher_delta_along_the_tree(area, via, stream):
             assert 0 < res.delta_bytes * 8 < res.full_bytes
             if via == "tree":  # one copy to h1, relayed there
                 assert sorted(r.fed for r in res.readers.values()).count("owner") == 2, res.tree
-            for r in recv:
-                assert r.wait(timeout=10) == step
-                for k in sd:
-                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
-                r.done()
+            _assert_received(recv, sd, step)
         pub.close()
         for r in recv:
             r.close()
@@ -485,11 +487,7 @@ def test_publisher_delta_streamed(area, via):
             assert res.ok, res.failed()
             assert set(res.modes.values()) == {"delta"} and res.delta_via == via, (res.modes, res.delta_via)
             assert 0 < res.delta_bytes * 4 < res.full_bytes
-            for r in recv:
-                assert r.wait(timeout=10) == step
-                for k in sd:
-                    assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
-                r.done()
+            _assert_received(recv, sd, step)
         # The last group's base drifted on reader 0: it refuses, and the
         # groups it had applied are put back.
         recv[0]._params["w3"][5] += 1
@@ -509,11 +507,7 @@ def test_publisher_delta_streamed(area, via):
         pub.resync("r0")
         res = pub.publish(sd)
         assert res.ok and res.modes == {"r0": "full", "r1": "delta", "r2": "delta"}, res.modes
-        for r in recv:
-            assert r.wait(timeout=10) == 6
-            for k in sd:
-                assert r._params[k].view(np.uint16).tobytes() == sd[k].view(np.uint16).tobytes()
-            r.done()
+        _assert_received(recv, sd, 6)
         pub.close()
         for r in recv:
             r.close()
