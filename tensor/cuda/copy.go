@@ -454,17 +454,8 @@ func (b *Buffer) start(ctx context.Context, off int64, host []byte, toDevice boo
 	}
 	err = m.drv.on(m.ctx, func() error {
 		a := &m.drv.api
-		hp := unsafe.Pointer(unsafe.SliceData(host))
-		var r Result
-		op := "cuMemcpyHtoDAsync_v2"
-		if toDevice {
-			r = a.cuMemcpyHtoDAsync(b.ptr+uint64(off), hp, uint64(len(host)), l.stream)
-		} else {
-			op = "cuMemcpyDtoHAsync_v2"
-			r = a.cuMemcpyDtoHAsync(hp, b.ptr+uint64(off), uint64(len(host)), l.stream)
-		}
-		if r != Success {
-			return m.drv.err(op, r)
+		if err := b.queueDMA(l, off, host, toDevice); err != nil {
+			return err
 		}
 		if r := a.cuEventRecord(ev, l.stream); r != Success {
 			// The copy was queued: wait for the whole stream instead.

@@ -164,22 +164,30 @@ func (m *Memory) isPinned(p []byte) bool {
 	return false
 }
 
+// queueDMA queues one async copy between pinned host memory and the
+// device at off on l's stream (the caller records its event).
+func (b *Buffer) queueDMA(l *lane, off int64, host []byte, toDevice bool) error {
+	a := &b.mem.drv.api
+	hp := unsafe.Pointer(unsafe.SliceData(host))
+	if toDevice {
+		if r := a.cuMemcpyHtoDAsync(b.ptr+uint64(off), hp, uint64(len(host)), l.stream); r != Success {
+			return b.mem.drv.err("cuMemcpyHtoDAsync_v2", r)
+		}
+		return nil
+	}
+	if r := a.cuMemcpyDtoHAsync(hp, b.ptr+uint64(off), uint64(len(host)), l.stream); r != Success {
+		return b.mem.drv.err("cuMemcpyDtoHAsync_v2", r)
+	}
+	return nil
+}
+
 // direct copies between pinned host memory and the device in one DMA.
 func (b *Buffer) direct(ctx context.Context, off int64, host []byte, toDevice bool) error {
 	m := b.mem
 	return m.run(ctx, func(l *lane) error {
 		a := &m.drv.api
-		hp := unsafe.Pointer(unsafe.SliceData(host))
-		var r Result
-		op := "cuMemcpyHtoDAsync_v2"
-		if toDevice {
-			r = a.cuMemcpyHtoDAsync(b.ptr+uint64(off), hp, uint64(len(host)), l.stream)
-		} else {
-			op = "cuMemcpyDtoHAsync_v2"
-			r = a.cuMemcpyDtoHAsync(hp, b.ptr+uint64(off), uint64(len(host)), l.stream)
-		}
-		if r != Success {
-			return m.drv.err(op, r)
+		if err := b.queueDMA(l, off, host, toDevice); err != nil {
+			return err
 		}
 		if r := a.cuEventRecord(l.ev[0], l.stream); r != Success {
 			a.cuStreamSynchronize(l.stream)
