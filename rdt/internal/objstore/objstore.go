@@ -249,18 +249,23 @@ func (t *Table) Unlease(who peer.ID, c fabric.Claim) error {
 	return t.freeLocked(o, "last lease released")
 }
 
+// missingLocked says why id is not in the table: freed, or never known.
+func (t *Table) missingLocked(id fabric.ObjectID) error {
+	if _, gone := t.freed[id]; gone {
+		return errs.ObjectFreed
+	}
+	return errs.ObjectNotFound
+}
+
 // Release marks the object to be freed once no reader holds a lease: now,
 // if none does.
 func (t *Table) Release(id fabric.ObjectID) error {
 	t.mu.Lock()
 	o, ok := t.objects[id]
 	if !ok {
-		_, gone := t.freed[id]
+		err := t.missingLocked(id)
 		t.mu.Unlock()
-		if gone {
-			return errs.ObjectFreed
-		}
-		return errs.ObjectNotFound
+		return err
 	}
 	o.released = true
 	if len(o.holders) > 0 {
@@ -362,12 +367,9 @@ func (t *Table) Free(id fabric.ObjectID) error {
 	t.mu.Lock()
 	o, ok := t.objects[id]
 	if !ok {
-		_, gone := t.freed[id]
+		err := t.missingLocked(id)
 		t.mu.Unlock()
-		if gone {
-			return errs.ObjectFreed
-		}
-		return errs.ObjectNotFound
+		return err
 	}
 	return t.freeLocked(o, "freed by its owner")
 }
