@@ -53,6 +53,10 @@ func (m *Memory) getLane(ctx context.Context) (*lane, error) {
 	select {
 	case l := <-m.lanes:
 		return l, nil
+	case <-m.closing:
+		// Close drained the idle lanes and busy ones free themselves, so
+		// none will come back.
+		return nil, fmt.Errorf("cuda: %v: %w", m.dev, tensor.ErrClosed)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -66,14 +70,19 @@ func (m *Memory) putLane(l *lane, hung bool) {
 		m.cfg.Logger.Error("cuda: a copy did not complete; its lane is abandoned", "device", m.info.Ordinal)
 		return
 	}
+	// Under mu, as in putEvent: Close sets closed under it and then drains,
+	// so a lane put back before that is drained and one put back after is
+	// freed here; checking and sending apart let a lane slip in after the
+	// drain and leak. The channel holds every lane, so the send never blocks.
 	m.mu.Lock()
 	closed := m.closed
+	if !closed {
+		m.lanes <- l
+	}
 	m.mu.Unlock()
 	if closed {
 		m.freeLane(l)
-		return
 	}
-	m.lanes <- l
 }
 
 func (m *Memory) freeLane(l *lane) error {

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -351,6 +352,44 @@ func TestCloseFreesLanes(t *testing.T) {
 	}
 	if err := b.Release(); err != nil {
 		t.Errorf("Release after Close: %v", err)
+	}
+}
+
+// Copies that end while Close runs give their lanes back either before the
+// drain (and Close frees them) or after (and they free themselves): none is
+// left holding a stream or pinned buffers.
+func TestCloseDuringCopiesLeaksNoLane(t *testing.T) {
+	noLeaks(t)
+	for round := range 20 {
+		m, err := NewMemory(Config{Library: fakeLib(t), Lanes: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := m.Alloc(context.Background(), 1<<16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for {
+					if err := b.(*Buffer).CopyIn(context.Background(), 0, make([]byte, 1<<16)); err != nil {
+						if !errors.Is(err, tensor.ErrClosed) {
+							t.Errorf("round %d: copy: %v", round, err)
+						}
+						return
+					}
+				}
+			})
+		}
+		runtime.Gosched()
+		if err := m.Close(); err != nil {
+			t.Errorf("round %d: Close: %v", round, err)
+		}
+		wg.Wait()
+		if err := b.Release(); err != nil {
+			t.Errorf("round %d: Release: %v", round, err)
+		}
 	}
 }
 

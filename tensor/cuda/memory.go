@@ -122,9 +122,10 @@ type Memory struct {
 	gran        int64 // VMM allocation granularity
 	access      []memAccessDesc
 
-	lanes  chan *lane
-	events chan uintptr // spare events of asynchronous copies (StartCopyOut/In)
-	pinned pinnedPool
+	lanes   chan *lane
+	closing chan struct{} // closed by Close: wakes copies waiting for a lane
+	events  chan uintptr  // spare events of asynchronous copies (StartCopyOut/In)
+	pinned  pinnedPool
 
 	mu       sync.Mutex
 	used     int64
@@ -167,7 +168,7 @@ func NewMemory(cfg Config) (*Memory, error) {
 	if id.Kind == "" {
 		id = tensor.GPUDevice(cfg.Device)
 	}
-	m := &Memory{cfg: cfg, drv: drv, info: info, dev: id, ctx: ctx}
+	m := &Memory{cfg: cfg, drv: drv, info: info, dev: id, ctx: ctx, closing: make(chan struct{})}
 	switch {
 	case cfg.Mode == ModeLegacy:
 	case info.VMM && info.PosixFD:
@@ -408,6 +409,7 @@ func (m *Memory) Close() error {
 		return nil
 	}
 	m.closed = true
+	close(m.closing)
 	m.mu.Unlock()
 	unregisterImporters(m)
 	// Idle lanes are freed now; a lane in use is freed by its copy when it
