@@ -94,7 +94,10 @@ func TestBatchLeaseRenewedOnce(t *testing.T) {
 	}
 	items, err := reader.GetBatch(ctx, refs, tensor.GPUDevice(1), BatchConfig{})
 	require.NoError(t, err)
-	ReleaseBatch(items)
+	// Hold the items while renewals are counted: released, their leases
+	// would only linger for a short grace, and a slow machine could see them
+	// lapse before the first sample.
+	defer ReleaseBatch(items)
 	require.Equal(t, n, rts[1].holdCount())
 	// Both counters move together at the end of each lease message: read
 	// until a pair is not torn by a renewal in between.
