@@ -51,10 +51,13 @@ type Calibration struct {
 // (HandoffFrom).
 type HandoffCalibration struct {
 	Handoff
-	Taken   string          `json:"taken"`
-	Load    string          `json:"load"`
-	Command string          `json:"command"`
-	Rounds  int             `json:"rounds"`
+	Taken   string `json:"taken"`
+	Load    string `json:"load"`
+	Command string `json:"command"`
+	Rounds  int    `json:"rounds"`
+	// Takes is how many fresh clusters the chains ran on, Rounds each
+	// (files from before it were one).
+	Takes   int             `json:"takes,omitempty"`
 	Chunk   int64           `json:"chunk_bytes"`
 	Samples []HandoffSample `json:"samples"`
 }
@@ -67,6 +70,9 @@ type HandoffSample struct {
 	PerChunk  float64 `json:"per_chunk_seconds"`
 	// CPU is the workers' CPU-seconds (user and system), median.
 	CPU float64 `json:"cpu_seconds"`
+	// Takes is each take's median per chunk, the spread that the
+	// median over all rounds (PerChunk) sums up.
+	Takes []float64 `json:"takes_per_chunk_seconds,omitempty"`
 	// Simulated is the simulator's time per chunk of the same chain
 	// with the solved Handoff.
 	Simulated float64 `json:"simulated_per_chunk_seconds"`
