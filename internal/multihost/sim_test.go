@@ -438,3 +438,53 @@ func TestSimQueueBacklog(t *testing.T) {
 	}
 	t.Logf("largest backlog of all: %d B, %.1f ms of the link (fabricsim.HarnessQueueSeconds: %.0f ms)", most, float64(most)/125e3, 1e3*fabricsim.HarnessQueueSeconds)
 }
+
+// TestSimRelayHops traces where a broadcast through relays spends its
+// time: for 64 MiB in 4 MiB chunks to 2, 3 and 8 readers it takes each
+// reader's finish (a "wait" on every slot, issued before the broadcast)
+// and logs it beside the simulated finish (Result.Finish), hop by hop
+// along the chain of hosts. Opt-in (TENSORLANE_SIM_LIVE=1, root); a trace,
+// not a check.
+func TestSimRelayHops(t *testing.T) {
+	if os.Getenv("TENSORLANE_SIM_LIVE") == "" {
+		t.Skip("a measurement: set TENSORLANE_SIM_LIVE=1 to run it (root, network namespaces)")
+	}
+	const size = 64 << 20
+	c := New(t, Options{Hosts: 4, DeviceMemory: "512MiB", NSLabel: "simhop"})
+	ctx := testCtx(t, 5*time.Minute)
+	shapeAll(t, ctx, c, "1gbit")
+	src := put(t, ctx, c.Hosts[0].W, size, 11)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 8, size)
+	f := simHarness(t, 4, 1, 1, false)
+	gens := make([]uint64, len(slots))
+	for round := range 3 {
+		for _, n := range []int{2, 3, 8} {
+			var waits []<-chan Result
+			var sent []time.Time
+			for i, s := range slots[:n] {
+				waits = append(waits, s.h.W.Go(Request{Op: "wait", Ref: s.ref, After: gens[i], Seed: 11, TimeoutMS: 60_000}))
+				sent = append(sent, time.Now())
+			}
+			// The waits reach their workers before the broadcast starts.
+			time.Sleep(100 * time.Millisecond)
+			t0 := time.Now()
+			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), TimeoutMS: 120_000})
+			require.NoError(t, err)
+			require.True(t, r.OK, "broadcast: %s", r.Error)
+			res, err := f.Broadcast(topology.Endpoint{Host: "h0", Device: 0}, spreadEndpoints(n, 4, 0), size, rdt.BroadcastConfig{})
+			require.NoError(t, err)
+			var b strings.Builder
+			for i, ch := range waits {
+				w := await(t, ch, time.Minute)
+				require.True(t, w.OK, "wait: %s", w.Error)
+				gens[i] = w.Generation
+				// The wait's own clock started when it was sent, not
+				// with the broadcast.
+				fmt.Fprintf(&b, " %s/gpu%d %.3f (sim %.3f);", slots[i].h.ID, i/3, w.Seconds-t0.Sub(sent[i]).Seconds(), res.Finish[i])
+			}
+			if round > 0 { // round 0 warms the edges' connections
+				t.Logf("%d readers: %.3f s (sim %.3f); finished:%s load %s", n, r.Seconds, res.Seconds, b.String(), loadAverage())
+			}
+		}
+	}
+}
