@@ -32,7 +32,7 @@ const calibrationFile = "../../fabricsim/calib/harness.json"
 // chunk stalls its edge), along chains of 1 to 2*cores-1 readers (one per
 // process), rounds interleaved, and solves the growth of the time per
 // chunk per process beyond the cores (fabricsim.HandoffFrom), over a few
-// fresh clusters (handoffTakes). With
+// fresh clusters (handoffTakes), 3 rounds each (TENSORLANE_SIM_CALIBRATE_ROUNDS). With
 // TENSORLANE_SIM_CALIBRATE=1 it writes the result into the committed
 // calibration, keeping the rest of it; it is a measurement (root,
 // namespaces), not a check.
@@ -41,7 +41,10 @@ func TestSimCalibrateHandoff(t *testing.T) {
 		t.Skip("a measurement: set TENSORLANE_SIM_CALIBRATE=1 to take it (root, network namespaces); it rewrites fabricsim/calib/harness.json")
 	}
 	const size, chunk int64 = 64 << 20, 64 << 10
-	const rounds = 3
+	rounds := 3
+	if n, err := strconv.Atoi(os.Getenv("TENSORLANE_SIM_CALIBRATE_ROUNDS")); err == nil && n > 0 {
+		rounds = n // per take; the default keeps a take to about 10 s
+	}
 	cores := runtime.NumCPU()
 	procs := 2 * cores
 	cal, err := fabricsim.ReadCalibration(calibrationFile)
