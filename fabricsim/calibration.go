@@ -23,11 +23,16 @@ type Calibration struct {
 	Load    string `json:"load"`    // /proc/loadavg before and after
 	Command string `json:"command"` // how to take it again
 	Rounds  int    `json:"rounds"`
-	// ByteSeconds, ChunkSeconds and VerifySeconds are CPU's fields
-	// (CPU-seconds per byte, per chunk and edge, per byte checked).
-	ByteSeconds   float64 `json:"byte_seconds"`
-	ChunkSeconds  float64 `json:"chunk_seconds"`
-	VerifySeconds float64 `json:"verify_seconds"`
+	// ByteSeconds, ChunkSeconds, LocalChunkSeconds, LocalByteSeconds and
+	// VerifySeconds are CPU's fields (CPU-seconds per byte, per chunk
+	// and edge between runtimes, per chunk and per byte of an edge
+	// inside one runtime, per byte checked). A file without the local
+	// two (taken before they were measured) leaves such edges free.
+	ByteSeconds       float64 `json:"byte_seconds"`
+	ChunkSeconds      float64 `json:"chunk_seconds"`
+	LocalChunkSeconds float64 `json:"local_chunk_seconds,omitempty"`
+	LocalByteSeconds  float64 `json:"local_byte_seconds,omitempty"`
+	VerifySeconds     float64 `json:"verify_seconds"`
 	// Samples are the medians the constants come from, CPU-seconds of
 	// the whole process per broadcast (large and small chunks) and per
 	// check, with what each moved.
@@ -46,10 +51,13 @@ type Calibration struct {
 // (HandoffFrom).
 type HandoffCalibration struct {
 	Handoff
-	Taken   string          `json:"taken"`
-	Load    string          `json:"load"`
-	Command string          `json:"command"`
-	Rounds  int             `json:"rounds"`
+	Taken   string `json:"taken"`
+	Load    string `json:"load"`
+	Command string `json:"command"`
+	Rounds  int    `json:"rounds"`
+	// Takes is how many fresh clusters the chains ran on, Rounds each
+	// (files from before it were one).
+	Takes   int             `json:"takes,omitempty"`
 	Chunk   int64           `json:"chunk_bytes"`
 	Samples []HandoffSample `json:"samples"`
 }
@@ -62,6 +70,9 @@ type HandoffSample struct {
 	PerChunk  float64 `json:"per_chunk_seconds"`
 	// CPU is the workers' CPU-seconds (user and system), median.
 	CPU float64 `json:"cpu_seconds"`
+	// Takes is each take's median per chunk, the spread that the
+	// median over all rounds (PerChunk) sums up.
+	Takes []float64 `json:"takes_per_chunk_seconds,omitempty"`
 	// Simulated is the simulator's time per chunk of the same chain
 	// with the solved Handoff.
 	Simulated float64 `json:"simulated_per_chunk_seconds"`
@@ -126,7 +137,8 @@ type CalibrationSample struct {
 // CPU is the calibration as the simulator's processor model, over the
 // calibration's cores.
 func (c Calibration) CPU() CPU {
-	return CPU{Cores: float64(c.Cores), ByteSeconds: c.ByteSeconds, ChunkSeconds: c.ChunkSeconds, VerifySeconds: c.VerifySeconds, Handoff: c.handoffs()}
+	return CPU{Cores: float64(c.Cores), ByteSeconds: c.ByteSeconds, ChunkSeconds: c.ChunkSeconds,
+		LocalChunkSeconds: c.LocalChunkSeconds, LocalByteSeconds: c.LocalByteSeconds, VerifySeconds: c.VerifySeconds, Handoff: c.handoffs()}
 }
 
 func (c Calibration) handoffs() map[string]Handoff {
@@ -142,9 +154,9 @@ func (c Calibration) handoffs() map[string]Handoff {
 
 // Validate checks that the constants can drive a simulation.
 func (c Calibration) Validate() error {
-	if c.Cores <= 0 || c.ByteSeconds <= 0 || c.ChunkSeconds < 0 || c.VerifySeconds < 0 || negativeHandoff(c.handoffs()) {
-		return fmt.Errorf("%w: calibration needs cores and a per-byte cost, and no negative cost (cores %d, byte %g, chunk %g, verify %g, hand-off %v)",
-			ErrBadSpec, c.Cores, c.ByteSeconds, c.ChunkSeconds, c.VerifySeconds, c.handoffs())
+	if c.Cores <= 0 || c.ByteSeconds <= 0 || c.ChunkSeconds < 0 || c.LocalChunkSeconds < 0 || c.LocalByteSeconds < 0 || c.VerifySeconds < 0 || negativeHandoff(c.handoffs()) {
+		return fmt.Errorf("%w: calibration needs cores and a per-byte cost, and no negative cost (cores %d, byte %g, chunk %g, local chunk %g, local byte %g, verify %g, hand-off %v)",
+			ErrBadSpec, c.Cores, c.ByteSeconds, c.ChunkSeconds, c.LocalChunkSeconds, c.LocalByteSeconds, c.VerifySeconds, c.handoffs())
 	}
 	return nil
 }

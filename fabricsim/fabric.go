@@ -89,11 +89,18 @@ type CPU struct {
 	// ByteSeconds is the CPU time per byte a transfer between two hosts
 	// costs both ends together (socket copies, framing, completion).
 	ByteSeconds float64
-	// ChunkSeconds is the CPU time of one broadcast chunk on one edge,
-	// beyond its bytes: the write's claim and completion, its notice,
-	// the relay's bookkeeping. It runs after the chunk lands and before
-	// its notice goes out.
+	// ChunkSeconds is the CPU time of one broadcast chunk on one edge
+	// between processes, beyond its bytes: the write's claim and
+	// completion, its notice, the relay's bookkeeping. It runs after the
+	// chunk lands and before its notice goes out.
 	ChunkSeconds float64
+	// LocalChunkSeconds and LocalByteSeconds are the same for an edge
+	// inside one process (a host's leader feeding the next reader of its
+	// runtime, ProcessPerHost): the relay's copy between two arenas, per
+	// chunk and per byte, and a notice that is a function call, not a
+	// message. 0: such an edge costs no CPU (its copy still takes the
+	// host's memcpy link).
+	LocalChunkSeconds, LocalByteSeconds float64
 	// VerifySeconds is the CPU time per byte a reader spends on the
 	// bytes of a Get after they land (the harness checks every byte
 	// against its pattern; a library user's reader may not).
@@ -197,7 +204,7 @@ func New(c *topology.Cluster, spec Spec) (*Fabric, error) {
 	if spec.HostsPerLeaf < 0 || spec.Oversubscription < 0 || spec.RDMAEfficiency > 1 || spec.TCPEfficiency > 1 || spec.Burst < 0 {
 		return nil, fmt.Errorf("%w: negative size or efficiency above 1", ErrBadSpec)
 	}
-	if cpu := spec.CPU; cpu.Cores < 0 || cpu.ByteSeconds < 0 || cpu.ChunkSeconds < 0 || cpu.VerifySeconds < 0 || negativeHandoff(cpu.Handoff) || (cpu.Cores > 0 && cpu.ByteSeconds == 0) {
+	if cpu := spec.CPU; cpu.Cores < 0 || cpu.ByteSeconds < 0 || cpu.ChunkSeconds < 0 || cpu.LocalChunkSeconds < 0 || cpu.LocalByteSeconds < 0 || cpu.VerifySeconds < 0 || negativeHandoff(cpu.Handoff) || (cpu.Cores > 0 && cpu.ByteSeconds == 0) {
 		return nil, fmt.Errorf("%w: CPU costs must not be negative, and shared cores need a per-byte cost", ErrBadSpec)
 	}
 	if err := c.Validate(); err != nil {

@@ -399,3 +399,45 @@ func TestHandoffChargedWhereThePlanStalls(t *testing.T) {
 	require.NoError(t, err)
 	require.Less(t, res.Seconds, 10e-3)
 }
+
+// A chunk's CPU work is what its edge is: a message's cost between
+// processes (ChunkSeconds), the relay's copy and a function call inside
+// one (LocalChunkSeconds and LocalByteSeconds, a harness host's readers
+// behind their leader). The run's CPU time says which edge paid which.
+func TestLocalEdgesCostTheirOwnCPU(t *testing.T) {
+	owner := Endpoint{Host: "h0", Device: 0}
+	const size, chunk = 4 << 20, 64 << 10
+	chunks := float64(size / chunk)
+	cpu := CPU{Cores: 2, ByteSeconds: 1e-12, ChunkSeconds: 100e-6, LocalChunkSeconds: 10e-6, LocalByteSeconds: 1e-10}
+	net := float64(size) * cpu.ByteSeconds // what every edge between hosts carries
+	for _, tc := range []struct {
+		name            string
+		readers         []Endpoint
+		between, inside int // edges
+	}{
+		{"one reader", spread(1), 1, 0},
+		{"three on one host: the leader feeds the next, it the third", []Endpoint{{Host: "h1", Device: 0}, {Host: "h1", Device: 1}, {Host: "h1", Device: 2}}, 1, 2},
+		{"eight over three hosts", spread(8), 3, 5},
+	} {
+		f := harnessWith(t, 1, func(s *Spec) { s.CPU = cpu })
+		res, err := f.Broadcast(owner, tc.readers, size, rdt.BroadcastConfig{ChunkSize: chunk})
+		require.NoError(t, err, tc.name)
+		want := float64(tc.between)*(net+chunks*cpu.ChunkSeconds) + float64(tc.inside)*chunks*(cpu.LocalChunkSeconds+chunk*cpu.LocalByteSeconds)
+		require.InDelta(t, want, res.CPUSeconds, 1e-3*want, tc.name)
+	}
+	// Without a process per host, readers of one host are processes of
+	// their own: their edges are messages.
+	c, spec, err := HarnessCluster(4, 1, 1)
+	require.NoError(t, err)
+	spec.CPU, spec.ProcessPerHost = cpu, false
+	f, err := New(c, spec)
+	require.NoError(t, err)
+	res, err := f.Broadcast(owner, []Endpoint{{Host: "h1", Device: 0}, {Host: "h1", Device: 1}}, size, rdt.BroadcastConfig{ChunkSize: chunk})
+	require.NoError(t, err)
+	want := net + 2*chunks*cpu.ChunkSeconds
+	require.InDelta(t, want, res.CPUSeconds, 1e-3*want)
+	// A negative cost is refused.
+	spec.CPU.LocalChunkSeconds = -1
+	_, err = New(c, spec)
+	require.ErrorIs(t, err, ErrBadSpec)
+}

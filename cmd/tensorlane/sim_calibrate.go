@@ -37,9 +37,12 @@ func newSimCalibrateCmd() *cobra.Command {
 time (getrusage, user + system, so other work on the machine changes it
 little): rdt's Broadcast from one runtime to a reader in another, over
 softrdma on loopback, in 4 MiB and in 64 KiB chunks and once in a single
-small chunk, rounds interleaved; and the worker's check of every byte a
-Get brought. From the medians it solves the CPU time per byte between two
-hosts, per chunk and edge, and per byte checked, and writes them with the
+small chunk, the same to two slots of the reader (the second fed from the
+first inside its runtime, as a harness host's later readers are), rounds
+interleaved; and the worker's check of every byte a Get brought. From the
+medians it solves the CPU time per byte between two hosts, per chunk and
+edge, per chunk and per byte of an edge inside one runtime, and per byte
+checked, and writes them with the
 machine and its load as the JSON the simulator reads
 (fabricsim.Calibration; the multihost harness's is fabricsim/calib/harness.json).
 
@@ -89,12 +92,12 @@ func medianOf(x []float64) float64 {
 	return s[len(s)/2]
 }
 
-// calibCell is one broadcast the calibration times: an object, a reader
-// slot, a chunk size.
+// calibCell is one broadcast the calibration times: an object, the
+// reader's slots, a chunk size.
 type calibCell struct {
 	name  string
 	src   rdt.Ref
-	slot  *rdt.Slot
+	slots []rdt.Ref
 	size  int64
 	chunk int64
 	cpu   []float64
@@ -184,15 +187,30 @@ func runCalibrate(ctx context.Context, w io.Writer, o calibrateOptions) error {
 		return err
 	}
 	defer bigSlot.Close()
+	// A second slot in the reader's runtime, on another device: a
+	// broadcast to both feeds it from the first (the host's leader)
+	// inside the runtime, the edge a harness host's later readers have.
+	nextSlot, err := reader.Reserve(ctx, bigRef.Desc, tensor.GPUDevice(1))
+	if err != nil {
+		return err
+	}
+	defer nextSlot.Close()
+	both := []rdt.Ref{bigSlot.Ref(), nextSlot.Ref()}
+	if p := owner.ExplainBroadcast(bigRef, both); len(p.Nodes) != 2 || p.Nodes[1].Parent != 0 {
+		return fmt.Errorf("sim calibrate: a broadcast to two slots of one runtime is not a chain inside it:\n%s", p)
+	}
 	smallRef, _, smallSlot, err := put(small)
 	if err != nil {
 		return err
 	}
 	defer smallSlot.Close()
+	one := []rdt.Ref{bigSlot.Ref()}
 	cells := []*calibCell{
-		{name: "broadcast, 4 MiB chunks", src: bigRef, slot: bigSlot, size: size, chunk: 4 << 20},
-		{name: "broadcast, 64 KiB chunks", src: bigRef, slot: bigSlot, size: size, chunk: small},
-		{name: "broadcast of one 64 KiB chunk", src: smallRef, slot: smallSlot, size: small, chunk: small},
+		{name: "broadcast, 4 MiB chunks", src: bigRef, slots: one, size: size, chunk: 4 << 20},
+		{name: "broadcast, 64 KiB chunks", src: bigRef, slots: one, size: size, chunk: small},
+		{name: "broadcast of one 64 KiB chunk", src: smallRef, slots: []rdt.Ref{smallSlot.Ref()}, size: small, chunk: small},
+		{name: "broadcast to two slots of the reader (one edge inside it), 4 MiB chunks", src: bigRef, slots: both, size: size, chunk: 4 << 20},
+		{name: "broadcast to two slots of the reader (one edge inside it), 64 KiB chunks", src: bigRef, slots: both, size: size, chunk: small},
 	}
 	var verifyCPU, verifyWall []float64
 	// Round 0 warms the connections and the slots' pages; rounds are
@@ -200,7 +218,7 @@ func runCalibrate(ctx context.Context, w io.Writer, o calibrateOptions) error {
 	for round := range o.rounds + 1 {
 		for _, c := range cells {
 			c0, t0 := cpuSeconds(), time.Now()
-			res, err := owner.Broadcast(ctx, c.src, []rdt.Ref{c.slot.Ref()}, rdt.BroadcastConfig{ChunkSize: c.chunk})
+			res, err := owner.Broadcast(ctx, c.src, c.slots, rdt.BroadcastConfig{ChunkSize: c.chunk})
 			if err != nil {
 				return err
 			}
@@ -233,15 +251,32 @@ func runCalibrate(ctx context.Context, w io.Writer, o calibrateOptions) error {
 	if bad := worker.CheckPattern(got, 1); bad >= 0 {
 		return fmt.Errorf("sim calibrate: the reader's copy differs at %d", bad)
 	}
+	_, x, err = nextSlot.Wait(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if got, err = x.SpanBytes(); err != nil {
+		return err
+	}
+	if bad := worker.CheckPattern(got, 1); bad >= 0 {
+		return fmt.Errorf("sim calibrate: the copy fed inside the reader differs at %d", bad)
+	}
 	for _, c := range cells {
 		cal.Samples = append(cal.Samples, fabricsim.CalibrationSample{What: c.name, Bytes: c.size, Chunks: c.chunks(), CPUSeconds: medianOf(c.cpu), Wall: medianOf(c.wall)})
 	}
 	cal.Samples = append(cal.Samples, fabricsim.CalibrationSample{What: "check of every byte (the harness's reader)", Bytes: size, CPUSeconds: medianOf(verifyCPU), Wall: medianOf(verifyWall)})
 	// big = fixed + chunks*c + size*b, for both chunk sizes and for
 	// the one small chunk: two differences give c and b.
-	large, smallChunks, one := cells[0], cells[1], cells[2]
+	large, smallChunks, single := cells[0], cells[1], cells[2]
 	cal.ChunkSeconds = max(0, (medianOf(smallChunks.cpu)-medianOf(large.cpu))/float64(smallChunks.chunks()-large.chunks()))
-	cal.ByteSeconds = (medianOf(large.cpu) - medianOf(one.cpu) - float64(large.chunks()-1)*cal.ChunkSeconds) / float64(size-small)
+	cal.ByteSeconds = (medianOf(large.cpu) - medianOf(single.cpu) - float64(large.chunks()-1)*cal.ChunkSeconds) / float64(size-small)
+	// The edge inside the reader is what the two-slot broadcasts cost
+	// beyond the one-slot ones, chunk size by chunk size: per chunk from
+	// the two differences, per byte from what is left of the large one.
+	dLarge := medianOf(cells[3].cpu) - medianOf(large.cpu)
+	dSmall := medianOf(cells[4].cpu) - medianOf(smallChunks.cpu)
+	cal.LocalChunkSeconds = max(0, (dSmall-dLarge)/float64(smallChunks.chunks()-large.chunks()))
+	cal.LocalByteSeconds = max(0, (dLarge-float64(large.chunks())*cal.LocalChunkSeconds)/float64(size))
 	cal.VerifySeconds = medianOf(verifyCPU) / float64(size)
 	cal.Load = before + " -> " + loadAvg()
 	if err := cal.Validate(); err != nil {
@@ -269,7 +304,7 @@ func runCalibrate(ctx context.Context, w io.Writer, o calibrateOptions) error {
 	if err := os.WriteFile(o.out, data, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "calibration written to %s: %.3g CPU-s per byte between hosts (%.0f MB per CPU-second), %.0f µs per chunk and edge, %.3g CPU-s per byte checked; load %s\n",
-		o.out, cal.ByteSeconds, 1e-6/cal.ByteSeconds, cal.ChunkSeconds*1e6, cal.VerifySeconds, cal.Load)
+	fmt.Fprintf(w, "calibration written to %s: %.3g CPU-s per byte between hosts (%.0f MB per CPU-second), %.0f µs per chunk and edge, inside a runtime %.1f µs per chunk and %.3g CPU-s per byte, %.3g CPU-s per byte checked; load %s\n",
+		o.out, cal.ByteSeconds, 1e-6/cal.ByteSeconds, cal.ChunkSeconds*1e6, cal.LocalChunkSeconds*1e6, cal.LocalByteSeconds, cal.VerifySeconds, cal.Load)
 	return nil
 }

@@ -126,6 +126,7 @@ func TestSimCalibrate(t *testing.T) {
 	cal, err := fabricsim.ReadCalibration(file)
 	require.NoError(t, err)
 	require.Positive(t, cal.ByteSeconds)
-	require.Len(t, cal.Samples, 4)
+	require.Len(t, cal.Samples, 6)
+	require.Contains(t, cal.Samples[4].What, "two slots of the reader", "the edge inside a runtime is measured")
 	require.InDelta(t, float64(cal.Cores), cal.CPU().Cores, 0)
 }

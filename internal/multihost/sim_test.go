@@ -250,8 +250,8 @@ func TestSimVsRecorded(t *testing.T) {
 // TestSimVsLive measures the harness's shaped cases now, in four network
 // namespaces with 1 Gbit/s links, and simulates each beside it: broadcast
 // of 64 MiB to 1, 2, 4 and 8 readers (best of two), the same to 8 readers in
-// 64 KiB chunks at window 1 and 4, eight readers Getting the object at once
-// from its owner, and one Get over rdma. Opt-in
+// 64 KiB chunks at windows 1, 4 and 8 over rdma and over tcp, eight readers
+// Getting the object at once from its owner, and one Get over rdma. Opt-in
 // (TENSORLANE_SIM_LIVE=1, root); TENSORLANE_SIM_ASSERT=1 also fails a case
 // outside 15%.
 func TestSimVsLive(t *testing.T) {
@@ -284,28 +284,11 @@ func TestSimVsLive(t *testing.T) {
 		rows = append(rows, simRow{Case: fmt.Sprintf("broadcast 64 MiB to %d readers, rdma", n), Measured: best, Simulated: res.Seconds, Error: res.Seconds/best - 1, Source: "live"})
 	}
 	// Where this machine's CPUs count: 1,024 chunks of 64 KiB through the
-	// chain to 8 readers, window 1 and 4 (best of two each). Beside the
-	// time, the CPU the four workers used against what the calibrated
-	// model spends: that checks the calibration whatever share of the
-	// cores the load left the workers.
-	var cpuRows []simRow
-	for _, window := range []int{1, 4} {
-		best, bestCPU := 0.0, 0.0
-		for range 2 {
-			cpu0 := workersCPU(t, c)
-			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:8]), ChunkSize: 64 << 10, Window: window, TimeoutMS: 120_000})
-			require.NoError(t, err)
-			require.True(t, r.OK, "broadcast: %s", r.Error)
-			if best == 0 || r.Seconds < best {
-				best, bestCPU = r.Seconds, workersCPU(t, c)-cpu0
-			}
-		}
-		res, err := f.Broadcast(owner, spreadEndpoints(8, 4, 0), size, rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: window})
-		require.NoError(t, err)
-		name := fmt.Sprintf("broadcast 64 MiB in 64 KiB chunks to 8 readers, window %d, rdma", window)
-		rows = append(rows, simRow{Case: name, Measured: best, Simulated: res.Seconds, Error: res.Seconds/best - 1, Source: "live"})
-		cpuRows = append(cpuRows, simRow{Case: name + " (CPU-s of the workers)", Measured: bestCPU, Simulated: res.CPUSeconds, Error: res.CPUSeconds/bestCPU - 1, Source: "live"})
-	}
+	// chain to 8 readers (three edges between processes, five inside
+	// them), windows 1, 4 and 8, over rdma here and over tcp on a
+	// cluster of its own below (the records' two transports).
+	r64, c64 := live64KiB(t, ctx, c, src, slots, f, "rdma")
+	rows, cpuRows := append(rows, r64...), c64
 	// The Gets: one (cold: its rails to the owner are dialled then, it
 	// lands in pages nothing touched), the same again (warm), eight at once.
 	for i, n := range []int{1, 1, 8} {
@@ -327,6 +310,15 @@ func TestSimVsLive(t *testing.T) {
 		}
 		rows = append(rows, simRow{Case: name, Measured: measured, Simulated: sim.Seconds, Error: sim.Seconds/measured - 1, Source: "live"})
 	}
+	// The same over tcp: the workers allowed tcp only.
+	{
+		ct := New(t, Options{Hosts: 4, DeviceMemory: "512MiB", NSLabel: "simt", Args: []string{"--allow-transports", "tcp"}})
+		shapeAll(t, ctx, ct, "1gbit")
+		tsrc := put(t, ctx, ct.Hosts[0].W, size, 11)
+		tslots := reserveSpread(t, ctx, ct.Hosts[1:], 8, size)
+		r64, c64 := live64KiB(t, ctx, ct, tsrc, tslots, simHarness(t, 4, 1, 1, true), "tcp")
+		rows, cpuRows = append(rows, r64...), append(cpuRows, c64...)
+	}
 	// The simulator gives the harness a quiet machine's cores; the load
 	// says how much of them the four workers had.
 	load := load0 + " -> " + loadAverage()
@@ -341,6 +333,37 @@ func TestSimVsLive(t *testing.T) {
 	if os.Getenv("TENSORLANE_SIM_ASSERT") != "" {
 		require.Equal(t, len(rows), within, "every case within %.0f%% (worst %.1f%%)", 100*simGoal, 100*worst)
 	}
+}
+
+// live64KiB broadcasts c's object src to its 8 slots in 64 KiB chunks at
+// windows 1, 4 and 8 (best of two each), simulates each on f, and returns
+// the times and, beside them, the CPU the four workers used against what
+// the model spent (which checks the calibration whatever share of the
+// cores the load left the workers; the workers' time also counts what
+// their schedulers spin while a chunk is handed between processes, which
+// the model has as a wait, Spec.CPU.Handoff, not as CPU).
+func live64KiB(t *testing.T, ctx context.Context, c *Cluster, src string, slots []bcastSlot, f *fabricsim.Fabric, transport string) (rows, cpuRows []simRow) {
+	t.Helper()
+	const size = 64 << 20
+	owner := topology.Endpoint{Host: "h0", Device: 0}
+	for _, window := range []int{1, 4, 8} {
+		best, bestCPU := 0.0, 0.0
+		for range 2 {
+			cpu0 := workersCPU(t, c)
+			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:8]), ChunkSize: 64 << 10, Window: window, TimeoutMS: 120_000})
+			require.NoError(t, err)
+			require.True(t, r.OK, "broadcast: %s", r.Error)
+			if best == 0 || r.Seconds < best {
+				best, bestCPU = r.Seconds, workersCPU(t, c)-cpu0
+			}
+		}
+		res, err := f.Broadcast(owner, spreadEndpoints(8, 4, 0), size, rdt.BroadcastConfig{ChunkSize: 64 << 10, Window: window})
+		require.NoError(t, err)
+		name := fmt.Sprintf("broadcast 64 MiB in 64 KiB chunks to 8 readers, window %d, %s", window, transport)
+		rows = append(rows, simRow{Case: name, Measured: best, Simulated: res.Seconds, Error: res.Seconds/best - 1, Source: "live"})
+		cpuRows = append(cpuRows, simRow{Case: name + " (CPU-s of the workers)", Measured: bestCPU, Simulated: res.CPUSeconds, Error: res.CPUSeconds/bestCPU - 1, Source: "live"})
+	}
+	return rows, cpuRows
 }
 
 // workersCPU is the CPU time, user and system, the cluster's worker
@@ -414,4 +437,54 @@ func TestSimQueueBacklog(t *testing.T) {
 		}
 	}
 	t.Logf("largest backlog of all: %d B, %.1f ms of the link (fabricsim.HarnessQueueSeconds: %.0f ms)", most, float64(most)/125e3, 1e3*fabricsim.HarnessQueueSeconds)
+}
+
+// TestSimRelayHops traces where a broadcast through relays spends its
+// time: for 64 MiB in 4 MiB chunks to 2, 3 and 8 readers it takes each
+// reader's finish (a "wait" on every slot, issued before the broadcast)
+// and logs it beside the simulated finish (Result.Finish), hop by hop
+// along the chain of hosts. Opt-in (TENSORLANE_SIM_LIVE=1, root); a trace,
+// not a check.
+func TestSimRelayHops(t *testing.T) {
+	if os.Getenv("TENSORLANE_SIM_LIVE") == "" {
+		t.Skip("a measurement: set TENSORLANE_SIM_LIVE=1 to run it (root, network namespaces)")
+	}
+	const size = 64 << 20
+	c := New(t, Options{Hosts: 4, DeviceMemory: "512MiB", NSLabel: "simhop"})
+	ctx := testCtx(t, 5*time.Minute)
+	shapeAll(t, ctx, c, "1gbit")
+	src := put(t, ctx, c.Hosts[0].W, size, 11)
+	slots := reserveSpread(t, ctx, c.Hosts[1:], 8, size)
+	f := simHarness(t, 4, 1, 1, false)
+	gens := make([]uint64, len(slots))
+	for round := range 3 {
+		for _, n := range []int{2, 3, 8} {
+			var waits []<-chan Result
+			var sent []time.Time
+			for i, s := range slots[:n] {
+				waits = append(waits, s.h.W.Go(Request{Op: "wait", Ref: s.ref, After: gens[i], Seed: 11, TimeoutMS: 60_000}))
+				sent = append(sent, time.Now())
+			}
+			// The waits reach their workers before the broadcast starts.
+			time.Sleep(100 * time.Millisecond)
+			t0 := time.Now()
+			r, err := c.Hosts[0].W.Call(ctx, Request{Op: "broadcast", Ref: src, Refs: refsOf(slots[:n]), TimeoutMS: 120_000})
+			require.NoError(t, err)
+			require.True(t, r.OK, "broadcast: %s", r.Error)
+			res, err := f.Broadcast(topology.Endpoint{Host: "h0", Device: 0}, spreadEndpoints(n, 4, 0), size, rdt.BroadcastConfig{})
+			require.NoError(t, err)
+			var b strings.Builder
+			for i, ch := range waits {
+				w := await(t, ch, time.Minute)
+				require.True(t, w.OK, "wait: %s", w.Error)
+				gens[i] = w.Generation
+				// The wait's own clock started when it was sent, not
+				// with the broadcast.
+				fmt.Fprintf(&b, " %s/gpu%d %.3f (sim %.3f);", slots[i].h.ID, i/3, w.Seconds-t0.Sub(sent[i]).Seconds(), res.Finish[i])
+			}
+			if round > 0 { // round 0 warms the edges' connections
+				t.Logf("%d readers: %.3f s (sim %.3f); finished:%s load %s", n, r.Seconds, res.Seconds, b.String(), loadAverage())
+			}
+		}
+	}
 }
