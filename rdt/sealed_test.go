@@ -13,11 +13,16 @@ import (
 
 // ownerSums reads the owner's tcp checksum counters by source.
 func ownerSums(t *testing.T, r *Runtime) (cached, stored, computed float64) {
+	return sumsIn(t, r, "tensorlane_tcp_owner_checksums_total")
+}
+
+// sumsIn reads one of the tcp checksum counters by source.
+func sumsIn(t *testing.T, r *Runtime, name string) (cached, stored, computed float64) {
 	t.Helper()
 	mfs, err := r.Registry().Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() != "tensorlane_tcp_owner_checksums_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -97,4 +102,39 @@ func TestSealedPutCachesChecksums(t *testing.T) {
 	defer w.Release()
 	_, err = owner.Put(ctx, w, SealedWith(tensor.NewChunkSums(0, size-1)))
 	assert.ErrorIs(t, err, tensor.ErrBadDesc)
+}
+
+// TestSealedPushSendsCachedChecksums: pushing a sealed object to a slot on
+// another host sends its cached checksums; the slot gets the bytes.
+func TestSealedPushSendsCachedChecksums(t *testing.T) {
+	ctx := context.Background()
+	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA = true })
+	owner, err := p.a.Spawn("owner")
+	require.NoError(t, err)
+	far, err := p.b.Spawn("far")
+	require.NoError(t, err)
+	const size = 2<<20 + 4096
+	src := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, size)
+	mem, err := p.a.Memory(tensor.GPUDevice(0))
+	require.NoError(t, err)
+	x, err := tensor.Alloc(ctx, mem, tensor.Uint8, size)
+	require.NoError(t, err)
+	sb, _ := src.SpanBytes()
+	xb, _ := x.SpanBytes()
+	sums := tensor.NewChunkSums(x.Desc().Span())
+	sums.Copy(xb, sb)
+	ref, err := owner.Put(ctx, x, SealedWith(sums))
+	require.NoError(t, err)
+	slot, err := far.Reserve(ctx, x.Desc(), tensor.HostDevice)
+	require.NoError(t, err)
+	defer slot.Close()
+	xfer, err := owner.Push(ctx, ref, slot.Ref())
+	require.NoError(t, err)
+	require.Equal(t, fabric.TCP, xfer.Stats.Transport)
+	_, got, err := slot.Wait(ctx, 0)
+	require.NoError(t, err)
+	sameBytes(t, src, got)
+	cached, stored, computed := sumsIn(t, p.a, "tensorlane_tcp_push_checksums_total")
+	assert.Equal(t, [3]float64{9, 0, 0}, [3]float64{cached, stored, computed})
+	src.Release()
 }

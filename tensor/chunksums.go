@@ -45,6 +45,16 @@ func (c *ChunkSums) block(off int64, n int) (int64, bool) {
 	return k, true
 }
 
+// Shifted is the same cache, its blocks seen at offsets moved by by: a
+// window into the buffer that starts at byte w sees them Shifted(-w). Nil
+// for a nil cache.
+func (c *ChunkSums) Shifted(by int64) *ChunkSums {
+	if c == nil {
+		return nil
+	}
+	return &ChunkSums{base: c.base + by, end: c.end + by, sums: c.sums, known: c.known}
+}
+
 // Span is the byte range the cache covers, [base, end).
 func (c *ChunkSums) Span() (base, end int64) { return c.base, c.end }
 

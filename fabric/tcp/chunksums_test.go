@@ -148,3 +148,43 @@ func TestCachedChecksumsNotOnSealedLinks(t *testing.T) {
 	known, _ := sums.Load().Known()
 	assert.Zero(t, known)
 }
+
+// TestPushSendsCachedChecksums: a push of a sealed object (its buffer
+// tensor.Summed) sends the cached checksums, striped or not; the owner
+// verifies them as it lands the bytes.
+func TestPushSendsCachedChecksums(t *testing.T) {
+	const size = 9<<20 + 123
+	pf := newPushFixtureWith(t, size, nil)
+	src, _ := tensor.BytesOf(pf.src)
+	sums := tensor.NewChunkSums(0, size)
+	sums.Fill(src)
+	tr := pf.transport(t, Config{Compression: CompressOff, StripeMin: 1 << 20})
+	_, err := tr.Write(context.Background(), summedPin{pf.src, sums}, pf.target(0, size))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(src, pf.sink[:size]))
+	assert.Equal(t, SumStats{Cached: blocks(size)}, tr.SendSums())
+
+	// A window of the object from byte w sees the cache shifted.
+	const w = 2 * DefaultChunkSize
+	clear(pf.sink)
+	win := summedPin{windowOf(pf.src, w), sums.Shifted(-w)}
+	_, err = tr.Write(context.Background(), win, pf.target(0, size-w))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(src[w:], pf.sink[:size-w]))
+	assert.Equal(t, SumStats{Cached: 2*blocks(size) - 2}, tr.SendSums())
+
+	// Changed after sealing: the owner refuses the push as corrupt.
+	src[100] ^= 1
+	_, err = tr.Write(context.Background(), summedPin{pf.src, sums}, pf.target(0, size))
+	require.ErrorIs(t, err, fabric.ErrCorrupt)
+}
+
+// windowOf is buf from byte off.
+type window struct {
+	tensor.Buffer
+	off int64
+}
+
+func windowOf(b tensor.Buffer, off int64) window { return window{b, off} }
+func (w window) Len() int64                      { return w.Buffer.Len() - w.off }
+func (w window) Bytes() []byte                   { b, _ := tensor.BytesOf(w.Buffer); return b[w.off:] }

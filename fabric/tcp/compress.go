@@ -278,8 +278,9 @@ type metrics struct {
 	// implies whether it compresses, and looking a counter up by its
 	// labels costs a hash and a lock per transfer.
 	byReason map[string]prometheus.Counter
-	dials    prometheus.Counter // tensorlane_tcp_dials_total
-	waits    prometheus.Counter // tensorlane_tcp_conn_waits_total
+	dials    prometheus.Counter     // tensorlane_tcp_dials_total
+	waits    prometheus.Counter     // tensorlane_tcp_conn_waits_total
+	pushSums *prometheus.CounterVec // tensorlane_tcp_push_checksums_total{source}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -304,13 +305,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tensorlane_tcp_conn_waits_total",
 			Help: "Transfers that found MaxConns connections to their owner busy and waited for one.",
 		}),
+		pushSums: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_tcp_push_checksums_total",
+			Help: "Raw blocks the tcp transport pushed with a checksum, by its source: cached (a sealed object's, computed once), stored (computed and cached), computed (at send).",
+		}, []string{"source"}),
 	}
 	m.byReason = map[string]prometheus.Counter{}
 	for reason, compress := range reasons {
 		m.byReason[reason] = m.decisions.WithLabelValues(strconv.FormatBool(compress), reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits} {
+		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits, m.pushSums} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tcp: register metrics: %w", err)
 			}

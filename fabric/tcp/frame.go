@@ -186,6 +186,10 @@ type sumStats struct {
 	vec [3]prometheus.Counter // nil: not exported
 }
 
+func (s *sumStats) stats() SumStats {
+	return SumStats{Cached: s.n[sumCached].Load(), Stored: s.n[sumStored].Load(), Computed: s.n[sumComputed].Load()}
+}
+
 func (s *sumStats) add(source int) {
 	if s == nil {
 		return

@@ -110,7 +110,7 @@ type SumStats struct {
 // SendSums reports where the checksums of the raw blocks served so far
 // came from.
 func (s *Server) SendSums() SumStats {
-	return SumStats{Cached: s.sums.n[sumCached].Load(), Stored: s.sums.n[sumStored].Load(), Computed: s.sums.n[sumComputed].Load()}
+	return s.sums.stats()
 }
 
 var sumSources = [3]string{"cached", "stored", "computed"}
