@@ -263,12 +263,12 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 		return s.sendDevice(l, pin, req)
 	}
 	defer pin.Release()
-	// writev: the status, block headers and the tensor bytes straight from
-	// device memory, with no copy into a staging buffer (unless the reader
-	// asked for compression, which encodes block by block).
 	// A sealed object's checksums are computed once, by its first read,
 	// and served from its cache after that (tensor.ChunkSums).
 	l.sums, l.sumsAt = tensor.SumsOf(pin), req.offset
+	// writev: the status, block headers and the tensor bytes straight from
+	// device memory, with no copy into a staging buffer (unless the reader
+	// asked for compression, which encodes block by block).
 	_, err = l.sendBlocks(statusOK[:], data, s.cfg.ChunkSize, req.flags&flagCompress != 0,
 		tcodec.HintFor(req.dtype), s.corruptNext.Swap(false), req.flags&flagSealed != 0)
 	l.sums = nil
