@@ -33,7 +33,16 @@ type UCX struct {
 	Size int64
 	// Timeout bounds one round (both processes); default 2 minutes.
 	Timeout time.Duration
+	// Outstanding is how many sends the client keeps in flight (perftest's
+	// -O); 0: tag_bw's default window, 32 messages (UCXWindow). A Get is
+	// one request and its answer, so 1 is its like.
+	Outstanding int
 }
+
+// UCXWindow is how many messages ucx_perftest's tag_bw keeps in flight
+// when not told otherwise (-O 0: the test's window, 32 in UCX's tests
+// table). A round of fewer messages has them all in flight at once.
+const UCXWindow = 32
 
 // ErrNoUCX says ucx_perftest is not installed.
 var ErrNoUCX = errors.New("bench: ucx_perftest not found (install ucx-utils)")
@@ -55,8 +64,15 @@ func UCXAvailable() bool {
 	return err == nil
 }
 
-// Name is the baseline's name in records: "ucx-" and the transport.
-func (u UCX) Name() string { return "ucx-" + u.TLS }
+// Name is the baseline's name in records: "ucx-" and the transport, and
+// "-o" and the window when it is not UCX's default ("ucx-tcp-o1": one
+// message in flight).
+func (u UCX) Name() string {
+	if u.Outstanding > 0 {
+		return "ucx-" + u.TLS + "-o" + strconv.Itoa(u.Outstanding)
+	}
+	return "ucx-" + u.TLS
+}
 
 // ucxMinBytes is the least a round moves through UCX, so a small message
 // size still gets enough iterations for UCX's overall figure to settle.
@@ -101,8 +117,8 @@ func (u UCX) run(ctx context.Context, iters int) (bps, cores float64, err error)
 	if err != nil {
 		return 0, 0, err
 	}
-	if u.Size <= 0 || iters <= 0 || u.TLS == "" || strings.ContainsAny(u.TLS, " \t\n") {
-		return 0, 0, fmt.Errorf("%w: size %d, %d iterations, transport %q", ErrUCX, u.Size, iters, u.TLS)
+	if u.Size <= 0 || iters <= 0 || u.TLS == "" || strings.ContainsAny(u.TLS, " \t\n") || u.Outstanding < 0 {
+		return 0, 0, fmt.Errorf("%w: size %d, %d iterations, transport %q, %d outstanding", ErrUCX, u.Size, iters, u.TLS, u.Outstanding)
 	}
 	timeout := u.Timeout
 	if timeout <= 0 {
@@ -119,7 +135,7 @@ func (u UCX) run(ctx context.Context, iters int) (bps, cores float64, err error)
 		warm = 1 // a warm-up of 256 MiB faults and connects as well as two
 	}
 	args := []string{"-p", strconv.Itoa(port), "-t", "tag_bw", "-s", strconv.FormatInt(u.Size, 10),
-		"-n", strconv.Itoa(iters), "-w", strconv.Itoa(warm)}
+		"-n", strconv.Itoa(iters), "-w", strconv.Itoa(warm), "-O", strconv.Itoa(u.Outstanding)}
 	env := append(os.Environ(), "UCX_TLS="+u.TLS, "UCX_WARN_UNUSED_ENV_VARS=n")
 	server := exec.CommandContext(ctx, bin, args...)
 	server.Env = env

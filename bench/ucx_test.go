@@ -32,7 +32,7 @@ func TestUCXRefusesBadInput(t *testing.T) {
 	if !UCXAvailable() {
 		t.Skip("ucx_perftest not installed (ucx-utils)")
 	}
-	for _, u := range []UCX{{TLS: "tcp"}, {TLS: "", Size: 4096}, {TLS: "tcp posix", Size: 4096}} {
+	for _, u := range []UCX{{TLS: "tcp"}, {TLS: "", Size: 4096}, {TLS: "tcp posix", Size: 4096}, {TLS: "tcp", Size: 4096, Outstanding: -1}} {
 		if _, err := u.Bandwidth(context.Background(), 1); !errors.Is(err, ErrUCX) {
 			t.Errorf("%+v: %v, want ErrUCX", u, err)
 		}
@@ -51,13 +51,31 @@ func TestUCXRound(t *testing.T) {
 	if !UCXAvailable() {
 		t.Skip("ucx_perftest not installed (ucx-utils)")
 	}
-	u := UCX{TLS: "tcp", Size: 1 << 20, Timeout: time.Minute}
-	d, cpu, err := u.RoundCPU(context.Background(), 4)
-	if err != nil {
-		t.Fatal(err)
+	// UCX's default window and one message in flight (a Get's like).
+	for _, out := range []int{0, 1} {
+		u := UCX{TLS: "tcp", Size: 1 << 20, Timeout: time.Minute, Outstanding: out}
+		d, cpu, err := u.RoundCPU(context.Background(), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d <= 0 || cpu <= 0 {
+			t.Fatalf("round of %v, %v of CPU", d, cpu)
+		}
+		t.Logf("%s: 4 x 1 MiB in %v (%.2f GB/s), %v of CPU (%.2f GB per CPU second)", u.Name(), d, 4*float64(1<<20)/d.Seconds()/1e9, cpu, 4*float64(1<<20)/cpu.Seconds()/1e9)
 	}
-	if d <= 0 || cpu <= 0 {
-		t.Fatalf("round of %v, %v of CPU", d, cpu)
+}
+
+func TestUCXName(t *testing.T) {
+	for _, tc := range []struct {
+		u    UCX
+		want string
+	}{
+		{UCX{TLS: "tcp"}, "ucx-tcp"},
+		{UCX{TLS: "tcp", Outstanding: 1}, "ucx-tcp-o1"},
+		{UCX{TLS: "sm", Outstanding: 4}, "ucx-sm-o4"},
+	} {
+		if got := tc.u.Name(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.u, got, tc.want)
+		}
 	}
-	t.Logf("ucx tcp: 4 x 1 MiB in %v (%.2f GB/s), %v of CPU (%.2f GB per CPU second)", d, 4*float64(1<<20)/d.Seconds()/1e9, cpu, 4*float64(1<<20)/cpu.Seconds()/1e9)
 }

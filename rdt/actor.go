@@ -94,10 +94,35 @@ func (a *Actor) Addr() ActorAddr {
 
 func (a *Actor) mayUse(dev tensor.DeviceID) error { return a.who().MayUse(dev) }
 
+// PutOption changes how Put publishes.
+type PutOption func(*putOptions)
+
+type putOptions struct {
+	sealed bool
+	sums   *tensor.ChunkSums
+}
+
+// Sealed promises that the tensor's bytes never change again while it is
+// published: its owner then computes the tcp checksum of each block once
+// (the first tcp read does, as it sends) and serves every later read's
+// from that cache instead of reading the object's memory again for them.
+// Bytes changed anyway reach readers as fabric.ErrCorrupt. Leave it out
+// for memory that may change (a buffer the caller keeps writing, a
+// mailbox); on device memory it changes nothing.
+func Sealed() PutOption { return func(o *putOptions) { o.sealed = true } }
+
+// SealedWith is Sealed with the checksums already known: sums, made with
+// tensor.NewChunkSums over the tensor's span (t.Desc().Span()) and filled by the
+// copy that wrote the bytes (ChunkSums.Copy, one pass for both), so not
+// even the first read checksums them.
+func SealedWith(sums *tensor.ChunkSums) PutOption {
+	return func(o *putOptions) { o.sealed, o.sums = true, sums }
+}
+
 // Put publishes a tensor that lives in this runtime's device memory and
 // returns a reference to it. Nothing is copied: the object is the tensor's
 // own buffer, and the runtime now owns its lifetime (Free releases it).
-func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
+func (a *Actor) Put(ctx context.Context, t tensor.Tensor, opts ...PutOption) (Ref, error) {
 	if err := ctx.Err(); err != nil {
 		return Ref{}, err
 	}
@@ -114,7 +139,24 @@ func (a *Actor) Put(ctx context.Context, t tensor.Tensor) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	o := a.rt.objects.Add(mem, t.Buffer(), t.Desc(), a.name)
+	var po putOptions
+	for _, opt := range opts {
+		opt(&po)
+	}
+	if po.sums != nil {
+		start, end := t.Desc().Span()
+		if b, e := po.sums.Span(); b != start || e != end {
+			return Ref{}, fmt.Errorf("%w: checksums of bytes [%d,%d) for a tensor spanning [%d,%d)", tensor.ErrBadDesc, b, e, start, end)
+		}
+	}
+	var o *objstore.Object
+	if po.sealed && !tensor.IsDevice(t.Buffer()) {
+		o = a.rt.objects.AddSealed(mem, t.Buffer(), t.Desc(), a.name, po.sums)
+	} else {
+		// Device memory is staged per read and checksummed from the
+		// stage: there is nothing for a cache to save.
+		o = a.rt.objects.Add(mem, t.Buffer(), t.Desc(), a.name)
+	}
 	return a.rt.refFor(o), nil
 }
 

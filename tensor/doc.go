@@ -17,7 +17,8 @@
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // HostVisible for memory the CPU can address, Exportable for memory another
-// process can map. Real device memory (tensor/cuda: NVIDIA GPUs through the
+// process can map, Summed for a buffer whose bytes are final and whose
+// block checksums (ChunkSums) are computed once. Real device memory (tensor/cuda: NVIDIA GPUs through the
 // CUDA driver API, loaded at run time without cgo; tensor/hip: AMD GPUs
 // through HIP, on the same engine) implements Memory and Buffer too; its
 // buffers are not HostVisible but DeviceCopier and PeerCopier, and Copy

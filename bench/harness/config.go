@@ -67,8 +67,15 @@ const (
 	// BaseUCXTCP and BaseUCXSM are UCX's ucx_perftest over its tcp and
 	// shared-memory (sm: posix and cma) transports, measured when it is
 	// installed (bench/ucx.go).
-	BaseUCXTCP = "ucx-tcp"
-	BaseUCXSM  = "ucx-sm"
+	// Their plain rows keep UCX's own window (tag_bw: up to 32 messages
+	// in flight, bench.UCXWindow), which hides each message's start and
+	// drain; the -o1 rows keep one in flight, like one Get, and are what
+	// the goals compare a cell of one Get in flight with. A cell of N Gets
+	// in flight gets the plain row only.
+	BaseUCXTCP  = "ucx-tcp"
+	BaseUCXSM   = "ucx-sm"
+	BaseUCXTCP1 = "ucx-tcp-o1"
+	BaseUCXSM1  = "ucx-sm-o1"
 	// UCXMinSize is the least message size UCX's baselines run at: each
 	// of their rounds starts two processes and moves at least 256 MiB, so
 	// small messages cost minutes and say nothing about the bulk path the
@@ -106,9 +113,10 @@ type Config struct {
 	LatencySizes []int64
 	// NoLatency turns the latency mode off.
 	NoLatency bool
-	// NoUCX leaves out UCX's baselines (ucx-tcp, ucx-sm), which otherwise
-	// run beside tcp and shm pulls of UCXMinSize and up, one in flight,
-	// whenever ucx_perftest is installed (outside Quick).
+	// NoUCX leaves out UCX's baselines (ucx-tcp, ucx-sm, and at one Get
+	// in flight ucx-tcp-o1, ucx-sm-o1), which otherwise run beside tcp
+	// and shm pulls of UCXMinSize and up whenever ucx_perftest is
+	// installed (outside Quick).
 	NoUCX bool
 	// LatencySamples is the number of timed Gets (and as many ping-pongs)
 	// per latency size.

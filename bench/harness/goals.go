@@ -22,9 +22,12 @@ var Goals = []Goal{
 	{PathP2PIPC, ModePush, BaseMemcpy, 64 << 20, 0.7},
 	{PathSHM, ModePush, BaseMemcpy, 64 << 20, 0.7},
 	{PathTCP, ModePull, BaseRawTCP, 64 << 20, 0.9},
-	// The wire issue's: ahead of UCX on the same host, where it is installed.
-	{PathTCP, ModePull, BaseUCXTCP, 64 << 20, 1.2},
-	{PathSHM, ModePull, BaseUCXSM, 64 << 20, 1.5},
+	// The wire issue's: ahead of UCX on the same host, where it is
+	// installed, like with like: one Get in flight against one UCX message
+	// in flight (the -o1 rows; the plain UCX rows keep up to 32 in flight
+	// and are compared with cells of as many Gets, outside the goals).
+	{PathTCP, ModePull, BaseUCXTCP1, 64 << 20, 1.2},
+	{PathSHM, ModePull, BaseUCXSM1, 64 << 20, 1.5},
 }
 
 // GoalResult is one measured cell judged against its goal.

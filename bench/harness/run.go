@@ -385,7 +385,9 @@ func (e *env) putOn(ctx context.Context, rt *rdt.Runtime, owner *rdt.Actor, size
 			p[i] = byte(i*7 + i>>8)
 		}
 	}
-	ref, err := owner.Put(ctx, x)
+	// Sealed: the bench never writes a source again, so its tcp checksums
+	// are computed by the warm-up read and cached (rdt.Sealed).
+	ref, err := owner.Put(ctx, x, rdt.Sealed())
 	if err != nil {
 		x.Release()
 		return rdt.Ref{}, nil, err
@@ -740,10 +742,21 @@ func (g *group) cell(ctx context.Context, cfg Config, c int) ([]Record, error) {
 	// UCX beside tcp and shm when ucx_perftest is installed (bench/ucx.go),
 	// outside --quick: the quick matrix is the regression guard's, whose
 	// stored baseline must not depend on what a machine has installed.
-	if tls := ucxTLS[path]; tls != "" && c == 1 && g.spec.mode == ModePull && !cfg.Quick && !cfg.NoUCX && s.size >= UCXMinSize && bench.UCXAvailable() {
-		u := bench.UCX{TLS: tls, Size: s.size}
-		bases = append(bases, base{u.Name(), nil})
-		timed[u.Name()] = u.RoundCPU
+	// UCX's own window (many messages in flight) at every concurrency,
+	// and at one Get in flight also one message in flight: like with like
+	// both ways (BaseUCXTCP1). A round of the path moves k*c transfers, so
+	// UCX's is timed for as many messages.
+	if tls := ucxTLS[path]; tls != "" && g.spec.mode == ModePull && !cfg.Quick && !cfg.NoUCX && s.size >= UCXMinSize && bench.UCXAvailable() {
+		us := []bench.UCX{{TLS: tls, Size: s.size}}
+		if c == 1 {
+			us = append(us, bench.UCX{TLS: tls, Size: s.size, Outstanding: 1})
+		}
+		for _, u := range us {
+			bases = append(bases, base{u.Name(), nil})
+			timed[u.Name()] = func(ctx context.Context, k int) (time.Duration, time.Duration, error) {
+				return u.RoundCPU(ctx, k*c)
+			}
+		}
 	}
 	// Enough operations per worker per round that a round moves about
 	// 1 MiB, so small sizes are not timer-bound.

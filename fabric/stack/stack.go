@@ -72,7 +72,8 @@ func Start(ctx context.Context, cfg Config, node Node) (*Stack, error) {
 			s.Close()
 		}
 	}()
-	s.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Security: n.Security, Source: n.Source, Sink: n.Sink, Limits: c.Limits, ListenerMetrics: s.listen})
+	s.tcpSrv, err = tcp.Listen(tcp.ServerConfig{Addr: c.DataAddr, Security: n.Security, Source: n.Source, Sink: n.Sink, Limits: c.Limits, ListenerMetrics: s.listen,
+		Registerer: n.Registerer})
 	if err != nil {
 		return nil, err
 	}

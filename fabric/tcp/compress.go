@@ -2,9 +2,11 @@ package tcp
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -182,10 +184,15 @@ func (l *links) observe(k connKey, compressed bool, reason string, raw, wire int
 	}
 }
 
+// The codec's measured rate. Deciding transfers read it without a lock;
+// one of them at a time (codecMu) measures it again when it is stale, and
+// the others decide by the last figure meanwhile instead of waiting the
+// millisecond or two a measurement takes. Only the first measurement is
+// waited for: there is no figure before it.
 var (
 	codecMu   sync.Mutex
-	codecCore float64   // measured bytes per second of one core, encode or decode, the slower
-	codecAt   time.Time // when; zero: never
+	codecCore atomic.Uint64 // float64 bits: bytes per second of one core, encode or decode, the slower; 0: never measured
+	codecAt   atomic.Int64  // when it was measured, Unix nanoseconds
 )
 
 // codecRefresh: how long a measurement of the codec stands. Once per process
@@ -198,36 +205,53 @@ const codecRefresh = 30 * time.Second
 // encodes and decodes bf16 weights (the codec's slowest common case), and
 // scales it by the streams that run codecs in parallel.
 func codecThroughput(streams int) float64 {
-	codecMu.Lock()
-	defer codecMu.Unlock()
-	if codecAt.IsZero() || time.Since(codecAt) > codecRefresh {
-		codecAt = time.Now()
-		// Small enough to cost a millisecond or two on the first transfer
-		// that asks (it runs on that transfer's path; 1 MiB cost 8 ms).
-		const n = 64 << 10
-		src := make([]byte, 2*n)
-		tcodec.FillNormal(src, 2, 0.02, 7)
-		enc, dec := tcodec.NewEncoder(), tcodec.NewDecoder()
-		hint := tcodec.Hint{Elem: 2, Float: true}
-		var blocks [][]byte
-		// One untimed block first: table set-up is not throughput.
-		warm, _ := enc.AppendBlock(nil, src[:n], hint)
-		dec.DecodeBlock(make([]byte, 0, n), warm)
-		t0 := time.Now()
-		for off := 0; off < len(src); off += n {
-			b, _ := enc.AppendBlock(nil, src[off:off+n], hint)
-			blocks = append(blocks, b)
-		}
-		te := time.Since(t0)
-		out := make([]byte, 0, n)
-		t0 = time.Now()
-		for _, b := range blocks {
-			dec.DecodeBlock(out[:0], b)
-		}
-		td := time.Since(t0)
-		codecCore = float64(len(src)) / max(te, td, time.Microsecond).Seconds()
+	core := math.Float64frombits(codecCore.Load())
+	stale := time.Since(time.Unix(0, codecAt.Load())) > codecRefresh
+	switch {
+	case core == 0:
+		codecMu.Lock() // the first figure: wait for whoever measures it
+		core = measureCodecLocked()
+		codecMu.Unlock()
+	case stale && codecMu.TryLock():
+		core = measureCodecLocked()
+		codecMu.Unlock()
 	}
-	return codecCore * float64(min(streams, runtime.GOMAXPROCS(0)))
+	return core * float64(min(streams, runtime.GOMAXPROCS(0)))
+}
+
+// measureCodecLocked measures the codec unless another caller did while
+// this one waited for codecMu, and returns the current figure.
+func measureCodecLocked() float64 {
+	if core := math.Float64frombits(codecCore.Load()); core != 0 && time.Since(time.Unix(0, codecAt.Load())) <= codecRefresh {
+		return core
+	}
+	// Small enough to cost a millisecond or two on the transfer that
+	// measures (it runs on that transfer's path; 1 MiB cost 8 ms).
+	const n = 64 << 10
+	src := make([]byte, 2*n)
+	tcodec.FillNormal(src, 2, 0.02, 7)
+	enc, dec := tcodec.NewEncoder(), tcodec.NewDecoder()
+	hint := tcodec.Hint{Elem: 2, Float: true}
+	var blocks [][]byte
+	// One untimed block first: table set-up is not throughput.
+	warm, _ := enc.AppendBlock(nil, src[:n], hint)
+	dec.DecodeBlock(make([]byte, 0, n), warm)
+	t0 := time.Now()
+	for off := 0; off < len(src); off += n {
+		b, _ := enc.AppendBlock(nil, src[off:off+n], hint)
+		blocks = append(blocks, b)
+	}
+	te := time.Since(t0)
+	out := make([]byte, 0, n)
+	t0 = time.Now()
+	for _, b := range blocks {
+		dec.DecodeBlock(out[:0], b)
+	}
+	td := time.Since(t0)
+	core := float64(len(src)) / max(te, td, time.Microsecond).Seconds()
+	codecCore.Store(math.Float64bits(core))
+	codecAt.Store(time.Now().UnixNano()) // after the figure: a reader that sees it fresh sees the figure
+	return core
 }
 
 // reasons are the reasons decide gives, with the decision each implies.
@@ -254,8 +278,9 @@ type metrics struct {
 	// implies whether it compresses, and looking a counter up by its
 	// labels costs a hash and a lock per transfer.
 	byReason map[string]prometheus.Counter
-	dials    prometheus.Counter // tensorlane_tcp_dials_total
-	waits    prometheus.Counter // tensorlane_tcp_conn_waits_total
+	dials    prometheus.Counter     // tensorlane_tcp_dials_total
+	waits    prometheus.Counter     // tensorlane_tcp_conn_waits_total
+	pushSums *prometheus.CounterVec // tensorlane_tcp_push_checksums_total{source}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -280,13 +305,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "tensorlane_tcp_conn_waits_total",
 			Help: "Transfers that found MaxConns connections to their owner busy and waited for one.",
 		}),
+		pushSums: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_tcp_push_checksums_total",
+			Help: "Raw blocks the tcp transport pushed with a checksum, by its source: cached (a sealed object's, computed once), stored (computed and cached), computed (at send).",
+		}, []string{"source"}),
 	}
 	m.byReason = map[string]prometheus.Counter{}
 	for reason, compress := range reasons {
 		m.byReason[reason] = m.decisions.WithLabelValues(strconv.FormatBool(compress), reason)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits} {
+		for _, c := range []prometheus.Collector{m.decisions, m.raw, m.wire, m.dials, m.waits, m.pushSums} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tcp: register metrics: %w", err)
 			}

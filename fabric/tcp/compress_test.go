@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -196,17 +197,21 @@ func TestAutoCompression(t *testing.T) {
 func TestCodecThroughputRefreshes(t *testing.T) {
 	first := codecThroughput(1)
 	require.Positive(t, first)
-	codecMu.Lock()
-	at := codecAt
-	codecMu.Unlock()
+	at := codecAt.Load()
 	codecThroughput(1)
-	codecMu.Lock()
-	assert.Equal(t, at, codecAt, "a fresh measurement stands")
-	codecAt = time.Now().Add(-2 * codecRefresh)
-	old := codecAt
-	codecMu.Unlock()
+	assert.Equal(t, at, codecAt.Load(), "a fresh measurement stands")
+	old := time.Now().Add(-2 * codecRefresh).UnixNano()
+	codecAt.Store(old)
 	assert.Positive(t, codecThroughput(1))
-	codecMu.Lock()
-	assert.True(t, codecAt.After(old), "a stale one is taken again")
+	assert.Greater(t, codecAt.Load(), old, "a stale one is taken again")
+
+	// While one caller measures again, the others decide by the last
+	// figure rather than wait for it.
+	codecAt.Store(old)
+	last := math.Float64frombits(codecCore.Load())
+	codecMu.Lock() // a measurement in progress
+	got := codecThroughput(1)
 	codecMu.Unlock()
+	assert.Equal(t, last, got, "the last figure")
+	assert.Equal(t, old, codecAt.Load(), "not measured by a caller that found a measurement under way")
 }

@@ -17,7 +17,12 @@
 // (flagSealed: one pass over each byte fewer on both ends; an owner from
 // before it is asked again with checksums; Config.SealedChecksums keeps
 // both; docs/security.md, "Integrity of the bytes in flight", says what
-// each mode guarantees and what it does not cover). Raw blocks go
+// each mode guarantees and what it does not cover). An object whose
+// buffer is tensor.Summed (sealed: its bytes never change) has its blocks'
+// checksums cached: the first read or push computes and stores them, later
+// ones send them without reading the object again (counted in
+// tensorlane_tcp_owner_checksums_total and
+// tensorlane_tcp_push_checksums_total by source). Raw blocks go
 // out with writev straight from the owner's memory and land straight in
 // the reader's buffer; large transfers are striped over several
 // connections (Streams).

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
@@ -157,6 +160,64 @@ type link struct {
 	// encoded counts blocks run through the encoder and sampleSkips the
 	// transfers a sample sent raw (for tests).
 	encoded, sampleSkips int
+
+	// sums, when set (a sealed object's read), holds the checksums of the
+	// object's blocks; sumsAt is the object offset of the data being sent.
+	// sendBlocks takes a raw block's checksum from it, or computes it and
+	// stores it there, and counts which in sumStats (an owner's; nil on a
+	// reader's connections).
+	sums     *tensor.ChunkSums
+	sumsAt   int64
+	sumStats *sumStats
+}
+
+// Where a raw block's checksum came from.
+const (
+	sumCached   = iota // the object's cache: no read of its memory
+	sumStored          // computed and stored in the cache for later sends
+	sumComputed        // computed: no cache, or a block off its grid
+)
+
+// sumStats counts raw blocks sent by where their checksum came from,
+// before the block goes out (so a reader that has the bytes sees them
+// counted).
+type sumStats struct {
+	n   [3]atomic.Int64
+	vec [3]prometheus.Counter // nil: not exported
+}
+
+func (s *sumStats) stats() SumStats {
+	return SumStats{Cached: s.n[sumCached].Load(), Stored: s.n[sumStored].Load(), Computed: s.n[sumComputed].Load()}
+}
+
+func (s *sumStats) add(source int) {
+	if s == nil {
+		return
+	}
+	s.n[source].Add(1)
+	if c := s.vec[source]; c != nil {
+		c.Inc()
+	}
+}
+
+// rawHeader is the header that sends p, the bytes at object offset at, as
+// they are: its checksum from the link's cache when it has it.
+func (l *link) rawHeader(p []byte, at int64) tcodec.Header {
+	if l.sums == nil {
+		l.sumStats.add(sumComputed)
+		return tcodec.RawHeader(p)
+	}
+	if sum, ok := l.sums.Get(at, len(p)); ok {
+		l.sumStats.add(sumCached)
+		return tcodec.Header{Codec: tcodec.Raw, RawLen: len(p), EncLen: len(p), Sum: sum}
+	}
+	h := tcodec.RawHeader(p)
+	if l.sums.Set(at, len(p), h.Sum) {
+		l.sumStats.add(sumStored)
+	} else {
+		l.sumStats.add(sumComputed)
+	}
+	return h
 }
 
 // readBuf is the link's read buffer: a status, a block header and a 4 KiB
@@ -268,10 +329,13 @@ func (l *link) sendBlocks(prefix, data []byte, chunk int, compress bool, hint tc
 			p := data[off:min(off+chunk, len(data))]
 			off += len(p)
 			var h tcodec.Header
-			if unsummed {
+			switch {
+			case unsummed:
 				h = tcodec.Header{Codec: tcodec.Raw, RawLen: len(p), EncLen: len(p)}
-			} else {
-				h = tcodec.RawHeader(p)
+			case compress:
+				// The encoder checksums the raw bytes itself.
+			default:
+				h = l.rawHeader(p, l.sumsAt+int64(off-len(p)))
 			}
 			payload := p
 			if compress {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/acceptor"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
@@ -47,6 +49,10 @@ type ServerConfig struct {
 	Limits fabric.ListenerLimits
 	// ListenerMetrics counts the listener (label "tcp"); nil: not counted.
 	ListenerMetrics *fabric.ListenerMetrics
+	// Registerer takes the server's own metrics
+	// (tensorlane_tcp_owner_checksums_total); nil: not registered, still
+	// counted (Server.SendSums).
+	Registerer prometheus.Registerer
 }
 
 func (c *ServerConfig) defaults() error {
@@ -86,7 +92,28 @@ type Server struct {
 	refuseSealed atomic.Bool                                    // tests: answer flagSealed as an owner before it did
 	wholeStage   atomic.Bool                                    // benchmarks: stage a device read whole before sending, as before sendDevice
 	traceFn      atomic.Pointer[func(step string, piece int64)] // tests: sendDevice's steps
+
+	sums sumStats // raw blocks sent, by where their checksum came from
 }
+
+// SumStats counts the raw blocks an owner sent with a checksum, by where
+// the checksum came from. A sealed object's blocks are computed (and
+// stored) by its first read and cached for every later one; other
+// objects' (borrowed memory that may change, device memory staged per
+// read) are computed at every send.
+type SumStats struct {
+	Cached   int64 // from the object's cache: its memory not read for them
+	Stored   int64 // computed at send and stored in the object's cache
+	Computed int64 // computed at send: no cache (the object may change), or off its grid
+}
+
+// SendSums reports where the checksums of the raw blocks served so far
+// came from.
+func (s *Server) SendSums() SumStats {
+	return s.sums.stats()
+}
+
+var sumSources = [3]string{"cached", "stored", "computed"}
 
 // Listen starts a data server.
 func Listen(cfg ServerConfig) (*Server, error) {
@@ -101,6 +128,21 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		}
 	}
 	s := &Server{cfg: cfg, ln: ln}
+	if cfg.Registerer != nil {
+		vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_tcp_owner_checksums_total",
+			Help: "Raw blocks the tcp owner sent with a checksum, by its source: cached (a sealed object's, computed once), stored (computed and cached), computed (at send).",
+		}, []string{"source"})
+		if err := cfg.Registerer.Register(vec); err != nil {
+			if cfg.Listener == nil {
+				ln.Close()
+			}
+			return nil, fmt.Errorf("tcp: register metrics: %w", err)
+		}
+		for i, name := range sumSources {
+			s.sums.vec[i] = vec.WithLabelValues(name)
+		}
+	}
 	s.loop = acceptor.Start(ln, acceptor.Config{Name: "tcp", Limits: cfg.Limits, Metrics: cfg.ListenerMetrics, Logger: cfg.Logger}, s.serve)
 	return s, nil
 }
@@ -128,6 +170,7 @@ func (s *Server) serve(c net.Conn) {
 		return
 	}
 	l := newLink(c, s.cfg.StallTimeout)
+	l.sumStats = &s.sums
 	// A record layer may lose its place if a deadline interrupts a
 	// record half read, so encrypted connections wait for requests under
 	// the idle deadline alone (see awaitRequest).
@@ -220,11 +263,15 @@ func (s *Server) handleRead(l *link, claims *claimCtx, req request) error {
 		return s.sendDevice(l, pin, req)
 	}
 	defer pin.Release()
+	// A sealed object's checksums are computed once, by its first read,
+	// and served from its cache after that (tensor.ChunkSums).
+	l.sums, l.sumsAt = tensor.SumsOf(pin), req.offset
 	// writev: the status, block headers and the tensor bytes straight from
 	// device memory, with no copy into a staging buffer (unless the reader
 	// asked for compression, which encodes block by block).
 	_, err = l.sendBlocks(statusOK[:], data, s.cfg.ChunkSize, req.flags&flagCompress != 0,
 		tcodec.HintFor(req.dtype), s.corruptNext.Swap(false), req.flags&flagSealed != 0)
+	l.sums = nil
 	return err
 }
 

@@ -126,7 +126,13 @@ type Transport struct {
 	// older than it: their transfers keep the checksums.
 	unsealed sync.Map
 	sealedN  atomic.Int64 // transfers whose raw blocks went unsummed (tests)
+
+	sums sumStats // raw blocks pushed, by where their checksum came from
 }
+
+// SendSums reports where the checksums of the raw blocks this transport
+// pushed came from: a sealed object's cache (tensor.Summed), or computed.
+func (t *Transport) SendSums() SumStats { return t.sums.stats() }
 
 var (
 	_ fabric.Transport = (*Transport)(nil)
@@ -153,6 +159,9 @@ func New(cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t := &Transport{cfg: cfg, m: m}
+	for i, name := range sumSources {
+		t.sums.vec[i] = m.pushSums.WithLabelValues(name)
+	}
 	t.pool = kit.NewPool(kit.PoolConfig[connKey, *conn]{
 		Dial: t.dial, MaxConns: cfg.MaxConns, MaxIdle: cfg.MaxIdle, IdleTimeout: cfg.IdleTimeout,
 		OnWait: m.waits.Inc, OnDial: m.dials.Inc,
@@ -188,6 +197,11 @@ type transfer struct {
 	// from object offset off are in place (a device read copies them in
 	// meanwhile, fabric.StagedReadProgress).
 	received func(off int64, n int)
+	// sums, for a push of a sealed object, are its blocks' checksums, at
+	// offsets in the pushed bytes (p[0] is 0); base is the remote offset
+	// p[0] goes to.
+	sums *tensor.ChunkSums
+	base int64
 }
 
 // Read pulls src into dst over one or more authenticated connections.
@@ -219,21 +233,23 @@ func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Rem
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	return t.run(ctx, opWrite, dst, from[:dst.Length])
+	// A sealed object's blocks go with their cached checksums.
+	return t.runWith(ctx, opWrite, dst, from[:dst.Length], nil, tensor.SumsOf(src))
 }
 
 func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte) (fabric.Stats, error) {
-	return t.runWith(ctx, op, r, p, nil)
+	return t.runWith(ctx, op, r, p, nil, nil)
 }
 
-// runWith is run with a read's progress reported to received (transfer).
-func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []byte, received func(off int64, n int)) (fabric.Stats, error) {
+// runWith is run with a read's progress reported to received, and a
+// push's cached checksums (transfer).
+func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []byte, received func(off int64, n int), sums *tensor.ChunkSums) (fabric.Stats, error) {
 	start := time.Now()
 	addr := r.Addrs[fabric.TCP]
 	if addr == "" {
 		return fabric.Stats{}, fmt.Errorf("%w: owner %s serves no tcp address", fabric.ErrNoPath, r.Peer)
 	}
-	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType, received: received}
+	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType, received: received, sums: sums, base: r.Offset}
 	n := int64(len(p))
 	var est linkEstimate
 	var codecBps float64
@@ -413,7 +429,9 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 	if eager {
 		prefix = c.req
 	}
+	c.sums, c.sumsAt = x.sums, off-x.base
 	wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false), sealed)
+	c.sums = nil
 	wire -= int64(len(prefix))
 	if err != nil {
 		// The owner may have refused a block and hung up: its verdict, if
@@ -501,6 +519,7 @@ func (t *Transport) dial(ctx context.Context, k connKey) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{link: newLink(sc, t.cfg.StallTimeout), key: k}
+	c.sumStats = &t.sums // the raw blocks it pushes
 	c.sealed = res.Keys != nil
 	c.abort = func() { c.Close() }
 	return c, nil

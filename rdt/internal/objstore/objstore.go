@@ -97,6 +97,11 @@ type Object struct {
 	Share *tensor.ViewShare
 	Owner string // actor name
 	Token []byte
+	// Sums caches the checksums of the view's blocks when the object is
+	// sealed (its bytes never change again: AddSealed); nil otherwise,
+	// and senders checksum what they send. Set before the object is in
+	// the table.
+	Sums  *tensor.ChunkSums
 	pins  int
 	freed bool
 	// released: the owner asked to free the object once no reader holds
@@ -119,10 +124,28 @@ func New(incarnation uint64) *Table {
 // Add publishes desc's view of buf, which lives in mem (where a private
 // copy of the view is staged if an on-host grant needs one).
 func (t *Table) Add(mem tensor.Memory, buf tensor.Buffer, desc tensor.Desc, owner string) *Object {
+	return t.add(mem, buf, desc, owner, false, nil)
+}
+
+// AddSealed is Add of an object whose bytes are final: its block
+// checksums are computed at most once (by its first tcp read, unless sums,
+// filled by the copy that made the bytes, has them) and cached with it
+// (Object.Sums). sums, when not nil, covers the view desc.Span().
+func (t *Table) AddSealed(mem tensor.Memory, buf tensor.Buffer, desc tensor.Desc, owner string, sums *tensor.ChunkSums) *Object {
+	return t.add(mem, buf, desc, owner, true, sums)
+}
+
+func (t *Table) add(mem tensor.Memory, buf tensor.Buffer, desc tensor.Desc, owner string, sealed bool, sums *tensor.ChunkSums) *Object {
 	o := &Object{Buf: buf, Desc: desc, Owner: owner, Token: make([]byte, 16), holders: map[peer.ID]time.Time{}, done: make(chan struct{}),
 		Layout: LayoutOf(desc)}
 	o.Start, o.End = desc.Span()
 	o.Share = tensor.NewViewShare(mem, buf, o.Start, o.End)
+	if sealed {
+		if sums == nil {
+			sums = tensor.NewChunkSums(o.Start, o.End)
+		}
+		o.Sums = sums
+	}
 	rand.Read(o.ID[:])
 	rand.Read(o.Token)
 	t.mu.Lock()
@@ -438,6 +461,10 @@ func (p *pin) Device() tensor.DeviceID { return p.obj.Buf.Device() }
 // Len ends at the published view's end: a server that checks a range
 // against it cannot serve the parent's bytes past the view.
 func (p *pin) Len() int64 { return p.obj.End }
+
+// ChunkSums is the sealed object's checksum cache (tensor.Summed); nil
+// for an object that may still change.
+func (p *pin) ChunkSums() *tensor.ChunkSums { return p.obj.Sums }
 
 // Bytes exposes the object's memory, up to the view's end, while pinned.
 func (p *pin) Bytes() []byte {

@@ -27,5 +27,9 @@ func (w *Window) Export(a tensor.Access) (tensor.Handle, error) {
 	h.Length = w.N
 	return h, nil
 }
+
+// ChunkSums is a sealed object's checksum cache as the window sees it (a
+// push of the object sends its cached sums); nil when the object has none.
+func (w *Window) ChunkSums() *tensor.ChunkSums   { return tensor.SumsOf(w.Buffer).Shifted(-w.Off) }
 func (w *Window) Release() error                 { return nil }
 func (w *Window) Unwrap() (tensor.Buffer, int64) { return w.Buffer, w.Off }
