@@ -299,6 +299,9 @@ func tl_delta_encode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t,
 	}))
 }
 
+//export tl_delta_codec_rate
+func tl_delta_codec_rate() C.double { return C.double(capi.DeltaCodecRate()) }
+
 //export tl_delta_check
 func tl_delta_check(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t) C.int {
 	return withDelta(base, nbytes, delta, deltaLen, capi.DeltaCheck)

@@ -302,6 +302,11 @@ int tl_delta_revert(void *base, int64_t nbytes, const void *delta, int64_t delta
 /* Whether base is the version the delta was made against; changes nothing
  * (check every tensor of a state dict before applying any). */
 int tl_delta_check(const void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+/* How fast one core of this host runs the delta codec now, in bytes of
+ * tensor per second per side (encoding and decoding take 2*nbytes/rate),
+ * measured on bf16 at most every 30 s: what a publisher weighs against its
+ * link before sending a delta. */
+double tl_delta_codec_rate(void);
 
 /* Resharding (rdt/reshard): the static plan from one layout of a tensor to
  * another. Request: {"shape":[...],"elem_size":N,"from":L,"to":L}, a layout

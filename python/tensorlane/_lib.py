@@ -77,6 +77,7 @@ _PROTOS = {
     "tl_delta_decode": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_revert": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_check": ([vp, i64, vp, i64], ctypes.c_int),
+    "tl_delta_codec_rate": ([], ctypes.c_double),
     "tl_reshard_plan": ([cp, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     # Batches (_batch.py): refs back to back with their lengths beside.
     "tl_put_batch": ([u64, i32, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(cp), ctypes.POINTER(i32),

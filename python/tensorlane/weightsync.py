@@ -496,6 +496,41 @@ def delta_encode(prev: Any, cur: Any) -> Delta:
     return Delta(data=out[: n.value].copy(), nbytes=c.nbytes, changed=ch.value)
 
 
+def delta_codec_gbps() -> float:
+    """How fast one core of this host runs the delta codec now, in GB/s of
+    tensor per side (encoding and decoding n bytes take 2*n/rate): rdt/delta
+    measures it on bf16 with 15% of the elements changed, at most every 30 s
+    (as the tcp codec measures its own), so a loaded host reads slower."""
+    return float(_lib.lib().tl_delta_codec_rate()) / 1e9
+
+
+#: delta="auto"'s reasons, and whether each sends the delta.
+DELTA_REASONS = {"link-faster": False, "codec-faster": True, "delta-faster": True, "delta-slower": False}
+
+
+def delta_decision(full_bytes: int, link_gbps: float, codec_gbps: float,
+                   delta_bytes: Optional[int] = None) -> Tuple[bool, str]:
+    """``delta="auto"``'s rule, rdt/delta's ``Worth`` (the tcp codec's: use it
+    when the link is slower than the codec, with the delta's ratio in it):
+    the delta's bytes on the link plus encoding and decoding the whole state
+    dict (``2 * full / codec``, overlapped with nothing) against the whole
+    state dict on the link. Without ``delta_bytes`` it says whether encoding
+    can pay at all: when the codec alone takes as long as the link
+    ("link-faster") no delta wins and none is encoded. Returns (send the
+    delta, the reason: a key of :data:`DELTA_REASONS`)."""
+    if full_bytes <= 0 or link_gbps <= 0 or codec_gbps <= 0:
+        return False, "link-faster"
+    whole = full_bytes / link_gbps
+    codec = 2 * full_bytes / codec_gbps
+    if codec >= whole:
+        return False, "link-faster"
+    if delta_bytes is None:
+        return True, "codec-faster"
+    if delta_bytes / link_gbps + codec < whole:
+        return True, "delta-faster"
+    return False, "delta-slower"
+
+
 def delta_check(base: Any, delta: Any) -> None:
     """Raises LayoutMismatch unless ``base`` is the version the delta was
     made against (Corrupt if it is no delta); changes nothing."""
@@ -887,6 +922,10 @@ class SyncResult:
     #: readers' delta areas) or "fetch" (each reader read it from the
     #: trainer: it did not fit a reader's area); "" without a delta.
     delta_via: str = ""
+    #: delta="auto"'s decision (a key of DELTA_REASONS) and the codec rate
+    #: it weighed (GB/s per side, one core); "" and 0 otherwise.
+    delta_reason: str = ""
+    codec_gbps: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -922,8 +961,12 @@ class WeightPublisher:
     readers that hold the last version only the delta, which they fetch and
     apply; readers that missed it get the whole state dict. ``"auto"`` does
     so only when the delta beats the whole state dict at ``link_gbps`` (the
-    readers' link, GB/s) with the codec at ``codec_gbps``, or at the rate
-    this publisher measured encoding when that is slower.
+    readers' link, GB/s) with the codec at the rate this host measures
+    (:func:`delta_codec_gbps`, re-measured every 30 s; ``codec_gbps`` fixes
+    it instead), or at the rate this publisher measured encoding when that
+    is slower (:func:`delta_decision`; ``SyncResult.delta_reason`` says
+    what it decided and why). When even the codec alone is slower than the
+    link, it does not encode.
 
     ``delta=True`` streams the delta along the tree in groups of about
     ``delta_stream`` bytes of tensors (64 MiB): group g+1 is encoded while
@@ -935,7 +978,7 @@ class WeightPublisher:
 
     def __init__(self, *, runtime: Optional[Runtime] = None, chunk_size: Optional[int] = None,
                  window: Optional[int] = None, busy_wait: float = 30.0, timeout: Optional[float] = None,
-                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: float = 0.3,
+                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: Optional[float] = None,
                  delta_stream: int = 64 << 20):
         if delta not in (False, True, "auto"):
             raise errors.InvalidArgument(f"delta={delta!r}: want False, True or 'auto'")
@@ -1215,6 +1258,7 @@ class WeightPublisher:
         dropped: List[str] = []
         seconds, nbytes, tree, via = 0.0, 0, "", ""
         streamed = False
+        reason, codec = "", 0.0
         fresh = [h for h in handles if h.name in self._fresh]
         if self._delta is True and self._prev is not None and fresh and self._stream and \
                 fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
@@ -1224,22 +1268,34 @@ class WeightPublisher:
             out.update(res)
             modes.update({h.name: "delta" for h in fresh})
         elif self._delta and self._prev is not None and fresh:
-            t0 = time.perf_counter()
-            blob, _ = self._encode(state_dict)
-            seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
-            # The last version becomes this one while the delta is on
-            # the wire (numpy copies without the GIL; the broadcasts
-            # read the state dict and the blob, not it).
-            advances.append(self._advance(state_dict, names))
-            # The codec rate this machine shows (encoding, smoothed),
-            # when slower than the one configured: a loaded host's codec
-            # can be slower than its link, and then the delta loses.
-            self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
-            codec = min(self._codec, self._codec_seen)
-            blob_bytes = int(blob.nbytes)
-            worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
-            if worth:
-                delta_readers = fresh
+            if self._delta == "auto":
+                # The host's codec as measured now (or as configured), and
+                # as this publisher saw it encode, the slower: a loaded
+                # host's codec can be slower than its link.
+                codec = self._codec if self._codec else delta_codec_gbps()
+                if self._codec_seen is not None:
+                    codec = min(codec, self._codec_seen)
+                worth, reason = delta_decision(full_bytes, self._link, codec)
+            if self._delta is True or worth:
+                t0 = time.perf_counter()
+                blob, _ = self._encode(state_dict)
+                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+                # The last version becomes this one while the delta is on
+                # the wire (numpy copies without the GIL; the broadcasts
+                # read the state dict and the blob, not it).
+                advances.append(self._advance(state_dict, names))
+                # Encoding as seen (smoothed).
+                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+                blob_bytes = int(blob.nbytes)
+                if self._delta == "auto":
+                    codec = min(codec, self._codec_seen)
+                    worth, reason = delta_decision(full_bytes, self._link, codec, blob_bytes)
+                if self._delta is True or worth:
+                    delta_readers = fresh
+            elif self._codec_seen is not None:
+                # Not encoding: forget the old sighting slowly, so a host
+                # whose load passed may try the delta again.
+                self._codec_seen *= 2
         full_readers = [h for h in handles if h not in delta_readers]
         if delta_readers and not streamed:
             piece = delta_readers[0].piece_bytes
@@ -1313,7 +1369,8 @@ class WeightPublisher:
                     np.copyto(self._prev[k], as_array(state_dict[k]))
         return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
                           tree=tree, modes=modes, full_bytes=full_bytes,
-                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
+                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via, delta_reason=reason,
+                          codec_gbps=codec)
 
     def wait_consumed(self, timeout: Optional[float] = None) -> None:
         """Waits until every reader the last full publish reached said done
@@ -1350,6 +1407,6 @@ class WeightPublisher:
 __all__ = [
     "Slot", "wait_slots", "PushResult", "push", "push_batch", "wait_consumed", "ReaderResult", "BroadcastResult",
     "Progress", "Operation", "broadcast", "explain_broadcast", "ReaderHandle", "WeightReceiver", "WeightPublisher",
-    "SyncResult", "Delta", "delta_encode", "delta_check", "delta_apply", "delta_revert", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
+    "SyncResult", "Delta", "delta_encode", "delta_codec_gbps", "delta_decision", "DELTA_REASONS", "delta_check", "delta_apply", "delta_revert", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
     "MAILBOX_BYTES",
 ]

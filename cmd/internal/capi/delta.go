@@ -38,6 +38,11 @@ func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 	return len(d), st.Changed, nil
 }
 
+// DeltaCodecRate is how fast one core of this host runs the delta codec
+// now, in bytes of tensor per second per side (delta.CodecRate: measured
+// at most every 30 s), for a publisher deciding whether a delta pays.
+func DeltaCodecRate() float64 { return delta.CodecRate() }
+
 // DeltaDecode applies a delta to base in place. A base that is not the
 // delta's (ErrBaseMismatch) is a layout_mismatch, a bad delta corrupt; on
 // any error base is unchanged.

@@ -59,3 +59,12 @@ func TestDeltaRevert(t *testing.T) {
 	require.NoError(t, DeltaRevert(base, out[:n]))
 	assert.Equal(t, prev, base)
 }
+
+// TestDeltaCodecRate: the host's codec rate as rdt/delta measures it
+// (what delta="auto" weighs against the link) is a rate, and one reading
+// stands between calls.
+func TestDeltaCodecRate(t *testing.T) {
+	r := DeltaCodecRate()
+	assert.Greater(t, r, 1e6)
+	assert.Equal(t, r, DeltaCodecRate())
+}
