@@ -72,8 +72,8 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	cmap := make([]byte, (chunks+7)/8)
 	// The word maps and the gathered words, in pooled buffers: sized by
 	// what changed (at most the tensor), reused across a state dict.
-	maps := planesBuf(0, false)[:0]
-	xs := planesBuf(0, false)[:0]
+	maps := planesBuf(chunks*chunkMap, false)[:0]
+	xs := planesBuf(8*words, false)[:0] // room for every word: it never grows
 	hp, hc := xxh3.New(), xxh3.New()
 	var changed int64
 	sparse := true
@@ -83,13 +83,8 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 		hp.Write(p)
 		hc.Write(q)
 		j := len(xs) / 8
-		// Room for every word of the chunk: each is written, and kept
-		// (j moves on) only when it changed.
-		if need := 8 * (j + w1 - w0); cap(xs) < need {
-			grown := make([]byte, len(xs), need+need/2)
-			copy(grown, xs)
-			xs = grown
-		}
+		// Each word of the chunk is written, and kept (j moves on) only
+		// when it changed: xs has room for every word of the tensor.
 		k0 := len(xs)
 		xs = xs[:cap(xs)]
 		var wm [chunkWords / 64]uint64
