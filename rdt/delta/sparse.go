@@ -275,6 +275,37 @@ func appendBlocks(e *tcodec.Encoder, dst, p []byte, hint tcodec.Hint) []byte {
 	return dst
 }
 
+// xorChunk2 XORs the changed words of one chunk of bf16 (or fp16) into b:
+// wm its word map, lm the lane maps and es the changed elements (with 8
+// bytes of slack) from changed word j and element e on, which it returns
+// advanced. Its own function, not decodeV2's closure: there, with every
+// variable of decodeV2 live, the loop spilled to the stack.
+func xorChunk2(b, wm, lm, es []byte, j, e int) (int, int) {
+	for i := 0; i+8 <= len(wm); i += 8 {
+		m := binary.LittleEndian.Uint64(wm[i:])
+		for m != 0 {
+			w := 8*i + bits.TrailingZeros64(m)
+			m &= m - 1
+			// Lane l takes the low element of y when its bit is set and
+			// shifts it off: no branch per lane.
+			lb := uint64(lm[j>>1]>>(4*(j&1))) & 0xf
+			y := binary.LittleEndian.Uint64(es[2*e:])
+			b0, b1, b2, b3 := lb&1, lb>>1&1, lb>>2&1, lb>>3
+			x := y & 0xffff & -b0
+			y >>= 16 * b0
+			x |= (y & 0xffff & -b1) << 16
+			y >>= 16 * b1
+			x |= (y & 0xffff & -b2) << 32
+			y >>= 16 * b2
+			x |= (y & 0xffff & -b3) << 48
+			e += int(b0 + b1 + b2 + b3)
+			j++
+			binary.LittleEndian.PutUint64(b[8*w:], binary.LittleEndian.Uint64(b[8*w:])^x)
+		}
+	}
+	return j, e
+}
+
 // readBlocks decodes the tcodec blocks of in into exactly want bytes.
 func readBlocks(dec *tcodec.Decoder, in []byte, want int) ([]byte, error) {
 	// 8 bytes of slack past want: decodeV2 loads elements 8 bytes at a time.
@@ -414,6 +445,9 @@ func decodeV2(base, d []byte, from, want uint64) error {
 	esx := es[:len(es)+8]
 	xor := func(c, k, j, e int) (int, int) { // chunk c, its word map k, the next changed word j and element e
 		wm := maps[k*chunkMap : (k+1)*chunkMap]
+		if lanes == 4 {
+			return xorChunk2(base[8*c*chunkWords:8*min((c+1)*chunkWords, words)], wm, lm, esx, j, e)
+		}
 		for i := 0; i < chunkMap; i += 8 {
 			m := binary.LittleEndian.Uint64(wm[i:])
 			for m != 0 {
@@ -423,18 +457,6 @@ func decodeV2(base, d []byte, from, want uint64) error {
 				if lanes == 1 {
 					x = binary.LittleEndian.Uint64(es[8*e:])
 					e++
-				} else if lanes == 4 { // bf16 and fp16, unrolled
-					lb := uint64(lm[j>>1] >> (4 * (j & 1)) & 0xf)
-					y := binary.LittleEndian.Uint64(esx[2*e:])
-					b0, b1, b2, b3 := lb&1, lb>>1&1, lb>>2&1, lb>>3
-					x = y & 0xffff & -b0
-					y >>= 16 * uint(b0)
-					x |= (y & 0xffff & -b1) << 16
-					y >>= 16 * uint(b1)
-					x |= (y & 0xffff & -b2) << 32
-					y >>= 16 * uint(b2)
-					x |= (y & 0xffff & -b3) << 48
-					e += int(b0 + b1 + b2 + b3)
 				} else {
 					bit := j * lanes
 					lb := uint64(lm[bit>>3] >> (bit & 7) & laneBits)
