@@ -1088,16 +1088,17 @@ class WeightPublisher:
             return explain_broadcast(self._full_srcs(), [h.refs for h in self._readers.values()], runtime=self._rt)
 
     def _encode(self, state_dict: Mapping[str, Any], names: Optional[Sequence[str]] = None,
-                piece: int = 0, last: bool = True) -> Tuple[np.ndarray, int]:
+                piece: int = 0, last: bool = True, done: Sequence[Delta] = ()) -> Tuple[np.ndarray, int, List[Delta]]:
         """The deltas of ``names`` (every tensor by default) against the last
         version, as one blob: a length-prefixed JSON index, then the deltas
         in order. With ``piece`` (a streamed group) the index also says how
         many pieces of that size the blob fills, its size, and whether it is
-        the last group."""
+        the last group. ``done`` are the deltas of the first names, encoded
+        already. Returns the blob, the tensors' bytes, and the deltas."""
         assert self._prev is not None and self._names is not None
         names = list(self._names if names is None else names)
         # One tensor per thread: the codec runs in Go with the GIL released.
-        ds = list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), names))
+        ds = list(done) + list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), names[len(done):]))
         head: Dict[str, Any] = {"names": names, "sizes": [d.data.nbytes for d in ds]}
         if piece:
             # Fixed-width fields: the index's length must not depend on them.
@@ -1114,7 +1115,7 @@ class WeightPublisher:
         for d in ds:
             blob[at:at + d.data.nbytes] = d.data
             at += d.data.nbytes
-        return blob, sum(d.nbytes for d in ds)
+        return blob, sum(d.nbytes for d in ds), ds
 
     def _pieces(self, blob: np.ndarray, piece: int, k: int, at: int = 0) -> List[Ref]:
         """The refs of k pieces of ``piece`` bytes holding the blob (the
@@ -1174,15 +1175,16 @@ class WeightPublisher:
         try:
             for g, names in enumerate(groups):
                 last = g == len(groups) - 1
-                blob, _ = self._encode(state_dict, names, piece=piece, last=last)
+                blob, _, ds = self._encode(state_dict, names, piece=piece, last=last)
                 k = -(-int(blob.nbytes) // piece)
                 encoded = list(names)
                 if at + k + (0 if last else 1) > area:
                     # It does not fit (with a piece kept for a later group's
-                    # index): this group and the rest, fetched.
+                    # index): this group and the rest, fetched (this
+                    # group's deltas as they are, the rest encoded now).
                     rest = [n for gg in groups[g:] for n in gg]
                     if len(rest) > len(names):
-                        blob, _ = self._encode(state_dict, rest)
+                        blob, _, _ = self._encode(state_dict, rest, done=ds)
                         encoded = rest
                     fetched = int(blob.nbytes)
                     self._blobs.append(self._rt.put(blob))
@@ -1278,7 +1280,7 @@ class WeightPublisher:
                 worth, reason = delta_decision(full_bytes, self._link, codec)
             if self._delta is True or worth:
                 t0 = time.perf_counter()
-                blob, _ = self._encode(state_dict)
+                blob, _, _ = self._encode(state_dict)
                 seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
                 # The last version becomes this one while the delta is on
                 # the wire (numpy copies without the GIL; the broadcasts
