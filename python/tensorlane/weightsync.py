@@ -475,24 +475,29 @@ class Delta:
         return self.nbytes / max(1, self.data.nbytes)
 
 
-def delta_encode(prev: Any, cur: Any) -> Delta:
+def delta_encode(prev: Any, cur: Any, *, advance: bool = False) -> Delta:
     """The delta that turns ``prev`` into ``cur`` (same dtype and size): the
     8-byte words that changed (a bit each, a bit per unchanged 32 KiB chunk)
     and their XOR with the previous version in entropy-coded byte planes,
     with checksums of both versions. Pays when the link is slower than the
     codec (about 1 GB/s a core here): on bf16 weights after one Adam step
-    at lr 1e-6..1e-5 it is 10-50 times smaller than the tensor."""
+    at lr 1e-6..1e-5 it is 10-50 times smaller than the tensor. With
+    ``advance`` (``prev`` writable), ``prev`` becomes ``cur`` as well,
+    copied while the encoder compares them rather than in a second pass."""
     p, c = as_array(prev), as_array(cur)
     if p.nbytes != c.nbytes or p.dtype.itemsize != c.dtype.itemsize:
         raise errors.InvalidArgument(f"delta of {c.dtype}[{c.nbytes} bytes] against {p.dtype}[{p.nbytes} bytes]")
     if not (p.flags.c_contiguous and c.flags.c_contiguous) or c.nbytes == 0:
         raise errors.InvalidArgument("delta needs non-empty C-contiguous arrays")
+    if advance and not p.flags.writeable:
+        raise errors.InvalidArgument("delta_encode(advance=True) writes prev: it is read-only")
     l = _lib.lib()
     out = np.empty(int(l.tl_delta_bound(c.nbytes)), np.uint8)
     n, ch = ctypes.c_int64(0), ctypes.c_int64(0)
-    _lib.check(l.tl_delta_encode(p.__array_interface__["data"][0], c.__array_interface__["data"][0], c.nbytes,
-                                 c.dtype.itemsize, out.__array_interface__["data"][0], out.nbytes,
-                                 ctypes.byref(n), ctypes.byref(ch)))
+    encode = l.tl_delta_encode_advance if advance else l.tl_delta_encode
+    _lib.check(encode(p.__array_interface__["data"][0], c.__array_interface__["data"][0], c.nbytes,
+                      c.dtype.itemsize, out.__array_interface__["data"][0], out.nbytes,
+                      ctypes.byref(n), ctypes.byref(ch)))
     return Delta(data=out[: n.value].copy(), nbytes=c.nbytes, changed=ch.value)
 
 
@@ -1088,17 +1093,24 @@ class WeightPublisher:
             return explain_broadcast(self._full_srcs(), [h.refs for h in self._readers.values()], runtime=self._rt)
 
     def _encode(self, state_dict: Mapping[str, Any], names: Optional[Sequence[str]] = None,
-                piece: int = 0, last: bool = True, done: Sequence[Delta] = ()) -> Tuple[np.ndarray, int, List[Delta]]:
+                piece: int = 0, last: bool = True, done: Sequence[Delta] = (),
+                advanced: Optional[List[str]] = None) -> Tuple[np.ndarray, int, List[Delta]]:
         """The deltas of ``names`` (every tensor by default) against the last
         version, as one blob: a length-prefixed JSON index, then the deltas
         in order. With ``piece`` (a streamed group) the index also says how
         many pieces of that size the blob fills, its size, and whether it is
         the last group. ``done`` are the deltas of the first names, encoded
-        already. Returns the blob, the tensors' bytes, and the deltas."""
+        already. The last version of each tensor encoded becomes this one
+        as it is encoded (the codec copies it over during its compare) and
+        its name goes to ``advanced``. Returns the blob, the tensors' bytes,
+        and the deltas."""
         assert self._prev is not None and self._names is not None
         names = list(self._names if names is None else names)
         # One tensor per thread: the codec runs in Go with the GIL released.
-        ds = list(done) + list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), names[len(done):]))
+        todo = names[len(done):]
+        ds = list(done) + list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k], advance=True), todo))
+        if advanced is not None:
+            advanced.extend(todo)
         head: Dict[str, Any] = {"names": names, "sizes": [d.data.nbytes for d in ds]}
         if piece:
             # Fixed-width fields: the index's length must not depend on them.
@@ -1148,16 +1160,8 @@ class WeightPublisher:
             acc += n
         return out
 
-    def _advance(self, state_dict: Mapping[str, Any], names: Sequence[str]) -> Any:
-        """Copies ``names`` of this version into the last one, in the
-        codec's pool (numpy copies without the GIL): the caller encoded
-        them already and waits for the future before the next publish."""
-        prev = self._prev
-        assert prev is not None
-        return _pool().submit(lambda: [np.copyto(prev[k], as_array(state_dict[k])) for k in names])
-
     def _stream_delta(self, state_dict: Mapping[str, Any], readers: List[ReaderHandle],
-                      timeout: Optional[float], advances: List[Any]) -> Tuple[int, float, int, str, Dict[str, ReaderResult], str]:
+                      timeout: Optional[float], advanced: List[str]) -> Tuple[int, float, int, str, Dict[str, ReaderResult], str]:
         """Delta mode along the tree, streamed: the tensors go in groups, one
         broadcast each into consecutive pieces of the readers' delta areas;
         group g+1 is encoded while group g is on the wire (the broadcast
@@ -1175,17 +1179,15 @@ class WeightPublisher:
         try:
             for g, names in enumerate(groups):
                 last = g == len(groups) - 1
-                blob, _, ds = self._encode(state_dict, names, piece=piece, last=last)
+                blob, _, ds = self._encode(state_dict, names, piece=piece, last=last, advanced=advanced)
                 k = -(-int(blob.nbytes) // piece)
-                encoded = list(names)
                 if at + k + (0 if last else 1) > area:
                     # It does not fit (with a piece kept for a later group's
                     # index): this group and the rest, fetched (this
                     # group's deltas as they are, the rest encoded now).
                     rest = [n for gg in groups[g:] for n in gg]
                     if len(rest) > len(names):
-                        blob, _, _ = self._encode(state_dict, rest, done=ds)
-                        encoded = rest
+                        blob, _, _ = self._encode(state_dict, rest, done=ds, advanced=advanced)
                     fetched = int(blob.nbytes)
                     self._blobs.append(self._rt.put(blob))
                     if len(self._blobs) > 2:
@@ -1198,7 +1200,6 @@ class WeightPublisher:
                     blob_bytes += fetched
                     k, last, via = 1, True, "tree+fetch"
                 blob_bytes += int(blob.nbytes)
-                advances.append(self._advance(state_dict, encoded))
                 srcs = ([self._mails()[1]] if g == 0 else []) + self._pieces(blob, piece, k, at)
                 dsts = [([h.mailbox] if g == 0 else []) + list(h.pieces[at:at + k]) for h in readers]
                 ops.append(broadcast(srcs, dsts, chunk_size=self._chunk, window=self._window, busy_wait=self._busy,
@@ -1223,19 +1224,17 @@ class WeightPublisher:
         dropped; readers still busy with the previous version (not done
         within ``busy_wait``) keep it and get SlotBusy."""
         with self._lock:
-            advances: List[Any] = []  # copies of this version into the last one, when encoded
             try:
-                return self._publish(state_dict, timeout, advances)
+                return self._publish(state_dict, timeout)
             except BaseException:
                 # The last version may be partly this one now: no reader
                 # holds it, so the next publish sends whole state dicts.
-                for f in advances:
-                    f.exception()
                 self._fresh.clear()
                 raise
 
-    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float], advances: List[Any]) -> SyncResult:
+    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float]) -> SyncResult:
         """publish's body, under its lock."""
+        advanced: List[str] = []  # tensors whose last version the codec made this one as it encoded
         names = tuple(state_dict)
         if not names:
             raise errors.InvalidArgument("an empty state dict")
@@ -1266,7 +1265,7 @@ class WeightPublisher:
                 fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
             # Streamed along the tree (see _stream_delta).
             delta_readers, streamed = fresh, True
-            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advances)
+            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advanced)
             out.update(res)
             modes.update({h.name: "delta" for h in fresh})
         elif self._delta and self._prev is not None and fresh:
@@ -1280,12 +1279,8 @@ class WeightPublisher:
                 worth, reason = delta_decision(full_bytes, self._link, codec)
             if self._delta is True or worth:
                 t0 = time.perf_counter()
-                blob, _, _ = self._encode(state_dict)
+                blob, _, _ = self._encode(state_dict, advanced=advanced)
                 seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
-                # The last version becomes this one while the delta is on
-                # the wire (numpy copies without the GIL; the broadcasts
-                # read the state dict and the blob, not it).
-                advances.append(self._advance(state_dict, names))
                 # Encoding as seen (smoothed).
                 self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
                 blob_bytes = int(blob.nbytes)
@@ -1360,15 +1355,16 @@ class WeightPublisher:
                 if rr.error is not None and rr.error.kind in _DEAD_KINDS:
                     self._readers.pop(h.name, None)
                     dropped.append(h.name)
-        if advances:
-            for f in advances:
-                f.result()
-        elif self._delta:
+        if self._delta:
+            # The last version becomes this one where the codec did not
+            # make it so (a whole publish).
             if self._prev is None:
                 self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
-            else:
+            elif len(advanced) < len(names):
+                done = set(advanced)
                 for k in names:
-                    np.copyto(self._prev[k], as_array(state_dict[k]))
+                    if k not in done:
+                        np.copyto(self._prev[k], as_array(state_dict[k]))
         return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
                           tree=tree, modes=modes, full_bytes=full_bytes,
                           delta_bytes=blob_bytes if delta_readers else 0, delta_via=via, delta_reason=reason,

@@ -314,6 +314,19 @@ def test_delta_after_adam_step_verified_against_full():
     np.testing.assert_array_equal(other.view(np.uint16), prev.view(np.uint16))
     with pytest.raises(errors.InvalidArgument):
         ws.delta_encode(prev, cur[:10])
+    # advance=True: the same delta's effect, and prev becomes cur (a
+    # publisher's last version, copied during the compare).
+    last = prev.copy()
+    d2 = ws.delta_encode(last, cur, advance=True)
+    assert last.view(np.uint16).tobytes() == cur.view(np.uint16).tobytes()
+    assert d2.changed == d.changed
+    base = prev.copy()
+    ws.delta_apply(base, d2)
+    assert base.view(np.uint16).tobytes() == cur.view(np.uint16).tobytes()
+    ro = prev.copy()
+    ro.flags.writeable = False
+    with pytest.raises(errors.InvalidArgument):
+        ws.delta_encode(ro, cur, advance=True)
 
 
 def test_publisher_delta_mode():

@@ -121,7 +121,19 @@ func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
 	if err := checkArgs(prev, cur, elem); err != nil {
 		return dst, Stats{}, err
 	}
-	d, st := encodeV2(dst, prev, cur, elem)
+	d, st := encodeV2(dst, prev, cur, elem, false)
+	return d, st, nil
+}
+
+// EncodeAdvance is Encode, and prev becomes cur: a publisher that keeps
+// the last version to encode the next against copies each chunk over while
+// it is in cache from the compare, not in a second pass over both versions
+// (cur must not change meanwhile).
+func EncodeAdvance(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
+	if err := checkArgs(prev, cur, elem); err != nil {
+		return dst, Stats{}, err
+	}
+	d, st := encodeV2(dst, prev, cur, elem, true)
 	return d, st, nil
 }
 

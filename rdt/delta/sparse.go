@@ -65,7 +65,7 @@ var (
 // streaming) and compared while it is in cache; where many words change
 // (a changed word's position is unpredictable: 2-60% of words change after
 // an Adam step) the compare has no branch per word.
-func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
+func encodeV2(dst, prev, cur []byte, elem int, advance bool) ([]byte, Stats) {
 	n := len(cur)
 	words := n / 8
 	chunks := (words + chunkWords - 1) / chunkWords
@@ -123,6 +123,9 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 			for _, m := range wm {
 				maps = binary.LittleEndian.AppendUint64(maps, m)
 			}
+			if advance { // an unchanged chunk is cur's already
+				copy(p, q)
+			}
 		}
 	}
 	tail := make([]byte, n-8*words)
@@ -130,6 +133,9 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	hc.Write(cur[8*words:])
 	for i := range tail {
 		tail[i] = cur[8*words+i] ^ prev[8*words+i]
+	}
+	if advance {
+		copy(prev[8*words:], cur[8*words:])
 	}
 	// Whole elements of the tail that changed.
 	for i := 0; i+elem <= len(tail); i += elem {

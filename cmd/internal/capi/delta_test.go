@@ -68,3 +68,22 @@ func TestDeltaCodecRate(t *testing.T) {
 	assert.Greater(t, r, 1e6)
 	assert.Equal(t, r, DeltaCodecRate())
 }
+
+// TestDeltaEncodeAdvance: the delta decodes as DeltaEncode's, and prev
+// becomes cur.
+func TestDeltaEncodeAdvance(t *testing.T) {
+	prev := pattern(1 << 14)
+	cur := bytes.Clone(prev)
+	cur[100] ^= 0x40
+	cur[9000] ^= 0x01
+	kept := bytes.Clone(prev)
+	out := make([]byte, DeltaBound(int64(len(cur))))
+	n, changed, err := DeltaEncodeAdvance(prev, cur, out, 2)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, changed)
+	assert.Equal(t, cur, prev)
+	require.NoError(t, DeltaDecode(kept, out[:n]))
+	assert.Equal(t, cur, kept)
+	_, _, err = DeltaEncodeAdvance(prev, cur, out[:10], 2)
+	assert.Equal(t, "invalid_argument", kindOf(err))
+}
