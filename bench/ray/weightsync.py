@@ -157,7 +157,7 @@ class Trainer:
         r = self.pub.publish(self.sd)
         assert r.ok, r.failed()
         return {"seconds": r.seconds, "tree": r.tree, "modes": r.modes, "full_bytes": r.full_bytes,
-                "delta_bytes": r.delta_bytes}
+                "delta_bytes": r.delta_bytes, "delta_via": r.delta_via}
 
     def publish_full(self) -> Dict[str, Any]:
         """The whole state dict to every reader (delta mode's fallback)."""
@@ -551,6 +551,7 @@ def measure_delta(sizes: List[int], counts: List[int], lrs: List[float], reps: i
                     assert set(r["modes"].values()) == {mode}, r["modes"]
                     if mode == "delta":
                         res["delta_bytes"].append(r["delta_bytes"])
+                        res.setdefault("delta_via", []).append(r["delta_via"])
                         res["full_bytes"].append(r["full_bytes"])
                     verify_kept(c)
             load.append(os.getloadavg()[0])

@@ -272,6 +272,19 @@ func tl_delta_bound(nbytes C.int64_t) C.int64_t { return C.int64_t(capi.DeltaBou
 //export tl_delta_encode
 func tl_delta_encode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t, out unsafe.Pointer, capacity C.int64_t,
 	outLen *C.int64_t, changed *C.int64_t) C.int {
+	return deltaEncode(prev, cur, nbytes, elem, out, capacity, outLen, changed, capi.DeltaEncode)
+}
+
+//export tl_delta_encode_advance
+func tl_delta_encode_advance(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t, out unsafe.Pointer,
+	capacity C.int64_t, outLen *C.int64_t, changed *C.int64_t) C.int {
+	return deltaEncode(prev, cur, nbytes, elem, out, capacity, outLen, changed, capi.DeltaEncodeAdvance)
+}
+
+// deltaEncode checks the regions of tl_delta_encode's arguments and runs
+// encode on them.
+func deltaEncode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t, out unsafe.Pointer, capacity C.int64_t,
+	outLen *C.int64_t, changed *C.int64_t, encode func(prev, cur, out []byte, elem int) (int, int64, error)) C.int {
 	return C.int(protect(func() error {
 		p, err := region(prev, int64(nbytes))
 		if err != nil {
@@ -285,7 +298,7 @@ func tl_delta_encode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t,
 		if err != nil {
 			return err
 		}
-		n, ch, err := capi.DeltaEncode(p, c, o, int(elem))
+		n, ch, err := encode(p, c, o, int(elem))
 		if err != nil {
 			return err
 		}
@@ -298,6 +311,9 @@ func tl_delta_encode(prev, cur unsafe.Pointer, nbytes C.int64_t, elem C.int32_t,
 		return nil
 	}))
 }
+
+//export tl_delta_codec_rate
+func tl_delta_codec_rate() C.double { return C.double(capi.DeltaCodecRate()) }
 
 //export tl_delta_check
 func tl_delta_check(base unsafe.Pointer, nbytes C.int64_t, delta unsafe.Pointer, deltaLen C.int64_t) C.int {

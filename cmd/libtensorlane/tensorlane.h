@@ -293,6 +293,11 @@ int tl_op_close(uint64_t rt, uint64_t op);
 int64_t tl_delta_bound(int64_t nbytes);
 int tl_delta_encode(const void *prev, const void *cur, int64_t nbytes, int32_t elem, void *out, int64_t cap,
                     int64_t *out_len, int64_t *changed);
+/* tl_delta_encode, and prev becomes cur: copied chunk by chunk while the
+ * encoder compares them, not in a second pass (a publisher keeping the last
+ * version). cur must not change meanwhile. */
+int tl_delta_encode_advance(void *prev, const void *cur, int64_t nbytes, int32_t elem, void *out, int64_t cap,
+                            int64_t *out_len, int64_t *changed);
 int tl_delta_decode(void *base, int64_t nbytes, const void *delta, int64_t delta_len);
 /* Undoes tl_delta_decode: base must be the delta's result
  * (TL_E_LAYOUT_MISMATCH otherwise) and becomes the version the delta was made
@@ -302,6 +307,11 @@ int tl_delta_revert(void *base, int64_t nbytes, const void *delta, int64_t delta
 /* Whether base is the version the delta was made against; changes nothing
  * (check every tensor of a state dict before applying any). */
 int tl_delta_check(const void *base, int64_t nbytes, const void *delta, int64_t delta_len);
+/* How fast one core of this host runs the delta codec now, in bytes of
+ * tensor per second per side (encoding and decoding take 2*nbytes/rate),
+ * measured on bf16 at most every 30 s: what a publisher weighs against its
+ * link before sending a delta. */
+double tl_delta_codec_rate(void);
 
 /* Resharding (rdt/reshard): the static plan from one layout of a tensor to
  * another. Request: {"shape":[...],"elem_size":N,"from":L,"to":L}, a layout

@@ -74,9 +74,11 @@ _PROTOS = {
     "tl_wait_consumed": ([u64, cp, sz, u64, i64], ctypes.c_int),
     "tl_delta_bound": ([i64], i64),
     "tl_delta_encode": ([vp, vp, i64, i32, vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)], ctypes.c_int),
+    "tl_delta_encode_advance": ([vp, vp, i64, i32, vp, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)], ctypes.c_int),
     "tl_delta_decode": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_revert": ([vp, i64, vp, i64], ctypes.c_int),
     "tl_delta_check": ([vp, i64, vp, i64], ctypes.c_int),
+    "tl_delta_codec_rate": ([], ctypes.c_double),
     "tl_reshard_plan": ([cp, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     # Batches (_batch.py): refs back to back with their lengths beside.
     "tl_put_batch": ([u64, i32, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(cp), ctypes.POINTER(i32),

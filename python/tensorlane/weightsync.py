@@ -475,25 +475,65 @@ class Delta:
         return self.nbytes / max(1, self.data.nbytes)
 
 
-def delta_encode(prev: Any, cur: Any) -> Delta:
+def delta_encode(prev: Any, cur: Any, *, advance: bool = False) -> Delta:
     """The delta that turns ``prev`` into ``cur`` (same dtype and size): the
     8-byte words that changed (a bit each, a bit per unchanged 32 KiB chunk)
     and their XOR with the previous version in entropy-coded byte planes,
     with checksums of both versions. Pays when the link is slower than the
     codec (about 1 GB/s a core here): on bf16 weights after one Adam step
-    at lr 1e-6..1e-5 it is 10-50 times smaller than the tensor."""
+    at lr 1e-6..1e-5 it is 10-50 times smaller than the tensor. With
+    ``advance`` (``prev`` writable), ``prev`` becomes ``cur`` as well,
+    copied while the encoder compares them rather than in a second pass."""
     p, c = as_array(prev), as_array(cur)
     if p.nbytes != c.nbytes or p.dtype.itemsize != c.dtype.itemsize:
         raise errors.InvalidArgument(f"delta of {c.dtype}[{c.nbytes} bytes] against {p.dtype}[{p.nbytes} bytes]")
     if not (p.flags.c_contiguous and c.flags.c_contiguous) or c.nbytes == 0:
         raise errors.InvalidArgument("delta needs non-empty C-contiguous arrays")
+    if advance and not p.flags.writeable:
+        raise errors.InvalidArgument("delta_encode(advance=True) writes prev: it is read-only")
     l = _lib.lib()
     out = np.empty(int(l.tl_delta_bound(c.nbytes)), np.uint8)
     n, ch = ctypes.c_int64(0), ctypes.c_int64(0)
-    _lib.check(l.tl_delta_encode(p.__array_interface__["data"][0], c.__array_interface__["data"][0], c.nbytes,
-                                 c.dtype.itemsize, out.__array_interface__["data"][0], out.nbytes,
-                                 ctypes.byref(n), ctypes.byref(ch)))
+    encode = l.tl_delta_encode_advance if advance else l.tl_delta_encode
+    _lib.check(encode(p.__array_interface__["data"][0], c.__array_interface__["data"][0], c.nbytes,
+                      c.dtype.itemsize, out.__array_interface__["data"][0], out.nbytes,
+                      ctypes.byref(n), ctypes.byref(ch)))
     return Delta(data=out[: n.value].copy(), nbytes=c.nbytes, changed=ch.value)
+
+
+def delta_codec_gbps() -> float:
+    """How fast one core of this host runs the delta codec now, in GB/s of
+    tensor per side (encoding and decoding n bytes take 2*n/rate): rdt/delta
+    measures it on bf16 with 15% of the elements changed, at most every 30 s
+    (as the tcp codec measures its own), so a loaded host reads slower."""
+    return float(_lib.lib().tl_delta_codec_rate()) / 1e9
+
+
+#: delta="auto"'s reasons, and whether each sends the delta.
+DELTA_REASONS = {"link-faster": False, "codec-faster": True, "delta-faster": True, "delta-slower": False}
+
+
+def delta_decision(full_bytes: int, link_gbps: float, codec_gbps: float,
+                   delta_bytes: Optional[int] = None) -> Tuple[bool, str]:
+    """``delta="auto"``'s rule, rdt/delta's ``Worth`` (the tcp codec's: use it
+    when the link is slower than the codec, with the delta's ratio in it):
+    the delta's bytes on the link plus encoding and decoding the whole state
+    dict (``2 * full / codec``, overlapped with nothing) against the whole
+    state dict on the link. Without ``delta_bytes`` it says whether encoding
+    can pay at all: when the codec alone takes as long as the link
+    ("link-faster") no delta wins and none is encoded. Returns (send the
+    delta, the reason: a key of :data:`DELTA_REASONS`)."""
+    if full_bytes <= 0 or link_gbps <= 0 or codec_gbps <= 0:
+        return False, "link-faster"
+    whole = full_bytes / link_gbps
+    codec = 2 * full_bytes / codec_gbps
+    if codec >= whole:
+        return False, "link-faster"
+    if delta_bytes is None:
+        return True, "codec-faster"
+    if delta_bytes / link_gbps + codec < whole:
+        return True, "delta-faster"
+    return False, "delta-slower"
 
 
 def delta_check(base: Any, delta: Any) -> None:
@@ -887,6 +927,10 @@ class SyncResult:
     #: readers' delta areas) or "fetch" (each reader read it from the
     #: trainer: it did not fit a reader's area); "" without a delta.
     delta_via: str = ""
+    #: delta="auto"'s decision (a key of DELTA_REASONS) and the codec rate
+    #: it weighed (GB/s per side, one core); "" and 0 otherwise.
+    delta_reason: str = ""
+    codec_gbps: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -922,8 +966,12 @@ class WeightPublisher:
     readers that hold the last version only the delta, which they fetch and
     apply; readers that missed it get the whole state dict. ``"auto"`` does
     so only when the delta beats the whole state dict at ``link_gbps`` (the
-    readers' link, GB/s) with the codec at ``codec_gbps``, or at the rate
-    this publisher measured encoding when that is slower.
+    readers' link, GB/s) with the codec at the rate this host measures
+    (:func:`delta_codec_gbps`, re-measured every 30 s; ``codec_gbps`` fixes
+    it instead), or at the rate this publisher measured encoding when that
+    is slower (:func:`delta_decision`; ``SyncResult.delta_reason`` says
+    what it decided and why). When even the codec alone is slower than the
+    link, it does not encode.
 
     ``delta=True`` streams the delta along the tree in groups of about
     ``delta_stream`` bytes of tensors (64 MiB): group g+1 is encoded while
@@ -935,7 +983,7 @@ class WeightPublisher:
 
     def __init__(self, *, runtime: Optional[Runtime] = None, chunk_size: Optional[int] = None,
                  window: Optional[int] = None, busy_wait: float = 30.0, timeout: Optional[float] = None,
-                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: float = 0.3,
+                 delta: Union[bool, str] = False, link_gbps: Optional[float] = None, codec_gbps: Optional[float] = None,
                  delta_stream: int = 64 << 20):
         if delta not in (False, True, "auto"):
             raise errors.InvalidArgument(f"delta={delta!r}: want False, True or 'auto'")
@@ -1045,16 +1093,24 @@ class WeightPublisher:
             return explain_broadcast(self._full_srcs(), [h.refs for h in self._readers.values()], runtime=self._rt)
 
     def _encode(self, state_dict: Mapping[str, Any], names: Optional[Sequence[str]] = None,
-                piece: int = 0, last: bool = True) -> Tuple[np.ndarray, int]:
+                piece: int = 0, last: bool = True, done: Sequence[Delta] = (),
+                advanced: Optional[List[str]] = None) -> Tuple[np.ndarray, int, List[Delta]]:
         """The deltas of ``names`` (every tensor by default) against the last
         version, as one blob: a length-prefixed JSON index, then the deltas
         in order. With ``piece`` (a streamed group) the index also says how
         many pieces of that size the blob fills, its size, and whether it is
-        the last group."""
+        the last group. ``done`` are the deltas of the first names, encoded
+        already. The last version of each tensor encoded becomes this one
+        as it is encoded (the codec copies it over during its compare) and
+        its name goes to ``advanced``. Returns the blob, the tensors' bytes,
+        and the deltas."""
         assert self._prev is not None and self._names is not None
         names = list(self._names if names is None else names)
         # One tensor per thread: the codec runs in Go with the GIL released.
-        ds = list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k]), names))
+        todo = names[len(done):]
+        ds = list(done) + list(_pool().map(lambda k: delta_encode(self._prev[k], state_dict[k], advance=True), todo))
+        if advanced is not None:
+            advanced.extend(todo)
         head: Dict[str, Any] = {"names": names, "sizes": [d.data.nbytes for d in ds]}
         if piece:
             # Fixed-width fields: the index's length must not depend on them.
@@ -1071,7 +1127,7 @@ class WeightPublisher:
         for d in ds:
             blob[at:at + d.data.nbytes] = d.data
             at += d.data.nbytes
-        return blob, sum(d.nbytes for d in ds)
+        return blob, sum(d.nbytes for d in ds), ds
 
     def _pieces(self, blob: np.ndarray, piece: int, k: int, at: int = 0) -> List[Ref]:
         """The refs of k pieces of ``piece`` bytes holding the blob (the
@@ -1104,16 +1160,8 @@ class WeightPublisher:
             acc += n
         return out
 
-    def _advance(self, state_dict: Mapping[str, Any], names: Sequence[str]) -> Any:
-        """Copies ``names`` of this version into the last one, in the
-        codec's pool (numpy copies without the GIL): the caller encoded
-        them already and waits for the future before the next publish."""
-        prev = self._prev
-        assert prev is not None
-        return _pool().submit(lambda: [np.copyto(prev[k], as_array(state_dict[k])) for k in names])
-
     def _stream_delta(self, state_dict: Mapping[str, Any], readers: List[ReaderHandle],
-                      timeout: Optional[float], advances: List[Any]) -> Tuple[int, float, int, str, Dict[str, ReaderResult], str]:
+                      timeout: Optional[float], advanced: List[str]) -> Tuple[int, float, int, str, Dict[str, ReaderResult], str]:
         """Delta mode along the tree, streamed: the tensors go in groups, one
         broadcast each into consecutive pieces of the readers' delta areas;
         group g+1 is encoded while group g is on the wire (the broadcast
@@ -1131,16 +1179,15 @@ class WeightPublisher:
         try:
             for g, names in enumerate(groups):
                 last = g == len(groups) - 1
-                blob, _ = self._encode(state_dict, names, piece=piece, last=last)
+                blob, _, ds = self._encode(state_dict, names, piece=piece, last=last, advanced=advanced)
                 k = -(-int(blob.nbytes) // piece)
-                encoded = list(names)
                 if at + k + (0 if last else 1) > area:
                     # It does not fit (with a piece kept for a later group's
-                    # index): this group and the rest, fetched.
+                    # index): this group and the rest, fetched (this
+                    # group's deltas as they are, the rest encoded now).
                     rest = [n for gg in groups[g:] for n in gg]
                     if len(rest) > len(names):
-                        blob, _ = self._encode(state_dict, rest)
-                        encoded = rest
+                        blob, _, _ = self._encode(state_dict, rest, done=ds, advanced=advanced)
                     fetched = int(blob.nbytes)
                     self._blobs.append(self._rt.put(blob))
                     if len(self._blobs) > 2:
@@ -1153,7 +1200,6 @@ class WeightPublisher:
                     blob_bytes += fetched
                     k, last, via = 1, True, "tree+fetch"
                 blob_bytes += int(blob.nbytes)
-                advances.append(self._advance(state_dict, encoded))
                 srcs = ([self._mails()[1]] if g == 0 else []) + self._pieces(blob, piece, k, at)
                 dsts = [([h.mailbox] if g == 0 else []) + list(h.pieces[at:at + k]) for h in readers]
                 ops.append(broadcast(srcs, dsts, chunk_size=self._chunk, window=self._window, busy_wait=self._busy,
@@ -1178,19 +1224,17 @@ class WeightPublisher:
         dropped; readers still busy with the previous version (not done
         within ``busy_wait``) keep it and get SlotBusy."""
         with self._lock:
-            advances: List[Any] = []  # copies of this version into the last one, when encoded
             try:
-                return self._publish(state_dict, timeout, advances)
+                return self._publish(state_dict, timeout)
             except BaseException:
                 # The last version may be partly this one now: no reader
                 # holds it, so the next publish sends whole state dicts.
-                for f in advances:
-                    f.exception()
                 self._fresh.clear()
                 raise
 
-    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float], advances: List[Any]) -> SyncResult:
+    def _publish(self, state_dict: Mapping[str, Any], timeout: Optional[float]) -> SyncResult:
         """publish's body, under its lock."""
+        advanced: List[str] = []  # tensors whose last version the codec made this one as it encoded
         names = tuple(state_dict)
         if not names:
             raise errors.InvalidArgument("an empty state dict")
@@ -1215,31 +1259,40 @@ class WeightPublisher:
         dropped: List[str] = []
         seconds, nbytes, tree, via = 0.0, 0, "", ""
         streamed = False
+        reason, codec = "", 0.0
         fresh = [h for h in handles if h.name in self._fresh]
         if self._delta is True and self._prev is not None and fresh and self._stream and \
                 fresh[0].piece_bytes and all(h.piece_bytes == fresh[0].piece_bytes and len(h.pieces) >= 2 for h in fresh):
             # Streamed along the tree (see _stream_delta).
             delta_readers, streamed = fresh, True
-            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advances)
+            blob_bytes, seconds, nbytes, tree, res, via = self._stream_delta(state_dict, fresh, timeout, advanced)
             out.update(res)
             modes.update({h.name: "delta" for h in fresh})
         elif self._delta and self._prev is not None and fresh:
-            t0 = time.perf_counter()
-            blob, _ = self._encode(state_dict)
-            seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
-            # The last version becomes this one while the delta is on
-            # the wire (numpy copies without the GIL; the broadcasts
-            # read the state dict and the blob, not it).
-            advances.append(self._advance(state_dict, names))
-            # The codec rate this machine shows (encoding, smoothed),
-            # when slower than the one configured: a loaded host's codec
-            # can be slower than its link, and then the delta loses.
-            self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
-            codec = min(self._codec, self._codec_seen)
-            blob_bytes = int(blob.nbytes)
-            worth = self._delta is True or blob_bytes / (self._link * 1e9) + 2 * full_bytes / (codec * 1e9) < full_bytes / (self._link * 1e9)
-            if worth:
-                delta_readers = fresh
+            if self._delta == "auto":
+                # The host's codec as measured now (or as configured), and
+                # as this publisher saw it encode, the slower: a loaded
+                # host's codec can be slower than its link.
+                codec = self._codec if self._codec else delta_codec_gbps()
+                if self._codec_seen is not None:
+                    codec = min(codec, self._codec_seen)
+                worth, reason = delta_decision(full_bytes, self._link, codec)
+            if self._delta is True or worth:
+                t0 = time.perf_counter()
+                blob, _, _ = self._encode(state_dict, advanced=advanced)
+                seen = full_bytes / max(time.perf_counter() - t0, 1e-9) / 1e9
+                # Encoding as seen (smoothed).
+                self._codec_seen = seen if self._codec_seen is None else (self._codec_seen + seen) / 2
+                blob_bytes = int(blob.nbytes)
+                if self._delta == "auto":
+                    codec = min(codec, self._codec_seen)
+                    worth, reason = delta_decision(full_bytes, self._link, codec, blob_bytes)
+                if self._delta is True or worth:
+                    delta_readers = fresh
+            elif self._codec_seen is not None:
+                # Not encoding: forget the old sighting slowly, so a host
+                # whose load passed may try the delta again.
+                self._codec_seen *= 2
         full_readers = [h for h in handles if h not in delta_readers]
         if delta_readers and not streamed:
             piece = delta_readers[0].piece_bytes
@@ -1302,18 +1355,20 @@ class WeightPublisher:
                 if rr.error is not None and rr.error.kind in _DEAD_KINDS:
                     self._readers.pop(h.name, None)
                     dropped.append(h.name)
-        if advances:
-            for f in advances:
-                f.result()
-        elif self._delta:
+        if self._delta:
+            # The last version becomes this one where the codec did not
+            # make it so (a whole publish).
             if self._prev is None:
                 self._prev = {k: np.array(as_array(state_dict[k]), copy=True) for k in names}
-            else:
+            elif len(advanced) < len(names):
+                done = set(advanced)
                 for k in names:
-                    np.copyto(self._prev[k], as_array(state_dict[k]))
+                    if k not in done:
+                        np.copyto(self._prev[k], as_array(state_dict[k]))
         return SyncResult(version=self.version, readers=out, dropped=dropped, seconds=seconds, bytes=nbytes,
                           tree=tree, modes=modes, full_bytes=full_bytes,
-                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via)
+                          delta_bytes=blob_bytes if delta_readers else 0, delta_via=via, delta_reason=reason,
+                          codec_gbps=codec)
 
     def wait_consumed(self, timeout: Optional[float] = None) -> None:
         """Waits until every reader the last full publish reached said done
@@ -1350,6 +1405,6 @@ class WeightPublisher:
 __all__ = [
     "Slot", "wait_slots", "PushResult", "push", "push_batch", "wait_consumed", "ReaderResult", "BroadcastResult",
     "Progress", "Operation", "broadcast", "explain_broadcast", "ReaderHandle", "WeightReceiver", "WeightPublisher",
-    "SyncResult", "Delta", "delta_encode", "delta_check", "delta_apply", "delta_revert", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
+    "SyncResult", "Delta", "delta_encode", "delta_codec_gbps", "delta_decision", "DELTA_REASONS", "delta_check", "delta_apply", "delta_revert", "SLOT_GENERATIONS", "LAND_IN_PLACE", "LAND_STAGED",
     "MAILBOX_BYTES",
 ]

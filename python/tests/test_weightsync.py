@@ -314,6 +314,19 @@ def test_delta_after_adam_step_verified_against_full():
     np.testing.assert_array_equal(other.view(np.uint16), prev.view(np.uint16))
     with pytest.raises(errors.InvalidArgument):
         ws.delta_encode(prev, cur[:10])
+    # advance=True: the same delta's effect, and prev becomes cur (a
+    # publisher's last version, copied during the compare).
+    last = prev.copy()
+    d2 = ws.delta_encode(last, cur, advance=True)
+    assert last.view(np.uint16).tobytes() == cur.view(np.uint16).tobytes()
+    assert d2.changed == d.changed
+    base = prev.copy()
+    ws.delta_apply(base, d2)
+    assert base.view(np.uint16).tobytes() == cur.view(np.uint16).tobytes()
+    ro = prev.copy()
+    ro.flags.writeable = False
+    with pytest.raises(errors.InvalidArgument):
+        ws.delta_encode(ro, cur, advance=True)
 
 
 def test_publisher_delta_mode():
@@ -388,8 +401,45 @@ def test_publisher_delta_mode():
             r.close()
 
 
-@pytest.mark.parametrize("link_gbps,mode", [(1000.0, "full"), (0.001, "delta")], ids=["fast link", "slow link"])
-def test_publisher_delta_auto(link_gbps, mode):
+# delta="auto"'s decision table: 1 GiB state dict; link and codec in GB/s
+# (codec per side: encode plus decode take 2*full/codec).
+_GIB = 1 << 30
+
+
+@pytest.mark.parametrize("full,link,codec,delta_bytes,want", [
+    # The codec alone slower than the link: no delta can win, none encoded.
+    (_GIB, 25.0, 1.0, None, (False, "link-faster")),       # NVLink-class link
+    (_GIB, 1.25, 1.0, None, (False, "link-faster")),       # 10 Gbit/s against a 1 GB/s codec
+    (_GIB, 0.5, 1.0, None, (False, "link-faster")),        # codec exactly twice the link: a tie loses
+    (_GIB, 0.125, 0.2, None, (False, "link-faster")),      # 1 Gbit/s against a loaded host's codec
+    (_GIB, 0.125, 1.0, None, (True, "codec-faster")),      # 1 Gbit/s: worth encoding to see
+    # Encoded: the delta's bytes decide.
+    (_GIB, 0.125, 1.0, _GIB // 16, (True, "delta-faster")),   # lr 1e-5: 16x fewer bytes
+    (_GIB, 0.125, 1.0, _GIB // 100, (True, "delta-faster")),  # lr 1e-6
+    (_GIB, 0.125, 1.0, _GIB * 4 // 5, (False, "delta-slower")),  # 4/5 of the bytes: 6.9 s + the codec's 2.1 s > 8.6 s
+    (_GIB, 0.125, 1.0, _GIB // 2, (True, "delta-faster")),    # half: 4.3 s + 2.1 s < 8.6 s
+    (_GIB, 0.125, 1.0, _GIB, (False, "delta-slower")),        # nothing saved
+    (_GIB, 0.125, 0.26, _GIB // 16, (False, "delta-slower")),  # 16x fewer, but the codec's 8.3 s + 0.5 s > 8.6 s
+    (0, 0.125, 1.0, None, (False, "link-faster")),         # nothing to send
+    (_GIB, 0.0, 1.0, None, (False, "link-faster")),        # no link rate
+])
+def test_delta_decision_table(full, link, codec, delta_bytes, want):
+    got = ws.delta_decision(full, link, codec, delta_bytes)
+    assert got == want
+    assert ws.DELTA_REASONS[got[1]] == got[0]
+
+
+def test_delta_codec_gbps_measured():
+    """The host's codec rate as rdt/delta measures it: positive, the same
+    reading within its 30 s (no measurement per publish)."""
+    r = ws.delta_codec_gbps()
+    assert 0.001 < r < 1000
+    assert ws.delta_codec_gbps() == r
+
+
+@pytest.mark.parametrize("link_gbps,mode,reason", [(1000.0, "full", "link-faster"), (0.001, "delta", "delta-faster")],
+                         ids=["fast link", "slow link"])
+def test_publisher_delta_auto(link_gbps, mode, reason):
     owner, readers = _cluster(1, 0)
     try:
         sd = {"w": np.zeros(50000, np.float32)}
@@ -402,6 +452,10 @@ def test_publisher_delta_auto(link_gbps, mode):
         sd["w"][:100] = 1.0  # a sparse change: a delta is tiny
         res = pub.publish(sd)
         assert res.modes == {"r": mode}, res.modes
+        # The measured codec rate, not an assumed one; on the fast link the
+        # delta is not even encoded.
+        assert res.delta_reason == reason and res.codec_gbps > 0, (res.delta_reason, res.codec_gbps)
+        assert (res.delta_bytes > 0) == (mode == "delta")
         assert r.wait(timeout=10) == 2
         np.testing.assert_array_equal(r._params["w"], sd["w"])
         r.done()
@@ -540,7 +594,16 @@ def test_publisher_delta_auto_uses_the_measured_codec_rate():
         # far more than the 0.2 ms that 1 GB/s would allow.
         assert pub._codec_seen is not None and pub._codec_seen < 1.0, pub._codec_seen
         assert res.modes == {"r": "full"}, (res.modes, pub._codec_seen)
+        assert res.delta_reason in ("link-faster", "delta-slower") and res.codec_gbps == pub._codec_seen
         assert r.wait(timeout=10) == 2
+        np.testing.assert_array_equal(r._params["w"], sd["w"])
+        r.done()
+        # The next publish weighs what it saw: the codec slower than the
+        # link, so it does not encode at all.
+        sd["w"][:200] = 2.0
+        res = pub.publish(sd)
+        assert res.modes == {"r": "full"} and res.delta_reason == "link-faster" and res.delta_bytes == 0
+        assert r.wait(timeout=10) == 3
         np.testing.assert_array_equal(r._params["w"], sd["w"])
         r.done()
         pub.close()

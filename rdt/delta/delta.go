@@ -26,6 +26,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -56,22 +57,33 @@ var (
 
 // planes keeps plane buffers between calls: a state dict's tensors are
 // encoded and decoded every step at the same sizes, and a fresh buffer per
-// tensor is fresh pages for the kernel to fault in and zero each time.
-var planes sync.Pool // of *[]byte
+// tensor is fresh pages for the kernel to fault in and zero each time. One
+// pool per power of two of capacity: with one pool for every size, a
+// tensor's large buffers and small ones displaced each other and most
+// calls allocated afresh.
+var planes [48]sync.Pool // of *[]byte, pool c holding capacity 1<<c
 
-// planesBuf returns a buffer of n bytes, zeroed if zero is set.
+// planesBuf returns a buffer of n bytes (capacity a power of two), zeroed
+// if zero is set.
 func planesBuf(n int, zero bool) []byte {
-	if p, ok := planes.Get().(*[]byte); ok && cap(*p) >= n {
+	c := bits.Len(uint(max(n, 1) - 1))
+	if p, ok := planes[c].Get().(*[]byte); ok {
 		b := (*p)[:n]
 		if zero {
 			clear(b)
 		}
 		return b
 	}
-	return make([]byte, n)
+	return make([]byte, n, 1<<c)
 }
 
-func putPlanes(b []byte) { planes.Put(&b) }
+// putPlanes keeps b for a later planesBuf (only buffers it made: their
+// capacity is a power of two).
+func putPlanes(b []byte) {
+	if c := bits.Len(uint(cap(b))) - 1; c >= 0 && c < len(planes) && cap(b) == 1<<c {
+		planes[c].Put(&b)
+	}
+}
 
 func coders() (*zstd.Encoder, *zstd.Decoder) {
 	encOnce.Do(func() {
@@ -109,7 +121,19 @@ func Encode(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
 	if err := checkArgs(prev, cur, elem); err != nil {
 		return dst, Stats{}, err
 	}
-	d, st := encodeV2(dst, prev, cur, elem)
+	d, st := encodeV2(dst, prev, cur, elem, false)
+	return d, st, nil
+}
+
+// EncodeAdvance is Encode, and prev becomes cur: a publisher that keeps
+// the last version to encode the next against copies each chunk over while
+// it is in cache from the compare, not in a second pass over both versions
+// (cur must not change meanwhile).
+func EncodeAdvance(dst, prev, cur []byte, elem int) ([]byte, Stats, error) {
+	if err := checkArgs(prev, cur, elem); err != nil {
+		return dst, Stats{}, err
+	}
+	d, st := encodeV2(dst, prev, cur, elem, true)
 	return d, st, nil
 }
 

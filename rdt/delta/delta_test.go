@@ -241,3 +241,24 @@ func BenchmarkPlanes(b *testing.B) {
 	b.ReportMetric(float64(xRef)/float64(xNew), "xor-speedup")
 	b.ReportMetric(float64(aRef)/float64(aNew), "apply-speedup")
 }
+
+// TestCodecRate: the measured rate is positive, stands for rateRefresh,
+// and is measured again after it (a reading taken under load does not
+// hold for good).
+func TestCodecRate(t *testing.T) {
+	r := CodecRate()
+	t.Logf("codec rate, one core: %.2f GB/s per side", r/1e9)
+	assert.Greater(t, r, 1e6, "at least a MB/s")
+	rateMu.Lock()
+	at := rateAt
+	rateMu.Unlock()
+	assert.Equal(t, r, CodecRate(), "within rateRefresh: the same reading")
+	rateMu.Lock()
+	assert.Equal(t, at, rateAt)
+	rateAt = time.Now().Add(-2 * rateRefresh)
+	rateMu.Unlock()
+	assert.Greater(t, CodecRate(), 1e6)
+	rateMu.Lock()
+	assert.True(t, rateAt.After(at), "measured again once stale")
+	rateMu.Unlock()
+}

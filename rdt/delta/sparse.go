@@ -60,32 +60,20 @@ var (
 	decoders = sync.Pool{New: func() any { return tcodec.NewDecoder() }}
 )
 
-// laneMask[elem] has the top bit of every elem-byte lane of a word.
-var laneMask = [9]uint64{1: 0x8080808080808080, 2: 0x8000800080008000, 4: 0x8000000080000000, 8: 1 << 63}
-
-// lanesChanged counts the elem-byte lanes of x that are not zero (x is the
-// XOR of two words): per lane, (low bits + all-but-top ones) | x has the
-// top bit set iff the lane is not zero, with no carry across lanes.
-func lanesChanged(x uint64, elem int) int64 {
-	hi := laneMask[elem]
-	lo := ^hi
-	return int64(bits.OnesCount64(((x & lo) + lo | x) & hi))
-}
-
 // encodeV2 appends the sparse delta of prev -> cur to dst. One pass over
 // both versions, chunk by chunk: each chunk is hashed (both checksums,
 // streaming) and compared while it is in cache; where many words change
 // (a changed word's position is unpredictable: 2-60% of words change after
 // an Adam step) the compare has no branch per word.
-func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
+func encodeV2(dst, prev, cur []byte, elem int, advance bool) ([]byte, Stats) {
 	n := len(cur)
 	words := n / 8
 	chunks := (words + chunkWords - 1) / chunkWords
 	cmap := make([]byte, (chunks+7)/8)
 	// The word maps and the gathered words, in pooled buffers: sized by
 	// what changed (at most the tensor), reused across a state dict.
-	maps := planesBuf(0, false)[:0]
-	xs := planesBuf(0, false)[:0]
+	maps := planesBuf(chunks*chunkMap, false)[:0]
+	xs := planesBuf(8*words, false)[:0] // room for every word: it never grows
 	hp, hc := xxh3.New(), xxh3.New()
 	var changed int64
 	sparse := true
@@ -95,13 +83,8 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 		hp.Write(p)
 		hc.Write(q)
 		j := len(xs) / 8
-		// Room for every word of the chunk: each is written, and kept
-		// (j moves on) only when it changed.
-		if need := 8 * (j + w1 - w0); cap(xs) < need {
-			grown := make([]byte, len(xs), need+need/2)
-			copy(grown, xs)
-			xs = grown
-		}
+		// Each word of the chunk is written, and kept (j moves on) only
+		// when it changed: xs has room for every word of the tensor.
 		k0 := len(xs)
 		xs = xs[:cap(xs)]
 		var wm [chunkWords / 64]uint64
@@ -130,9 +113,6 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 		// The next chunk's loop, by this one's density (an eighth of words
 		// changed is about where the two cost the same here).
 		sparse = 8*(j-k0/8) < w1-w0
-		for k := k0 / 8; k < j; k++ { // in proportion to the changed words
-			changed += lanesChanged(binary.LittleEndian.Uint64(xs[8*k:]), elem)
-		}
 		xs = xs[:8*j]
 		var any uint64
 		for _, m := range wm {
@@ -143,6 +123,9 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 			for _, m := range wm {
 				maps = binary.LittleEndian.AppendUint64(maps, m)
 			}
+			if advance { // an unchanged chunk is cur's already
+				copy(p, q)
+			}
 		}
 	}
 	tail := make([]byte, n-8*words)
@@ -150,6 +133,9 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	hc.Write(cur[8*words:])
 	for i := range tail {
 		tail[i] = cur[8*words+i] ^ prev[8*words+i]
+	}
+	if advance {
+		copy(prev[8*words:], cur[8*words:])
 	}
 	// Whole elements of the tail that changed.
 	for i := 0; i+elem <= len(tail); i += elem {
@@ -162,6 +148,7 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 	}
 
 	lm, es := splitLanes(xs, elem)
+	changed += int64(len(es) / elem) // the changed elements of whole words
 	e := encoders.Get().(*tcodec.Encoder)
 	defer encoders.Put(e)
 	start := len(dst)
@@ -195,19 +182,79 @@ func encodeV2(dst, prev, cur []byte, elem int) ([]byte, Stats) {
 // splitLanes splits the changed words xs into a bit per element (set where
 // it changed) and the changed elements. 8-byte elements need no lane maps:
 // every changed word is one changed element.
+//
+// Per word, the changed lanes are packed into one register (an unchanged
+// lane is zero, so OR-ing it in at the current shift adds nothing and the
+// shift moves on only past a changed one) and stored as one 8-byte word at
+// the next element's place; the lane bits gather in a register and are
+// stored 64 at a time. Both without a branch per lane (a quarter to a
+// half of the lanes change where it matters, at random) and without a
+// read-modify-write of memory per lane, which had made the loop wait on
+// its own stores (splitLanesRef, the loop it replaced, is the tests'
+// reference).
 func splitLanes(xs []byte, elem int) (lm, es []byte) {
 	if elem == 8 {
 		return nil, xs
 	}
 	lanes := 8 / elem
 	nw := len(xs) / 8
-	lm = make([]byte, (nw*lanes+7)/8)
-	// Room for every lane of every word and an 8-byte store past the
-	// last: each lane is stored as a whole word at the next element's
-	// place and kept (e moves on) only when it changed, with no branch
-	// (a quarter to a half of the lanes change where it matters, at
-	// random); later stores overwrite what a store wrote past its element.
+	// Whole 8-byte words of lane bits, so the register can be stored whole.
+	lm = make([]byte, (nw*lanes+63)/64*8)
 	es = planesBuf(len(xs)+8, false)
+	width := uint(8 * elem)
+	mask := uint64(1)<<width - 1
+	var acc uint64 // lane bits not yet stored
+	bit, e := uint(0), 0
+	for k := range nw {
+		x := binary.LittleEndian.Uint64(xs[8*k:])
+		var y, m uint64
+		s := uint(0)
+		if elem == 2 { // bf16 and fp16: the loop below, unrolled
+			v0, v1, v2, v3 := x&0xffff, x>>16&0xffff, x>>32&0xffff, x>>48
+			n0, n1, n2, n3 := (v0|-v0)>>63, (v1|-v1)>>63, (v2|-v2)>>63, (v3|-v3)>>63
+			y = v0
+			s = 16 * uint(n0)
+			y |= v1 << s
+			s += 16 * uint(n1)
+			y |= v2 << s
+			s += 16 * uint(n2)
+			y |= v3 << s
+			s += 16 * uint(n3)
+			m = n0 | n1<<1 | n2<<2 | n3<<3
+		} else {
+			for l := range uint(lanes) {
+				v := x >> (width * l) & mask
+				nz := (v | -v) >> 63
+				y |= v << s
+				s += width * uint(nz)
+				m |= nz << l
+			}
+		}
+		binary.LittleEndian.PutUint64(es[e:], y)
+		e += int(s / 8)
+		acc |= m << (bit & 63)
+		bit += uint(lanes)
+		if bit&63 == 0 {
+			binary.LittleEndian.PutUint64(lm[bit/8-8:], acc)
+			acc = 0
+		}
+	}
+	if bit&63 != 0 {
+		binary.LittleEndian.PutUint64(lm[bit/64*8:], acc)
+	}
+	return lm[:(nw*lanes+7)/8], es[:e]
+}
+
+// splitLanesRef is splitLanes as first written (a store per lane and a
+// read-modify-write of the lane map per lane): the tests' reference.
+func splitLanesRef(xs []byte, elem int) (lm, es []byte) {
+	if elem == 8 {
+		return nil, xs
+	}
+	lanes := 8 / elem
+	nw := len(xs) / 8
+	lm = make([]byte, (nw*lanes+7)/8)
+	es = make([]byte, len(xs)+8)
 	mask := uint64(1)<<(8*elem) - 1
 	bit, e := 0, 0
 	for k := range nw {
@@ -221,8 +268,7 @@ func splitLanes(xs []byte, elem int) (lm, es []byte) {
 			bit++
 		}
 	}
-	es = es[:e]
-	return lm, es
+	return lm, es[:e]
 }
 
 // appendBlocks appends p as tcodec blocks of at most MaxBlock bytes (whole
@@ -235,9 +281,41 @@ func appendBlocks(e *tcodec.Encoder, dst, p []byte, hint tcodec.Hint) []byte {
 	return dst
 }
 
+// xorChunk2 XORs the changed words of one chunk of bf16 (or fp16) into b:
+// wm its word map, lm the lane maps and es the changed elements (with 8
+// bytes of slack) from changed word j and element e on, which it returns
+// advanced. Its own function, not decodeV2's closure: there, with every
+// variable of decodeV2 live, the loop spilled to the stack.
+func xorChunk2(b, wm, lm, es []byte, j, e int) (int, int) {
+	for i := 0; i+8 <= len(wm); i += 8 {
+		m := binary.LittleEndian.Uint64(wm[i:])
+		for m != 0 {
+			w := 8*i + bits.TrailingZeros64(m)
+			m &= m - 1
+			// Lane l takes the low element of y when its bit is set and
+			// shifts it off: no branch per lane.
+			lb := uint64(lm[j>>1]>>(4*(j&1))) & 0xf
+			y := binary.LittleEndian.Uint64(es[2*e:])
+			b0, b1, b2, b3 := lb&1, lb>>1&1, lb>>2&1, lb>>3
+			x := y & 0xffff & -b0
+			y >>= 16 * b0
+			x |= (y & 0xffff & -b1) << 16
+			y >>= 16 * b1
+			x |= (y & 0xffff & -b2) << 32
+			y >>= 16 * b2
+			x |= (y & 0xffff & -b3) << 48
+			e += int(b0 + b1 + b2 + b3)
+			j++
+			binary.LittleEndian.PutUint64(b[8*w:], binary.LittleEndian.Uint64(b[8*w:])^x)
+		}
+	}
+	return j, e
+}
+
 // readBlocks decodes the tcodec blocks of in into exactly want bytes.
 func readBlocks(dec *tcodec.Decoder, in []byte, want int) ([]byte, error) {
-	out := planesBuf(want, false)
+	// 8 bytes of slack past want: decodeV2 loads elements 8 bytes at a time.
+	out := planesBuf(want+8, false)[:want]
 	at := 0
 	for len(in) > 0 {
 		h, err := tcodec.ParseHeader(in)
@@ -362,41 +440,41 @@ func decodeV2(base, d []byte, from, want uint64) error {
 	// One pass, chunk by chunk: hash the base's chunk, apply its words,
 	// hash the result's, while the chunk is in cache. A base or result
 	// that does not match is put back (XOR is its own inverse).
-	// Word b's lane bits lie in one byte (lanes divides 8).
+	// Word b's lane bits lie in one byte (lanes divides 8). Its changed
+	// elements are the next ones of es: one 8-byte load holds them all,
+	// and each lane takes the low element when its bit is set (and shifts
+	// it off), with no branch per lane; es has 8 bytes of slack for the
+	// load (readBlocks).
 	laneBits := uint8(1)<<lanes - 1
-	next := func(b, e int) (uint64, int, int) { // changed word b; e: its first element
-		if lanes == 1 {
-			return binary.LittleEndian.Uint64(es[8*e:]), b + 1, e + 1
-		}
-		bit := b * lanes
-		m := lm[bit>>3] >> (bit & 7) & laneBits
-		var x uint64
-		for m != 0 {
-			l := bits.TrailingZeros8(m)
-			m &= m - 1
-			var y uint64
-			switch v.elem {
-			case 1:
-				y = uint64(es[e])
-			case 2:
-				y = uint64(binary.LittleEndian.Uint16(es[2*e:]))
-			default:
-				y = uint64(binary.LittleEndian.Uint32(es[4*e:]))
-			}
-			x |= y << (8 * v.elem * l)
-			e++
-		}
-		return x, b + 1, e
-	}
+	width := uint(8 * v.elem)
+	mask := uint64(1)<<width - 1
+	esx := es[:len(es)+8]
 	xor := func(c, k, j, e int) (int, int) { // chunk c, its word map k, the next changed word j and element e
 		wm := maps[k*chunkMap : (k+1)*chunkMap]
+		if lanes == 4 {
+			return xorChunk2(base[8*c*chunkWords:8*min((c+1)*chunkWords, words)], wm, lm, esx, j, e)
+		}
 		for i := 0; i < chunkMap; i += 8 {
 			m := binary.LittleEndian.Uint64(wm[i:])
 			for m != 0 {
 				w := c*chunkWords + i*8 + bits.TrailingZeros64(m)
 				m &= m - 1
 				var x uint64
-				x, j, e = next(j, e)
+				if lanes == 1 {
+					x = binary.LittleEndian.Uint64(es[8*e:])
+					e++
+				} else {
+					bit := j * lanes
+					lb := uint64(lm[bit>>3] >> (bit & 7) & laneBits)
+					y := binary.LittleEndian.Uint64(esx[v.elem*e:])
+					for l := range uint(lanes) {
+						nz := lb >> l & 1
+						x |= (y & mask & -nz) << (width * l)
+						y >>= width * uint(nz)
+					}
+					e += bits.OnesCount64(lb)
+				}
+				j++
 				binary.LittleEndian.PutUint64(base[8*w:], binary.LittleEndian.Uint64(base[8*w:])^x)
 			}
 		}

@@ -2,6 +2,7 @@ package delta
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -101,28 +102,6 @@ func TestV1StillDecodes(t *testing.T) {
 	assert.ErrorIs(t, Decode(base, d), ErrBaseMismatch, "applied twice")
 }
 
-// TestLanesChanged against a plain loop over lanes.
-func TestLanesChanged(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 2000 {
-		x := r.Uint64()
-		for k := range 8 { // sparse words too
-			if r.IntN(2) == 0 {
-				x &^= 0xff << (8 * k)
-			}
-		}
-		for _, elem := range []int{1, 2, 4, 8} {
-			var want int64
-			for l := 0; l < 8; l += elem {
-				if (x>>(8*l))&(1<<(8*elem)-1) != 0 || elem == 8 && x != 0 {
-					want++
-				}
-			}
-			assert.Equal(t, want, lanesChanged(x, elem), "x %#x elem %d", x, elem)
-		}
-	}
-}
-
 // BenchmarkFormats: the sparse format (v2) against v1 on bf16 after an Adam
 // step (16 MiB), encode and decode interleaved in each iteration; read the
 // ratio metrics (v1's time over v2's, and the bytes of each).
@@ -179,4 +158,68 @@ func TestRevert(t *testing.T) {
 		require.NoError(t, Revert(base, d), name)
 		assert.Equal(t, prev, base, name+": reverted")
 	}
+}
+
+// TestSplitLanesMatchesReference: the register-packed split writes what
+// the loop it replaced wrote (the format is unchanged), for words of every
+// density of changed lanes and every element size.
+func TestSplitLanesMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, elem := range []int{1, 2, 4, 8} {
+		for _, nw := range []int{0, 1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 1000} {
+			xs := make([]byte, 8*nw)
+			for k := range nw {
+				x := r.Uint64() | 1 // a changed word
+				for l := 0; l < 8; l += elem {
+					if r.IntN(3) == 0 {
+						x &^= (1<<(8*elem) - 1) << (8 * l)
+					}
+				}
+				if x == 0 {
+					x = 1
+				}
+				binary.LittleEndian.PutUint64(xs[8*k:], x)
+			}
+			lm, es := splitLanes(bytes.Clone(xs), elem)
+			wantLM, wantES := splitLanesRef(bytes.Clone(xs), elem)
+			assert.Equal(t, wantLM, lm, "elem %d words %d: lane maps", elem, nw)
+			assert.Equal(t, wantES, es, "elem %d words %d: elements", elem, nw)
+		}
+	}
+}
+
+// TestEncodeAdvance: EncodeAdvance writes a delta that decodes as
+// Encode's does (not byte for byte: the entropy coder's encoders adapt
+// from call to call), counts the same changes, and leaves prev equal to
+// cur (chunks with changes copied, the tail too), at lengths around words
+// and chunks and every element size.
+func TestEncodeAdvance(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, elem := range []int{1, 2, 4, 8} {
+		for _, n := range []int{1, 7, 8, 9, 1001, 8*chunkWords + 13, 3*8*chunkWords + 5} {
+			for _, p := range []float64{0, 0.001, 0.3} {
+				prev := make([]byte, n)
+				for i := range prev {
+					prev[i] = byte(r.Uint32())
+				}
+				cur := bytes.Clone(prev)
+				for i := range cur {
+					if r.Float64() < p {
+						cur[i] ^= byte(r.Uint32()) | 1
+					}
+				}
+				_, wst, err := Encode(nil, prev, cur, elem)
+				require.NoError(t, err)
+				kept := bytes.Clone(prev)
+				got, st, err := EncodeAdvance(nil, prev, cur, elem)
+				require.NoError(t, err)
+				assert.Equal(t, wst.Changed, st.Changed, "elem %d n %d p %g", elem, n, p)
+				require.Equal(t, cur, prev, "elem %d n %d p %g: prev advanced", elem, n, p)
+				require.NoError(t, Decode(kept, got), "elem %d n %d p %g", elem, n, p)
+				require.Equal(t, cur, kept, "elem %d n %d p %g", elem, n, p)
+			}
+		}
+	}
+	_, _, err := EncodeAdvance(nil, make([]byte, 4), make([]byte, 5), 2)
+	assert.Error(t, err)
 }

@@ -19,6 +19,17 @@ func DeltaBound(n int64) int64 { return delta.Bound(n) }
 // checksums of both versions) and returns its length and
 // the count of elements that changed.
 func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
+	return deltaEncode(prev, cur, out, elem, delta.Encode)
+}
+
+// DeltaEncodeAdvance is DeltaEncode, and prev becomes cur (delta.
+// EncodeAdvance: copied chunk by chunk during the compare, not in a second
+// pass), for a publisher that keeps the last version.
+func DeltaEncodeAdvance(prev, cur, out []byte, elem int) (int, int64, error) {
+	return deltaEncode(prev, cur, out, elem, delta.EncodeAdvance)
+}
+
+func deltaEncode(prev, cur, out []byte, elem int, encode func(dst, prev, cur []byte, elem int) ([]byte, delta.Stats, error)) (int, int64, error) {
 	if len(prev) != len(cur) || len(cur) == 0 {
 		return 0, 0, invalid("delta of %d bytes against a base of %d", len(cur), len(prev))
 	}
@@ -28,7 +39,7 @@ func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 	if int64(len(out)) < DeltaBound(int64(len(cur))) {
 		return 0, 0, invalid("output of %d bytes: pass at least %d", len(out), DeltaBound(int64(len(cur))))
 	}
-	d, st, err := delta.Encode(out[:0:len(out)], prev, cur, elem)
+	d, st, err := encode(out[:0:len(out)], prev, cur, elem)
 	if err != nil {
 		return 0, 0, invalid("%v", err)
 	}
@@ -37,6 +48,11 @@ func DeltaEncode(prev, cur, out []byte, elem int) (int, int64, error) {
 	}
 	return len(d), st.Changed, nil
 }
+
+// DeltaCodecRate is how fast one core of this host runs the delta codec
+// now, in bytes of tensor per second per side (delta.CodecRate: measured
+// at most every 30 s), for a publisher deciding whether a delta pays.
+func DeltaCodecRate() float64 { return delta.CodecRate() }
 
 // DeltaDecode applies a delta to base in place. A base that is not the
 // delta's (ErrBaseMismatch) is a layout_mismatch, a bad delta corrupt; on

@@ -59,3 +59,31 @@ func TestDeltaRevert(t *testing.T) {
 	require.NoError(t, DeltaRevert(base, out[:n]))
 	assert.Equal(t, prev, base)
 }
+
+// TestDeltaCodecRate: the host's codec rate as rdt/delta measures it
+// (what delta="auto" weighs against the link) is a rate, and one reading
+// stands between calls.
+func TestDeltaCodecRate(t *testing.T) {
+	r := DeltaCodecRate()
+	assert.Greater(t, r, 1e6)
+	assert.Equal(t, r, DeltaCodecRate())
+}
+
+// TestDeltaEncodeAdvance: the delta decodes as DeltaEncode's, and prev
+// becomes cur.
+func TestDeltaEncodeAdvance(t *testing.T) {
+	prev := pattern(1 << 14)
+	cur := bytes.Clone(prev)
+	cur[100] ^= 0x40
+	cur[9000] ^= 0x01
+	kept := bytes.Clone(prev)
+	out := make([]byte, DeltaBound(int64(len(cur))))
+	n, changed, err := DeltaEncodeAdvance(prev, cur, out, 2)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, changed)
+	assert.Equal(t, cur, prev)
+	require.NoError(t, DeltaDecode(kept, out[:n]))
+	assert.Equal(t, cur, kept)
+	_, _, err = DeltaEncodeAdvance(prev, cur, out[:10], 2)
+	assert.Equal(t, "invalid_argument", kindOf(err))
+}
