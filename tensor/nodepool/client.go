@@ -38,7 +38,7 @@ type Client struct {
 	helper []string
 	log    *slog.Logger
 
-	mu      sync.Mutex // one request at a time on conn
+	mu     sync.Mutex // one request at a time on conn
 	conn   *net.UnixConn
 	closed bool
 
