@@ -1153,6 +1153,13 @@ func (r *Runtime) Stats() Stats {
 		if np, ok := o.(*nodepool.Client); ok {
 			st := np.Stats()
 			s.NodePool = &NodePool{Connected: st.Connected, Hits: st.Hits, Misses: st.Misses, Absent: st.Absent, Taken: st.Taken, Ready: st.Ready}
+			if st.Connected { // the helper's ready bytes now (one local round trip)
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				if ss, err := np.ServerStats(ctx); err == nil {
+					s.NodePool.Ready = ss.Ready
+				}
+				cancel()
+			}
 		}
 	}
 	for _, o := range r.rt.ObjectTable() {
