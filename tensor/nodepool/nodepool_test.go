@@ -195,6 +195,9 @@ func TestOneHelperPerSocket(t *testing.T) {
 func TestHelperEndsWhenItsClientsAreGone(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
 	sock, done, res := serve(t, Config{Budget: 4 << 20, Idle: 200 * time.Millisecond})
+	for _, err := os.Stat(sock); err != nil; _, err = os.Stat(sock) {
+		time.Sleep(time.Millisecond) // connect before the helper's idle end
+	}
 	c := Open(sock, nil, nil)
 	connected(t, c)
 	select {
@@ -270,4 +273,40 @@ func alive(pid int) bool {
 	s := string(stat)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestFillFollowsTheSizesAsked: a small request does not take (and waste)
+// a segment made for a much larger one; the helper learns the sizes asked
+// for, freeing segments that fit none of them, within its budget.
+func TestFillFollowsTheSizesAsked(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	sock, _, _ := serve(t, Config{Budget: 192 << 20})
+	c := Open(sock, nil, nil)
+	defer c.Close()
+	connected(t, c)
+	waitReady(t, c, 192<<20) // one segment: nothing asked yet
+	take := func(size int64) (int64, error) {
+		fd, n, err := c.Take(context.Background(), size)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return n, err
+	}
+	if _, err := take(8 << 20); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("8 MiB from a 192 MiB segment: %v, want a miss", err)
+	}
+	waitReady(t, c, 8<<20) // the 192 MiB segment fits nothing asked: freed for an 8 MiB one
+	if n, err := take(8 << 20); err != nil || n != 8<<20 {
+		t.Fatalf("8 MiB: %d, %v", n, err)
+	}
+	if _, err := take(160 << 20); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("160 MiB: %v, want a miss", err)
+	}
+	waitReady(t, c, 168<<20) // both sizes ready, within the budget
+	if n, err := take(160 << 20); err != nil || n != 160<<20 {
+		t.Fatalf("160 MiB: %d, %v", n, err)
+	}
+	if st := c.Stats(); st.Hits != 2 || st.Misses != 2 {
+		t.Fatalf("client stats %+v", st)
+	}
 }

@@ -247,7 +247,13 @@ func (s *server) serveConn(c *net.UnixConn) {
 	}
 }
 
-// take hands out the smallest ready segment of at least size bytes.
+// fits reports whether a segment of n bytes serves a request of want:
+// large enough, and not so large that the request wastes most of it (a
+// 64 MiB slab must not take the segment kept for a 256 MiB state dict).
+func fits(n, want int64) bool { return n >= want && n <= want+max(want, 64<<20) }
+
+// take hands out the smallest ready segment that fits a request of size
+// bytes.
 func (s *server) take(size int64) (byte, *poolSeg) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -262,7 +268,7 @@ func (s *server) take(size int64) (byte, *poolSeg) {
 		s.recent = s.recent[:4]
 	}
 	defer s.kick()
-	i := slices.IndexFunc(s.ready, func(g *poolSeg) bool { return g.size >= want })
+	i := slices.IndexFunc(s.ready, func(g *poolSeg) bool { return fits(g.size, want) })
 	if i < 0 {
 		s.stats.Misses++
 		return statusEmpty, nil
@@ -282,27 +288,43 @@ func (s *server) kick() {
 }
 
 // nextSize is the segment the filler makes next, 0 for none; s.mu is held.
-// With nothing asked yet, the whole budget in one segment (any first
-// request fits it); after that, each size asked lately that no ready
-// segment serves, most recent first, while the budget has room.
+// With nothing asked yet, the whole budget in one segment; after that, a
+// segment for each size asked lately that no ready segment fits, most
+// recent first, making room by freeing ready segments that fit none of
+// those sizes.
 func (s *server) nextSize() int64 {
-	room := s.cfg.Budget - s.bytes
-	if room < minSegment {
-		return 0
-	}
 	if len(s.recent) == 0 {
 		if len(s.ready) == 0 {
-			return room &^ (minSegment - 1)
+			return s.cfg.Budget &^ (minSegment - 1)
 		}
 		return 0
 	}
 	for _, r := range s.recent {
-		served := slices.ContainsFunc(s.ready, func(g *poolSeg) bool { return g.size >= r })
-		if !served && r <= room {
+		if slices.ContainsFunc(s.ready, func(g *poolSeg) bool { return fits(g.size, r) }) {
+			continue
+		}
+		for s.cfg.Budget-s.bytes < r && s.evictUnfit() {
+		}
+		if r <= s.cfg.Budget-s.bytes {
 			return r
 		}
 	}
 	return 0
+}
+
+// evictUnfit frees the largest ready segment that fits no recent size;
+// s.mu is held.
+func (s *server) evictUnfit() bool {
+	for i := len(s.ready) - 1; i >= 0; i-- {
+		g := s.ready[i]
+		if !slices.ContainsFunc(s.recent, func(r int64) bool { return fits(g.size, r) }) {
+			unix.Close(g.fd)
+			s.ready = slices.Delete(s.ready, i, i+1)
+			s.bytes -= g.size
+			return true
+		}
+	}
+	return false
 }
 
 // fill keeps the budget populated, one segment at a time, until ctx ends.
