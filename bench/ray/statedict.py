@@ -1,7 +1,7 @@
 """One node, one trainer, three readers: a state dict through Ray, rows side
 by side in one run (issue 23's one-node goals).
 
-    python bench/ray/statedict.py [--arrays 50] [--mib 256] [--reps 7] [--cold 2] [--json out.json]
+    python bench/ray/statedict.py [--arrays 50] [--mib 256] [--reps 7] [--cold 2] [--warmup-rounds 1] [--json out.json]
 
 Needs ray, numpy and tensorlane (TENSORLANE_LIB for a development build).
 A transfer is timed from the driver: the trainer's method returns its state
@@ -10,7 +10,8 @@ the clock), each of three readers gets it as a task argument and touches
 every byte (sums every array), and the driver waits for the three answers.
 Warm rows interleave round-robin (drift on a shared machine hits them
 alike); cold rows use a fresh trainer and fresh readers per sample, the
-first transfer of each. Reported: median seconds and ratios measured in
+first transfer of each, after ``--warmup-rounds`` untimed such rounds (the
+node has run this state dict before: its pool helper knows the sizes). Reported: median seconds and ratios measured in
 this run.
 
 Rows:
@@ -30,6 +31,8 @@ Beside them:
 - ``readers alone``: each reader sums a state dict of its own (the same
   shapes, made before the clock), timed the same way: no transfer at all,
   the floor under every row on this machine's cores (warm only).
+- the trainer's node pool counters after each cold TENSORLANE sample
+  (``TENSORLANE_NODE_POOL_BYTES=-1`` runs without the pool: the A/B).
 - ``4K TENSORLANE`` / ``4K NULL``: one 4 KiB array through TENSORLANE and
   through floor.py's NULL transport, whose bytes ride in its metadata (Ray's
   floor for any plug-in; goal: TENSORLANE <= 1.1x NULL).
@@ -92,6 +95,10 @@ class Trainer:
     def tiny(self):
         return self.small
 
+    def node_pool(self):
+        """The trainer's view of the node's warm pool (None: no pool)."""
+        return tensorlane.runtime().stats().get("node_pool")
+
 
 @ray.remote(num_cpus=0, enable_tensor_transport=True)
 class Reader:
@@ -151,6 +158,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--cold", type=int, default=2)
     p.add_argument("--small-reps", type=int, default=30)
+    p.add_argument("--warmup-rounds", type=int, default=1, help="untimed fresh-actor rounds before the cold ones")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -159,14 +167,30 @@ def main() -> None:
     res: dict = {"config": vars(args), "cold": {}, "warm": {}, "ratios": {}}
 
     # Cold: a fresh trainer and readers per sample; the first transfer.
+    # The trainer's node pool counters after each cold TENSORLANE transfer
+    # (hits: new slabs from the node's helper; misses, absent: made fresh).
+    # --warmup-rounds untimed rounds first: a node that has run this state
+    # dict before, as a trainer restarted on it finds it (the pool helper
+    # has learnt the sizes; Ray's store is up with the node, too).
     cold = {row: [] for row in ROWS}
+    pools = []
+    for _ in range(args.warmup_rounds):
+        for row, (method, transport) in ROWS.items():
+            t, rs = fresh(args)
+            transfer(t, rs, method, transport)
+            for a in [t] + rs:
+                ray.kill(a)
     for _ in range(args.cold):
         for row, (method, transport) in ROWS.items():
             t, rs = fresh(args)
             cold[row].append(transfer(t, rs, method, transport))
+            if row == "TENSORLANE":
+                pools.append(ray.get(t.node_pool.remote()))
             for a in [t] + rs:
                 ray.kill(a)
     res["cold"] = {row: statistics.median(v) for row, v in cold.items()}
+    res["cold_node_pool"] = pools
+    res["cold_samples"] = cold
 
     # Warm: one trainer and its readers, rows round-robin after one warm-up each.
     t, rs = fresh(args)
@@ -220,6 +244,8 @@ def main() -> None:
         print(f"| {row} | {w[row]:.4f} | {c[row]:.4f} |" if row in c else f"| {row} | {w[row]:.4f} | |")
     for k, v in res["ratios"].items():
         print(f"{k}: {v:.2f}")
+    print("cold samples:", {k: [round(x, 3) for x in v] for k, v in cold.items()})
+    print("node pool, trainer after each cold TENSORLANE sample:", pools)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

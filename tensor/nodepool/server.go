@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -328,7 +329,12 @@ func (s *server) evictUnfit() bool {
 }
 
 // fill keeps the budget populated, one segment at a time, until ctx ends.
+// It runs on a thread of its own at the lowest priority: a refill starts
+// right after a runtime took memory, usually while that runtime's transfer
+// (and its readers) run on the same cores, and must not slow them.
 func (s *server) fill(ctx context.Context) {
+	runtime.LockOSThread() // the thread ends with the goroutine: its priority goes with it
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
 	for {
 		s.mu.Lock()
 		n := s.nextSize()
