@@ -58,7 +58,10 @@ TENSORLANE_COPY_THREADS (the sender's copy threads, default up to 8),
 TENSORLANE_VERIFY, TENSORLANE_SLABS (slab mode, on by default here: the
 job's actors share their objects' memory in large slabs, mapped once per
 reader; the memory grows on demand and freed ranges are reused, pages
-populated; TENSORLANE_POOL_BYTES pre-faults that much at start, default 0)
+populated; new slabs come from the node's warm pool, a helper process that
+outlives the actors and holds TENSORLANE_NODE_POOL_BYTES of populated memory,
+default 512 MiB, see tensorlane._nodepool; TENSORLANE_POOL_BYTES pre-faults
+that much in each actor at start, default 0)
 and TENSORLANE_INLINE_BYTES (the eager threshold, below).
 
 **The slab key** (who may map a runtime's slabs) is, in order:
