@@ -9,6 +9,8 @@ import "C"
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"os"
 	"time"
 	"unsafe"
 
@@ -141,7 +143,12 @@ func tl_node_pool_serve(socket *C.char, budget C.int64_t, idleMS C.int64_t) C.in
 		if socket == nil {
 			return errNull("socket_path")
 		}
-		err := nodepool.Serve(context.Background(), nodepool.Config{Socket: C.GoString(socket), Budget: int64(budget), Idle: time.Duration(idleMS) * time.Millisecond})
+		level := slog.LevelWarn
+		if os.Getenv("TENSORLANE_NODE_POOL_DEBUG") == "1" {
+			level = slog.LevelDebug
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		err := nodepool.Serve(context.Background(), nodepool.Config{Socket: C.GoString(socket), Budget: int64(budget), Idle: time.Duration(idleMS) * time.Millisecond, Logger: log})
 		if errors.Is(err, nodepool.ErrRunning) {
 			return nil
 		}

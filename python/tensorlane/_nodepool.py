@@ -22,6 +22,9 @@ from typing import List
 
 #: Seconds the helper outlives its last runtime (default 10).
 ENV_IDLE = "TENSORLANE_NODE_POOL_IDLE_S"
+#: A file for the helper's log (warnings; with TENSORLANE_NODE_POOL_DEBUG=1
+#: every take, miss and refill). Default: none.
+ENV_LOG = "TENSORLANE_NODE_POOL_LOG"
 
 
 def helper_command() -> List[str]:
@@ -43,6 +46,11 @@ def main(argv: List[str]) -> int:
         if os.fork() > 0:
             os._exit(0)
         os.setsid()
+    log = os.environ.get(ENV_LOG)
+    if log:  # the helper's log (TENSORLANE_NODE_POOL_DEBUG=1: every take and refill)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     from . import _lib
 
     lib = _lib.lib()

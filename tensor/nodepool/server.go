@@ -272,12 +272,14 @@ func (s *server) take(size int64) (byte, *poolSeg) {
 	i := slices.IndexFunc(s.ready, func(g *poolSeg) bool { return fits(g.size, want) })
 	if i < 0 {
 		s.stats.Misses++
+		s.log.Debug("nodepool: miss", "want", want, "ready", s.bytes, "recent", s.recent)
 		return statusEmpty, nil
 	}
 	g := s.ready[i]
 	s.ready = slices.Delete(s.ready, i, i+1)
 	s.bytes -= g.size
 	s.stats.Hits++
+	s.log.Debug("nodepool: take", "want", want, "got", g.size, "ready", s.bytes)
 	return statusOK, g
 }
 
@@ -290,9 +292,12 @@ func (s *server) kick() {
 
 // nextSize is the segment the filler makes next, 0 for none; s.mu is held.
 // With nothing asked yet, the whole budget in one segment; after that, a
-// segment for each size asked lately that no ready segment fits, most
-// recent first, making room by freeing ready segments that fit none of
-// those sizes.
+// segment for each size asked lately that no ready segment fits, largest
+// first, making room by freeing ready segments that fit none of those
+// sizes. Largest first: fresh pages cost by the byte, and the large
+// allocation (a state dict's copy) is the one on a transfer's path, while
+// a stream of 64 MiB slabs (a trainer making its arrays) would otherwise
+// keep the filler from ever reaching it.
 func (s *server) nextSize() int64 {
 	if len(s.recent) == 0 {
 		if len(s.ready) == 0 {
@@ -300,7 +305,9 @@ func (s *server) nextSize() int64 {
 		}
 		return 0
 	}
-	for _, r := range s.recent {
+	bySize := slices.Sorted(slices.Values(s.recent))
+	slices.Reverse(bySize)
+	for _, r := range bySize {
 		if slices.ContainsFunc(s.ready, func(g *poolSeg) bool { return fits(g.size, r) }) {
 			continue
 		}
@@ -357,6 +364,7 @@ func (s *server) fill(ctx context.Context) {
 				continue
 			}
 		}
+		s.log.Debug("nodepool: made", "bytes", n)
 		s.mu.Lock()
 		i, _ := slices.BinarySearchFunc(s.ready, n, func(g *poolSeg, n int64) int { return int(g.size - n) })
 		s.ready = slices.Insert(s.ready, i, &poolSeg{fd: fd, size: n})
