@@ -293,8 +293,8 @@ func (s *server) kick() {
 // nextSize is the segment the filler makes next, 0 for none; s.mu is held.
 // With nothing asked yet, the whole budget in one segment; after that, a
 // segment for each size asked lately that no ready segment fits, largest
-// first, making room by freeing ready segments that fit none of those
-// sizes. Largest first: fresh pages cost by the byte, and the large
+// first, making room by freeing ready segments that fit none of the sizes
+// asked as lately as it or later. Largest first: fresh pages cost by the byte, and the large
 // allocation (a state dict's copy) is the one on a transfer's path, while
 // a stream of 64 MiB slabs (a trainer making its arrays) would otherwise
 // keep the filler from ever reaching it.
@@ -311,7 +311,9 @@ func (s *server) nextSize() int64 {
 		if slices.ContainsFunc(s.ready, func(g *poolSeg) bool { return fits(g.size, r) }) {
 			continue
 		}
-		for s.cfg.Budget-s.bytes < r && s.evictUnfit() {
+		// Room for r may evict what serves only sizes asked before r.
+		newer := s.recent[:slices.Index(s.recent, r)+1]
+		for s.cfg.Budget-s.bytes < r && s.evictUnfit(newer) {
 		}
 		if r <= s.cfg.Budget-s.bytes {
 			return r
@@ -320,12 +322,12 @@ func (s *server) nextSize() int64 {
 	return 0
 }
 
-// evictUnfit frees the largest ready segment that fits no recent size;
+// evictUnfit frees the largest ready segment that fits none of sizes;
 // s.mu is held.
-func (s *server) evictUnfit() bool {
+func (s *server) evictUnfit(sizes []int64) bool {
 	for i := len(s.ready) - 1; i >= 0; i-- {
 		g := s.ready[i]
-		if !slices.ContainsFunc(s.recent, func(r int64) bool { return fits(g.size, r) }) {
+		if !slices.ContainsFunc(sizes, func(r int64) bool { return fits(g.size, r) }) {
 			unix.Close(g.fd)
 			s.ready = slices.Delete(s.ready, i, i+1)
 			s.bytes -= g.size
