@@ -93,6 +93,34 @@ func newSegmentSealed(name string, size int64, populate, sealSize bool) (*segmen
 	return &segment{fd: fd, ro: -1, data: data, untracked: !sealSize}, nil
 }
 
+// adoptSegment maps a memory file made elsewhere (a node pool's, see
+// SlabConfig.Source) of n bytes, its size not sealed yet, as a segment
+// made without size seals: fit seals it. The file must be a memfd that
+// allows sealing, as newSegment's are; its mode is made 0400 as theirs.
+func adoptSegment(fd int, n int64) (*segment, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat adopted memfd: %w", err)
+	}
+	if st.Size != n || n <= 0 || n%pageSize != 0 {
+		return nil, fmt.Errorf("tensor: adopted memfd holds %d bytes, want %d (page-rounded)", st.Size, n)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SEAL|unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != 0 {
+		return nil, fmt.Errorf("tensor: adopted file is not an unsealed memfd (seals %#x): %v", seals, err)
+	}
+	if err := unix.Fchmod(fd, 0o400); err != nil {
+		return nil, fmt.Errorf("make adopted memfd read-only to reopeners: %w", err)
+	}
+	ptr, err := unix.MmapPtr(fd, 0, nil, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map adopted memfd: %w", err)
+	}
+	data := unsafe.Slice((*byte)(ptr), n)
+	AdviseHuge(data)
+	return &segment{fd: fd, ro: -1, data: data, untracked: true}, nil
+}
+
 // fit shrinks a segment made without size seals to size bytes (page
 // rounded, at most its size), giving the pages past it back, and seals its
 // size as newSegment does. The mapping keeps its length (the tail is

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -61,6 +62,18 @@ type SlabConfig struct {
 	// Retain is how many bytes of wholly free slabs beyond Reserve are
 	// kept mapped for reuse; default DefaultHostCache (1 GiB).
 	Retain int64
+	// Source, when set, supplies new slabs' memory with its pages already
+	// resident (tensor/nodepool: a node's warm pool held by a process
+	// that outlives the runtimes); when it has none, the slab is made
+	// here, as without it (SlabMemory.SourceStats counts both).
+	Source SlabSource
+}
+
+// SlabSource hands out memory files (memfds) whose pages are resident.
+// Take returns a descriptor the caller owns, of a file of n >= size bytes
+// whose size is not sealed, or an error when it has none.
+type SlabSource interface {
+	Take(ctx context.Context, size int64) (fd int, n int64, err error)
 }
 
 // DefaultSlabSize is SlabConfig.SlabSize's default.
@@ -83,6 +96,8 @@ type SlabMemory struct {
 	populating sync.WaitGroup
 	stop       atomic.Bool
 	created    atomic.Int64 // slabs ever created (a test and metrics hook)
+	sourced    atomic.Int64 // of which from cfg.Source
+	unsourced  atomic.Int64 // of which made here although cfg.Source is set
 }
 
 type slab struct {
@@ -178,6 +193,17 @@ func (m *SlabMemory) WaitPopulated(ctx context.Context) error {
 }
 
 func (m *SlabMemory) newSlab(size int64) (*slab, error) {
+	if m.cfg.Source != nil {
+		if seg := m.fromSource(size); seg != nil {
+			size = int64(len(seg.data))
+			m.created.Add(1)
+			m.sourced.Add(1)
+			// Its pages are resident but not in this process's page
+			// tables: Alloc's populate builds those (no page is zeroed).
+			return &slab{seg: seg, ranges: newRangeAllocator(size), populated: make([]uint64, (size+popChunk*64-1)/(popChunk*64))}, nil
+		}
+		m.unsourced.Add(1)
+	}
 	seg, err := newSegment("tensorlane-slab", size, false)
 	if err != nil {
 		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
@@ -187,6 +213,39 @@ func (m *SlabMemory) newSlab(size int64) (*slab, error) {
 	}
 	m.created.Add(1)
 	return &slab{seg: seg, ranges: newRangeAllocator(size), populated: make([]uint64, (size+popChunk*64-1)/(popChunk*64))}, nil
+}
+
+// fromSource takes a memory file of at least size bytes from cfg.Source
+// and maps it as a segment, or returns nil. A file much larger than asked
+// (more than a slab beyond it) is shrunk to size, its tail's pages given
+// back; a smaller excess stays as free room in the slab.
+func (m *SlabMemory) fromSource(size int64) *segment {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	fd, n, err := m.cfg.Source.Take(ctx, size)
+	if err != nil {
+		return nil
+	}
+	seg, err := adoptSegment(fd, n)
+	if err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	keep := n
+	if n > size+m.cfg.SlabSize {
+		keep = size
+	}
+	if err := seg.fit(keep); err != nil {
+		seg.free()
+		return nil
+	}
+	return seg
+}
+
+// SourceStats returns how many slabs came from SlabConfig.Source and how
+// many were made here because it had none.
+func (m *SlabMemory) SourceStats() (sourced, unsourced int64) {
+	return m.sourced.Load(), m.unsourced.Load()
 }
 
 // populate makes the reserve's pages resident, a chunk at a time so Close

@@ -214,6 +214,12 @@ def env(**kw):
     return {"env_vars": dict(PY, **kw)}
 
 
+#: --actor-pools: each actor pre-faults a pool of its own sized to the
+#: transfer (the set-up before the node's warm pool existed). By default the
+#: actors run with the defaults: new slabs from the node's pool helper.
+ACTOR_POOLS = False
+
+
 def pools(n: int, copies: bool):
     """Slab mode's pre-faulted pools (TENSORLANE_POOL_BYTES), sized to the
     transfer, as Ray's object store memory would be, so a dozen actor pairs
@@ -266,7 +272,7 @@ def make_pair(opts, n, kind, warm, method=""):
     object store is up before its first transfer too: cold is the pair's
     first transfer, not the transport's start."""
     sopts, ropts = opts, opts
-    if warm == "tensorlane" and "TENSORLANE_POOL_BYTES" not in os.environ:
+    if warm == "tensorlane" and ACTOR_POOLS and "TENSORLANE_POOL_BYTES" not in os.environ:
         v = opts["env_vars"]
         # The receiver needs a destination where it cannot map the
         # sender's memory: forced onto tcp, torch's copy, or another node.
@@ -328,7 +334,12 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: sender and receiver on two Ray nodes")
     ap.add_argument("--rate", default="10gbit", help="two nodes: each link's rate (tc units; 0 = unshaped)")
+    ap.add_argument("--actor-pools", action="store_true",
+                    help="each TENSORLANE actor pre-faults its own pool sized to the transfer (TENSORLANE_POOL_BYTES), "
+                         "instead of the default: new slabs from the node's warm pool")
     args = ap.parse_args()
+    global ACTOR_POOLS
+    ACTOR_POOLS = args.actor_pools
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     load0 = os.getloadavg()[0]

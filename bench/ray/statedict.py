@@ -1,7 +1,7 @@
 """One node, one trainer, three readers: a state dict through Ray, rows side
 by side in one run (issue 23's one-node goals).
 
-    python bench/ray/statedict.py [--arrays 50] [--mib 256] [--reps 7] [--cold 2] [--json out.json]
+    python bench/ray/statedict.py [--arrays 50] [--mib 256] [--reps 7] [--cold 2] [--warmup-rounds 1] [--json out.json]
 
 Needs ray, numpy and tensorlane (TENSORLANE_LIB for a development build).
 A transfer is timed from the driver: the trainer's method returns its state
@@ -10,7 +10,8 @@ the clock), each of three readers gets it as a task argument and touches
 every byte (sums every array), and the driver waits for the three answers.
 Warm rows interleave round-robin (drift on a shared machine hits them
 alike); cold rows use a fresh trainer and fresh readers per sample, the
-first transfer of each. Reported: median seconds and ratios measured in
+first transfer of each, after ``--warmup-rounds`` untimed such rounds (the
+node has run this state dict before: its pool helper knows the sizes). Reported: median seconds and ratios measured in
 this run.
 
 Rows:
@@ -30,6 +31,11 @@ Beside them:
 - ``readers alone``: each reader sums a state dict of its own (the same
   shapes, made before the clock), timed the same way: no transfer at all,
   the floor under every row on this machine's cores (warm only).
+- ``trainer's cold copy``: a fresh slab runtime's allocation of the
+  state dict's block and its copy (two threads), with the node pool and
+  with fresh pages, interleaved, in the driver (``--trainer-copy 0``: off).
+- the trainer's node pool counters after each cold TENSORLANE sample
+  (``TENSORLANE_NODE_POOL_BYTES=-1`` runs without the pool: the A/B).
 - ``4K TENSORLANE`` / ``4K NULL``: one 4 KiB array through TENSORLANE and
   through floor.py's NULL transport, whose bytes ride in its metadata (Ray's
   floor for any plug-in; goal: TENSORLANE <= 1.1x NULL).
@@ -92,6 +98,10 @@ class Trainer:
     def tiny(self):
         return self.small
 
+    def node_pool(self):
+        """The trainer's view of the node's warm pool (None: no pool)."""
+        return tensorlane.runtime().stats().get("node_pool")
+
 
 @ray.remote(num_cpus=0, enable_tensor_transport=True)
 class Reader:
@@ -144,6 +154,49 @@ def fresh(args):
     return t, rs
 
 
+def trainer_copy(nbytes: int, reps: int) -> dict:
+    """The trainer's cold cost alone, in this process: a fresh slab runtime
+    (as a fresh actor's) allocates a state dict's block and copies into it
+    on two threads, with the node pool (its helper warm, as a node that ran
+    this before) and without (node_pool_bytes -1: fresh pages), interleaved.
+    Median seconds of each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensorlane import _nodepool
+
+    src = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
+    on = {"slabs": True, "cluster_key": os.urandom(32).hex(), "node_pool_helper": _nodepool.helper_command()}
+    off = dict(on, node_pool_bytes=-1)
+    pool = ThreadPoolExecutor(2)
+    half = src.size // 2
+
+    def once(cfg) -> float:
+        rt = tensorlane.Runtime(cfg)
+        try:
+            if cfg is on:  # the helper answers and holds the size (untimed)
+                for _ in range(400):
+                    st = rt.stats()["node_pool"]
+                    if st["connected"] and st["ready_bytes"] >= src.nbytes:
+                        break
+                    time.sleep(0.025)
+            start = time.perf_counter()
+            b = rt.empty(src.nbytes, np.uint8).view(np.float32)
+            list(pool.map(lambda sl: np.copyto(b[sl], src[sl]), [slice(0, half), slice(half, None)]))
+            took = time.perf_counter() - start
+            del b
+            return took
+        finally:
+            rt.close()
+
+    once(on)  # starts the helper; it learns the size
+    out = {"pool": [], "fresh pages": []}
+    for _ in range(reps):
+        out["pool"].append(once(on))
+        out["fresh pages"].append(once(off))
+    pool.shutdown()
+    return {k: statistics.median(v) for k, v in out.items()} | {"samples": out}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arrays", type=int, default=50)
@@ -151,22 +204,41 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--cold", type=int, default=2)
     p.add_argument("--small-reps", type=int, default=30)
+    p.add_argument("--trainer-copy", type=int, default=1, help="1: also time the trainer's cold copy with and without the node pool")
+    p.add_argument("--warmup-rounds", type=int, default=1, help="untimed fresh-actor rounds before the cold ones")
     p.add_argument("--json")
     args = p.parse_args()
 
+    res_copy = trainer_copy(args.mib << 20, args.reps) if args.trainer_copy else None
     env = {k: v for k, v in os.environ.items() if k.startswith("TENSORLANE_") or k == "PYTHONPATH"}
     ray.init(include_dashboard=False, runtime_env={"env_vars": env})
-    res: dict = {"config": vars(args), "cold": {}, "warm": {}, "ratios": {}}
+    res: dict = {"config": vars(args), "cold": {}, "warm": {}, "ratios": {}, "trainer_copy": res_copy}
 
     # Cold: a fresh trainer and readers per sample; the first transfer.
+    # The trainer's node pool counters after each cold TENSORLANE transfer
+    # (hits: new slabs from the node's helper; misses, absent: made fresh).
+    # --warmup-rounds untimed rounds first: a node that has run this state
+    # dict before, as a trainer restarted on it finds it (the pool helper
+    # has learnt the sizes; Ray's store is up with the node, too).
     cold = {row: [] for row in ROWS}
+    pools = []
+    for _ in range(args.warmup_rounds):
+        for row, (method, transport) in ROWS.items():
+            t, rs = fresh(args)
+            transfer(t, rs, method, transport)
+            for a in [t] + rs:
+                ray.kill(a)
     for _ in range(args.cold):
         for row, (method, transport) in ROWS.items():
             t, rs = fresh(args)
             cold[row].append(transfer(t, rs, method, transport))
+            if row == "TENSORLANE":
+                pools.append(ray.get(t.node_pool.remote()))
             for a in [t] + rs:
                 ray.kill(a)
     res["cold"] = {row: statistics.median(v) for row, v in cold.items()}
+    res["cold_node_pool"] = pools
+    res["cold_samples"] = cold
 
     # Warm: one trainer and its readers, rows round-robin after one warm-up each.
     t, rs = fresh(args)
@@ -220,6 +292,11 @@ def main() -> None:
         print(f"| {row} | {w[row]:.4f} | {c[row]:.4f} |" if row in c else f"| {row} | {w[row]:.4f} | |")
     for k, v in res["ratios"].items():
         print(f"{k}: {v:.2f}")
+    if res_copy:
+        print(f"trainer's cold copy of {args.mib} MiB: node pool {res_copy['pool']:.4f} s, fresh pages {res_copy['fresh pages']:.4f} s "
+              f"({res_copy['fresh pages'] / res_copy['pool']:.2f}x)")
+    print("cold samples:", {k: [round(x, 3) for x in v] for k, v in cold.items()})
+    print("node pool, trainer after each cold TENSORLANE sample:", pools)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

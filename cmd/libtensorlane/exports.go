@@ -7,9 +7,15 @@ package main
 import "C"
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"time"
 	"unsafe"
 
 	"github.com/tensorlane/tensorlane/cmd/internal/capi"
+	"github.com/tensorlane/tensorlane/tensor/nodepool"
 )
 
 // The exported functions convert C values to Go ones and back, nothing
@@ -129,6 +135,25 @@ func tl_runtime_close(rt C.uint64_t) C.int {
 //export tl_shutdown_all
 func tl_shutdown_all() C.int {
 	return C.int(protect(shutdownAll))
+}
+
+//export tl_node_pool_serve
+func tl_node_pool_serve(socket *C.char, budget C.int64_t, idleMS C.int64_t) C.int {
+	return C.int(protect(func() error {
+		if socket == nil {
+			return errNull("socket_path")
+		}
+		level := slog.LevelWarn
+		if os.Getenv("TENSORLANE_NODE_POOL_DEBUG") == "1" {
+			level = slog.LevelDebug
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		err := nodepool.Serve(context.Background(), nodepool.Config{Socket: C.GoString(socket), Budget: int64(budget), Idle: time.Duration(idleMS) * time.Millisecond, Logger: log})
+		if errors.Is(err, nodepool.ErrRunning) {
+			return nil
+		}
+		return err
+	}))
 }
 
 //export tl_alloc

@@ -100,7 +100,8 @@ int tl_last_error(char *msg, size_t cap, size_t *len);
  * visible_devices, sim_devices, device_memory, host_memory, runtime_dir,
  * transfer_timeout, stall_timeout, lease_renew, lease_expiry,
  * heartbeat_interval, heartbeat_misses, inbox_size, ignore_env, log_level,
- * lazy_staging, stage_pool_bytes, slabs, pool_bytes, slab_bytes.
+ * lazy_staging, stage_pool_bytes, slabs, pool_bytes, slab_bytes,
+ * node_pool_bytes, node_pool_helper.
  * Old names still read, with a warning once: listen (now listen_addrs), allow
  * (now allow_transports), deny (now deny_transports), transfer_timeout_ms
  * (now transfer_timeout). */
@@ -108,6 +109,13 @@ int tl_last_error(char *msg, size_t cap, size_t *len);
 int tl_runtime_new(const char *config_json, uint64_t *rt);
 int tl_runtime_close(uint64_t rt);
 int tl_shutdown_all(void);
+
+/* The node pool's helper (tensor/nodepool): serves populated memory for
+ * new slabs to the node's runtimes on the unix socket at path, holding at
+ * most budget bytes ready (<= 0: 512 MiB), until no runtime has been
+ * connected for idle_ms (<= 0: 10 s). Blocks; returns TL_OK at once when
+ * another helper serves path. Runtimes start it with node_pool_helper. */
+int tl_node_pool_serve(const char *socket_path, int64_t budget, int64_t idle_ms);
 
 /* Shareable host memory (memfd backed): Put of a region inside it costs no
  * copy on any path. Free with tl_free_memory (also after tl_runtime_close);

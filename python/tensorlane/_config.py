@@ -166,6 +166,20 @@ class Config(TypedDict, total=False):
     #: 64MiB.
     slab_bytes: Union[int, str]
 
+    #: With slabs, the budget of the node's warm pool: populated memory a
+    #: helper process that outlives the node's runtimes holds and hands to them
+    #: for new slabs (tensor/nodepool), so a cold transfer pays no page
+    #: population; set by the runtime that starts the helper; negative turns
+    #: the pool off. Without a helper (node_pool_helper empty and none running)
+    #: or with the pool empty, a runtime makes its own slabs, counted in stats
+    #: (node_pool). Default: 512MiB. Environment: TENSORLANE_NODE_POOL_BYTES.
+    node_pool_bytes: Union[int, str]
+
+    #: The command that starts the node pool's helper when none runs (it must
+    #: detach; the Python package fills in its own); empty: the runtime uses a
+    #: helper only if one runs.
+    node_pool_helper: List[str]
+
 
 #: Every key of Config with its type, default and environment variable.
 FIELDS: Dict[str, Tuple[str, str, str]] = {
@@ -204,6 +218,8 @@ FIELDS: Dict[str, Tuple[str, str, str]] = {
     "slabs": ("bool?", "off", "TENSORLANE_SLABS"),
     "pool_bytes": ("bytes", "", "TENSORLANE_POOL_BYTES"),
     "slab_bytes": ("bytes", "64MiB", ""),
+    "node_pool_bytes": ("bytes", "512MiB", "TENSORLANE_NODE_POOL_BYTES"),
+    "node_pool_helper": ("[]string", "", ""),
 }
 
 #: Old names still read (with a warning once): old -> (new, factor on the value).

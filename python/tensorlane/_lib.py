@@ -34,6 +34,7 @@ _PROTOS = {
     "tl_runtime_new": ([cp, ctypes.POINTER(u64)], ctypes.c_int),
     "tl_runtime_close": ([u64], ctypes.c_int),
     "tl_shutdown_all": ([], ctypes.c_int),
+    "tl_node_pool_serve": ([cp, i64, i64], ctypes.c_int),
     "tl_alloc": ([u64, i64, ctypes.POINTER(vp)], ctypes.c_int),
     "tl_free_memory": ([u64, vp], ctypes.c_int),
     "tl_put": ([u64, vp, i64, cp, i32, ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz)], ctypes.c_int),

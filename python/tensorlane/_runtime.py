@@ -544,6 +544,12 @@ def ray_slab_config() -> Dict[str, Any]:
             return {"slabs": False}  # no session to scope by: per-object grants
     if not os.environ.get(ENV_POOL_BYTES):
         cfg["pool_bytes"] = RAY_POOL_DEFAULT
+    # New slabs come from the node's warm pool, held by a helper process
+    # that outlives the actors (as Ray's store's memory does); the first
+    # runtime of the node starts it (tensorlane._nodepool).
+    from . import _nodepool
+
+    cfg["node_pool_helper"] = _nodepool.helper_command()
     return cfg
 
 

@@ -58,7 +58,10 @@ TENSORLANE_COPY_THREADS (the sender's copy threads, default up to 8),
 TENSORLANE_VERIFY, TENSORLANE_SLABS (slab mode, on by default here: the
 job's actors share their objects' memory in large slabs, mapped once per
 reader; the memory grows on demand and freed ranges are reused, pages
-populated; TENSORLANE_POOL_BYTES pre-faults that much at start, default 0)
+populated; new slabs come from the node's warm pool, a helper process that
+outlives the actors and holds TENSORLANE_NODE_POOL_BYTES of populated memory,
+default 512 MiB, see tensorlane._nodepool; TENSORLANE_POOL_BYTES pre-faults
+that much in each actor at start, default 0)
 and TENSORLANE_INLINE_BYTES (the eager threshold, below).
 
 **The slab key** (who may map a runtime's slabs) is, in order:
@@ -504,6 +507,10 @@ class _Metrics:
             self.memory = metrics.Gauge(
                 "tensorlane_host_memory_bytes", "The actor's tensorlane host memory: used (live objects, received arrays), "
                 "cached (freed, populated, kept for reuse), slabs (slab count).", tag_keys=("state",))
+            self.node_pool = metrics.Gauge(
+                "tensorlane_node_pool", "The node's warm pool as this actor saw it (tensor/nodepool): ready_bytes (populated, "
+                "held by the node's helper), taken_bytes (handed to this actor), and new slabs it served (hits) or not "
+                "(misses: nothing that large; absent: no helper), each of those a fallback to fresh pages.", tag_keys=("state",))
             self._ok = True
         except Exception:
             self._ok = False
@@ -545,9 +552,13 @@ class _Metrics:
             return
         self._memory_at = now
         try:
-            m = rt.stats()["host_memory"]
+            st = rt.stats()
         except errors.Error:
             return
+        m = st["host_memory"]
+        for k, v in (st.get("node_pool") or {}).items():
+            if k != "connected":
+                self.node_pool.set(v, tags={"state": k})
         self.memory.set(m.get("used", 0), tags={"state": "used"})
         self.memory.set(m.get("cached", 0), tags={"state": "cached"})
         self.memory.set(m.get("slab_count", 0), tags={"state": "slabs"})

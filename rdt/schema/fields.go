@@ -10,6 +10,7 @@ const (
 	EnvRuntimeDir    = "TENSORLANE_RUNTIME_DIR"
 	EnvSlabs         = "TENSORLANE_SLABS"
 	EnvPoolBytes     = "TENSORLANE_POOL_BYTES"
+	EnvNodePool      = "TENSORLANE_NODE_POOL_BYTES"
 )
 
 const all = Go | JSON | Worker
@@ -111,4 +112,8 @@ var fields = []Field{
 		Doc: "Memory made resident before the runtime starts: with slabs, a slab that Gets and tensorlane.empty allocate from for the runtime's life (like Ray's object store memory); without, memory held for the first large host allocation (usually the first Get's destination), so a cold Get pays no page population."},
 	{Name: "slab_bytes", Type: ByteSize, Default: "64MiB", Layers: JSON,
 		Doc: "Size of one slab; larger allocations get a slab of their own."},
+	{Name: "node_pool_bytes", Type: ByteSize, Default: "512MiB", Env: EnvNodePool, Layers: JSON, Negative: true,
+		Doc: "With slabs, the budget of the node's warm pool: populated memory a helper process that outlives the node's runtimes holds and hands to them for new slabs (tensor/nodepool), so a cold transfer pays no page population; set by the runtime that starts the helper; negative turns the pool off. Without a helper (node_pool_helper empty and none running) or with the pool empty, a runtime makes its own slabs, counted in stats (node_pool)."},
+	{Name: "node_pool_helper", Type: Strings, Layers: JSON,
+		Doc: "The command that starts the node pool's helper when none runs (it must detach; the Python package fills in its own); empty: the runtime uses a helper only if one runs."},
 }

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,9 +37,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/privdir"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/rdt/schema"
 	"github.com/tensorlane/tensorlane/tensor"
+	"github.com/tensorlane/tensorlane/tensor/nodepool"
 	"github.com/tensorlane/tensorlane/topology"
 )
 
@@ -205,14 +208,29 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 	case slabs && out.ClusterKey == nil:
 		return out, nil, fieldErr("slabs", "slab memory is shared within a trust scope: it needs a cluster key (cluster_key, cluster_key_file or %s)", EnvClusterKey)
 	case slabs:
-		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: int64(c.SlabBytes), Reserve: pool, Capacity: int64(c.HostMemory)})
+		np, err := c.nodePool(out.RuntimeDir)
 		if err != nil {
+			return out, nil, err
+		}
+		var source tensor.SlabSource
+		if np != nil {
+			source = np
+			owned = append(owned, np)
+		}
+		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: int64(c.SlabBytes), Reserve: pool, Capacity: int64(c.HostMemory), Source: source})
+		if err != nil {
+			for _, m := range owned {
+				m.Close()
+			}
 			return out, nil, fieldErr("slab_bytes", "%v", err)
 		}
 		// The pool is populated before the runtime starts, so the first
 		// transfer into it pays no page population (that is its point).
 		if err := sm.WaitPopulated(ctx); err != nil {
 			sm.Close()
+			for _, m := range owned {
+				m.Close()
+			}
 			return out, nil, err
 		}
 		out.Devices = []tensor.Memory{sm}
@@ -248,6 +266,59 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		out.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
 	return out, owned, nil
+}
+
+// EnvNodePool sizes the node pool's budget when the config does not
+// (bytes, or with a K, M or G suffix; negative: no pool).
+const EnvNodePool = schema.EnvNodePool
+
+// nodePoolLog is where node pool clients log (their one fallback line):
+// the runtime's logger is made after its memory.
+var nodePoolLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+// nodePool returns a client of the node's warm pool (tensor/nodepool) in
+// runtime directory dir ("": the runtime's default), or nil when the
+// config turns it off. The client connects, and starts the helper with
+// node_pool_helper, in the background: until then new slabs are made here.
+func (c Config) nodePool(dir string) (*nodepool.Client, error) {
+	budget := int64(c.NodePoolBytes)
+	if budget == 0 {
+		if v := strings.TrimSpace(c.getenv(EnvNodePool)); v != "" {
+			var err error
+			if budget, err = schema.ParseSize(v); err != nil {
+				if n, perr := strconv.ParseInt(v, 10, 64); perr == nil {
+					budget = n
+				} else {
+					return nil, invalid("%s=%q: not a byte count", EnvNodePool, v)
+				}
+			}
+		}
+	}
+	if budget < 0 {
+		return nil, nil
+	}
+	if budget == 0 {
+		budget = nodepool.DefaultBudget
+	}
+	if dir == "" {
+		dir = c.getenv(rdt.EnvRuntimeDir)
+	}
+	if dir == "" {
+		d, _, err := privdir.UserDir()
+		if err != nil {
+			nodePoolLog.Warn("capi: no private runtime directory for the node pool; slabs are made without it", "err", err)
+			return nil, nil
+		}
+		dir = d
+	} else if err := privdir.Ensure(dir); err != nil {
+		nodePoolLog.Warn("capi: the runtime directory is not private; slabs are made without the node pool", "err", err)
+		return nil, nil
+	}
+	var helper []string
+	if len(c.NodePoolHelper) > 0 {
+		helper = append(slices.Clone(c.NodePoolHelper), "--budget", strconv.FormatInt(budget, 10))
+	}
+	return nodepool.Open(nodepool.SocketPath(dir), helper, nodePoolLog), nil
 }
 
 // shmSelected reports whether the transports the config selects,
@@ -1013,8 +1084,25 @@ type Stats struct {
 	// mode): mapped (one mmap each), reused (a descriptor for a slab
 	// already mapped), hit (no descriptor needed), unmapped.
 	ShmSlabs map[string]int64 `json:"shm_slabs"`
-	Peer     string           `json:"peer"`
-	Host     string           `json:"host"`
+	// NodePool is the node's warm pool as this runtime saw it (slab
+	// mode with node_pool_bytes not negative); nil without one.
+	NodePool *NodePool `json:"node_pool,omitempty"`
+	Peer     string    `json:"peer"`
+	Host     string    `json:"host"`
+}
+
+// NodePool is what a runtime saw of its node's warm pool (tensor/nodepool):
+// whether a helper answers, slabs it served (hits) or could not (misses:
+// nothing that large ready; absent: no helper to ask), each a fallback to
+// fresh pages made here, the bytes it handed over, and its ready bytes at
+// its last answer.
+type NodePool struct {
+	Connected bool  `json:"connected"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Absent    int64 `json:"absent"`
+	Taken     int64 `json:"taken_bytes"`
+	Ready     int64 `json:"ready_bytes"`
 }
 
 // StagePool is the staging pool's state: bytes held ready (populated,
@@ -1061,6 +1149,19 @@ func (r *Runtime) Stats() Stats {
 		s.HostMemory.Slabs, s.HostMemory.SlabCount = true, sm.Slabs()
 	}
 	s.ShmSlabs = counterSeries(r.rt.Registry(), "tensorlane_shm_slab_events_total", "event")
+	for _, o := range r.owned {
+		if np, ok := o.(*nodepool.Client); ok {
+			st := np.Stats()
+			s.NodePool = &NodePool{Connected: st.Connected, Hits: st.Hits, Misses: st.Misses, Absent: st.Absent, Taken: st.Taken, Ready: st.Ready}
+			if st.Connected { // the helper's ready bytes now (one local round trip)
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				if ss, err := np.ServerStats(ctx); err == nil {
+					s.NodePool.Ready = ss.Ready
+				}
+				cancel()
+			}
+		}
+	}
 	for _, o := range r.rt.ObjectTable() {
 		s.ReadsServing += o.Pins
 	}

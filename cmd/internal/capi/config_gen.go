@@ -176,4 +176,18 @@ type Config struct {
 	// SlabBytes: Size of one slab; larger allocations get a slab of their own.
 	// Default: 64MiB.
 	SlabBytes schema.Size `json:"slab_bytes,omitempty"`
+
+	// NodePoolBytes: With slabs, the budget of the node's warm pool: populated
+	// memory a helper process that outlives the node's runtimes holds and hands
+	// to them for new slabs (tensor/nodepool), so a cold transfer pays no page
+	// population; set by the runtime that starts the helper; negative turns the
+	// pool off. Without a helper (node_pool_helper empty and none running) or
+	// with the pool empty, a runtime makes its own slabs, counted in stats
+	// (node_pool). Default: 512MiB. Environment: TENSORLANE_NODE_POOL_BYTES.
+	NodePoolBytes schema.Size `json:"node_pool_bytes,omitempty"`
+
+	// NodePoolHelper: The command that starts the node pool's helper when none
+	// runs (it must detach; the Python package fills in its own); empty: the
+	// runtime uses a helper only if one runs.
+	NodePoolHelper []string `json:"node_pool_helper,omitempty"`
 }

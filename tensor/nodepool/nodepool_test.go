@@ -1,0 +1,312 @@
+package nodepool
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+// TestMain doubles as the helper process for TestSpawnedHelperEndsWithItsClients:
+// with NODEPOOL_TEST_HELPER set it serves the socket named by --socket.
+func TestMain(m *testing.M) {
+	if os.Getenv("NODEPOOL_TEST_HELPER") == "1" {
+		sock := ""
+		for i, a := range os.Args {
+			if a == "--socket" && i+1 < len(os.Args) {
+				sock = os.Args[i+1]
+			}
+		}
+		err := Serve(context.Background(), Config{Socket: sock, Budget: 8 << 20, Idle: 300 * time.Millisecond})
+		if err != nil && !errors.Is(err, ErrRunning) {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serve runs a helper in this process until the test ends; done is
+// closed when Serve returns, *err its result.
+func serve(t *testing.T, cfg Config) (socket string, done <-chan struct{}, err *error) {
+	t.Helper()
+	if cfg.Socket == "" {
+		cfg.Socket = SocketPath(t.TempDir())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan struct{})
+	var res error
+	go func() {
+		res = Serve(ctx, cfg)
+		close(ch)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ch
+	})
+	return cfg.Socket, ch, &res
+}
+
+func connected(t *testing.T, c *Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Connected(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitReady waits until the helper holds want ready bytes.
+func waitReady(t *testing.T, c *Client, want int64) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st, err := c.ServerStats(context.Background())
+		if err == nil && st.Ready == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("helper ready bytes: %+v (%v), want %d", st, err, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// resident is how many of fd's pages are in memory (mincore over a
+// fresh read-only mapping: it faults nothing in).
+func resident(t *testing.T, fd int, n int64) int64 {
+	t.Helper()
+	data, err := unix.Mmap(fd, 0, int(n), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	vec := make([]byte, (n+4095)/4096)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&data[0])), uintptr(len(data)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	var in int64
+	for _, v := range vec {
+		in += int64(v & 1)
+	}
+	return in * 4096
+}
+
+func TestTakeServesPopulatedMemory(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	sock, _, _ := serve(t, Config{Budget: 16 << 20})
+	c := Open(sock, nil, nil)
+	defer c.Close()
+	connected(t, c)
+	waitReady(t, c, 16<<20) // nothing asked yet: the whole budget in one segment
+
+	fd, n, err := c.Take(context.Background(), 3<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if n != 16<<20 {
+		t.Fatalf("took %d bytes, want the one 16 MiB segment", n)
+	}
+	if got := resident(t, fd, n); got != n {
+		t.Fatalf("%d of %d bytes resident", got, n)
+	}
+	// The helper refills with the size asked for (rounded to 2 MiB).
+	waitReady(t, c, 4<<20)
+	fd2, n2, err := c.Take(context.Background(), 3<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd2)
+	if n2 != 4<<20 {
+		t.Fatalf("second take %d bytes, want 4 MiB", n2)
+	}
+	st := c.Stats()
+	if !st.Connected || st.Hits != 2 || st.Misses != 0 || st.Absent != 0 || st.Taken != 20<<20 {
+		t.Fatalf("client stats %+v", st)
+	}
+}
+
+func TestMissesAreCounted(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	cases := []struct {
+		name string
+		size int64
+	}{
+		{"over the budget", 64 << 20},
+		{"nothing ready that large", 12 << 20},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sock, _, _ := serve(t, Config{Budget: 16 << 20})
+			c := Open(sock, nil, nil)
+			defer c.Close()
+			connected(t, c)
+			waitReady(t, c, 16<<20)
+			if tc.size <= 16<<20 {
+				fd, _, err := c.Take(context.Background(), 10<<20) // takes the one segment
+				if err != nil {
+					t.Fatal(err)
+				}
+				unix.Close(fd)
+			}
+			_, _, err := c.Take(context.Background(), tc.size)
+			if !errors.Is(err, ErrEmpty) {
+				t.Fatalf("take %d: %v, want ErrEmpty", tc.size, err)
+			}
+			if st := c.Stats(); st.Misses != 1 {
+				t.Fatalf("client stats %+v", st)
+			}
+		})
+	}
+}
+
+func TestAbsentHelperFallsBack(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	c := Open(SocketPath(t.TempDir()), nil, nil)
+	defer c.Close()
+	if _, _, err := c.Take(context.Background(), 1<<20); !errors.Is(err, ErrAbsent) {
+		t.Fatalf("take without a helper: %v, want ErrAbsent", err)
+	}
+	if st := c.Stats(); st.Connected || st.Absent != 1 {
+		t.Fatalf("client stats %+v", st)
+	}
+}
+
+func TestOneHelperPerSocket(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	sock, _, _ := serve(t, Config{Budget: 4 << 20})
+	c := Open(sock, nil, nil)
+	defer c.Close()
+	connected(t, c)
+	if err := Serve(context.Background(), Config{Socket: sock}); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second helper: %v, want ErrRunning", err)
+	}
+}
+
+func TestHelperEndsWhenItsClientsAreGone(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	sock, done, res := serve(t, Config{Budget: 4 << 20, Idle: 200 * time.Millisecond})
+	for _, err := os.Stat(sock); err != nil; _, err = os.Stat(sock) {
+		time.Sleep(time.Millisecond) // connect before the helper's idle end
+	}
+	c := Open(sock, nil, nil)
+	connected(t, c)
+	select {
+	case <-done:
+		t.Fatalf("helper ended with a client connected: %v", *res)
+	case <-time.After(600 * time.Millisecond):
+	}
+	c.Close()
+	c.Close() // idempotent
+	<-done
+	if *res != nil {
+		t.Fatal(*res)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+}
+
+// TestSpawnedHelperEndsWithItsClients starts the helper as a client
+// would (a detached process), and checks that it ends, leaving no process,
+// once its last client is gone.
+func TestSpawnedHelperEndsWithItsClients(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // after serve's cleanup
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pid")
+	// The launcher detaches the helper and returns, as the Python one does.
+	script := `NODEPOOL_TEST_HELPER=1 "$0" "$@" & echo $! > ` + pidFile
+	helper := []string{"/bin/sh", "-c", script, self}
+	sock := SocketPath(dir)
+	c1 := Open(sock, helper, nil)
+	c2 := Open(sock, helper, nil)
+	connected(t, c1)
+	connected(t, c2)
+	fd, _, err := c1.Take(context.Background(), 1<<20)
+	for deadline := time.Now().Add(20 * time.Second); err != nil && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond) // the first fill is under way
+		fd, _, err = c1.Take(context.Background(), 1<<20)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.Close()
+	c2.Close()
+	for deadline := time.Now().Add(30 * time.Second); alive(pid); {
+		if time.Now().After(deadline) {
+			exec.Command("kill", strconv.Itoa(pid)).Run()
+			t.Fatalf("helper %d still runs with no client", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid runs (a zombie has ended: its launcher, our
+// child, may not have been reaped yet).
+func alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestFillFollowsTheSizesAsked: a small request does not take (and waste)
+// a segment made for a much larger one; the helper learns the sizes asked
+// for, freeing segments that fit none of them, within its budget.
+func TestFillFollowsTheSizesAsked(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	sock, _, _ := serve(t, Config{Budget: 192 << 20})
+	c := Open(sock, nil, nil)
+	defer c.Close()
+	connected(t, c)
+	waitReady(t, c, 192<<20) // one segment: nothing asked yet
+	take := func(size int64) (int64, error) {
+		fd, n, err := c.Take(context.Background(), size)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return n, err
+	}
+	if _, err := take(8 << 20); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("8 MiB from a 192 MiB segment: %v, want a miss", err)
+	}
+	waitReady(t, c, 8<<20) // the 192 MiB segment fits nothing asked: freed for an 8 MiB one
+	if n, err := take(8 << 20); err != nil || n != 8<<20 {
+		t.Fatalf("8 MiB: %d, %v", n, err)
+	}
+	if _, err := take(160 << 20); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("160 MiB: %v, want a miss", err)
+	}
+	waitReady(t, c, 168<<20) // both sizes ready, within the budget
+	if n, err := take(160 << 20); err != nil || n != 160<<20 {
+		t.Fatalf("160 MiB: %d, %v", n, err)
+	}
+	if st := c.Stats(); st.Hits != 2 || st.Misses != 2 {
+		t.Fatalf("client stats %+v", st)
+	}
+}
