@@ -219,18 +219,14 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 		}
 		sm, err := tensor.NewSlabMemory(tensor.SlabConfig{SlabSize: int64(c.SlabBytes), Reserve: pool, Capacity: int64(c.HostMemory), Source: source})
 		if err != nil {
-			for _, m := range owned {
-				m.Close()
-			}
+			closeAll(owned)
 			return out, nil, fieldErr("slab_bytes", "%v", err)
 		}
 		// The pool is populated before the runtime starts, so the first
 		// transfer into it pays no page population (that is its point).
 		if err := sm.WaitPopulated(ctx); err != nil {
 			sm.Close()
-			for _, m := range owned {
-				m.Close()
-			}
+			closeAll(owned)
 			return out, nil, err
 		}
 		out.Devices = []tensor.Memory{sm}
@@ -257,9 +253,7 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 	case "error":
 		level = slog.LevelError
 	default:
-		for _, m := range owned {
-			m.Close()
-		}
+		closeAll(owned)
 		return out, nil, fieldErr("log_level", "%q (want debug, info, warn or error)", c.LogLevel)
 	}
 	if out.Logger == nil {
@@ -339,6 +333,14 @@ func (c Config) shmSelected() bool {
 // closer is memory the runtime made and closes at shutdown.
 type closer interface{ Close() error }
 
+// closeAll closes memories a runtime was given, in order; their Close
+// gives back only what nothing uses, so its error says nothing to act on.
+func closeAll(cs []closer) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
 // Library holds the runtimes of a process behind handles.
 type Library struct {
 	mu       sync.Mutex
@@ -376,20 +378,23 @@ func (l *Library) NewRuntime(ctx context.Context, configJSON []byte) (uint64, er
 	}
 	rt, err := rdt.New(ctx, rc)
 	if err != nil {
-		for _, m := range owned {
-			m.Close()
-		}
+		closeAll(owned)
+		return 0, err
+	}
+	// The runtime does not own the memories it was given: a start that
+	// fails after it closes them here, as shutdown does.
+	fail := func(err error) (uint64, error) {
+		rt.Shutdown(ctx)
+		closeAll(owned)
 		return 0, err
 	}
 	actor, err := rt.Spawn("main")
 	if err != nil {
-		rt.Shutdown(ctx)
-		return 0, err
+		return fail(err)
 	}
 	mem, err := rt.Memory(tensor.HostDevice)
 	if err != nil {
-		rt.Shutdown(ctx)
-		return 0, err
+		return fail(err)
 	}
 	limit := int64(c.StagePoolBytes)
 	if limit == 0 {
@@ -582,11 +587,9 @@ func (r *Runtime) shutdown(ctx context.Context) (map[uintptr]*allocation, map[ui
 	allocs, views := r.allocs, r.views
 	r.allocs, r.views = map[uintptr]*allocation{}, map[uint64]*heldView{}
 	r.mu.Unlock()
-	for _, m := range r.owned {
-		// Memory still allocated stays mapped: Close gives back only
-		// what nothing uses (cached and reserved memory).
-		m.Close()
-	}
+	// Memory still allocated stays mapped: Close gives back only what
+	// nothing uses (cached and reserved memory).
+	closeAll(r.owned)
 	return allocs, views, errors.Join(err, detachErr)
 }
 
