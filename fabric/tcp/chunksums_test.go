@@ -124,10 +124,14 @@ func TestMutatedSealedObjectDetected(t *testing.T) {
 	require.ErrorIs(t, err, fabric.ErrCorrupt)
 
 	sums.Store(nil) // not sealed: computed at send
+	// At least every block of this read; the owner may still be sending
+	// blocks of the corrupt read on its other streams when the reader
+	// gave up, and those are computed now too.
+	before := f.srv.SendSums().Computed
 	got, err := read()
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(f.data, got))
-	assert.Equal(t, blocks(size), f.srv.SendSums().Computed)
+	assert.GreaterOrEqual(t, f.srv.SendSums().Computed-before, blocks(size))
 }
 
 // TestCachedChecksumsNotOnSealedLinks: on an encrypted link whose AEAD is
