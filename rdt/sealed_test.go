@@ -72,16 +72,7 @@ func TestSealedPutCachesChecksums(t *testing.T) {
 	assert.Equal(t, [3]float64{blocks, blocks, 0}, [3]float64{cached, stored, computed}, "the second is served from the cache")
 
 	// Made by a copy that checksummed as it went: no read computes.
-	src := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, size)
-	mem, err := p.a.Memory(tensor.GPUDevice(0))
-	require.NoError(t, err)
-	y, err := tensor.Alloc(ctx, mem, tensor.Uint8, size)
-	require.NoError(t, err)
-	sb, _ := src.SpanBytes()
-	yb, _ := y.SpanBytes()
-	sums := tensor.NewChunkSums(y.Desc().Span())
-	sums.Copy(yb, sb)
-	src.Release()
+	y, sums := copySummed(t, p.a, size)
 	yref, err := owner.Put(ctx, y, SealedWith(sums))
 	require.NoError(t, err)
 	read(yref)
@@ -114,15 +105,7 @@ func TestSealedPushSendsCachedChecksums(t *testing.T) {
 	far, err := p.b.Spawn("far")
 	require.NoError(t, err)
 	const size = 2<<20 + 4096
-	src := fill(t, p.a, tensor.GPUDevice(0), tensor.Uint8, size)
-	mem, err := p.a.Memory(tensor.GPUDevice(0))
-	require.NoError(t, err)
-	x, err := tensor.Alloc(ctx, mem, tensor.Uint8, size)
-	require.NoError(t, err)
-	sb, _ := src.SpanBytes()
-	xb, _ := x.SpanBytes()
-	sums := tensor.NewChunkSums(x.Desc().Span())
-	sums.Copy(xb, sb)
+	x, sums := copySummed(t, p.a, size)
 	ref, err := owner.Put(ctx, x, SealedWith(sums))
 	require.NoError(t, err)
 	slot, err := far.Reserve(ctx, x.Desc(), tensor.HostDevice)
@@ -133,8 +116,25 @@ func TestSealedPushSendsCachedChecksums(t *testing.T) {
 	require.Equal(t, fabric.TCP, xfer.Stats.Transport)
 	_, got, err := slot.Wait(ctx, 0)
 	require.NoError(t, err)
-	sameBytes(t, src, got)
+	sameBytes(t, x, got) // x holds what was copied from the filled source
 	cached, stored, computed := sumsIn(t, p.a, "tensorlane_tcp_push_checksums_total")
 	assert.Equal(t, [3]float64{9, 0, 0}, [3]float64{cached, stored, computed})
-	src.Release()
+}
+
+// copySummed makes a tensor of size filled bytes on rt's GPU 0 by a copy
+// that checksums each block as it goes (tensor.ChunkSums.Copy), as a
+// publisher that seals what it copied would.
+func copySummed(t *testing.T, rt *Runtime, size int64) (tensor.Tensor, *tensor.ChunkSums) {
+	t.Helper()
+	src := fill(t, rt, tensor.GPUDevice(0), tensor.Uint8, size)
+	defer src.Release()
+	mem, err := rt.Memory(tensor.GPUDevice(0))
+	require.NoError(t, err)
+	x, err := tensor.Alloc(context.Background(), mem, tensor.Uint8, size)
+	require.NoError(t, err)
+	sb, _ := src.SpanBytes()
+	xb, _ := x.SpanBytes()
+	sums := tensor.NewChunkSums(x.Desc().Span())
+	sums.Copy(xb, sb)
+	return x, sums
 }

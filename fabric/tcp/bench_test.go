@@ -53,6 +53,15 @@ func newRawServer(tb testing.TB, ln net.Listener, data []byte) *rawServer {
 	return s
 }
 
+// rawBeside serves f's bytes over one plain TCP socket on loopback and
+// dials it: the baseline the benchmarks interleave with tcp reads.
+func rawBeside(tb testing.TB, f *fixture) *rawClient {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	newRawServer(tb, ln, f.data)
+	return dialRaw(tb, nil, ln.Addr().String())
+}
+
 // rawClient reads from a rawServer over one connection.
 type rawClient struct{ c net.Conn }
 
@@ -143,17 +152,14 @@ func BenchmarkRead(b *testing.B) {
 		b.Run(sizeName(n), func(b *testing.B) {
 			f := newFixture(b, n, nil)
 			tr := f.transport(b, Config{Compression: CompressOff, StripeMin: 8 << 20})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(b, err)
-			newRawServer(b, ln, f.data)
-			raw := dialRaw(b, nil, ln.Addr().String())
+			raw := rawBeside(b, f)
 			dst := f.dst(b, n)
 			to, _ := tensor.BytesOf(dst)
 			r := f.remote(n)
 			ctx := context.Background()
 			// Warm both paths: connections, page faults in dst.
 			require.NoError(b, raw.read(to))
-			_, err = tr.Read(ctx, r, dst)
+			_, err := tr.Read(ctx, r, dst)
 			require.NoError(b, err)
 
 			var raws, tcps []time.Duration

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,16 +29,13 @@ func BenchmarkReadCached(b *testing.B) {
 			cache := tensor.NewChunkSums(0, n)
 			cache.Fill(f.data)
 			tr := f.transport(b, Config{Compression: CompressOff, StripeMin: 8 << 20})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(b, err)
-			newRawServer(b, ln, f.data)
-			raw := dialRaw(b, nil, ln.Addr().String())
+			raw := rawBeside(b, f)
 			dst := f.dst(b, n)
 			to, _ := tensor.BytesOf(dst)
 			r := f.remote(n)
 			ctx := context.Background()
 			require.NoError(b, raw.read(to))
-			_, err = tr.Read(ctx, r, dst)
+			_, err := tr.Read(ctx, r, dst)
 			require.NoError(b, err)
 
 			const kinds = 3 // raw, computed, cached

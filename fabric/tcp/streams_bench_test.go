@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -25,10 +24,7 @@ func BenchmarkStreams(b *testing.B) {
 	for _, n := range []int64{64 << 20, 1 << 30} {
 		b.Run(sizeName(n), func(b *testing.B) {
 			f := newFixture(b, n, nil)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(b, err)
-			newRawServer(b, ln, f.data)
-			raw := dialRaw(b, nil, ln.Addr().String())
+			raw := rawBeside(b, f)
 			dst := f.dst(b, n)
 			to, _ := tensor.BytesOf(dst)
 			r := f.remote(n)

@@ -536,15 +536,21 @@ def delta_decision(full_bytes: int, link_gbps: float, codec_gbps: float,
     return False, "delta-slower"
 
 
+def _delta_call(what: str, cfn: str, base: Any, delta: Any, writes: bool) -> None:
+    """Runs the C codec's ``cfn`` on ``base`` (C-contiguous; writable when
+    it ``writes``) and the delta's bytes (a :class:`Delta` or its bytes)."""
+    b = as_array(base)
+    if not b.flags.c_contiguous or (writes and not b.flags.writeable):
+        raise errors.InvalidArgument(f"{what} needs a {'writable ' if writes else ''}C-contiguous array")
+    d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
+    _lib.check(getattr(_lib.lib(), cfn)(b.__array_interface__["data"][0], b.nbytes,
+                                        d.__array_interface__["data"][0], d.nbytes))
+
+
 def delta_check(base: Any, delta: Any) -> None:
     """Raises LayoutMismatch unless ``base`` is the version the delta was
     made against (Corrupt if it is no delta); changes nothing."""
-    b = as_array(base)
-    if not b.flags.c_contiguous:
-        raise errors.InvalidArgument("delta_check needs a C-contiguous array")
-    d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
-    _lib.check(_lib.lib().tl_delta_check(b.__array_interface__["data"][0], b.nbytes,
-                                         d.__array_interface__["data"][0], d.nbytes))
+    _delta_call("delta_check", "tl_delta_check", base, delta, writes=False)
 
 
 def delta_apply(base: Any, delta: Any) -> None:
@@ -552,24 +558,14 @@ def delta_apply(base: Any, delta: Any) -> None:
     Raises LayoutMismatch when base is not the version the delta was made
     against (fetch the tensor whole), Corrupt when the delta is damaged;
     base is then unchanged."""
-    b = as_array(base)
-    if not b.flags.c_contiguous or not b.flags.writeable:
-        raise errors.InvalidArgument("delta_apply needs a writable C-contiguous array")
-    d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
-    _lib.check(_lib.lib().tl_delta_decode(b.__array_interface__["data"][0], b.nbytes,
-                                          d.__array_interface__["data"][0], d.nbytes))
+    _delta_call("delta_apply", "tl_delta_decode", base, delta, writes=True)
 
 
 def delta_revert(base: Any, delta: Any) -> None:
     """Undoes :func:`delta_apply`: ``base`` must hold the delta's result
     (LayoutMismatch otherwise) and becomes the version the delta was made
     against, checked against the delta's checksum of it."""
-    b = as_array(base)
-    if not b.flags.c_contiguous or not b.flags.writeable:
-        raise errors.InvalidArgument("delta_revert needs a writable C-contiguous array")
-    d = np.ascontiguousarray(as_array(delta.data if isinstance(delta, Delta) else delta)).view(np.uint8)
-    _lib.check(_lib.lib().tl_delta_revert(b.__array_interface__["data"][0], b.nbytes,
-                                          d.__array_interface__["data"][0], d.nbytes))
+    _delta_call("delta_revert", "tl_delta_revert", base, delta, writes=True)
 
 
 # ---------------------------------------------------------------------------
