@@ -193,16 +193,7 @@ func TestPlanesMatchReference(t *testing.T) {
 	for _, elem := range []int{1, 2, 4, 8} {
 		for n := 0; n <= 40; n++ {
 			for _, p := range []float64{0, 0.05, 0.5, 1} {
-				prev := make([]byte, n)
-				for i := range prev {
-					prev[i] = byte(r.Uint32())
-				}
-				cur := bytes.Clone(prev)
-				for i := range cur {
-					if r.Float64() < p {
-						cur[i] ^= byte(r.Uint32()) | 1
-					}
-				}
+				prev, cur := randomVersions(r, n, p)
 				got, want := make([]byte, n), make([]byte, n)
 				assert.Equal(t, xorPlanesRef(want, prev, cur, elem), xorPlanes(got, prev, cur, elem), "elem %d n %d p %g", elem, n, p)
 				require.Equal(t, want, got, "elem %d n %d p %g", elem, n, p)
@@ -261,4 +252,20 @@ func TestCodecRate(t *testing.T) {
 	rateMu.Lock()
 	assert.True(t, rateAt.After(at), "measured again once stale")
 	rateMu.Unlock()
+}
+
+// randomVersions returns n random bytes and a next version of them in
+// which each byte changed with probability p.
+func randomVersions(r *rand.Rand, n int, p float64) (prev, cur []byte) {
+	prev = make([]byte, n)
+	for i := range prev {
+		prev[i] = byte(r.Uint32())
+	}
+	cur = bytes.Clone(prev)
+	for i := range cur {
+		if r.Float64() < p {
+			cur[i] ^= byte(r.Uint32()) | 1
+		}
+	}
+	return prev, cur
 }

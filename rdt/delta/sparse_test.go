@@ -22,16 +22,7 @@ func TestSparseRoundTrip(t *testing.T) {
 	for _, elem := range []int{1, 2, 4, 8} {
 		for _, n := range lengths {
 			for _, p := range []float64{0, 0.001, 0.05, 0.5, 1} {
-				prev := make([]byte, n)
-				for i := range prev {
-					prev[i] = byte(r.Uint32())
-				}
-				cur := bytes.Clone(prev)
-				for i := range cur {
-					if r.Float64() < p {
-						cur[i] ^= byte(r.Uint32()) | 1
-					}
-				}
+				prev, cur := randomVersions(r, n, p)
 				d, st, err := Encode(nil, prev, cur, elem)
 				require.NoError(t, err)
 				assert.LessOrEqual(t, int64(len(d)), Bound(int64(n)), "elem %d n %d p %g", elem, n, p)
@@ -198,16 +189,7 @@ func TestEncodeAdvance(t *testing.T) {
 	for _, elem := range []int{1, 2, 4, 8} {
 		for _, n := range []int{1, 7, 8, 9, 1001, 8*chunkWords + 13, 3*8*chunkWords + 5} {
 			for _, p := range []float64{0, 0.001, 0.3} {
-				prev := make([]byte, n)
-				for i := range prev {
-					prev[i] = byte(r.Uint32())
-				}
-				cur := bytes.Clone(prev)
-				for i := range cur {
-					if r.Float64() < p {
-						cur[i] ^= byte(r.Uint32()) | 1
-					}
-				}
+				prev, cur := randomVersions(r, n, p)
 				_, wst, err := Encode(nil, prev, cur, elem)
 				require.NoError(t, err)
 				kept := bytes.Clone(prev)
