@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/tcp"
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
@@ -46,7 +47,9 @@ func sumsIn(t *testing.T, r *Runtime, name string) (cached, stored, computed flo
 // the seal is checksummed at every read.
 func TestSealedPutCachesChecksums(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA = true })
+	// Compression off: once the first read measured the link, auto may
+	// compress the rest (the encoder's own checksums, not these counters).
+	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA, c.Transports.Compression = true, tcp.CompressOff })
 	owner, err := p.a.Spawn("owner")
 	require.NoError(t, err)
 	far, err := p.b.Spawn("far")
@@ -99,7 +102,9 @@ func TestSealedPutCachesChecksums(t *testing.T) {
 // another host sends its cached checksums; the slot gets the bytes.
 func TestSealedPushSendsCachedChecksums(t *testing.T) {
 	ctx := context.Background()
-	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA = true })
+	// Compression off: once the first read measured the link, auto may
+	// compress the rest (the encoder's own checksums, not these counters).
+	p := newPair(t, func(c *Config) { c.Transports.DisableRDMA, c.Transports.Compression = true, tcp.CompressOff })
 	owner, err := p.a.Spawn("owner")
 	require.NoError(t, err)
 	far, err := p.b.Spawn("far")

@@ -6,6 +6,8 @@
 package ctlhost
 
 import (
+	"fmt"
+
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -35,9 +37,21 @@ type Config struct {
 
 // New starts a control host.
 func New(c Config) (host.Host, error) {
+	listen := make([]ma.Multiaddr, 0, len(c.ListenAddrs))
+	for _, a := range c.ListenAddrs {
+		m, err := ma.NewMultiaddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("ctlhost: listen address %q: %w", a, err)
+		}
+		listen = append(listen, m)
+	}
 	opts := []libp2p.Option{
 		libp2p.Identity(c.Identity),
-		libp2p.ListenAddrStrings(c.ListenAddrs...),
+		// The host starts without listening, and listens below: when
+		// libp2p.New itself fails to listen (a port in use) it leaves the
+		// peerstore's, connection manager's and swarm's goroutines running
+		// (go-libp2p v0.52), where h.Close after our own Listen stops all.
+		libp2p.NoListenAddrs,
 		libp2p.Transport(libp2ptcp.NewTCPTransport),
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
@@ -50,7 +64,17 @@ func New(c Config) (host.Host, error) {
 	if c.Authorize != nil {
 		opts = append(opts, libp2p.ConnectionGater(gater(c.Authorize)))
 	}
-	return libp2p.New(opts...)
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	if len(listen) > 0 {
+		if err := h.Network().Listen(listen...); err != nil {
+			h.Close()
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // gater enforces Config.Authorize on connections, once the remote's
