@@ -194,6 +194,38 @@ func tl_put(rt C.uint64_t, ptr unsafe.Pointer, nbytes C.int64_t, dtype *C.char, 
 	}))
 }
 
+//export tl_put_gathered
+func tl_put_gathered(rt C.uint64_t, block unsafe.Pointer, blockLen C.int64_t, n C.int32_t, srcs *unsafe.Pointer,
+	srcLens, offsets *C.int64_t, workers C.int32_t, refOut *C.uint8_t, refCap C.size_t, refLen *C.size_t) C.int {
+	return C.int(protect(func() error {
+		count, err := batchCount(n)
+		if err != nil {
+			return err
+		}
+		if count > 0 && (srcs == nil || srcLens == nil || offsets == nil) {
+			return errNull("srcs, src_lens or offsets")
+		}
+		parts := make([]capi.GatherPart, count)
+		if count > 0 {
+			ps := unsafe.Slice(srcs, count)
+			ls := unsafe.Slice((*int64)(unsafe.Pointer(srcLens)), count)
+			os := unsafe.Slice((*int64)(unsafe.Pointer(offsets)), count)
+			for i := range parts {
+				src, err := region(ps[i], ls[i])
+				if err != nil {
+					return errArg("part %d: %v", i, err)
+				}
+				parts[i] = capi.GatherPart{Src: src, At: os[i]}
+			}
+		}
+		var k int
+		err = putGathered(uint64(rt), block, int64(blockLen), parts, int(workers),
+			bytesOut((*C.char)(unsafe.Pointer(refOut)), refCap), &k)
+		setLen(refLen, k)
+		return err
+	}))
+}
+
 //export tl_get_into
 func tl_get_into(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, dst unsafe.Pointer, dstLen C.int64_t, op C.uint64_t, timeoutMS C.int64_t) C.int {
 	return C.int(protect(func() error {

@@ -182,6 +182,27 @@ func put(h uint64, p unsafe.Pointer, n int64, dtype string, shape, strides []int
 	return nil
 }
 
+func putGathered(h uint64, p unsafe.Pointer, n int64, parts []capi.GatherPart, workers int, out []byte, outLen *int) error {
+	r, err := lib.Runtime(h)
+	if err != nil {
+		return err
+	}
+	block, err := region(p, n)
+	if err != nil {
+		return err
+	}
+	ref, err := r.PutGathered(context.Background(), block, parts, workers)
+	if err != nil {
+		return err
+	}
+	if err := output(ref, out, outLen); err != nil {
+		r.Free(context.Background(), ref, time.Second)
+		return err
+	}
+	*outLen = len(ref)
+	return nil
+}
+
 func getInto(h uint64, ref []byte, p unsafe.Pointer, n int64, op uint64, timeoutMS int64) error {
 	r, err := lib.Runtime(h)
 	if err != nil {

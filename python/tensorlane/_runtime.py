@@ -348,6 +348,40 @@ class Runtime:
             self._held[bytes(ref)] = (x, a)
         return ref
 
+    def put_gathered(self, block: np.ndarray, parts: Sequence[Tuple[Any, int]], *, threads: int = 0) -> Ref:
+        """Copies each part, a C-contiguous array and the byte offset it
+        goes to, into ``block`` (a uint8 array from :meth:`empty`, parts
+        inside it and not overlapping), on up to ``threads`` threads (0: the
+        cores, at most 8), checksumming every 256 KiB of the block as its
+        bytes land, and publishes the block as one sealed object: network
+        readers then get the checksums the copy made, and the owner never
+        reads the block again for them. The block must not change after
+        this call (a network reader would see it as corrupt). A state dict
+        copied once on publish (the Ray plug-in's default) is its use."""
+        if not isinstance(block, np.ndarray) or block.dtype != np.uint8 or block.ndim != 1 or not block.flags.c_contiguous:
+            raise errors.InvalidArgument("block: want a one-dimensional C-contiguous uint8 array from Runtime.empty")
+        if block.nbytes == 0:
+            raise errors.InvalidArgument("empty block: nothing to publish")
+        n = len(parts)
+        arrays = []
+        for i, (x, at) in enumerate(parts):
+            a = as_array(x)
+            if not a.flags.c_contiguous:
+                raise errors.InvalidArgument(f"part {i}: non-contiguous array (shape {a.shape}, strides {a.strides})")
+            arrays.append((a, int(at)))
+        srcs = (ctypes.c_void_p * max(n, 1))(*[a.__array_interface__["data"][0] for a, _ in arrays])
+        lens = (ctypes.c_int64 * max(n, 1))(*[a.nbytes for a, _ in arrays])
+        offs = (ctypes.c_int64 * max(n, 1))(*[at for _, at in arrays])
+        out = ctypes.create_string_buffer(4096)
+        k = ctypes.c_size_t(0)
+        base = block.__array_interface__["data"][0]
+        _lib.check(_lib.lib().tl_put_gathered(self._h(), base, block.nbytes, n, srcs, lens, offs, threads, out, len(out),
+                                              ctypes.byref(k)))
+        ref = Ref(out.raw[: k.value])
+        with self._lock:
+            self._held[bytes(ref)] = block
+        return ref
+
     def get(self, ref: bytes, out: Optional[np.ndarray] = None, *, timeout: Optional[float] = None,
             op: Optional[int] = None) -> np.ndarray:
         """Reads a ref's tensor. Into ``out`` (a writable C-contiguous array

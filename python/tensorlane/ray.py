@@ -34,8 +34,9 @@ reducer instead (:func:`_install_reducers`): inside a transport call it does
 what Ray's does, and outside it hands the array to numpy's own protocol-5
 reduction, which is Ray's zero-copy path.
 
-**A state dict is one batch.** The sender publishes all of an object's
-tensors in one call (``tl_put_batch``); the receiver maps them with one
+**A state dict is one batch.** The sender copies all of an object's
+tensors into one block and publishes it sealed in one call
+(``tl_put_gathered``; borrowed arrays in one ``tl_put_batch``); the receiver maps them with one
 ``tl_view_batch`` (an owner's slab mapped once) or reads them with one
 ``tl_get_batch`` (one lease request per owner, the transfers coalesced per
 owner and path): :mod:`tensorlane._batch`.
@@ -918,7 +919,6 @@ class TensorlaneTransport(TensorTransportManager):
             pool, threads = _copier()
             futures: List[Future] = []
             sum_futures: Dict[int, List[Future]] = {}
-            block: Optional[np.ndarray] = None
             # Checksums of borrowed memory first: they are what "as
             # published" means for them.
             if verify:
@@ -926,46 +926,52 @@ class TensorlaneTransport(TensorTransportManager):
                     flat = a.reshape(-1).view(np.uint8)
                     sum_futures[i] = [pool.submit(zlib.crc32, flat[o:o + VERIFY_CHUNK])
                                       for o in range(0, flat.size, VERIFY_CHUNK)]
-            # One block of shareable memory for every copy, each copy in
-            # parallel pieces, and the block published as one object while
-            # the pieces run (a reader cannot ask before this method
-            # returns, and it returns after the last piece): one grant, one
+            # One block of shareable memory for every copy: one grant, one
             # mapping, one read and one free for the whole state dict, each
-            # tensor a window at its offset. Borrowed arrays are objects of
-            # their own (their memory is the caller's), all published in the
-            # same put_batch.
+            # tensor a window at its offset. Contiguous tensors are copied
+            # in by the library (put_gathered: several threads, each 256 KiB
+            # checksummed as it lands, the block published sealed, so
+            # network readers never make the owner read it again for
+            # checksums); strided ones first, here, C-ordered. Borrowed
+            # arrays are objects of their own (their memory is the
+            # caller's), published after the block, all or nothing.
+            block_ref: Optional[_runtime.Ref] = None
             if copies:
                 offs, total = [], 0
                 for _, a in copies:
                     offs.append(total)
                     total += -(-a.nbytes // _ALIGN) * _ALIGN
                 block = rt.empty(total, np.uint8)
+                gathered: List[Tuple[np.ndarray, int]] = []
                 for (i, a), off in zip(copies, offs):
-                    d = block[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
                     layouts[i] = (tuple(a.shape), a.dtype, off)
+                    if a.flags.c_contiguous:
+                        gathered.append((a.reshape(-1).view(np.uint8), off))
+                        continue
+                    d = block[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
                     for dp, sp in _copy_parts(d, a, threads):
                         futures.append(pool.submit(np.copyto, dp, sp, "no"))
-            pub = [a if _wire_dtype(a.dtype) else a.reshape(-1).view(np.uint8) for _, a in borrowed]
-            names = [_wire_dtype(a.dtype) or "uint8" for _, a in borrowed]
-            if block is not None:
-                pub.append(block)
-                names.append("uint8")
-            made: List[_runtime.Ref] = []
-            try:
-                made = _batch.put_batch(pub, runtime=rt, dtypes=names)
-            finally:
                 failed = None
-                for f in futures:  # the copies finish (or fail) before anything returns
+                for f in futures:
                     failed = failed or f.exception()
                 if failed is not None:
-                    for r in made:  # publish all or nothing
-                        rt.free(r)
                     raise failed
+                block_ref = rt.put_gathered(block, gathered, threads=threads)
+            made: List[_runtime.Ref] = []
+            if borrowed:
+                pub = [a if _wire_dtype(a.dtype) else a.reshape(-1).view(np.uint8) for _, a in borrowed]
+                names = [_wire_dtype(a.dtype) or "uint8" for _, a in borrowed]
+                try:
+                    made = _batch.put_batch(pub, runtime=rt, dtypes=names)
+                except BaseException:
+                    if block_ref is not None:  # publish all or nothing
+                        rt.free(block_ref)
+                    raise
             for (i, _), ref in zip(borrowed, made):
                 refs[i] = bytes(ref)
-            if block is not None:
+            if block_ref is not None:
                 for i, _ in copies:
-                    refs[i] = bytes(made[-1])
+                    refs[i] = bytes(block_ref)
             for i, fs in sum_futures.items():
                 sums[i] = [f.result() for f in fs]
             _metrics.put(sum(a.nbytes for _, a in borrowed), "borrowed")

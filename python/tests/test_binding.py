@@ -57,6 +57,50 @@ def test_shareable_zero_copy(pair):
     assert a.stats()["host_memory"]["used"] == 0
 
 
+def test_put_gathered(pair):
+    """A state dict copied into one block and published sealed: each part
+    lands at its offset, and over tcp the owner serves the checksums its
+    copy made (cached), never reading the block for them."""
+    path, a, b = pair
+    rng = np.random.default_rng(2)
+    parts = [rng.standard_normal(n).astype(np.float32) for n in (300_000, 7, 65_536, 1)]
+    offs, total = [], 0
+    for p in parts:
+        offs.append(total)
+        total += -(-p.nbytes // 64) * 64
+    before = a.stats()["tcp_owner_checksums"]
+    block = a.empty(total, np.uint8)
+    ref = a.put_gathered(block, list(zip(parts, offs)), threads=2)
+    del block  # the object holds it
+    got = b.get(ref)
+    for p, off in zip(parts, offs):
+        np.testing.assert_array_equal(got[off:off + p.nbytes].view(np.float32), p)
+    s = a.stats()
+    assert s["gathered_puts"] == 1
+    if path == "tcp":
+        after = s["tcp_owner_checksums"]
+        assert after.get("cached", 0) - before.get("cached", 0) == -(-total // (256 << 10))
+        assert after.get("computed", 0) == before.get("computed", 0)
+    b.release(ref)
+    a.free(ref)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda a: (np.zeros(100, np.float32), [(np.zeros(10, np.uint8), 0)]), "uint8"),
+    (lambda a: (a.empty(100, np.uint8), [(np.zeros(10, np.uint8), 95)]), "leaves"),
+    (lambda a: (a.empty(100, np.uint8), [(np.zeros(10, np.uint8), 0), (np.zeros(10, np.uint8), 5)]), "overlap"),
+    (lambda a: (a.empty(100, np.uint8), [(np.zeros((4, 4), np.uint8)[:, ::2], 0)]), "non-contiguous"),
+    (lambda a: (np.zeros(100, np.uint8), [(np.zeros(10, np.uint8), 0)]), "not memory this runtime allocated"),
+])
+def test_put_gathered_bad_input(pair, bad, match):
+    _, a, _ = pair
+    block, parts = bad(a)
+    objects = a.stats()["objects"]
+    with pytest.raises(errors.InvalidArgument, match=match):
+        a.put_gathered(block, parts)
+    assert a.stats()["objects"] == objects
+
+
 @pytest.mark.parametrize("shareable", [False, True], ids=["foreign", "tensorlane.empty"])
 def test_view_zero_copy(pair, shareable):
     path, a, b = pair

@@ -558,11 +558,11 @@ type published struct {
 }
 
 type counters struct {
-	puts, putBytes, zeroCopyPuts, foreignPuts         atomic.Int64
-	gets, getBytes, getErrors, getNanos, stagedCopies atomic.Int64
-	views                                             atomic.Int64
-	byTransportMu                                     sync.Mutex
-	byTransport                                       map[string]int64
+	puts, putBytes, zeroCopyPuts, foreignPuts, gatheredPuts atomic.Int64
+	gets, getBytes, getErrors, getNanos, stagedCopies       atomic.Int64
+	views                                                   atomic.Int64
+	byTransportMu                                           sync.Mutex
+	byTransport                                             map[string]int64
 }
 
 // shutdown stops the runtime. The memory and views its caller still holds
@@ -732,13 +732,13 @@ func (r *Runtime) Put(ctx context.Context, g Region) ([]byte, error) {
 // on error). foreign is the staging wrapper of memory the caller owns, if
 // any; foreignPut counts the put as one of memory the runtime did not
 // allocate (a copy or a wrapper) rather than a zero-copy one.
-func (r *Runtime) publish(ctx context.Context, buf tensor.Buffer, d tensor.Desc, foreign *tensor.Foreign, foreignPut bool) (rdt.Ref, []byte, error) {
+func (r *Runtime) publish(ctx context.Context, buf tensor.Buffer, d tensor.Desc, foreign *tensor.Foreign, foreignPut bool, opts ...rdt.PutOption) (rdt.Ref, []byte, error) {
 	t, err := tensor.New(buf, d)
 	if err != nil {
 		buf.Release()
 		return rdt.Ref{}, nil, err
 	}
-	ref, err := r.actor.Put(ctx, t)
+	ref, err := r.actor.Put(ctx, t, opts...)
 	if err != nil {
 		buf.Release()
 		return rdt.Ref{}, nil, err
@@ -1070,7 +1070,8 @@ type Stats struct {
 	Puts         int64            `json:"puts"`
 	PutBytes     int64            `json:"put_bytes"`
 	ZeroCopyPuts int64            `json:"zero_copy_puts"` // published from shareable memory
-	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory
+	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory, or a copy the runtime made
+	GatheredPuts int64            `json:"gathered_puts"`  // of which sealed blocks copied by PutGathered
 	StagedCopies int64            `json:"staged_copies"`  // foreign objects copied once for a same-host reader (counted when freed)
 	Gets         int64            `json:"gets"`           // reads, copying or zero-copy
 	Views        int64            `json:"views"`          // zero-copy reads (View)
@@ -1087,6 +1088,11 @@ type Stats struct {
 	// mode): mapped (one mmap each), reused (a descriptor for a slab
 	// already mapped), hit (no descriptor needed), unmapped.
 	ShmSlabs map[string]int64 `json:"shm_slabs"`
+	// TCPOwnerChecksums counts the raw blocks this runtime served over tcp
+	// by where their checksum came from: cached (a sealed object's, from
+	// PutGathered's copy or an earlier read), stored (computed and cached
+	// for the next read), computed (at send: the object may change).
+	TCPOwnerChecksums map[string]int64 `json:"tcp_owner_checksums"`
 	// NodePool is the node's warm pool as this runtime saw it (slab
 	// mode with node_pool_bytes not negative); nil without one.
 	NodePool *NodePool `json:"node_pool,omitempty"`
@@ -1137,8 +1143,8 @@ func (r *Runtime) Stats() Stats {
 	s := Stats{
 		Puts: r.stats.puts.Load(), PutBytes: r.stats.putBytes.Load(),
 		ZeroCopyPuts: r.stats.zeroCopyPuts.Load(), ForeignPuts: r.stats.foreignPuts.Load(),
-		StagedCopies: r.stats.stagedCopies.Load(),
-		Views:        r.stats.views.Load(), LiveViews: r.Views(),
+		GatheredPuts: r.stats.gatheredPuts.Load(), StagedCopies: r.stats.stagedCopies.Load(),
+		Views: r.stats.views.Load(), LiveViews: r.Views(),
 		Gets: r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
 		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
@@ -1152,6 +1158,7 @@ func (r *Runtime) Stats() Stats {
 		s.HostMemory.Slabs, s.HostMemory.SlabCount = true, sm.Slabs()
 	}
 	s.ShmSlabs = counterSeries(r.rt.Registry(), "tensorlane_shm_slab_events_total", "event")
+	s.TCPOwnerChecksums = counterSeries(r.rt.Registry(), "tensorlane_tcp_owner_checksums_total", "source")
 	for _, o := range r.owned {
 		if np, ok := o.(*nodepool.Client); ok {
 			st := np.Stats()

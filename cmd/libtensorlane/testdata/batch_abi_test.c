@@ -96,6 +96,36 @@ int main(void) {
 	CHECK(tl_put_batch(a, 2, ptrs, bad_nbytes, dtypes, ndims, shapes, NULL, refs, sizeof refs, lens, &total) == TL_E_INVALID_ARGUMENT, "negative length");
 	CHECK(tl_put_batch(a, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, &total) == TL_OK && total == 0, "empty batch");
 
+	/* A gathered put: the sources copied into one block at their offsets,
+	 * published sealed; the reader gets every source where it was put. */
+	{
+		int64_t off[ITEMS], block_len = 0;
+		for (int i = 0; i < ITEMS; i++) {
+			off[i] = block_len;
+			block_len += nbytes[i] + 64;
+		}
+		void *block = NULL;
+		CHECK(tl_alloc(a, block_len, &block) == TL_OK, "alloc block: %s", last());
+		uint8_t ref[1024];
+		size_t ref_len = 0;
+		CHECK(tl_put_gathered(a, block, block_len, ITEMS, ptrs, nbytes, off, 2, ref, sizeof ref, &ref_len) == TL_OK,
+		      "put gathered: %s", last());
+		void *got = NULL;
+		int64_t got_n = 0;
+		CHECK(tl_get(b, ref, ref_len, 0, 10000, &got, &got_n) == TL_OK && got_n == block_len, "get block: %s", last());
+		for (int i = 0; got != NULL && i < ITEMS; i++)
+			CHECK(memcmp((uint8_t *)got + off[i], src[i], N * sizeof(float)) == 0, "gathered part %d differs", i);
+		if (got != NULL) CHECK(tl_free_memory(b, got) == TL_OK, "free got: %s", last());
+		CHECK(tl_free(a, ref, ref_len, 5000) == TL_OK, "free gathered: %s", last());
+		/* Hostile: NULL arrays, a part past the block, memory not from tl_alloc. */
+		CHECK(tl_put_gathered(a, block, block_len, ITEMS, NULL, nbytes, off, 0, ref, sizeof ref, &ref_len) == TL_E_INVALID_ARGUMENT, "NULL srcs");
+		int64_t far[1] = {block_len - 10};
+		CHECK(tl_put_gathered(a, block, block_len, 1, ptrs, nbytes, far, 0, ref, sizeof ref, &ref_len) == TL_E_INVALID_ARGUMENT, "part past the block");
+		CHECK(tl_put_gathered(a, src[0], N * sizeof(float), 0, NULL, NULL, NULL, 0, ref, sizeof ref, &ref_len) == TL_E_INVALID_ARGUMENT, "foreign block");
+		CHECK(tl_put_gathered(a, block, block_len, -1, ptrs, nbytes, off, 0, ref, sizeof ref, &ref_len) == TL_E_INVALID_ARGUMENT, "n = -1");
+		CHECK(tl_free_memory(a, block) == TL_OK, "free block: %s", last());
+	}
+
 	CHECK(tl_runtime_close(b) == TL_OK, "close b");
 	CHECK(tl_runtime_close(a) == TL_OK, "close a");
 	for (int i = 0; i < ITEMS; i++) free(src[i]);
