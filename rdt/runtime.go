@@ -240,6 +240,18 @@ func (r *Runtime) Memory(dev tensor.DeviceID) (tensor.Memory, error) {
 // Config.Registerer was set).
 func (r *Runtime) Registry() *prometheus.Registry { return r.registry }
 
+// TCPBlocksServed is how many raw blocks this runtime's tcp owner has sent
+// with a checksum: zero while no reader on another host has read from it
+// over tcp (a caller deciding whether checksums made ahead of a read will
+// be used).
+func (r *Runtime) TCPBlocksServed() int64 {
+	if r.paths == nil {
+		return 0
+	}
+	s := r.paths.TCPSendSums()
+	return s.Cached + s.Stored + s.Computed
+}
+
 // Objects is the number of live objects this runtime owns.
 func (r *Runtime) Objects() int { return r.objects.Len() }
 

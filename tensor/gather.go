@@ -16,21 +16,19 @@ type GatherPart struct {
 }
 
 // Gather copies parts into dst on up to workers goroutines (default
-// GOMAXPROCS, at most 8) and computes the checksum of each SumChunk block
-// of dst right after the block's bytes were copied, while they are still in
-// the core's cache: one pass over the bytes yields the copy and the sums a
-// sealed object's senders would otherwise read the memory again for. The
-// cache c must cover exactly dst's bytes (NewChunkSums(0, len(dst)) for a
-// block published from its first byte). Bytes of dst that no part covers
-// (padding between parts) are checksummed as they are. Parts must lie
-// inside dst and must not overlap one another (ErrBadDesc otherwise, and
-// nothing is copied); their order does not matter.
-func (c *ChunkSums) Gather(dst []byte, parts []GatherPart, workers int) error {
-	if c == nil {
-		return fmt.Errorf("%w: no checksum cache to gather into", ErrBadDesc)
-	}
-	if c.base != 0 || c.end != int64(len(dst)) {
-		return fmt.Errorf("%w: checksums of bytes [%d,%d) for a destination of %d bytes", ErrBadDesc, c.base, c.end, len(dst))
+// GOMAXPROCS, at most 8). With a checksum cache (sums not nil) it also
+// computes the checksum of each SumChunk block of dst right after the
+// block's bytes were copied, while they are still in the core's cache: one
+// pass over the bytes yields the copy and the sums a sealed object's
+// senders would otherwise read the memory again for. The cache must cover
+// exactly dst's bytes (NewChunkSums(0, len(dst)) for a block published from
+// its first byte). Bytes of dst that no part covers (padding between parts)
+// are left, and checksummed, as they are. Parts must lie inside dst and must
+// not overlap one another (ErrBadDesc otherwise, and nothing is copied);
+// their order does not matter.
+func Gather(dst []byte, parts []GatherPart, workers int, sums *ChunkSums) error {
+	if sums != nil && (sums.base != 0 || sums.end != int64(len(dst))) {
+		return fmt.Errorf("%w: checksums of bytes [%d,%d) for a destination of %d bytes", ErrBadDesc, sums.base, sums.end, len(dst))
 	}
 	sorted := slices.Clone(parts)
 	slices.SortFunc(sorted, func(a, b GatherPart) int { return cmp.Compare(a.At, b.At) })
@@ -55,15 +53,16 @@ func (c *ChunkSums) Gather(dst []byte, parts []GatherPart, workers int) error {
 	var wg sync.WaitGroup
 	for w := range workers {
 		first, last := blocks*w/workers, blocks*(w+1)/workers
-		wg.Go(func() { c.gatherBlocks(dst, sorted, first, last) })
+		wg.Go(func() { gatherBlocks(dst, sorted, first, last, sums) })
 	}
 	wg.Wait()
 	return nil
 }
 
 // gatherBlocks copies into dst's blocks [first, last) the bytes of the
-// sorted parts that fall in them, and checksums each block after its copy.
-func (c *ChunkSums) gatherBlocks(dst []byte, parts []GatherPart, first, last int) {
+// sorted parts that fall in them, and checksums each block after its copy
+// when there is a cache.
+func gatherBlocks(dst []byte, parts []GatherPart, first, last int, sums *ChunkSums) {
 	// The first part that may reach block first.
 	i, _ := slices.BinarySearchFunc(parts, int64(first)*SumChunk, func(p GatherPart, off int64) int {
 		return cmp.Compare(p.At+int64(len(p.Src)), off+1)
@@ -84,6 +83,8 @@ func (c *ChunkSums) gatherBlocks(dst []byte, parts []GatherPart, first, last int
 				break // the part goes on into the next block
 			}
 		}
-		c.Set(lo, int(hi-lo), Sum(dst[lo:hi]))
+		if sums != nil {
+			sums.Set(lo, int(hi-lo), Sum(dst[lo:hi]))
+		}
 	}
 }

@@ -51,8 +51,15 @@ func TestGather(t *testing.T) {
 				copy(want[p.At:], p.Src)
 			}
 			rng.Shuffle(len(parts), func(i, j int) { parts[i], parts[j] = parts[j], parts[i] })
+			plain := bytes.Clone(dst)
+			if err := Gather(plain, parts, tc.workers, nil); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(plain, want) {
+				t.Fatal("gathered bytes (no sums) differ from the parts copied one by one")
+			}
 			c := NewChunkSums(0, int64(n))
-			if err := c.Gather(dst, parts, tc.workers); err != nil {
+			if err := Gather(dst, parts, tc.workers, c); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(dst, want) {
@@ -88,12 +95,12 @@ func TestGatherRefusesBadParts(t *testing.T) {
 		{"overlapping, given out of order", NewChunkSums(0, 1000), []GatherPart{{Src: src, At: 150}, {Src: src, At: 100}}},
 		{"sums of other bytes", NewChunkSums(4096, 4096+1000), []GatherPart{{Src: src, At: 0}}},
 		{"sums of a shorter range", NewChunkSums(0, 999), []GatherPart{{Src: src, At: 0}}},
-		{"no sums", nil, []GatherPart{{Src: src, At: 0}}},
+		{"past the end, no sums", nil, []GatherPart{{Src: src, At: 901}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := make([]byte, 1000)
-			err := tc.sums.Gather(dst, tc.parts, 2)
+			err := Gather(dst, tc.parts, 2, tc.sums)
 			if !errors.Is(err, ErrBadDesc) {
 				t.Fatalf("err %v, want ErrBadDesc", err)
 			}
@@ -110,8 +117,7 @@ func BenchmarkGather(b *testing.B) {
 	dst := make([]byte, total)
 	b.SetBytes(n)
 	for b.Loop() {
-		c := NewChunkSums(0, int64(total))
-		if err := c.Gather(dst, parts, 0); err != nil {
+		if err := Gather(dst, parts, 0, NewChunkSums(0, int64(total))); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -135,13 +135,14 @@ int tl_put(uint64_t rt, void *ptr, int64_t nbytes, const char *dtype, int32_t nd
 
 /* Copy n contiguous sources (srcs[i], src_lens[i] bytes) into block, memory
  * from tl_alloc of block_len bytes, at offsets[i] (inside the block, not
- * overlapping), on up to workers threads (0: the cores, at most 8), each
- * 256 KiB of the block checksummed as its bytes land, and publish the block
- * as one sealed uint8 object that carries those checksums: network reads
- * then never read its memory for them. The block must not change after:
- * a changed block reaches a network reader as TL_E_CORRUPT. Bad parts are
- * refused (TL_E_INVALID_ARGUMENT) before anything is
- * copied. A state dict copied once on publish (the Ray plug-in) uses it. */
+ * overlapping), on up to workers threads (0: the cores, at most 8), and
+ * publish the block as one sealed uint8 object: its 256 KiB checksums are
+ * computed at most once, not at every network read (by the copy itself,
+ * as each block lands, once this runtime has served a network read; else by
+ * the first such read). The block must not change after: a changed block
+ * reaches a network reader as TL_E_CORRUPT. Bad parts are refused
+ * (TL_E_INVALID_ARGUMENT) before anything is copied. A state dict copied
+ * once on publish (the Ray plug-in) uses it. */
 int tl_put_gathered(uint64_t rt, void *block, int64_t block_len, int32_t n, void *const *srcs, const int64_t *src_lens,
                     const int64_t *offsets, int32_t workers, uint8_t *ref_out, size_t ref_cap, size_t *ref_len);
 

@@ -154,6 +154,10 @@ func (s *Stack) Addrs() map[string]string {
 // TCPAddr is the tcp data listener's address (host:port), as refs carry it.
 func (s *Stack) TCPAddr() string { return advertise(s.tcpSrv.Addr()) }
 
+// TCPSendSums reports where the checksums of the raw blocks the tcp owner
+// served came from (all zero before its first network read).
+func (s *Stack) TCPSendSums() tcp.SumStats { return s.tcpSrv.SendSums() }
+
 // Served lists the transports refs say the owner serves, best first.
 func (s *Stack) Served() []string {
 	out := []string{fabric.Local, fabric.P2P, fabric.TCP}

@@ -352,12 +352,13 @@ class Runtime:
         """Copies each part, a C-contiguous array and the byte offset it
         goes to, into ``block`` (a uint8 array from :meth:`empty`, parts
         inside it and not overlapping), on up to ``threads`` threads (0: the
-        cores, at most 8), checksumming every 256 KiB of the block as its
-        bytes land, and publishes the block as one sealed object: network
-        readers then get the checksums the copy made, and the owner never
-        reads the block again for them. The block must not change after
-        this call (a network reader would see it as corrupt). A state dict
-        copied once on publish (the Ray plug-in's default) is its use."""
+        cores, at most 8), and publishes the block as one sealed object: its
+        256 KiB checksums are computed at most once, not at every network
+        read (by the copy itself, as each block lands, once this runtime has
+        served a network read; else by the first such read). The block must
+        not change after this call (a network reader would see it as
+        corrupt). A state dict copied once on publish (the Ray plug-in's
+        default) is its use."""
         if not isinstance(block, np.ndarray) or block.dtype != np.uint8 or block.ndim != 1 or not block.flags.c_contiguous:
             raise errors.InvalidArgument("block: want a one-dimensional C-contiguous uint8 array from Runtime.empty")
         if block.nbytes == 0:

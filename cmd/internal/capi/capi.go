@@ -558,11 +558,11 @@ type published struct {
 }
 
 type counters struct {
-	puts, putBytes, zeroCopyPuts, foreignPuts, gatheredPuts atomic.Int64
-	gets, getBytes, getErrors, getNanos, stagedCopies       atomic.Int64
-	views                                                   atomic.Int64
-	byTransportMu                                           sync.Mutex
-	byTransport                                             map[string]int64
+	puts, putBytes, zeroCopyPuts, foreignPuts, gatheredPuts, gatheredSummed atomic.Int64
+	gets, getBytes, getErrors, getNanos, stagedCopies                       atomic.Int64
+	views                                                                   atomic.Int64
+	byTransportMu                                                           sync.Mutex
+	byTransport                                                             map[string]int64
 }
 
 // shutdown stops the runtime. The memory and views its caller still holds
@@ -1067,23 +1067,26 @@ func DescribeRef(refBytes []byte) (RefInfo, error) {
 
 // Stats is a runtime's counters, for metrics exporters (Ray's among them).
 type Stats struct {
-	Puts         int64            `json:"puts"`
-	PutBytes     int64            `json:"put_bytes"`
-	ZeroCopyPuts int64            `json:"zero_copy_puts"` // published from shareable memory
-	ForeignPuts  int64            `json:"foreign_puts"`   // published from foreign memory, or a copy the runtime made
-	GatheredPuts int64            `json:"gathered_puts"`  // of which sealed blocks copied by PutGathered
-	StagedCopies int64            `json:"staged_copies"`  // foreign objects copied once for a same-host reader (counted when freed)
-	Gets         int64            `json:"gets"`           // reads, copying or zero-copy
-	Views        int64            `json:"views"`          // zero-copy reads (View)
-	LiveViews    int              `json:"live_views"`
-	GetErrors    int64            `json:"get_errors"`
-	GetBytes     int64            `json:"get_bytes"`
-	GetSeconds   float64          `json:"get_seconds"`
-	ByTransport  map[string]int64 `json:"gets_by_transport"`
-	Objects      int              `json:"objects"`         // live objects owned
-	ReadsServing int              `json:"reads_in_flight"` // reads of owned objects in flight
-	HostMemory   HostMemory       `json:"host_memory"`
-	StagePool    StagePool        `json:"stage_pool"`
+	Puts         int64 `json:"puts"`
+	PutBytes     int64 `json:"put_bytes"`
+	ZeroCopyPuts int64 `json:"zero_copy_puts"` // published from shareable memory
+	ForeignPuts  int64 `json:"foreign_puts"`   // published from foreign memory, or a copy the runtime made
+	GatheredPuts int64 `json:"gathered_puts"`  // of which sealed blocks copied by PutGathered
+	// GatheredSummed counts the gathered puts whose copy also computed
+	// the block checksums (after this runtime's first network read).
+	GatheredSummed int64            `json:"gathered_summed"`
+	StagedCopies   int64            `json:"staged_copies"` // foreign objects copied once for a same-host reader (counted when freed)
+	Gets           int64            `json:"gets"`          // reads, copying or zero-copy
+	Views          int64            `json:"views"`         // zero-copy reads (View)
+	LiveViews      int              `json:"live_views"`
+	GetErrors      int64            `json:"get_errors"`
+	GetBytes       int64            `json:"get_bytes"`
+	GetSeconds     float64          `json:"get_seconds"`
+	ByTransport    map[string]int64 `json:"gets_by_transport"`
+	Objects        int              `json:"objects"`         // live objects owned
+	ReadsServing   int              `json:"reads_in_flight"` // reads of owned objects in flight
+	HostMemory     HostMemory       `json:"host_memory"`
+	StagePool      StagePool        `json:"stage_pool"`
 	// ShmSlabs counts the owners' slabs this runtime read from (slab
 	// mode): mapped (one mmap each), reused (a descriptor for a slab
 	// already mapped), hit (no descriptor needed), unmapped.
@@ -1143,7 +1146,7 @@ func (r *Runtime) Stats() Stats {
 	s := Stats{
 		Puts: r.stats.puts.Load(), PutBytes: r.stats.putBytes.Load(),
 		ZeroCopyPuts: r.stats.zeroCopyPuts.Load(), ForeignPuts: r.stats.foreignPuts.Load(),
-		GatheredPuts: r.stats.gatheredPuts.Load(), StagedCopies: r.stats.stagedCopies.Load(),
+		GatheredPuts: r.stats.gatheredPuts.Load(), GatheredSummed: r.stats.gatheredSummed.Load(), StagedCopies: r.stats.stagedCopies.Load(),
 		Views: r.stats.views.Load(), LiveViews: r.Views(),
 		Gets: r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),

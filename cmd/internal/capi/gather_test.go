@@ -13,9 +13,12 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// A state dict copied by PutGathered crosses tcp with the checksums its
-// copy computed: the owner never reads the block for them, on the first
-// read or any later one, and the reader gets every part at its offset.
+// A state dict copied by PutGathered is sealed: over tcp its checksums are
+// computed at most once. The first such block, before the owner served any
+// network read, leaves them to its first read (stored) and later reads use
+// them (cached); once the owner has served one, the copy computes them as
+// it goes, and no read of the block reads its memory for them. The reader
+// gets every part at its offset.
 func TestPutGatheredSealsItsCopy(t *testing.T) {
 	_, a, b := pair(t, `{"allow_transports":["tcp"]}`)
 	ctx := context.Background()
@@ -32,14 +35,9 @@ func TestPutGatheredSealsItsCopy(t *testing.T) {
 		parts = append(parts, GatherPart{Src: src, At: int64(total)})
 		total += (n + align - 1) / align * align
 	}
-	p, err := a.Alloc(ctx, int64(total))
-	require.NoError(t, err)
-	block := unsafe.Slice((*byte)(p), total)
-	ref, err := a.PutGathered(ctx, block, parts, 2)
-	require.NoError(t, err)
-
 	blocks := int64((total + tensor.SumChunk - 1) / tensor.SumChunk)
-	for read := 1; read <= 2; read++ {
+	read := func(ref []byte) {
+		t.Helper()
 		dst := make([]byte, total)
 		x, err := b.GetInto(ctx, ref, dst, 0, 0)
 		require.NoError(t, err)
@@ -47,15 +45,37 @@ func TestPutGatheredSealsItsCopy(t *testing.T) {
 		for i, part := range parts {
 			assert.Equal(t, part.Src, dst[part.At:part.At+int64(len(part.Src))], "part %d", i)
 		}
-		sums := a.Stats().TCPOwnerChecksums
-		assert.Equal(t, map[string]int64{"cached": int64(read) * blocks, "stored": 0, "computed": 0}, sums, "read %d", read)
 	}
+	put := func() (unsafe.Pointer, []byte) {
+		t.Helper()
+		p, err := a.Alloc(ctx, int64(total))
+		require.NoError(t, err)
+		ref, err := a.PutGathered(ctx, unsafe.Slice((*byte)(p), total), parts, 2)
+		require.NoError(t, err)
+		return p, ref
+	}
+	sums := func() map[string]int64 { return a.Stats().TCPOwnerChecksums }
+
+	p1, first := put()
+	read(first)
+	assert.Equal(t, map[string]int64{"cached": 0, "stored": blocks, "computed": 0}, sums(), "the first network read computes and stores")
+	read(first)
+	assert.Equal(t, map[string]int64{"cached": blocks, "stored": blocks, "computed": 0}, sums(), "the next one uses them")
+
+	p2, second := put()
+	read(second)
+	assert.Equal(t, map[string]int64{"cached": 2 * blocks, "stored": blocks, "computed": 0}, sums(), "the copy computed them")
+
 	s := a.Stats()
-	assert.Equal(t, int64(1), s.GatheredPuts)
-	assert.Equal(t, int64(1), s.ForeignPuts, "a copy the runtime made")
-	require.NoError(t, b.Release(ctx, ref))
-	require.NoError(t, a.Free(ctx, ref, 5*time.Second))
-	require.NoError(t, a.FreeMemory(p))
+	assert.Equal(t, int64(2), s.GatheredPuts)
+	assert.Equal(t, int64(1), s.GatheredSummed)
+	assert.Equal(t, int64(2), s.ForeignPuts, "copies the runtime made")
+	for _, ref := range [][]byte{first, second} {
+		require.NoError(t, b.Release(ctx, ref))
+		require.NoError(t, a.Free(ctx, ref, 5*time.Second))
+	}
+	require.NoError(t, a.FreeMemory(p1))
+	require.NoError(t, a.FreeMemory(p2))
 }
 
 func TestPutGatheredRefusesBadInput(t *testing.T) {
