@@ -226,6 +226,16 @@ func tl_put_gathered(rt C.uint64_t, block unsafe.Pointer, blockLen C.int64_t, n 
 	}))
 }
 
+//export tl_connect
+func tl_connect(rt C.uint64_t, address *C.char, timeoutMS C.int64_t) C.int {
+	return C.int(protect(func() error {
+		if address == nil {
+			return errNull("address")
+		}
+		return connect(uint64(rt), C.GoString(address), int64(timeoutMS))
+	}))
+}
+
 //export tl_get_into
 func tl_get_into(rt C.uint64_t, ref *C.uint8_t, refLen C.size_t, dst unsafe.Pointer, dstLen C.int64_t, op C.uint64_t, timeoutMS C.int64_t) C.int {
 	return C.int(protect(func() error {

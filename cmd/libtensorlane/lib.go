@@ -203,6 +203,18 @@ func putGathered(h uint64, p unsafe.Pointer, n int64, parts []capi.GatherPart, w
 	return nil
 }
 
+func connect(h uint64, address string, timeoutMS int64) error {
+	r, err := lib.Runtime(h)
+	if err != nil {
+		return err
+	}
+	d, err := timeout(timeoutMS)
+	if err != nil {
+		return err
+	}
+	return r.Connect(context.Background(), address, d)
+}
+
 func getInto(h uint64, ref []byte, p unsafe.Pointer, n int64, op uint64, timeoutMS int64) error {
 	r, err := lib.Runtime(h)
 	if err != nil {

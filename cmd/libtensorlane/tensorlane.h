@@ -146,6 +146,13 @@ int tl_put(uint64_t rt, void *ptr, int64_t nbytes, const char *dtype, int32_t nd
 int tl_put_gathered(uint64_t rt, void *block, int64_t block_len, int32_t n, void *const *srcs, const int64_t *src_lens,
                     const int64_t *offsets, int32_t workers, uint8_t *ref_out, size_t ref_cap, size_t *ref_len);
 
+/* Open the control channel to another runtime ahead of a transfer, so the
+ * first read from it skips the dial and the handshake. address is that
+ * runtime's "address" in tl_stats (comma-separated /p2p multiaddrs): a
+ * malformed one is TL_E_INVALID_ARGUMENT, an unreachable runtime
+ * TL_E_PEER_UNREACHABLE. timeout_ms 0: the runtime's transfer timeout. */
+int tl_connect(uint64_t rt, const char *address, int64_t timeout_ms);
+
 /* Read a Ref's tensor into the caller's buffer (dst_len >= its span), or
  * into new shareable memory (*ptr, *nbytes; free with tl_free_memory). op,
  * when not 0, names the read for tl_cancel. The owner confirms the Ref's

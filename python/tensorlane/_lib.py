@@ -40,6 +40,7 @@ _PROTOS = {
     "tl_put": ([u64, vp, i64, cp, i32, ctypes.POINTER(i64), ctypes.POINTER(i64), cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_put_gathered": ([u64, vp, i64, i32, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(i64), i32, cp, sz,
                          ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_connect": ([u64, cp, i64], ctypes.c_int),
     "tl_get_into": ([u64, cp, sz, vp, i64, u64, i64], ctypes.c_int),
     "tl_get": ([u64, cp, sz, u64, i64, ctypes.POINTER(vp), ctypes.POINTER(i64)], ctypes.c_int),
     "tl_view": ([u64, cp, sz, ctypes.c_uint32, u64, i64, ctypes.POINTER(u64), ctypes.POINTER(vp), ctypes.POINTER(i64)], ctypes.c_int),

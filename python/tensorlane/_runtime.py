@@ -348,6 +348,20 @@ class Runtime:
             self._held[bytes(ref)] = (x, a)
         return ref
 
+    def address(self) -> str:
+        """This runtime's control address (comma-separated /p2p multiaddrs),
+        what another runtime's :meth:`connect` takes."""
+        return str(self.stats()["address"])
+
+    def connect(self, address: str, *, timeout: Optional[float] = None) -> None:
+        """Opens the control channel to the runtime at ``address`` (its
+        :meth:`address`) ahead of a transfer, so the first read from it
+        skips the dial and the handshake. ``timeout`` in seconds (default:
+        the runtime's transfer timeout). Raises InvalidArgument for a
+        malformed address, PeerUnreachable when nothing answers."""
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        _lib.check(_lib.lib().tl_connect(self._h(), address.encode(), ms))
+
     def put_gathered(self, block: np.ndarray, parts: Sequence[Tuple[Any, int]], *, threads: int = 0) -> Ref:
         """Copies each part, a C-contiguous array and the byte offset it
         goes to, into ``block`` (a uint8 array from :meth:`empty`, parts

@@ -90,6 +90,17 @@ def test_put_gathered(pair):
     a.free(ref)
 
 
+def test_connect_ahead(pair):
+    """A runtime dials another from its address before any transfer."""
+    _, a, b = pair
+    addr = a.address()
+    assert "/p2p/" + a.stats()["peer"] in addr
+    b.connect(addr, timeout=5)
+    b.connect(b.address())  # itself: nothing to do
+    with pytest.raises(errors.InvalidArgument):
+        b.connect("not an address")
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda a: (np.zeros(100, np.float32), [(np.zeros(10, np.uint8), 0)]), "uint8"),
     (lambda a: (a.empty(100, np.uint8), [(np.zeros(10, np.uint8), 95)]), "leaves"),

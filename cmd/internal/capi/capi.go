@@ -1100,7 +1100,10 @@ type Stats struct {
 	// mode with node_pool_bytes not negative); nil without one.
 	NodePool *NodePool `json:"node_pool,omitempty"`
 	Peer     string    `json:"peer"`
-	Host     string    `json:"host"`
+	// Address is the runtime's control address (rdt.FormatAddrInfo: /p2p
+	// multiaddrs), what Connect takes to reach it ahead of a transfer.
+	Address string `json:"address"`
+	Host    string `json:"host"`
 }
 
 // NodePool is what a runtime saw of its node's warm pool (tensor/nodepool):
@@ -1151,7 +1154,7 @@ func (r *Runtime) Stats() Stats {
 		Gets: r.stats.gets.Load(), GetErrors: r.stats.getErrors.Load(), GetBytes: r.stats.getBytes.Load(),
 		GetSeconds:  time.Duration(r.stats.getNanos.Load()).Seconds(),
 		ByTransport: map[string]int64{}, Objects: r.rt.Objects(),
-		Peer: r.rt.ID().String(), Host: r.rt.HostID(),
+		Peer: r.rt.ID().String(), Address: rdt.FormatAddrInfo(r.rt.AddrInfo()), Host: r.rt.HostID(),
 	}
 	ms := r.host.Stats()
 	ready := r.pool.held.Load()

@@ -1,0 +1,30 @@
+package capi
+
+import (
+	"context"
+	"time"
+
+	"github.com/tensorlane/tensorlane/rdt"
+)
+
+// Connect opens the control channel to the runtime at address (another
+// runtime's Stats().Address) ahead of a transfer, so that the first read
+// from it skips the dial and the handshake. The Ray plug-in's driver has a
+// receiver do this while the sender still copies. A timeout of 0 means the
+// runtime's transfer timeout. A malformed address is InvalidArgument, an
+// unreachable runtime PeerUnreachable.
+func (r *Runtime) Connect(ctx context.Context, address string, timeout time.Duration) error {
+	info, err := rdt.ParseAddrInfo(address)
+	if err != nil {
+		return invalid("%v", err)
+	}
+	if info.ID == r.rt.ID() {
+		return nil // itself: nothing to open
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	return r.rt.Connect(ctx, info)
+}
