@@ -11,7 +11,10 @@ every byte (sums every array), and the driver waits for the three answers.
 Warm rows interleave round-robin (drift on a shared machine hits them
 alike); cold rows use a fresh trainer and fresh readers per sample, the
 first transfer of each, after ``--warmup-rounds`` untimed such rounds (the
-node has run this state dict before: its pool helper knows the sizes). Reported: median seconds and ratios measured in
+node has run this state dict before: its pool helper knows the sizes). The
+job names ``tensorlane.ray.register`` as Ray's worker setup hook, as
+docs/ray.md advises (``--setup-hook 0``: not), so a fresh worker starts its
+runtime as it starts, not on its first receive. Reported: median seconds and ratios measured in
 this run.
 
 Rows:
@@ -206,12 +209,17 @@ def main() -> None:
     p.add_argument("--small-reps", type=int, default=30)
     p.add_argument("--trainer-copy", type=int, default=1, help="1: also time the trainer's cold copy with and without the node pool")
     p.add_argument("--warmup-rounds", type=int, default=1, help="untimed fresh-actor rounds before the cold ones")
+    p.add_argument("--setup-hook", type=int, default=1,
+                   help="1: name tensorlane.ray.register as Ray's worker_process_setup_hook (workers start their runtime as they start)")
     p.add_argument("--json")
     args = p.parse_args()
 
     res_copy = trainer_copy(args.mib << 20, args.reps) if args.trainer_copy else None
     env = {k: v for k, v in os.environ.items() if k.startswith("TENSORLANE_") or k == "PYTHONPATH"}
-    ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+    renv: dict = {"env_vars": env}
+    if args.setup_hook:  # docs/ray.md, "No ceremony in workers": the setup a Ray job names
+        renv["worker_process_setup_hook"] = "tensorlane.ray.register"
+    ray.init(include_dashboard=False, runtime_env=renv)
     res: dict = {"config": vars(args), "cold": {}, "warm": {}, "ratios": {}, "trainer_copy": res_copy}
 
     # Cold: a fresh trainer and readers per sample; the first transfer.

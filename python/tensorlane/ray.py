@@ -1200,7 +1200,9 @@ def register(name: str = NAME) -> None:
     """Registers tensorlane with Ray as the tensor transport ``name`` for
     numpy arrays on device cpu, and as ``TENSORLANE_TORCH`` for torch
     tensors when torch is importable. Call it in the driver before creating
-    the actors that use it. Calling it again is a no-op."""
+    the actors that use it; named as Ray's ``worker_process_setup_hook``, it
+    also registers in every worker and starts the worker's runtime in the
+    background as the worker starts. Calling it again is a no-op."""
     from ray.experimental.rdt import util
 
     from ray.experimental import register_tensor_transport
@@ -1215,6 +1217,13 @@ def register(name: str = NAME) -> None:
         # cpu, and cuda when torch sees a GPU: _raycuda.py moves those.
         register_tensor_transport(TORCH_NAME, _raycuda.devices(), TensorlaneTransport, torch.Tensor)
     _install_reducers()
+    if _runtime.in_ray_worker():
+        # Named as Ray's worker_process_setup_hook (docs/ray.md), this runs
+        # as each worker starts: its runtime starts in the background beside
+        # the actor's construction, as Ray's object store client connects at
+        # worker start, rather than on the worker's first receive (30-60 ms
+        # of a cold transfer's path).
+        threading.Thread(target=_warm, name="tensorlane-warm", daemon=True).start()
 
 
 from .weightsync import ReaderHandle, SyncResult, WeightPublisher, WeightReceiver  # noqa: E402,F401  weight sync: docs/weightsync.md

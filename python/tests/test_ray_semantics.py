@@ -73,6 +73,9 @@ class Actor:
     def ready(self) -> bool:
         return True
 
+    def runtime_started(self) -> bool:
+        return tlr._rt is not None
+
     @ray.method(tensor_transport=T)
     def echo(self, data: np.ndarray) -> np.ndarray:
         return np.array(data)
@@ -158,6 +161,17 @@ class Target(np.ndarray):
 
 def total(a: np.ndarray) -> float:
     return float(a.astype(np.float64).sum())
+
+
+def test_setup_hook_starts_the_runtime():
+    """The setup hook starts each worker's runtime in the background as the
+    worker starts, not on its first receive."""
+    a = Actor.remote()
+    deadline = time.monotonic() + GUARD_S
+    while not ray.get(a.runtime_started.remote(), timeout=GUARD_S):
+        assert time.monotonic() < deadline, "no runtime without a transfer"
+        time.sleep(0.05)
+    ray.kill(a)
 
 
 def test_actor_to_actor(pair):
