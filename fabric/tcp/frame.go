@@ -169,6 +169,12 @@ type link struct {
 	sums     *tensor.ChunkSums
 	sumsAt   int64
 	sumStats *sumStats
+
+	// A gathered push's (gather.go): its writev vector, checksum state and
+	// a block of scratch for blocks that must be contiguous.
+	gvec   [][]byte
+	summer tcodec.Summer
+	gbuf   []byte
 }
 
 // Where a raw block's checksum came from.
