@@ -34,7 +34,7 @@ func BenchmarkReshard(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rts := runtimesTB(b, "h0", "h0", "h0", "h1", "h1")
+	rts := runtimesTB(b, nil, "h0", "h0", "h0", "h1", "h1")
 	src := make([][]byte, 3)
 	for i := range src {
 		src[i] = make([]byte, from.Bytes(i))
@@ -212,13 +212,13 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func runtimesTB(b *testing.B, hosts ...string) []*rdt.Runtime {
+func runtimesTB(b *testing.B, mutate func(*rdt.Config), hosts ...string) []*rdt.Runtime {
 	b.Helper()
 	ctx := context.Background()
 	var out []*rdt.Runtime
 	dir := b.TempDir()
 	for _, h := range hosts {
-		r, err := newRuntime(ctx, dir, h)
+		r, err := newRuntimeWith(ctx, dir, h, mutate)
 		if err != nil {
 			b.Fatal(err)
 		}
