@@ -170,11 +170,10 @@ type link struct {
 	sumsAt   int64
 	sumStats *sumStats
 
-	// A gathered push's (gather.go): its writev vector, checksum state and
-	// a block of scratch for blocks that must be contiguous.
-	gvec   [][]byte
-	summer tcodec.Summer
-	gbuf   []byte
+	// A gathered push's (gather.go): its writev vector and a block of
+	// scratch for blocks that must be contiguous.
+	gvec [][]byte
+	gbuf []byte
 }
 
 // Where a raw block's checksum came from.

@@ -12,8 +12,10 @@ import (
 var _ fabric.GatherWriter = (*Transport)(nil)
 
 // WriteRuns pushes the concatenation of runs of src into the sink dst
-// names, at dst.Offset, straight from src: each block's writev gathers the
-// runs it spans, and its checksum is computed over them (tcodec.Summer).
+// names, at dst.Offset, straight from src: no packed copy of the runs is
+// made; a block inside one run goes out from it, a block of several is
+// gathered into a block of cache-resident scratch first (sendGathered
+// says why).
 // The wire format is Write's: the owner sees ordinary blocks, striped and
 // compressed as Write's would be. One run is Write of that range (with the
 // object's cached checksums when it starts the object).
@@ -88,15 +90,24 @@ func (c *cursor) take(v [][]byte, n int64) [][]byte {
 }
 
 // maxGatherVec bounds one writev's vector for a gathered push: blocks of
-// many small runs go out a block at a time past it.
+// many small runs go out fewer to a writev past it.
 const maxGatherVec = 1024
 
 // sendGathered is sendBlocks for a gathered push: the blocks are cut from
-// g's concatenation as sendBlocks cuts data, and raw ones go out with
-// writev straight from the runs they span, each with the checksum of its
-// bytes computed over those runs; the owner sees the blocks sendBlocks
-// would send of the packed bytes. A block to compress is first copied
-// into a block-sized scratch buffer (the encoder needs it whole).
+// g's concatenation as sendBlocks cuts data, so the owner sees the blocks
+// sendBlocks would send of the packed bytes. A block inside one run goes
+// out by writev straight from it, as sendBlocks sends. A block of several
+// runs is copied into the link's block-sized scratch, which stays in cache,
+// checksummed there in one pass and sent from there: measured against
+// writev over its runs with the checksum streamed over them (XXH3's
+// streaming form copies every run through its own 1 KiB buffer, and the
+// kernel pays per iovec), it took 1.11-1.18x a plain push's time of the
+// same bytes against 1.23-1.27x (BenchmarkWriteRuns, 4 KiB runs, load 6-7;
+// docs/benchmarks.md "Resharding" has the quiet figures). What it spares
+// is the pack's copy of the whole move through main memory, written once
+// and read twice (checksum, socket). Sealed (unsummed) blocks need no
+// checksum and go out by writev over their runs; a block to compress is
+// copied whole for the encoder.
 func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, hint tcodec.Hint, corrupt, unsummed bool) (int64, error) {
 	wire := int64(len(prefix))
 	if g.n == 0 {
@@ -126,26 +137,29 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 			v = append(v, nil) // the header, once known
 			v = cur.take(v, n)
 			pieces := v[hi+1:]
+			// whole: the block went into the scratch (or the encoder), which
+			// the next block reuses: it ends this writev.
+			whole := false
 			var h tcodec.Header
 			switch {
 			case compress:
-				blk := l.gatherBuf(int(n))
-				at := 0
-				for _, p := range pieces {
-					at += copy(blk[at:], p)
-				}
 				l.encoded++
 				var payload []byte
 				var err error
-				if h, payload, err = l.enc.Encode(blk, hint); err != nil {
+				if h, payload, err = l.enc.Encode(gatherInto(l.gatherBuf(int(n)), pieces), hint); err != nil {
 					return wire, err
 				}
-				v = append(v[:hi+1], payload)
+				v, whole = append(v[:hi+1], payload), true
 			case unsummed:
 				h = tcodec.Header{Codec: tcodec.Raw, RawLen: int(n), EncLen: int(n)}
-			default:
-				h = tcodec.Header{Codec: tcodec.Raw, RawLen: int(n), EncLen: int(n), Sum: l.summer.Sum(pieces)}
+			case len(pieces) == 1:
+				h = tcodec.RawHeader(pieces[0])
 				l.sumStats.add(sumComputed)
+			default:
+				blk := gatherInto(l.gatherBuf(int(n)), pieces)
+				h = tcodec.RawHeader(blk)
+				l.sumStats.add(sumComputed)
+				v, whole = append(v[:hi+1], blk), true
 			}
 			if corrupt {
 				h.Sum ^= 1
@@ -154,8 +168,8 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 			h.Put(l.hdrs[i][:])
 			v[hi] = l.hdrs[i][:]
 			wire += int64(headerSize + h.EncLen)
-			if compress {
-				break // the payload lives in the encoder until the next block
+			if whole {
+				break
 			}
 		}
 		l.gvec = v[:0]
@@ -166,8 +180,17 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 	return wire, nil
 }
 
+// gatherInto copies pieces into dst, in order, and returns dst.
+func gatherInto(dst []byte, pieces [][]byte) []byte {
+	at := 0
+	for _, p := range pieces {
+		at += copy(dst[at:], p)
+	}
+	return dst
+}
+
 // gatherBuf is the link's scratch block of n bytes for gathered blocks
-// that must be contiguous (to compress, to sample).
+// that must be contiguous (of several runs, to compress, to sample).
 func (l *link) gatherBuf(n int) []byte {
 	if cap(l.gbuf) < n {
 		l.gbuf = make([]byte, max(n, DefaultChunkSize))

@@ -62,25 +62,6 @@ const (
 // probability 2^-64.
 func Checksum(p []byte) uint64 { return xxh3.Hash(p) }
 
-// Summer computes the Checksum of a block given in pieces (a block gathered
-// from several ranges of memory): equal to Checksum of their concatenation,
-// without making it. Each piece passes through the hasher's 1 KiB buffer
-// (XXH3's streaming form), about half Checksum's rate, still far from a
-// pack copy's cost. The zero value is ready; not for concurrent use.
-type Summer struct{ h xxh3.Hasher }
-
-// Sum returns the Checksum of the pieces' concatenation.
-func (s *Summer) Sum(pieces [][]byte) uint64 {
-	if len(pieces) == 1 {
-		return Checksum(pieces[0])
-	}
-	s.h.Reset()
-	for _, p := range pieces {
-		s.h.Write(p)
-	}
-	return s.h.Sum64()
-}
-
 // Header describes one block:
 //
 //	codec (1) | element size (1) | version (1) | reserved (1) | raw length (4) | encoded length (4) | xxh3-64 of raw (8)

@@ -264,25 +264,3 @@ func BenchmarkCodec(b *testing.B) {
 		})
 	}
 }
-
-// TestSummerEqualsChecksum: a block's checksum over its pieces is the
-// checksum of their concatenation, however it is cut (tiny pieces, pieces
-// across the hasher's internal 1 KiB buffer, one piece, empty ones).
-func TestSummerEqualsChecksum(t *testing.T) {
-	data := make([]byte, 300<<10)
-	for i := range data {
-		data[i] = byte(i*31 + i>>9)
-	}
-	var s Summer
-	for _, cut := range []int{1, 3, 64, 1000, 1024, 1088, 4096, 100 << 10, len(data)} {
-		for _, n := range []int{0, 1, 17, 240, 241, 4096, len(data)} {
-			var pieces [][]byte
-			for at := 0; at < n; at += cut {
-				pieces = append(pieces, data[at:min(at+cut, n)], nil)
-			}
-			if got, want := s.Sum(pieces), Checksum(data[:n]); got != want {
-				t.Fatalf("cut %d, %d bytes: %x, want %x", cut, n, got, want)
-			}
-		}
-	}
-}
