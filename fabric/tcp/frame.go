@@ -170,9 +170,7 @@ type link struct {
 	sumsAt   int64
 	sumStats *sumStats
 
-	// A gathered push's (gather.go): its writev vector and a block of
-	// scratch for blocks that must be contiguous.
-	gvec [][]byte
+	// gbuf is a gathered push's block of scratch (gather.go).
 	gbuf []byte
 }
 

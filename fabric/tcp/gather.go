@@ -73,25 +73,41 @@ type cursor struct {
 	in int64 // bytes of that run already taken
 }
 
-// take appends the pieces of src that make the next n bytes to v.
-func (c *cursor) take(v [][]byte, n int64) [][]byte {
+// one returns the next n bytes and moves past them when they lie in one
+// run of src.
+func (c *cursor) one(n int64) ([]byte, bool) {
+	r := c.g.runs[c.i]
+	if r.Len-c.in < n {
+		return nil, false
+	}
+	at := r.Off + c.in
+	c.skip(n)
+	return c.g.src[at : at+n], true
+}
+
+// copyOut fills dst with the next len(dst) bytes and returns it.
+func (c *cursor) copyOut(dst []byte) []byte {
+	for at := 0; at < len(dst); {
+		r := c.g.runs[c.i]
+		k := copy(dst[at:], c.g.src[r.Off+c.in:r.Off+r.Len])
+		at += k
+		c.skip(int64(k))
+	}
+	return dst
+}
+
+// skip moves the cursor n bytes on.
+func (c *cursor) skip(n int64) {
 	for n > 0 {
 		r := c.g.runs[c.i]
 		k := min(n, r.Len-c.in)
-		at := r.Off + c.in
-		v = append(v, c.g.src[at:at+k])
 		c.in += k
 		n -= k
 		if c.in == r.Len {
 			c.i, c.in = c.i+1, 0
 		}
 	}
-	return v
 }
-
-// maxGatherVec bounds one writev's vector for a gathered push: blocks of
-// many small runs go out fewer to a writev past it.
-const maxGatherVec = 1024
 
 // sendGathered is sendBlocks for a gathered push: the blocks are cut from
 // g's concatenation as sendBlocks cuts data, so the owner sees the blocks
@@ -105,9 +121,8 @@ const maxGatherVec = 1024
 // same bytes against 1.23-1.27x (BenchmarkWriteRuns, 4 KiB runs, load 6-7;
 // docs/benchmarks.md "Resharding" has the quiet figures). What it spares
 // is the pack's copy of the whole move through main memory, written once
-// and read twice (checksum, socket). Sealed (unsummed) blocks need no
-// checksum and go out by writev over their runs; a block to compress is
-// copied whole for the encoder.
+// and read twice (checksum, socket). A block from the scratch ends its
+// writev (the next block reuses the scratch).
 func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, hint tcodec.Hint, corrupt, unsummed bool) (int64, error) {
 	wire := int64(len(prefix))
 	if g.n == 0 {
@@ -125,68 +140,48 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 	}
 	cur := cursor{g: g}
 	for off := int64(0); off < g.n; {
-		v := l.gvec[:0]
+		v := l.vec[:0]
 		if prefix != nil {
 			v = append(v, prefix)
 			prefix = nil
 		}
-		for i := 0; i < batch && off < g.n && len(v) < maxGatherVec; i++ {
+		for i := 0; i < batch && off < g.n; i++ {
 			n := min(int64(chunk), g.n-off)
 			off += n
-			hi := len(v)
-			v = append(v, nil) // the header, once known
-			v = cur.take(v, n)
-			pieces := v[hi+1:]
-			// whole: the block went into the scratch (or the encoder), which
-			// the next block reuses: it ends this writev.
-			whole := false
+			p, inRun := cur.one(n)
+			if !inRun {
+				p = cur.copyOut(l.gatherBuf(int(n)))
+			}
 			var h tcodec.Header
 			switch {
 			case compress:
 				l.encoded++
-				var payload []byte
 				var err error
-				if h, payload, err = l.enc.Encode(gatherInto(l.gatherBuf(int(n)), pieces), hint); err != nil {
+				if h, p, err = l.enc.Encode(p, hint); err != nil {
 					return wire, err
 				}
-				v, whole = append(v[:hi+1], payload), true
 			case unsummed:
 				h = tcodec.Header{Codec: tcodec.Raw, RawLen: int(n), EncLen: int(n)}
-			case len(pieces) == 1:
-				h = tcodec.RawHeader(pieces[0])
-				l.sumStats.add(sumComputed)
 			default:
-				blk := gatherInto(l.gatherBuf(int(n)), pieces)
-				h = tcodec.RawHeader(blk)
+				h = tcodec.RawHeader(p)
 				l.sumStats.add(sumComputed)
-				v, whole = append(v[:hi+1], blk), true
 			}
 			if corrupt {
 				h.Sum ^= 1
 				corrupt = false
 			}
 			h.Put(l.hdrs[i][:])
-			v[hi] = l.hdrs[i][:]
-			wire += int64(headerSize + h.EncLen)
-			if whole {
-				break
+			v = append(v, l.hdrs[i][:], p)
+			wire += int64(headerSize + len(p))
+			if compress || !inRun {
+				break // the payload lives in the encoder or the scratch until the next block
 			}
 		}
-		l.gvec = v[:0]
 		if err := l.writev(v); err != nil {
 			return wire, err
 		}
 	}
 	return wire, nil
-}
-
-// gatherInto copies pieces into dst, in order, and returns dst.
-func gatherInto(dst []byte, pieces [][]byte) []byte {
-	at := 0
-	for _, p := range pieces {
-		at += copy(dst[at:], p)
-	}
-	return dst
 }
 
 // gatherBuf is the link's scratch block of n bytes for gathered blocks
@@ -208,30 +203,12 @@ func (l *link) sampleShrinksGathered(g *gather, hint tcodec.Hint) bool {
 	for i := range int64(sampleSlices) {
 		off := i * step
 		off -= off % 8
-		p := l.gatherBuf(sampleSize)
 		c := cursor{g: g}
 		c.skip(off)
-		at := 0
-		for _, q := range c.take(l.gvec[:0], sampleSize) {
-			at += copy(p[at:], q)
-		}
-		h, _, err := l.enc.Encode(p, hint)
+		h, _, err := l.enc.Encode(c.copyOut(l.gatherBuf(sampleSize)), hint)
 		if err == nil && h.EncLen > 0 && h.EncLen < h.RawLen {
 			return true
 		}
 	}
 	return false
-}
-
-// skip moves the cursor n bytes on.
-func (c *cursor) skip(n int64) {
-	for n > 0 {
-		r := c.g.runs[c.i]
-		k := min(n, r.Len-c.in)
-		c.in += k
-		n -= k
-		if c.in == r.Len {
-			c.i, c.in = c.i+1, 0
-		}
-	}
 }
