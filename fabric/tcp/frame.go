@@ -170,8 +170,9 @@ type link struct {
 	sumsAt   int64
 	sumStats *sumStats
 
-	// gbuf is a gathered push's block of scratch (gather.go).
-	gbuf []byte
+	// A gathered push's scratch (gather.go): a batch of blocks, and a
+	// block to sample.
+	gscratch, gbuf []byte
 }
 
 // Where a raw block's checksum came from.

@@ -121,8 +121,9 @@ func (c *cursor) skip(n int64) {
 // same bytes against 1.23-1.27x (BenchmarkWriteRuns, 4 KiB runs, load 6-7;
 // docs/benchmarks.md "Resharding" has the quiet figures). What it spares
 // is the pack's copy of the whole move through main memory, written once
-// and read twice (checksum, socket). A block from the scratch ends its
-// writev (the next block reuses the scratch).
+// and read twice (checksum, socket). The scratch holds a writev's batch
+// of blocks (1 MiB at the default chunk): one block a writev made the
+// syscalls cost more than the copies saved.
 func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, hint tcodec.Hint, corrupt, unsummed bool) (int64, error) {
 	wire := int64(len(prefix))
 	if g.n == 0 {
@@ -150,7 +151,7 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 			off += n
 			p, inRun := cur.one(n)
 			if !inRun {
-				p = cur.copyOut(l.gatherBuf(int(n)))
+				p = cur.copyOut(l.gatherBlock(i, int(n), chunk))
 			}
 			var h tcodec.Header
 			switch {
@@ -173,8 +174,8 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 			h.Put(l.hdrs[i][:])
 			v = append(v, l.hdrs[i][:], p)
 			wire += int64(headerSize + len(p))
-			if compress || !inRun {
-				break // the payload lives in the encoder or the scratch until the next block
+			if compress {
+				break // the payload lives in the encoder until the next block
 			}
 		}
 		if err := l.writev(v); err != nil {
@@ -184,8 +185,17 @@ func (l *link) sendGathered(prefix []byte, g *gather, chunk int, compress bool, 
 	return wire, nil
 }
 
-// gatherBuf is the link's scratch block of n bytes for gathered blocks
-// that must be contiguous (of several runs, to compress, to sample).
+// gatherBlock is block i of the link's scratch for a writev's batch of
+// gathered blocks, n bytes of it.
+func (l *link) gatherBlock(i, n, chunk int) []byte {
+	if len(l.gscratch) < batch*chunk {
+		l.gscratch = make([]byte, batch*chunk)
+	}
+	return l.gscratch[i*chunk : i*chunk+n]
+}
+
+// gatherBuf is the link's scratch block of n bytes for sampling a gathered
+// push's bytes.
 func (l *link) gatherBuf(n int) []byte {
 	if cap(l.gbuf) < n {
 		l.gbuf = make([]byte, max(n, DefaultChunkSize))
