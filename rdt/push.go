@@ -130,7 +130,7 @@ func (n nopRelease) Bytes() []byte {
 // Push writes the object behind src, which this actor's runtime owns, into
 // the slot that dst names, over the best path that can push, and then tells
 // the slot's runtime that the push completed. src and dst must have the
-// same size, but with PushRuns.
+// same size (with PushRuns: the runs and dst).
 func (a *Actor) Push(ctx context.Context, src Ref, dst Ref, opts ...PushOption) (Transfer, error) {
 	if a.rt.isClosed() {
 		return Transfer{}, ErrClosed
@@ -157,9 +157,10 @@ type pushOpts struct{ runs []Run }
 // object's bytes (offsets from its first byte, as Desc.Span lays it out),
 // in order, which must fill the slot exactly: a resharded weight's strided
 // rows, say, straight from the shard that holds them. A path that can
-// (tcp: writev over the runs) sends them from the object with no pack
-// copy; any other gets them packed into staging memory of this runtime
-// first, logged and counted (tensorlane_gather_packed_total{transport}).
+// (tcp, fabric.GatherWriter) sends them from the object with no packed
+// copy of them; any other gets them packed into staging memory of this
+// runtime first, logged and counted
+// (tensorlane_gather_packed_total{transport}).
 // Runs outside the object, of no bytes, or not adding up to the slot's
 // size fail the push with ErrBadRuns before anything moves. runs must not
 // change until Push returns.
