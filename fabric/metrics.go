@@ -14,6 +14,10 @@ type Metrics struct {
 	// Coalesced counts the transfers a batch moved together with others of
 	// the same owner and path (BatchReader): tensorlane_coalesced_transfers_total{transport}.
 	Coalesced *prometheus.CounterVec
+	// GatherPacked counts gathered pushes (Planner.WriteRuns) that a path
+	// without GatherWriter took packed into a staging buffer first:
+	// tensorlane_gather_packed_total{transport}.
+	GatherPacked *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -42,9 +46,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Coalesced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_coalesced_transfers_total", Help: "Transfers of a batch moved together with others of the same owner and path, by transport.",
 		}, []string{"transport"}),
+		GatherPacked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tensorlane_gather_packed_total", Help: "Gathered pushes (runs of an object) a path without a gathered write took packed into a staging buffer first: one copy of their bytes more, by transport.",
+		}, []string{"transport"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Retries, m.Degraded, m.Seconds, m.Coalesced)
+		reg.MustRegister(m.Bytes, m.Transfers, m.Fallbacks, m.Retries, m.Degraded, m.Seconds, m.Coalesced, m.GatherPacked)
 	}
 	return m
 }

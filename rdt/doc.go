@@ -60,7 +60,8 @@
 // GetBatch moves a state dict with one lease round trip per owner, and
 // PushBatch with one push notice per slot runtime, both coalesced per path
 // where the path can (tcp, rdma); BroadcastBatch sends one along one tree, one setup round per
-// reader. GetAsync, GetBatchAsync, StartBroadcast and StartBroadcastBatch
+// reader. Push with PushRuns sends runs of an object (a resharded shard's
+// strided rows, rdt/reshard) straight from it where the path can (tcp). GetAsync, GetBatchAsync, StartBroadcast and StartBroadcastBatch
 // return a Handle to Await or Cancel, with Progress in bytes.
 //
 // Security. Config.ClusterKey makes the control channel a libp2p private

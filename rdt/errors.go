@@ -57,3 +57,9 @@ var (
 	// completing it (its owner gave up, or a newer one replaced it).
 	ErrBroadcastAborted = errs.BroadcastAborted
 )
+
+// ErrBadRuns: a push's runs (PushRuns) do not describe it: a run outside
+// the source object's bytes or of no bytes, an overflowing range, or runs
+// whose lengths do not add up to the slot's. It is fabric.ErrBadRuns and
+// matches fabric.ErrBadRequest.
+var ErrBadRuns = fabric.ErrBadRuns

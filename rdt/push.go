@@ -130,21 +130,55 @@ func (n nopRelease) Bytes() []byte {
 // Push writes the object behind src, which this actor's runtime owns, into
 // the slot that dst names, over the best path that can push, and then tells
 // the slot's runtime that the push completed. src and dst must have the
-// same size.
-func (a *Actor) Push(ctx context.Context, src Ref, dst Ref) (Transfer, error) {
+// same size (with PushRuns: the runs and dst).
+func (a *Actor) Push(ctx context.Context, src Ref, dst Ref, opts ...PushOption) (Transfer, error) {
 	if a.rt.isClosed() {
 		return Transfer{}, ErrClosed
 	}
+	var o pushOpts
+	for _, f := range opts {
+		f(&o)
+	}
 	ctx, cancel := a.rt.bounded(ctx)
 	defer cancel()
-	x, err := pushrun.One(ctx, pushEnv{a.rt}, refwire.Ref(src), refwire.Ref(dst))
+	x, err := pushrun.One(ctx, pushEnv{a.rt}, refwire.Ref(src), refwire.Ref(dst), o.runs)
 	return Transfer{Plan: planFrom(x.Plan), Stats: x.Stats}, err
 }
 
+// Run is a range of an object's bytes: Len bytes from Off (PushRuns).
+type Run = fabric.Run
+
+// PushOption changes one Push.
+type PushOption func(*pushOpts)
+
+type pushOpts struct{ runs []Run }
+
+// PushRuns makes a Push send the concatenation of runs of the source
+// object's bytes (offsets from its first byte, as Desc.Span lays it out),
+// in order, which must fill the slot exactly: a resharded weight's strided
+// rows, say, straight from the shard that holds them. A path that can
+// (tcp, fabric.GatherWriter) sends them from the object with no packed
+// copy of them; any other gets them packed into staging memory of this
+// runtime first, logged and counted
+// (tensorlane_gather_packed_total{transport}).
+// Runs outside the object, of no bytes, or not adding up to the slot's
+// size fail the push with ErrBadRuns before anything moves. runs must not
+// change until Push returns.
+func PushRuns(runs []Run) PushOption {
+	return func(o *pushOpts) {
+		o.runs = runs
+		if o.runs == nil {
+			o.runs = []Run{} // refused as no runs, not taken for a whole push
+		}
+	}
+}
+
 // openPush checks that this runtime owns src and that its bytes fit dst's
-// slot exactly, pins them and returns them (the window of pin that moves)
-// with the slot's Remote. The caller releases pin.
-func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer, win *objstore.Window, remote fabric.Remote, err error) {
+// slot exactly (with runs: that they lie in src's bytes and fill the slot
+// exactly), pins them and returns them (the window of pin that moves; with
+// runs, all of src's bytes) with the slot's Remote. The caller releases
+// pin.
+func (r *Runtime) openPush(ctx context.Context, src, dst Ref, runs []Run) (pin tensor.Buffer, win *objstore.Window, remote fabric.Remote, err error) {
 	if src.Owner != r.host.ID() || src.Incarnation != r.incarnation {
 		return nil, nil, remote, fmt.Errorf("%w: push source %v is not owned by this runtime", ErrNotOwner, src)
 	}
@@ -153,12 +187,21 @@ func (r *Runtime) openPush(ctx context.Context, src, dst Ref) (pin tensor.Buffer
 	if err != nil {
 		return nil, nil, remote, err
 	}
-	if end-start != spanBytes(dst.Desc) || end > pin.Len() {
+	if end > pin.Len() {
+		pin.Release()
+		return nil, nil, remote, fmt.Errorf("%w: object of %d bytes, %d published", tensor.ErrTooSmall, pin.Len(), end)
+	}
+	if runs != nil {
+		if err := fabric.CheckRuns(runs, end-start, spanBytes(dst.Desc)); err != nil {
+			pin.Release()
+			return nil, nil, remote, err
+		}
+	} else if end-start != spanBytes(dst.Desc) {
 		pin.Release()
 		return nil, nil, remote, fmt.Errorf("%w: pushing %d bytes into a slot of %d", tensor.ErrTooSmall, end-start, spanBytes(dst.Desc))
 	}
 	remote = r.remoteFor(dst)
-	remote.Offset, remote.Length = 0, end-start
+	remote.Offset, remote.Length = 0, spanBytes(dst.Desc)
 	return pin, &objstore.Window{Buffer: pin, Off: start, N: end - start}, remote, nil
 }
 

@@ -55,8 +55,8 @@ type pushEnv struct{ r *Runtime }
 
 func (e pushEnv) Self() (peer.ID, uint64) { return e.r.host.ID(), e.r.incarnation }
 
-func (e pushEnv) Open(ctx context.Context, src, dst refwire.Ref) (tensor.Buffer, tensor.Buffer, fabric.Remote, error) {
-	pin, win, remote, err := e.r.openPush(ctx, Ref(src), Ref(dst))
+func (e pushEnv) Open(ctx context.Context, src, dst refwire.Ref, runs []fabric.Run) (tensor.Buffer, tensor.Buffer, fabric.Remote, error) {
+	pin, win, remote, err := e.r.openPush(ctx, Ref(src), Ref(dst), runs)
 	if err != nil {
 		return nil, nil, remote, err
 	}
@@ -71,6 +71,19 @@ func (e pushEnv) WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []t
 
 func (e pushEnv) Write(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, remote fabric.Remote) (fabric.Stats, fabric.Plan, error) {
 	return e.r.planner.Write(ctx, ep, buf, remote)
+}
+
+// WriteRuns stages a pack, for a path that cannot send runs, in memory
+// of the source's device (a runtime allocation, which every path can send
+// from).
+func (e pushEnv) WriteRuns(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, runs []fabric.Run, remote fabric.Remote) (fabric.Stats, fabric.Plan, error) {
+	return e.r.planner.WriteRuns(ctx, ep, buf, runs, remote, func(ctx context.Context, n int64) (tensor.Buffer, error) {
+		mem, err := e.r.Memory(ep.Device)
+		if err != nil {
+			return nil, err
+		}
+		return mem.Alloc(ctx, n)
+	})
 }
 
 func (e pushEnv) Notify(ctx context.Context, dst refwire.Ref, n ctlwire.PushNotice) error {

@@ -145,6 +145,29 @@ func tl_push(rt C.uint64_t, src *C.uint8_t, srcLen C.size_t, dst *C.uint8_t, dst
 	})
 }
 
+//export tl_push_runs
+func tl_push_runs(rt C.uint64_t, src *C.uint8_t, srcLen C.size_t, dst *C.uint8_t, dstLen C.size_t, runs *C.int64_t, nRuns C.size_t,
+	timeoutMS C.int64_t, out *C.char, capacity C.size_t, n *C.size_t) C.int {
+	return withRuntime(rt, func(r *capi.Runtime) error {
+		d, err := timeout(int64(timeoutMS))
+		if err != nil {
+			return err
+		}
+		if int(capacity) < capi.MaxItemJSON {
+			return errArg("capacity %d: pass at least %d bytes", capacity, capi.MaxItemJSON)
+		}
+		if runs == nil || nRuns == 0 || uint64(nRuns) > maxInput/16 {
+			return errArg("runs: %d (offset, length) pairs at %p", uint64(nRuns), runs)
+		}
+		rs := append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(runs)), 2*int(nRuns))...) // a copy: Go keeps no C pointer
+		x, err := r.PushRuns(context.Background(), bytesIn(src, srcLen), bytesIn(dst, dstLen), rs, d)
+		if err != nil {
+			return err
+		}
+		return jsonOut(x, out, capacity, n)
+	})
+}
+
 //export tl_push_batch
 func tl_push_batch(rt C.uint64_t, request *C.char, timeoutMS C.int64_t, out *C.char, capacity C.size_t, n *C.size_t) C.int {
 	return withRuntime(rt, func(r *capi.Runtime) error {

@@ -291,6 +291,15 @@ int tl_slot_close(uint64_t rt, uint64_t slot);
  * cap must be at least 1024. */
 int tl_push(uint64_t rt, const uint8_t *src, size_t src_len, const uint8_t *dst, size_t dst_len,
             int64_t timeout_ms, char *out, size_t cap, size_t *len);
+/* tl_push of the concatenation of runs of src's bytes, in order, which must
+ * fill the slot exactly: runs holds n_runs (offset, length) pairs, offsets
+ * from the object's first byte (a resharded shard's strided rows). tcp
+ * sends them from the object with no packed copy; other paths pack them
+ * first (counted in tensorlane_gather_packed_total). Runs outside the
+ * object, empty, or not adding up to the slot: TL_E_BAD_REQUEST. cap must
+ * be at least 1024. */
+int tl_push_runs(uint64_t rt, const uint8_t *src, size_t src_len, const uint8_t *dst, size_t dst_len,
+                 const int64_t *runs, size_t n_runs, int64_t timeout_ms, char *out, size_t cap, size_t *len);
 /* Push every pair of a batch at once; JSON: one result per item (an
  * item's failure is in its result, not the return code). Give cap of at
  * least 4096 + 1024 per item: a batch is not repeated to learn its size. */

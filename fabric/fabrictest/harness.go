@@ -13,7 +13,8 @@
 // 64 concurrent transfers, cancellation and the owner closing mid-transfer,
 // an owner that stalls, a corrupted frame, forged tokens, stale
 // incarnations, unknown objects, push (for transports that implement
-// fabric.Writer) and batches (for fabric.BatchReader: mixed valid, freed,
+// fabric.Writer; gathered pushes of runs for fabric.GatherWriter) and
+// batches (for fabric.BatchReader: mixed valid, freed,
 // unknown and forged objects, a cancelled batch, the owner closing or
 // stalling mid-batch; the same for fabric.BatchWriter's push batches, with
 // closed, unknown and forged sinks). Every case must end in success with the right bytes or in

@@ -74,6 +74,7 @@ func Run(t *testing.T, h Harness) {
 		{"OwnerClosesMidTransfer", (*suite).ownerCloses},
 		{"CorruptFrame", (*suite).corrupt},
 		{"Push", (*suite).push},
+		{"PushRuns", (*suite).pushRuns},
 		{"BatchMixed", (*suite).batchMixed},
 		{"BatchCancelled", (*suite).batchCancel},
 		{"BatchOwnerCloses", (*suite).batchOwnerCloses},

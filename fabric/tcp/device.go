@@ -32,7 +32,7 @@ const stageTimeout = 30 * time.Second
 // overlapped with the wire.
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	return fabric.ReadStagedProgress(ctx, fabric.TCP, src, dst, func(ctx context.Context, r fabric.Remote, p []byte, received func(off int64, n int)) (fabric.Stats, error) {
-		return t.runWith(ctx, opRead, r, p, received, nil)
+		return t.runWith(ctx, opRead, r, p, nil, received, nil)
 	})
 }
 

@@ -169,6 +169,10 @@ type link struct {
 	sums     *tensor.ChunkSums
 	sumsAt   int64
 	sumStats *sumStats
+
+	// A gathered push's scratch (gather.go): a batch of blocks, and a
+	// block to sample.
+	gscratch, gbuf []byte
 }
 
 // Where a raw block's checksum came from.

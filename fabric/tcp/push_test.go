@@ -34,7 +34,7 @@ func newPushFixture(t *testing.T, n int64) *pushFixture { return newPushFixtureW
 
 // newPushFixtureWith is newPushFixture with the owner's config changed by
 // mutate.
-func newPushFixtureWith(t *testing.T, n int64, mutate func(*ServerConfig)) *pushFixture {
+func newPushFixtureWith(t testing.TB, n int64, mutate func(*ServerConfig)) *pushFixture {
 	pf := &pushFixture{}
 	sinkBuf, err := tensor.NewHostMemory(0).Alloc(context.Background(), n)
 	require.NoError(t, err)

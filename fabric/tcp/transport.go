@@ -234,16 +234,17 @@ func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Rem
 		return fabric.Stats{}, err
 	}
 	// A sealed object's blocks go with their cached checksums.
-	return t.runWith(ctx, opWrite, dst, from[:dst.Length], nil, tensor.SumsOf(src))
+	return t.runWith(ctx, opWrite, dst, from[:dst.Length], nil, nil, tensor.SumsOf(src))
 }
 
 func (t *Transport) run(ctx context.Context, op byte, r fabric.Remote, p []byte) (fabric.Stats, error) {
-	return t.runWith(ctx, op, r, p, nil, nil)
+	return t.runWith(ctx, op, r, p, nil, nil, nil)
 }
 
 // runWith is run with a read's progress reported to received, and a
-// push's cached checksums (transfer).
-func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []byte, received func(off int64, n int), sums *tensor.ChunkSums) (fabric.Stats, error) {
+// push's cached checksums (transfer). A gathered push (WriteRuns) passes
+// its data as g instead of p.
+func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []byte, g *gather, received func(off int64, n int), sums *tensor.ChunkSums) (fabric.Stats, error) {
 	start := time.Now()
 	addr := r.Addrs[fabric.TCP]
 	if addr == "" {
@@ -251,6 +252,9 @@ func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []b
 	}
 	x := transfer{op: op, key: connKey{r.Peer, addr}, claim: r.Claim, dtype: r.DType, received: received, sums: sums, base: r.Offset}
 	n := int64(len(p))
+	if g != nil {
+		n = g.n
+	}
 	var est linkEstimate
 	var codecBps float64
 	if t.cfg.Compression == CompressAuto && n >= minCompress {
@@ -269,9 +273,9 @@ func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []b
 	var wire int64
 	var err error
 	if streams == 1 {
-		wire, err = t.stripe(ctx, &x, r.Offset, p)
+		wire, err = t.stripe(ctx, &x, r.Offset, p, g)
 	} else {
-		streams, wire, err = t.striped(ctx, x, r.Offset, p, streams)
+		streams, wire, err = t.striped(ctx, x, r.Offset, p, g, n, streams)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -296,23 +300,29 @@ func (t *Transport) runWith(ctx context.Context, op byte, r fabric.Remote, p []b
 // striped moves p over up to streams connections at once. It is apart
 // from run so that the closures it needs do not make small transfers
 // allocate.
-func (t *Transport) striped(ctx context.Context, x transfer, base int64, p []byte, streams int) (int, int64, error) {
-	n := int64(len(p))
+func (t *Transport) striped(ctx context.Context, x transfer, base int64, p []byte, g *gather, n int64, streams int) (int, int64, error) {
 	part := (n + int64(streams) - 1) / int64(streams)
 	part = (part + DefaultChunkSize - 1) / DefaultChunkSize * DefaultChunkSize
-	g, gctx := errgroup.WithContext(ctx)
+	eg, gctx := errgroup.WithContext(ctx)
 	var wires atomic.Int64
 	used := 0
 	for off := int64(0); off < n; off += part {
 		end := min(off+part, n)
 		used++
-		g.Go(func() error {
-			wire, err := t.stripe(gctx, &x, base+off, p[off:end])
+		var sp []byte
+		var sg *gather
+		if g != nil {
+			sg = g.slice(off, end)
+		} else {
+			sp = p[off:end]
+		}
+		eg.Go(func() error {
+			wire, err := t.stripe(gctx, &x, base+off, sp, sg)
 			wires.Add(wire)
 			return err
 		})
 	}
-	err := g.Wait()
+	err := eg.Wait()
 	return used, wires.Load(), err
 }
 
@@ -333,7 +343,7 @@ func (t *Transport) codecBps() float64 {
 // stripe moves [off, off+len(p)) of the object on one connection and
 // returns the bytes it put on or took off the wire. A pooled connection
 // that the owner has since closed is replaced once.
-func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte) (wire int64, err error) {
+func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte, g *gather) (wire int64, err error) {
 	for attempt := 0; ; attempt++ {
 		c, pooled, err := t.pool.Get(ctx, x.key)
 		if err != nil {
@@ -345,7 +355,7 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 		if ctx.Done() != nil {
 			stop = context.AfterFunc(ctx, c.abort)
 		}
-		w, inStep, err := t.exchange(c, x, off, p)
+		w, inStep, err := t.exchange(c, x, off, p, g)
 		wire += w
 		if errors.Is(err, errSealRefused) {
 			// An owner from before flagSealed, which hung up: ask again
@@ -378,18 +388,22 @@ func (t *Transport) stripe(ctx context.Context, x *transfer, off int64, p []byte
 // over the wire. inStep reports whether c can carry another request: after
 // success, and after the owner refused the request with a status (the
 // refusal ends the exchange cleanly).
-func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire int64, inStep bool, err error) {
-	req := request{op: x.op, claim: x.claim, offset: off, length: int64(len(p)), dtype: x.dtype}
+func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte, g *gather) (wire int64, inStep bool, err error) {
+	n := int64(len(p))
+	if g != nil {
+		n = g.n
+	}
+	req := request{op: x.op, claim: x.claim, offset: off, length: n, dtype: x.dtype}
 	if x.compress {
 		req.flags = flagCompress
 	}
 	// A small push goes out with its request in one writev, and waits for
 	// one status (the ack) instead of two.
-	eager := x.op == opWrite && len(p) <= eagerMax
+	eager := x.op == opWrite && n <= eagerMax
 	if eager {
 		req.flags |= flagEager
 	}
-	sealed := c.sealed && !t.cfg.SealedChecksums && len(p) > 0
+	sealed := c.sealed && !t.cfg.SealedChecksums && n > 0
 	if sealed {
 		if _, old := t.unsealed.Load(x.key); old {
 			sealed = false
@@ -430,7 +444,11 @@ func (t *Transport) exchange(c *conn, x *transfer, off int64, p []byte) (wire in
 		prefix = c.req
 	}
 	c.sums, c.sumsAt = x.sums, off-x.base
-	wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false), sealed)
+	if g != nil {
+		wire, err = c.sendGathered(prefix, g, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false), sealed)
+	} else {
+		wire, err = c.sendBlocks(prefix, p, t.cfg.ChunkSize, x.compress, tcodec.HintFor(x.dtype), t.corruptNext.Swap(false), sealed)
+	}
 	c.sums = nil
 	wire -= int64(len(prefix))
 	if err != nil {

@@ -67,6 +67,7 @@ _PROTOS = {
     "tl_slot_info": ([u64, u64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_slot_close": ([u64, u64], ctypes.c_int),
     "tl_push": ([u64, cp, sz, cp, sz, i64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
+    "tl_push_runs": ([u64, cp, sz, cp, sz, ctypes.POINTER(i64), sz, i64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_push_batch": ([u64, cp, i64, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),
     "tl_broadcast_start": ([u64, cp, i64, ctypes.POINTER(u64)], ctypes.c_int),
     "tl_broadcast_explain": ([u64, cp, cp, sz, ctypes.POINTER(sz)], ctypes.c_int),

@@ -245,15 +245,32 @@ class PushResult:
                    degraded=bool(d.get("degraded", False)), error=_error(d))
 
 
-def push(src: bytes, slot: bytes, *, timeout: Optional[float] = None, runtime: Optional[Runtime] = None) -> PushResult:
+def push(src: bytes, slot: bytes, *, runs: Optional[Any] = None, timeout: Optional[float] = None,
+         runtime: Optional[Runtime] = None) -> PushResult:
     """Writes the object ``src`` (a ref this runtime published) into the slot
-    ``slot`` (a slot's ref); raises on failure."""
+    ``slot`` (a slot's ref); raises on failure.
+
+    ``runs``, (offset, length) pairs (a sequence of pairs or an (n, 2)
+    integer array; offsets from the object's first byte), pushes their
+    concatenation instead, in order, which must fill the slot exactly: a
+    resharded shard's strided rows, say, with no pack buffer. tcp sends them
+    from the object; other paths pack them first (counted in
+    ``tensorlane_gather_packed_total``). Runs that leave the object or do not
+    fill the slot raise :class:`errors.BadRequest`."""
     rt = _rt(runtime)
     src, slot = _ref(src), _ref(slot)
     out = ctypes.create_string_buffer(_ITEM_JSON + 1024)
     n = ctypes.c_size_t(0)
-    _lib.check(_lib.lib().tl_push(rt._h(), src, len(src), slot, len(slot), _ms(timeout), out, len(out),
-                                  ctypes.byref(n)))
+    if runs is None:
+        _lib.check(_lib.lib().tl_push(rt._h(), src, len(src), slot, len(slot), _ms(timeout), out, len(out),
+                                      ctypes.byref(n)))
+        return PushResult._from(json.loads(out.value.decode()))
+    r = np.ascontiguousarray(np.asarray(runs, dtype=np.int64).reshape(-1, 2))
+    if len(r) == 0:
+        raise errors.InvalidArgument("runs: no (offset, length) pairs")
+    _lib.check(_lib.lib().tl_push_runs(rt._h(), src, len(src), slot, len(slot),
+                                       r.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), len(r), _ms(timeout),
+                                       out, len(out), ctypes.byref(n)))
     return PushResult._from(json.loads(out.value.decode()))
 
 

@@ -612,3 +612,30 @@ def test_publisher_delta_auto_uses_the_measured_codec_rate():
         owner.close()
         for x in readers:
             x.close()
+
+
+def test_push_runs(pair):
+    """A push of runs of an object (every other 4 KiB row, then one byte)
+    lands their concatenation in the reader's array, over shm (packed first)
+    and tcp (sent from the object); runs that do not fill the slot are a
+    bad request and leave the slot as it was."""
+    path, a, b = pair
+    src = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    ref = a.put(src)
+    runs = [(off, 4096) for off in range(0, 1 << 20, 8192)] + [((1 << 20) - 1, 1)]
+    want = np.concatenate([src[o:o + n] for o, n in runs])
+    param = np.zeros_like(want)
+    with ws.Slot(param, runtime=b) as slot:
+        r = ws.push(ref, slot.ref, runs=runs, runtime=a, timeout=10)
+        assert r.ok and r.transport == path and r.bytes == want.nbytes
+        assert slot.wait(timeout=10) == 1
+        np.testing.assert_array_equal(param, want)
+        slot.done()
+        with pytest.raises(errors.BadRequest):
+            ws.push(ref, slot.ref, runs=runs[:-1], runtime=a, timeout=10)
+        with pytest.raises(errors.InvalidArgument):
+            ws.push(ref, slot.ref, runs=[], runtime=a, timeout=10)
+        # An (n, 2) array works as well as pairs.
+        ws.push(ref, slot.ref, runs=np.array(runs), runtime=a, timeout=10)
+        assert slot.wait(timeout=10) == 2
+        np.testing.assert_array_equal(param, want)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorlane/tensorlane/fabric/tcp"
+	"github.com/tensorlane/tensorlane/internal/tcodec"
 	"github.com/tensorlane/tensorlane/rdt"
 	"github.com/tensorlane/tensorlane/tensor"
 )
@@ -21,11 +23,101 @@ import (
 // Sub-benchmarks: "resharded" (readers made with NewReceiverOver: the
 // moves land in the readers' shards, no scatter), "resharded-scatter"
 // (NewReceiver: a slot per move, scattered at Receive), "unsharded", and
-// "interleaved", which runs a resharded step (in place), an unsharded one
-// and a resharded one with scattering readers in turn and reports the
-// times and the ratios to unsharded (ratio, scatter-ratio), so drift on a
-// shared machine hits them alike: read that line for the goal.
+// "interleaved", which runs a resharded step (in place), an unsharded one,
+// a resharded one with scattering readers and a gathered one (trainers
+// made with NewSenderOver: each move's runs pushed from the shard, no
+// pack) in turn and reports the times and the ratios to unsharded (ratio,
+// scatter-ratio, gather-ratio), so drift on a shared machine hits them
+// alike: read that line for the goal. These run on the default path
+// between hosts, rdma (softrdma over loopback here), which cannot send
+// runs: its gathered step packs in staging memory (the counted fallback).
+// "interleaved-tcp" is "interleaved" with rdma off and tcp compression off:
+// every step over tcp, whose gathered write sends the runs with no pack
+// copy. The weights are random bf16 (tcodec.FillNormal).
 func BenchmarkReshard(b *testing.B) {
+	b.Run("resharded", func(b *testing.B) {
+		e := newReshardBench(b, nil)
+		b.SetBytes(e.p.Bytes())
+		for b.Loop() {
+			e.reshardStep(b, e.packers, e.inPlace)
+		}
+	})
+	b.Run("resharded-scatter", func(b *testing.B) {
+		e := newReshardBench(b, nil)
+		b.SetBytes(e.p.Bytes())
+		for b.Loop() {
+			e.reshardStep(b, e.packers, e.scatter)
+		}
+	})
+	b.Run("unsharded", func(b *testing.B) {
+		e := newReshardBench(b, nil)
+		b.SetBytes(e.p.Bytes())
+		for b.Loop() {
+			e.unshardedStep(b)
+		}
+	})
+	interleaved := func(b *testing.B, mutate func(*rdt.Config)) {
+		e := newReshardBench(b, mutate)
+		var re, sc, un, ga []float64
+		for b.Loop() {
+			t0 := time.Now()
+			e.reshardStep(b, e.packers, e.inPlace)
+			t1 := time.Now()
+			e.unshardedStep(b)
+			t2 := time.Now()
+			e.reshardStep(b, e.packers, e.scatter)
+			t3 := time.Now()
+			e.reshardStep(b, e.gatherers, e.inPlace)
+			re, un, sc = append(re, float64(t1.Sub(t0))), append(un, float64(t2.Sub(t1))), append(sc, float64(t3.Sub(t2)))
+			ga = append(ga, float64(time.Since(t3)))
+		}
+		// Medians, and the median of each round's ratios: a load spike on
+		// a shared machine lands on one step, not on the figure.
+		ratios, scatters, gathers := make([]float64, len(re)), make([]float64, len(re)), make([]float64, len(re))
+		for i := range re {
+			ratios[i], scatters[i], gathers[i] = re[i]/un[i], sc[i]/un[i], ga[i]/un[i]
+		}
+		b.ReportMetric(median(re)/1e6, "resharded-ms/step")
+		b.ReportMetric(median(ga)/1e6, "gathered-ms/step")
+		b.ReportMetric(median(un)/1e6, "unsharded-ms/step")
+		b.ReportMetric(median(ratios), "ratio")
+		b.ReportMetric(median(scatters), "scatter-ratio")
+		b.ReportMetric(median(gathers), "gather-ratio")
+	}
+	b.Run("interleaved", func(b *testing.B) { interleaved(b, nil) })
+	b.Run("interleaved-tcp", func(b *testing.B) {
+		interleaved(b, func(c *rdt.Config) {
+			c.DisableRDMA = true
+			// The copies are measured, not a codec on loopback.
+			c.Transports.Compression = tcp.CompressOff
+		})
+	})
+}
+
+// reshardBench is BenchmarkReshard's set-up: three trainers (host h0)
+// with their shards as plain memory (packers) and as rdt objects
+// (gatherers), two sets of readers (host h1: in place and scattering), and
+// the unsharded trainer and readers.
+type reshardBench struct {
+	p                  *Plan
+	src                [][]byte
+	packers, gatherers []*Sender
+	inPlace, scatter   benchReaders
+
+	u     *rdt.Actor
+	srcs  []rdt.Ref
+	dsts  []rdt.Ref
+	whole []*rdt.Slot
+	gen   uint64
+}
+
+type benchReaders struct {
+	slots map[Key]rdt.Ref
+	rcv   []*Receiver
+	dst   [][]byte
+}
+
+func newReshardBench(b *testing.B, mutate func(*rdt.Config)) *reshardBench {
 	ctx := context.Background()
 	shape, elem := []int64{4096, 4096}, int64(2) // 32 MiB of bf16
 	from, _ := Split(shape, elem, 0, 3)
@@ -34,14 +126,11 @@ func BenchmarkReshard(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rts := runtimesTB(b, "h0", "h0", "h0", "h1", "h1")
-	src := make([][]byte, 3)
-	for i := range src {
-		src[i] = make([]byte, from.Bytes(i))
-	}
-
-	var senders []*Sender
+	e := &reshardBench{p: p}
+	rts := runtimesTB(b, mutate, "h0", "h0", "h0", "h1", "h1")
 	for i := range 3 {
+		e.src = append(e.src, make([]byte, from.Bytes(i)))
+		tcodec.FillNormal(e.src[i], 2, 0.02, uint64(i))
 		a, err := rts[i].Spawn("t")
 		if err != nil {
 			b.Fatal(err)
@@ -51,16 +140,16 @@ func BenchmarkReshard(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { s.Close(ctx) })
-		senders = append(senders, s)
+		e.packers = append(e.packers, s)
+		ref := e.put(b, rts[i], a, from.Bytes(i))
+		if s, err = NewSenderOver(ctx, a, p, i, ref); err != nil {
+			b.Fatal(err)
+		}
+		e.gatherers = append(e.gatherers, s)
 	}
 	// Two sets of readers on the same runtimes: in place and scattering.
-	type readers struct {
-		slots map[Key]rdt.Ref
-		rcv   []*Receiver
-		dst   [][]byte
-	}
-	mk := func(over bool) readers {
-		rs := readers{slots: map[Key]rdt.Ref{}}
+	mk := func(over bool) benchReaders {
+		rs := benchReaders{slots: map[Key]rdt.Ref{}}
 		for j := range 2 {
 			name := "r"
 			if !over {
@@ -88,39 +177,13 @@ func BenchmarkReshard(b *testing.B) {
 		}
 		return rs
 	}
-	inPlace, scatter := mk(true), mk(false)
-	reshardStep := func(b *testing.B, rs readers) {
-		errs := make(chan error, len(senders)+len(rs.rcv))
-		for j, r := range rs.rcv {
-			go func() { errs <- r.Receive(ctx, rs.dst[j]) }()
-		}
-		for i, s := range senders {
-			go func() { _, err := s.Send(ctx, src[i], rs.slots); errs <- err }()
-		}
-		for range len(senders) + len(rs.rcv) {
-			if err := <-errs; err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	e.inPlace, e.scatter = mk(true), mk(false)
 
-	a, err := rts[0].Spawn("u")
-	if err != nil {
+	if e.u, err = rts[0].Spawn("u"); err != nil {
 		b.Fatal(err)
 	}
-	mem, _ := rts[0].Memory(tensor.HostDevice)
-	var srcs, dsts []rdt.Ref
-	var whole []*rdt.Slot
 	for j := range 2 {
-		buf, err := mem.Alloc(ctx, to.Bytes(j))
-		if err != nil {
-			b.Fatal(err)
-		}
-		t, _ := tensor.New(buf, tensor.NewDesc(tensor.Uint8, to.Bytes(j)))
-		ref, err := a.Put(ctx, t)
-		if err != nil {
-			b.Fatal(err)
-		}
+		ref := e.put(b, rts[0], e.u, to.Bytes(j))
 		ra, err := rts[3+j].Spawn("u")
 		if err != nil {
 			b.Fatal(err)
@@ -132,75 +195,74 @@ func BenchmarkReshard(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { s.Close() })
-		srcs, dsts, whole = append(srcs, ref), append(dsts, s.Ref()), append(whole, s)
+		e.srcs, e.dsts, e.whole = append(e.srcs, ref), append(e.dsts, s.Ref()), append(e.whole, s)
 	}
-	var gen uint64
-	unshardedStep := func(b *testing.B) {
-		errs := make(chan error, len(whole)+1)
-		for _, s := range whole {
-			go func() {
-				g, _, err := s.Wait(ctx, gen)
-				if err == nil {
-					err = s.Done(ctx, g)
-				}
-				errs <- err
-			}()
-		}
-		go func() {
-			_, es := a.PushBatch(ctx, srcs, dsts, rdt.BatchConfig{})
-			errs <- es[0]
-			if es[1] != nil {
-				b.Error(es[1])
-			}
-		}()
-		for range len(whole) + 1 {
-			if err := <-errs; err != nil {
-				b.Fatal(err)
-			}
-		}
-		gen++
-	}
+	return e
+}
 
-	b.Run("resharded", func(b *testing.B) {
-		b.SetBytes(p.Bytes())
-		for b.Loop() {
-			reshardStep(b, inPlace)
+// put publishes n bytes of host memory of rt on a.
+func (e *reshardBench) put(b *testing.B, rt *rdt.Runtime, a *rdt.Actor, n int64) rdt.Ref {
+	ctx := context.Background()
+	mem, _ := rt.Memory(tensor.HostDevice)
+	buf, err := mem.Alloc(ctx, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t, _ := tensor.New(buf, tensor.NewDesc(tensor.Uint8, n))
+	p, _ := tensor.BytesOf(buf)
+	tcodec.FillNormal(p, 2, 0.02, uint64(n))
+	ref, err := a.Put(ctx, t)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ref
+}
+
+func (e *reshardBench) reshardStep(b *testing.B, senders []*Sender, rs benchReaders) {
+	ctx := context.Background()
+	errs := make(chan error, len(senders)+len(rs.rcv))
+	for j, r := range rs.rcv {
+		go func() { errs <- r.Receive(ctx, rs.dst[j]) }()
+	}
+	for i, s := range senders {
+		var src []byte
+		if s.over == nil {
+			src = e.src[i]
 		}
-	})
-	b.Run("resharded-scatter", func(b *testing.B) {
-		b.SetBytes(p.Bytes())
-		for b.Loop() {
-			reshardStep(b, scatter)
+		go func() { _, err := s.Send(ctx, src, rs.slots); errs <- err }()
+	}
+	for range len(senders) + len(rs.rcv) {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("unsharded", func(b *testing.B) {
-		b.SetBytes(p.Bytes())
-		for b.Loop() {
-			unshardedStep(b)
+	}
+}
+
+func (e *reshardBench) unshardedStep(b *testing.B) {
+	ctx := context.Background()
+	errs := make(chan error, len(e.whole)+1)
+	for _, s := range e.whole {
+		go func() {
+			g, _, err := s.Wait(ctx, e.gen)
+			if err == nil {
+				err = s.Done(ctx, g)
+			}
+			errs <- err
+		}()
+	}
+	go func() {
+		_, es := e.u.PushBatch(ctx, e.srcs, e.dsts, rdt.BatchConfig{})
+		errs <- es[0]
+		if es[1] != nil {
+			b.Error(es[1])
 		}
-	})
-	b.Run("interleaved", func(b *testing.B) {
-		var re, sc, un []float64
-		for b.Loop() {
-			t0 := time.Now()
-			reshardStep(b, inPlace)
-			t1 := time.Now()
-			unshardedStep(b)
-			t2 := time.Now()
-			reshardStep(b, scatter)
-			re, un, sc = append(re, float64(t1.Sub(t0))), append(un, float64(t2.Sub(t1))), append(sc, float64(time.Since(t2)))
+	}()
+	for range len(e.whole) + 1 {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
 		}
-		// Medians, and the median of each triple's ratios: a load spike on
-		// a shared machine lands on one step, not on the figure.
-		ratios, scatters := make([]float64, len(re)), make([]float64, len(re))
-		for i := range re {
-			ratios[i], scatters[i] = re[i]/un[i], sc[i]/un[i]
-		}
-		b.ReportMetric(median(re)/1e6, "resharded-ms/step")
-		b.ReportMetric(median(un)/1e6, "unsharded-ms/step")
-		b.ReportMetric(median(ratios), "ratio")
-		b.ReportMetric(median(scatters), "scatter-ratio")
-	})
+	}
+	e.gen++
 }
 
 func median(xs []float64) float64 {
@@ -212,13 +274,13 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func runtimesTB(b *testing.B, hosts ...string) []*rdt.Runtime {
+func runtimesTB(b *testing.B, mutate func(*rdt.Config), hosts ...string) []*rdt.Runtime {
 	b.Helper()
 	ctx := context.Background()
 	var out []*rdt.Runtime
 	dir := b.TempDir()
 	for _, h := range hosts {
-		r, err := newRuntime(ctx, dir, h)
+		r, err := newRuntimeWith(ctx, dir, h, mutate)
 		if err != nil {
 			b.Fatal(err)
 		}

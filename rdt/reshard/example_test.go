@@ -26,3 +26,19 @@ func Example() {
 	//   <- source 0 [0:4, 0:6]: block [0:4, 4:6], 16 bytes in 4 ranges of 4 bytes
 	//   <- source 1 [4:8, 0:6]: block [4:8, 4:6], 16 bytes in 4 ranges of 4 bytes
 }
+
+// The runs a trainer's move is pushed as (Sender made with NewSenderOver):
+// trainer 1 holds rows 4..7 of the 8 x 6 bf16 weight (12-byte rows in its
+// memory), reader 2 needs columns 4..5, the last 4 bytes of each row.
+func ExampleMove_SrcRuns() {
+	from, _ := reshard.Split([]int64{8, 6}, 2, 0, 2)
+	to, _ := reshard.Split([]int64{8, 6}, 2, 1, 3)
+	p, _ := reshard.NewPlan(from, to)
+	for _, m := range p.Into(2) {
+		if m.Src == 1 {
+			fmt.Println(m.SrcRuns())
+		}
+	}
+	// Output:
+	// [{8 4} {20 4} {32 4} {44 4}]
+}

@@ -6,12 +6,17 @@
 // every step): per (source shard, destination shard) pair, the strided runs
 // of bytes to move. Explain draws it.
 //
-// Sender and Receiver run a plan over rdt: each sender packs its runs for
-// one reader into a buffer published once, and pushes all its buffers in one
-// PushBatch (many senders at once, not one rank 0); each receiver reserved
-// one flow-controlled slot per incoming move and scatters them into its
-// shard when all have landed. Only the planned bytes cross the wire; the
-// pack and scatter are memory copies on each side.
+// Sender and Receiver run a plan over rdt (many senders at once, not one
+// rank 0): each receiver reserves one flow-controlled slot per incoming
+// move, and each sender pushes every move of its shard into its slot. A
+// sender made over the shard's rdt object (NewSenderOver) pushes each
+// move's strided runs straight from the shard (rdt.PushRuns: tcp sends
+// them with no packed copy of the move; a path that cannot is counted and
+// packs); one given the shard as plain memory each step (NewSender) packs
+// each move into a buffer published once, then pushes that. A receiver
+// made over its shard's memory (NewReceiverOver) lands each move that is
+// one contiguous range of it in place; the others are scattered when all
+// have landed. Only the planned bytes cross the wire.
 package reshard
 
 import (
@@ -19,6 +24,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/tensorlane/tensorlane/rdt"
 )
 
 // ErrLayout is a layout or plan that does not describe the tensor: shards
@@ -312,6 +319,25 @@ func (m Move) Pack(buf, src []byte) {
 			at += r.Len
 		}
 	}
+}
+
+// SrcRuns lists the move's bytes as contiguous ranges of the source
+// shard's memory, in the order Pack copies them, ranges that touch merged:
+// what a gathered push sends (rdt.PushRuns), equal byte for byte to Pack's
+// buffer.
+func (m Move) SrcRuns() []rdt.Run {
+	var out []rdt.Run
+	for _, r := range m.Runs {
+		for k := range r.Count {
+			o := r.SrcOff + k*r.SrcStride
+			if n := len(out); n > 0 && out[n-1].Off+out[n-1].Len == o {
+				out[n-1].Len += r.Len
+				continue
+			}
+			out = append(out, rdt.Run{Off: o, Len: r.Len})
+		}
+	}
+	return out
 }
 
 // Unpack copies buf (as Pack made it) into the destination shard's memory

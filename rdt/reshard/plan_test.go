@@ -7,6 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/rdt"
 )
 
 // global fills a tensor's bytes with a pattern that differs per element.
@@ -101,6 +104,18 @@ func TestPlanMovesExactlyTheBytes(t *testing.T) {
 				buf := make([]byte, m.Bytes)
 				m.Pack(buf, srcs[m.Src])
 				assert.Equal(t, extract(g, tc.shape, tc.elem, m.Box), buf, "a move's packed bytes are its block, row-major")
+				// A gathered push sends SrcRuns: the same bytes, no pack.
+				runs := m.SrcRuns()
+				require.NoError(t, fabric.CheckRuns(runs, from.Bytes(m.Src), m.Bytes))
+				var gathered []byte
+				for k, r := range runs {
+					gathered = append(gathered, srcs[m.Src][r.Off:r.Off+r.Len]...)
+					if k > 0 {
+						assert.NotEqual(t, runs[k-1].Off+runs[k-1].Len, r.Off, "touching runs are merged")
+					}
+				}
+				assert.Equal(t, buf, gathered, "move %d->%d: the runs are Pack's bytes", m.Src, m.Dst)
+				assert.LessOrEqual(t, int64(len(runs)), m.Ranges())
 				m.Unpack(dsts[m.Dst], buf)
 			}
 			for j, b := range to.Shards {
@@ -135,4 +150,46 @@ func TestPlanRefusesBadLayouts(t *testing.T) {
 	assert.ErrorIs(t, err, ErrLayout)
 	_, err = Split(shape, 4, 0, 5)
 	assert.ErrorIs(t, err, ErrLayout)
+}
+
+// TestSrcRuns: the runs a move yields, by hand, for the layouts reshard
+// is for: rows to columns (one run per row of the source shard, strided by
+// its row), columns to rows (the destination's rows are whole rows of the
+// column shard: contiguous, one run), rows to rows (one run), 3-D.
+func TestSrcRuns(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		shape    []int64
+		elem     int64
+		from, to [2]int
+		src, dst int
+		want     []rdt.Run
+	}{
+		// Shard 1 holds rows 2..3 of a 4x6 (2-byte) tensor: 12-byte rows;
+		// destination 1 is columns 3..5: bytes 6..11 of each row.
+		{"rows (2) to columns (2)", []int64{4, 6}, 2, [2]int{0, 2}, [2]int{1, 2}, 1, 1, []rdt.Run{{Off: 6, Len: 6}, {Off: 18, Len: 6}}},
+		// Column shard 0 holds columns 0..2 (6-byte rows); destination 1
+		// is rows 2..3: rows 2 and 3 of the shard, contiguous: one run.
+		{"columns (2) to rows (2)", []int64{4, 6}, 2, [2]int{1, 2}, [2]int{0, 2}, 0, 1, []rdt.Run{{Off: 12, Len: 12}}},
+		{"rows (2) to rows (4)", []int64{4, 6}, 2, [2]int{0, 2}, [2]int{0, 4}, 1, 3, []rdt.Run{{Off: 12, Len: 12}}},
+		// 2x2x4 (1-byte), dim 0 over 2 to dim 2 over 2: shard 0 is [0:1,
+		// 0:2, 0:4] (8 bytes), destination 1 takes bytes 2..3 of each
+		// 4-byte row.
+		{"3-D: dim 0 to dim 2", []int64{2, 2, 4}, 1, [2]int{0, 2}, [2]int{2, 2}, 0, 1, []rdt.Run{{Off: 2, Len: 2}, {Off: 6, Len: 2}}},
+		{"the same layout: the whole shard", []int64{4, 6}, 2, [2]int{0, 2}, [2]int{0, 2}, 1, 1, []rdt.Run{{Off: 0, Len: 24}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := NewPlan(split(t, tc.shape, tc.elem, tc.from[0], tc.from[1]), split(t, tc.shape, tc.elem, tc.to[0], tc.to[1]))
+			require.NoError(t, err)
+			var got []rdt.Run
+			found := false
+			for _, m := range p.Moves {
+				if m.Src == tc.src && m.Dst == tc.dst {
+					got, found = m.SrcRuns(), true
+				}
+			}
+			require.True(t, found, "no move %d -> %d", tc.src, tc.dst)
+			assert.Equal(t, tc.want, got)
+		})
+	}
 }

@@ -14,8 +14,10 @@ import (
 // Key names a move by its source and destination shard.
 type Key struct{ Src, Dst int }
 
-// Sender is a source shard's side of a plan: one pack buffer per outgoing
-// move, published once and pushed every step.
+// Sender is a source shard's side of a plan: made over the shard's rdt
+// object (NewSenderOver), the runs of each outgoing move pushed from it;
+// else (NewSender) one pack buffer per outgoing move, published once and
+// pushed every step.
 type Sender struct {
 	a     *rdt.Actor
 	plan  *Plan
@@ -23,6 +25,34 @@ type Sender struct {
 	moves []Move
 	refs  []rdt.Ref
 	packs [][]byte
+	// over is the shard's object of NewSenderOver (runs[i]: move i's
+	// ranges of it); nil: NewSender.
+	over *rdt.Ref
+	runs [][]rdt.Run
+}
+
+// NewSenderOver prepares shard's side of p on actor a for a shard that is
+// the rdt object src for good (Put by a's runtime, the shard's bytes,
+// row-major, updated in place between steps): each Send pushes every move's
+// strided runs straight from it (rdt.PushRuns), with no pack buffer and no
+// copy where the path sends runs (tcp; a path that cannot packs them into
+// staging memory, logged and counted in tensorlane_gather_packed_total).
+// The sender does not own src: Close leaves it alone.
+func NewSenderOver(ctx context.Context, a *rdt.Actor, p *Plan, shard int, src rdt.Ref) (*Sender, error) {
+	if a == nil || p == nil {
+		return nil, fmt.Errorf("%w: no actor or plan", ErrLayout)
+	}
+	if shard < 0 || shard >= len(p.From.Shards) {
+		return nil, fmt.Errorf("%w: source shard %d of %d", ErrLayout, shard, len(p.From.Shards))
+	}
+	if start, end := src.Desc.Span(); end-start != p.From.Bytes(shard) {
+		return nil, fmt.Errorf("%w: source shard %d holds %d bytes, its object %d", tensor.ErrTooSmall, shard, p.From.Bytes(shard), end-start)
+	}
+	s := &Sender{a: a, plan: p, shard: shard, moves: p.FromShard(shard), over: &src}
+	for _, m := range s.moves {
+		s.runs = append(s.runs, m.SrcRuns())
+	}
+	return s, nil
 }
 
 // NewSender prepares shard's side of p on actor a: it allocates and
@@ -66,15 +96,19 @@ func NewSender(ctx context.Context, a *rdt.Actor, p *Plan, shard int) (*Sender, 
 // Moves are the sender's moves, one per destination shard it feeds.
 func (s *Sender) Moves() []Move { return s.moves }
 
-// Send packs this step's bytes of the shard (src, row-major, the shard's
-// size) and pushes every move into its destination's slot. Each move's
-// push starts as soon as it is packed, so the packing of the next overlaps
-// the wire (every move goes to another destination shard, so a push batch
-// would coalesce nothing). slots are the receivers' (Receiver.Slots,
-// merged). The transfers come in the order of Moves; the error joins each
-// move's.
+// Send pushes every move of this step's shard into its destination's slot,
+// all at once (every move goes to another destination shard, so a push
+// batch would coalesce nothing). A sender made over the shard's object
+// (NewSenderOver) sends its runs straight from it: src must be nil. Else
+// src is the shard's bytes (row-major, its size), packed move by move, each
+// move's push starting as soon as it is packed so the packing of the next
+// overlaps the wire. slots are the receivers' (Receiver.Slots, merged). The
+// transfers come in the order of Moves; the error joins each move's.
 func (s *Sender) Send(ctx context.Context, src []byte, slots map[Key]rdt.Ref) ([]rdt.Transfer, error) {
-	if int64(len(src)) != s.plan.From.Bytes(s.shard) {
+	if s.over != nil && src != nil {
+		return nil, fmt.Errorf("%w: source shard %d: the sender sends from its object, not from other memory", ErrLayout, s.shard)
+	}
+	if s.over == nil && int64(len(src)) != s.plan.From.Bytes(s.shard) {
 		return nil, fmt.Errorf("%w: source shard %d holds %d bytes, not %d", tensor.ErrTooSmall, s.shard, s.plan.From.Bytes(s.shard), len(src))
 	}
 	dsts := make([]rdt.Ref, len(s.moves))
@@ -89,9 +123,16 @@ func (s *Sender) Send(ctx context.Context, src []byte, slots map[Key]rdt.Ref) ([
 	errs := make([]error, len(s.moves))
 	var wg sync.WaitGroup
 	for i, m := range s.moves {
-		m.Pack(s.packs[i], src)
+		var from *rdt.Ref
+		var opts []rdt.PushOption
+		if s.over != nil {
+			from, opts = s.over, []rdt.PushOption{rdt.PushRuns(s.runs[i])}
+		} else {
+			m.Pack(s.packs[i], src)
+			from = &s.refs[i]
+		}
 		wg.Go(func() {
-			x, err := s.a.Push(ctx, s.refs[i], dsts[i])
+			x, err := s.a.Push(ctx, *from, dsts[i], opts...)
 			xs[i] = x
 			if err != nil {
 				errs[i] = fmt.Errorf("move %d -> %d: %w", m.Src, m.Dst, err)
@@ -105,7 +146,8 @@ func (s *Sender) Send(ctx context.Context, src []byte, slots map[Key]rdt.Ref) ([
 	return xs, errors.Join(errs...)
 }
 
-// Close frees the pack buffers. Idempotent.
+// Close frees the pack buffers (a sender made over an object has none).
+// Idempotent.
 func (s *Sender) Close(ctx context.Context) error {
 	var errs []error
 	for _, r := range s.refs {

@@ -3,6 +3,8 @@ package reshard
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,21 +24,38 @@ func TestMain(m *testing.M) {
 // newRuntime starts a runtime claiming host h of a two-host dgx-h100
 // cluster, its device claims in dir.
 func newRuntime(ctx context.Context, dir, h string) (*rdt.Runtime, error) {
+	return newRuntimeWith(ctx, dir, h, nil)
+}
+
+// newRuntimeWith is newRuntime with the config changed by mutate.
+func newRuntimeWith(ctx context.Context, dir, h string, mutate func(*rdt.Config)) (*rdt.Runtime, error) {
 	cl, err := topology.Preset("dgx-h100", 2)
 	if err != nil {
 		return nil, err
 	}
-	return rdt.New(ctx, rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 64 << 20})
+	cfg := rdt.Config{Cluster: cl, Host: h, IgnoreEnv: true, RuntimeDir: dir, DeviceMemory: 64 << 20}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	return rdt.New(ctx, cfg)
 }
+
+// tcpOnly turns the rdma path off: other hosts are reached over tcp.
+func tcpOnly(c *rdt.Config) { c.DisableRDMA = true }
 
 // runtimes starts one runtime per host name.
 func runtimes(t *testing.T, hosts ...string) []*rdt.Runtime {
+	return runtimesWith(t, nil, hosts...)
+}
+
+// runtimesWith is runtimes with each config changed by mutate.
+func runtimesWith(t *testing.T, mutate func(*rdt.Config), hosts ...string) []*rdt.Runtime {
 	t.Helper()
 	ctx := context.Background()
 	var out []*rdt.Runtime
 	dir := t.TempDir()
 	for _, h := range hosts {
-		r, err := newRuntime(ctx, dir, h)
+		r, err := newRuntimeWith(ctx, dir, h, mutate)
 		require.NoError(t, err)
 		t.Cleanup(func() { r.Shutdown(ctx) })
 		out = append(out, r)
@@ -199,5 +218,175 @@ func TestReshardReceiverOverLandsInPlace(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// putShard publishes a shard of n bytes of host memory on actor a: the
+// object a sender made over it pushes from, and its bytes, which the test
+// rewrites in place each step.
+func putShard(t *testing.T, a *rdt.Actor, rt *rdt.Runtime, n int64) (rdt.Ref, []byte) {
+	t.Helper()
+	ctx := context.Background()
+	mem, err := rt.Memory(tensor.HostDevice)
+	require.NoError(t, err)
+	buf, err := mem.Alloc(ctx, n)
+	require.NoError(t, err)
+	x, err := tensor.New(buf, tensor.NewDesc(tensor.Uint8, n))
+	require.NoError(t, err)
+	ref, err := a.Put(ctx, x)
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Free(ctx, ref) })
+	b, err := tensor.BytesOf(buf)
+	require.NoError(t, err)
+	return ref, b
+}
+
+// TestReshardSenderOverGathers: trainers whose shards are rdt objects
+// (NewSenderOver) push each move's strided runs straight from them. Over
+// tcp nothing is packed (tensorlane_gather_packed_total stays 0); over
+// rdma, which cannot send runs, every move is packed first and counted.
+// For every layout of the table, every reader's shard is exactly its block
+// of each step's weight, as the pack path makes it, and only the planned
+// bytes cross the wire.
+func TestReshardSenderOverGathers(t *testing.T) {
+	ctx := context.Background()
+	shape, elem := []int64{96, 40}, int64(2)
+	type layouts struct {
+		name     string
+		from, to Layout
+	}
+	table := []layouts{
+		{"rows to columns", split(t, shape, elem, 0, 3), split(t, shape, elem, 1, 2)},
+		{"columns to rows", split(t, shape, elem, 1, 2), split(t, shape, elem, 0, 3)},
+		{"rows to rows", split(t, shape, elem, 0, 2), split(t, shape, elem, 0, 3)},
+		{"columns to columns", split(t, shape, elem, 1, 4), split(t, shape, elem, 1, 3)},
+	}
+	for _, path := range []struct {
+		name   string
+		mutate func(*rdt.Config)
+		packed bool
+	}{{"tcp", tcpOnly, false}, {"rdma", nil, true}} {
+		for _, tc := range table {
+			t.Run(path.name+"/"+tc.name, func(t *testing.T) {
+				p, err := NewPlan(tc.from, tc.to)
+				require.NoError(t, err)
+				nf, nt := len(tc.from.Shards), len(tc.to.Shards)
+				var hosts []string
+				for range nf {
+					hosts = append(hosts, "h0")
+				}
+				for range nt {
+					hosts = append(hosts, "h1")
+				}
+				rts := runtimesWith(t, path.mutate, hosts...)
+				var senders []*Sender
+				var shards [][]byte
+				for i := range nf {
+					a, err := rts[i].Spawn("trainer")
+					require.NoError(t, err)
+					ref, mem := putShard(t, a, rts[i], tc.from.Bytes(i))
+					_, err = NewSenderOver(ctx, a, p, i, putShardRefOfSize(t, a, rts[i], tc.from.Bytes(i)+1))
+					require.ErrorIs(t, err, tensor.ErrTooSmall, "an object of another size than the shard")
+					s, err := NewSenderOver(ctx, a, p, i, ref)
+					require.NoError(t, err)
+					t.Cleanup(func() { s.Close(ctx) })
+					senders, shards = append(senders, s), append(shards, mem)
+				}
+				slots := map[Key]rdt.Ref{}
+				var receivers []*Receiver
+				var dsts [][]byte
+				for j := range nt {
+					a, err := rts[nf+j].Spawn("engine")
+					require.NoError(t, err)
+					dst := make([]byte, tc.to.Bytes(j))
+					r, err := NewReceiverOver(ctx, a, p, j, dst)
+					require.NoError(t, err)
+					t.Cleanup(func() { r.Close() })
+					for k, v := range r.Slots() {
+						slots[k] = v
+					}
+					receivers, dsts = append(receivers, r), append(dsts, dst)
+				}
+				_, err = senders[0].Send(ctx, shards[0], slots)
+				require.ErrorIs(t, err, ErrLayout, "a sender over an object sends from it, not from other memory")
+				packed0 := 0.0
+				for _, rt := range rts[:nf] {
+					packed0 += packedCount(t, rt)
+				}
+				for step := range 2 {
+					g := global(shape, elem)
+					for i := range g {
+						g[i] += byte(step*41 + 3)
+					}
+					for i := range nf {
+						copy(shards[i], extract(g, shape, elem, tc.from.Shards[i]))
+					}
+					errs := make(chan error, nf)
+					var pushed atomic.Int64
+					for _, s := range senders {
+						go func() {
+							xs, err := s.Send(ctx, nil, slots)
+							for _, x := range xs {
+								pushed.Add(x.Stats.Bytes)
+								if err == nil && x.Stats.Transport != path.name {
+									err = fmt.Errorf("moved over %s, not %s", x.Stats.Transport, path.name)
+								}
+							}
+							errs <- err
+						}()
+					}
+					for range senders {
+						require.NoError(t, <-errs)
+					}
+					assert.Equal(t, p.Bytes(), pushed.Load(), "the planned bytes, no more")
+					for j, r := range receivers {
+						require.NoError(t, r.Receive(ctx, dsts[j]))
+						assert.True(t, bytes.Equal(extract(g, shape, elem, tc.to.Shards[j]), dsts[j]), "step %d reader %d", step, j)
+						seen(r)
+					}
+				}
+				packed := -packed0
+				for _, rt := range rts[:nf] {
+					packed += packedCount(t, rt)
+				}
+				if path.packed {
+					assert.Equal(t, float64(2*len(p.Moves)), packed, "every move packed on a path without gathered writes, counted")
+				} else {
+					assert.Zero(t, packed, "nothing packed")
+				}
+			})
+		}
+	}
+}
+
+func putShardRefOfSize(t *testing.T, a *rdt.Actor, rt *rdt.Runtime, n int64) rdt.Ref {
+	ref, _ := putShard(t, a, rt, n)
+	return ref
+}
+
+// packedCount is the runtime's tensorlane_gather_packed_total, all paths.
+func packedCount(t *testing.T, rt *rdt.Runtime) float64 {
+	t.Helper()
+	mfs, err := rt.Registry().Gather()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "tensorlane_gather_packed_total" {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// seen orders the test's reads of a receiver's in-place memory before the
+// next step's writes into it for the race detector: those reach dst after
+// the test started the next Send, but through a tcp socket, which it does
+// not see; taking each slot's lock (which the sink's owner takes to open
+// the slot for the next push) is an edge it does.
+func seen(r *Receiver) {
+	for _, s := range r.slots {
+		s.Pushes()
 	}
 }

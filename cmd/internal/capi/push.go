@@ -376,6 +376,31 @@ func (r *Runtime) Push(ctx context.Context, src, dst []byte, timeout time.Durati
 	return transferInfo(x, err), err
 }
 
+// PushRuns is Push of the concatenation of runs of the object src, in
+// order, which must fill the slot dst exactly (rdt.PushRuns): runs are
+// (offset, length) pairs, flat, offsets from the object's first byte.
+func (r *Runtime) PushRuns(ctx context.Context, src, dst []byte, runs []int64, timeout time.Duration) (TransferInfo, error) {
+	if len(runs) == 0 || len(runs)%2 != 0 {
+		return TransferInfo{}, invalid("runs are (offset, length) pairs: %d numbers", len(runs))
+	}
+	rs := make([]rdt.Run, len(runs)/2)
+	for i := range rs {
+		rs[i] = rdt.Run{Off: runs[2*i], Len: runs[2*i+1]}
+	}
+	s, err := parseRef(src)
+	if err != nil {
+		return TransferInfo{}, err
+	}
+	d, err := parseRef(dst)
+	if err != nil {
+		return TransferInfo{}, err
+	}
+	ctx, cancel := timed(ctx, timeout)
+	defer cancel()
+	x, err := r.actor.Push(ctx, s, d, rdt.PushRuns(rs))
+	return transferInfo(x, err), err
+}
+
 // PushBatchRequest is PushBatch's input: Srcs[i] goes into Dsts[i]. Refs
 // are bytes (base64 in JSON).
 type PushBatchRequest struct {

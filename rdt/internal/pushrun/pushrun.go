@@ -30,15 +30,21 @@ type Env interface {
 	// Self is this runtime's peer and incarnation: the owner of every
 	// push's source.
 	Self() (peer.ID, uint64)
-	// Open checks that src's bytes fit dst's slot exactly, pins them and
-	// returns the pin (released by the engine), the window of it that
-	// moves, and the slot's Remote.
-	Open(ctx context.Context, src, dst refwire.Ref) (pin, win tensor.Buffer, remote fabric.Remote, err error)
+	// Open checks that src's bytes fit dst's slot exactly (with runs: that
+	// the runs lie inside src's bytes and fill the slot exactly), pins them
+	// and returns the pin (released by the engine), the window of it that
+	// moves (with runs: all of src's bytes, which the runs index), and the
+	// slot's Remote.
+	Open(ctx context.Context, src, dst refwire.Ref, runs []fabric.Run) (pin, win tensor.Buffer, remote fabric.Remote, err error)
 	// Endpoint is where this runtime's device dev sits.
 	Endpoint(dev tensor.DeviceID) fabric.Endpoint
 	// Write moves buf, at ep, into remote over the best path that can
 	// push (the planner's).
 	Write(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, remote fabric.Remote) (fabric.Stats, fabric.Plan, error)
+	// WriteRuns moves the runs of buf, concatenated, into remote
+	// (fabric.Planner.WriteRuns: gathered where the path can, else packed
+	// into staging memory of this runtime, counted).
+	WriteRuns(ctx context.Context, ep fabric.Endpoint, buf tensor.Buffer, runs []fabric.Run, remote fabric.Remote) (fabric.Stats, fabric.Plan, error)
 	// WriteBatch moves bufs[i] from eps[i] into remotes[i] (the planner's).
 	WriteBatch(ctx context.Context, eps []fabric.Endpoint, bufs []tensor.Buffer, remotes []fabric.Remote, parallel int) []fabric.BatchResult
 	// Tell delivers a push batch notice to slot runtime to (this one
@@ -106,7 +112,7 @@ func Batch(ctx context.Context, env Env, srcs, dsts []refwire.Ref, parallel int,
 			continue
 		}
 		first[k] = i
-		pin, win, remote, err := env.Open(ctx, src, dst)
+		pin, win, remote, err := env.Open(ctx, src, dst, nil)
 		if err != nil {
 			out[i] = err
 			continue

@@ -38,7 +38,7 @@ type env struct {
 }
 
 func (e *env) Self() (peer.ID, uint64) { return "me", 1 }
-func (e *env) Open(_ context.Context, src, dst refwire.Ref) (tensor.Buffer, tensor.Buffer, fabric.Remote, error) {
+func (e *env) Open(_ context.Context, src, dst refwire.Ref, _ []fabric.Run) (tensor.Buffer, tensor.Buffer, fabric.Remote, error) {
 	if dst.Object == (fabric.ObjectID{7}) {
 		return nil, nil, fabric.Remote{}, errs.ObjectFreed
 	}
@@ -48,6 +48,9 @@ func (e *env) Open(_ context.Context, src, dst refwire.Ref) (tensor.Buffer, tens
 func (e *env) Endpoint(tensor.DeviceID) fabric.Endpoint { return fabric.Endpoint{} }
 func (e *env) Write(_ context.Context, _ fabric.Endpoint, b tensor.Buffer, _ fabric.Remote) (fabric.Stats, fabric.Plan, error) {
 	return fabric.Stats{Bytes: b.Len()}, fabric.Plan{Chosen: "fake"}, nil
+}
+func (e *env) WriteRuns(_ context.Context, _ fabric.Endpoint, _ tensor.Buffer, runs []fabric.Run, _ fabric.Remote) (fabric.Stats, fabric.Plan, error) {
+	return fabric.Stats{Bytes: fabric.RunsBytes(runs)}, fabric.Plan{Chosen: "fake"}, nil
 }
 func (e *env) Notify(_ context.Context, dst refwire.Ref, n ctlwire.PushNotice) error {
 	e.mu.Lock()
@@ -104,23 +107,26 @@ func TestBatch(t *testing.T) {
 	assert.Equal(t, int64(8*(n-3)), bytes.Load())
 }
 
-// One opens, writes, releases its pin and tells the slot's runtime; a
-// push that cannot open tells nobody.
+// One opens, writes (its runs, when it has them), releases its pin and
+// tells the slot's runtime; a push that cannot open tells nobody.
 func TestOne(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		src     refwire.Ref
 		slot    fabric.ObjectID
+		runs    []fabric.Run
 		want    error
 		notices int
+		bytes   int64
 	}{
-		{"pushed", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{1}, nil, 1},
-		{"slot gone", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{7}, errs.ObjectFreed, 0},
+		{"pushed", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{1}, nil, nil, 1, 8},
+		{"runs: the notice counts their bytes", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{1}, []fabric.Run{{Off: 0, Len: 2}, {Off: 4, Len: 3}}, nil, 1, 5},
+		{"slot gone", refwire.Ref{Owner: "me", Incarnation: 1}, fabric.ObjectID{7}, nil, errs.ObjectFreed, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &env{notices: map[peer.ID][]int{}}
 			dst := refwire.Ref{Owner: "b", Incarnation: 5, Object: tc.slot, Token: []byte("t")}
-			x, err := One(context.Background(), e, tc.src, dst)
+			x, err := One(context.Background(), e, tc.src, dst, tc.runs)
 			if tc.want != nil {
 				require.ErrorIs(t, err, tc.want)
 				assert.Empty(t, e.one)
@@ -129,7 +135,7 @@ func TestOne(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, "fake", x.Plan.Chosen)
 			require.Len(t, e.one, tc.notices)
-			assert.Equal(t, ctlwire.PushNotice{Slot: tc.slot, Incarnation: 5, Token: []byte("t"), Bytes: 8}, e.one[0])
+			assert.Equal(t, ctlwire.PushNotice{Slot: tc.slot, Incarnation: 5, Token: []byte("t"), Bytes: tc.bytes}, e.one[0])
 			assert.Equal(t, int64(1), e.released.Load(), "the pin is released")
 		})
 	}
