@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,6 +81,27 @@ func Open(socket string, helper []string, log *slog.Logger) *Client {
 
 // SocketPath is the helper's socket in runtime directory dir.
 func SocketPath(dir string) string { return dir + "/" + SocketName }
+
+// HostSocketPath is the helper's socket in runtime directory dir for the
+// runtimes of host ("": SocketPath). A node pool is one host's memory, so
+// runtimes that name different hosts use different helpers even when they
+// share a kernel and a directory (simulated hosts: network namespaces with
+// their own host names). Names unfit for a file name, or long enough to
+// overflow a unix socket's path, are hashed.
+func HostSocketPath(dir, host string) string {
+	if host == "" {
+		return SocketPath(dir)
+	}
+	name := host
+	if len(name) > 32 || strings.IndexFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}) >= 0 || strings.HasPrefix(name, ".") {
+		h := fnv.New64a()
+		h.Write([]byte(host))
+		name = fmt.Sprintf("h%016x", h.Sum64())
+	}
+	return dir + "/" + strings.TrimSuffix(SocketName, ".sock") + "." + name + ".sock"
+}
 
 // connectLoop connects whenever the client has no connection, starting a
 // helper when none answers, until Close.

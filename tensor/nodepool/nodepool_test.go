@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 )
@@ -308,5 +309,30 @@ func TestFillFollowsTheSizesAsked(t *testing.T) {
 	}
 	if st := c.Stats(); st.Hits != 2 || st.Misses != 2 {
 		t.Fatalf("client stats %+v", st)
+	}
+}
+
+// TestHostSocketPath: one socket per host in a runtime directory; names
+// unfit for a file name, or long, hashed (stable, distinct).
+func TestHostSocketPath(t *testing.T) {
+	long := strings.Repeat("n", 40)
+	cases := []struct{ host, want string }{
+		{"", "/run/tl/nodepool.sock"},
+		{"node-1.rack2", "/run/tl/nodepool.node-1.rack2.sock"},
+		{"a/b", ""},
+		{"..", ""},
+		{long, ""},
+	}
+	seen := map[string]bool{}
+	for _, tc := range cases {
+		got := HostSocketPath("/run/tl", tc.host)
+		if tc.want != "" {
+			assert.Equal(t, tc.want, got, tc.host)
+		} else {
+			assert.Regexp(t, `^/run/tl/nodepool\.h[0-9a-f]{16}\.sock$`, got, tc.host)
+		}
+		assert.Equal(t, got, HostSocketPath("/run/tl", tc.host), "stable")
+		assert.False(t, seen[got], "distinct: %q", tc.host)
+		seen[got] = true
 	}
 }

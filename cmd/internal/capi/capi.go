@@ -208,7 +208,7 @@ func (c Config) rdtConfig(ctx context.Context) (rdt.Config, []closer, error) {
 	case slabs && out.ClusterKey == nil:
 		return out, nil, fieldErr("slabs", "slab memory is shared within a trust scope: it needs a cluster key (cluster_key, cluster_key_file or %s)", EnvClusterKey)
 	case slabs:
-		np, err := c.nodePool(out.RuntimeDir)
+		np, err := c.nodePool(out.RuntimeDir, out.Host)
 		if err != nil {
 			return out, nil, err
 		}
@@ -270,11 +270,11 @@ const EnvNodePool = schema.EnvNodePool
 // the runtime's logger is made after its memory.
 var nodePoolLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-// nodePool returns a client of the node's warm pool (tensor/nodepool) in
+// nodePool returns a client of host's warm pool (tensor/nodepool) in
 // runtime directory dir ("": the runtime's default), or nil when the
 // config turns it off. The client connects, and starts the helper with
 // node_pool_helper, in the background: until then new slabs are made here.
-func (c Config) nodePool(dir string) (*nodepool.Client, error) {
+func (c Config) nodePool(dir, host string) (*nodepool.Client, error) {
 	budget := int64(c.NodePoolBytes)
 	if budget == 0 {
 		if v := strings.TrimSpace(c.getenv(EnvNodePool)); v != "" {
@@ -312,7 +312,7 @@ func (c Config) nodePool(dir string) (*nodepool.Client, error) {
 	if len(c.NodePoolHelper) > 0 {
 		helper = append(slices.Clone(c.NodePoolHelper), "--budget", strconv.FormatInt(budget, 10))
 	}
-	return nodepool.Open(nodepool.SocketPath(dir), helper, nodePoolLog), nil
+	return nodepool.Open(nodepool.HostSocketPath(dir, host), helper, nodePoolLog), nil
 }
 
 // shmSelected reports whether the transports the config selects,

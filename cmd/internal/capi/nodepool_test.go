@@ -26,7 +26,14 @@ func TestNodePool(t *testing.T) {
 		defer close(served)
 		_ = nodepool.Serve(ctx, nodepool.Config{Socket: nodepool.SocketPath(dir), Budget: 32 << 20})
 	}()
-	t.Cleanup(func() { cancel(); <-served })
+	// Host h1's helper, in the same directory: a runtime that names its
+	// host asks that host's helper (simulated hosts share a kernel).
+	servedH1 := make(chan struct{})
+	go func() {
+		defer close(servedH1)
+		_ = nodepool.Serve(ctx, nodepool.Config{Socket: nodepool.HostSocketPath(dir, "h1"), Budget: 16 << 20})
+	}()
+	t.Cleanup(func() { cancel(); <-served; <-servedH1 })
 
 	cases := []struct {
 		name   string
@@ -38,6 +45,12 @@ func TestNodePool(t *testing.T) {
 			assert.True(t, np.Connected)
 			assert.EqualValues(t, 1, np.Hits)
 			assert.GreaterOrEqual(t, np.Taken, int64(8<<20))
+		}},
+		{"per host", `{"slabs":true,"cluster_key":"` + slabKey + `","runtime_dir":"` + dir + `","slab_bytes":4194304,"hosts":2,"host":"h1"}`, func(t *testing.T, np *NodePool) {
+			require.NotNil(t, np)
+			assert.True(t, np.Connected)
+			assert.EqualValues(t, 1, np.Hits)
+			assert.LessOrEqual(t, np.Ready, int64(16<<20), "h1's helper (16 MiB), not the unnamed host's (32 MiB)")
 		}},
 		{"off", `{"slabs":true,"cluster_key":"` + slabKey + `","runtime_dir":"` + dir + `","node_pool_bytes":-1}`, func(t *testing.T, np *NodePool) {
 			assert.Nil(t, np)
@@ -57,9 +70,9 @@ func TestNodePool(t *testing.T) {
 			defer lib.CloseAll(context.Background())
 			r, err := lib.Runtime(h)
 			require.NoError(t, err)
-			if tc.name == "served" { // the client connects in the background; the pool fills
+			if full := map[string]int64{"served": 32 << 20, "per host": 16 << 20}[tc.name]; full > 0 { // the client connects in the background; the pool fills
 				deadline := time.Now().Add(20 * time.Second)
-				for np := r.Stats().NodePool; (!np.Connected || np.Ready < 32<<20) && time.Now().Before(deadline); np = r.Stats().NodePool {
+				for np := r.Stats().NodePool; (!np.Connected || np.Ready < full) && time.Now().Before(deadline); np = r.Stats().NodePool {
 					time.Sleep(10 * time.Millisecond)
 				}
 			}
