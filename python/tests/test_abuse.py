@@ -28,9 +28,9 @@ from tensorlane import _lib, errors
 KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 CONFIGS = {
-    "per-object": {"allow": ["shm"]},
-    "slabs": {"allow": ["shm"], "slabs": True, "cluster_key": KEY, "pool_bytes": 8 << 20, "slab_bytes": 8 << 20},
-    "tcp": {"allow": ["tcp"]},
+    "per-object": {"allow_transports": ["shm"]},
+    "slabs": {"allow_transports": ["shm"], "slabs": True, "cluster_key": KEY, "pool_bytes": 8 << 20, "slab_bytes": 8 << 20},
+    "tcp": {"allow_transports": ["tcp"]},
 }
 
 
@@ -304,7 +304,7 @@ def test_arrays_outlive_close_and_exit():
             print("late hook ok", flush=True)
         atexit.register(late_hook)
 
-        for cfg in ({"allow": ["shm"]}, {"allow": ["shm"], "slabs": True, "cluster_key": "%s"}):
+        for cfg in ({"allow_transports": ["shm"]}, {"allow_transports": ["shm"], "slabs": True, "cluster_key": "%s"}):
             a, b = tl.Runtime(cfg), tl.Runtime(cfg)
             x = a.empty((256, 1024), np.float32)
             x[:] = 7

@@ -210,7 +210,7 @@ def test_errors_one_class_per_kind():
 
 
 def test_closed_runtime_and_bad_config():
-    rt = tl.Runtime({"allow": ["tcp"]})
+    rt = tl.Runtime({"allow_transports": ["tcp"]})
     rt.close()
     rt.close()  # idempotent
     with pytest.raises(tl.Closed):
@@ -270,7 +270,7 @@ def test_go_library_in_python_process():
 def test_view_survives_runtime_close():
     # Arrays may outlive the runtimes (interpreter exit): closing them never
     # unmaps a live view under the array.
-    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    a, b = tl.Runtime({"allow_transports": ["shm"]}), tl.Runtime({"allow_transports": ["shm"]})
     x = np.arange(1 << 18, dtype=np.float32)
     ref = a.put(x)
     y = b.view(ref)
@@ -289,7 +289,7 @@ def test_slab_mode_maps_each_slab_once():
     owner's slab once for every object in it, copies and views alike; a
     view keeps its bytes after the owner frees the object and allocates
     again (the owner holds the range until the view goes)."""
-    cfg = {"allow": ["shm"], "slabs": True, "cluster_key": SLAB_KEY, "pool_bytes": 16 << 20}
+    cfg = {"allow_transports": ["shm"], "slabs": True, "cluster_key": SLAB_KEY, "pool_bytes": 16 << 20}
     a, b = tl.Runtime(cfg), tl.Runtime(cfg)
     try:
         assert a.stats()["host_memory"]["slabs"]

@@ -49,8 +49,8 @@ def test_empty_copy_put_get(fakecuda):
         import tensorlane as tl
         from tensorlane import device
 
-        a = tl.Runtime({"sim_devices": True, "allow": ["shm", "tcp"]})
-        b = tl.Runtime({"sim_devices": True, "allow": ["shm", "tcp"]})
+        a = tl.Runtime({"sim_devices": True, "allow_transports": ["shm", "tcp"]})
+        b = tl.Runtime({"sim_devices": True, "allow_transports": ["shm", "tcp"]})
         x = np.arange(300_000, dtype=np.float32)
         d = device.empty(x.shape, np.float32, "cuda:0", runtime=a)
         assert d.device == "cuda:0" and d.nbytes == x.nbytes and d.__dlpack_device__() == (2, 0)

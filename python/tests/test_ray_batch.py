@@ -13,7 +13,7 @@ KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 @pytest.fixture(scope="module")
 def pair():
-    cfg = {"allow": ["shm"], "slabs": True, "cluster_key": KEY}
+    cfg = {"allow_transports": ["shm"], "slabs": True, "cluster_key": KEY}
     a, b = tl.Runtime(cfg), tl.Runtime(cfg)
     yield a, b
     b.close()

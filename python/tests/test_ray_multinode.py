@@ -89,7 +89,7 @@ class Sender:
         """A ref from a runtime whose tcp data listener is on the wildcard."""
         from tensorlane import _raynode
 
-        self.wild = tensorlane.Runtime(_raynode.apply({"discover": True, "data_addr": "0.0.0.0:0", "allow": ["tcp"]}))
+        self.wild = tensorlane.Runtime(_raynode.apply({"discover": True, "data_addr": "0.0.0.0:0", "allow_transports": ["tcp"]}))
         self.kept_wild = expected(n, 3)
         return bytes(self.wild.put(self.kept_wild))
 

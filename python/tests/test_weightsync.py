@@ -15,12 +15,12 @@ from tensorlane import weightsync as ws
 
 
 def _host(h, allow=("shm", "tcp")):
-    return {"preset": "dgx-h100", "hosts": 2, "host": h, "allow": list(allow)}
+    return {"preset": "dgx-h100", "hosts": 2, "host": h, "allow_transports": list(allow)}
 
 
 @pytest.fixture(params=["shm", "tcp"])
 def pair(request):
-    cfg = {"allow": [request.param]}
+    cfg = {"allow_transports": [request.param]}
     a, b = tl.Runtime(cfg), tl.Runtime(cfg)
     yield request.param, a, b
     a.close()
@@ -65,7 +65,7 @@ def test_slot_push_generations(pair):
 
 
 def test_slot_in_place_over_shareable_memory():
-    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    a, b = tl.Runtime({"allow_transports": ["shm"]}), tl.Runtime({"allow_transports": ["shm"]})
     try:
         src = a.empty(1 << 16, np.uint8)
         src[:] = np.arange(1 << 16) % 251
@@ -83,7 +83,7 @@ def test_slot_in_place_over_shareable_memory():
 
 
 def test_slot_bad_input():
-    rt = tl.Runtime({"allow": ["tcp"]})
+    rt = tl.Runtime({"allow_transports": ["tcp"]})
     try:
         with pytest.raises(errors.InvalidArgument):
             ws.Slot(np.zeros((4, 4))[:, ::2], runtime=rt)  # not contiguous
@@ -261,7 +261,7 @@ def test_publisher_receivers_versions_late_joiner_and_dead_reader():
 
 
 def test_receiver_wait_lands_all_or_nothing():
-    a, b = tl.Runtime({"allow": ["shm"]}), tl.Runtime({"allow": ["shm"]})
+    a, b = tl.Runtime({"allow_transports": ["shm"]}), tl.Runtime({"allow_transports": ["shm"]})
     try:
         sd = {"x": np.ones(1000, np.float32), "y": np.full(10, 7, np.int64)}
         recv = ws.WeightReceiver({k: np.zeros_like(v) for k, v in sd.items()}, runtime=b)

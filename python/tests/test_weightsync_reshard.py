@@ -12,7 +12,7 @@ from tensorlane import reshard as rs
 
 
 def _host(h):
-    return {"preset": "dgx-h100", "hosts": 2, "host": h, "allow": ["shm", "tcp"]}
+    return {"preset": "dgx-h100", "hosts": 2, "host": h, "allow_transports": ["shm", "tcp"]}
 
 
 def test_plan_explain_and_bad_layouts():
