@@ -265,7 +265,10 @@ def push(src: bytes, slot: bytes, *, runs: Optional[Any] = None, timeout: Option
         _lib.check(_lib.lib().tl_push(rt._h(), src, len(src), slot, len(slot), _ms(timeout), out, len(out),
                                       ctypes.byref(n)))
         return PushResult._from(json.loads(out.value.decode()))
-    r = np.ascontiguousarray(np.asarray(runs, dtype=np.int64).reshape(-1, 2))
+    try:
+        r = np.ascontiguousarray(np.asarray(runs, dtype=np.int64).reshape(-1, 2))
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidArgument(f"runs: not (offset, length) pairs of integers: {e}") from None
     if len(r) == 0:
         raise errors.InvalidArgument("runs: no (offset, length) pairs")
     _lib.check(_lib.lib().tl_push_runs(rt._h(), src, len(src), slot, len(slot),

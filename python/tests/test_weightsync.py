@@ -635,6 +635,9 @@ def test_push_runs(pair):
             ws.push(ref, slot.ref, runs=runs[:-1], runtime=a, timeout=10)
         with pytest.raises(errors.InvalidArgument):
             ws.push(ref, slot.ref, runs=[], runtime=a, timeout=10)
+        for bad in ([1, 2, 3], [("a", "b")]):  # not pairs; not integers
+            with pytest.raises(errors.InvalidArgument):
+                ws.push(ref, slot.ref, runs=bad, runtime=a, timeout=10)
         # An (n, 2) array works as well as pairs.
         ws.push(ref, slot.ref, runs=np.array(runs), runtime=a, timeout=10)
         assert slot.wait(timeout=10) == 2
