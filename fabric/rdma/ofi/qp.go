@@ -200,6 +200,15 @@ func (q *qp) PostRead(wr rdma.WorkRequest) error  { return q.post(rdma.OpRead, w
 func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(rdma.OpWrite, wr) }
 
 func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
+	// One local segment (the device has no rdma.SGELimit: MaxSGE 1, and
+	// rdma.Transport packs the runs of a gathered push for it). fi_writemsg
+	// with an iov of tx_attr->iov_limit would lift that.
+	if err := rdma.CheckSGL(wr, opc, 1); err != nil {
+		return err
+	}
+	if len(wr.SGL) == 1 {
+		wr.LKey, wr.LocalAddr, wr.SGL = wr.SGL[0].LKey, wr.SGL[0].Addr, nil
+	}
 	d := q.dev
 	q.mu.Lock()
 	defer q.mu.Unlock()
