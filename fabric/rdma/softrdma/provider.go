@@ -444,9 +444,10 @@ func (d *device) remoteMR(rkey uint32, need rdma.Access, who peer.ID) (m *mr, ok
 // DefaultMaxSGE is Config.MaxSGE's default: 256 segments. A frame then
 // has at most 256 pieces, one writev of 258 iovecs (under the kernel's
 // 1024), and a resharded move's 4 KiB runs fill 1 MiB per WRITE, about a
-// slice: with 64 (1.25-1.31x the unsharded step in BenchmarkReshard's
+// slice: with 64 (1.25-1.32x the unsharded step in BenchmarkReshard's
 // gathered step) four times the work requests and completions cost more
-// than with 256 (1.15-1.22x) or 1024 (1.19-1.22x), load 3.6-4.5.
+// than with 256 (1.15-1.25x); 1024 read the same (1.17-1.24x), load
+// 3.6-4.5.
 const DefaultMaxSGE = 256
 
 // MaxSGE is the most local segments one WRITE may carry (rdma.SGELimit).
