@@ -20,9 +20,9 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
-// pushFixture is an owner with a sink of size bytes on two loopback rails
-// ("a", "b") and a pusher whose provider is made from cfg (its NICs set
-// here) and whose transport counts into metrics.
+// pushFixture is an owner with a sink of size bytes on two loopback
+// softrdma rails ("a", "b") and a pusher whose softrdma provider is made
+// from cfg (its NICs set here) and whose transport counts into metrics.
 type pushFixture struct {
 	tr      *rdma.Transport
 	metrics *rdma.Metrics
@@ -44,7 +44,13 @@ func newPushFixture(t testing.TB, size int64, cfg softrdma.Config, mutate func(*
 	sinkBuf, _ := mem.Alloc(ctx, size)
 	f := &pushFixture{}
 	f.sink, _ = tensor.BytesOf(sinkBuf)
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: newTestProvider(t, "a", "b"), Security: fabric.Security{Identity: ownerKey},
+	// softrdma at both ends, whatever newTestProvider makes: the pusher's
+	// provider is configured here (its MaxSGE, a rail's Dial).
+	owner, err := softrdma.New(softrdma.Config{NICs: loopbackNICs("a", "b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: owner, Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
 		Sink:   sinkFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return nopRelease{sinkBuf}, nil })})
 	if err != nil {
