@@ -50,11 +50,13 @@
 // as WRITEs whose scatter-gather lists (WorkRequest.SGL, verbs' sg_list)
 // are the pieces of runs that fill it, at most the device's MaxSGE pieces
 // each (SGELimit; softrdma 256, so a slice of 4 KiB runs takes one or two
-// WRITEs). The owner sees ordinary WRITEs, and retries, rail failover and
-// the rate estimates work per WRITE as for a plain push. A device that
-// takes one segment per WRITE (ofi today) gets the runs packed into a
-// buffer first, counted in tensorlane_rdma_gather_packed_total: a WRITE
-// per run would cost a work request per few KiB.
+// WRITEs; ofi the domain's tx iov_limit, 4 for libfabric's tcp and net
+// providers). The owner sees ordinary WRITEs, and retries, rail failover
+// and the rate estimates work per WRITE as for a plain push. Where a
+// rail's device takes too few pieces for WRITEs of 256 KiB on average
+// (ofi's 4 with 4 KiB runs: 16 KiB WRITEs took 29x a plain push), the
+// runs are packed into a buffer first, counted in
+// tensorlane_rdma_gather_packed_total.
 //
 // A batch (ReadBatch, fabric.BatchReader) resolves up to 256 objects of
 // one owner in one control round trip (each a registration of its own,

@@ -16,9 +16,10 @@ var _ fabric.GatherWriter = (*Transport)(nil)
 // slice goes out as WRITEs whose scatter-gather lists (WorkRequest.SGL)
 // are the pieces of runs that fill it, at most the device's MaxSGE per
 // WRITE. The owner sees ordinary WRITEs of dst.Length bytes. Where a
-// rail's device takes one segment per WRITE (ofi today), the runs are
-// packed into a buffer first, counted (Metrics.GatherPacked). One run is
-// Write of that range.
+// rail's device takes too few segments per WRITE for runs that short
+// (WRITEs under 256 KiB on average: libfabric's tcp and net providers take
+// 4 segments), the runs are packed into a buffer first, counted
+// (Metrics.GatherPacked). One run is Write of that range.
 func (t *Transport) WriteRuns(ctx context.Context, src tensor.Buffer, runs []fabric.Run, dst fabric.Remote) (fabric.Stats, error) {
 	if err := fabric.CheckRuns(runs, src.Len(), dst.Length); err != nil {
 		return fabric.Stats{}, err

@@ -18,8 +18,9 @@ type Metrics struct {
 	// reason (gpudirect.go): tensorlane_rdma_device_staged_total{reason}.
 	DeviceStaged *prometheus.CounterVec
 	// GatherPacked counts gathered pushes (WriteRuns) packed into a
-	// buffer first because a rail's device takes one segment per WRITE
-	// (rdma.SGELimit): tensorlane_rdma_gather_packed_total.
+	// buffer first because a rail's device takes too few segments per
+	// WRITE (rdma.SGELimit) for runs that short:
+	// tensorlane_rdma_gather_packed_total.
 	GatherPacked prometheus.Counter
 }
 
@@ -46,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tensorlane_rdma_device_staged_total", Help: "Device-memory transfers staged through host memory instead of registered with the NIC (GPUDirect RDMA), by reason.",
 		}, []string{"reason"}),
 		GatherPacked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tensorlane_rdma_gather_packed_total", Help: "Gathered rdma pushes packed into a buffer first (a rail's device takes one segment per WRITE).",
+			Name: "tensorlane_rdma_gather_packed_total", Help: "Gathered rdma pushes packed into a buffer first (a rail's device takes too few segments per WRITE for the runs).",
 		}),
 	}
 	if reg != nil {

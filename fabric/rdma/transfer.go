@@ -235,9 +235,9 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	if runs != nil && minSGE(rails) < 2 {
+	if runs != nil && !gathers(rails, runs, src.Length) {
 		var done func()
-		local, runs, done = t.pack(local, runs, src)
+		local, runs, done = t.pack(rails, local, runs, src)
 		defer done() // after move: local is deregistered by then
 	}
 	if err := ctx.Err(); err != nil {
@@ -261,6 +261,24 @@ func (t *Transport) transfer(ctx context.Context, src fabric.Remote, dev tensor.
 	return t.move(ctx, start, rails, sess, src, local, runs, push)
 }
 
+// minGatherWrite is the least a gathered push's WRITEs should carry on
+// average; below it the push packs (pack). softrdma's WRITEs of 64 4 KiB
+// pieces (256 KiB) beat packing (1.26-1.34x the unsharded step in
+// BenchmarkReshard's gathered step against 1.46-1.51x); libfabric's net
+// provider's of 4 (its iov_limit: 16 KiB) took 29x a plain push where
+// packing took 1.7x (BenchmarkWriteRunsOFI): a WRITE's round trip, four in
+// flight per rail, costs far more than copying 16 KiB.
+const minGatherWrite = 256 << 10
+
+// gathers says whether a push of runs (n bytes) over rails goes out as
+// gathered WRITEs: every rail's device takes at least two segments per
+// WRITE, and as many as it takes of runs of their mean length make
+// minGatherWrite bytes (or the whole push).
+func gathers(rails []*rail, runs []fabric.Run, n int64) bool {
+	sge := int64(minSGE(rails))
+	return sge >= 2 && sge*(n/int64(len(runs))) >= min(minGatherWrite, n)
+}
+
 // minSGE is the fewest segments per WRITE a rail of rails takes.
 func minSGE(rails []*rail) int {
 	n := 0
@@ -273,19 +291,20 @@ func minSGE(rails []*rail) int {
 }
 
 // pack copies runs of local into a buffer, for rails whose devices take
-// one segment per WRITE: a WRITE per run would cost a work request (and a
-// completion) per few KiB. Logged (a warning the first time) and counted.
+// too few segments per WRITE for runs this short (gathers): a WRITE per
+// few runs would cost a work request (and a completion) per few KiB.
+// Logged (a warning the first time) and counted.
 // done gives the buffer back for the next pack: with a fresh buffer each
 // push (its page faults) a pack and push of 16 MiB took 1.77-1.79x a plain
 // push (BenchmarkWriteRuns, sge=1, load 4.4), with a reused one as much as
 // the benchmark's own pack and push (1.45-1.57x against 1.50-1.66x, load 7).
-func (t *Transport) pack(local []byte, runs []fabric.Run, dst fabric.Remote) (packed []byte, none []fabric.Run, done func()) {
+func (t *Transport) pack(rails []*rail, local []byte, runs []fabric.Run, dst fabric.Remote) (packed []byte, none []fabric.Run, done func()) {
 	level := slog.LevelDebug
 	if !t.packWarned.Swap(true) {
 		level = slog.LevelWarn
 	}
-	t.log.Log(context.Background(), level, "rdma gathered push packed first (a rail's device takes one segment per WRITE)",
-		"provider", t.cfg.Provider.Name(), "runs", len(runs), "bytes", dst.Length, "owner", dst.Peer)
+	t.log.Log(context.Background(), level, "rdma gathered push packed first (a rail's device takes too few segments per WRITE for runs this short)",
+		"provider", t.cfg.Provider.Name(), "max_sge", minSGE(rails), "runs", len(runs), "bytes", dst.Length, "owner", dst.Peer)
 	if m := t.cfg.Metrics; m != nil {
 		m.GatherPacked.Inc()
 	}

@@ -21,8 +21,9 @@ import (
 )
 
 // pushFixture is an owner with a sink of size bytes on two loopback
-// softrdma rails ("a", "b") and a pusher whose softrdma provider is made
-// from cfg (its NICs set here) and whose transport counts into metrics.
+// softrdma rails ("a", "b") and a pusher, both with softrdma providers
+// made from cfg (NICs set here; whatever newTestProvider makes), whose
+// transport counts into metrics.
 type pushFixture struct {
 	tr      *rdma.Transport
 	metrics *rdma.Metrics
@@ -33,6 +34,21 @@ type pushFixture struct {
 }
 
 func newPushFixture(t testing.TB, size int64, cfg softrdma.Config, mutate func(*rdma.Config)) *pushFixture {
+	return newPushFixtureOver(t, size, func(t testing.TB, names ...string) rdma.Provider {
+		c := cfg
+		c.NICs = loopbackNICs(names...)
+		c.NICs[1].Dial = dialB // nil: the default
+		p, err := softrdma.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}, mutate)
+}
+
+// newPushFixtureOver is newPushFixture over the providers prov makes (the
+// owner's, then the pusher's).
+func newPushFixtureOver(t testing.TB, size int64, prov func(t testing.TB, names ...string) rdma.Provider, mutate func(*rdma.Config)) *pushFixture {
 	t.Helper()
 	ctx := context.Background()
 	ownerKey, ownerID := key(t)
@@ -44,28 +60,16 @@ func newPushFixture(t testing.TB, size int64, cfg softrdma.Config, mutate func(*
 	sinkBuf, _ := mem.Alloc(ctx, size)
 	f := &pushFixture{}
 	f.sink, _ = tensor.BytesOf(sinkBuf)
-	// softrdma at both ends, whatever newTestProvider makes: the pusher's
-	// provider is configured here (its MaxSGE, a rail's Dial).
-	owner, err := softrdma.New(softrdma.Config{NICs: loopbackNICs("a", "b")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: owner, Security: fabric.Security{Identity: ownerKey},
+	srv, err := rdma.Listen(ctx, rdma.ServerConfig{Provider: prov(t, "a", "b"), Security: fabric.Security{Identity: ownerKey},
 		Source: fabric.SourceFunc(func(context.Context, fabric.Claim) (tensor.Buffer, error) { return nil, fabric.ErrObjectNotFound }),
 		Sink:   sinkFunc(func(ctx context.Context, c fabric.Claim) (tensor.Buffer, error) { return nopRelease{sinkBuf}, nil })})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	cfg.NICs = loopbackNICs("a", "b")
-	cfg.NICs[1].Dial = dialB // nil: the default
-	prov, err := softrdma.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rk, _ := key(t)
 	f.metrics = rdma.NewMetrics(prometheus.NewRegistry())
-	rc := rdma.Config{Provider: prov, Security: fabric.Security{Identity: rk}, AllowLoopback: true, Metrics: f.metrics}
+	rc := rdma.Config{Provider: prov(t, "a", "b"), Security: fabric.Security{Identity: rk}, AllowLoopback: true, Metrics: f.metrics}
 	if mutate != nil {
 		mutate(&rc)
 	}
@@ -91,6 +95,15 @@ func rows(n int64) []fabric.Run {
 	var out []fabric.Run
 	for off := int64(0); off < 2*n; off += 8 << 10 {
 		out = append(out, fabric.Run{Off: off + 4<<10, Len: 4 << 10})
+	}
+	return out
+}
+
+// longRows are runs of 128 KiB every 256 KiB, n bytes in all.
+func longRows(n int64) []fabric.Run {
+	var out []fabric.Run
+	for off := int64(0); off < 2*n; off += 256 << 10 {
+		out = append(out, fabric.Run{Off: off + 128<<10, Len: 128 << 10})
 	}
 	return out
 }
@@ -136,18 +149,32 @@ func TestWriteRunsGathers(t *testing.T) {
 	}
 }
 
-// TestWriteRunsPacksForOneSGE: where a rail's device takes one segment per
-// WRITE, the runs are packed first, and counted.
-func TestWriteRunsPacksForOneSGE(t *testing.T) {
+// TestWriteRunsPacksForFewSGE: where a rail's device takes one segment per
+// WRITE, or too few for runs that short (4 KiB runs, 4 segments: 16 KiB
+// WRITEs), the runs are packed first, and counted; runs long enough for
+// the same device go out gathered.
+func TestWriteRunsPacksForFewSGE(t *testing.T) {
 	const size = 1 << 20
-	f := newPushFixture(t, size, softrdma.Config{MaxSGE: 1}, nil)
-	runs := rows(size)
-	if _, err := f.tr.WriteRuns(context.Background(), f.src, runs, f.dst); err != nil {
-		t.Fatal(err)
-	}
-	f.check(t, runs)
-	if n := testutil.ToFloat64(f.metrics.GatherPacked); n != 1 {
-		t.Errorf("gathered pushes packed: %v, want 1", n)
+	for _, tc := range []struct {
+		name   string
+		sge    int
+		runs   []fabric.Run
+		packed float64
+	}{
+		{"one segment", 1, rows(size), 1},
+		{"4 segments of 4 KiB runs", 4, rows(size), 1},
+		{"4 segments of 128 KiB runs", 4, longRows(size), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPushFixture(t, size, softrdma.Config{MaxSGE: tc.sge}, nil)
+			if _, err := f.tr.WriteRuns(context.Background(), f.src, tc.runs, f.dst); err != nil {
+				t.Fatal(err)
+			}
+			f.check(t, tc.runs)
+			if n := testutil.ToFloat64(f.metrics.GatherPacked); n != tc.packed {
+				t.Errorf("gathered pushes packed: %v, want %v", n, tc.packed)
+			}
+		})
 	}
 }
 
@@ -222,50 +249,54 @@ func TestPushRailFailsMidway(t *testing.T) {
 // bytes, in turn, for devices taking MaxSGE segments per WRITE (1: the
 // transport packs).
 func BenchmarkWriteRuns(b *testing.B) {
-	const n = 16 << 20
 	for _, sge := range []int{1, 64, softrdma.DefaultMaxSGE} {
 		b.Run(fmt.Sprintf("sge=%d", sge), func(b *testing.B) {
-			f := newPushFixture(b, n, softrdma.Config{MaxSGE: sge}, nil)
-			ctx := context.Background()
-			runs := rows(n)
-			pack, err := tensor.NewHostMemory(0).Alloc(ctx, n)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pack.Release()
-			packed, _ := tensor.BytesOf(pack)
-			if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil { // both rails up
-				b.Fatal(err)
-			}
-			var pk, ga, pl []float64
-			b.SetBytes(n)
-			for b.Loop() {
-				t0 := time.Now()
-				at := 0
-				for _, r := range runs {
-					at += copy(packed[at:], f.srcP[r.Off:r.Off+r.Len])
-				}
-				if _, err := f.tr.Write(ctx, pack, f.dst); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if _, err := f.tr.WriteRuns(ctx, f.src, runs, f.dst); err != nil {
-					b.Fatal(err)
-				}
-				t2 := time.Now()
-				if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil {
-					b.Fatal(err)
-				}
-				pk, ga, pl = append(pk, float64(t1.Sub(t0))), append(ga, float64(t2.Sub(t1))), append(pl, float64(time.Since(t2)))
-			}
-			rp, rg := make([]float64, len(pl)), make([]float64, len(pl))
-			for i := range pl {
-				rp[i], rg[i] = pk[i]/pl[i], ga[i]/pl[i]
-			}
-			med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
-			b.ReportMetric(med(pl)/1e6, "plain-ms")
-			b.ReportMetric(med(rp), "packed/plain")
-			b.ReportMetric(med(rg), "gathered/plain")
+			benchWriteRuns(b, newPushFixture(b, 16<<20, softrdma.Config{MaxSGE: sge}, nil), rows(16<<20))
 		})
 	}
+}
+
+// benchWriteRuns runs BenchmarkWriteRuns's loop over f: runs filling its
+// sink.
+func benchWriteRuns(b *testing.B, f *pushFixture, runs []fabric.Run) {
+	n := f.dst.Length
+	ctx := context.Background()
+	pack, err := tensor.NewHostMemory(0).Alloc(ctx, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pack.Release()
+	packed, _ := tensor.BytesOf(pack)
+	if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil { // both rails up
+		b.Fatal(err)
+	}
+	var pk, ga, pl []float64
+	b.SetBytes(n)
+	for b.Loop() {
+		t0 := time.Now()
+		at := 0
+		for _, r := range runs {
+			at += copy(packed[at:], f.srcP[r.Off:r.Off+r.Len])
+		}
+		if _, err := f.tr.Write(ctx, pack, f.dst); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := f.tr.WriteRuns(ctx, f.src, runs, f.dst); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil {
+			b.Fatal(err)
+		}
+		pk, ga, pl = append(pk, float64(t1.Sub(t0))), append(ga, float64(t2.Sub(t1))), append(pl, float64(time.Since(t2)))
+	}
+	rp, rg := make([]float64, len(pl)), make([]float64, len(pl))
+	for i := range pl {
+		rp[i], rg[i] = pk[i]/pl[i], ga[i]/pl[i]
+	}
+	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
+	b.ReportMetric(med(pl)/1e6, "plain-ms")
+	b.ReportMetric(med(rp), "packed/plain")
+	b.ReportMetric(med(rg), "gathered/plain")
 }
