@@ -68,7 +68,7 @@ type Config struct {
 	// device's MaxSGE; fi_writemsg's iov): default the domain's tx
 	// iov_limit, at most maxSGECap; 1 makes rdma.Transport pack every
 	// gathered push. On the net provider over loopback (iov_limit 4),
-	// WRITEs of 4 runs of 128 KiB took 1.11-1.42x a plain push in 11 of
+	// WRITEs of 4 runs of 128 KiB took 0.96-1.42x a plain push in 11 of
 	// 13 rounds (1.53-1.69x in two) where the transport's pack took
 	// 1.48-1.70x; 4 KiB runs the transport packs anyway, 16 KiB a WRITE
 	// being far too little (BenchmarkWriteRunsOFI, load 2-3).
