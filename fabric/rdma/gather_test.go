@@ -72,7 +72,7 @@ func TestGatherSlices(t *testing.T) {
 			if pos != fabric.RunsBytes(tc.runs) {
 				t.Fatalf("requests of %d bytes, runs of %d", pos, fabric.RunsBytes(tc.runs))
 			}
-			if !slices.Equal(bytesOf(pieces), bytesOf(tc.runs)) {
+			if !slices.Equal(coalesce(pieces), coalesce(tc.runs)) {
 				t.Fatal("the pieces are not the runs' bytes in order")
 			}
 		})
@@ -81,13 +81,17 @@ func TestGatherSlices(t *testing.T) {
 
 func run(off, n int64) fabric.Run { return fabric.Run{Off: off, Len: n} }
 
-// bytesOf lists the source offsets runs cover, in order.
-func bytesOf(runs []fabric.Run) []int64 {
-	var out []int64
+// coalesce merges runs that follow each other in the source: two lists
+// name the same bytes in the same order exactly when their coalesced forms
+// are equal.
+func coalesce(runs []fabric.Run) []fabric.Run {
+	var out []fabric.Run
 	for _, r := range runs {
-		for k := range r.Len {
-			out = append(out, r.Off+k)
+		if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == r.Off {
+			out[k].Len += r.Len
+			continue
 		}
+		out = append(out, r)
 	}
 	return out
 }
