@@ -59,7 +59,9 @@ func RunsBytes(runs []Run) int64 {
 // GatherWriter is the optional capability of transports that push an
 // object's runs straight from its memory, with no packed copy of them
 // (fabric/tcp: each block of the wire sent from the object, or gathered
-// into a cache-resident scratch block when it spans runs): the sink sees dst.Length bytes, the runs'
+// into a cache-resident scratch block when it spans runs; fabric/rdma:
+// WRITEs whose scatter-gather lists are the runs' pieces, from the object
+// registered as it is): the sink sees dst.Length bytes, the runs'
 // concatenation, exactly as if Writer.Write had sent a packed buffer of
 // them. runs were validated (CheckRuns against src.Len() and dst.Length).
 // The planner calls it with host-visible src only; it packs device memory

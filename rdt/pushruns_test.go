@@ -14,8 +14,11 @@ import (
 
 // TestPushRuns: a push of runs of an object lands their concatenation in
 // the slot. Over tcp from host memory the runs go out straight from the
-// object (a gathered write: nothing packed); over a path that cannot send
-// runs (rdma, shm) they are packed into staging memory first, which
+// object (a gathered write: nothing packed), and over rdma as WRITEs whose
+// scatter-gather lists are the runs (softrdma's; a provider that takes one
+// segment per WRITE packs inside the transport, counted there); over a
+// path that cannot send runs (shm) they are packed into staging memory
+// first, which
 // tensorlane_gather_packed_total counts (as device memory the CPU cannot
 // address would be on any path; the simulated devices here it can).
 // The slot's generation advances once per push either way.
@@ -33,7 +36,7 @@ func TestPushRuns(t *testing.T) {
 	}{
 		{"other host over tcp, host memory: gathered", noRDMA, otherHost, tensor.HostDevice, fabric.TCP, false},
 		{"other host over tcp, (simulated, CPU-visible) device memory: gathered", noRDMA, otherHost, tensor.GPUDevice(0), fabric.TCP, false},
-		{"other host over rdma: packed", nil, otherHost, tensor.HostDevice, fabric.RDMA, true},
+		{"other host over rdma: gathered", nil, otherHost, tensor.HostDevice, fabric.RDMA, false},
 		{"same host, other runtime over shm: packed", nil, func(_ pair, c *Runtime) *Actor { a, _ := c.Spawn("slot"); return a }, tensor.HostDevice, fabric.SHM, true},
 	}
 	for _, tc := range tests {

@@ -236,7 +236,7 @@ func (t *Transport) batchOwner(ctx context.Context, idx []int, remotes []fabric.
 				defer func() { <-sem; room.Release(weight); wg.Done() }()
 				p, err := tensor.BytesOf(locals[i])
 				if err == nil {
-					sts[i], err = t.move(ctx, at, rails, sess, remotes[i], p[:remotes[i].Length], push)
+					sts[i], err = t.move(ctx, at, rails, sess, remotes[i], p[:remotes[i].Length], nil, push)
 				}
 				errs[i] = err
 				sts[i].Coalesced = len(idx)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/internal/faults"
 	"github.com/tensorlane/tensorlane/fabric/rdma/ofi"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
@@ -109,5 +111,34 @@ func ofiProviderWith(set func(*ofi.Config)) func(t testing.TB, names ...string) 
 			t.Fatal(err)
 		}
 		return testProvider{p, cfg.Faults}
+	}
+}
+
+// BenchmarkWriteRunsOFI is BenchmarkWriteRuns over libfabric (net
+// provider unless TENSORLANE_OFI_PROVIDER says otherwise; two loopback
+// rails), for 4 KiB and 128 KiB runs: the domain's iov_limit segments per
+// WRITE (the default: fi_writemsg with an iov; the transport still packs
+// runs too short for them, gathers) against one (sge=1: the transport
+// packs).
+//
+//	go test -tags ofi -run '^$' -bench WriteRunsOFI -benchtime 20x ./fabric/rdma/
+func BenchmarkWriteRunsOFI(b *testing.B) {
+	const n = 16 << 20
+	for _, runs := range []struct {
+		name string
+		runs []fabric.Run
+	}{{"4KiB", rows(n)}, {"128KiB", longRows(n)}} {
+		for _, sge := range []int{1, 0} {
+			name := runs.name + "/sge=iov_limit"
+			if sge == 1 {
+				name = runs.name + "/sge=1"
+			}
+			b.Run(name, func(b *testing.B) {
+				mk := ofiProviderWith(func(c *ofi.Config) { c.MaxSGE = sge })
+				benchWriteRuns(b, newPushFixtureOver(b, n, func(t testing.TB, names ...string) rdma.Provider {
+					return mk(t, names...).Provider
+				}, nil), runs.runs)
+			})
+		}
 	}
 }

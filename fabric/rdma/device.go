@@ -27,7 +27,7 @@ import (
 func (t *Transport) readDevice(ctx context.Context, src fabric.Remote, dst tensor.Buffer) (fabric.Stats, error) {
 	t.gd.staged(dst, "read")
 	return fabric.ReadStaged(ctx, fabric.RDMA, src, dst, func(ctx context.Context, r fabric.Remote, p []byte) (fabric.Stats, error) {
-		return t.transfer(ctx, r, dst.Device(), p, false)
+		return t.transfer(ctx, r, dst.Device(), p, nil, false)
 	})
 }
 
@@ -38,7 +38,7 @@ func (t *Transport) writeDevice(ctx context.Context, src tensor.Buffer, dst fabr
 	return fabric.WriteStaged(ctx, fabric.RDMA, src, dst.Length, func(ctx context.Context, off int64, p []byte) (fabric.Stats, error) {
 		r := dst
 		r.Offset, r.Length = dst.Offset+off, int64(len(p))
-		return t.transfer(ctx, r, src.Device(), p, true)
+		return t.transfer(ctx, r, src.Device(), p, nil, true)
 	})
 }
 

@@ -15,7 +15,8 @@
 //     reader says done or its queue pair drops; Revoke (on Free)
 //     deregisters at once, so later accesses fail with a remote access
 //     error, which the reader reports as fabric.ErrObjectFreed;
-//   - Transport, the reader side (fabric.Transport and fabric.Writer):
+//   - Transport, the reader side (fabric.Transport, fabric.Writer and
+//     fabric.GatherWriter):
 //     it orders the owner's NICs by closeness to the source device and its
 //     own by closeness to the destination device (topology.NearestNICs:
 //     same PCIe switch, then NUMA node), cuts large transfers into slices
@@ -41,6 +42,21 @@
 // with fabric.ErrPeerClosed, which the planner may retry or fall back
 // from; if only the reader sees it (a cut link), the data goes on over
 // the other rails and the final "done" travels over one of them.
+//
+// A gathered push (WriteRuns, fabric.GatherWriter: a resharded move's
+// strided rows) sends the runs from the source object with no packed copy:
+// the object is registered once per NIC as a push's source is, the
+// destination range is cut into the usual slices, and each slice goes out
+// as WRITEs whose scatter-gather lists (WorkRequest.SGL, verbs' sg_list)
+// are the pieces of runs that fill it, at most the device's MaxSGE pieces
+// each (SGELimit; softrdma 256, so a slice of 4 KiB runs takes one or two
+// WRITEs; ofi the domain's tx iov_limit, 4 for libfabric's tcp and net
+// providers). The owner sees ordinary WRITEs, and retries, rail failover
+// and the rate estimates work per WRITE as for a plain push. Where a
+// rail's device takes too few pieces for WRITEs of 256 KiB on average
+// (ofi's 4 with 4 KiB runs: 16 KiB WRITEs took 29x a plain push), the
+// runs are packed into a buffer first, counted in
+// tensorlane_rdma_gather_packed_total.
 //
 // A batch (ReadBatch, fabric.BatchReader) resolves up to 256 objects of
 // one owner in one control round trip (each a registration of its own,

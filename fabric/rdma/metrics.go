@@ -17,6 +17,11 @@ type Metrics struct {
 	// memory instead of registered with the NICs (GPUDirect RDMA), by
 	// reason (gpudirect.go): tensorlane_rdma_device_staged_total{reason}.
 	DeviceStaged *prometheus.CounterVec
+	// GatherPacked counts gathered pushes (WriteRuns) packed into a
+	// buffer first because a rail's device takes too few segments per
+	// WRITE (rdma.SGELimit) for runs that short:
+	// tensorlane_rdma_gather_packed_total.
+	GatherPacked prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -41,9 +46,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DeviceStaged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tensorlane_rdma_device_staged_total", Help: "Device-memory transfers staged through host memory instead of registered with the NIC (GPUDirect RDMA), by reason.",
 		}, []string{"reason"}),
+		GatherPacked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tensorlane_rdma_gather_packed_total", Help: "Gathered rdma pushes packed into a buffer first (a rail's device takes too few segments per WRITE for the runs).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses, m.HealthPauses, m.DeviceStaged)
+		reg.MustRegister(m.RailBytes, m.Slices, m.SliceRetry, m.RailPauses, m.HealthPauses, m.DeviceStaged, m.GatherPacked)
 	}
 	return m
 }

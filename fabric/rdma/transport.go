@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -153,6 +154,8 @@ type Transport struct {
 	base    context.Context // cancelled by Close
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
+	// packWarned: a gathered push was packed (a warning the first time).
+	packWarned atomic.Bool
 }
 
 var (
@@ -161,10 +164,11 @@ var (
 )
 
 type localNIC struct {
-	name string
-	dev  Context
-	pd   ProtectionDomain
-	cq   CompletionQueue
+	name   string
+	dev    Context
+	pd     ProtectionDomain
+	cq     CompletionQueue
+	maxSGE int // segments per WRITE (MaxSGE(dev))
 }
 
 // New opens the local NICs and returns the transport.
@@ -191,7 +195,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 			t.Close()
 			return nil, err
 		}
-		n := &localNIC{name: name, dev: dev}
+		n := &localNIC{name: name, dev: dev, maxSGE: MaxSGE(dev)}
 		t.nics = append(t.nics, n)
 		if n.pd, err = dev.AllocPD(); err == nil {
 			n.cq, err = dev.CreateCQ()
@@ -274,7 +278,7 @@ func (t *Transport) Read(ctx context.Context, src fabric.Remote, dst tensor.Buff
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	return t.transfer(ctx, src, dst.Device(), p[:src.Length], false)
+	return t.transfer(ctx, src, dst.Device(), p[:src.Length], nil, false)
 }
 
 // Write pushes src's first dst.Length bytes into the sink dst names.
@@ -289,7 +293,7 @@ func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Rem
 	if err != nil {
 		return fabric.Stats{}, err
 	}
-	return t.transfer(ctx, dst, src.Device(), p[:dst.Length], true)
+	return t.transfer(ctx, dst, src.Device(), p[:dst.Length], nil, true)
 }
 
 // Close breaks every rail and stops the transport's goroutines. Transfers

@@ -174,14 +174,71 @@ type QueuePair interface {
 	Close() error
 }
 
-// WorkRequest is one one-sided operation (ibv_send_wr with one sge).
+// WorkRequest is one one-sided operation (ibv_send_wr). Its local side is
+// one segment (LKey, LocalAddr, Length) or, for a WRITE, a scatter-gather
+// list (SGL, ibv_send_wr's sg_list): the remote range of Length bytes at
+// (RKey, RemoteAddr) then receives the segments' concatenation, in order,
+// as one WRITE, and LKey and LocalAddr are not used.
 type WorkRequest struct {
 	ID         uint64 // returned in the completion
 	LKey       uint32
 	LocalAddr  uint64
-	Length     uint32
+	Length     uint32 // with SGL: the sum of the segments' lengths
 	RKey       uint32
 	RemoteAddr uint64
+	// SGL, when not empty, is the local memory of a WRITE: at most the
+	// queue pair's MaxSGE segments. A segment outside its region
+	// completes with StatusLocalProtection, as a single one does; a list
+	// longer than MaxSGE, or whose lengths do not add up to Length, is
+	// refused by the post (ErrBadSGL), as ibv_post_send refuses it.
+	SGL []Segment
+}
+
+// Segment is one piece of local memory of a work request (ibv_sge).
+type Segment struct {
+	LKey   uint32
+	Addr   uint64
+	Length uint32
+}
+
+// SGELimit is the optional capability of an opened device whose queue
+// pairs post WRITEs of several local segments (WorkRequest.SGL). MaxSGE is
+// the most segments one work request may have (verbs' max_sge; libfabric's
+// tx_attr->iov_limit). A Context without it takes one segment.
+type SGELimit interface {
+	MaxSGE() int
+}
+
+// MaxSGE is the most segments c's queue pairs take in one WRITE: its
+// SGELimit, else 1.
+func MaxSGE(c Context) int {
+	if l, ok := c.(SGELimit); ok {
+		return max(l.MaxSGE(), 1)
+	}
+	return 1
+}
+
+// CheckSGL checks wr's scatter-gather list against the queue pair's limit
+// (for providers' posts): at most max segments whose lengths add up to
+// wr.Length, and only on a WRITE.
+func CheckSGL(wr WorkRequest, op Opcode, max int) error {
+	if len(wr.SGL) == 0 {
+		return nil
+	}
+	if op != OpWrite {
+		return fmt.Errorf("%w: a %v takes one local segment", ErrBadSGL, op)
+	}
+	if len(wr.SGL) > max {
+		return fmt.Errorf("%w: %d segments, the queue pair takes %d", ErrBadSGL, len(wr.SGL), max)
+	}
+	var n uint64
+	for _, s := range wr.SGL {
+		n += uint64(s.Length)
+	}
+	if n != uint64(wr.Length) {
+		return fmt.Errorf("%w: segments of %d bytes for a request of %d", ErrBadSGL, n, wr.Length)
+	}
+	return nil
 }
 
 // CompletionQueue delivers completions (ibv_cq with a completion channel).
@@ -249,6 +306,10 @@ var (
 	ErrQueueFull = errors.New("rdma: send queue full")
 	ErrNotConn   = errors.New("rdma: queue pair not connected")
 	ErrNoDevice  = errors.New("rdma: no such device")
+	// ErrBadSGL: a posted work request's scatter-gather list has more
+	// segments than the queue pair takes, lengths that do not add up to
+	// its Length, or is on an operation that takes one segment (READ).
+	ErrBadSGL = errors.New("rdma: bad scatter-gather list")
 	// ErrEncrypt: a Config asked for encryption, which rdma does not do
 	// (bytes move between registered memories as they are); tcp serves
 	// a runtime that must encrypt.

@@ -29,8 +29,8 @@ import (
 // pack) in turn and reports the times and the ratios to unsharded (ratio,
 // scatter-ratio, gather-ratio), so drift on a shared machine hits them
 // alike: read that line for the goal. These run on the default path
-// between hosts, rdma (softrdma over loopback here), which cannot send
-// runs: its gathered step packs in staging memory (the counted fallback).
+// between hosts, rdma (softrdma over loopback here), whose gathered write
+// sends the runs as WRITEs with scatter-gather lists, no pack copy.
 // "interleaved-tcp" is "interleaved" with rdma off and tcp compression off:
 // every step over tcp, whose gathered write sends the runs with no pack
 // copy. The weights are random bf16 (tcodec.FillNormal).

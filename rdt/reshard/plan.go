@@ -10,9 +10,9 @@
 // rank 0): each receiver reserves one flow-controlled slot per incoming
 // move, and each sender pushes every move of its shard into its slot. A
 // sender made over the shard's rdt object (NewSenderOver) pushes each
-// move's strided runs straight from the shard (rdt.PushRuns: tcp sends
-// them with no packed copy of the move; a path that cannot is counted and
-// packs); one given the shard as plain memory each step (NewSender) packs
+// move's strided runs straight from the shard (rdt.PushRuns: tcp and rdma
+// send them with no packed copy of the move; a path that cannot is counted
+// and packs); one given the shard as plain memory each step (NewSender) packs
 // each move into a buffer published once, then pushes that. A receiver
 // made over its shard's memory (NewReceiverOver) lands each move that is
 // one contiguous range of it in place; the others are scattered when all

@@ -243,8 +243,8 @@ func putShard(t *testing.T, a *rdt.Actor, rt *rdt.Runtime, n int64) (rdt.Ref, []
 
 // TestReshardSenderOverGathers: trainers whose shards are rdt objects
 // (NewSenderOver) push each move's strided runs straight from them. Over
-// tcp nothing is packed (tensorlane_gather_packed_total stays 0); over
-// rdma, which cannot send runs, every move is packed first and counted.
+// tcp and over rdma (softrdma: WRITEs whose scatter-gather lists are the
+// runs) nothing is packed (tensorlane_gather_packed_total stays 0).
 // For every layout of the table, every reader's shard is exactly its block
 // of each step's weight, as the pack path makes it, and only the planned
 // bytes cross the wire.
@@ -265,7 +265,7 @@ func TestReshardSenderOverGathers(t *testing.T) {
 		name   string
 		mutate func(*rdt.Config)
 		packed bool
-	}{{"tcp", tcpOnly, false}, {"rdma", nil, true}} {
+	}{{"tcp", tcpOnly, false}, {"rdma", nil, false}} {
 		for _, tc := range table {
 			t.Run(path.name+"/"+tc.name, func(t *testing.T) {
 				p, err := NewPlan(tc.from, tc.to)

@@ -39,6 +39,7 @@ int tl_ep_type(struct fi_info *i) { return i->ep_attr->type; }
 uint64_t tl_mr_mode(struct fi_info *i) { return (uint64_t)i->domain_attr->mr_mode; }
 size_t tl_mr_key_size(struct fi_info *i) { return i->domain_attr->mr_key_size; }
 uint64_t tl_max_msg(struct fi_info *i) { return (uint64_t)i->ep_attr->max_msg_size; }
+size_t tl_iov_limit(struct fi_info *i) { return i->tx_attr ? i->tx_attr->iov_limit : 1; }
 uint64_t tl_mode(struct fi_info *i) { return i->mode; }
 struct fi_info *tl_next(struct fi_info *i) { return i->next; }
 int tl_addr_format(struct fi_info *i) { return i->addr_format; }
@@ -169,6 +170,27 @@ ssize_t tl_post(tl_ep *e, int write, uint64_t local, size_t len, void *desc,
 		return fi_writemsg(e->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
 	}
 	return fi_read(e->ep, (void *)(uintptr_t)local, len, desc, e->peer, raddr, key, ctx);
+}
+
+// tl_postv posts one RMA write of count local segments (locals[i],
+// lens[i], each with its registration's descriptor descs[i]) to the remote
+// range of their total length at raddr: fi_writemsg with an iov. count is
+// at most the endpoint's tx iov_limit (the caller checks).
+ssize_t tl_postv(tl_ep *e, const uint64_t *locals, const uint64_t *lens, const uint64_t *descs, size_t count,
+		uint64_t raddr, uint64_t key, void *ctx) {
+	struct iovec iov[count];
+	void *desc[count];
+	size_t total = 0;
+	for (size_t i = 0; i < count; i++) {
+		iov[i].iov_base = (void *)(uintptr_t)locals[i];
+		iov[i].iov_len = lens[i];
+		desc[i] = (void *)(uintptr_t)descs[i];
+		total += lens[i];
+	}
+	struct fi_rma_iov rma = { .addr = raddr, .len = total, .key = key };
+	struct fi_msg_rma msg = { .msg_iov = iov, .desc = desc, .iov_count = count, .addr = e->peer,
+		.rma_iov = &rma, .rma_iov_count = 1, .context = ctx };
+	return fi_writemsg(e->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
 }
 
 // tl_mr_reg registers [base, base+len). The base is pinned (runtime.Pinner)

@@ -33,6 +33,7 @@ int tl_ep_type(struct fi_info *i);
 uint64_t tl_mr_mode(struct fi_info *i);
 size_t tl_mr_key_size(struct fi_info *i);
 uint64_t tl_max_msg(struct fi_info *i);
+size_t tl_iov_limit(struct fi_info *i);
 uint64_t tl_mode(struct fi_info *i);
 struct fi_info *tl_next(struct fi_info *i);
 int tl_addr_format(struct fi_info *i);
@@ -65,6 +66,8 @@ int tl_err_errno(struct fi_cq_err_entry *e);
 int tl_err_prov(struct fi_cq_err_entry *e);
 ssize_t tl_cq_read(struct fid_cq *cq, struct fi_cq_data_entry *buf, size_t n, int timeout_ms, struct fi_cq_err_entry *err);
 ssize_t tl_post(tl_ep *e, int write, uint64_t local, size_t len, void *desc, uint64_t raddr, uint64_t key, void *ctx);
+ssize_t tl_postv(tl_ep *e, const uint64_t *locals, const uint64_t *lens, const uint64_t *descs, size_t count,
+		uint64_t raddr, uint64_t key, void *ctx);
 int tl_cq_waitfd(struct fid_cq *cq);
 int tl_trywait(tl_dom *d, struct fid_cq *cq);
 #endif

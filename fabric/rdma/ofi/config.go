@@ -64,6 +64,15 @@ type Config struct {
 	// watches a reader's queue's fd while one request and no write is
 	// outstanding (waitfd.go).
 	PollWaitFD bool
+	// MaxSGE caps the local segments of one WRITE (rdma.SGELimit, the
+	// device's MaxSGE; fi_writemsg's iov): default the domain's tx
+	// iov_limit, at most maxSGECap; 1 makes rdma.Transport pack every
+	// gathered push. On the net provider over loopback (iov_limit 4),
+	// WRITEs of 4 runs of 128 KiB took 0.96-1.42x a plain push in 11 of
+	// 13 rounds (1.53-1.69x in two) where the transport's pack took
+	// 1.48-1.70x; 4 KiB runs the transport packs anyway, 16 KiB a WRITE
+	// being far too little (BenchmarkWriteRunsOFI, load 2-3).
+	MaxSGE int
 	// Faults is how this module's tests make the provider damage what it
 	// sends: the next control answer loses its last byte, which the
 	// reader must catch. The data itself cannot be damaged from here:
@@ -72,6 +81,10 @@ type Config struct {
 	// code can set) is healthy.
 	Faults *faults.Sim
 }
+
+// maxSGECap bounds a device's MaxSGE whatever the domain's iov_limit: an
+// iovec array of a WRITE lives on the C stack of its post.
+const maxSGECap = 64
 
 // FromEnv returns the Config the environment asks for: the libfabric
 // provider named by TENSORLANE_OFI_PROVIDER.

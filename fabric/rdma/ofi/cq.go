@@ -30,7 +30,7 @@ type op struct {
 	wr   rdma.WorkRequest
 	opc  rdma.Opcode
 	qp   *qp
-	mr   *mr
+	mrs  []*mr // the regions its segments lie in, each once
 	ctx  unsafe.Pointer
 	done bool // reported (completed or flushed): a late completion is dropped
 	live bool // libfabric holds its context and may touch its memory
@@ -373,12 +373,14 @@ func (q *cq) releaseLocked(o *op) {
 	}
 	o.live = false
 	o.qp.live--
-	o.mr.mu.Lock()
-	delete(o.mr.inflight, o)
-	if len(o.mr.inflight) == 0 {
-		o.mr.idle.Broadcast()
+	for _, m := range o.mrs {
+		m.mu.Lock()
+		delete(m.inflight, o)
+		if len(m.inflight) == 0 {
+			m.idle.Broadcast()
+		}
+		m.mu.Unlock()
 	}
-	o.mr.mu.Unlock()
 }
 
 // finishLocked reports o's completion (once).

@@ -30,6 +30,13 @@ import (
 // device is an opened NIC: a libfabric fabric and domain, and when it
 // listens a target endpoint with its progress loop and the bootstrap
 // listener.
+// MaxSGE is the most local segments one WRITE may carry (rdma.SGELimit):
+// the domain's tx iov_limit (fi_writemsg's iov), at most maxSGECap and
+// Config.MaxSGE.
+func (d *device) MaxSGE() int { return d.maxSGE }
+
+var _ rdma.SGELimit = (*device)(nil)
+
 type device struct {
 	// Base is what every provider's device has: name, configuration,
 	// Mu and Closed (which also guard the tables below), the bootstrap
@@ -40,6 +47,7 @@ type device struct {
 	dom *C.tl_dom
 
 	mrMode  uint64
+	maxSGE  int // local segments per WRITE (tx iov_limit, capped)
 	keySize int
 	noWait  bool
 	// pollFD: queues sleep on wait fds in poll(2) (Config.PollWaitFD,
@@ -96,6 +104,10 @@ func openDevice(ctx context.Context, p *Provider, nic NIC, cfg rdma.OpenConfig) 
 		mrMode: uint64(C.tl_mr_mode(info)), keySize: int(C.tl_mr_key_size(info)), noWait: p.cfg.NoWait, pollFD: p.cfg.PollWaitFD,
 		mrs: map[uint32]*mr{}, qps: map[*qp]struct{}{}, cqs: map[*cq]struct{}{},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+	d.maxSGE = max(1, min(int(C.tl_iov_limit(info)), maxSGECap))
+	if p.cfg.MaxSGE > 0 {
+		d.maxSGE = min(d.maxSGE, p.cfg.MaxSGE)
+	}
 	d.Init("ofi", nic.Name, nic.Addr, cfg, p.cfg.HandshakeTimeout, "ofi", p.prov)
 	if rc := C.tl_dom_open(info, &d.dom); rc != 0 {
 		return nil, fmt.Errorf("ofi: NIC %s: open domain %s: %w", nic.Name, nic.Domain, fiErr("fi_domain", rc))

@@ -23,8 +23,9 @@
 //     set, as every tensorlane data connection does), the remote sends its
 //     endpoint address (fi_getname), and the connection then carries the
 //     two-sided control messages (QueuePair.Call). One-sided READ and WRITE
-//     go through libfabric (fi_read, fi_write) and complete on a completion
-//     queue;
+//     go through libfabric (fi_read, fi_writemsg; a WRITE's scatter-gather
+//     list, WorkRequest.SGL, is its iov, up to the domain's tx iov_limit)
+//     and complete on a completion queue;
 //   - completion queues sleep on the provider's wait fd where it has one:
 //     a reader's queue with one request outstanding and no writes through
 //     the Go netpoller (waitfd.go: a completion wakes a goroutine on a

@@ -29,7 +29,16 @@ func testKey(t testing.TB) crypto.PrivKey {
 
 func loopback(t testing.TB, names ...string) *Provider {
 	t.Helper()
+	return loopbackWith(t, nil, names...)
+}
+
+// loopbackWith is loopback with the Config changed by set (when not nil).
+func loopbackWith(t testing.TB, set func(*Config), names ...string) *Provider {
+	t.Helper()
 	cfg := Config{Provider: testProv()}
+	if set != nil {
+		set(&cfg)
+	}
 	for _, n := range names {
 		cfg.NICs = append(cfg.NICs, NIC{Name: n, Domain: "lo", Addr: "127.0.0.1:0"})
 	}
@@ -176,14 +185,20 @@ type pair struct {
 
 func newPair(t *testing.T, size int) *pair {
 	t.Helper()
+	return newPairWith(t, size, nil)
+}
+
+// newPairWith is newPair with both providers' Config changed by set.
+func newPairWith(t *testing.T, size int, set func(*Config)) *pair {
+	t.Helper()
 	ctx := context.Background()
 	p := &pair{}
 	var err error
-	if p.od, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}, Listen: true}); err != nil {
+	if p.od, err = loopbackWith(t, set, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}, Listen: true}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.od.Close() })
-	if p.rd, err = loopback(t, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}}); err != nil {
+	if p.rd, err = loopbackWith(t, set, "nic0").Open(ctx, "nic0", rdma.OpenConfig{Security: fabric.Security{Identity: testKey(t)}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.rd.Close() })

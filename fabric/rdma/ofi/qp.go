@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -201,25 +202,46 @@ func (q *qp) PostWrite(wr rdma.WorkRequest) error { return q.post(rdma.OpWrite, 
 
 func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 	d := q.dev
+	if err := rdma.CheckSGL(wr, opc, d.maxSGE); err != nil {
+		return err
+	}
+	segs := wr.SGL
+	if len(segs) == 0 {
+		segs = []rdma.Segment{{LKey: wr.LKey, Addr: wr.LocalAddr, Length: wr.Length}}
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.Ready(q.conn != nil); err != nil {
 		return err
 	}
+	// The segments' addresses in this process and their registrations'
+	// descriptors; for a WRITE of several, fi_writemsg's iov.
+	var mrs []*mr
+	locals, lens, descs := make([]uint64, len(segs)), make([]uint64, len(segs)), make([]uint64, len(segs))
+	var bad error
 	d.Mu.Lock()
-	m := d.mrs[wr.LKey]
-	d.Mu.Unlock()
-	var local uintptr
-	ok := m != nil
-	if ok {
-		local, ok = m.ptr(wr.LocalAddr, wr.Length)
+	for i, sg := range segs {
+		m := d.mrs[sg.LKey]
+		var local uintptr
+		ok := m != nil
+		if ok {
+			local, ok = m.ptr(sg.Addr, sg.Length)
+		}
+		if !ok {
+			bad = fmt.Errorf("ofi: lkey %d does not cover [%#x,+%d)", sg.LKey, sg.Addr, sg.Length)
+			break
+		}
+		locals[i], lens[i], descs[i] = uint64(local), uint64(sg.Length), uint64(uintptr(m.desc))
+		if !slices.Contains(mrs, m) {
+			mrs = append(mrs, m)
+		}
 	}
+	d.Mu.Unlock()
 	c := q.cq
 	c.mu.Lock()
-	if !ok {
+	if bad != nil {
 		// As verbs does: the request completes with a local protection error.
-		c.ready.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection,
-			Err: fmt.Errorf("ofi: lkey %d does not cover [%#x,+%d)", wr.LKey, wr.LocalAddr, wr.Length)})
+		c.ready.Push(rdma.Completion{ID: wr.ID, Op: opc, Status: rdma.StatusLocalProtection, Err: bad})
 		c.mu.Unlock()
 		c.signal()
 		return nil
@@ -229,7 +251,7 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 		return rdma.ErrQueueFull
 	}
 	c.nextID++
-	o := &op{id: c.nextID, wr: wr, opc: opc, qp: q, mr: m}
+	o := &op{id: c.nextID, wr: wr, opc: opc, qp: q, mrs: mrs}
 	c.mu.Unlock()
 	o.ctx = unsafe.Pointer(C.tl_ctx_new(C.uint64_t(o.id)))
 	if o.ctx == nil {
@@ -262,11 +284,19 @@ func (q *qp) post(opc rdma.Opcode, wr rdma.WorkRequest) error {
 		q.live++
 		c.ops[o.id] = o
 		q.ops[o] = struct{}{}
-		m.mu.Lock()
-		m.inflight[o] = struct{}{}
-		m.mu.Unlock()
+		for _, m := range mrs {
+			m.mu.Lock()
+			m.inflight[o] = struct{}{}
+			m.mu.Unlock()
+		}
 		c.mu.Unlock()
-		rc := C.tl_post(ep, write, C.uint64_t(local), C.size_t(wr.Length), m.desc, C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
+		var rc C.ssize_t
+		if len(segs) == 1 {
+			rc = C.tl_post(ep, write, C.uint64_t(locals[0]), C.size_t(lens[0]), mrs[0].desc, C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
+		} else {
+			rc = C.tl_postv(ep, (*C.uint64_t)(unsafe.Pointer(&locals[0])), (*C.uint64_t)(unsafe.Pointer(&lens[0])),
+				(*C.uint64_t)(unsafe.Pointer(&descs[0])), C.size_t(len(segs)), C.uint64_t(wr.RemoteAddr), C.uint64_t(wr.RKey), o.ctx)
+		}
 		if rc != 0 {
 			// Not posted: libfabric holds no reference to the context.
 			c.mu.Lock()

@@ -183,6 +183,27 @@ func readPayload(r io.Reader, h *[headerLen]byte, f frame, dst []byte) error {
 	return nil
 }
 
+// writeFrameV writes a frame whose payload is the concatenation of pieces
+// with one writev: header, the pieces where they lie, trailer.
+func writeFrameV(w io.Writer, f frame, pieces [][]byte) error {
+	f.payloadLen = 0
+	for _, p := range pieces {
+		f.payloadLen += uint32(len(p))
+	}
+	var h [headerLen]byte
+	f.putHeader(&h)
+	crc := binary.BigEndian.Uint32(h[32:])
+	for _, p := range pieces {
+		crc = crc32.Update(crc, frameTable, p)
+	}
+	var t [trailerLen]byte
+	binary.BigEndian.PutUint32(t[:], crc)
+	bufs := make(net.Buffers, 0, len(pieces)+2)
+	bufs = append(append(append(bufs, h[:]), pieces...), t[:])
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
 // writeFrame writes a frame with one writev: header, payload straight from
 // where it lies, trailer. corrupt flips a payload bit after the checksum
 // was computed (fault injection).
