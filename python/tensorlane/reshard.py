@@ -8,7 +8,10 @@ the two layouts, a static schedule reused every step: per (trainer shard,
 reader shard) pair, the strided runs of bytes. A :class:`ReshardSender`
 (one per trainer) packs its runs for each reader into a buffer published
 once and pushes them all in one push batch (every trainer at once, not one
-rank 0); a :class:`ReshardReceiver` (one per reader) holds one
+rank 0); made ``over`` its shard's memory (an array from the runtime's
+``empty``, updated in place by the trainer), it packs nothing and pushes
+each move's runs straight from the shard (a gathered push: tcp and rdma
+send the runs from it); a :class:`ReshardReceiver` (one per reader) holds one
 flow-controlled slot per incoming move and scatters them into its shard when
 all have landed. Only the planned bytes cross the wire; packing and
 scattering are memory copies (numpy, strided).
@@ -17,6 +20,7 @@ scattering are memory copies (numpy, strided).
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -24,7 +28,7 @@ import numpy as np
 from . import _lib, errors
 from ._runtime import Runtime, as_array
 from ._runtime import runtime as _default_runtime
-from .weightsync import PushResult, Slot, push_batch, wait_slots
+from .weightsync import PushResult, Slot, push, push_batch, wait_slots
 
 #: A layout: ``("split", dimension, count)``, or a list of shard blocks,
 #: each ``(start, end)`` per dimension.
@@ -98,28 +102,59 @@ def _runs(buf: np.ndarray, run: Mapping[str, int], side: str) -> np.ndarray:
 
 class ReshardSender:
     """A trainer shard's side of a plan: one pack buffer per reader it
-    feeds, published once."""
+    feeds, published once; or, made ``over`` the shard's own memory, no
+    pack buffer at all.
 
-    def __init__(self, plan: ReshardPlan, shard: int, *, runtime: Optional[Runtime] = None):
+    ``over``: the trainer's shard (row-major, the plan's bytes), in memory
+    this runtime allocated (``runtime.empty``), which the trainer updates in
+    place between steps. The shard is published once as an object and every
+    :meth:`send` pushes each move's strided runs straight from it
+    (``weightsync.push(runs=...)``, one push per reader in parallel): no
+    copy of the move is made where the path sends runs (tcp, rdma); shm
+    packs them into staging memory (counted in
+    ``tensorlane_gather_packed_total``). It must not change while a
+    :meth:`send` runs."""
+
+    def __init__(self, plan: ReshardPlan, shard: int, *, runtime: Optional[Runtime] = None, over: Any = None):
         if not 0 <= shard < len(plan.src_bytes):
             raise errors.InvalidArgument(f"trainer shard {shard} of {len(plan.src_bytes)}")
         self._rt = runtime if runtime is not None else _default_runtime()
         self.plan, self.shard = plan, shard
         self.moves = plan.out_of(shard)
+        self._over: Optional[np.ndarray] = None
+        self._runs: List[np.ndarray] = []
+        self._pool: Optional[ThreadPoolExecutor] = None
+        if over is not None:
+            self._over = _bytes_of(as_array(over), plan.src_bytes[shard], f"trainer shard {shard}")
+            self._keep = over
+            self._packs: List[np.ndarray] = []
+            self._refs = [self._rt.put(self._over)] if self.moves else []
+            self._runs = [_pairs(m) for m in self.moves]
+            if len(self.moves) > 1:
+                self._pool = ThreadPoolExecutor(len(self.moves), thread_name_prefix="tensorlane-reshard")
+            return
         self._packs = [self._rt.empty(m["bytes"], np.uint8) for m in self.moves]
         self._refs = [self._rt.put(p) for p in self._packs]
 
     def send(self, shard: Any, slots: Mapping[Tuple[int, int], bytes], *, timeout: Optional[float] = None) -> List[PushResult]:
         """Packs this step's shard (row-major) and pushes every move into its
         reader's slot at once. ``slots``: the readers' :meth:`ReshardReceiver.slots`,
-        merged. Raises the first move's error, if any."""
-        src = _bytes_of(as_array(shard), self.plan.src_bytes[self.shard], f"trainer shard {self.shard}")
+        merged. Raises the first move's error, if any. Made ``over`` the
+        shard, ``shard`` is that memory (or None) and nothing is packed."""
         dsts = []
-        for m, pack in zip(self.moves, self._packs):
+        for m in self.moves:
             key = (m["src"], m["dst"])
             if key not in slots:
                 raise errors.InvalidArgument(f"no slot for the move {key}")
             dsts.append(slots[key])
+        if self._over is not None:
+            if shard is not None:
+                mem = _bytes_of(as_array(shard), self.plan.src_bytes[self.shard], f"trainer shard {self.shard}")
+                if mem.__array_interface__["data"][0] != self._over.__array_interface__["data"][0]:
+                    raise errors.InvalidArgument(f"trainer shard {self.shard}: not the memory the sender was made over")
+            return self._send_runs(dsts, timeout)
+        src = _bytes_of(as_array(shard), self.plan.src_bytes[self.shard], f"trainer shard {self.shard}")
+        for m, pack in zip(self.moves, self._packs):
             at = 0
             for r in m["runs"]:
                 k = r["count"] * r["len"]
@@ -133,14 +168,56 @@ class ReshardSender:
                 raise r.error
         return res
 
+    def _send_runs(self, dsts: List[bytes], timeout: Optional[float]) -> List[PushResult]:
+        """One gathered push per move, in parallel (each call leaves the GIL
+        while the library moves the bytes); every push finishes before the
+        first error is raised, so none is left writing a reader's slot."""
+        if not self.moves:
+            return []
+        src = self._refs[0]
+
+        def one(i: int) -> PushResult:
+            return push(src, dsts[i], runs=self._runs[i], timeout=timeout, runtime=self._rt)
+
+        if self._pool is None:
+            return [one(0)]
+        futures = [self._pool.submit(one, i) for i in range(len(self.moves))]
+        errs = [f.exception() for f in futures]
+        for e in errs:
+            if e is not None:
+                raise e
+        return [f.result() for f in futures]
+
     def close(self) -> None:
-        """Frees the pack buffers. Idempotent."""
+        """Frees the pack buffers (or the shard's object; the shard's memory
+        stays the caller's). Idempotent."""
         refs, self._refs = self._refs, []
         for ref in refs:
             try:
                 self._rt.free(ref)
             except errors.Error:
                 pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _pairs(m: Mapping[str, Any]) -> np.ndarray:
+    """A move's runs in the source shard as (offset, length) pairs, in the
+    order a pack lays them out (what the reader's slot expects)."""
+    out = []
+    for r in m["runs"]:
+        offs = r["src_off"] + np.arange(r["count"], dtype=np.int64) * (r["src_stride"] or r["len"])
+        out.append(np.stack([offs, np.full(r["count"], r["len"], np.int64)], axis=1))
+    pairs = np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+    # Runs that touch coalesce (a row split that keeps whole rows): fewer
+    # pieces for the path to walk.
+    if len(pairs) > 1:
+        ends = pairs[:-1, 0] + pairs[:-1, 1]
+        starts = np.flatnonzero(np.concatenate([[True], pairs[1:, 0] != ends]))
+        lens = np.add.reduceat(pairs[:, 1], starts)
+        pairs = np.stack([pairs[starts, 0], lens], axis=1)
+    return np.ascontiguousarray(pairs)
 
 
 def _dst_range(m: Mapping[str, Any]) -> Optional[int]:

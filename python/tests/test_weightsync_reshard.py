@@ -67,6 +67,54 @@ def test_fsdp_rows_to_tp_columns_three_steps():
             rt.close()
 
 
+@pytest.mark.parametrize("into", [False, True], ids=["scattered", "in place"])
+def test_sender_over_its_shard_packs_nothing(into):
+    """ReshardSender(over=shard): the trainer's shard (runtime memory,
+    updated in place each step) is published once and each move's runs are
+    pushed straight from it, to readers on its host (shm) and the other
+    (tcp); every step each reader gets exactly its columns, the latest
+    values, and only the planned bytes move."""
+    shape = (96, 40)
+    plan = rs.ReshardPlan(shape, np.float32, rs.rows(3), rs.cols(2))
+    trainers = [tl.Runtime(_host(h)) for h in ("h0", "h1", "h0")]
+    readers = [tl.Runtime(_host(h)) for h in ("h0", "h1")]
+    try:
+        rows = np.array_split(np.arange(shape[0]), 3)
+        cols = np.array_split(np.arange(shape[1]), 2)
+        shards = [rt.empty((len(rows[i]), shape[1]), np.float32) for i, rt in enumerate(trainers)]
+        outs = [np.zeros((shape[0], len(cols[j])), np.float32) for j in range(2)]
+        senders = [rs.ReshardSender(plan, i, runtime=rt, over=shards[i]) for i, rt in enumerate(trainers)]
+        receivers = [rs.ReshardReceiver(plan, j, runtime=rt, into=outs[j] if into else None) for j, rt in enumerate(readers)]
+        slots = {}
+        for r in receivers:
+            slots.update(r.slots())
+        for step in range(3):
+            w = np.random.default_rng(step + 20).standard_normal(shape).astype(np.float32)
+            for i, sh in enumerate(shards):
+                sh[:] = w[rows[i][0]:rows[i][-1] + 1]  # the trainer's update, in place
+            pushed, paths = 0, set()
+            for i, s in enumerate(senders):
+                res = s.send(shards[i] if step % 2 else None, slots, timeout=10)
+                pushed += sum(r.bytes for r in res)
+                paths |= {r.transport for r in res}
+            assert pushed == plan.bytes and paths == {"shm", "tcp"}
+            for j, r in enumerate(receivers):
+                r.receive(outs[j], timeout=10)
+                np.testing.assert_array_equal(outs[j], w[:, cols[j][0]:cols[j][-1] + 1])
+        with pytest.raises(errors.InvalidArgument):  # not the memory it was made over
+            senders[0].send(np.zeros_like(shards[0]), slots)
+        with pytest.raises(errors.InvalidArgument):  # not the plan's bytes
+            rs.ReshardSender(plan, 0, runtime=trainers[0], over=np.zeros(3, np.float32))
+        for s in senders:
+            s.close()
+            s.close()  # idempotent
+        for r in receivers:
+            r.close()
+    finally:
+        for rt in trainers + readers:
+            rt.close()
+
+
 @pytest.mark.parametrize("src,dst,in_place", [(rs.rows(3), rs.cols(2), True), (rs.cols(2), rs.rows(3), False)],
                          ids=["rows to columns", "columns to rows"])
 def test_receiver_into_the_shard(src, dst, in_place):
