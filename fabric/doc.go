@@ -34,7 +34,7 @@
 // (transport, destination) by the same code.
 //
 // A push of an object's strided runs (a resharded weight's rows) goes
-// through Planner.WriteRuns: a GatherWriter (tcp, rdma) sends the runs from
+// through Planner.WriteRuns: a GatherWriter (tcp, rdma, shm) sends the runs from
 // the object with no packed copy; any other path gets them packed into staging
 // memory first, logged and counted (tensorlane_gather_packed_total).
 // CheckRuns is the one validator of a run list (ErrBadRuns).

@@ -61,7 +61,8 @@ func RunsBytes(runs []Run) int64 {
 // (fabric/tcp: each block of the wire sent from the object, or gathered
 // into a cache-resident scratch block when it spans runs; fabric/rdma:
 // WRITEs whose scatter-gather lists are the runs' pieces, from the object
-// registered as it is): the sink sees dst.Length bytes, the runs'
+// registered as it is; fabric/shm: the runs copied from the object into
+// the sink's mapped pages): the sink sees dst.Length bytes, the runs'
 // concatenation, exactly as if Writer.Write had sent a packed buffer of
 // them. runs were validated (CheckRuns against src.Len() and dst.Length).
 // The planner calls it with host-visible src only; it packs device memory

@@ -59,7 +59,7 @@
 // the generation it holds; WaitConsumed waits for a step's readers.
 // GetBatch moves a state dict with one lease round trip per owner, and
 // PushBatch with one push notice per slot runtime, both coalesced per path
-// where the path can (tcp, rdma); BroadcastBatch sends one along one tree, one setup round per
+// where the path can (tcp, rdma, shm); BroadcastBatch sends one along one tree, one setup round per
 // reader. Push with PushRuns sends runs of an object (a resharded shard's
 // strided rows, rdt/reshard) straight from it where the path can (tcp). GetAsync, GetBatchAsync, StartBroadcast and StartBroadcastBatch
 // return a Handle to Await or Cancel, with Progress in bytes.

@@ -157,7 +157,7 @@ type pushOpts struct{ runs []Run }
 // object's bytes (offsets from its first byte, as Desc.Span lays it out),
 // in order, which must fill the slot exactly: a resharded weight's strided
 // rows, say, straight from the shard that holds them. A path that can
-// (tcp, rdma: fabric.GatherWriter) sends them from the object with no
+// (tcp, rdma, shm: fabric.GatherWriter) sends them from the object with no
 // packed copy of them; any other gets them packed into staging memory of this
 // runtime first, logged and counted
 // (tensorlane_gather_packed_total{transport}).

@@ -293,9 +293,9 @@ int tl_push(uint64_t rt, const uint8_t *src, size_t src_len, const uint8_t *dst,
             int64_t timeout_ms, char *out, size_t cap, size_t *len);
 /* tl_push of the concatenation of runs of src's bytes, in order, which must
  * fill the slot exactly: runs holds n_runs (offset, length) pairs, offsets
- * from the object's first byte (a resharded shard's strided rows). tcp and
- * rdma send them from the object with no packed copy; other paths pack them
- * first (counted in tensorlane_gather_packed_total). Runs outside the
+ * from the object's first byte (a resharded shard's strided rows). tcp, rdma
+ * and shm send them from the object with no packed copy; a path that cannot
+ * packs them first (counted in tensorlane_gather_packed_total). Runs outside the
  * object, empty, or not adding up to the slot: TL_E_BAD_REQUEST. cap must
  * be at least 1024. */
 int tl_push_runs(uint64_t rt, const uint8_t *src, size_t src_len, const uint8_t *dst, size_t dst_len,

@@ -246,7 +246,7 @@ func (c *Client) runFrame(ctx context.Context, name string, g *ownerJobs, jobs [
 				continue
 			}
 			if g.push {
-				sts[j.i], errs[j.i] = c.write(ctx, name, j.buf, j.src)
+				sts[j.i], errs[j.i] = c.write(ctx, name, j.buf, j.src, nil)
 			} else {
 				sts[j.i], errs[j.i] = c.read(ctx, name, j.src, j.buf)
 			}
@@ -321,7 +321,7 @@ func (c *Client) frameOn(ctx context.Context, pc *pconn, g *ownerJobs, jobs []ba
 		}
 		j := jobs[k]
 		g.copying <- struct{}{} // no wait on ctx: a copy checks it between chunks
-		res[k] = c.useGrant(ctx, pc, keys[k], it.g, mine, helds[k], j.src, j.p, j.dev)
+		res[k] = c.useGrant(ctx, pc, keys[k], it.g, mine, helds[k], j.src, j.p, nil, j.dev)
 		<-g.copying
 		done[k] = time.Since(start)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/fabric/internal/kit"
 	"github.com/tensorlane/tensorlane/fabric/internal/peerauth"
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -253,7 +254,7 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	defer c.idle.leave()
 	var copied bool
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		if err := c.transferOn(ctx, pc, key, src, to, dev, &copied); err != nil {
+		if err := c.transferOn(ctx, pc, key, src, to, nil, dev, &copied); err != nil {
 			return err
 		}
 		return c.prefetchOnce(pc) // after the first slab grant of this owner (prefetch.go)
@@ -264,8 +265,10 @@ func (c *Client) read(ctx context.Context, name string, src fabric.Remote, dst t
 	return fabric.Stats{Transport: name, Bytes: src.Length, Duration: time.Since(start), Streams: 1, ViewCopy: copied}, nil
 }
 
-// write pushes src's first dst.Length bytes into the sink dst names.
-func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst fabric.Remote) (fabric.Stats, error) {
+// write pushes src's first dst.Length bytes into the sink dst names; with
+// runs (validated: fabric.CheckRuns), the concatenation of those runs of
+// src (host memory), copied from src straight into the sink's pages.
+func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst fabric.Remote, runs []pcopy.Run) (fabric.Stats, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return fabric.Stats{}, err
@@ -277,14 +280,20 @@ func (c *Client) write(ctx context.Context, name string, src tensor.Buffer, dst 
 	if src.Len() < dst.Length {
 		return fabric.Stats{}, fmt.Errorf("%w: source holds %d of the %d bytes to push", tensor.ErrTooSmall, src.Len(), dst.Length)
 	}
-	from, dev, err := hostOrDevice(src, dst.Length)
+	var from []byte
+	var dev tensor.Buffer
+	if runs != nil {
+		from, err = tensor.BytesOf(src)
+	} else {
+		from, dev, err = hostOrDevice(src, dst.Length)
+	}
 	if err != nil {
 		return fabric.Stats{}, err
 	}
 	owner := ownerKey(want, addr)
 	key := cacheKey{owner: owner, object: dst.Claim.Object, incarnation: dst.Claim.Incarnation, push: true}
 	err = c.withConn(ctx, want, owner, addr, func(pc *pconn) error {
-		return c.transferOn(ctx, pc, key, dst, from, dev, nil)
+		return c.transferOn(ctx, pc, key, dst, from, runs, dev, nil)
 	})
 	if err != nil {
 		return fabric.Stats{}, err
@@ -472,7 +481,7 @@ func (c *Client) refused(key cacheKey, err error) {
 // Our side is p when it is host visible, or dev (device memory, p nil).
 // A grant of device memory (flagDevice) is imported and copied by the
 // device (see importDevice and deviceCopy).
-func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, dev tensor.Buffer, copied *bool) error {
+func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabric.Remote, p []byte, runs []pcopy.Run, dev tensor.Buffer, copied *bool) error {
 	held := c.cache.acquire(key)
 	req := request{op: opRead, claim: r.Claim, offset: r.Offset, length: r.Length}
 	if key.push {
@@ -492,7 +501,7 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 	if copied != nil {
 		*copied = g.flags&flagCopy != 0
 	}
-	if err := c.useGrant(ctx, pc, key, g, fds, held, r, p, dev); err != nil {
+	if err := c.useGrant(ctx, pc, key, g, fds, held, r, p, runs, dev); err != nil {
 		return err
 	}
 	return c.confirm(pc)
@@ -500,10 +509,11 @@ func (c *Client) transferOn(ctx context.Context, pc *pconn, key cacheKey, r fabr
 
 // useGrant copies under the owner's grant g (with the descriptor it
 // carried, if any, in fds) as transferOn describes, and releases held, the
-// cached mapping of key the request named (or nil). It closes every
+// cached mapping of key the request named (or nil). A push with runs
+// copies those runs of p (the whole source) rather than p. It closes every
 // descriptor in fds. The caller confirms the copy (confirm) once it has
 // made every copy of its exchange.
-func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, held *mapping, r fabric.Remote, p []byte, dev tensor.Buffer) (err error) {
+func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant, fds []int, held *mapping, r fabric.Remote, p []byte, runs []pcopy.Run, dev tensor.Buffer) (err error) {
 	defer func() {
 		if held != nil {
 			c.cache.release(held)
@@ -516,7 +526,11 @@ func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant,
 		closeAll(fds)
 		return nil
 	}
-	if (dev == nil && int64(len(p)) != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
+	plen := int64(len(p))
+	if runs != nil {
+		plen = r.Length // the runs' total (fabric.CheckRuns)
+	}
+	if (dev == nil && plen != r.Length) || r.Offset < g.viewOff || r.Offset+r.Length > g.viewOff+g.objLen {
 		closeAll(fds)
 		return fmt.Errorf("%w: grant of the object's bytes [%d,+%d) does not hold [%d,+%d)", fabric.ErrCorrupt, g.viewOff, g.objLen, r.Offset, r.Length)
 	}
@@ -556,6 +570,13 @@ func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant,
 		c.afterMap()
 	}
 	if m.dev != nil {
+		if runs != nil { // a device sink: its copy takes one contiguous source
+			packed := make([]byte, r.Length)
+			if err := pcopy.Gather(ctx, packed, p, runs, pcopy.Options{}); err != nil {
+				return err
+			}
+			p = packed
+		}
 		return deviceCopy(ctx, key.push, m.dev, r.Offset-m.viewOff, r.Length, p, dev)
 	}
 	obj := m.bytes()[r.Offset-m.viewOff : r.Offset-m.viewOff+r.Length]
@@ -566,7 +587,11 @@ func (c *Client) useGrant(ctx context.Context, pc *pconn, key cacheKey, g grant,
 		// A push writes into the reader's memory: between chunks, stop as
 		// soon as the owner has dropped the connection (it unpins the sink
 		// right after, and the pages may then belong to something else).
-		return guardedCopy(ctx, obj, p, c.cfg.ChunkSize, func() error { return peerOpen(pc.c) })
+		peer := func() error { return peerOpen(pc.c) }
+		if runs != nil {
+			return guardedGather(ctx, obj, p, runs, c.cfg.ChunkSize, peer)
+		}
+		return guardedCopy(ctx, obj, p, c.cfg.ChunkSize, peer)
 	}
 	return guardedCopy(ctx, p, obj, c.cfg.ChunkSize, nil)
 }

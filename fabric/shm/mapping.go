@@ -78,6 +78,15 @@ func guardedCopy(ctx context.Context, to, from []byte, chunk int, check func() e
 	return err
 }
 
+// guardedGather is guardedCopy of the concatenation of runs of from.
+func guardedGather(ctx context.Context, to, from []byte, runs []pcopy.Run, chunk int, check func() error) error {
+	err := pcopy.Gather(ctx, to, from, runs, pcopy.Options{Chunk: chunk, Check: check, GuardFaults: true})
+	if fe, ok := errors.AsType[*pcopy.FaultError](err); ok {
+		return fmt.Errorf("%w: shared memory fault during copy (the peer shrank the file?): %v", fabric.ErrCorrupt, fe.Cause)
+	}
+	return err
+}
+
 // cacheKey names one claim's mapping: the owner (peer and socket), the
 // object and the owner incarnation that issued the claim, and whether it
 // is a push mapping (the sink's pages, writable) or a read mapping (the

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/internal/pcopy"
 	"github.com/tensorlane/tensorlane/tensor"
 	"github.com/tensorlane/tensorlane/topology"
 )
@@ -115,7 +116,30 @@ func (t *Transport) Write(ctx context.Context, src tensor.Buffer, dst fabric.Rem
 	if t.closed.Load() {
 		return fabric.Stats{}, fabric.ErrClosed
 	}
-	return t.c.write(ctx, t.name, src, dst)
+	return t.c.write(ctx, t.name, src, dst, nil)
+}
+
+var _ fabric.GatherWriter = (*Transport)(nil)
+
+// WriteRuns pushes the concatenation of runs of src into the sink dst
+// names: the sink's pages are mapped writable, as Write maps them, and the
+// runs are copied from src straight into them (no packed copy). Host
+// memory only; the planner packs device memory.
+func (t *Transport) WriteRuns(ctx context.Context, src tensor.Buffer, runs []fabric.Run, dst fabric.Remote) (fabric.Stats, error) {
+	if t.closed.Load() {
+		return fabric.Stats{}, fabric.ErrClosed
+	}
+	if err := fabric.CheckRuns(runs, src.Len(), dst.Length); err != nil {
+		return fabric.Stats{}, err
+	}
+	if tensor.IsDevice(src) {
+		return fabric.Stats{}, fmt.Errorf("%w: shm sends runs of host memory only (the planner packs device memory)", fabric.ErrBadRequest)
+	}
+	rs := make([]pcopy.Run, len(runs))
+	for i, r := range runs {
+		rs[i] = pcopy.Run{Off: r.Off, Len: r.Len}
+	}
+	return t.c.write(ctx, t.name, src, dst, rs)
 }
 
 // Close closes the view; a view made by New or NewP2P also closes its

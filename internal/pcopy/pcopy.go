@@ -129,3 +129,101 @@ func copyStripe(ctx context.Context, to, from []byte, o *Options, check func() e
 	}
 	return nil
 }
+
+// Run is one contiguous range of a gather's source: Len bytes from Off.
+type Run struct{ Off, Len int64 }
+
+// Gather copies the concatenation of runs of from, in order, into to from
+// its start (len(to) >= the runs' total), as Copy copies: on several
+// workers when large, checking ctx and Check about every Chunk bytes,
+// guarding faults. The runs must lie inside from (callers validate them:
+// fabric.CheckRuns). After an error to's contents are undefined.
+func Gather(ctx context.Context, to, from []byte, runs []Run, o Options) error {
+	o = o.withDefaults()
+	var n int64
+	for _, r := range runs {
+		if r.Off < 0 || r.Len < 0 || r.Off+r.Len > int64(len(from)) {
+			return fmt.Errorf("pcopy: run [%d,+%d) outside a source of %d bytes", r.Off, r.Len, len(from))
+		}
+		n += r.Len
+	}
+	if int64(len(to)) < n {
+		return fmt.Errorf("pcopy: destination of %d bytes for runs of %d", len(to), n)
+	}
+	workers := min(o.Workers, max(1, int(n)/(o.MinParallel/2)))
+	if n < int64(o.MinParallel) || workers < 2 {
+		return gatherStripe(ctx, to, from, runs, 0, n, &o, nil)
+	}
+	var checkMu sync.Mutex
+	check := o.Check
+	if check != nil {
+		check = func() error { checkMu.Lock(); defer checkMu.Unlock(); return o.Check() }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stripe := (n/int64(workers) + 4095) &^ 4095 // whole pages of to per worker
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	for a := int64(0); a < n; a += stripe {
+		b := min(a+stripe, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := gatherStripe(ctx, to, from, runs, a, b, &o, check); err != nil {
+				once.Do(func() { first = err; cancel(err) })
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// gatherStripe copies bytes [a, b) of the runs' concatenation into the
+// same range of to.
+func gatherStripe(ctx context.Context, to, from []byte, runs []Run, a, b int64, o *Options, check func() error) (err error) {
+	if check == nil {
+		check = o.Check
+	}
+	if o.GuardFaults {
+		old := debug.SetPanicOnFault(true)
+		defer func() {
+			debug.SetPanicOnFault(old)
+			if r := recover(); r != nil {
+				if re, ok := r.(runtime.Error); ok {
+					err = &FaultError{Cause: re}
+					return
+				}
+				panic(r)
+			}
+		}()
+	}
+	var at, sinceCheck int64 // at: the concatenation's offset of run i
+	for _, r := range runs {
+		lo, hi := max(a, at), min(b, at+r.Len)
+		for lo < hi {
+			if sinceCheck == 0 {
+				if err := ctx.Err(); err != nil {
+					if c := context.Cause(ctx); c != nil {
+						return c
+					}
+					return err
+				}
+				if check != nil {
+					if err := check(); err != nil {
+						return err
+					}
+				}
+			}
+			k := min(hi-lo, int64(o.Chunk)-sinceCheck)
+			copy(to[lo:lo+k], from[r.Off+lo-at:r.Off+lo-at+k])
+			lo += k
+			sinceCheck = (sinceCheck + k) % int64(o.Chunk)
+		}
+		at += r.Len
+		if at >= b {
+			break
+		}
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,4 +125,56 @@ func medianOf(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// TestGather: the runs' concatenation lands in to, on one worker and on
+// several (runs across stripes and chunks), checks run about every chunk,
+// a cancelled context or a failing check stops it, and a run outside the
+// source is an error before anything is copied.
+func TestGather(t *testing.T) {
+	from := make([]byte, 1<<20)
+	for i := range from {
+		from[i] = byte(i * 7)
+	}
+	rowRuns := func(n, stride, length int64) []Run {
+		var rs []Run
+		for off := int64(0); off+length <= int64(len(from)) && int64(len(rs)) < n; off += stride {
+			rs = append(rs, Run{Off: off, Len: length})
+		}
+		return rs
+	}
+	cases := []struct {
+		name string
+		runs []Run
+		o    Options
+	}{
+		{"one run", []Run{{Off: 5, Len: 1000}}, Options{}},
+		{"rows, one worker", rowRuns(100, 8192, 4096), Options{}},
+		{"rows, four workers, small chunks", rowRuns(128, 8192, 4096), Options{Workers: 4, MinParallel: 64 << 10, Chunk: 3000}},
+		{"overlapping and unordered", []Run{{Off: 900, Len: 300}, {Off: 0, Len: 1000}, {Off: 950, Len: 10}}, Options{Workers: 3, MinParallel: 512, Chunk: 100}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var want []byte
+			for _, r := range tc.runs {
+				want = append(want, from[r.Off:r.Off+r.Len]...)
+			}
+			checks := 0
+			var mu sync.Mutex
+			tc.o.Check = func() error { mu.Lock(); checks++; mu.Unlock(); return nil }
+			to := make([]byte, len(want)+7)
+			require.NoError(t, Gather(context.Background(), to, from, tc.runs, tc.o))
+			assert.Equal(t, want, to[:len(want)])
+			assert.Equal(t, make([]byte, 7), to[len(want):], "nothing past the runs")
+			assert.Positive(t, checks)
+		})
+	}
+	to := make([]byte, 1<<20)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, Gather(ctx, to, from, rowRuns(64, 8192, 4096), Options{}), context.Canceled)
+	stop := errors.New("peer gone")
+	assert.ErrorIs(t, Gather(context.Background(), to, from, rowRuns(64, 8192, 4096), Options{Check: func() error { return stop }}), stop)
+	assert.Error(t, Gather(context.Background(), to, from, []Run{{Off: 1 << 20, Len: 1}}, Options{}))
+	assert.Error(t, Gather(context.Background(), to[:10], from, []Run{{Off: 0, Len: 11}}, Options{}))
 }

@@ -110,9 +110,8 @@ class ReshardSender:
     place between steps. The shard is published once as an object and every
     :meth:`send` pushes each move's strided runs straight from it
     (``weightsync.push(runs=...)``, one push per reader in parallel): no
-    copy of the move is made where the path sends runs (tcp, rdma); shm
-    packs them into staging memory (counted in
-    ``tensorlane_gather_packed_total``). It must not change while a
+    copy of the move is made (tcp and rdma send the runs from it, shm copies
+    them straight into the reader's mapped slot). It must not change while a
     :meth:`send` runs."""
 
     def __init__(self, plan: ReshardPlan, shard: int, *, runtime: Optional[Runtime] = None, over: Any = None):

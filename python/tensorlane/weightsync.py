@@ -253,8 +253,8 @@ def push(src: bytes, slot: bytes, *, runs: Optional[Any] = None, timeout: Option
     ``runs``, (offset, length) pairs (a sequence of pairs or an (n, 2)
     integer array; offsets from the object's first byte), pushes their
     concatenation instead, in order, which must fill the slot exactly: a
-    resharded shard's strided rows, say, with no pack buffer. tcp and rdma
-    send them from the object; other paths pack them first (counted in
+    resharded shard's strided rows, say, with no pack buffer. tcp, rdma and
+    shm send them from the object; a path that cannot packs them first (counted in
     ``tensorlane_gather_packed_total``). Runs that leave the object or do not
     fill the slot raise :class:`errors.BadRequest`."""
     rt = _rt(runtime)

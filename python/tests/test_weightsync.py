@@ -616,7 +616,7 @@ def test_publisher_delta_auto_uses_the_measured_codec_rate():
 
 def test_push_runs(pair):
     """A push of runs of an object (every other 4 KiB row, then one byte)
-    lands their concatenation in the reader's array, over shm (packed first)
+    lands their concatenation in the reader's array, over shm (copied into the slot)
     and tcp (sent from the object); runs that do not fill the slot are a
     bad request and leave the slot as it was."""
     path, a, b = pair

@@ -12,7 +12,7 @@ import (
 
 // TestPushRuns: a push of runs of an object (every other 4 KiB of it, then
 // one byte) lands their concatenation in the reader's memory, over tcp
-// (sent from the object) and shm (packed first); runs that do not fill the
+// (sent from the object) and shm (copied into the slot); runs that do not fill the
 // slot are bad_request, numbers that are not pairs invalid_argument.
 func TestPushRuns(t *testing.T) {
 	for _, tc := range []struct{ name, config, transport string }{
