@@ -71,6 +71,20 @@ type GatherWriter interface {
 	WriteRuns(ctx context.Context, src tensor.Buffer, runs []Run, dst Remote) (Stats, error)
 }
 
+// RunsSource is the check every GatherWriter makes first: runs describe a
+// push of src into dst (CheckRuns), and src is host memory (the planner
+// packs device memory), whose bytes it returns. transport names the path
+// in the error.
+func RunsSource(transport string, src tensor.Buffer, runs []Run, dst Remote) ([]byte, error) {
+	if err := CheckRuns(runs, src.Len(), dst.Length); err != nil {
+		return nil, err
+	}
+	if tensor.IsDevice(src) {
+		return nil, fmt.Errorf("%w: %s sends runs of host memory only (the planner packs device memory)", ErrBadRequest, transport)
+	}
+	return tensor.BytesOf(src)
+}
+
 // PackRuns copies runs of src, in order, into dst from its start (the
 // fallback of a gathered push on a path without GatherWriter).
 func PackRuns(ctx context.Context, dst, src tensor.Buffer, runs []Run) error {

@@ -2,7 +2,6 @@ package rdma
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -21,13 +20,7 @@ var _ fabric.GatherWriter = (*Transport)(nil)
 // 4 segments), the runs are packed into a buffer first, counted
 // (Metrics.GatherPacked). One run is Write of that range.
 func (t *Transport) WriteRuns(ctx context.Context, src tensor.Buffer, runs []fabric.Run, dst fabric.Remote) (fabric.Stats, error) {
-	if err := fabric.CheckRuns(runs, src.Len(), dst.Length); err != nil {
-		return fabric.Stats{}, err
-	}
-	if tensor.IsDevice(src) {
-		return fabric.Stats{}, fmt.Errorf("%w: rdma sends runs of host memory only (the planner packs device memory)", fabric.ErrBadRequest)
-	}
-	from, err := tensor.BytesOf(src)
+	from, err := fabric.RunsSource(fabric.RDMA, src, runs, dst)
 	if err != nil {
 		return fabric.Stats{}, err
 	}

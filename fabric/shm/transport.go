@@ -129,11 +129,8 @@ func (t *Transport) WriteRuns(ctx context.Context, src tensor.Buffer, runs []fab
 	if t.closed.Load() {
 		return fabric.Stats{}, fabric.ErrClosed
 	}
-	if err := fabric.CheckRuns(runs, src.Len(), dst.Length); err != nil {
+	if _, err := fabric.RunsSource(t.name, src, runs, dst); err != nil {
 		return fabric.Stats{}, err
-	}
-	if tensor.IsDevice(src) {
-		return fabric.Stats{}, fmt.Errorf("%w: shm sends runs of host memory only (the planner packs device memory)", fabric.ErrBadRequest)
 	}
 	rs := make([]pcopy.Run, len(runs))
 	for i, r := range runs {

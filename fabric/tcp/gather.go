@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/tensorlane/tensorlane/fabric"
 	"github.com/tensorlane/tensorlane/internal/tcodec"
@@ -20,13 +19,7 @@ var _ fabric.GatherWriter = (*Transport)(nil)
 // compressed as Write's would be. One run is Write of that range (with the
 // object's cached checksums when it starts the object).
 func (t *Transport) WriteRuns(ctx context.Context, src tensor.Buffer, runs []fabric.Run, dst fabric.Remote) (fabric.Stats, error) {
-	if err := fabric.CheckRuns(runs, src.Len(), dst.Length); err != nil {
-		return fabric.Stats{}, err
-	}
-	if tensor.IsDevice(src) {
-		return fabric.Stats{}, fmt.Errorf("%w: tcp sends runs of host memory only (the planner packs device memory)", fabric.ErrBadRequest)
-	}
-	from, err := tensor.BytesOf(src)
+	from, err := fabric.RunsSource(fabric.TCP, src, runs, dst)
 	if err != nil {
 		return fabric.Stats{}, err
 	}

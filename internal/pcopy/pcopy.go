@@ -61,73 +61,10 @@ func (o Options) withDefaults() Options {
 // error: ctx's, Check's, or a *FaultError. After an error to's contents
 // are undefined.
 func Copy(ctx context.Context, to, from []byte, o Options) error {
-	o = o.withDefaults()
 	if len(to) < len(from) {
 		return fmt.Errorf("pcopy: destination of %d bytes for %d", len(to), len(from))
 	}
-	n := len(from)
-	workers := min(o.Workers, max(1, n/(o.MinParallel/2)))
-	if n < o.MinParallel || workers < 2 {
-		return copyStripe(ctx, to, from, &o, nil)
-	}
-	var checkMu sync.Mutex
-	check := o.Check
-	if check != nil {
-		check = func() error { checkMu.Lock(); defer checkMu.Unlock(); return o.Check() }
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	// Stripes are whole pages, so no two workers touch one page.
-	stripe := (n/workers + 4095) &^ 4095
-	var wg sync.WaitGroup
-	var once sync.Once
-	var first error
-	for off := 0; off < n; off += stripe {
-		end := min(off+stripe, n)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := copyStripe(ctx, to[off:end], from[off:end], &o, check); err != nil {
-				once.Do(func() { first = err; cancel(err) })
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
-func copyStripe(ctx context.Context, to, from []byte, o *Options, check func() error) (err error) {
-	if check == nil {
-		check = o.Check
-	}
-	if o.GuardFaults {
-		old := debug.SetPanicOnFault(true)
-		defer func() {
-			debug.SetPanicOnFault(old)
-			if r := recover(); r != nil {
-				if re, ok := r.(runtime.Error); ok {
-					err = &FaultError{Cause: re}
-					return
-				}
-				panic(r)
-			}
-		}()
-	}
-	for off := 0; off < len(from); off += o.Chunk {
-		if err := ctx.Err(); err != nil {
-			if c := context.Cause(ctx); c != nil {
-				return c
-			}
-			return err
-		}
-		if check != nil {
-			if err := check(); err != nil {
-				return err
-			}
-		}
-		copy(to[off:], from[off:min(off+o.Chunk, len(from))])
-	}
-	return nil
+	return Gather(ctx, to, from, []Run{{Off: 0, Len: int64(len(from))}}, o)
 }
 
 // Run is one contiguous range of a gather's source: Len bytes from Off.
