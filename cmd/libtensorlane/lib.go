@@ -173,8 +173,13 @@ func put(h uint64, p unsafe.Pointer, n int64, dtype string, shape, strides []int
 	if err != nil {
 		return err
 	}
+	return outputRef(r, ref, out, outLen)
+}
+
+// outputRef hands a new object's ref to the caller, or frees the object
+// when the caller cannot take it (it never saw the ref).
+func outputRef(r *capi.Runtime, ref, out []byte, outLen *int) error {
 	if err := output(ref, out, outLen); err != nil {
-		// The caller never saw the ref: take the object back.
 		r.Free(context.Background(), ref, time.Second)
 		return err
 	}
@@ -195,12 +200,7 @@ func putGathered(h uint64, p unsafe.Pointer, n int64, parts []capi.GatherPart, w
 	if err != nil {
 		return err
 	}
-	if err := output(ref, out, outLen); err != nil {
-		r.Free(context.Background(), ref, time.Second)
-		return err
-	}
-	*outLen = len(ref)
-	return nil
+	return outputRef(r, ref, out, outLen)
 }
 
 func connect(h uint64, address string, timeoutMS int64) error {

@@ -362,6 +362,10 @@ func timed(ctx context.Context, timeout time.Duration) (context.Context, context
 
 // Push writes the object src (this runtime's) into the slot dst.
 func (r *Runtime) Push(ctx context.Context, src, dst []byte, timeout time.Duration) (TransferInfo, error) {
+	return r.push(ctx, src, dst, timeout)
+}
+
+func (r *Runtime) push(ctx context.Context, src, dst []byte, timeout time.Duration, opts ...rdt.PushOption) (TransferInfo, error) {
 	s, err := parseRef(src)
 	if err != nil {
 		return TransferInfo{}, err
@@ -372,7 +376,7 @@ func (r *Runtime) Push(ctx context.Context, src, dst []byte, timeout time.Durati
 	}
 	ctx, cancel := timed(ctx, timeout)
 	defer cancel()
-	x, err := r.actor.Push(ctx, s, d)
+	x, err := r.actor.Push(ctx, s, d, opts...)
 	return transferInfo(x, err), err
 }
 
@@ -387,18 +391,7 @@ func (r *Runtime) PushRuns(ctx context.Context, src, dst []byte, runs []int64, t
 	for i := range rs {
 		rs[i] = rdt.Run{Off: runs[2*i], Len: runs[2*i+1]}
 	}
-	s, err := parseRef(src)
-	if err != nil {
-		return TransferInfo{}, err
-	}
-	d, err := parseRef(dst)
-	if err != nil {
-		return TransferInfo{}, err
-	}
-	ctx, cancel := timed(ctx, timeout)
-	defer cancel()
-	x, err := r.actor.Push(ctx, s, d, rdt.PushRuns(rs))
-	return transferInfo(x, err), err
+	return r.push(ctx, src, dst, timeout, rdt.PushRuns(rs))
 }
 
 // PushBatchRequest is PushBatch's input: Srcs[i] goes into Dsts[i]. Refs
