@@ -36,28 +36,28 @@ import (
 // copy. The weights are random bf16 (tcodec.FillNormal).
 func BenchmarkReshard(b *testing.B) {
 	b.Run("resharded", func(b *testing.B) {
-		e := newReshardBench(b, nil)
+		e := newReshardBench(b, nil, "h1")
 		b.SetBytes(e.p.Bytes())
 		for b.Loop() {
 			e.reshardStep(b, e.packers, e.inPlace)
 		}
 	})
 	b.Run("resharded-scatter", func(b *testing.B) {
-		e := newReshardBench(b, nil)
+		e := newReshardBench(b, nil, "h1")
 		b.SetBytes(e.p.Bytes())
 		for b.Loop() {
 			e.reshardStep(b, e.packers, e.scatter)
 		}
 	})
 	b.Run("unsharded", func(b *testing.B) {
-		e := newReshardBench(b, nil)
+		e := newReshardBench(b, nil, "h1")
 		b.SetBytes(e.p.Bytes())
 		for b.Loop() {
 			e.unshardedStep(b)
 		}
 	})
-	interleaved := func(b *testing.B, mutate func(*rdt.Config)) {
-		e := newReshardBench(b, mutate)
+	interleaved := func(b *testing.B, mutate func(*rdt.Config), readers string) {
+		e := newReshardBench(b, mutate, readers)
 		var re, sc, un, ga []float64
 		for b.Loop() {
 			t0 := time.Now()
@@ -84,20 +84,23 @@ func BenchmarkReshard(b *testing.B) {
 		b.ReportMetric(median(scatters), "scatter-ratio")
 		b.ReportMetric(median(gathers), "gather-ratio")
 	}
-	b.Run("interleaved", func(b *testing.B) { interleaved(b, nil) })
+	b.Run("interleaved", func(b *testing.B) { interleaved(b, nil, "h1") })
 	b.Run("interleaved-tcp", func(b *testing.B) {
 		interleaved(b, func(c *rdt.Config) {
 			c.DisableRDMA = true
 			// The copies are measured, not a codec on loopback.
 			c.Transports.Compression = tcp.CompressOff
-		})
+		}, "h1")
 	})
+	// Trainers and readers on one host: every step over shm, whose
+	// gathered write copies the runs into the readers' slots.
+	b.Run("interleaved-shm", func(b *testing.B) { interleaved(b, nil, "h0") })
 }
 
 // reshardBench is BenchmarkReshard's set-up: three trainers (host h0)
 // with their shards as plain memory (packers) and as rdt objects
-// (gatherers), two sets of readers (host h1: in place and scattering), and
-// the unsharded trainer and readers.
+// (gatherers), two sets of readers (host readers: in place and
+// scattering), and the unsharded trainer and readers.
 type reshardBench struct {
 	p                  *Plan
 	src                [][]byte
@@ -117,7 +120,7 @@ type benchReaders struct {
 	dst   [][]byte
 }
 
-func newReshardBench(b *testing.B, mutate func(*rdt.Config)) *reshardBench {
+func newReshardBench(b *testing.B, mutate func(*rdt.Config), readers string) *reshardBench {
 	ctx := context.Background()
 	shape, elem := []int64{4096, 4096}, int64(2) // 32 MiB of bf16
 	from, _ := Split(shape, elem, 0, 3)
@@ -127,7 +130,7 @@ func newReshardBench(b *testing.B, mutate func(*rdt.Config)) *reshardBench {
 		b.Fatal(err)
 	}
 	e := &reshardBench{p: p}
-	rts := runtimesTB(b, mutate, "h0", "h0", "h0", "h1", "h1")
+	rts := runtimesTB(b, mutate, "h0", "h0", "h0", readers, readers)
 	for i := range 3 {
 		e.src = append(e.src, make([]byte, from.Bytes(i)))
 		tcodec.FillNormal(e.src[i], 2, 0.02, uint64(i))
