@@ -87,7 +87,11 @@ class Sender:
             self.a = tensorlane.empty(count, np.float32)
         else:
             self.a = np.empty(count, np.float32)
-        self.a[:] = 1.0
+        # Values like a model's weights: a constant array would let tcp's
+        # codec (auto: on where the link is slower than the codec) carry it
+        # in a few bytes, which no real tensor allows and the other rows
+        # never try.
+        self.a[:] = np.random.default_rng(count).standard_normal(count, dtype=np.float32) * np.float32(0.02)
         if kind == "torch":
             import torch
 
