@@ -200,6 +200,9 @@ class Receiver:
                 out["views"] = st["views"]
             if st.get("shm_slabs", {}).get("mapped"):
                 out["slab mmaps"] = st["shm_slabs"]["mapped"]
+            z = st.get("tcp_compression") or {}
+            if z.get("compressed"):  # the codec carried these: say so beside the figure
+                out["tcp compressed"] = f'{z["compressed"]} (x{z["raw_bytes"] / max(1, z["wire_bytes"]):.1f})'
             return out
         except Exception:
             return {}

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -118,11 +119,11 @@ func TestViewBatchOneLeaseRequest(t *testing.T) {
 	refs, err := a.PutBatch(ctx, regions)
 	require.NoError(t, err)
 	leases := func() (msgs, claims int64) {
-		reg := a.rt.Registry()
+		gather := func() []*dto.MetricFamily { mfs, _ := a.rt.Registry().Gather(); return mfs }
 		for {
-			m := counterSeries(reg, "tensorlane_lease_messages_total", "op")["lease"]
-			c := counterSeries(reg, "tensorlane_lease_requests_total", "op")["lease"]
-			if counterSeries(reg, "tensorlane_lease_messages_total", "op")["lease"] == m {
+			m := counterSeries(gather(), "tensorlane_lease_messages_total", "op")["lease"]
+			c := counterSeries(gather(), "tensorlane_lease_requests_total", "op")["lease"]
+			if counterSeries(gather(), "tensorlane_lease_messages_total", "op")["lease"] == m {
 				return m, c // not torn by a message in between
 			}
 		}

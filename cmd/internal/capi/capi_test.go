@@ -376,3 +376,38 @@ func assertExplainJSON(t *testing.T, e Explanation) {
 		assert.IsType(t, 0.0, c["gbps"], "gbps is a number, even unbounded")
 	}
 }
+
+// TestTCPCompressionStats: every read over tcp between hosts is counted as
+// compressed or plain in Stats.TCPCompression (on loopback the codec is
+// slower than the link, so plain), and bytes are counted only for
+// compressed reads.
+func TestTCPCompressionStats(t *testing.T) {
+	t.Setenv(fabric.EnvTransports, "tcp")
+	ctx := context.Background()
+	lib := New()
+	defer lib.CloseAll(ctx)
+	ha, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h0"}`))
+	require.NoError(t, err)
+	hb, err := lib.NewRuntime(ctx, []byte(`{"hosts":2,"host":"h1"}`))
+	require.NoError(t, err)
+	a, _ := lib.Runtime(ha)
+	b, _ := lib.Runtime(hb)
+	assert.Equal(t, TCPCompression{}, b.Stats().TCPCompression)
+	src := pattern(4 << 20)
+	ref, err := a.Put(ctx, Region{Mem: src, DType: "uint8", Shape: []int64{4 << 20}})
+	require.NoError(t, err)
+	for range 2 {
+		addr, _, x, err := b.Get(ctx, ref, 0, 0)
+		require.NoError(t, err)
+		assert.Equal(t, "tcp", x.Stats.Transport)
+		require.NoError(t, b.FreeMemory(addr))
+	}
+	c := b.Stats().TCPCompression
+	assert.EqualValues(t, 2, c.Compressed+c.Plain, "each read decided once")
+	if c.Compressed == 0 {
+		assert.Zero(t, c.RawBytes+c.WireBytes)
+	} else {
+		assert.Positive(t, c.RawBytes)
+		assert.Positive(t, c.WireBytes)
+	}
+}
