@@ -6,15 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tensorlane/tensorlane/fabric"
+	"github.com/tensorlane/tensorlane/fabric/fabrictest"
 	"github.com/tensorlane/tensorlane/fabric/rdma"
 	"github.com/tensorlane/tensorlane/fabric/rdma/softrdma"
 	"github.com/tensorlane/tensorlane/tensor"
@@ -259,44 +258,5 @@ func BenchmarkWriteRuns(b *testing.B) {
 // benchWriteRuns runs BenchmarkWriteRuns's loop over f: runs filling its
 // sink.
 func benchWriteRuns(b *testing.B, f *pushFixture, runs []fabric.Run) {
-	n := f.dst.Length
-	ctx := context.Background()
-	pack, err := tensor.NewHostMemory(0).Alloc(ctx, n)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pack.Release()
-	packed, _ := tensor.BytesOf(pack)
-	if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil { // both rails up
-		b.Fatal(err)
-	}
-	var pk, ga, pl []float64
-	b.SetBytes(n)
-	for b.Loop() {
-		t0 := time.Now()
-		at := 0
-		for _, r := range runs {
-			at += copy(packed[at:], f.srcP[r.Off:r.Off+r.Len])
-		}
-		if _, err := f.tr.Write(ctx, pack, f.dst); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if _, err := f.tr.WriteRuns(ctx, f.src, runs, f.dst); err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		if _, err := f.tr.Write(ctx, f.src, f.dst); err != nil {
-			b.Fatal(err)
-		}
-		pk, ga, pl = append(pk, float64(t1.Sub(t0))), append(ga, float64(t2.Sub(t1))), append(pl, float64(time.Since(t2)))
-	}
-	rp, rg := make([]float64, len(pl)), make([]float64, len(pl))
-	for i := range pl {
-		rp[i], rg[i] = pk[i]/pl[i], ga[i]/pl[i]
-	}
-	med := func(xs []float64) float64 { s := slices.Clone(xs); slices.Sort(s); return s[len(s)/2] }
-	b.ReportMetric(med(pl)/1e6, "plain-ms")
-	b.ReportMetric(med(rp), "packed/plain")
-	b.ReportMetric(med(rg), "gathered/plain")
+	fabrictest.BenchWriteRuns(b, f.tr, f.src, runs, f.dst)
 }

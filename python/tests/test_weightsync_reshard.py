@@ -68,7 +68,7 @@ def test_fsdp_rows_to_tp_columns_three_steps():
 
 
 @pytest.mark.parametrize("into", [False, True], ids=["scattered", "in place"])
-def test_sender_over_its_shard_packs_nothing(into):
+def test_sender_over_its_shard_pushes_from_it(into):
     """ReshardSender(over=shard): the trainer's shard (runtime memory,
     updated in place each step) is published once and each move's runs are
     pushed straight from it, to readers on its host (shm) and the other
