@@ -35,7 +35,7 @@ type Sender struct {
 // the rdt object src for good (Put by a's runtime, the shard's bytes,
 // row-major, updated in place between steps): each Send pushes every move's
 // strided runs straight from it (rdt.PushRuns), with no pack buffer and no
-// copy where the path sends runs (tcp, rdma; a path that cannot packs them
+// copy where the path sends runs (tcp, rdma, shm; a path that cannot packs them
 // into staging memory, logged and counted in tensorlane_gather_packed_total).
 // The sender does not own src: Close leaves it alone.
 func NewSenderOver(ctx context.Context, a *rdt.Actor, p *Plan, shard int, src rdt.Ref) (*Sender, error) {
