@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 )
@@ -285,7 +286,7 @@ func TestFillFollowsTheSizesAsked(t *testing.T) {
 	c := Open(sock, nil, nil)
 	defer c.Close()
 	connected(t, c)
-	waitReady(t, c, 192<<20) // one segment: nothing asked yet
+	waitReady(t, c, 192<<20) // nothing asked yet: 96 and 96 MiB (firstPiece)
 	take := func(size int64) (int64, error) {
 		fd, n, err := c.Take(context.Background(), size)
 		if err == nil {
@@ -294,9 +295,9 @@ func TestFillFollowsTheSizesAsked(t *testing.T) {
 		return n, err
 	}
 	if _, err := take(8 << 20); !errors.Is(err, ErrEmpty) {
-		t.Fatalf("8 MiB from a 192 MiB segment: %v, want a miss", err)
+		t.Fatalf("8 MiB from 96 MiB segments: %v, want a miss", err)
 	}
-	waitReady(t, c, 8<<20) // the 192 MiB segment fits nothing asked: freed for an 8 MiB one
+	waitReady(t, c, 104<<20) // a 96 MiB segment fits nothing asked: freed for an 8 MiB one
 	if n, err := take(8 << 20); err != nil || n != 8<<20 {
 		t.Fatalf("8 MiB: %d, %v", n, err)
 	}
@@ -308,6 +309,56 @@ func TestFillFollowsTheSizesAsked(t *testing.T) {
 		t.Fatalf("160 MiB: %d, %v", n, err)
 	}
 	if st := c.Stats(); st.Hits != 2 || st.Misses != 2 {
+		t.Fatalf("client stats %+v", st)
+	}
+}
+
+// TestFirstPieceLadder: before anything is asked a budget is filled as
+// halving segments down to 64 MiB, then the rest.
+func TestFirstPieceLadder(t *testing.T) {
+	const mib = 1 << 20
+	cases := []struct {
+		budget int64
+		want   []int64
+	}{
+		{16 * mib, []int64{16 * mib}},
+		{64 * mib, []int64{64 * mib}},
+		{100 * mib, []int64{100 * mib}},
+		{128 * mib, []int64{64 * mib, 64 * mib}},
+		{192 * mib, []int64{96 * mib, 96 * mib}},
+		{512 * mib, []int64{256 * mib, 128 * mib, 64 * mib, 64 * mib}},
+		{1024*mib + 3, []int64{512 * mib, 256 * mib, 128 * mib, 64 * mib, 64 * mib}},
+	}
+	for _, tc := range cases {
+		var got []int64
+		for free := tc.budget; ; {
+			p := firstPiece(free)
+			if p == 0 {
+				break
+			}
+			got = append(got, p)
+			free -= p
+		}
+		assert.Equal(t, tc.want, got, "budget %d MiB", tc.budget/mib)
+	}
+}
+
+// TestFirstAsksHit: the node's first asks, small and large, find a
+// segment of the ladder (no miss, so no fresh pages on a first transfer).
+func TestFirstAsksHit(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	sock, _, _ := serve(t, Config{Budget: 256 << 20})
+	c := Open(sock, nil, nil)
+	defer c.Close()
+	connected(t, c)
+	waitReady(t, c, 256<<20) // 128, 64 and 64 MiB
+	for _, tc := range []struct{ ask, got int64 }{{40 << 20, 64 << 20}, {100 << 20, 128 << 20}, {64 << 20, 64 << 20}} {
+		fd, n, err := c.Take(context.Background(), tc.ask)
+		require.NoError(t, err, "ask %d MiB", tc.ask>>20)
+		unix.Close(fd)
+		assert.Equal(t, tc.got, n, "ask %d MiB", tc.ask>>20)
+	}
+	if st := c.Stats(); st.Hits != 3 || st.Misses != 0 {
 		t.Fatalf("client stats %+v", st)
 	}
 }

@@ -291,19 +291,16 @@ func (s *server) kick() {
 }
 
 // nextSize is the segment the filler makes next, 0 for none; s.mu is held.
-// With nothing asked yet, the whole budget in one segment; after that, a
-// segment for each size asked lately that no ready segment fits, largest
-// first, making room by freeing ready segments that fit none of the sizes
-// asked as lately as it or later. Largest first: fresh pages cost by the byte, and the large
+// With nothing asked yet, the budget in a ladder of halving segments
+// (firstPiece); after that, a segment for each size asked lately that no
+// ready segment fits, largest first, making room by freeing ready segments
+// that fit none of the sizes asked as lately as it or later. Largest first: fresh pages cost by the byte, and the large
 // allocation (a state dict's copy) is the one on a transfer's path, while
 // a stream of 64 MiB slabs (a trainer making its arrays) would otherwise
 // keep the filler from ever reaching it.
 func (s *server) nextSize() int64 {
 	if len(s.recent) == 0 {
-		if len(s.ready) == 0 {
-			return s.cfg.Budget &^ (minSegment - 1)
-		}
-		return 0
+		return firstPiece(s.cfg.Budget - s.bytes)
 	}
 	bySize := slices.Sorted(slices.Values(s.recent))
 	slices.Reverse(bySize)
@@ -321,6 +318,26 @@ func (s *server) nextSize() int64 {
 	}
 	return 0
 }
+
+// firstPiece is the next segment of the ladder a helper fills before
+// anything was asked, given the free bytes of its budget: half of them
+// while the half is at least ladderFloor, then all that is left. A budget
+// of 512 MiB becomes 256, 128, 64 and 64 MiB, so the first ask of any size
+// up to half the budget finds a segment that fits it (a 64 MiB slab, a
+// 200 MiB state dict), where one segment of the whole budget fits only
+// asks of half of it or more and the node's first transfers would miss.
+func firstPiece(free int64) int64 {
+	free &^= minSegment - 1
+	if half := (free / 2) &^ (minSegment - 1); half >= ladderFloor && free > ladderFloor {
+		return half
+	}
+	return free
+}
+
+// ladderFloor is the smallest step of firstPiece's ladder: fits gives a
+// request up to 64 MiB of slack, so a 64 MiB segment serves every ask up
+// to 64 MiB.
+const ladderFloor = 64 << 20
 
 // evictUnfit frees the largest ready segment that fits none of sizes;
 // s.mu is held.
