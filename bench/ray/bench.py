@@ -10,9 +10,14 @@ default), links shaped with tc to ``--rate`` each way (``0``: unshaped), the
 sender on the worker node and the receiver on the head; the driver runs on
 the head. Needs root, iproute2 and util-linux.
 
-For each size, a fresh sender/receiver pair per transport measures the cold
-transfer (the pair's first), then warm transfers interleaved round-robin
-across transports, so drift on a shared machine hits them alike. A transfer
+For each size, ``--cold`` fresh sender/receiver pairs per transport (3;
+rows interleaved) each time their first transfer once the machine's CPUs
+are quiet again (Ray starts idle workers after each actor), and their
+median is the cold figure; the last pair then times warm transfers interleaved round-robin
+across transports, so drift on a shared machine hits them alike. Before
+any pair, a runtime on each node (NodeWarm) brings up the node's pool
+helper, as Ray's store is up before its first transfer (``--fresh-nodes``:
+not). A transfer
 is timed from the driver: the sender returns a prepared array or tensor
 (made once, before the clock), the receiver gets it as a task argument and
 touches every byte (sums it), and the driver waits for the receiver's
@@ -208,6 +213,37 @@ class Receiver:
             return {}
 
 
+@ray.remote(num_cpus=0)
+class NodeWarm:
+    """Holds a tensorlane runtime on one node for the whole run, so the
+    node's pool helper (tensor/nodepool) is up and populated before any
+    pair is timed, as Ray's object store is up before its first transfer:
+    cold is a pair's first transfer on a node that has run actors, not the
+    node's first use (``--fresh-nodes`` measures that)."""
+
+    def ready(self, timeout: float = 10.0) -> dict:
+        rt = tlr.runtime()
+        deadline = time.monotonic() + timeout
+        while not (rt.stats().get("node_pool") or {}).get("connected") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rt.stats().get("node_pool") or {}
+
+
+def warm_nodes(two_node: bool) -> list:
+    """One NodeWarm per node, ready (see NodeWarm); kill them when done."""
+    where = [PLACE["sender"], PLACE["receiver"]] if two_node else [{}]
+    actors = [NodeWarm.options(runtime_env=env(), **w).remote() for w in where]
+    for a, st in zip(actors, ray.get([a.ready.remote() for a in actors])):
+        if not st.get("connected"):
+            print(f"node pool not connected on a node: {st}", file=sys.stderr, flush=True)
+    return actors
+
+
+#: --fresh-nodes: no NodeWarm, so the first pairs run while the nodes'
+#: pool helpers start.
+FRESH_NODES = False
+
+
 # PYTHONPATH: workers import floor.py (NULL, TENSORLANE_ASK) from here (a
 # runtime_env's PYTHONPATH replaces the worker's, so the rest is kept).
 PY = {"PYTHONPATH": os.pathsep.join(p for p in [HERE, os.environ.get("PYTHONPATH", "")] if p)}
@@ -309,6 +345,31 @@ def make_pair(opts, n, kind, warm, method=""):
     return s, r
 
 
+def _cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]  # total, idle + iowait
+
+
+def quiesce(idle: float = 0.75, window: float = 0.25, limit: float = 4.0) -> float:
+    """Waits until the machine's CPUs were at least ``idle`` idle over a
+    ``window`` (or ``limit`` seconds pass) and returns the idle share seen
+    last. Before a cold transfer: Ray starts idle workers in the background
+    after each actor (2-3 s of the cores importing), and a first transfer
+    that meets them measures Ray's churn, not its transport. Bounded, as
+    the machine may never be that idle: NIXL's agents (Ray's defaults)
+    each keep a progress thread polling, about a core apiece."""
+    deadline = time.monotonic() + limit
+    t0, i0 = _cpu_times()
+    while True:
+        time.sleep(window)
+        t1, i1 = _cpu_times()
+        share = (i1 - i0) / max(1, t1 - t0)
+        if share >= idle or time.monotonic() > deadline:
+            return share
+        t0, i0 = t1, i1
+
+
 def once(pair, method) -> float:
     s, r = pair[:2]
     t = time.perf_counter()
@@ -338,24 +399,29 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4K,1M,64M,256M")
     ap.add_argument("--reps", type=int, default=5, help="warm transfers per transport and size")
+    ap.add_argument("--cold", type=int, default=3, help="fresh pairs per transport and size, each timed on its first "
+                                                         "transfer (the median is the cold figure)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: sender and receiver on two Ray nodes")
     ap.add_argument("--rate", default="10gbit", help="two nodes: each link's rate (tc units; 0 = unshaped)")
     ap.add_argument("--actor-pools", action="store_true",
                     help="each TENSORLANE actor pre-faults its own pool sized to the transfer (TENSORLANE_POOL_BYTES), "
                          "instead of the default: new slabs from the node's warm pool")
+    ap.add_argument("--fresh-nodes", action="store_true",
+                    help="no runtime holds each node before the pairs (NodeWarm), so the first pairs run while the "
+                         "nodes' pool helpers start: the node's first use, not a pair's")
     args = ap.parse_args()
-    global ACTOR_POOLS
-    ACTOR_POOLS = args.actor_pools
+    global ACTOR_POOLS, FRESH_NODES
+    ACTOR_POOLS, FRESH_NODES = args.actor_pools, args.fresh_nodes
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     load0 = os.getloadavg()[0]
     if args.nodes == 2:
-        results, skipped = two_nodes(sizes, args.reps, args.rate)
+        results, skipped = two_nodes(sizes, args.reps, args.rate, args.cold)
     else:
         ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": PY})
-        results, skipped = measure(sizes, args.reps)
+        results, skipped = measure(sizes, args.reps, False, ACTOR_POOLS, FRESH_NODES, args.cold)
         ray.shutdown()
     load1 = os.getloadavg()[0]
     report(results, skipped, args, load0, load1)
@@ -366,7 +432,7 @@ def main():
                        "results": results, "skipped": skipped}, f, indent=2)
 
 
-def two_nodes(sizes, reps, rate):
+def two_nodes(sizes, reps, rate, cold):
     """measure() in the driver of a two-node cluster (see the module doc)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python", "tests"))
     import raycluster
@@ -385,11 +451,16 @@ def two_nodes(sizes, reps, rate):
                                "UCX_TLS": os.environ.get("UCX_TLS", "tcp")}) as c:
         if rate and rate != "0":
             c.shape(rate)
-        return c.call(bench.measure, sizes, reps, True, timeout=3600)
+        return c.call(bench.measure, sizes, reps, True, ACTOR_POOLS, FRESH_NODES, cold, timeout=3600)
 
 
-def measure(sizes, reps, two_node: bool = False):
-    """The rows at each size (in a connected driver); (results, skipped)."""
+def measure(sizes, reps, two_node: bool = False, actor_pools: bool = False, fresh_nodes: bool = False,
+            cold_pairs: int = 3):
+    """The rows at each size (in a connected driver); (results, skipped).
+    The flags are main's (--actor-pools, --fresh-nodes, --cold), passed in:
+    a two-node driver imports this module anew."""
+    global ACTOR_POOLS, FRESH_NODES
+    ACTOR_POOLS, FRESH_NODES = actor_pools, fresh_nodes
     if two_node:
         import raycluster
 
@@ -398,16 +469,31 @@ def measure(sizes, reps, two_node: bool = False):
     plan = rows()
     skipped = {k: v for k, v in plan.items() if isinstance(v, str)}
     results = []
+    warmers = [] if FRESH_NODES or not any(not isinstance(v, str) and v[3] == "tensorlane" for v in plan.values()) \
+        else warm_nodes(two_node)
     for n in sizes:
         runnable = {k: v for k, v in plan.items() if not isinstance(v, str) and (v[4] is None or n <= v[4])}
-        pairs, cold, failed = {}, {}, {}
-        for name, (opts, kind, method, warm, _) in runnable.items():
-            try:
-                pairs[name] = make_pair(opts, n, kind, warm, method)
-                cold[name] = once(pairs[name], method)
-            except Exception as e:  # a transport that cannot run here: say why, measure the rest
-                msg = " ".join(str(e).split())
-                failed[name] = f"{type(e).__name__}: {msg[:300]} ... {msg[-600:]}"
+        pairs, colds, failed = {}, {}, {}
+        # Cold: the first transfer of each of cold_pairs fresh pairs per row,
+        # rows interleaved, each once the machine is quiet (quiesce); the
+        # last pair stays for the warm transfers.
+        for _ in range(cold_pairs):
+            for name, (opts, kind, method, warm, _) in runnable.items():
+                if name in failed:
+                    continue
+                try:
+                    pair = make_pair(opts, n, kind, warm, method)
+                    quiesce()
+                    colds.setdefault(name, []).append(once(pair, method))
+                except Exception as e:  # a transport that cannot run here: say why, measure the rest
+                    msg = " ".join(str(e).split())
+                    failed[name] = f"{type(e).__name__}: {msg[:300]} ... {msg[-600:]}"
+                    continue
+                if name in pairs:  # only an earlier pair's first transfer counts
+                    ray.kill(pairs[name][0])
+                    ray.kill(pairs[name][1])
+                pairs[name] = pair
+        cold = {name: statistics.median(v) for name, v in colds.items() if name not in failed}
         warm_t = {name: [] for name in cold}
         for _ in range(reps):
             for name in list(cold):
@@ -420,7 +506,7 @@ def measure(sizes, reps, two_node: bool = False):
                 if runnable[name][2].startswith(("tensorlane", "ask"))}
         for name in cold:
             w = statistics.median(warm_t[name])
-            results.append({"size": n, "transport": name, "warm_s": w, "cold_s": cold[name],
+            results.append({"size": n, "transport": name, "warm_s": w, "cold_s": cold[name], "cold_all_s": colds[name],
                             "warm_all_s": warm_t[name], "warm_gbps": n / w / 1e9, "cold_gbps": n / cold[name] / 1e9,
                             "paths": seen.get(name, {})})
         for name, why in failed.items():
@@ -429,6 +515,8 @@ def measure(sizes, reps, two_node: bool = False):
             ray.kill(p[0])
             ray.kill(p[1])
         print(f"{human(n)} done", file=sys.stderr, flush=True)
+    for a in warmers:
+        ray.kill(a)
     return results, skipped
 
 
@@ -460,7 +548,7 @@ def report(results, skipped, args, load0, load1):
     where = f"two Ray nodes, links {args.rate}" if args.nodes == 2 else "one Ray node"
     print(f"Ray {ray.__version__}, numpy {np.__version__}, torch {getattr(torch, '__version__', 'absent')}, "
           f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {load0:.1f} -> {load1:.1f}; "
-          f"{where}; {args.reps} warm transfers per cell (median)\n")
+          f"{where}; {args.reps} warm transfers per cell (median), cold: median of {args.cold} fresh pairs\n")
     ok = [r for r in results if "error" not in r]
     by = {(r["size"], r["transport"]): r for r in ok}
     # "best": the fastest warm transfer, the least disturbed by a loaded
