@@ -437,9 +437,9 @@ func decodeV2(base, d []byte, from, want uint64) error {
 		return err
 	}
 	defer putPlanes(es)
-	// One pass, chunk by chunk: hash the base's chunk, apply its words,
-	// hash the result's, while the chunk is in cache. A base or result
-	// that does not match is put back (XOR is its own inverse).
+	// One pass, chunk by chunk: apply its words and hash the result's
+	// chunk while it is in cache. A result that does not match is put
+	// back (XOR is its own inverse).
 	// Word b's lane bits lie in one byte (lanes divides 8). Its changed
 	// elements are the next ones of es: one 8-byte load holds them all,
 	// and each lane takes the low element when its bit is set (and shifts
@@ -491,28 +491,32 @@ func decodeV2(base, d []byte, from, want uint64) error {
 			base[8*words+i] ^= x
 		}
 	}
-	hb, hr := xxh3.New(), xxh3.New()
+	// Only the result is hashed on the way: a result that matches the
+	// sender's checksum came from the base the delta was made against (a
+	// wrong base gives a wrong result, but for a 2^-64 collision), so the
+	// base's own hash is needed only to say which of the two failed, once
+	// the base is put back. That is one pass over the tensor fewer, and
+	// the streaming hash costs about a copy of its input on top of the
+	// hashing (xxh3.Hasher buffers every write after its first).
+	hr := xxh3.New()
 	for c, k, j, e := 0, 0, 0, 0; c < (words+chunkWords-1)/chunkWords; c++ {
 		p := base[8*c*chunkWords : 8*min((c+1)*chunkWords, words)]
-		hb.Write(p)
 		if v.cmap[c>>3]&(1<<(c&7)) != 0 {
 			j, e = xor(c, k, j, e)
 			k++
 		}
 		hr.Write(p)
 	}
-	hb.Write(base[8*words:])
 	for i, x := range v.tail {
 		base[8*words+i] ^= x
 	}
 	hr.Write(base[8*words:])
-	switch {
-	case hb.Sum64() != from:
-		undo()
-		return ErrBaseMismatch
-	case hr.Sum64() != want:
-		undo()
-		return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
+	if hr.Sum64() == want {
+		return nil
 	}
-	return nil
+	undo()
+	if xxh3.Hash(base) != from {
+		return ErrBaseMismatch
+	}
+	return fmt.Errorf("%w: the result does not match the sender's checksum", ErrCorrupt)
 }
