@@ -363,6 +363,38 @@ func TestFirstAsksHit(t *testing.T) {
 	}
 }
 
+// TestRefillWaitsForTakesToSettle: after a take the filler makes nothing
+// until Config.Settle has passed (here an hour: nothing within the test),
+// so a transfer that has just taken memory keeps the node's cores; with no
+// settle it refills at once.
+func TestRefillWaitsForTakesToSettle(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	for _, tc := range []struct {
+		name   string
+		settle time.Duration
+		refill bool
+	}{{"an hour", time.Hour, false}, {"none", -1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock, _, _ := serve(t, Config{Budget: 16 << 20, Settle: tc.settle})
+			c := Open(sock, nil, nil)
+			defer c.Close()
+			connected(t, c)
+			waitReady(t, c, 16<<20) // the first fill: nothing taken yet
+			fd, _, err := c.Take(context.Background(), 16<<20)
+			require.NoError(t, err)
+			unix.Close(fd)
+			if tc.refill {
+				waitReady(t, c, 16<<20)
+				return
+			}
+			time.Sleep(200 * time.Millisecond) // a refill would have begun; none may finish
+			st, err := c.ServerStats(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, st.Ready, "refilled before the takes settled")
+		})
+	}
+}
+
 // TestHostSocketPath: one socket per host in a runtime directory; names
 // unfit for a file name, or long, hashed (stable, distinct).
 func TestHostSocketPath(t *testing.T) {

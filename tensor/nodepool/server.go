@@ -27,6 +27,16 @@ const DefaultBudget = 512 << 20
 // next cold run) find the pool warm.
 const DefaultIdle = 10 * time.Second
 
+// DefaultSettle is Config.Settle's default. A take starts a transfer on
+// the node (its copy, its reads), and populating a segment beside it takes
+// the cores that transfer runs on: at nice 19 a third of a busy core, which
+// slowed a cold 256 MiB transfer between two Ray nodes of a 2-core machine
+// by tens of milliseconds. The filler waits until the takes have settled.
+const DefaultSettle = 250 * time.Millisecond
+
+// settleBound bounds the filler's wait for settled takes, in Settles.
+const settleBound = 4
+
 // SocketName is the helper's socket in a runtime directory.
 const SocketName = "nodepool.sock"
 
@@ -43,6 +53,10 @@ type Config struct {
 	Budget int64
 	// Idle is how long the helper runs with no client; default DefaultIdle.
 	Idle time.Duration
+	// Settle is how long the filler waits after the last take before it
+	// makes a segment (while takes keep coming, at most four times as
+	// long); default DefaultSettle, negative for no wait.
+	Settle time.Duration
 	// Logger; default discards.
 	Logger *slog.Logger
 }
@@ -84,6 +98,7 @@ type server struct {
 	ready   []*poolSeg // sorted by size, ascending
 	bytes   int64      // in ready
 	recent  []int64    // sizes asked for lately, most recent first
+	tookAt  time.Time  // the last take
 	clients int
 	idleAt  time.Time // when clients dropped to 0
 	stats   ServerStats
@@ -104,6 +119,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if cfg.Budget <= 0 {
 		cfg.Budget = DefaultBudget
+	}
+	if cfg.Settle == 0 {
+		cfg.Settle = DefaultSettle
 	}
 	if cfg.Idle <= 0 {
 		cfg.Idle = DefaultIdle
@@ -263,6 +281,7 @@ func (s *server) take(size int64) (byte, *poolSeg) {
 		return statusLarge, nil
 	}
 	want := roundUp(size)
+	s.tookAt = time.Now()
 	s.recent = slices.DeleteFunc(s.recent, func(r int64) bool { return r == want })
 	s.recent = slices.Insert(s.recent, 0, want)
 	if len(s.recent) > 4 {
@@ -355,16 +374,33 @@ func (s *server) evictUnfit(sizes []int64) bool {
 }
 
 // fill keeps the budget populated, one segment at a time, until ctx ends.
-// It runs on a thread of its own at the lowest priority: a refill starts
-// right after a runtime took memory, usually while that runtime's transfer
-// (and its readers) run on the same cores, and must not slow them.
+// A refill is due right after a runtime took memory, usually while that
+// runtime's transfer (and its readers) run on the same cores, and must not
+// slow them: it waits until the takes have settled (Config.Settle) and
+// runs on a thread of its own at the lowest priority.
 func (s *server) fill(ctx context.Context) {
 	runtime.LockOSThread() // the thread ends with the goroutine: its priority goes with it
 	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+	var due time.Time // when the segment waiting for the takes to settle was first due
 	for {
 		s.mu.Lock()
 		n := s.nextSize()
+		wait := s.cfg.Settle - time.Since(s.tookAt)
 		s.mu.Unlock()
+		if n != 0 && due.IsZero() {
+			due = time.Now()
+		}
+		// A stream of takes (a trainer making its arrays) never settles:
+		// the wait is bounded, or the pool would drain for good.
+		if n != 0 && wait > 0 && time.Since(due) < settleBound*s.cfg.Settle {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+				continue // a take may have come meanwhile: look again
+			}
+		}
+		due = time.Time{}
 		if n == 0 {
 			select {
 			case <-ctx.Done():
