@@ -55,6 +55,18 @@ func serve(t *testing.T, cfg Config) (socket string, done <-chan struct{}, err *
 		cancel()
 		<-ch
 	})
+	// Return once the helper listens: a client that dials before that
+	// waits retryEvery (2 s) for its next try.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(cfg.Socket); err == nil {
+			break
+		}
+		select {
+		case <-ch:
+			return cfg.Socket, ch, &res // it ended (ErrRunning, a bad config): the test looks at res
+		default:
+		}
+	}
 	return cfg.Socket, ch, &res
 }
 
