@@ -469,8 +469,8 @@ def measure(sizes, reps, two_node: bool = False, actor_pools: bool = False, fres
     plan = rows()
     skipped = {k: v for k, v in plan.items() if isinstance(v, str)}
     results = []
-    warmers = [] if FRESH_NODES or not any(not isinstance(v, str) and v[3] == "tensorlane" for v in plan.values()) \
-        else warm_nodes(two_node)
+    tensorlane_rows = any(not isinstance(v, str) and v[3] == "tensorlane" for v in plan.values())
+    warmers = warm_nodes(two_node) if tensorlane_rows and not FRESH_NODES else []
     for n in sizes:
         runnable = {k: v for k, v in plan.items() if not isinstance(v, str) and (v[4] is None or n <= v[4])}
         pairs, colds, failed = {}, {}, {}

@@ -337,9 +337,7 @@ func (q *qp) sendWrite(w *bufio.Writer, o outbound) error {
 			return err
 		}
 		if !ok {
-			q.complete(o.id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
-			// An empty last chunk with a bad key ends the request remotely.
-			return writeFrame(w, frame{op: opWriteReq, id: o.id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
+			return q.abortWrite(w, o.id, n)
 		}
 		off += c
 		if n == 0 {
@@ -408,13 +406,20 @@ func (q *qp) sendGathered(w *bufio.Writer, o outbound) error {
 			return err
 		}
 		if !ok {
-			q.complete(o.id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
-			return writeFrame(w, frame{op: opWriteReq, id: o.id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
+			return q.abortWrite(w, o.id, n)
 		}
 		off += c
 		q.conn.SetWriteDeadline(time.Now().Add(q.cfg.Timeout))
 	}
 	return nil
+}
+
+// abortWrite fails WRITE id locally, its local region deregistered while
+// it was sent, and ends the request remotely with an empty last chunk with
+// a bad key, so the responder drops what it got of the n bytes.
+func (q *qp) abortWrite(w *bufio.Writer, id uint64, n uint32) error {
+	q.complete(id, rdma.StatusLocalProtection, errors.New("softrdma: local region deregistered during a WRITE"))
+	return writeFrame(w, frame{op: opWriteReq, id: id, flags: flagLast, rkey: 0, addr: 0, length: n}, nil, false)
 }
 
 // complete finishes a pending work request.
