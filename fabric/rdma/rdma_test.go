@@ -12,6 +12,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/tensorlane/tensorlane/fabric"
@@ -614,4 +616,44 @@ func TestPlannerPicksRDMA(t *testing.T) {
 		t.Fatalf("planner read: %+v %v", st, err)
 	}
 	t.Logf("%v", plan)
+}
+
+// The rails towards an owner are worked out once per owner, address and
+// device pair, then reused (every chunk of a broadcast asks again); a new
+// address (a restarted owner), another device or a bad peer ID is asked
+// afresh, and Close forgets them all.
+func TestRoutesCached(t *testing.T) {
+	f := newFixture(t, 1<<20, 2, nil)
+	r := f.remote(0, 4096)
+	first, err := rdma.RailsFor(f.tr, r, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	require.Len(t, first, 2)
+	again, err := rdma.RailsFor(f.tr, r, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	assert.Same(t, &first[0], &again[0], "the cached answer")
+	assert.Equal(t, 1, rdma.Routes(f.tr))
+
+	other, err := rdma.RailsFor(f.tr, r, tensor.GPUDevice(1))
+	require.NoError(t, err)
+	assert.Same(t, first[0], other[0], "the same rails, found again for another device")
+	assert.Equal(t, 2, rdma.Routes(f.tr))
+
+	moved := f.remote(0, 4096)
+	moved.Addrs = map[string]string{fabric.RDMA: rdma.FormatAddrs([]rdma.Rail{{NIC: "nic0", Addr: "127.0.0.1:1"}})}
+	m, err := rdma.RailsFor(f.tr, moved, tensor.GPUDevice(0))
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+	assert.NotSame(t, first[0], m[0], "a new address is a new rail")
+	assert.Equal(t, 3, rdma.Routes(f.tr))
+
+	bad := f.remote(0, 4096)
+	bad.Peer = "not-a-peer-id"
+	_, err = rdma.RailsFor(f.tr, bad, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, fabric.ErrBadRequest)
+	assert.Equal(t, 3, rdma.Routes(f.tr), "a refusal is not cached")
+
+	require.NoError(t, f.tr.Close())
+	_, err = rdma.RailsFor(f.tr, r, tensor.GPUDevice(0))
+	assert.ErrorIs(t, err, fabric.ErrClosed)
+	assert.Zero(t, rdma.Routes(f.tr))
 }

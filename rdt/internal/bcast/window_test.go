@@ -74,4 +74,17 @@ func TestEdgeWindow(t *testing.T) {
 		assert.NoError(t, err, "the caller's cancellation is not the edge's failure")
 		assert.Zero(t, ok)
 	})
+	t.Run("reuses its workers", func(t *testing.T) {
+		w := NewWindow(context.Background(), 2)
+		var done atomic.Int64
+		for range 1000 {
+			require.True(t, w.Send(func(context.Context) error { done.Add(1); return nil }))
+		}
+		ok, err := w.Wait()
+		require.NoError(t, err)
+		assert.Equal(t, 1000, ok)
+		assert.Equal(t, int64(1000), done.Load())
+		assert.LessOrEqual(t, w.workers, 2, "a goroutine per place, not per write")
+		goleak.VerifyNone(t) // Wait ended them
+	})
 }
