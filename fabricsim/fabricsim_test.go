@@ -102,23 +102,35 @@ func TestBroadcastFollowsRdtTree(t *testing.T) {
 	require.Greater(t, w1.Seconds, w4.Seconds)
 }
 
-// Striping over two rails halves a transfer; with one rail cut the
-// transfer finishes on the other, as fast as over one rail.
+// Striping over two rails halves a transfer's time on the links; with one
+// rail cut the transfer finishes on the other, as fast as over one rail.
+// With the harness's cores the costs that do not stripe (the reader's
+// check of every byte after the bytes land, a request's fixed costs) keep
+// the ratio a little under two, by as much as the committed calibration
+// says they cost (1.96 on the calibration of 2026-12-06; measured 2.00).
 func TestRailsAndCut(t *testing.T) {
 	src, dst := Endpoint{Host: "h0", Device: 0}, Endpoint{Host: "h1", Device: 0}
 	const size = 64 << 20
-	one, err := harness(t, 1).Transfer(src, dst, size)
+	one, err := links(t, 1).Transfer(src, dst, size)
 	require.NoError(t, err)
-	two, err := harness(t, 2).Transfer(src, dst, size)
+	two, err := links(t, 2).Transfer(src, dst, size)
 	require.NoError(t, err)
-	cut, err := harness(t, 2, "h0/veth1").Transfer(src, dst, size)
+	cut, err := links(t, 2, "h0/veth1").Transfer(src, dst, size)
 	require.NoError(t, err)
 	require.InDelta(t, 2.0, one.Seconds/two.Seconds, 0.02)
 	require.InDelta(t, one.Seconds, cut.Seconds, 1e-9)
 	require.Equal(t, 2, two.Flows)
 	require.Equal(t, 1, cut.Flows)
-	_, err = harness(t, 2, "h0/veth0", "h0/veth1").Transfer(src, dst, size)
+	_, err = links(t, 2, "h0/veth0", "h0/veth1").Transfer(src, dst, size)
 	require.ErrorIs(t, err, ErrNoRoute)
+
+	one, err = harness(t, 1).Transfer(src, dst, size)
+	require.NoError(t, err)
+	two, err = harness(t, 2).Transfer(src, dst, size)
+	require.NoError(t, err)
+	ratio := one.Seconds / two.Seconds
+	require.Greater(t, ratio, 1.8, "striping pays nearly in full")
+	require.LessOrEqual(t, ratio, 2.0+1e-9)
 }
 
 // Paths are the planner's: NVLink inside a DGX, rdma striped over all
