@@ -423,8 +423,17 @@ func (p *Planner) RunView(ctx context.Context, plan *Plan, src Remote) (tensor.B
 // as Read.
 func (p *Planner) Write(ctx context.Context, src Endpoint, buf tensor.Buffer, dst Remote) (Stats, Plan, error) {
 	plan := p.PlanWrite(src, dst)
-	st, err := p.run(ctx, &plan, dst.Claim.Object, func(t Transport) (Stats, error) { return t.(Writer).Write(ctx, buf, dst) })
+	st, err := p.RunWrite(ctx, &plan, buf, dst)
 	return st, plan, err
+}
+
+// RunWrite executes a write plan (PlanWrite's, for dst's endpoint and
+// addresses; its offset and length may differ from the planned ones):
+// a caller that pushes many pieces to one slot plans once and runs the
+// plan for each, as a broadcast edge does for its chunks. plan.Chosen ends
+// up naming the transport that moved the bytes.
+func (p *Planner) RunWrite(ctx context.Context, plan *Plan, buf tensor.Buffer, dst Remote) (Stats, error) {
+	return p.run(ctx, plan, dst.Claim.Object, func(t Transport) (Stats, error) { return t.(Writer).Write(ctx, buf, dst) })
 }
 
 // rule marks the usable candidates for which why gives a reason unusable

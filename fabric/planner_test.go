@@ -170,6 +170,32 @@ func TestWriteUsesOnlyTransportsThatPush(t *testing.T) {
 	assert.Contains(t, plan.String(), "cannot push")
 }
 
+// A write plan made once runs for many pieces (a broadcast edge's chunks):
+// each run moves its own offset and length, falls back as Write does, and
+// leaves the plan it was given usable for the next.
+func TestRunWriteReusesAPlan(t *testing.T) {
+	first := &pusher{fake: fake{name: fabric.P2P, err: errors.New("link reset")}}
+	second := &pusher{fake: fake{name: fabric.TCP}}
+	p, err := fabric.NewPlanner(fabric.PlannerConfig{Topology: cluster(t), Attempts: 1}, first, second)
+	require.NoError(t, err)
+	src := fabric.Endpoint{Process: "a", Host: "h0", Device: tensor.GPUDevice(0)}
+	dst := fabric.Remote{Endpoint: fabric.Endpoint{Process: "b", Host: "h0", Device: tensor.GPUDevice(1)}}
+	plan := p.PlanWrite(src, dst)
+	require.Equal(t, fabric.P2P, plan.Chosen)
+	for i, n := range []int64{64 << 10, 4096} {
+		at := dst
+		at.Offset, at.Length = int64(i)<<16, n
+		run := plan
+		st, err := p.RunWrite(context.Background(), &run, nil, at)
+		require.NoError(t, err)
+		assert.Equal(t, n, st.Bytes)
+		assert.Equal(t, fabric.TCP, run.Chosen, "fell back")
+	}
+	assert.Equal(t, fabric.P2P, plan.Chosen, "the edge's plan is not changed by its runs")
+	assert.Equal(t, 2, first.reads)
+	assert.Equal(t, 2, second.reads)
+}
+
 func TestTerminalErrorsDoNotFallBack(t *testing.T) {
 	for _, terminal := range []error{fabric.ErrUnauthorized, fabric.ErrObjectFreed, tensor.ErrOutOfMemory, context.Canceled} {
 		first := &fake{name: fabric.P2P, err: terminal}

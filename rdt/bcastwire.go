@@ -51,11 +51,15 @@ func (e bcastEnv) Watch(id peer.ID, inc uint64) (<-chan struct{}, func()) {
 
 // Write writes src into dst's slot at off over the planner's best path
 // that can push.
-func (e bcastEnv) Write(ctx context.Context, src tensor.Buffer, dst refwire.Ref, off int64) error {
+func (e bcastEnv) Edge(dev tensor.DeviceID, dst refwire.Ref) bcastrun.WriteFunc {
 	remote := e.r.remoteFor(Ref(dst))
-	remote.Offset, remote.Length = off, src.Len()
-	_, _, err := e.r.planner.Write(ctx, e.r.endpoint(src.Device()), src, remote)
-	return err
+	plan := e.r.planner.PlanWrite(e.r.endpoint(dev), remote)
+	return func(ctx context.Context, src tensor.Buffer, off int64) error {
+		at, p := remote, plan // run names the transport it used in its copy
+		at.Offset, at.Length = off, src.Len()
+		_, err := e.r.planner.RunWrite(ctx, &p, src, at)
+		return err
+	}
 }
 
 // EdgePath is the transport a broadcast edge from from's memory into

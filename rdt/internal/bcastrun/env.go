@@ -19,6 +19,9 @@ import (
 	"github.com/tensorlane/tensorlane/tensor"
 )
 
+// WriteFunc writes src into a slot at off (Env.Edge).
+type WriteFunc func(ctx context.Context, src tensor.Buffer, off int64) error
+
 // Ref is a ref as the engine names it: rdt.Ref's fields.
 type Ref = refwire.Ref
 
@@ -35,9 +38,11 @@ type Env interface {
 	// Send delivers a broadcast notice to runtime to (this one included)
 	// and returns the condition it was answered with.
 	Send(ctx context.Context, to peer.ID, m Msg) error
-	// Write writes src (a window of a pinned buffer) into dst's slot at
-	// [off, off+src.Len()) over the best path that can push.
-	Write(ctx context.Context, src tensor.Buffer, dst Ref, off int64) error
+	// Edge returns what writes chunks from memory on device dev into
+	// dst's slot: each call writes src (a window of a pinned buffer) at
+	// [off, off+src.Len()) over the best path that can push, the path
+	// planned once for the edge rather than for every chunk.
+	Edge(dev tensor.DeviceID, dst Ref) WriteFunc
 	// EdgePath is the transport a write from from's memory into slot to
 	// would take, or "none".
 	EdgePath(from, to Ref) string

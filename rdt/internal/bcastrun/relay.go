@@ -441,6 +441,7 @@ func (rl *relay) report(m Msg) {
 func (rl *relay) forward(f *forwarder) {
 	defer rl.wg.Done()
 	w := bcast.NewWindow(rl.ctx, rl.window)
+	writers := make([]WriteFunc, len(f.items)) // per item, made when its first chunk goes
 chunks:
 	for sent := 0; sent < rl.nchunks; sent++ {
 		var i int
@@ -451,8 +452,12 @@ chunks:
 		}
 		k, off, n := rl.chunks.Locate(i)
 		buf := rl.items[k].s.Buf
+		if writers[k] == nil {
+			writers[k] = rl.rs.env.Edge(buf.Device(), f.items[k])
+		}
+		write := writers[k]
 		started := w.Send(func(ctx context.Context) error {
-			return WriteChunk(ctx, rl.rs.env, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, f.items[k], off, f.probe)
+			return WriteChunk(ctx, rl.rs.env, write, rl.id, &objstore.Window{Buffer: buf, Off: off, N: n}, f.items[k], off, f.probe)
 		})
 		if !started {
 			break chunks

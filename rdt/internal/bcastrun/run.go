@@ -209,10 +209,11 @@ func (b *Run) feed(ctx context.Context, i int, probe bool) {
 		w := bcast.NewWindow(ctx, b.cfg.Window)
 	objects:
 		for k, src := range b.srcs {
+			write := b.env.Edge(src.pin.Device(), n.items[k])
 			for off := int64(0); off < src.total || off == 0; off += b.cfg.ChunkSize {
 				off, m := off, min(b.cfg.ChunkSize, src.total-off)
 				started := w.Send(func(ctx context.Context) error {
-					if err := WriteChunk(ctx, b.env, b.id, &objstore.Window{Buffer: src.pin, Off: src.start + off, N: m}, n.items[k], off, probe); err != nil {
+					if err := WriteChunk(ctx, b.env, write, b.id, &objstore.Window{Buffer: src.pin, Off: src.start + off, N: m}, n.items[k], off, probe); err != nil {
 						return err
 					}
 					b.done.Add(m)
