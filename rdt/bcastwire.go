@@ -49,8 +49,9 @@ func (e bcastEnv) Watch(id peer.ID, inc uint64) (<-chan struct{}, func()) {
 	return e.r.peers.DeathOf(id, inc), unuse
 }
 
-// Write writes src into dst's slot at off over the planner's best path
-// that can push.
+// Edge plans the push from memory on dev into dst's slot once (the
+// planner's best path that can push) and returns what runs that plan for
+// each chunk, with the planner's retries and fallback.
 func (e bcastEnv) Edge(dev tensor.DeviceID, dst refwire.Ref) bcastrun.WriteFunc {
 	remote := e.r.remoteFor(Ref(dst))
 	plan := e.r.planner.PlanWrite(e.r.endpoint(dev), remote)
