@@ -13,11 +13,11 @@ the head. Needs root, iproute2 and util-linux.
 For each size, ``--cold`` fresh sender/receiver pairs per transport (3;
 rows interleaved) each time their first transfer once the machine's CPUs
 are quiet again (Ray starts idle workers after each actor), and their
-median is the cold figure; the last pair then times warm transfers interleaved round-robin
-across transports, so drift on a shared machine hits them alike. Before
-any pair, a runtime on each node (NodeWarm) brings up the node's pool
-helper, as Ray's store is up before its first transfer (``--fresh-nodes``:
-not). A transfer
+median is the cold figure; the last pair then times warm transfers
+interleaved round-robin across transports, so drift on a shared machine
+hits them alike. Before any pair, a runtime on each node (NodeWarm) brings
+up the node's pool helper, as Ray's store is up before its first transfer
+(``--fresh-nodes``: not). A transfer
 is timed from the driver: the sender returns a prepared array or tensor
 (made once, before the clock), the receiver gets it as a task argument and
 touches every byte (sums it), and the driver waits for the receiver's
@@ -481,6 +481,7 @@ def measure(sizes, reps, two_node: bool = False, actor_pools: bool = False, fres
             for name, (opts, kind, method, warm, _) in runnable.items():
                 if name in failed:
                     continue
+                pair = None
                 try:
                     pair = make_pair(opts, n, kind, warm, method)
                     quiesce()
@@ -488,6 +489,9 @@ def measure(sizes, reps, two_node: bool = False, actor_pools: bool = False, fres
                 except Exception as e:  # a transport that cannot run here: say why, measure the rest
                     msg = " ".join(str(e).split())
                     failed[name] = f"{type(e).__name__}: {msg[:300]} ... {msg[-600:]}"
+                    if pair is not None:  # made, but its transfer failed: its actors go now
+                        ray.kill(pair[0])
+                        ray.kill(pair[1])
                     continue
                 if name in pairs:  # only an earlier pair's first transfer counts
                     ray.kill(pairs[name][0])

@@ -392,11 +392,11 @@ func (s *server) fill(ctx context.Context) {
 		}
 		// A stream of takes (a trainer making its arrays) never settles:
 		// the wait is bounded, or the pool would drain for good.
-		if n != 0 && wait > 0 && time.Since(due) < settleBound*s.cfg.Settle {
+		if left := settleBound*s.cfg.Settle - time.Since(due); n != 0 && wait > 0 && left > 0 {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wait):
+			case <-time.After(min(wait, left)):
 				continue // a take may have come meanwhile: look again
 			}
 		}
